@@ -55,7 +55,11 @@ pub fn row_for(t: T, from: S, to: S) -> Option<Row> {
     use T::*;
     // RC-like columns: RC and the two XRC types differ only in a few bits.
     match (from, to) {
-        (_, Reset) | (_, Err) => row(0, 0),
+        // Every state can be reset; every state but RESET can be forced to ERR
+        // (IBA 10.3.1: a QP in RESET has no resources that could fail).
+        (_, Reset) => row(0, 0),
+        (Reset, Err) => None,
+        (_, Err) => row(0, 0),
         (Reset, Init) => match t {
             Ud => row(PKEY | PORT | QKEY, 0),
             Uc | Rc | XrcSend | XrcRecv => row(PKEY | PORT | ACC, 0),
@@ -105,12 +109,13 @@ pub fn row_for(t: T, from: S, to: S) -> Option<Row> {
             ),
             XrcRecv => row(0, PORT | AV | TIMEOUT | MAX_DEST_RD | ALT | ACC | PKEY | MIN_RNR | MIG),
         },
-        // SQE exists only for the unreliable types (IBA 10.3.1.3: a send error on a reliable
-        // QP goes straight to ERR).
+        // SQE is reached only by the unreliable types (IBA 10.3.1.3: a send error on a
+        // reliable QP goes straight to ERR). The kernel still lists the transition for every
+        // type, with no attributes for the reliable ones, and so do we.
         (Sqe, Rts) => match t {
             Ud => row(0, CUR | QKEY),
             Uc => row(0, CUR | ACC),
-            Rc | XrcSend | XrcRecv => None,
+            Rc | XrcSend | XrcRecv => row(0, 0),
         },
         _ => None,
     }

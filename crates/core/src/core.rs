@@ -1,0 +1,494 @@
+//! The [`Core`]: every object of every context, the shared XRC state, and context life.
+//!
+//! Ownership rule (the isolation the issue asks for): each context resolves handles only in
+//! its own tables. The only ways to reach something another context made are the sharing
+//! rules — an XRC domain by file identity, and an XRC receive QP by number inside a domain
+//! the caller has open. Everything else answers "invalid handle" whatever value is guessed.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::attr::{AhAttr, QpAttr, QpInitInfo, SrqAttr};
+use crate::device::Device;
+use crate::error::{Error, ObjectKind, Result};
+use crate::event::{AsyncEvent, EventElement, EventQueue};
+use crate::ids::{CtxId, FileId, Handle, NumberPool, XrcdId};
+use crate::types::{Access, MAX_24BIT};
+
+/// Who is on the other end of a context: filled in by the daemon from `SO_PEERCRED` and
+/// `/proc`, shown by introspection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ContextInfo {
+    /// Process id of the client.
+    pub pid: u32,
+    /// User id of the client.
+    pub uid: u32,
+    /// Command name of the client.
+    pub comm: String,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Pd {
+    /// Objects created on this PD (QPs, SRQs, MRs, AHs): dealloc is `EBUSY` while non-zero.
+    pub(crate) usecnt: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Mr {
+    pub(crate) pd: Handle,
+    pub(crate) addr: u64,
+    pub(crate) length: u64,
+    pub(crate) iova: u64,
+    pub(crate) access: Access,
+    pub(crate) key: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub(crate) cqe: u32,
+    pub(crate) comp_vector: u32,
+    /// QPs and XRC SRQs completing into this CQ.
+    pub(crate) usecnt: u32,
+    pub(crate) events_reported: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Ah {
+    pub(crate) pd: Handle,
+    pub(crate) attr: AhAttr,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SrqKind {
+    Basic,
+    Xrc { xrcd_handle: Handle, xrcd: XrcdId, cq: Handle, srqn: u32 },
+}
+
+#[derive(Debug)]
+pub(crate) struct Srq {
+    pub(crate) pd: Handle,
+    pub(crate) kind: SrqKind,
+    pub(crate) attr: SrqAttr,
+    /// QPs attached to this (basic) SRQ. XRC receive QPs never count (xrc-semantics §1.2).
+    pub(crate) usecnt: u32,
+    pub(crate) events_reported: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct OwnedQp {
+    pub(crate) qpn: u32,
+    pub(crate) init: QpInitInfo,
+    pub(crate) pd: Handle,
+    pub(crate) send_cq: Handle,
+    pub(crate) recv_cq: Option<Handle>,
+    pub(crate) srq: Option<Handle>,
+    pub(crate) attr: QpAttr,
+    pub(crate) events_reported: u32,
+}
+
+#[derive(Debug)]
+pub(crate) enum QpEntry {
+    Owned(Box<OwnedQp>),
+    /// A handle on a shared XRC receive QP (upstream face: from `create_qp` or `open_qp`).
+    XrcRecv { qpn: u32, xrcd_handle: Handle },
+}
+
+#[derive(Debug)]
+pub(crate) struct XrcdHandle {
+    pub(crate) xrcd: XrcdId,
+    /// SRQs, receive-QP handles and registrations made through this handle: close is
+    /// `EBUSY` while non-zero (uverbs `uxrcd.refcnt`).
+    pub(crate) refcnt: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) device: usize,
+    pub(crate) info: ContextInfo,
+    pub(crate) pds: HashMap<Handle, Pd>,
+    pub(crate) mrs: HashMap<Handle, Mr>,
+    pub(crate) cqs: HashMap<Handle, Cq>,
+    pub(crate) srqs: HashMap<Handle, Srq>,
+    pub(crate) ahs: HashMap<Handle, Ah>,
+    pub(crate) qps: HashMap<Handle, QpEntry>,
+    pub(crate) xrcds: HashMap<Handle, XrcdHandle>,
+    /// Legacy/minimal registrations on XRC receive QPs: QP number → the XRCD handle it was
+    /// made through. One per QP per context, however often the context registers.
+    pub(crate) xrc_regs: HashMap<u32, Handle>,
+    pub(crate) events: EventQueue,
+}
+
+impl Context {
+    fn holds_handle(&self, h: Handle) -> bool {
+        self.pds.contains_key(&h)
+            || self.mrs.contains_key(&h)
+            || self.cqs.contains_key(&h)
+            || self.srqs.contains_key(&h)
+            || self.ahs.contains_key(&h)
+            || self.qps.contains_key(&h)
+            || self.xrcds.contains_key(&h)
+    }
+}
+
+/// A shared XRC domain (xrc-semantics §1.1). It exists while `opens + srqs + tgt_qps > 0`
+/// (uverbs `xrcd.usecnt`); the three parts are kept apart for introspection.
+#[derive(Debug)]
+pub(crate) struct Xrcd {
+    pub(crate) device: usize,
+    pub(crate) file: Option<FileId>,
+    pub(crate) opens: u32,
+    pub(crate) srqs: u32,
+    pub(crate) tgt_qps: u32,
+}
+
+impl Xrcd {
+    pub(crate) fn usecnt(&self) -> u32 {
+        self.opens + self.srqs + self.tgt_qps
+    }
+}
+
+/// A real XRC receive (target) QP: owned by the core, never by a context.
+#[derive(Debug)]
+pub(crate) struct TgtQp {
+    pub(crate) xrcd: XrcdId,
+    pub(crate) attr: QpAttr,
+    /// Number of entries in [`Core::holders`] for this QP; the QP is destroyed when it
+    /// drops to zero.
+    pub(crate) holders: u32,
+}
+
+/// How a context holds an XRC receive QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum HolderRef {
+    /// The legacy/minimal API's per-context registration (named by QP number).
+    Registration,
+    /// An upstream QP handle of the context.
+    Handle(Handle),
+}
+
+/// How the holder came to hold the QP, for introspection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum HolderKind {
+    /// Created the QP (legacy create, minimal register-with-no-number, or create_qp).
+    Creator,
+    /// Joined with a legacy or minimal registration.
+    Registration,
+    /// Joined with `open_qp`.
+    Opened,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct HolderKey {
+    pub(crate) qpn: u32,
+    pub(crate) ctx: CtxId,
+    pub(crate) via: HolderRef,
+}
+
+#[derive(Debug)]
+pub(crate) struct Holder {
+    pub(crate) kind: HolderKind,
+    pub(crate) events_reported: u32,
+}
+
+/// Where a QP number leads (for the data path and for event routing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QpRoute {
+    Owned { ctx: CtxId, handle: Handle },
+    XrcRecv,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct DeviceUsage {
+    pub(crate) qps: u32,
+    pub(crate) cqs: u32,
+    pub(crate) mrs: u32,
+    pub(crate) pds: u32,
+    pub(crate) srqs: u32,
+    pub(crate) ahs: u32,
+}
+
+/// Counts of everything the core holds, for leak checks and introspection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[allow(missing_docs)]
+pub struct Counts {
+    pub contexts: usize,
+    pub pds: usize,
+    pub mrs: usize,
+    pub cqs: usize,
+    pub srqs: usize,
+    pub ahs: usize,
+    /// QP handles of all contexts (owned QPs and receive-QP handles).
+    pub qp_handles: usize,
+    pub xrcd_handles: usize,
+    pub xrcds: usize,
+    pub xrc_recv_qps: usize,
+    pub xrc_recv_holders: usize,
+    pub registrations: usize,
+    pub qpns_in_use: usize,
+    pub srqns_in_use: usize,
+    pub keys_in_use: usize,
+    pub files: usize,
+    pub pending_events: usize,
+}
+
+impl Counts {
+    /// True when nothing but devices is left.
+    pub fn is_empty(&self) -> bool {
+        *self == Counts::default()
+    }
+}
+
+/// The verbs object model of one daemon: all devices, contexts and objects.
+///
+/// Every method runs in O(1) or O(log n) in the number of objects, except context teardown,
+/// which is linear in what that one context holds.
+#[derive(Debug)]
+pub struct Core {
+    pub(crate) devices: Vec<Device>,
+    pub(crate) usage: Vec<DeviceUsage>,
+    pub(crate) contexts: HashMap<CtxId, Context>,
+    next_ctx: u64,
+    next_handle: u32,
+    pub(crate) xrcds: HashMap<XrcdId, Xrcd>,
+    pub(crate) next_xrcd: u64,
+    pub(crate) xrcd_by_file: HashMap<(usize, FileId), XrcdId>,
+    pub(crate) tgt_qps: HashMap<u32, TgtQp>,
+    pub(crate) holders: BTreeMap<HolderKey, Holder>,
+    pub(crate) qpns: NumberPool,
+    pub(crate) qp_routes: HashMap<u32, QpRoute>,
+    pub(crate) srqns: NumberPool,
+    pub(crate) srq_routes: HashMap<u32, (CtxId, Handle)>,
+    pub(crate) keys: NumberPool,
+    pub(crate) key_routes: HashMap<u32, (CtxId, Handle)>,
+}
+
+/// First QP number handed out: 0 and 1 are the special QPs of IBA 3.5.11 (SMI, GSI).
+pub const FIRST_QPN: u32 = 0x11;
+
+impl Core {
+    /// A core serving `devices`.
+    pub fn new(devices: Vec<Device>) -> Core {
+        let usage = vec![DeviceUsage::default(); devices.len()];
+        Core {
+            devices,
+            usage,
+            contexts: HashMap::new(),
+            next_ctx: 1,
+            next_handle: 1,
+            xrcds: HashMap::new(),
+            next_xrcd: 1,
+            xrcd_by_file: HashMap::new(),
+            tgt_qps: HashMap::new(),
+            holders: BTreeMap::new(),
+            qpns: NumberPool::new(FIRST_QPN, MAX_24BIT),
+            qp_routes: HashMap::new(),
+            srqns: NumberPool::new(1, MAX_24BIT),
+            srq_routes: HashMap::new(),
+            keys: NumberPool::new(1, u32::MAX),
+            key_routes: HashMap::new(),
+        }
+    }
+
+    /// The devices, indexed as contexts refer to them.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// Opens a context on device `device` for a client (`ibv_open_device`).
+    pub fn open_context(&mut self, device: usize, info: ContextInfo) -> Result<CtxId> {
+        if device >= self.devices.len() {
+            return Err(Error::InvalidHandle(ObjectKind::Device));
+        }
+        let id = CtxId(self.next_ctx);
+        self.next_ctx += 1;
+        self.contexts.insert(
+            id,
+            Context {
+                device,
+                info,
+                pds: HashMap::new(),
+                mrs: HashMap::new(),
+                cqs: HashMap::new(),
+                srqs: HashMap::new(),
+                ahs: HashMap::new(),
+                qps: HashMap::new(),
+                xrcds: HashMap::new(),
+                xrc_regs: HashMap::new(),
+                events: EventQueue::default(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// The device a context was opened on.
+    pub fn context_device(&self, ctx: CtxId) -> Result<&Device> {
+        let c = self.ctx(ctx)?;
+        Ok(&self.devices[c.device])
+    }
+
+    /// The client information of a context.
+    pub fn context_info(&self, ctx: CtxId) -> Result<&ContextInfo> {
+        Ok(&self.ctx(ctx)?.info)
+    }
+
+    /// Tears a context down, as process exit does (uverbs `uverbs_destroy_ufile_hw`): every
+    /// object it holds is destroyed in dependency order — QP handles and receive-QP
+    /// registrations, then SRQs, AHs, MRs, CQs, PDs, and last the XRC domain handles. Shared
+    /// objects (domains, receive QPs) survive while anyone else holds them.
+    ///
+    /// Costs O(objects of this context × log n); nothing else is walked.
+    pub fn close_context(&mut self, ctx: CtxId) -> Result<()> {
+        let c = self.ctx_mut(ctx)?;
+        // The client is gone: nobody will read these, and purging them one by one per object
+        // would make teardown quadratic.
+        c.events.clear();
+        let qps: Vec<Handle> = c.qps.keys().copied().collect();
+        let regs: Vec<u32> = c.xrc_regs.keys().copied().collect();
+        for h in qps {
+            self.destroy_qp(ctx, h)?;
+        }
+        for qpn in regs {
+            self.unregister_xrc_rcv_qp_inner(ctx, qpn)?;
+        }
+        let c = self.ctx_mut(ctx)?;
+        let srqs: Vec<Handle> = c.srqs.keys().copied().collect();
+        for h in srqs {
+            self.destroy_srq(ctx, h)?;
+        }
+        let c = self.ctx_mut(ctx)?;
+        let ahs: Vec<Handle> = c.ahs.keys().copied().collect();
+        for h in ahs {
+            self.destroy_ah(ctx, h)?;
+        }
+        let c = self.ctx_mut(ctx)?;
+        let mrs: Vec<Handle> = c.mrs.keys().copied().collect();
+        for h in mrs {
+            self.dereg_mr(ctx, h)?;
+        }
+        let c = self.ctx_mut(ctx)?;
+        let cqs: Vec<Handle> = c.cqs.keys().copied().collect();
+        for h in cqs {
+            self.destroy_cq(ctx, h)?;
+        }
+        let c = self.ctx_mut(ctx)?;
+        let pds: Vec<Handle> = c.pds.keys().copied().collect();
+        for h in pds {
+            self.dealloc_pd(ctx, h)?;
+        }
+        let c = self.ctx_mut(ctx)?;
+        let xrcds: Vec<Handle> = c.xrcds.keys().copied().collect();
+        for h in xrcds {
+            self.close_xrcd(ctx, h)?;
+        }
+        self.contexts.remove(&ctx);
+        Ok(())
+    }
+
+    /// Ids of the live contexts.
+    pub fn context_ids(&self) -> impl Iterator<Item = CtxId> + '_ {
+        self.contexts.keys().copied()
+    }
+
+    /// Counts of all objects, for leak checks.
+    pub fn counts(&self) -> Counts {
+        let mut n = Counts {
+            contexts: self.contexts.len(),
+            xrcds: self.xrcds.len(),
+            xrc_recv_qps: self.tgt_qps.len(),
+            xrc_recv_holders: self.holders.len(),
+            qpns_in_use: self.qpns.in_use(),
+            srqns_in_use: self.srqns.in_use(),
+            keys_in_use: self.keys.in_use(),
+            files: self.xrcd_by_file.len(),
+            ..Counts::default()
+        };
+        for c in self.contexts.values() {
+            n.pds += c.pds.len();
+            n.mrs += c.mrs.len();
+            n.cqs += c.cqs.len();
+            n.srqs += c.srqs.len();
+            n.ahs += c.ahs.len();
+            n.qp_handles += c.qps.len();
+            n.xrcd_handles += c.xrcds.len();
+            n.registrations += c.xrc_regs.len();
+            n.pending_events += c.events.len();
+        }
+        n
+    }
+
+    /// Reads the oldest unread async event of a context (`ibv_get_async_event`), counting it
+    /// as reported for its object (what destroy later returns as `events_reported`).
+    pub fn next_event(&mut self, ctx: CtxId) -> Result<Option<AsyncEvent>> {
+        let c = self.ctx_mut(ctx)?;
+        let Some(ev) = c.events.pop() else { return Ok(None) };
+        match ev.element {
+            EventElement::Qp(h) => match c.qps.get_mut(&h) {
+                Some(QpEntry::Owned(q)) => q.events_reported += 1,
+                Some(QpEntry::XrcRecv { qpn, .. }) => {
+                    let key = HolderKey { qpn: *qpn, ctx, via: HolderRef::Handle(h) };
+                    if let Some(holder) = self.holders.get_mut(&key) {
+                        holder.events_reported += 1;
+                    }
+                }
+                None => {}
+            },
+            EventElement::XrcRecvQpNum(qpn) => {
+                let key = HolderKey { qpn, ctx, via: HolderRef::Registration };
+                if let Some(holder) = self.holders.get_mut(&key) {
+                    holder.events_reported += 1;
+                }
+            }
+            EventElement::Cq(h) => {
+                if let Some(cq) = c.cqs.get_mut(&h) {
+                    cq.events_reported += 1;
+                }
+            }
+            EventElement::Srq(h) => {
+                if let Some(srq) = c.srqs.get_mut(&h) {
+                    srq.events_reported += 1;
+                }
+            }
+            EventElement::Port(_) | EventElement::Device => {}
+        }
+        Ok(Some(ev))
+    }
+
+    /// Number of unread async events of a context (the daemon makes its async fd readable
+    /// while this is non-zero).
+    pub fn pending_events(&self, ctx: CtxId) -> Result<usize> {
+        Ok(self.ctx(ctx)?.events.len())
+    }
+
+    /// Events dropped for a context because its queue was full.
+    pub fn dropped_events(&self, ctx: CtxId) -> Result<u64> {
+        Ok(self.ctx(ctx)?.events.dropped)
+    }
+
+    pub(crate) fn ctx(&self, ctx: CtxId) -> Result<&Context> {
+        self.contexts.get(&ctx).ok_or(Error::InvalidHandle(ObjectKind::Context))
+    }
+
+    pub(crate) fn ctx_mut(&mut self, ctx: CtxId) -> Result<&mut Context> {
+        self.contexts.get_mut(&ctx).ok_or(Error::InvalidHandle(ObjectKind::Context))
+    }
+
+    /// A fresh handle value, unused by `ctx` (values are global, so wrap-around is the only
+    /// way to meet one in use).
+    pub(crate) fn new_handle(&mut self, ctx: CtxId) -> Result<Handle> {
+        let c = self.contexts.get(&ctx).ok_or(Error::InvalidHandle(ObjectKind::Context))?;
+        loop {
+            let h = Handle(self.next_handle);
+            self.next_handle = self.next_handle.wrapping_add(1);
+            if !c.holds_handle(h) {
+                return Ok(h);
+            }
+        }
+    }
+
+    /// Queues `ev` for `ctx`; returns whether it was queued (false: queue full or context
+    /// gone).
+    pub(crate) fn post_event(&mut self, ctx: CtxId, ev: AsyncEvent) -> bool {
+        self.contexts.get_mut(&ctx).is_some_and(|c| c.events.push(ev))
+    }
+}

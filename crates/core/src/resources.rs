@@ -1,0 +1,171 @@
+//! A snapshot of everything the core holds, for `softverbs resources` (the `rdma resource`
+//! equivalent) — including, for each XRC receive QP, who holds it and how, which no other
+//! tool shows.
+
+use serde::Serialize;
+
+use crate::core::{Core, QpEntry, SrqKind};
+use crate::ids::{CtxId, FileId, Handle, XrcdId};
+use crate::types::{QpState, QpType};
+use crate::xrc_recv::HolderInfo;
+
+/// One context.
+#[derive(Clone, Debug, Serialize)]
+#[allow(missing_docs)]
+pub struct ContextRow {
+    pub ctx: CtxId,
+    pub pid: u32,
+    pub uid: u32,
+    pub comm: String,
+    pub device: String,
+    pub pds: usize,
+    pub mrs: usize,
+    pub cqs: usize,
+    pub srqs: usize,
+    pub qps: usize,
+    pub xrcd_handles: usize,
+    pub registrations: usize,
+    pub pending_events: usize,
+}
+
+/// One XRC domain.
+#[derive(Clone, Debug, Serialize)]
+#[allow(missing_docs)]
+pub struct XrcdRow {
+    pub xrcd: XrcdId,
+    pub device: String,
+    /// `None` for a private domain (`fd == -1`).
+    pub file: Option<FileId>,
+    pub opens: u32,
+    pub srqs: u32,
+    pub xrc_recv_qps: u32,
+}
+
+/// One SRQ.
+#[derive(Clone, Debug, Serialize)]
+#[allow(missing_docs)]
+pub struct SrqRow {
+    pub ctx: CtxId,
+    pub pid: u32,
+    pub handle: Handle,
+    pub srqn: Option<u32>,
+    pub xrcd: Option<XrcdId>,
+    pub max_wr: u32,
+}
+
+/// One CQ.
+#[derive(Clone, Debug, Serialize)]
+#[allow(missing_docs)]
+pub struct CqRow {
+    pub ctx: CtxId,
+    pub pid: u32,
+    pub handle: Handle,
+    pub cqe: u32,
+    pub users: u32,
+}
+
+/// One owned QP.
+#[derive(Clone, Debug, Serialize)]
+#[allow(missing_docs)]
+pub struct QpRow {
+    pub ctx: CtxId,
+    pub pid: u32,
+    pub handle: Handle,
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub state: QpState,
+}
+
+/// One shared XRC receive QP and its holders.
+#[derive(Clone, Debug, Serialize)]
+#[allow(missing_docs)]
+pub struct XrcRecvRow {
+    pub qpn: u32,
+    pub xrcd: XrcdId,
+    pub state: QpState,
+    pub holders: Vec<HolderInfo>,
+}
+
+/// Everything, sorted for stable output.
+#[derive(Clone, Debug, Serialize)]
+#[allow(missing_docs)]
+pub struct Resources {
+    pub contexts: Vec<ContextRow>,
+    pub xrcds: Vec<XrcdRow>,
+    pub srqs: Vec<SrqRow>,
+    pub cqs: Vec<CqRow>,
+    pub qps: Vec<QpRow>,
+    pub xrc_recv_qps: Vec<XrcRecvRow>,
+}
+
+impl Core {
+    /// A snapshot of all objects. Linear in everything: for introspection, not the data path.
+    pub fn resources(&self) -> Resources {
+        let mut r = Resources {
+            contexts: Vec::new(),
+            xrcds: Vec::new(),
+            srqs: Vec::new(),
+            cqs: Vec::new(),
+            qps: Vec::new(),
+            xrc_recv_qps: Vec::new(),
+        };
+        for (&ctx, c) in &self.contexts {
+            let pid = c.info.pid;
+            r.contexts.push(ContextRow {
+                ctx,
+                pid,
+                uid: c.info.uid,
+                comm: c.info.comm.clone(),
+                device: self.devices[c.device].name.clone(),
+                pds: c.pds.len(),
+                mrs: c.mrs.len(),
+                cqs: c.cqs.len(),
+                srqs: c.srqs.len(),
+                qps: c.qps.len(),
+                xrcd_handles: c.xrcds.len(),
+                registrations: c.xrc_regs.len(),
+                pending_events: c.events.len(),
+            });
+            for (&handle, s) in &c.srqs {
+                let (srqn, xrcd) = match s.kind {
+                    SrqKind::Xrc { srqn, xrcd, .. } => (Some(srqn), Some(xrcd)),
+                    SrqKind::Basic => (None, None),
+                };
+                r.srqs.push(SrqRow { ctx, pid, handle, srqn, xrcd, max_wr: s.attr.max_wr });
+            }
+            for (&handle, q) in &c.cqs {
+                r.cqs.push(CqRow { ctx, pid, handle, cqe: q.cqe, users: q.usecnt });
+            }
+            for (&handle, q) in &c.qps {
+                if let QpEntry::Owned(q) = q {
+                    r.qps.push(QpRow { ctx, pid, handle, qpn: q.qpn, qp_type: q.init.qp_type, state: q.attr.qp_state });
+                }
+            }
+        }
+        for (&xrcd, x) in &self.xrcds {
+            r.xrcds.push(XrcdRow {
+                xrcd,
+                device: self.devices[x.device].name.clone(),
+                file: x.file,
+                opens: x.opens,
+                srqs: x.srqs,
+                xrc_recv_qps: x.tgt_qps,
+            });
+        }
+        for (&qpn, t) in &self.tgt_qps {
+            r.xrc_recv_qps.push(XrcRecvRow {
+                qpn,
+                xrcd: t.xrcd,
+                state: t.attr.qp_state,
+                holders: self.xrc_rcv_qp_holders(qpn),
+            });
+        }
+        r.contexts.sort_by_key(|c| c.ctx);
+        r.xrcds.sort_by_key(|x| x.xrcd);
+        r.srqs.sort_by_key(|s| (s.ctx, s.handle));
+        r.cqs.sort_by_key(|s| (s.ctx, s.handle));
+        r.qps.sort_by_key(|s| (s.ctx, s.handle));
+        r.xrc_recv_qps.sort_by_key(|t| t.qpn);
+        r
+    }
+}
