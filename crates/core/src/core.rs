@@ -62,7 +62,12 @@ pub(crate) struct Ah {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum SrqKind {
     Basic,
-    Xrc { xrcd_handle: Handle, xrcd: XrcdId, cq: Handle, srqn: u32 },
+    Xrc {
+        xrcd_handle: Handle,
+        xrcd: XrcdId,
+        cq: Handle,
+        srqn: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -91,7 +96,10 @@ pub(crate) struct OwnedQp {
 pub(crate) enum QpEntry {
     Owned(Box<OwnedQp>),
     /// A handle on a shared XRC receive QP (upstream face: from `create_qp` or `open_qp`).
-    XrcRecv { qpn: u32, xrcd_handle: Handle },
+    XrcRecv {
+        qpn: u32,
+        xrcd_handle: Handle,
+    },
 }
 
 #[derive(Debug)]
@@ -421,12 +429,18 @@ impl Core {
     /// as reported for its object (what destroy later returns as `events_reported`).
     pub fn next_event(&mut self, ctx: CtxId) -> Result<Option<AsyncEvent>> {
         let c = self.ctx_mut(ctx)?;
-        let Some(ev) = c.events.pop() else { return Ok(None) };
+        let Some(ev) = c.events.pop() else {
+            return Ok(None);
+        };
         match ev.element {
             EventElement::Qp(h) => match c.qps.get_mut(&h) {
                 Some(QpEntry::Owned(q)) => q.events_reported += 1,
                 Some(QpEntry::XrcRecv { qpn, .. }) => {
-                    let key = HolderKey { qpn: *qpn, ctx, via: HolderRef::Handle(h) };
+                    let key = HolderKey {
+                        qpn: *qpn,
+                        ctx,
+                        via: HolderRef::Handle(h),
+                    };
                     if let Some(holder) = self.holders.get_mut(&key) {
                         holder.events_reported += 1;
                     }
@@ -434,7 +448,11 @@ impl Core {
                 None => {}
             },
             EventElement::XrcRecvQpNum(qpn) => {
-                let key = HolderKey { qpn, ctx, via: HolderRef::Registration };
+                let key = HolderKey {
+                    qpn,
+                    ctx,
+                    via: HolderRef::Registration,
+                };
                 if let Some(holder) = self.holders.get_mut(&key) {
                     holder.events_reported += 1;
                 }
@@ -466,17 +484,24 @@ impl Core {
     }
 
     pub(crate) fn ctx(&self, ctx: CtxId) -> Result<&Context> {
-        self.contexts.get(&ctx).ok_or(Error::InvalidHandle(ObjectKind::Context))
+        self.contexts
+            .get(&ctx)
+            .ok_or(Error::InvalidHandle(ObjectKind::Context))
     }
 
     pub(crate) fn ctx_mut(&mut self, ctx: CtxId) -> Result<&mut Context> {
-        self.contexts.get_mut(&ctx).ok_or(Error::InvalidHandle(ObjectKind::Context))
+        self.contexts
+            .get_mut(&ctx)
+            .ok_or(Error::InvalidHandle(ObjectKind::Context))
     }
 
     /// A fresh handle value, unused by `ctx` (values are global, so wrap-around is the only
     /// way to meet one in use).
     pub(crate) fn new_handle(&mut self, ctx: CtxId) -> Result<Handle> {
-        let c = self.contexts.get(&ctx).ok_or(Error::InvalidHandle(ObjectKind::Context))?;
+        let c = self
+            .contexts
+            .get(&ctx)
+            .ok_or(Error::InvalidHandle(ObjectKind::Context))?;
         loop {
             let h = Handle(self.next_handle);
             self.next_handle = self.next_handle.wrapping_add(1);
@@ -489,6 +514,8 @@ impl Core {
     /// Queues `ev` for `ctx`; returns whether it was queued (false: queue full or context
     /// gone).
     pub(crate) fn post_event(&mut self, ctx: CtxId, ev: AsyncEvent) -> bool {
-        self.contexts.get_mut(&ctx).is_some_and(|c| c.events.push(ev))
+        self.contexts
+            .get_mut(&ctx)
+            .is_some_and(|c| c.events.push(ev))
     }
 }

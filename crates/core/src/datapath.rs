@@ -95,9 +95,20 @@ impl Core {
     /// Checks an access with memory key `key` to `[va, va+len)` on behalf of a QP in `pd`,
     /// needing `need` (empty for a local read, `LOCAL_WRITE` for a local write, a remote flag
     /// for a peer's request).
-    pub fn check_mem(&self, pd: PdRef, key: u32, va: u64, len: u64, need: Access) -> Result<MemTarget, MemError> {
+    pub fn check_mem(
+        &self,
+        pd: PdRef,
+        key: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<MemTarget, MemError> {
         let &(ctx, mr) = self.key_routes.get(&key).ok_or(MemError::UnknownKey)?;
-        let m = self.contexts.get(&ctx).and_then(|c| c.mrs.get(&mr)).ok_or(MemError::UnknownKey)?;
+        let m = self
+            .contexts
+            .get(&ctx)
+            .and_then(|c| c.mrs.get(&mr))
+            .ok_or(MemError::UnknownKey)?;
         if ctx != pd.ctx || m.pd != pd.pd {
             return Err(MemError::WrongPd);
         }
@@ -108,7 +119,12 @@ impl Core {
         if !m.access.contains(need) {
             return Err(MemError::AccessDenied);
         }
-        Ok(MemTarget { ctx, mr, addr: m.addr + (va - m.iova), len })
+        Ok(MemTarget {
+            ctx,
+            mr,
+            addr: m.addr + (va - m.iova),
+            len,
+        })
     }
 
     /// What QP number `qpn` leads to.
@@ -116,7 +132,11 @@ impl Core {
         match *self.qp_routes.get(&qpn)? {
             QpRoute::XrcRecv => Some(QpTarget::XrcRecv),
             QpRoute::Owned { ctx, handle } => match self.contexts.get(&ctx)?.qps.get(&handle)? {
-                QpEntry::Owned(q) => Some(QpTarget::Owned { ctx, handle, qp_type: q.init.qp_type }),
+                QpEntry::Owned(q) => Some(QpTarget::Owned {
+                    ctx,
+                    handle,
+                    qp_type: q.init.qp_type,
+                }),
                 QpEntry::XrcRecv { .. } => None,
             },
         }
@@ -135,12 +155,22 @@ impl Core {
     /// the whole point of XRC: it limits which SRQs a message may target).
     pub fn resolve_xrc_srq(&self, qpn: u32, srqn: u32) -> Result<XrcSrqTarget, XrcDeliveryError> {
         let tgt = self.tgt_qps.get(&qpn).ok_or(XrcDeliveryError::NotXrcRecv)?;
-        let &(ctx, srq) = self.srq_routes.get(&srqn).ok_or(XrcDeliveryError::UnknownSrq)?;
-        let s = self.contexts.get(&ctx).and_then(|c| c.srqs.get(&srq)).ok_or(XrcDeliveryError::UnknownSrq)?;
+        let &(ctx, srq) = self
+            .srq_routes
+            .get(&srqn)
+            .ok_or(XrcDeliveryError::UnknownSrq)?;
+        let s = self
+            .contexts
+            .get(&ctx)
+            .and_then(|c| c.srqs.get(&srq))
+            .ok_or(XrcDeliveryError::UnknownSrq)?;
         match s.kind {
-            SrqKind::Xrc { xrcd, cq, .. } if xrcd == tgt.xrcd => {
-                Ok(XrcSrqTarget { ctx, srq, cq, pd: PdRef { ctx, pd: s.pd } })
-            }
+            SrqKind::Xrc { xrcd, cq, .. } if xrcd == tgt.xrcd => Ok(XrcSrqTarget {
+                ctx,
+                srq,
+                cq,
+                pd: PdRef { ctx, pd: s.pd },
+            }),
             SrqKind::Xrc { .. } => Err(XrcDeliveryError::OtherDomain),
             SrqKind::Basic => Err(XrcDeliveryError::UnknownSrq),
         }

@@ -216,6 +216,8 @@ impl Device {
 
     /// The port with IBA number `port_num`, if it exists.
     pub fn port(&self, port_num: u8) -> Option<&PortAttr> {
-        (port_num as usize).checked_sub(1).and_then(|i| self.ports.get(i))
+        (port_num as usize)
+            .checked_sub(1)
+            .and_then(|i| self.ports.get(i))
     }
 }

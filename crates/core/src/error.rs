@@ -59,13 +59,25 @@ pub enum Error {
     NotRegistered(u32),
     /// modify_qp asked for a transition the QP state machine does not have (`EINVAL`).
     #[error("{qp_type:?} QP cannot go from {from:?} to {to:?}")]
-    InvalidTransition { qp_type: QpType, from: QpState, to: QpState },
+    InvalidTransition {
+        qp_type: QpType,
+        from: QpState,
+        to: QpState,
+    },
     /// modify_qp lacks attributes the transition requires (`EINVAL`).
     #[error("transition {from:?}->{to:?} requires attribute mask bits {missing:#x}")]
-    MissingAttributes { from: QpState, to: QpState, missing: u32 },
+    MissingAttributes {
+        from: QpState,
+        to: QpState,
+        missing: u32,
+    },
     /// modify_qp names attributes the transition does not allow (`EINVAL`).
     #[error("transition {from:?}->{to:?} does not allow attribute mask bits {extra:#x}")]
-    ForbiddenAttributes { from: QpState, to: QpState, extra: u32 },
+    ForbiddenAttributes {
+        from: QpState,
+        to: QpState,
+        extra: u32,
+    },
     /// Attribute mask bits that no verbs version defines (`EOPNOTSUPP`).
     #[error("unknown attribute mask bits {0:#x}")]
     UnknownAttributes(u32),
@@ -97,9 +109,9 @@ impl Error {
             Error::Busy(..) => errno::EBUSY,
             Error::XrcdNeedsCreate => errno::EAGAIN,
             Error::BadFd => errno::EBADF,
-            Error::UnknownAttributes(_) | Error::UnsupportedCompMask(_) | Error::NotSupported(_) => {
-                errno::EOPNOTSUPP
-            }
+            Error::UnknownAttributes(_)
+            | Error::UnsupportedCompMask(_)
+            | Error::NotSupported(_) => errno::EOPNOTSUPP,
             Error::NoResources(_) => errno::ENOMEM,
         }
     }

@@ -44,7 +44,12 @@ impl NumberPool {
     /// A pool of `first..=last`.
     pub fn new(first: u32, last: u32) -> Self {
         assert!(first <= last);
-        NumberPool { first, last, next: first, used: HashSet::new() }
+        NumberPool {
+            first,
+            last,
+            next: first,
+            used: HashSet::new(),
+        }
     }
 
     /// Takes a free number, or `None` if all are in use.

@@ -38,9 +38,13 @@ pub struct SrqCreated {
 /// Checks an address vector against a device (kernel `rdma_check_ah_attr`): the port must
 /// exist, a RoCE port needs a GRH, and the source GID index must name a filled slot.
 pub(crate) fn check_ah(dev: &Device, ah: &AhAttr) -> Result<()> {
-    let port = dev.port(ah.port_num).ok_or(Error::InvalidArgument("address vector port_num"))?;
+    let port = dev
+        .port(ah.port_num)
+        .ok_or(Error::InvalidArgument("address vector port_num"))?;
     if !ah.is_global {
-        return Err(Error::InvalidArgument("RoCE address vectors need a GRH (is_global)"));
+        return Err(Error::InvalidArgument(
+            "RoCE address vectors need a GRH (is_global)",
+        ));
     }
     match port.gids.get(ah.sgid_index as usize) {
         Some(g) if !g.is_zero() => Ok(()),
@@ -99,7 +103,9 @@ impl Core {
         if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
             && !access.contains(Access::LOCAL_WRITE)
         {
-            return Err(Error::InvalidArgument("remote write/atomic access needs local write"));
+            return Err(Error::InvalidArgument(
+                "remote write/atomic access needs local write",
+            ));
         }
         if addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
             return Err(Error::InvalidArgument("MR range overflows"));
@@ -113,18 +119,35 @@ impl Core {
         let key = self.keys.alloc().ok_or(Error::NoResources("memory keys"))?;
         let h = self.new_handle(ctx)?;
         let c = self.ctx_mut(ctx)?;
-        c.mrs.insert(h, Mr { pd, addr, length, iova, access, key });
+        c.mrs.insert(
+            h,
+            Mr {
+                pd,
+                addr,
+                length,
+                iova,
+                access,
+                key,
+            },
+        );
         c.pds.get_mut(&pd).expect("checked above").usecnt += 1;
         self.key_routes.insert(key, (ctx, h));
         self.usage[dev].mrs += 1;
-        Ok(MrKeys { handle: h, lkey: key, rkey: key })
+        Ok(MrKeys {
+            handle: h,
+            lkey: key,
+            rkey: key,
+        })
     }
 
     /// `ibv_dereg_mr`. Once this returns, the key resolves to nothing, so the data path can no
     /// longer reach the memory.
     pub fn dereg_mr(&mut self, ctx: CtxId, mr: Handle) -> Result<()> {
         let c = self.ctx_mut(ctx)?;
-        let m = c.mrs.remove(&mr).ok_or(Error::UnknownHandle(ObjectKind::Mr))?;
+        let m = c
+            .mrs
+            .remove(&mr)
+            .ok_or(Error::UnknownHandle(ObjectKind::Mr))?;
         if let Some(p) = c.pds.get_mut(&m.pd) {
             p.usecnt -= 1;
         }
@@ -150,9 +173,15 @@ impl Core {
             return Err(Error::NoResources("max_cq"));
         }
         let h = self.new_handle(ctx)?;
-        self.ctx_mut(ctx)?
-            .cqs
-            .insert(h, Cq { cqe, comp_vector, usecnt: 0, events_reported: 0 });
+        self.ctx_mut(ctx)?.cqs.insert(
+            h,
+            Cq {
+                cqe,
+                comp_vector,
+                usecnt: 0,
+                events_reported: 0,
+            },
+        );
         self.usage[dev].cqs += 1;
         Ok((h, cqe))
     }
@@ -164,14 +193,22 @@ impl Core {
         if cqe == 0 || cqe > max {
             return Err(Error::InvalidArgument("cqe out of range"));
         }
-        let q = self.ctx_mut(ctx)?.cqs.get_mut(&cq).ok_or(Error::InvalidHandle(ObjectKind::Cq))?;
+        let q = self
+            .ctx_mut(ctx)?
+            .cqs
+            .get_mut(&cq)
+            .ok_or(Error::InvalidHandle(ObjectKind::Cq))?;
         q.cqe = cqe;
         Ok(cqe)
     }
 
     /// Size and completion vector of a CQ.
     pub fn cq_attr(&self, ctx: CtxId, cq: Handle) -> Result<(u32, u32)> {
-        let q = self.ctx(ctx)?.cqs.get(&cq).ok_or(Error::InvalidHandle(ObjectKind::Cq))?;
+        let q = self
+            .ctx(ctx)?
+            .cqs
+            .get(&cq)
+            .ok_or(Error::InvalidHandle(ObjectKind::Cq))?;
         Ok((q.cqe, q.comp_vector))
     }
 
@@ -212,7 +249,10 @@ impl Core {
     /// `ibv_destroy_ah`.
     pub fn destroy_ah(&mut self, ctx: CtxId, ah: Handle) -> Result<()> {
         let c = self.ctx_mut(ctx)?;
-        let a = c.ahs.remove(&ah).ok_or(Error::UnknownHandle(ObjectKind::Ah))?;
+        let a = c
+            .ahs
+            .remove(&ah)
+            .ok_or(Error::UnknownHandle(ObjectKind::Ah))?;
         if let Some(p) = c.pds.get_mut(&a.pd) {
             p.usecnt -= 1;
         }
@@ -224,7 +264,10 @@ impl Core {
     /// The attributes of an AH (for the data path of UD sends).
     pub fn ah_attr(&self, ctx: CtxId, ah: Handle) -> Result<AhAttr> {
         let c = self.ctx(ctx)?;
-        Ok(c.ahs.get(&ah).ok_or(Error::InvalidHandle(ObjectKind::Ah))?.attr)
+        Ok(c.ahs
+            .get(&ah)
+            .ok_or(Error::InvalidHandle(ObjectKind::Ah))?
+            .attr)
     }
 
     fn check_srq_attr(dev: &Device, attr: &SrqAttr) -> Result<SrqAttr> {
@@ -235,7 +278,11 @@ impl Core {
             return Err(Error::InvalidArgument("SRQ max_sge above device limit"));
         }
         // rxe grants a minimum depth rather than failing a zero-sized request.
-        Ok(SrqAttr { max_wr: attr.max_wr.max(1), max_sge: attr.max_sge.max(1), srq_limit: 0 })
+        Ok(SrqAttr {
+            max_wr: attr.max_wr.max(1),
+            max_sge: attr.max_sge.max(1),
+            srq_limit: 0,
+        })
     }
 
     /// `ibv_create_srq` (basic SRQ).
@@ -251,23 +298,43 @@ impl Core {
         }
         let h = self.new_handle(ctx)?;
         let c = self.ctx_mut(ctx)?;
-        c.srqs.insert(h, Srq { pd, kind: SrqKind::Basic, attr, usecnt: 0, events_reported: 0 });
+        c.srqs.insert(
+            h,
+            Srq {
+                pd,
+                kind: SrqKind::Basic,
+                attr,
+                usecnt: 0,
+                events_reported: 0,
+            },
+        );
         c.pds.get_mut(&pd).expect("checked above").usecnt += 1;
         self.usage[dev].srqs += 1;
-        Ok(SrqCreated { handle: h, attr, srqn: None })
+        Ok(SrqCreated {
+            handle: h,
+            attr,
+            srqn: None,
+        })
     }
 
     /// `ibv_create_srq_ex` with `IBV_SRQT_XRC` (or legacy `ibv_create_xrc_srq`): needs a PD,
     /// an XRC domain handle and a CQ of this context (xrc-semantics §1.2). The SRQ takes a
     /// count on the domain and gets a 24-bit SRQ number.
+    ///
+    /// A missing PD, domain or CQ (`comp_mask` bit not set) is `EINVAL`, as libibverbs
+    /// answers; so is a handle that names nothing.
     pub fn create_xrc_srq(
         &mut self,
         ctx: CtxId,
-        pd: Handle,
-        xrcd_handle: Handle,
-        cq: Handle,
+        pd: Option<Handle>,
+        xrcd_handle: Option<Handle>,
+        cq: Option<Handle>,
         attr: SrqAttr,
     ) -> Result<SrqCreated> {
+        let pd = pd.ok_or(Error::InvalidArgument("XRC SRQ needs a PD"))?;
+        let xrcd_handle =
+            xrcd_handle.ok_or(Error::InvalidArgument("XRC SRQ needs an XRC domain"))?;
+        let cq = cq.ok_or(Error::InvalidArgument("XRC SRQ needs a CQ"))?;
         let c = self.ctx(ctx)?;
         let dev = c.device;
         if !c.pds.contains_key(&pd) {
@@ -276,19 +343,31 @@ impl Core {
         if !c.cqs.contains_key(&cq) {
             return Err(Error::InvalidHandle(ObjectKind::Cq));
         }
-        let xrcd = c.xrcds.get(&xrcd_handle).ok_or(Error::InvalidHandle(ObjectKind::Xrcd))?.xrcd;
+        let xrcd = c
+            .xrcds
+            .get(&xrcd_handle)
+            .ok_or(Error::InvalidHandle(ObjectKind::Xrcd))?
+            .xrcd;
         let attr = Self::check_srq_attr(&self.devices[dev], &attr)?;
         if self.usage[dev].srqs >= self.devices[dev].attr.max_srq {
             return Err(Error::NoResources("max_srq"));
         }
-        let srqn = self.srqns.alloc().ok_or(Error::NoResources("SRQ numbers"))?;
+        let srqn = self
+            .srqns
+            .alloc()
+            .ok_or(Error::NoResources("SRQ numbers"))?;
         let h = self.new_handle(ctx)?;
         let c = self.ctx_mut(ctx)?;
         c.srqs.insert(
             h,
             Srq {
                 pd,
-                kind: SrqKind::Xrc { xrcd_handle, xrcd, cq, srqn },
+                kind: SrqKind::Xrc {
+                    xrcd_handle,
+                    xrcd,
+                    cq,
+                    srqn,
+                },
                 attr,
                 usecnt: 0,
                 events_reported: 0,
@@ -297,16 +376,27 @@ impl Core {
         c.pds.get_mut(&pd).expect("checked above").usecnt += 1;
         c.cqs.get_mut(&cq).expect("checked above").usecnt += 1;
         c.xrcds.get_mut(&xrcd_handle).expect("checked above").refcnt += 1;
-        self.xrcds.get_mut(&xrcd).expect("handle implies domain").srqs += 1;
+        self.xrcds
+            .get_mut(&xrcd)
+            .expect("handle implies domain")
+            .srqs += 1;
         self.srq_routes.insert(srqn, (ctx, h));
         self.usage[dev].srqs += 1;
-        Ok(SrqCreated { handle: h, attr, srqn: Some(srqn) })
+        Ok(SrqCreated {
+            handle: h,
+            attr,
+            srqn: Some(srqn),
+        })
     }
 
     /// `ibv_get_srq_num`: the SRQ number of an XRC SRQ; `EOPNOTSUPP` for a basic SRQ, as the
     /// mlx4 provider answers.
     pub fn srq_num(&self, ctx: CtxId, srq: Handle) -> Result<u32> {
-        let s = self.ctx(ctx)?.srqs.get(&srq).ok_or(Error::InvalidHandle(ObjectKind::Srq))?;
+        let s = self
+            .ctx(ctx)?
+            .srqs
+            .get(&srq)
+            .ok_or(Error::InvalidHandle(ObjectKind::Srq))?;
         match s.kind {
             SrqKind::Xrc { srqn, .. } => Ok(srqn),
             SrqKind::Basic => Err(Error::NotSupported("SRQ number of a non-XRC SRQ")),
@@ -315,13 +405,23 @@ impl Core {
 
     /// `ibv_modify_srq`: `IBV_SRQ_MAX_WR` resizes, `IBV_SRQ_LIMIT` arms the limit event
     /// (IBA 10.2.9.3: the limit must not exceed the queue depth).
-    pub fn modify_srq(&mut self, ctx: CtxId, srq: Handle, attr: SrqAttr, mask: u32) -> Result<SrqAttr> {
+    pub fn modify_srq(
+        &mut self,
+        ctx: CtxId,
+        srq: Handle,
+        attr: SrqAttr,
+        mask: u32,
+    ) -> Result<SrqAttr> {
         if mask & !(SRQ_MAX_WR | SRQ_LIMIT) != 0 {
             return Err(Error::InvalidArgument("unknown SRQ attribute mask bits"));
         }
         let c = self.ctx(ctx)?;
         let max_srq_wr = self.devices[c.device].attr.max_srq_wr;
-        let s = self.ctx_mut(ctx)?.srqs.get_mut(&srq).ok_or(Error::InvalidHandle(ObjectKind::Srq))?;
+        let s = self
+            .ctx_mut(ctx)?
+            .srqs
+            .get_mut(&srq)
+            .ok_or(Error::InvalidHandle(ObjectKind::Srq))?;
         let mut next = s.attr;
         if mask & SRQ_MAX_WR != 0 {
             if attr.max_wr == 0 || attr.max_wr > max_srq_wr {
@@ -341,7 +441,12 @@ impl Core {
 
     /// `ibv_query_srq`.
     pub fn query_srq(&self, ctx: CtxId, srq: Handle) -> Result<SrqAttr> {
-        Ok(self.ctx(ctx)?.srqs.get(&srq).ok_or(Error::InvalidHandle(ObjectKind::Srq))?.attr)
+        Ok(self
+            .ctx(ctx)?
+            .srqs
+            .get(&srq)
+            .ok_or(Error::InvalidHandle(ObjectKind::Srq))?
+            .attr)
     }
 
     /// `ibv_destroy_srq`: `EBUSY` while QPs are attached (XRC receive QPs never are). An XRC
@@ -349,7 +454,10 @@ impl Core {
     /// find nothing. Returns the number of async events reported for it.
     pub fn destroy_srq(&mut self, ctx: CtxId, srq: Handle) -> Result<u32> {
         let c = self.ctx_mut(ctx)?;
-        let s = c.srqs.get(&srq).ok_or(Error::UnknownHandle(ObjectKind::Srq))?;
+        let s = c
+            .srqs
+            .get(&srq)
+            .ok_or(Error::UnknownHandle(ObjectKind::Srq))?;
         if s.usecnt > 0 {
             return Err(Error::Busy(ObjectKind::Srq, "QPs are still attached"));
         }
@@ -359,7 +467,13 @@ impl Core {
             p.usecnt -= 1;
         }
         let dev = c.device;
-        if let SrqKind::Xrc { xrcd_handle, xrcd, cq, srqn } = s.kind {
+        if let SrqKind::Xrc {
+            xrcd_handle,
+            xrcd,
+            cq,
+            srqn,
+        } = s.kind
+        {
             if let Some(q) = c.cqs.get_mut(&cq) {
                 q.usecnt -= 1;
             }

@@ -47,7 +47,11 @@ pub(crate) fn apply_modify(
     if mask.contains(M::PORT) && dev.port(req.port_num).is_none() {
         return Err(Error::InvalidArgument("port_num"));
     }
-    let port_num = if mask.contains(M::PORT) { req.port_num } else { cur.port_num };
+    let port_num = if mask.contains(M::PORT) {
+        req.port_num
+    } else {
+        cur.port_num
+    };
     let port = dev.port(port_num).unwrap_or(&dev.ports[0]);
     if mask.contains(M::PKEY_INDEX) && req.pkey_index >= port.pkey_tbl_len {
         return Err(Error::InvalidArgument("pkey_index"));
@@ -56,12 +60,16 @@ pub(crate) fn apply_modify(
         check_ah(dev, &req.ah_attr)?;
         // uverbs: on INIT->RTR the address vector must use the QP's own port.
         if from == QpState::Init && to == QpState::Rtr && req.ah_attr.port_num != port_num {
-            return Err(Error::InvalidArgument("address vector port differs from the QP port"));
+            return Err(Error::InvalidArgument(
+                "address vector port differs from the QP port",
+            ));
         }
     }
     if mask.contains(M::ALT_PATH) {
         check_ah(dev, &req.alt_ah_attr)?;
-        let alt = dev.port(req.alt_port_num).ok_or(Error::InvalidArgument("alt_port_num"))?;
+        let alt = dev
+            .port(req.alt_port_num)
+            .ok_or(Error::InvalidArgument("alt_port_num"))?;
         if req.alt_pkey_index >= alt.pkey_tbl_len {
             return Err(Error::InvalidArgument("alt_pkey_index"));
         }
@@ -70,7 +78,9 @@ pub(crate) fn apply_modify(
         }
     }
     if mask.contains(M::PATH_MTU) && req.path_mtu > port.active_mtu {
-        return Err(Error::InvalidArgument("path_mtu above the port's active MTU"));
+        return Err(Error::InvalidArgument(
+            "path_mtu above the port's active MTU",
+        ));
     }
     // IBA 9.7.6.1.3 / 9.7.5.2.8: the timer fields are 5 bits, the retry counts 3 bits.
     if mask.contains(M::TIMEOUT) && req.timeout > 31 {
@@ -88,12 +98,16 @@ pub(crate) fn apply_modify(
     if mask.contains(M::MAX_QP_RD_ATOMIC)
         && u32::from(req.max_rd_atomic) > dev.attr.max_qp_init_rd_atom
     {
-        return Err(Error::InvalidArgument("max_rd_atomic above max_qp_init_rd_atom"));
+        return Err(Error::InvalidArgument(
+            "max_rd_atomic above max_qp_init_rd_atom",
+        ));
     }
     if mask.contains(M::MAX_DEST_RD_ATOMIC)
         && u32::from(req.max_dest_rd_atomic) > dev.attr.max_qp_rd_atom
     {
-        return Err(Error::InvalidArgument("max_dest_rd_atomic above max_qp_rd_atom"));
+        return Err(Error::InvalidArgument(
+            "max_dest_rd_atomic above max_qp_rd_atom",
+        ));
     }
     if mask.contains(M::ACCESS_FLAGS) && !Access::QP_ALLOWED.contains(req.qp_access_flags) {
         return Err(Error::InvalidArgument("qp_access_flags"));
@@ -192,13 +206,19 @@ impl Core {
     fn check_caps(dev: &Device, cap: &QpCap) -> Result<()> {
         let a = &dev.attr;
         if cap.max_send_wr > a.max_qp_wr || cap.max_recv_wr > a.max_qp_wr {
-            return Err(Error::InvalidArgument("max_send_wr/max_recv_wr above max_qp_wr"));
+            return Err(Error::InvalidArgument(
+                "max_send_wr/max_recv_wr above max_qp_wr",
+            ));
         }
         if cap.max_send_sge > a.max_sge || cap.max_recv_sge > a.max_sge {
-            return Err(Error::InvalidArgument("max_send_sge/max_recv_sge above max_sge"));
+            return Err(Error::InvalidArgument(
+                "max_send_sge/max_recv_sge above max_sge",
+            ));
         }
         if cap.max_inline_data > a.max_inline_data {
-            return Err(Error::InvalidArgument("max_inline_data above the device limit"));
+            return Err(Error::InvalidArgument(
+                "max_inline_data above the device limit",
+            ));
         }
         Ok(())
     }
@@ -219,24 +239,40 @@ impl Core {
             return Err(Error::NotSupported("QP create flags"));
         }
         if init.qp_type == QpType::XrcRecv {
-            if init.pd.is_some() || init.send_cq.is_some() || init.recv_cq.is_some() || init.srq.is_some() {
-                return Err(Error::InvalidArgument("an XRC receive QP takes only an XRC domain"));
+            if init.pd.is_some()
+                || init.send_cq.is_some()
+                || init.recv_cq.is_some()
+                || init.srq.is_some()
+            {
+                return Err(Error::InvalidArgument(
+                    "an XRC receive QP takes only an XRC domain",
+                ));
             }
-            let xrcd_handle = init.xrcd.ok_or(Error::InvalidArgument("XRC receive QP needs an XRC domain"))?;
+            let xrcd_handle = init
+                .xrcd
+                .ok_or(Error::InvalidArgument("XRC receive QP needs an XRC domain"))?;
             let (handle, qpn) = self.create_xrc_recv_with_handle(ctx, xrcd_handle)?;
-            return Ok(QpCreated { handle, qpn, cap: QpCap::default() });
+            return Ok(QpCreated {
+                handle,
+                qpn,
+                cap: QpCap::default(),
+            });
         }
         let c = self.ctx(ctx)?;
         let dev_idx = c.device;
         let dev = &self.devices[dev_idx];
         if init.xrcd.is_some() {
-            return Err(Error::InvalidArgument("only XRC receive QPs take an XRC domain"));
+            return Err(Error::InvalidArgument(
+                "only XRC receive QPs take an XRC domain",
+            ));
         }
         let pd = init.pd.ok_or(Error::InvalidArgument("QP needs a PD"))?;
         if !c.pds.contains_key(&pd) {
             return Err(Error::InvalidHandle(ObjectKind::Pd));
         }
-        let send_cq = init.send_cq.ok_or(Error::InvalidArgument("QP needs a send CQ"))?;
+        let send_cq = init
+            .send_cq
+            .ok_or(Error::InvalidArgument("QP needs a send CQ"))?;
         if !c.cqs.contains_key(&send_cq) {
             return Err(Error::InvalidHandle(ObjectKind::Cq));
         }
@@ -249,14 +285,21 @@ impl Core {
             cap.max_recv_sge = 0;
             (None, None)
         } else {
-            let recv_cq = init.recv_cq.ok_or(Error::InvalidArgument("QP needs a receive CQ"))?;
+            let recv_cq = init
+                .recv_cq
+                .ok_or(Error::InvalidArgument("QP needs a receive CQ"))?;
             if !c.cqs.contains_key(&recv_cq) {
                 return Err(Error::InvalidHandle(ObjectKind::Cq));
             }
             if let Some(s) = init.srq {
-                let srq = c.srqs.get(&s).ok_or(Error::InvalidHandle(ObjectKind::Srq))?;
+                let srq = c
+                    .srqs
+                    .get(&s)
+                    .ok_or(Error::InvalidHandle(ObjectKind::Srq))?;
                 if !matches!(srq.kind, SrqKind::Basic) {
-                    return Err(Error::InvalidArgument("an XRC SRQ cannot back a non-XRC QP"));
+                    return Err(Error::InvalidArgument(
+                        "an XRC SRQ cannot back a non-XRC QP",
+                    ));
                 }
                 // With an SRQ the QP has no receive queue of its own.
                 cap.max_recv_wr = 0;
@@ -281,12 +324,20 @@ impl Core {
         }
         let qp = OwnedQp {
             qpn,
-            init: QpInitInfo { qp_type: init.qp_type, cap, sq_sig_all: init.sq_sig_all, create_flags: 0 },
+            init: QpInitInfo {
+                qp_type: init.qp_type,
+                cap,
+                sq_sig_all: init.sq_sig_all,
+                create_flags: 0,
+            },
             pd,
             send_cq,
             recv_cq,
             srq,
-            attr: QpAttr { cap, ..QpAttr::default() },
+            attr: QpAttr {
+                cap,
+                ..QpAttr::default()
+            },
             events_reported: 0,
         };
         c.qps.insert(handle, QpEntry::Owned(Box::new(qp)));
@@ -320,14 +371,22 @@ impl Core {
     pub fn query_qp(&self, ctx: CtxId, qp: Handle) -> Result<QpQuery> {
         let c = self.ctx(ctx)?;
         match c.qps.get(&qp).ok_or(Error::InvalidHandle(ObjectKind::Qp))? {
-            QpEntry::Owned(q) => Ok(QpQuery { attr: q.attr, init: q.init }),
+            QpEntry::Owned(q) => Ok(QpQuery {
+                attr: q.attr,
+                init: q.init,
+            }),
             QpEntry::XrcRecv { qpn, .. } => self.query_tgt(*qpn),
         }
     }
 
     /// The QP number behind a handle.
     pub fn qp_num(&self, ctx: CtxId, qp: Handle) -> Result<u32> {
-        match self.ctx(ctx)?.qps.get(&qp).ok_or(Error::InvalidHandle(ObjectKind::Qp))? {
+        match self
+            .ctx(ctx)?
+            .qps
+            .get(&qp)
+            .ok_or(Error::InvalidHandle(ObjectKind::Qp))?
+        {
             QpEntry::Owned(q) => Ok(q.qpn),
             QpEntry::XrcRecv { qpn, .. } => Ok(*qpn),
         }
@@ -339,7 +398,10 @@ impl Core {
     /// handle, which `ibv_destroy_qp` waits to see acknowledged.
     pub fn destroy_qp(&mut self, ctx: CtxId, qp: Handle) -> Result<u32> {
         let c = self.ctx_mut(ctx)?;
-        let entry = c.qps.remove(&qp).ok_or(Error::UnknownHandle(ObjectKind::Qp))?;
+        let entry = c
+            .qps
+            .remove(&qp)
+            .ok_or(Error::UnknownHandle(ObjectKind::Qp))?;
         c.events.purge(EventElement::Qp(qp));
         match entry {
             QpEntry::Owned(q) => {

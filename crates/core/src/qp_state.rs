@@ -44,7 +44,10 @@ const MIG: u32 = 1 << 18;
 const DEST_QPN: u32 = 1 << 20;
 
 const fn row(required: u32, optional: u32) -> Option<Row> {
-    Some(Row { required: m(required), optional: m(optional) })
+    Some(Row {
+        required: m(required),
+        optional: m(optional),
+    })
 }
 
 /// The row for `from -> to` on a QP of type `t`, or `None` if the transition does not exist.
@@ -79,8 +82,14 @@ pub fn row_for(t: T, from: S, to: S) -> Option<Row> {
         (Rtr, Rts) => match t {
             Ud => row(SQ_PSN, CUR | QKEY),
             Uc => row(SQ_PSN, CUR | ALT | ACC | MIG),
-            Rc => row(TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | MAX_RD, CUR | ALT | ACC | MIN_RNR | MIG),
-            XrcSend => row(TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | MAX_RD, CUR | ALT | ACC | MIG),
+            Rc => row(
+                TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | MAX_RD,
+                CUR | ALT | ACC | MIN_RNR | MIG,
+            ),
+            XrcSend => row(
+                TIMEOUT | RETRY | RNR_RETRY | SQ_PSN | MAX_RD,
+                CUR | ALT | ACC | MIG,
+            ),
             XrcRecv => row(TIMEOUT | SQ_PSN, CUR | ALT | ACC | MIN_RNR | MIG),
         },
         (Rts, Rts) => match t {
@@ -99,7 +108,15 @@ pub fn row_for(t: T, from: S, to: S) -> Option<Row> {
             Uc => row(0, AV | ALT | ACC | PKEY | MIG),
             Rc => row(
                 0,
-                PORT | AV | TIMEOUT | RETRY | RNR_RETRY | MAX_RD | MAX_DEST_RD | ALT | ACC | PKEY
+                PORT | AV
+                    | TIMEOUT
+                    | RETRY
+                    | RNR_RETRY
+                    | MAX_RD
+                    | MAX_DEST_RD
+                    | ALT
+                    | ACC
+                    | PKEY
                     | MIN_RNR
                     | MIG,
             ),
@@ -107,7 +124,10 @@ pub fn row_for(t: T, from: S, to: S) -> Option<Row> {
                 0,
                 PORT | AV | TIMEOUT | RETRY | RNR_RETRY | MAX_RD | ALT | ACC | PKEY | MIG,
             ),
-            XrcRecv => row(0, PORT | AV | TIMEOUT | MAX_DEST_RD | ALT | ACC | PKEY | MIN_RNR | MIG),
+            XrcRecv => row(
+                0,
+                PORT | AV | TIMEOUT | MAX_DEST_RD | ALT | ACC | PKEY | MIN_RNR | MIG,
+            ),
         },
         // SQE is reached only by the unreliable types (IBA 10.3.1.3: a send error on a
         // reliable QP goes straight to ERR). The kernel still lists the transition for every
@@ -139,32 +159,44 @@ pub fn strip_for_uverbs(t: T, mask: M) -> M {
 /// `target` is the requested state; it is only read when `mask` has `STATE`, otherwise the
 /// QP stays in `current` and the `current -> current` row applies. `claimed_current` is
 /// the `cur_qp_state` attribute, read only when `mask` has `CUR_STATE`.
-pub fn check_transition(
-    t: T,
-    current: S,
-    mask: M,
-    target: S,
-    claimed_current: S,
-) -> Result<S> {
-    let to = if mask.contains(M::STATE) { target } else { current };
+pub fn check_transition(t: T, current: S, mask: M, target: S, claimed_current: S) -> Result<S> {
+    let to = if mask.contains(M::STATE) {
+        target
+    } else {
+        current
+    };
     if mask.contains(M::CUR_STATE) {
         // IBA 11.2.5.2: the current-state hint is only meaningful in RTR, RTS, SQD and SQE,
         // and it must agree with the QP (we keep the real state; a stale hint is refused).
         if !matches!(current, S::Rtr | S::Rts | S::Sqd | S::Sqe) || claimed_current != current {
-            return Err(Error::InvalidArgument("cur_qp_state does not match the QP state"));
+            return Err(Error::InvalidArgument(
+                "cur_qp_state does not match the QP state",
+            ));
         }
     }
     let Some(r) = row_for(t, current, to) else {
-        return Err(Error::InvalidTransition { qp_type: t, from: current, to });
+        return Err(Error::InvalidTransition {
+            qp_type: t,
+            from: current,
+            to,
+        });
     };
     let given = mask.without(M::STATE);
     let missing = r.required.without(given);
     if !missing.is_empty() {
-        return Err(Error::MissingAttributes { from: current, to, missing: missing.0 });
+        return Err(Error::MissingAttributes {
+            from: current,
+            to,
+            missing: missing.0,
+        });
     }
     let extra = given.without(r.required | r.optional);
     if !extra.is_empty() {
-        return Err(Error::ForbiddenAttributes { from: current, to, extra: extra.0 });
+        return Err(Error::ForbiddenAttributes {
+            from: current,
+            to,
+            extra: extra.0,
+        });
     }
     Ok(to)
 }

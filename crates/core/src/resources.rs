@@ -131,14 +131,34 @@ impl Core {
                     SrqKind::Xrc { srqn, xrcd, .. } => (Some(srqn), Some(xrcd)),
                     SrqKind::Basic => (None, None),
                 };
-                r.srqs.push(SrqRow { ctx, pid, handle, srqn, xrcd, max_wr: s.attr.max_wr });
+                r.srqs.push(SrqRow {
+                    ctx,
+                    pid,
+                    handle,
+                    srqn,
+                    xrcd,
+                    max_wr: s.attr.max_wr,
+                });
             }
             for (&handle, q) in &c.cqs {
-                r.cqs.push(CqRow { ctx, pid, handle, cqe: q.cqe, users: q.usecnt });
+                r.cqs.push(CqRow {
+                    ctx,
+                    pid,
+                    handle,
+                    cqe: q.cqe,
+                    users: q.usecnt,
+                });
             }
             for (&handle, q) in &c.qps {
                 if let QpEntry::Owned(q) = q {
-                    r.qps.push(QpRow { ctx, pid, handle, qpn: q.qpn, qp_type: q.init.qp_type, state: q.attr.qp_state });
+                    r.qps.push(QpRow {
+                        ctx,
+                        pid,
+                        handle,
+                        qpn: q.qpn,
+                        qp_type: q.init.qp_type,
+                        state: q.attr.qp_state,
+                    });
                 }
             }
         }

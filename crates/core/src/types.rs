@@ -21,7 +21,13 @@ pub enum QpType {
 
 impl QpType {
     /// Every QP type the core implements.
-    pub const ALL: [QpType; 5] = [QpType::Rc, QpType::Uc, QpType::Ud, QpType::XrcSend, QpType::XrcRecv];
+    pub const ALL: [QpType; 5] = [
+        QpType::Rc,
+        QpType::Uc,
+        QpType::Ud,
+        QpType::XrcSend,
+        QpType::XrcRecv,
+    ];
 
     /// Decodes the rdma-core value.
     pub fn from_raw(v: u32) -> Option<Self> {

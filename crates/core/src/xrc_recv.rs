@@ -42,13 +42,27 @@ pub struct HolderInfo {
 }
 
 fn holder_range(qpn: u32) -> std::ops::RangeInclusive<HolderKey> {
-    HolderKey { qpn, ctx: CtxId(0), via: HolderRef::Registration }
-        ..=HolderKey { qpn, ctx: CtxId(u64::MAX), via: HolderRef::Handle(Handle(u32::MAX)) }
+    HolderKey {
+        qpn,
+        ctx: CtxId(0),
+        via: HolderRef::Registration,
+    }..=HolderKey {
+        qpn,
+        ctx: CtxId(u64::MAX),
+        via: HolderRef::Handle(Handle(u32::MAX)),
+    }
 }
 
 fn ctx_holder_range(qpn: u32, ctx: CtxId) -> std::ops::RangeInclusive<HolderKey> {
-    HolderKey { qpn, ctx, via: HolderRef::Registration }
-        ..=HolderKey { qpn, ctx, via: HolderRef::Handle(Handle(u32::MAX)) }
+    HolderKey {
+        qpn,
+        ctx,
+        via: HolderRef::Registration,
+    }..=HolderKey {
+        qpn,
+        ctx,
+        via: HolderRef::Handle(Handle(u32::MAX)),
+    }
 }
 
 impl Core {
@@ -70,16 +84,39 @@ impl Core {
             return Err(Error::NoResources("max_qp"));
         }
         let qpn = self.qpns.alloc().ok_or(Error::NoResources("QP numbers"))?;
-        self.tgt_qps.insert(qpn, TgtQp { xrcd, attr: QpAttr::default(), holders: 0 });
+        self.tgt_qps.insert(
+            qpn,
+            TgtQp {
+                xrcd,
+                attr: QpAttr::default(),
+                holders: 0,
+            },
+        );
         self.qp_routes.insert(qpn, QpRoute::XrcRecv);
-        self.xrcds.get_mut(&xrcd).expect("handle implies domain").tgt_qps += 1;
+        self.xrcds
+            .get_mut(&xrcd)
+            .expect("handle implies domain")
+            .tgt_qps += 1;
         self.usage[dev].qps += 1;
         Ok(qpn)
     }
 
-    fn add_holder(&mut self, ctx: CtxId, qpn: u32, via: HolderRef, kind: HolderKind, xrcd_handle: Handle) {
-        let c = self.contexts.get_mut(&ctx).expect("caller resolved the context");
-        c.xrcds.get_mut(&xrcd_handle).expect("caller resolved the handle").refcnt += 1;
+    fn add_holder(
+        &mut self,
+        ctx: CtxId,
+        qpn: u32,
+        via: HolderRef,
+        kind: HolderKind,
+        xrcd_handle: Handle,
+    ) {
+        let c = self
+            .contexts
+            .get_mut(&ctx)
+            .expect("caller resolved the context");
+        c.xrcds
+            .get_mut(&xrcd_handle)
+            .expect("caller resolved the handle")
+            .refcnt += 1;
         match via {
             HolderRef::Registration => {
                 c.xrc_regs.insert(qpn, xrcd_handle);
@@ -88,14 +125,31 @@ impl Core {
                 c.qps.insert(h, QpEntry::XrcRecv { qpn, xrcd_handle });
             }
         }
-        self.holders.insert(HolderKey { qpn, ctx, via }, Holder { kind, events_reported: 0 });
-        self.tgt_qps.get_mut(&qpn).expect("caller resolved the QP").holders += 1;
+        self.holders.insert(
+            HolderKey { qpn, ctx, via },
+            Holder {
+                kind,
+                events_reported: 0,
+            },
+        );
+        self.tgt_qps
+            .get_mut(&qpn)
+            .expect("caller resolved the QP")
+            .holders += 1;
     }
 
     /// Removes one holder (its context-side entry is already gone or is removed here) and
     /// destroys the real QP if it was the last. Returns the holder's `events_reported`.
-    pub(crate) fn drop_holder(&mut self, ctx: CtxId, qpn: u32, via: HolderRef, xrcd_handle: Handle) -> u32 {
-        let Some(holder) = self.holders.remove(&HolderKey { qpn, ctx, via }) else { return 0 };
+    pub(crate) fn drop_holder(
+        &mut self,
+        ctx: CtxId,
+        qpn: u32,
+        via: HolderRef,
+        xrcd_handle: Handle,
+    ) -> u32 {
+        let Some(holder) = self.holders.remove(&HolderKey { qpn, ctx, via }) else {
+            return 0;
+        };
         if let Some(c) = self.contexts.get_mut(&ctx) {
             if let Some(x) = c.xrcds.get_mut(&xrcd_handle) {
                 x.refcnt -= 1;
@@ -117,7 +171,11 @@ impl Core {
             let t = self.tgt_qps.remove(&qpn).expect("present above");
             self.qp_routes.remove(&qpn);
             self.qpns.free(qpn);
-            let dev = self.xrcds.get(&t.xrcd).expect("a QP implies its domain").device;
+            let dev = self
+                .xrcds
+                .get(&t.xrcd)
+                .expect("a QP implies its domain")
+                .device;
             self.usage[dev].qps -= 1;
             self.release_xrcd_count(t.xrcd, |x| x.tgt_qps -= 1);
         }
@@ -127,10 +185,20 @@ impl Core {
     // ---- upstream face ------------------------------------------------------------------
 
     /// `ibv_create_qp_ex(XRC_RECV)`: the real QP plus the caller's first handle on it.
-    pub(crate) fn create_xrc_recv_with_handle(&mut self, ctx: CtxId, xrcd_handle: Handle) -> Result<(Handle, u32)> {
+    pub(crate) fn create_xrc_recv_with_handle(
+        &mut self,
+        ctx: CtxId,
+        xrcd_handle: Handle,
+    ) -> Result<(Handle, u32)> {
         let qpn = self.create_tgt(ctx, xrcd_handle)?;
         let h = self.new_handle(ctx)?;
-        self.add_holder(ctx, qpn, HolderRef::Handle(h), HolderKind::Creator, xrcd_handle);
+        self.add_holder(
+            ctx,
+            qpn,
+            HolderRef::Handle(h),
+            HolderKind::Creator,
+            xrcd_handle,
+        );
         Ok((h, qpn))
     }
 
@@ -138,13 +206,25 @@ impl Core {
     /// `xrcd_handle`. Only `XRC_RECV` can be opened, and only inside that domain (both
     /// `EINVAL`, kernel `ib_open_qp`). The same context may open a QP several times; each
     /// open is a distinct handle and holder.
-    pub fn open_qp(&mut self, ctx: CtxId, xrcd_handle: Handle, qpn: u32, qp_type: QpType) -> Result<Handle> {
+    pub fn open_qp(
+        &mut self,
+        ctx: CtxId,
+        xrcd_handle: Handle,
+        qpn: u32,
+        qp_type: QpType,
+    ) -> Result<Handle> {
         if qp_type != QpType::XrcRecv {
             return Err(Error::InvalidArgument("only XRC receive QPs can be opened"));
         }
         self.tgt_in_domain(ctx, xrcd_handle, qpn)?;
         let h = self.new_handle(ctx)?;
-        self.add_holder(ctx, qpn, HolderRef::Handle(h), HolderKind::Opened, xrcd_handle);
+        self.add_holder(
+            ctx,
+            qpn,
+            HolderRef::Handle(h),
+            HolderKind::Opened,
+            xrcd_handle,
+        );
         Ok(h)
     }
 
@@ -154,7 +234,13 @@ impl Core {
     /// caller with it. Only the domain matters; legacy init attributes are ignored.
     pub fn create_xrc_rcv_qp(&mut self, ctx: CtxId, xrcd_handle: Handle) -> Result<u32> {
         let qpn = self.create_tgt(ctx, xrcd_handle)?;
-        self.add_holder(ctx, qpn, HolderRef::Registration, HolderKind::Creator, xrcd_handle);
+        self.add_holder(
+            ctx,
+            qpn,
+            HolderRef::Registration,
+            HolderKind::Creator,
+            xrcd_handle,
+        );
         Ok(qpn)
     }
 
@@ -166,7 +252,13 @@ impl Core {
         if self.ctx(ctx)?.xrc_regs.contains_key(&qpn) {
             return Ok(());
         }
-        self.add_holder(ctx, qpn, HolderRef::Registration, HolderKind::Registration, xrcd_handle);
+        self.add_holder(
+            ctx,
+            qpn,
+            HolderRef::Registration,
+            HolderKind::Registration,
+            xrcd_handle,
+        );
         Ok(())
     }
 
@@ -186,7 +278,11 @@ impl Core {
     }
 
     pub(crate) fn unregister_xrc_rcv_qp_inner(&mut self, ctx: CtxId, qpn: u32) -> Result<u32> {
-        let xrcd_handle = *self.ctx(ctx)?.xrc_regs.get(&qpn).ok_or(Error::NotRegistered(qpn))?;
+        let xrcd_handle = *self
+            .ctx(ctx)?
+            .xrc_regs
+            .get(&qpn)
+            .ok_or(Error::NotRegistered(qpn))?;
         Ok(self.drop_holder(ctx, qpn, HolderRef::Registration, xrcd_handle))
     }
 
@@ -215,7 +311,12 @@ impl Core {
 
     /// The minimal API proposed in the seed thread: `None` creates a receive QP and registers
     /// the caller; `Some(qpn)` registers with an existing one. Returns the QP number.
-    pub fn register_xrc_rcv_qp(&mut self, ctx: CtxId, xrcd_handle: Handle, qpn: Option<u32>) -> Result<u32> {
+    pub fn register_xrc_rcv_qp(
+        &mut self,
+        ctx: CtxId,
+        xrcd_handle: Handle,
+        qpn: Option<u32>,
+    ) -> Result<u32> {
         match qpn {
             None => self.create_xrc_rcv_qp(ctx, xrcd_handle),
             Some(n) => self.reg_xrc_rcv_qp(ctx, xrcd_handle, n).map(|()| n),
@@ -223,20 +324,36 @@ impl Core {
     }
 
     /// The minimal API's `unregister`: leaves; the last one out destroys the QP.
-    pub fn unregister_xrc_rcv_qp(&mut self, ctx: CtxId, xrcd_handle: Handle, qpn: u32) -> Result<u32> {
+    pub fn unregister_xrc_rcv_qp(
+        &mut self,
+        ctx: CtxId,
+        xrcd_handle: Handle,
+        qpn: u32,
+    ) -> Result<u32> {
         self.unreg_xrc_rcv_qp(ctx, xrcd_handle, qpn)
     }
 
     // ---- shared by the faces -------------------------------------------------------------
 
     fn require_holder(&self, ctx: CtxId, qpn: u32) -> Result<()> {
-        if self.holders.range(ctx_holder_range(qpn, ctx)).next().is_none() {
+        if self
+            .holders
+            .range(ctx_holder_range(qpn, ctx))
+            .next()
+            .is_none()
+        {
             return Err(Error::NotRegistered(qpn));
         }
         Ok(())
     }
 
-    pub(crate) fn modify_tgt(&mut self, ctx: CtxId, qpn: u32, req: &QpAttr, mask: AttrMask) -> Result<()> {
+    pub(crate) fn modify_tgt(
+        &mut self,
+        ctx: CtxId,
+        qpn: u32,
+        req: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<()> {
         self.require_holder(ctx, qpn)?;
         let t = self.tgt_qps.get(&qpn).ok_or(Error::QpNotInXrcd(qpn))?;
         let dev = &self.devices[self.xrcds[&t.xrcd].device];
@@ -250,7 +367,12 @@ impl Core {
         Ok(QpQuery {
             attr: t.attr,
             // A receive QP has neither send nor receive queue, and never create flags.
-            init: QpInitInfo { qp_type: QpType::XrcRecv, cap: QpCap::default(), sq_sig_all: false, create_flags: 0 },
+            init: QpInitInfo {
+                qp_type: QpType::XrcRecv,
+                cap: QpCap::default(),
+                sq_sig_all: false,
+                create_flags: 0,
+            },
         })
     }
 
@@ -285,7 +407,10 @@ impl Core {
         match self.qp_routes.get(&qpn).copied() {
             None => Vec::new(),
             Some(QpRoute::Owned { ctx, handle }) => {
-                let ev = AsyncEvent { event_type, element: EventElement::Qp(handle) };
+                let ev = AsyncEvent {
+                    event_type,
+                    element: EventElement::Qp(handle),
+                };
                 if self.post_event(ctx, ev) {
                     vec![ctx]
                 } else {
@@ -303,7 +428,14 @@ impl Core {
                     .collect();
                 let mut woken = Vec::with_capacity(targets.len());
                 for (ctx, element) in targets {
-                    if self.post_event(ctx, AsyncEvent { event_type, element }) && woken.last() != Some(&ctx) {
+                    if self.post_event(
+                        ctx,
+                        AsyncEvent {
+                            event_type,
+                            element,
+                        },
+                    ) && woken.last() != Some(&ctx)
+                    {
                         woken.push(ctx);
                     }
                 }
@@ -318,7 +450,11 @@ impl Core {
     pub fn fail_qp(&mut self, qpn: u32, event_type: EventType) -> Vec<CtxId> {
         match self.qp_routes.get(&qpn).copied() {
             Some(QpRoute::Owned { ctx, handle }) => {
-                if let Some(QpEntry::Owned(q)) = self.contexts.get_mut(&ctx).and_then(|c| c.qps.get_mut(&handle)) {
+                if let Some(QpEntry::Owned(q)) = self
+                    .contexts
+                    .get_mut(&ctx)
+                    .and_then(|c| c.qps.get_mut(&handle))
+                {
                     q.attr.qp_state = QpState::Err;
                     q.attr.cur_qp_state = QpState::Err;
                 }
@@ -336,21 +472,53 @@ impl Core {
 
     /// Raises an event on a CQ (`CQ_ERR`) or SRQ (`SRQ_ERR`, `SRQ_LIMIT_REACHED`) of one
     /// context; only the owner hears about its objects.
-    pub fn raise_object_event(&mut self, ctx: CtxId, element: EventElement, event_type: EventType) -> bool {
+    pub fn raise_object_event(
+        &mut self,
+        ctx: CtxId,
+        element: EventElement,
+        event_type: EventType,
+    ) -> bool {
         let exists = match (element, self.contexts.get(&ctx)) {
             (EventElement::Cq(h), Some(c)) => c.cqs.contains_key(&h),
             (EventElement::Srq(h), Some(c)) => c.srqs.contains_key(&h),
             _ => false,
         };
-        exists && self.post_event(ctx, AsyncEvent { event_type, element })
+        exists
+            && self.post_event(
+                ctx,
+                AsyncEvent {
+                    event_type,
+                    element,
+                },
+            )
     }
 
     /// Raises a port or device event on every context of `device` (`PORT_ACTIVE`,
     /// `PORT_ERR`, `GID_CHANGE`, `DEVICE_FATAL`). This is the one event that is inherently
     /// linear in the number of contexts: each of them must hear it.
-    pub fn raise_device_event(&mut self, device: usize, element: EventElement, event_type: EventType) -> Vec<CtxId> {
-        let targets: Vec<CtxId> =
-            self.contexts.iter().filter(|(_, c)| c.device == device).map(|(id, _)| *id).collect();
-        targets.into_iter().filter(|ctx| self.post_event(*ctx, AsyncEvent { event_type, element })).collect()
+    pub fn raise_device_event(
+        &mut self,
+        device: usize,
+        element: EventElement,
+        event_type: EventType,
+    ) -> Vec<CtxId> {
+        let targets: Vec<CtxId> = self
+            .contexts
+            .iter()
+            .filter(|(_, c)| c.device == device)
+            .map(|(id, _)| *id)
+            .collect();
+        targets
+            .into_iter()
+            .filter(|ctx| {
+                self.post_event(
+                    *ctx,
+                    AsyncEvent {
+                        event_type,
+                        element,
+                    },
+                )
+            })
+            .collect()
     }
 }

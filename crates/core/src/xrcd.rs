@@ -26,7 +26,12 @@ impl Core {
     /// Rules of uverbs `ib_uverbs_open_xrcd`: a file with no domain and no `O_CREAT` in
     /// `oflags` is `EAGAIN`; a file that has a domain and `O_EXCL` is `EINVAL` (with or
     /// without `O_CREAT`, as upstream checks). Other `oflags` bits are ignored.
-    pub fn open_xrcd(&mut self, ctx: CtxId, file: Option<FileId>, oflags: u32) -> Result<XrcdOpened> {
+    pub fn open_xrcd(
+        &mut self,
+        ctx: CtxId,
+        file: Option<FileId>,
+        oflags: u32,
+    ) -> Result<XrcdOpened> {
         let dev = self.ctx(ctx)?.device;
         let existing = file.and_then(|f| self.xrcd_by_file.get(&(dev, f)).copied());
         let (xrcd, created) = match (existing, file) {
@@ -36,7 +41,16 @@ impl Core {
             (None, _) => {
                 let id = XrcdId(self.next_xrcd);
                 self.next_xrcd += 1;
-                self.xrcds.insert(id, Xrcd { device: dev, file, opens: 0, srqs: 0, tgt_qps: 0 });
+                self.xrcds.insert(
+                    id,
+                    Xrcd {
+                        device: dev,
+                        file,
+                        opens: 0,
+                        srqs: 0,
+                        tgt_qps: 0,
+                    },
+                );
                 if let Some(f) = file {
                     self.xrcd_by_file.insert((dev, f), id);
                 }
@@ -44,9 +58,18 @@ impl Core {
             }
         };
         let handle = self.new_handle(ctx)?;
-        self.xrcds.get_mut(&xrcd).expect("found or created above").opens += 1;
-        self.ctx_mut(ctx)?.xrcds.insert(handle, XrcdHandle { xrcd, refcnt: 0 });
-        Ok(XrcdOpened { handle, xrcd, created })
+        self.xrcds
+            .get_mut(&xrcd)
+            .expect("found or created above")
+            .opens += 1;
+        self.ctx_mut(ctx)?
+            .xrcds
+            .insert(handle, XrcdHandle { xrcd, refcnt: 0 });
+        Ok(XrcdOpened {
+            handle,
+            xrcd,
+            created,
+        })
     }
 
     /// `ibv_close_xrcd`: `EBUSY` while SRQs, receive-QP handles or registrations made through
@@ -54,9 +77,15 @@ impl Core {
     /// of opens, SRQs and receive QPs reaches zero.
     pub fn close_xrcd(&mut self, ctx: CtxId, xrcd_handle: Handle) -> Result<()> {
         let c = self.ctx_mut(ctx)?;
-        let h = c.xrcds.get(&xrcd_handle).ok_or(Error::UnknownHandle(ObjectKind::Xrcd))?;
+        let h = c
+            .xrcds
+            .get(&xrcd_handle)
+            .ok_or(Error::UnknownHandle(ObjectKind::Xrcd))?;
         if h.refcnt > 0 {
-            return Err(Error::Busy(ObjectKind::Xrcd, "SRQs or receive QPs still use this handle"));
+            return Err(Error::Busy(
+                ObjectKind::Xrcd,
+                "SRQs or receive QPs still use this handle",
+            ));
         }
         let xrcd = h.xrcd;
         c.xrcds.remove(&xrcd_handle);
@@ -67,7 +96,9 @@ impl Core {
     /// Drops one part of a domain's count and frees the domain (and its file entry) when
     /// nothing is left.
     pub(crate) fn release_xrcd_count(&mut self, xrcd: XrcdId, drop_one: impl FnOnce(&mut Xrcd)) {
-        let Some(x) = self.xrcds.get_mut(&xrcd) else { return };
+        let Some(x) = self.xrcds.get_mut(&xrcd) else {
+            return;
+        };
         drop_one(x);
         if x.usecnt() == 0 {
             let x = self.xrcds.remove(&xrcd).expect("present above");
@@ -79,6 +110,11 @@ impl Core {
 
     /// The domain behind one of the context's XRCD handles.
     pub fn xrcd_of_handle(&self, ctx: CtxId, xrcd_handle: Handle) -> Result<XrcdId> {
-        Ok(self.ctx(ctx)?.xrcds.get(&xrcd_handle).ok_or(Error::InvalidHandle(ObjectKind::Xrcd))?.xrcd)
+        Ok(self
+            .ctx(ctx)?
+            .xrcds
+            .get(&xrcd_handle)
+            .ok_or(Error::InvalidHandle(ObjectKind::Xrcd))?
+            .xrcd)
     }
 }
