@@ -1,0 +1,46 @@
+//! The softverbs command ABI: what clients and the daemon say to each other over the Unix
+//! socket.
+//!
+//! Every message is one `SOCK_SEQPACKET` datagram: a fixed 16-byte header ([`CmdHeader`] or
+//! [`RespHeader`]) followed by one fixed-layout, little-endian struct (see [`msg`]). This is
+//! the answer this project gives to the ABI question of the seed thread ("If we need to use
+//! the create_flags field in userspace, we WILL need to break the ABI"):
+//!
+//! - **Structs only grow at the end.** A daemon reads `min(req_len, size_of::<Req>())` bytes
+//!   into a zeroed struct, so an older client's shorter struct reads as zeros in the new
+//!   fields. A longer struct from a newer client is accepted only if the bytes this daemon does
+//!   not understand are all zero (uverbs' `ib_is_udata_cleared` rule).
+//! - **New fields are announced in `comp_mask`.** A client that sets a field also sets the
+//!   field's bit; a daemon refuses bits it does not know with `EOPNOTSUPP`, so a new feature
+//!   never silently degrades into "ignored" on an older daemon.
+//! - Responses follow the same rule the other way: the daemon writes at most `resp_len` bytes
+//!   (what the client can hold) and the client zero-fills what an older daemon did not send.
+//!
+//! [`CreateQpReq`](msg::CreateQpReq)'s `create_flags` (ABI 2) is the worked example; the
+//! daemon can be started at an older ABI level to prove both directions.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod codec;
+pub mod msg;
+
+pub use codec::{decode_request, decode_response, encode_request, encode_response, DecodeError, Request};
+
+/// The newest ABI this crate speaks.
+pub const ABI_VERSION: u32 = 2;
+/// The oldest ABI a daemon built from this crate accepts.
+pub const MIN_ABI_VERSION: u32 = 1;
+
+/// The largest message either side sends or accepts. A datagram that does not fit is a framing
+/// error: the daemon closes that connection.
+pub const MAX_MSG: usize = 4096;
+
+/// Errno values used by the codec (Linux numbering).
+pub mod errno {
+    /// Invalid argument.
+    pub const EINVAL: i32 = 22;
+    /// Operation not supported.
+    pub const EOPNOTSUPP: i32 = 95;
+    /// Message too long.
+    pub const EMSGSIZE: i32 = 90;
+}

@@ -1,0 +1,666 @@
+//! Command ids and the fixed-layout structs of every command.
+//!
+//! All integers are little-endian ([`U16`], [`U32`], [`U64`] keep them so on any host) and
+//! every struct has alignment 1 and no padding, so its bytes are its layout. Handles are the
+//! `u32` values the daemon hands out per context. Fields marked "ABI n" were appended in that
+//! ABI version and are valid only with their `comp_mask` bit.
+
+use zerocopy::little_endian::{I32, U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// Header of every request.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq)]
+#[repr(C)]
+pub struct CmdHeader {
+    /// A [`Cmd`] value.
+    pub cmd: U32,
+    /// Bytes of request struct after the header.
+    pub req_len: U16,
+    /// Bytes of response struct the client can take.
+    pub resp_len: U16,
+    /// Which optional request fields are valid (per command).
+    pub comp_mask: U64,
+}
+
+/// Header of every response.
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq)]
+#[repr(C)]
+pub struct RespHeader {
+    /// The command answered (0 if the request was too short to name one).
+    pub cmd: U32,
+    /// 0, or a positive errno.
+    pub status: I32,
+    /// Bytes of response struct after the header.
+    pub len: U16,
+    /// Reserved, zero.
+    pub reserved: U16,
+    /// Reserved, zero.
+    pub reserved2: U32,
+}
+
+macro_rules! commands {
+    ($( $(#[$m:meta])* $name:ident = $val:expr, )*) => {
+        /// Command ids.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[repr(u32)]
+        pub enum Cmd { $( $(#[$m])* $name = $val, )* }
+
+        impl Cmd {
+            /// Every command.
+            pub const ALL: &'static [Cmd] = &[$(Cmd::$name,)*];
+
+            /// Decodes a command id.
+            pub fn from_u32(v: u32) -> Option<Cmd> {
+                match v { $( $val => Some(Cmd::$name), )* _ => None }
+            }
+        }
+    };
+}
+
+commands! {
+    /// Handshake; must be the first message. [`HelloReq`] → [`HelloResp`] (+ async eventfd).
+    Hello = 1,
+    /// [`QueryDeviceListReq`] → [`QueryDeviceListResp`]: one device by index.
+    QueryDeviceList = 2,
+    /// → [`QueryDeviceResp`].
+    QueryDevice = 3,
+    /// [`QueryPortReq`] → [`QueryPortResp`].
+    QueryPort = 4,
+    /// [`QueryGidReq`] → [`QueryGidResp`].
+    QueryGid = 5,
+    /// → [`HandleResp`].
+    AllocPd = 10,
+    /// [`HandleReq`] → empty.
+    DeallocPd = 11,
+    /// [`RegMrReq`] → [`RegMrResp`].
+    RegMr = 12,
+    /// [`HandleReq`] → empty.
+    DeregMr = 13,
+    /// [`CreateCqReq`] → [`CreateCqResp`].
+    CreateCq = 14,
+    /// [`ResizeCqReq`] → [`CreateCqResp`].
+    ResizeCq = 15,
+    /// [`HandleReq`] → [`EventsResp`].
+    DestroyCq = 16,
+    /// [`CreateSrqReq`] → [`SrqResp`].
+    CreateSrq = 17,
+    /// [`CreateXrcSrqReq`] → [`SrqResp`].
+    CreateXrcSrq = 18,
+    /// [`ModifySrqReq`] → [`SrqResp`].
+    ModifySrq = 19,
+    /// [`HandleReq`] → [`SrqResp`].
+    QuerySrq = 20,
+    /// [`HandleReq`] → [`EventsResp`].
+    DestroySrq = 21,
+    /// [`HandleReq`] → [`SrqNumResp`].
+    GetSrqNum = 22,
+    /// [`CreateAhReq`] → [`HandleResp`].
+    CreateAh = 23,
+    /// [`HandleReq`] → empty.
+    DestroyAh = 24,
+    /// [`OpenXrcdReq`] (+ the file's fd as SCM_RIGHTS, unless private) → [`OpenXrcdResp`].
+    OpenXrcd = 30,
+    /// [`HandleReq`] → empty.
+    CloseXrcd = 31,
+    /// [`CreateQpReq`] → [`CreateQpResp`]. Also creates XRC receive QPs (upstream face).
+    CreateQp = 32,
+    /// [`ModifyQpReq`] → empty.
+    ModifyQp = 33,
+    /// [`HandleReq`] → [`QueryQpResp`].
+    QueryQp = 34,
+    /// [`HandleReq`] → [`EventsResp`].
+    DestroyQp = 35,
+    /// [`OpenQpReq`] → [`CreateQpResp`] (upstream `ibv_open_qp`).
+    OpenQp = 36,
+    /// Legacy: [`XrcdReq`] → [`QpNumResp`].
+    CreateXrcRcvQp = 40,
+    /// Legacy: [`ModifyXrcRcvQpReq`] → empty.
+    ModifyXrcRcvQp = 41,
+    /// Legacy: [`XrcRcvQpReq`] → [`QueryQpResp`].
+    QueryXrcRcvQp = 42,
+    /// Legacy: [`XrcRcvQpReq`] → empty.
+    RegXrcRcvQp = 43,
+    /// Legacy: [`XrcRcvQpReq`] → [`EventsResp`].
+    UnregXrcRcvQp = 44,
+    /// Legacy: [`XrcRcvQpReq`] → [`EventsResp`] (means "unregister me").
+    DestroyXrcRcvQp = 45,
+    /// Minimal: [`XrcRcvQpReq`] with `qp_num` = [`CREATE_NEW_QP`] to create → [`QpNumResp`].
+    RegisterXrcRcvQp = 46,
+    /// Minimal: [`XrcRcvQpReq`] → [`EventsResp`].
+    UnregisterXrcRcvQp = 47,
+    /// → [`AsyncEventResp`], or `EAGAIN` when no event is pending.
+    GetAsyncEvent = 50,
+    /// → [`StatusResp`].
+    Status = 60,
+    /// → [`BlobResp`] + a memfd holding the JSON of the daemon's resources.
+    Resources = 61,
+    /// Administrative: [`InjectEventReq`] → [`InjectEventResp`]. Raises an async event on a
+    /// QP as the NIC would (fault injection); only the daemon's own uid or root may.
+    InjectEvent = 62,
+}
+
+/// `qp_num` meaning "create a new receive QP" in the minimal register call (Roland Dreier's
+/// proposal: "pass in an invalid qp_num (say, -1 aka ffffffff)").
+pub const CREATE_NEW_QP: u32 = 0xffff_ffff;
+
+/// `device` value of [`HelloReq`] for a connection that opens no device (introspection).
+pub const NO_DEVICE: u32 = 0xffff_ffff;
+
+macro_rules! wire {
+    ($( $(#[$m:meta])* pub struct $name:ident { $( $(#[$fm:meta])* pub $f:ident : $t:ty, )* } )*) => {
+        $(
+            $(#[$m])*
+            #[allow(missing_docs)] // fields are named after their verbs.h namesakes
+            #[derive(Clone, Copy, Debug, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq)]
+            #[repr(C)]
+            pub struct $name { $( $(#[$fm])* pub $f: $t, )* }
+
+            impl Default for $name {
+                fn default() -> Self {
+                    <Self as zerocopy::FromZeros>::new_zeroed()
+                }
+            }
+        )*
+    };
+}
+
+wire! {
+    /// First message of a connection.
+    pub struct HelloReq {
+        /// ABI version the client speaks.
+        pub abi_version: U32,
+        /// Device index to open a context on, or [`NO_DEVICE`].
+        pub device: U32,
+    }
+
+    /// Answer to [`HelloReq`]. When a device was opened, the async-event eventfd comes with it.
+    pub struct HelloResp {
+        /// ABI version the daemon speaks (the client must not use newer features).
+        pub abi_version: U32,
+        /// Number of devices.
+        pub num_devices: U32,
+        /// The context id (for introspection).
+        pub ctx_id: U64,
+    }
+
+    /// A request naming one object of the caller's context.
+    pub struct HandleReq {
+        /// The handle.
+        pub handle: U32,
+    }
+
+    /// A response carrying one new handle.
+    pub struct HandleResp {
+        /// The handle.
+        pub handle: U32,
+    }
+
+    /// `events_reported` of a destroyed object (rdma-core's destroy waits for that many acks).
+    pub struct EventsResp {
+        /// Async events read for the object.
+        pub events_reported: U32,
+    }
+
+    /// One device by index.
+    pub struct QueryDeviceListReq {
+        /// Index, from 0.
+        pub index: U32,
+    }
+
+    /// Name and GUID of one device.
+    pub struct QueryDeviceListResp {
+        /// NUL-padded name.
+        pub name: [u8; 64],
+        /// Node GUID.
+        pub node_guid: U64,
+    }
+
+    /// `ibv_query_device` of the context's device.
+    pub struct QueryDeviceResp {
+        pub fw_ver: [u8; 64],
+        pub node_guid: U64,
+        pub sys_image_guid: U64,
+        pub max_mr_size: U64,
+        pub page_size_cap: U64,
+        pub device_cap_flags: U64,
+        pub vendor_id: U32,
+        pub vendor_part_id: U32,
+        pub hw_ver: U32,
+        pub max_qp: U32,
+        pub max_qp_wr: U32,
+        pub max_sge: U32,
+        pub max_sge_rd: U32,
+        pub max_cq: U32,
+        pub max_cqe: U32,
+        pub max_mr: U32,
+        pub max_pd: U32,
+        pub max_qp_rd_atom: U32,
+        pub max_ee_rd_atom: U32,
+        pub max_res_rd_atom: U32,
+        pub max_qp_init_rd_atom: U32,
+        pub max_ee_init_rd_atom: U32,
+        pub atomic_cap: U32,
+        pub max_ah: U32,
+        pub max_srq: U32,
+        pub max_srq_wr: U32,
+        pub max_srq_sge: U32,
+        pub max_inline_data: U32,
+        pub num_comp_vectors: U32,
+        pub max_pkeys: U16,
+        pub local_ca_ack_delay: u8,
+        pub phys_port_cnt: u8,
+    }
+
+    /// `ibv_query_port`.
+    pub struct QueryPortReq {
+        /// Port number, from 1.
+        pub port: U32,
+    }
+
+    /// `ibv_query_port` answer.
+    pub struct QueryPortResp {
+        pub state: U32,
+        pub max_mtu: U32,
+        pub active_mtu: U32,
+        pub gid_tbl_len: U32,
+        pub max_msg_sz: U32,
+        pub pkey_tbl_len: U16,
+        pub link_layer: u8,
+        pub reserved: u8,
+    }
+
+    /// `ibv_query_gid`.
+    pub struct QueryGidReq {
+        pub port: U32,
+        pub index: U32,
+    }
+
+    /// A GID.
+    pub struct QueryGidResp {
+        pub gid: [u8; 16],
+    }
+
+    /// `ibv_reg_mr_iova2`.
+    pub struct RegMrReq {
+        pub pd: U32,
+        pub access: U32,
+        pub addr: U64,
+        pub length: U64,
+        pub iova: U64,
+    }
+
+    /// Keys of a new MR.
+    pub struct RegMrResp {
+        pub handle: U32,
+        pub lkey: U32,
+        pub rkey: U32,
+    }
+
+    /// `ibv_create_cq`.
+    pub struct CreateCqReq {
+        pub cqe: U32,
+        pub comp_vector: U32,
+    }
+
+    /// `ibv_resize_cq`.
+    pub struct ResizeCqReq {
+        pub handle: U32,
+        pub cqe: U32,
+    }
+
+    /// A CQ handle and its granted size.
+    pub struct CreateCqResp {
+        pub handle: U32,
+        pub cqe: U32,
+    }
+
+    /// `ibv_create_srq`.
+    pub struct CreateSrqReq {
+        pub pd: U32,
+        pub max_wr: U32,
+        pub max_sge: U32,
+        pub srq_limit: U32,
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`. `present` says which of pd/xrcd/cq were given
+    /// (bits [`PRESENT_PD`], [`PRESENT_XRCD`], [`PRESENT_CQ`]).
+    pub struct CreateXrcSrqReq {
+        pub pd: U32,
+        pub xrcd: U32,
+        pub cq: U32,
+        pub max_wr: U32,
+        pub max_sge: U32,
+        pub srq_limit: U32,
+        pub present: U32,
+    }
+
+    /// `ibv_modify_srq`.
+    pub struct ModifySrqReq {
+        pub handle: U32,
+        pub attr_mask: U32,
+        pub max_wr: U32,
+        pub srq_limit: U32,
+    }
+
+    /// SRQ handle and attributes.
+    pub struct SrqResp {
+        pub handle: U32,
+        pub max_wr: U32,
+        pub max_sge: U32,
+        pub srq_limit: U32,
+        /// SRQ number (XRC SRQs), else 0.
+        pub srqn: U32,
+    }
+
+    /// `ibv_get_srq_num`.
+    pub struct SrqNumResp {
+        pub srqn: U32,
+    }
+
+    /// `struct ibv_ah_attr` with its GRH.
+    pub struct AhAttrWire {
+        pub dgid: [u8; 16],
+        pub flow_label: U32,
+        pub dlid: U16,
+        pub sgid_index: u8,
+        pub hop_limit: u8,
+        pub traffic_class: u8,
+        pub sl: u8,
+        pub src_path_bits: u8,
+        pub static_rate: u8,
+        pub is_global: u8,
+        pub port_num: u8,
+        pub reserved: [u8; 2],
+    }
+
+    /// `ibv_create_ah`.
+    pub struct CreateAhReq {
+        pub pd: U32,
+        pub attr: AhAttrWire,
+    }
+
+    /// `ibv_open_xrcd`. `has_fd` = 1 when the file's fd rides along as SCM_RIGHTS; 0 for a
+    /// private domain (`fd == -1`).
+    pub struct OpenXrcdReq {
+        pub oflags: U32,
+        pub has_fd: U32,
+    }
+
+    /// A new XRCD handle.
+    pub struct OpenXrcdResp {
+        pub handle: U32,
+        pub created: U32,
+        pub xrcd_id: U64,
+    }
+
+    /// `struct ibv_qp_cap`.
+    pub struct QpCapWire {
+        pub max_send_wr: U32,
+        pub max_recv_wr: U32,
+        pub max_send_sge: U32,
+        pub max_recv_sge: U32,
+        pub max_inline_data: U32,
+    }
+
+    /// `ibv_create_qp` / `ibv_create_qp_ex`. `present` says which handles were given
+    /// ([`PRESENT_PD`] … [`PRESENT_XRCD`]).
+    pub struct CreateQpReq {
+        pub qp_type: U32,
+        pub present: U32,
+        pub pd: U32,
+        pub send_cq: U32,
+        pub recv_cq: U32,
+        pub srq: U32,
+        pub xrcd: U32,
+        pub sq_sig_all: U32,
+        pub cap: QpCapWire,
+        /// ABI 2, with [`CREATE_QP_CREATE_FLAGS`]: `enum ibv_qp_create_flags`.
+        pub create_flags: U32,
+        /// ABI 2: reserved, zero.
+        pub reserved: U32,
+    }
+
+    /// A QP handle and number.
+    pub struct CreateQpResp {
+        pub handle: U32,
+        pub qpn: U32,
+        pub cap: QpCapWire,
+    }
+
+    /// `struct ibv_qp_attr`.
+    pub struct QpAttrWire {
+        pub qp_state: U32,
+        pub cur_qp_state: U32,
+        pub path_mtu: U32,
+        pub path_mig_state: U32,
+        pub qkey: U32,
+        pub rq_psn: U32,
+        pub sq_psn: U32,
+        pub dest_qp_num: U32,
+        pub qp_access_flags: U32,
+        pub rate_limit: U32,
+        pub cap: QpCapWire,
+        pub ah_attr: AhAttrWire,
+        pub alt_ah_attr: AhAttrWire,
+        pub pkey_index: U16,
+        pub alt_pkey_index: U16,
+        pub en_sqd_async_notify: u8,
+        pub sq_draining: u8,
+        pub max_rd_atomic: u8,
+        pub max_dest_rd_atomic: u8,
+        pub min_rnr_timer: u8,
+        pub port_num: u8,
+        pub timeout: u8,
+        pub retry_cnt: u8,
+        pub rnr_retry: u8,
+        pub alt_port_num: u8,
+        pub alt_timeout: u8,
+        pub reserved: u8,
+    }
+
+    /// `ibv_modify_qp`.
+    pub struct ModifyQpReq {
+        pub handle: U32,
+        pub attr_mask: U32,
+        pub attr: QpAttrWire,
+    }
+
+    /// `ibv_query_qp` answer.
+    pub struct QueryQpResp {
+        pub attr: QpAttrWire,
+        pub qp_type: U32,
+        pub sq_sig_all: U32,
+        pub create_flags: U32,
+        pub qpn: U32,
+        pub init_cap: QpCapWire,
+    }
+
+    /// `ibv_open_qp`.
+    pub struct OpenQpReq {
+        pub xrcd: U32,
+        pub qp_num: U32,
+        pub qp_type: U32,
+    }
+
+    /// A request naming an XRC domain handle.
+    pub struct XrcdReq {
+        pub xrcd: U32,
+    }
+
+    /// A receive QP named the legacy way: by domain and number.
+    pub struct XrcRcvQpReq {
+        pub xrcd: U32,
+        pub qp_num: U32,
+    }
+
+    /// Legacy `ibv_modify_xrc_rcv_qp`.
+    pub struct ModifyXrcRcvQpReq {
+        pub xrcd: U32,
+        pub qp_num: U32,
+        pub attr_mask: U32,
+        pub attr: QpAttrWire,
+    }
+
+    /// A QP number.
+    pub struct QpNumResp {
+        pub qpn: U32,
+    }
+
+    /// One async event. `element_kind` is an [`ElementKind`] value; `element` is the handle,
+    /// QP number or port it names.
+    pub struct AsyncEventResp {
+        pub event_type: U32,
+        pub element_kind: U32,
+        pub element: U32,
+        /// `event_type` with the legacy XRC flag (0x80000000) when the element is a QP number.
+        pub legacy_event_type: U32,
+    }
+
+    /// Daemon status.
+    pub struct StatusResp {
+        pub daemon_pid: U32,
+        pub abi_version: U32,
+        pub uptime_ms: U64,
+        pub devices: U32,
+        pub contexts: U32,
+        pub xrcds: U32,
+        pub xrc_recv_qps: U32,
+        pub qps: U32,
+        pub srqs: U32,
+        pub cqs: U32,
+        pub mrs: U32,
+    }
+
+    /// The size of a blob passed as a memfd.
+    pub struct BlobResp {
+        pub len: U64,
+    }
+
+    /// Fault injection: raise `event_type` on QP `qpn`.
+    pub struct InjectEventReq {
+        pub qpn: U32,
+        pub event_type: U32,
+    }
+
+    /// How many contexts received the injected event.
+    pub struct InjectEventResp {
+        pub contexts: U32,
+    }
+}
+
+/// `present` bit: a PD handle was given.
+pub const PRESENT_PD: u32 = 1 << 0;
+/// `present` bit: a send CQ handle was given.
+pub const PRESENT_SEND_CQ: u32 = 1 << 1;
+/// `present` bit: a receive CQ handle was given.
+pub const PRESENT_RECV_CQ: u32 = 1 << 2;
+/// `present` bit: an SRQ handle was given.
+pub const PRESENT_SRQ: u32 = 1 << 3;
+/// `present` bit: an XRC domain handle was given.
+pub const PRESENT_XRCD: u32 = 1 << 4;
+/// `present` bit (XRC SRQ): a CQ handle was given.
+pub const PRESENT_CQ: u32 = 1 << 5;
+
+/// `comp_mask` bit of [`Cmd::CreateQp`] (ABI 2): `create_flags` is valid.
+pub const CREATE_QP_CREATE_FLAGS: u64 = 1 << 0;
+
+/// What an async event's `element` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ElementKind {
+    /// A QP handle.
+    Qp = 1,
+    /// An XRC receive QP number (legacy/minimal registration).
+    XrcRecvQpNum = 2,
+    /// A CQ handle.
+    Cq = 3,
+    /// An SRQ handle.
+    Srq = 4,
+    /// A port number.
+    Port = 5,
+    /// The device.
+    Device = 6,
+}
+
+impl ElementKind {
+    /// Decodes the wire value.
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Some(match v {
+            1 => ElementKind::Qp,
+            2 => ElementKind::XrcRecvQpNum,
+            3 => ElementKind::Cq,
+            4 => ElementKind::Srq,
+            5 => ElementKind::Port,
+            6 => ElementKind::Device,
+            _ => return None,
+        })
+    }
+}
+
+/// Size of a request struct and the `comp_mask` bits a daemon speaking `abi` understands for
+/// `cmd`. This is the table that makes an older daemon refuse newer features.
+pub fn request_layout(cmd: Cmd, abi: u32) -> (usize, u64) {
+    use core::mem::size_of;
+    match cmd {
+        Cmd::CreateQp if abi >= 2 => (size_of::<CreateQpReq>(), CREATE_QP_CREATE_FLAGS),
+        // ABI 1 ended before `create_flags`.
+        Cmd::CreateQp => (size_of::<CreateQpReq>() - 8, 0),
+        _ => (request_size(cmd), 0),
+    }
+}
+
+/// Size of the request struct of `cmd` in the newest ABI.
+pub fn request_size(cmd: Cmd) -> usize {
+    use core::mem::size_of;
+    match cmd {
+        Cmd::Hello => size_of::<HelloReq>(),
+        Cmd::QueryDeviceList => size_of::<QueryDeviceListReq>(),
+        Cmd::QueryDevice | Cmd::AllocPd | Cmd::GetAsyncEvent | Cmd::Status | Cmd::Resources => 0,
+        Cmd::QueryPort => size_of::<QueryPortReq>(),
+        Cmd::QueryGid => size_of::<QueryGidReq>(),
+        Cmd::DeallocPd
+        | Cmd::DeregMr
+        | Cmd::DestroyCq
+        | Cmd::QuerySrq
+        | Cmd::DestroySrq
+        | Cmd::GetSrqNum
+        | Cmd::DestroyAh
+        | Cmd::CloseXrcd
+        | Cmd::QueryQp
+        | Cmd::DestroyQp => size_of::<HandleReq>(),
+        Cmd::RegMr => size_of::<RegMrReq>(),
+        Cmd::CreateCq => size_of::<CreateCqReq>(),
+        Cmd::ResizeCq => size_of::<ResizeCqReq>(),
+        Cmd::CreateSrq => size_of::<CreateSrqReq>(),
+        Cmd::CreateXrcSrq => size_of::<CreateXrcSrqReq>(),
+        Cmd::ModifySrq => size_of::<ModifySrqReq>(),
+        Cmd::CreateAh => size_of::<CreateAhReq>(),
+        Cmd::OpenXrcd => size_of::<OpenXrcdReq>(),
+        Cmd::CreateQp => size_of::<CreateQpReq>(),
+        Cmd::ModifyQp => size_of::<ModifyQpReq>(),
+        Cmd::OpenQp => size_of::<OpenQpReq>(),
+        Cmd::CreateXrcRcvQp => size_of::<XrcdReq>(),
+        Cmd::ModifyXrcRcvQp => size_of::<ModifyXrcRcvQpReq>(),
+        Cmd::QueryXrcRcvQp
+        | Cmd::RegXrcRcvQp
+        | Cmd::UnregXrcRcvQp
+        | Cmd::DestroyXrcRcvQp
+        | Cmd::RegisterXrcRcvQp
+        | Cmd::UnregisterXrcRcvQp => size_of::<XrcRcvQpReq>(),
+        Cmd::InjectEvent => size_of::<InjectEventReq>(),
+    }
+}
+
+/// Copies a name into a fixed NUL-padded array (truncating).
+pub fn name_bytes<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let n = s.len().min(N - 1);
+    out[..n].copy_from_slice(&s.as_bytes()[..n]);
+    out
+}
+
+/// Reads a NUL-padded name.
+pub fn name_str(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
