@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod codec;
+pub mod convert;
 pub mod msg;
 
 pub use codec::{decode_request, decode_response, encode_request, encode_response, DecodeError, Request};

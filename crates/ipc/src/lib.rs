@@ -1,0 +1,241 @@
+//! The thin I/O layer both ends of the softverbs socket share: `SOCK_SEQPACKET` Unix sockets
+//! carrying one command per datagram, file descriptors passed with `SCM_RIGHTS`, the peer's
+//! credentials (`SO_PEERCRED`), and the eventfd/memfd helpers. Everything goes through
+//! rustix's safe wrappers; there is no `unsafe` here.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::event::{eventfd, EventfdFlags};
+use rustix::fs::{fstat, memfd_create, MemfdFlags};
+use rustix::io::Errno;
+use rustix::net::{
+    accept_with, bind, connect, listen, recvmsg, sendmsg, socket_with, sockopt, AddressFamily,
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+
+pub use rustix::io::Errno as IpcErrno;
+
+/// Most file descriptors one message may carry; more is a protocol violation.
+pub const MAX_FDS: usize = 2;
+
+/// One received datagram.
+#[derive(Debug)]
+pub struct Datagram {
+    /// Bytes received (at most the buffer size).
+    pub len: usize,
+    /// The datagram did not fit the buffer (a framing error for the daemon).
+    pub truncated: bool,
+    /// Descriptors that came with it (closed when dropped).
+    pub fds: Vec<OwnedFd>,
+    /// More descriptors were sent than fit (they were closed by the kernel).
+    pub fds_truncated: bool,
+}
+
+/// Where a daemon listens by default: `$SOFTVERBS_SOCKET`, else
+/// `$XDG_RUNTIME_DIR/softverbs/softverbs.sock`, else `/run/softverbs/softverbs.sock`.
+pub fn default_socket_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("SOFTVERBS_SOCKET") {
+        return PathBuf::from(p);
+    }
+    let base = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(|| PathBuf::from("/run"), PathBuf::from);
+    base.join("softverbs").join("softverbs.sock")
+}
+
+/// A listening `SOCK_SEQPACKET` socket bound to `path` (non-blocking, close-on-exec).
+pub fn listen_seqpacket(path: &Path) -> std::io::Result<OwnedFd> {
+    let fd = socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    bind(&fd, &SocketAddrUnix::new(path)?)?;
+    listen(&fd, 128)?;
+    Ok(fd)
+}
+
+/// Accepts one connection (non-blocking, close-on-exec); `None` when none is waiting.
+pub fn accept(listener: BorrowedFd<'_>) -> std::io::Result<Option<OwnedFd>> {
+    match accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::AGAIN) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Connects a blocking `SOCK_SEQPACKET` socket to `path`.
+pub fn connect_seqpacket(path: &Path) -> std::io::Result<OwnedFd> {
+    let fd = socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    connect(&fd, &SocketAddrUnix::new(path)?)?;
+    Ok(fd)
+}
+
+/// Sends one datagram with optional descriptors. `Err(AGAIN)` on a full non-blocking socket.
+pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), Errno> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(Errno::INVAL);
+    }
+    // MSG_NOSIGNAL: a client that went away must not kill the daemon with SIGPIPE.
+    sendmsg(sock, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    Ok(())
+}
+
+/// Receives one datagram into `buf`. `Ok(None)` at end of stream (peer closed);
+/// `Err(AGAIN)` when a non-blocking socket has nothing.
+pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Datagram>, Errno> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = recvmsg(sock, &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = m {
+            fds.extend(rights);
+        }
+    }
+    let truncated = msg.flags.contains(ReturnFlags::TRUNC);
+    if msg.bytes == 0 && !truncated && fds.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Datagram { len: msg.bytes, truncated, fds, fds_truncated: msg.flags.contains(ReturnFlags::CTRUNC) }))
+}
+
+/// Credentials of the process at the other end of a Unix socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id.
+    pub pid: u32,
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// `SO_PEERCRED` of a connected socket.
+pub fn peer_cred(sock: BorrowedFd<'_>) -> std::io::Result<PeerCred> {
+    let c = sockopt::socket_peercred(sock)?;
+    Ok(PeerCred { pid: c.pid.as_raw_nonzero().get() as u32, uid: c.uid.as_raw(), gid: c.gid.as_raw() })
+}
+
+/// `st_dev` and `st_ino` of an open file: the key of an XRC domain.
+pub fn file_identity(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+    let st = fstat(fd)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn new_eventfd() -> std::io::Result<OwnedFd> {
+    Ok(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?)
+}
+
+/// Adds 1 to an eventfd (makes it readable). A saturated counter is still readable, so
+/// `EAGAIN` is not an error here.
+pub fn signal_eventfd(fd: BorrowedFd<'_>) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Resets an eventfd to zero; returns whether it was signalled.
+pub fn drain_eventfd(fd: BorrowedFd<'_>) -> bool {
+    let mut b = [0u8; 8];
+    matches!(rustix::io::read(fd, &mut b), Ok(8))
+}
+
+/// A memfd holding `bytes` (used to hand large read-only blobs to a client).
+pub fn memfd_with(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    let fd = memfd_create(name, MemfdFlags::CLOEXEC)?;
+    let mut off = 0;
+    while off < bytes.len() {
+        off += rustix::io::write(&fd, &bytes[off..])?;
+    }
+    Ok(fd)
+}
+
+/// Reads a whole memfd (from offset 0) into memory.
+pub fn read_memfd(fd: impl AsFd, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut out = vec![0u8; len];
+    let mut off = 0;
+    while off < len {
+        let n = rustix::io::pread(&fd, &mut out[off..], off as u64)?;
+        if n == 0 {
+            break;
+        }
+        off += n;
+    }
+    out.truncate(off);
+    Ok(out)
+}
+
+/// Waits until `fd` is readable or `timeout_ms` passes (`None`: forever). Returns whether it
+/// is readable.
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout_ms: Option<i32>) -> std::io::Result<bool> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let timeout = timeout_ms.map(|ms| rustix::event::Timespec { tv_sec: i64::from(ms / 1000), tv_nsec: i64::from(ms % 1000) * 1_000_000 });
+    loop {
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(n) => return Ok(n > 0),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datagrams_keep_boundaries_and_carry_fds() {
+        let dir = std::env::temp_dir().join(format!("svipc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = listen_seqpacket(&path).unwrap();
+        let c = connect_seqpacket(&path).unwrap();
+        let s = loop {
+            if let Some(s) = accept(l.as_fd()).unwrap() {
+                break s;
+            }
+        };
+        let efd = new_eventfd().unwrap();
+        send(c.as_fd(), b"hello", &[efd.as_fd()]).unwrap();
+        send(c.as_fd(), b"world!", &[]).unwrap();
+        let mut buf = [0u8; 64];
+        let d = recv(s.as_fd(), &mut buf).unwrap().unwrap();
+        assert_eq!((&buf[..d.len], d.fds.len()), (&b"hello"[..], 1));
+        let d = recv(s.as_fd(), &mut buf).unwrap().unwrap();
+        assert_eq!(&buf[..d.len], b"world!");
+        // Oversized datagrams are reported as truncated.
+        send(c.as_fd(), &[7u8; 100], &[]).unwrap();
+        let mut small = [0u8; 10];
+        assert!(recv(s.as_fd(), &mut small).unwrap().unwrap().truncated);
+        assert_eq!(peer_cred(s.as_fd()).unwrap().pid, std::process::id());
+        drop(c);
+        assert!(recv(s.as_fd(), &mut buf).unwrap().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn eventfd_signal_and_drain() {
+        let e = new_eventfd().unwrap();
+        assert!(!drain_eventfd(e.as_fd()));
+        signal_eventfd(e.as_fd());
+        signal_eventfd(e.as_fd());
+        assert!(wait_readable(e.as_fd(), Some(0)).unwrap());
+        assert!(drain_eventfd(e.as_fd()));
+        assert!(!drain_eventfd(e.as_fd()));
+    }
+
+    #[test]
+    fn memfd_round_trip() {
+        let m = memfd_with("t", b"{\"a\":1}").unwrap();
+        assert_eq!(read_memfd(&m, 7).unwrap(), b"{\"a\":1}");
+    }
+}
