@@ -1,0 +1,146 @@
+//! RoCE v2 Invariant CRC (IBA 7.8.1 as adapted by RoCE v2 Annex A17;
+//! transport-and-baselines.md §A1.7).
+//!
+//! The ICRC is the plain CRC-32 of Ethernet/zlib (reflected 0xEDB88320, init and final
+//! xor all-ones) over
+//!
+//! ```text
+//! 8 x 0xFF | IP header | UDP header | BTH | extension headers | payload | pad
+//! ```
+//!
+//! where the 8 bytes of 0xFF stand for the LRH that RoCE v2 does not carry, and every field
+//! a router or switch may rewrite is replaced by all-ones first: IPv4 TOS, TTL and header
+//! checksum; IPv6 traffic class, flow label and hop limit; the UDP checksum; BTH byte 4
+//! (FECN, BECN, Resv6a). The 32-bit result goes on the wire little-endian.
+
+use crate::bth::VARIANT_BYTE;
+use crate::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
+use crate::packet::ICRC_LEN;
+use crate::{HeaderKind, WireError};
+
+/// Stand-in for the absent LRH.
+const LRH_MASK: [u8; 8] = [0xFF; 8];
+/// IPv4 header with the longest options, plus UDP.
+const MAX_IP_UDP: usize = 60 + UDP_HEADER_LEN;
+const BTH_LEN: usize = 12;
+/// Everything that needs masking is copied here and hashed in one call, so the per-packet
+/// fixed cost is a single extra `update`.
+const PREFIX_CAP: usize = LRH_MASK.len() + MAX_IP_UDP + BTH_LEN;
+
+/// Copies `ip_udp` (one IP header and one UDP header, nothing else) into `out` with the
+/// variant fields set to all-ones; returns the number of bytes written.
+fn mask_ip_udp(ip_udp: &[u8], out: &mut [u8]) -> Result<usize, WireError> {
+    let malformed = |reason| WireError::MalformedIpUdp { reason };
+    let first = *ip_udp.first().ok_or(WireError::Truncated {
+        header: HeaderKind::Ipv4,
+        needed: IPV4_HEADER_LEN,
+        available: 0,
+    })?;
+    let ip_len = match first >> 4 {
+        4 => {
+            let ihl = usize::from(first & 0x0F) * 4;
+            if ihl < IPV4_HEADER_LEN {
+                return Err(malformed("IPv4 IHL below 5"));
+            }
+            ihl
+        }
+        6 => IPV6_HEADER_LEN,
+        _ => return Err(malformed("IP version is neither 4 nor 6")),
+    };
+    if ip_udp.len() != ip_len + UDP_HEADER_LEN {
+        return Err(malformed(
+            "expected exactly one IP header and one UDP header",
+        ));
+    }
+    let out = &mut out[..ip_udp.len()];
+    out.copy_from_slice(ip_udp);
+    if first >> 4 == 6 {
+        // Version stays; traffic class (8 bits) and flow label (20 bits) fill the rest of
+        // the first word.
+        out[0] |= 0x0F;
+        out[1..4].fill(0xFF);
+        out[7] = 0xFF; // hop limit
+    } else {
+        out[1] = 0xFF; // TOS (DSCP + ECN)
+        out[8] = 0xFF; // TTL
+        out[10..12].fill(0xFF); // header checksum
+    }
+    out[ip_len + 6..ip_len + 8].fill(0xFF); // UDP checksum
+    Ok(ip_udp.len())
+}
+
+/// Computes the ICRC of an IB packet.
+///
+/// `ip_udp` is the IPv4 (with any options) or IPv6 header followed by the UDP header, as
+/// sent: lengths must already count the ICRC. `ib` runs from BTH to the end of the pad,
+/// *without* the ICRC.
+pub fn compute(ip_udp: &[u8], ib: &[u8]) -> Result<u32, WireError> {
+    if ib.len() < BTH_LEN {
+        return Err(WireError::Truncated {
+            header: HeaderKind::Bth,
+            needed: BTH_LEN,
+            available: ib.len(),
+        });
+    }
+    let mut prefix = [0u8; PREFIX_CAP];
+    prefix[..LRH_MASK.len()].copy_from_slice(&LRH_MASK);
+    let mut at = LRH_MASK.len();
+    at += mask_ip_udp(ip_udp, &mut prefix[at..])?;
+    prefix[at..at + BTH_LEN].copy_from_slice(&ib[..BTH_LEN]);
+    prefix[at + VARIANT_BYTE] = 0xFF;
+    at += BTH_LEN;
+
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&prefix[..at]);
+    hasher.update(&ib[BTH_LEN..]);
+    Ok(hasher.finalize())
+}
+
+fn split_trailer(packet: &[u8]) -> Result<(&[u8], u32), WireError> {
+    let len = packet.len();
+    if len < BTH_LEN {
+        return Err(WireError::Truncated {
+            header: HeaderKind::Bth,
+            needed: BTH_LEN,
+            available: len,
+        });
+    }
+    if len < BTH_LEN + ICRC_LEN {
+        return Err(WireError::Truncated {
+            header: HeaderKind::Icrc,
+            needed: ICRC_LEN,
+            available: len - BTH_LEN,
+        });
+    }
+    let (body, trailer) = packet.split_at(len - ICRC_LEN);
+    let mut raw = [0u8; ICRC_LEN];
+    raw.copy_from_slice(trailer);
+    Ok((body, u32::from_le_bytes(raw)))
+}
+
+/// Computes the ICRC of `packet` (BTH through a 4-byte ICRC slot) and stores it in the
+/// slot, little-endian. Returns the value.
+pub fn write(ip_udp: &[u8], packet: &mut [u8]) -> Result<u32, WireError> {
+    split_trailer(packet)?;
+    let body_len = packet.len() - ICRC_LEN;
+    let icrc = compute(ip_udp, &packet[..body_len])?;
+    packet[body_len..].copy_from_slice(&icrc.to_le_bytes());
+    Ok(icrc)
+}
+
+/// Checks the ICRC at the end of `packet` (BTH through ICRC).
+pub fn verify(ip_udp: &[u8], packet: &[u8]) -> Result<(), WireError> {
+    let (body, found) = split_trailer(packet)?;
+    let computed = compute(ip_udp, body)?;
+    if computed == found {
+        Ok(())
+    } else {
+        Err(WireError::IcrcMismatch { computed, found })
+    }
+}
+
+/// Checks the ICRC of a whole IP datagram carrying a RoCE v2 packet.
+pub fn verify_datagram(datagram: &[u8]) -> Result<(), WireError> {
+    let (ip_udp, packet) = crate::ip::split_ip_udp(datagram)?;
+    verify(ip_udp, packet)
+}
