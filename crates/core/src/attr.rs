@@ -1,14 +1,14 @@
 //! Attribute structs of create/modify/query calls, shaped like their rdma-core namesakes
 //! (`ibv_qp_attr`, `ibv_ah_attr`, `ibv_qp_cap`, `ibv_qp_init_attr_ex`, `ibv_srq_attr`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::device::Gid;
 use crate::ids::Handle;
 use crate::types::{Access, Mtu, QpState, QpType};
 
 /// `struct ibv_global_route` + `struct ibv_ah_attr` (verbs.h).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct AhAttr {
     pub dgid: Gid,
@@ -25,7 +25,7 @@ pub struct AhAttr {
 }
 
 /// `struct ibv_qp_cap` (verbs.h).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct QpCap {
     pub max_send_wr: u32,
@@ -36,7 +36,7 @@ pub struct QpCap {
 }
 
 /// `struct ibv_qp_attr` (verbs.h): what modify reads (per mask bit) and query returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct QpAttr {
     pub qp_state: QpState,
@@ -139,7 +139,7 @@ impl QpInitAttr {
 
 /// What `query_qp` returns besides [`QpAttr`]: the creation-time attributes
 /// (`ibv_qp_init_attr`), with handles as the caller's context sees them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QpInitInfo {
     /// QP type.
     pub qp_type: QpType,
@@ -153,7 +153,7 @@ pub struct QpInitInfo {
 }
 
 /// `struct ibv_srq_attr` (verbs.h).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SrqAttr {
     /// Receive WQEs the SRQ holds.
     pub max_wr: u32,

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::attr::{AhAttr, QpAttr, QpInitInfo, SrqAttr};
 use crate::device::Device;
@@ -18,7 +18,7 @@ use crate::types::{Access, MAX_24BIT};
 
 /// Who is on the other end of a context: filled in by the daemon from `SO_PEERCRED` and
 /// `/proc`, shown by introspection.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContextInfo {
     /// Process id of the client.
     pub pid: u32,
@@ -167,7 +167,7 @@ pub(crate) struct TgtQp {
 }
 
 /// How a context holds an XRC receive QP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum HolderRef {
     /// The legacy/minimal API's per-context registration (named by QP number).
     Registration,
@@ -176,7 +176,7 @@ pub enum HolderRef {
 }
 
 /// How the holder came to hold the QP, for introspection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HolderKind {
     /// Created the QP (legacy create, minimal register-with-no-number, or create_qp).
     Creator,
@@ -217,7 +217,7 @@ pub(crate) struct DeviceUsage {
 }
 
 /// Counts of everything the core holds, for leak checks and introspection.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct Counts {
     pub contexts: usize,

@@ -2,14 +2,14 @@
 //! bounds and PD checks, QP numbers, and the XRC rule that a receive QP may only deliver into
 //! SRQs of its own domain.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::core::{Core, QpEntry, QpRoute, SrqKind};
 use crate::ids::{CtxId, Handle};
 use crate::types::{Access, QpType};
 
 /// A protection domain, globally named (PDs are per context).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PdRef {
     /// Owning context.
     pub ctx: CtxId,
@@ -36,7 +36,7 @@ pub enum MemError {
 }
 
 /// A checked memory access: where in the owner's address space to read or write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemTarget {
     /// Context that registered the memory.
     pub ctx: CtxId,
@@ -49,7 +49,7 @@ pub struct MemTarget {
 }
 
 /// What a QP number leads to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum QpTarget {
     /// A QP owned by one context.
     Owned {
@@ -79,7 +79,7 @@ pub enum XrcDeliveryError {
 }
 
 /// Where an XRC request lands: the SRQ named in XRCETH, its owner, PD and CQ.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XrcSrqTarget {
     /// Owner of the SRQ.
     pub ctx: CtxId,

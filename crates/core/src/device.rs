@@ -1,7 +1,7 @@
 //! Devices and ports: the attributes `ibv_query_device`/`ibv_query_port` report and the
 //! RoCE v2 GID table.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::types::Mtu;
@@ -21,7 +21,7 @@ pub const DEVICE_SYS_IMAGE_GUID: u64 = 1 << 10;
 
 /// A 128-bit GID (IBA 4.1.1). For RoCE v2 it is an IPv6 address, or an IPv4 address mapped
 /// into IPv6 (`::ffff:a.b.c.d`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
@@ -55,7 +55,7 @@ impl From<Ipv4Addr> for Gid {
 }
 
 /// `enum ibv_port_state` (verbs.h).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[repr(u32)]
 #[allow(missing_docs)]
 pub enum PortState {
@@ -69,7 +69,7 @@ pub enum PortState {
 pub const LINK_LAYER_ETHERNET: u8 = 2;
 
 /// What `ibv_query_port` reports, minus fields that are constant for RoCE.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PortAttr {
     /// Logical port state.
     pub state: PortState,
@@ -108,7 +108,7 @@ impl PortAttr {
 pub const GID_TABLE_LEN: usize = 16;
 
 /// What `ibv_query_device` reports. Limits are enforced by the core.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct DeviceAttr {
     pub fw_ver: String,
@@ -193,7 +193,7 @@ impl DeviceAttr {
 }
 
 /// One device: its name, attributes and ports (port `n` is `ports[n - 1]`, IBA numbering).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Device {
     /// Name as `ibv_get_device_name` reports it (e.g. `softverbs0`).
     pub name: String,

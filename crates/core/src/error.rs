@@ -5,7 +5,7 @@ use crate::errno;
 use crate::types::{AttrMask, QpState, QpType};
 
 /// The kind of object a handle was supposed to name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[allow(missing_docs)]
 pub enum ObjectKind {
     Context,

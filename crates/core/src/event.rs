@@ -1,14 +1,14 @@
 //! Asynchronous events (IBA 11.6.3) and the per-context queue they wait in until the client
 //! reads them (`ibv_get_async_event`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
 use crate::ids::Handle;
 use crate::types::{EventType, XRC_QP_EVENT_FLAG};
 
 /// What an event is about, as the receiving context names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum EventElement {
     /// A QP handle of this context: an owned QP, or an XRC receive QP handle from
     /// `create_qp`/`open_qp`.
@@ -27,7 +27,7 @@ pub enum EventElement {
 }
 
 /// One event as a context reads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AsyncEvent {
     /// `enum ibv_event_type`.
     pub event_type: EventType,

@@ -1,26 +1,26 @@
 //! Identifiers: contexts, per-context handles, XRC domains, file identities, and the
 //! allocator behind 24-bit QP/SRQ numbers and 32-bit memory keys.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
 /// One client connection (one `ibv_context`). Never reused within a core's life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CtxId(pub u64);
 
 /// A per-context object handle, as uverbs hands them out. Values are unique across the
 /// whole core (so a value guessed from another context never names anything by accident),
 /// but they resolve only inside the context that owns them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Handle(pub u32);
 
 /// A shared XRC domain (global; clients see it only through their own [`Handle`]s).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct XrcdId(pub u64);
 
 /// The identity of the file an XRC domain is keyed on: `st_dev` and `st_ino` of the fd the
 /// client passed (uverbs keys its xrcd table on the inode; this is the userspace equivalent).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct FileId {
     /// `st_dev` of the file.
     pub dev: u64,

@@ -3,7 +3,7 @@
 //! arguments that name a missing object are `EINVAL`, limits are `EINVAL` (per object) or
 //! `ENOMEM` (device-wide counts).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::attr::{AhAttr, SrqAttr, SRQ_LIMIT, SRQ_MAX_WR};
 use crate::core::{Ah, Core, Cq, Mr, Pd, Srq, SrqKind};
@@ -13,7 +13,7 @@ use crate::ids::{CtxId, Handle};
 use crate::types::Access;
 
 /// What `reg_mr` returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MrKeys {
     /// The MR handle.
     pub handle: Handle,
@@ -25,7 +25,7 @@ pub struct MrKeys {
 }
 
 /// What `create_srq` returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SrqCreated {
     /// The SRQ handle.
     pub handle: Handle,

@@ -2,7 +2,7 @@
 //! values), query and destroy. XRC receive QPs are reached here through handles and
 //! delegated to [`crate::xrc_recv`].
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::attr::{QpAttr, QpCap, QpInitAttr, QpInitInfo};
 use crate::core::{Core, HolderRef, OwnedQp, QpEntry, QpRoute, SrqKind};
@@ -15,7 +15,7 @@ use crate::qp_state::{check_transition, strip_for_uverbs};
 use crate::types::{Access, AttrMask as M, QpState, QpType, MAX_24BIT};
 
 /// What `create_qp` returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QpCreated {
     /// The caller's QP handle.
     pub handle: Handle,
@@ -26,7 +26,7 @@ pub struct QpCreated {
 }
 
 /// What `query_qp` returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QpQuery {
     /// Current attributes.
     pub attr: QpAttr,

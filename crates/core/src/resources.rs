@@ -2,7 +2,7 @@
 //! equivalent) — including, for each XRC receive QP, who holds it and how, which no other
 //! tool shows.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::core::{Core, QpEntry, SrqKind};
 use crate::ids::{CtxId, FileId, Handle, XrcdId};
@@ -10,7 +10,7 @@ use crate::types::{QpState, QpType};
 use crate::xrc_recv::HolderInfo;
 
 /// One context.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct ContextRow {
     pub ctx: CtxId,
@@ -29,7 +29,7 @@ pub struct ContextRow {
 }
 
 /// One XRC domain.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct XrcdRow {
     pub xrcd: XrcdId,
@@ -42,7 +42,7 @@ pub struct XrcdRow {
 }
 
 /// One SRQ.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct SrqRow {
     pub ctx: CtxId,
@@ -54,7 +54,7 @@ pub struct SrqRow {
 }
 
 /// One CQ.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct CqRow {
     pub ctx: CtxId,
@@ -65,7 +65,7 @@ pub struct CqRow {
 }
 
 /// One owned QP.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct QpRow {
     pub ctx: CtxId,
@@ -77,7 +77,7 @@ pub struct QpRow {
 }
 
 /// One shared XRC receive QP and its holders.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct XrcRecvRow {
     pub qpn: u32,
@@ -87,7 +87,7 @@ pub struct XrcRecvRow {
 }
 
 /// Everything, sorted for stable output.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct Resources {
     pub contexts: Vec<ContextRow>,

@@ -1,10 +1,10 @@
 //! Plain verbs enums and bit sets shared by every layer, with rdma-core's numeric values
 //! (`libibverbs/verbs.h`), so the ABI and the C drop-in can pass them through unchanged.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// `enum ibv_qp_type` (verbs.h). RD is not offered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[repr(u32)]
 pub enum QpType {
     /// Reliable connected.
@@ -43,7 +43,7 @@ impl QpType {
 }
 
 /// `enum ibv_qp_state` (verbs.h; IBA 10.3.1 "QP and EE states").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[repr(u32)]
 pub enum QpState {
     /// Reset.
@@ -81,7 +81,7 @@ impl QpState {
 }
 
 /// `enum ibv_qp_attr_mask` (verbs.h): which fields of a modify/query request are meaningful.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct AttrMask(pub u32);
 
 #[allow(missing_docs)]
@@ -147,7 +147,7 @@ impl std::ops::BitAnd for AttrMask {
 }
 
 /// `enum ibv_access_flags` (verbs.h), the subset the core enforces.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Access(pub u32);
 
 #[allow(missing_docs)]
@@ -188,7 +188,7 @@ impl std::ops::BitOr for Access {
 }
 
 /// `enum ibv_mtu` (verbs.h): 1 = 256 bytes … 5 = 4096 bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[repr(u32)]
 pub enum Mtu {
     /// 256 bytes.
@@ -222,7 +222,7 @@ impl Mtu {
 }
 
 /// `enum ibv_event_type` (verbs.h; IBA 11.6.3 "Asynchronous events").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[repr(u32)]
 #[allow(missing_docs)]
 pub enum EventType {

@@ -16,7 +16,7 @@
 //! (QP number, context, how), so fan-out is a range scan over one QP's holders and every
 //! join/leave is O(log n).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::attr::{QpAttr, QpCap, QpInitInfo};
 use crate::core::{Core, Holder, HolderKey, HolderKind, HolderRef, QpEntry, QpRoute, TgtQp};
@@ -27,7 +27,7 @@ use crate::qp::{modify_attr, QpQuery};
 use crate::types::{AttrMask, EventType, QpState, QpType};
 
 /// One holder of a receive QP, for introspection.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderInfo {
     /// The holding context.
     pub ctx: CtxId,

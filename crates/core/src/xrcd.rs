@@ -1,7 +1,7 @@
 //! XRC domains (xrc-semantics §1.1): shared by file identity, counted globally
 //! (`opens + SRQs + receive QPs`) and per handle (what was made through it).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::core::{Core, Xrcd, XrcdHandle};
 use crate::errno::{O_CREAT, O_EXCL};
@@ -9,7 +9,7 @@ use crate::error::{Error, ObjectKind, Result};
 use crate::ids::{CtxId, FileId, Handle, XrcdId};
 
 /// What `open_xrcd` returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XrcdOpened {
     /// The caller's new handle (every open gets its own, also of an existing domain).
     pub handle: Handle,

@@ -1,0 +1,73 @@
+//! Daemon configuration: the socket, the devices it offers and the ABI level it speaks.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use softverbs_core::device::Device;
+use softverbs_core::types::Mtu;
+
+/// One device to offer: a name and the IP addresses whose RoCE v2 GIDs fill its port's table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// Device name (`ibv_get_device_name`).
+    pub name: String,
+    /// Addresses of port 1.
+    pub ips: Vec<IpAddr>,
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+
+    /// Parses `NAME=IP[,IP...]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, ips) = s.split_once('=').ok_or("expected NAME=IP[,IP...]")?;
+        if name.is_empty() || name.len() > 63 {
+            return Err("device name must be 1..=63 bytes".into());
+        }
+        let ips = ips
+            .split(',')
+            .map(|ip| ip.parse::<IpAddr>().map_err(|e| format!("{ip}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(DeviceSpec { name: name.to_string(), ips })
+    }
+}
+
+/// How a daemon runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The socket to serve.
+    pub socket: PathBuf,
+    /// Devices to offer; empty means one default device `softverbs0` on 127.0.0.1.
+    pub devices: Vec<DeviceSpec>,
+    /// ABI level to speak (older levels emulate an older daemon, for compatibility tests).
+    pub abi_version: u32,
+}
+
+impl Config {
+    /// Defaults for `socket`.
+    pub fn new(socket: PathBuf) -> Config {
+        Config { socket, devices: Vec::new(), abi_version: softverbs_abi::ABI_VERSION }
+    }
+
+    /// The core devices this configuration describes. Node GUIDs are derived from the device
+    /// index and the first address, so two daemons on different addresses differ.
+    pub fn build_devices(&self) -> Vec<Device> {
+        let specs = if self.devices.is_empty() {
+            vec![DeviceSpec { name: "softverbs0".into(), ips: vec!["127.0.0.1".parse().expect("literal")] }]
+        } else {
+            self.devices.clone()
+        };
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let seed = d.ips.first().map_or(0u64, |ip| match ip {
+                    IpAddr::V4(v4) => u64::from(u32::from(*v4)),
+                    IpAddr::V6(v6) => (u128::from(*v6) & u128::from(u64::MAX)) as u64,
+                });
+                let guid = 0x0200_5eff_fe00_0000 ^ (seed << 8) ^ i as u64;
+                Device::roce(&d.name, guid, &d.ips, Mtu::M4096)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,533 @@
+//! Command dispatch: decode one request, apply it to the core, encode the answer.
+//!
+//! Everything a client can send passes through [`Dispatcher::handle`], which never panics on
+//! any input (the fuzz target drives it directly): framing errors, unknown commands, bad
+//! `comp_mask` bits, bad enum values, stray or missing file descriptors and handles of other
+//! contexts all become errno replies.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::Instant;
+
+use softverbs_abi::codec::{decode_request, encode_response, peek_cmd, Request};
+use softverbs_abi::convert::qp_attr_from_wire;
+use softverbs_abi::msg::*;
+use softverbs_abi::MIN_ABI_VERSION;
+use softverbs_core::attr::{AhAttr, QpAttr, QpInitAttr, SrqAttr};
+use softverbs_core::ids::{CtxId, FileId, Handle};
+use softverbs_core::qp::QpQuery;
+use softverbs_core::types::{Access, AttrMask, EventType, QpType};
+use softverbs_core::{ContextInfo, Core, Error};
+use softverbs_ipc::PeerCred;
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::IntoBytes;
+
+const EINVAL: i32 = 22;
+const EAGAIN: i32 = 11;
+const EBADF: i32 = 9;
+const EPERM: i32 = 1;
+const EPROTONOSUPPORT: i32 = 93;
+const ENOMEM: i32 = 12;
+
+/// What a connection has established so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Nothing yet: only `Hello` is accepted.
+    New,
+    /// Introspection only (no device opened).
+    Introspect,
+    /// A context is open.
+    Context(CtxId),
+}
+
+/// Per-connection state the dispatcher needs.
+#[derive(Debug)]
+pub struct Session {
+    /// Credentials of the client (`SO_PEERCRED`).
+    pub cred: PeerCred,
+    /// The client's command name.
+    pub comm: String,
+    /// What has been established.
+    pub phase: Phase,
+    /// The daemon's end of the async-event eventfd.
+    pub eventfd: Option<OwnedFd>,
+}
+
+impl Session {
+    /// A fresh session for a client.
+    pub fn new(cred: PeerCred, comm: String) -> Session {
+        Session { cred, comm, phase: Phase::New, eventfd: None }
+    }
+
+    /// The open context, if any.
+    pub fn ctx(&self) -> Option<CtxId> {
+        match self.phase {
+            Phase::Context(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// The result of one request.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The encoded response datagram.
+    pub reply: Vec<u8>,
+    /// Descriptors to send with it.
+    pub fds: Vec<OwnedFd>,
+    /// Contexts that got new async events (their eventfds must be signalled).
+    pub woken: Vec<CtxId>,
+}
+
+/// The daemon's state that commands act on.
+pub struct Dispatcher {
+    /// The verbs core.
+    pub core: Core,
+    /// ABI level spoken.
+    pub abi: u32,
+    started: Instant,
+    daemon_uid: u32,
+}
+
+type Reply = Result<(Vec<u8>, Vec<OwnedFd>), i32>;
+
+fn ok<T: IntoBytes + zerocopy::Immutable>(v: T) -> Reply {
+    Ok((v.as_bytes().to_vec(), Vec::new()))
+}
+
+fn empty() -> Reply {
+    Ok((Vec::new(), Vec::new()))
+}
+
+fn core_err(e: Error) -> i32 {
+    e.errno()
+}
+
+fn handle_of(v: U32) -> Handle {
+    Handle(v.get())
+}
+
+fn events(n: u32) -> Reply {
+    ok(EventsResp { events_reported: U32::new(n) })
+}
+
+fn query_resp(q: &QpQuery, qpn: u32) -> Reply {
+    ok(QueryQpResp {
+        attr: (&q.attr).into(),
+        qp_type: U32::new(q.init.qp_type as u32),
+        sq_sig_all: U32::new(u32::from(q.init.sq_sig_all)),
+        create_flags: U32::new(q.init.create_flags),
+        qpn: U32::new(qpn),
+        init_cap: (&q.init.cap).into(),
+    })
+}
+
+fn srq_resp(handle: Handle, a: SrqAttr, srqn: Option<u32>) -> Reply {
+    ok(SrqResp {
+        handle: U32::new(handle.0),
+        max_wr: U32::new(a.max_wr),
+        max_sge: U32::new(a.max_sge),
+        srq_limit: U32::new(a.srq_limit),
+        srqn: U32::new(srqn.unwrap_or(0)),
+    })
+}
+
+impl Dispatcher {
+    /// A dispatcher over `core`, speaking ABI `abi`.
+    pub fn new(core: Core, abi: u32) -> Dispatcher {
+        Dispatcher { core, abi, started: Instant::now(), daemon_uid: rustix::process::geteuid().as_raw() }
+    }
+
+    /// Handles one request datagram with the descriptors that came with it. Descriptors the
+    /// command does not take are closed (dropped) here.
+    pub fn handle(&mut self, session: &mut Session, msg: &[u8], fds: Vec<OwnedFd>) -> Outcome {
+        let mut woken = Vec::new();
+        let result = match decode_request(msg) {
+            Err(e) => Err(e.errno()),
+            Ok(req) => self.command(session, &req, fds, &mut woken),
+        };
+        let cmd = peek_cmd(msg);
+        let resp_len = decode_request(msg).map_or(0, |r| r.resp_len);
+        match result {
+            Ok((body, fds)) => Outcome { reply: encode_response(cmd, 0, &body, resp_len), fds, woken },
+            Err(errno) => Outcome { reply: encode_response(cmd, errno, &[], 0), fds: Vec::new(), woken },
+        }
+    }
+
+    fn command(&mut self, s: &mut Session, req: &Request<'_>, mut fds: Vec<OwnedFd>, woken: &mut Vec<CtxId>) -> Reply {
+        let abi = self.abi;
+        // Only OpenXrcd takes a descriptor, and only one.
+        if req.cmd != Cmd::OpenXrcd && !fds.is_empty() {
+            return Err(EINVAL);
+        }
+        match (req.cmd, s.phase) {
+            (Cmd::Hello, Phase::New) => return self.hello(s, req.body(abi).map_err(|e| e.errno())?),
+            (Cmd::Hello, _) => return Err(EINVAL),
+            (_, Phase::New) => return Err(EINVAL),
+            (Cmd::QueryDeviceList, _) => return self.device_list(req.body(abi).map_err(|e| e.errno())?),
+            (Cmd::Status, _) => return self.status(),
+            (Cmd::Resources, _) => return self.resources(),
+            (Cmd::InjectEvent, _) => {
+                let r: InjectEventReq = req.body(abi).map_err(|e| e.errno())?;
+                return self.inject(s, r, woken);
+            }
+            (_, Phase::Introspect) => return Err(EINVAL),
+            (_, Phase::Context(_)) => {}
+        }
+        let ctx = s.ctx().expect("phase checked above");
+        let core = &mut self.core;
+        macro_rules! body {
+            () => {
+                req.body(abi).map_err(|e| e.errno())?
+            };
+        }
+        match req.cmd {
+            Cmd::QueryDevice => {
+                let d = core.context_device(ctx).map_err(core_err)?;
+                let a = &d.attr;
+                ok(QueryDeviceResp {
+                    fw_ver: name_bytes(&a.fw_ver),
+                    node_guid: U64::new(a.node_guid),
+                    sys_image_guid: U64::new(a.sys_image_guid),
+                    max_mr_size: U64::new(a.max_mr_size),
+                    page_size_cap: U64::new(a.page_size_cap),
+                    device_cap_flags: U64::new(a.device_cap_flags),
+                    vendor_id: U32::new(a.vendor_id),
+                    vendor_part_id: U32::new(a.vendor_part_id),
+                    hw_ver: U32::new(a.hw_ver),
+                    max_qp: U32::new(a.max_qp),
+                    max_qp_wr: U32::new(a.max_qp_wr),
+                    max_sge: U32::new(a.max_sge),
+                    max_sge_rd: U32::new(a.max_sge_rd),
+                    max_cq: U32::new(a.max_cq),
+                    max_cqe: U32::new(a.max_cqe),
+                    max_mr: U32::new(a.max_mr),
+                    max_pd: U32::new(a.max_pd),
+                    max_qp_rd_atom: U32::new(a.max_qp_rd_atom),
+                    max_ee_rd_atom: U32::new(a.max_ee_rd_atom),
+                    max_res_rd_atom: U32::new(a.max_res_rd_atom),
+                    max_qp_init_rd_atom: U32::new(a.max_qp_init_rd_atom),
+                    max_ee_init_rd_atom: U32::new(a.max_ee_init_rd_atom),
+                    atomic_cap: U32::new(a.atomic_cap),
+                    max_ah: U32::new(a.max_ah),
+                    max_srq: U32::new(a.max_srq),
+                    max_srq_wr: U32::new(a.max_srq_wr),
+                    max_srq_sge: U32::new(a.max_srq_sge),
+                    max_inline_data: U32::new(a.max_inline_data),
+                    num_comp_vectors: U32::new(a.num_comp_vectors),
+                    max_pkeys: U16::new(a.max_pkeys),
+                    local_ca_ack_delay: a.local_ca_ack_delay,
+                    phys_port_cnt: a.phys_port_cnt,
+                })
+            }
+            Cmd::QueryPort => {
+                let r: QueryPortReq = body!();
+                let d = core.context_device(ctx).map_err(core_err)?;
+                let port = u8::try_from(r.port.get()).ok().and_then(|p| d.port(p)).ok_or(EINVAL)?;
+                ok(QueryPortResp {
+                    state: U32::new(port.state as u32),
+                    max_mtu: U32::new(port.max_mtu as u32),
+                    active_mtu: U32::new(port.active_mtu as u32),
+                    gid_tbl_len: U32::new(port.gids.len() as u32),
+                    max_msg_sz: U32::new(port.max_msg_sz),
+                    pkey_tbl_len: U16::new(port.pkey_tbl_len),
+                    link_layer: port.link_layer,
+                    reserved: 0,
+                })
+            }
+            Cmd::QueryGid => {
+                let r: QueryGidReq = body!();
+                let d = core.context_device(ctx).map_err(core_err)?;
+                let port = u8::try_from(r.port.get()).ok().and_then(|p| d.port(p)).ok_or(EINVAL)?;
+                let gid = port.gids.get(r.index.get() as usize).ok_or(EINVAL)?;
+                ok(QueryGidResp { gid: gid.0 })
+            }
+            Cmd::AllocPd => {
+                let h = core.alloc_pd(ctx).map_err(core_err)?;
+                ok(HandleResp { handle: U32::new(h.0) })
+            }
+            Cmd::DeallocPd => {
+                let r: HandleReq = body!();
+                core.dealloc_pd(ctx, handle_of(r.handle)).map_err(core_err)?;
+                empty()
+            }
+            Cmd::RegMr => {
+                let r: RegMrReq = body!();
+                let k = core
+                    .reg_mr(ctx, handle_of(r.pd), r.addr.get(), r.length.get(), r.iova.get(), Access(r.access.get()))
+                    .map_err(core_err)?;
+                ok(RegMrResp { handle: U32::new(k.handle.0), lkey: U32::new(k.lkey), rkey: U32::new(k.rkey) })
+            }
+            Cmd::DeregMr => {
+                let r: HandleReq = body!();
+                core.dereg_mr(ctx, handle_of(r.handle)).map_err(core_err)?;
+                empty()
+            }
+            Cmd::CreateCq => {
+                let r: CreateCqReq = body!();
+                let (h, cqe) = core.create_cq(ctx, r.cqe.get(), r.comp_vector.get()).map_err(core_err)?;
+                ok(CreateCqResp { handle: U32::new(h.0), cqe: U32::new(cqe) })
+            }
+            Cmd::ResizeCq => {
+                let r: ResizeCqReq = body!();
+                let cqe = core.resize_cq(ctx, handle_of(r.handle), r.cqe.get()).map_err(core_err)?;
+                ok(CreateCqResp { handle: r.handle, cqe: U32::new(cqe) })
+            }
+            Cmd::DestroyCq => {
+                let r: HandleReq = body!();
+                events(core.destroy_cq(ctx, handle_of(r.handle)).map_err(core_err)?)
+            }
+            Cmd::CreateSrq => {
+                let r: CreateSrqReq = body!();
+                let a = SrqAttr { max_wr: r.max_wr.get(), max_sge: r.max_sge.get(), srq_limit: r.srq_limit.get() };
+                let c = core.create_srq(ctx, handle_of(r.pd), a).map_err(core_err)?;
+                srq_resp(c.handle, c.attr, c.srqn)
+            }
+            Cmd::CreateXrcSrq => {
+                let r: CreateXrcSrqReq = body!();
+                let p = r.present.get();
+                let opt = |bit: u32, v: U32| (p & bit != 0).then(|| handle_of(v));
+                let a = SrqAttr { max_wr: r.max_wr.get(), max_sge: r.max_sge.get(), srq_limit: r.srq_limit.get() };
+                let c = core
+                    .create_xrc_srq(ctx, opt(PRESENT_PD, r.pd), opt(PRESENT_XRCD, r.xrcd), opt(PRESENT_CQ, r.cq), a)
+                    .map_err(core_err)?;
+                srq_resp(c.handle, c.attr, c.srqn)
+            }
+            Cmd::ModifySrq => {
+                let r: ModifySrqReq = body!();
+                let a = SrqAttr { max_wr: r.max_wr.get(), max_sge: 0, srq_limit: r.srq_limit.get() };
+                let got = core.modify_srq(ctx, handle_of(r.handle), a, r.attr_mask.get()).map_err(core_err)?;
+                srq_resp(handle_of(r.handle), got, core.srq_num(ctx, handle_of(r.handle)).ok())
+            }
+            Cmd::QuerySrq => {
+                let r: HandleReq = body!();
+                let a = core.query_srq(ctx, handle_of(r.handle)).map_err(core_err)?;
+                srq_resp(handle_of(r.handle), a, core.srq_num(ctx, handle_of(r.handle)).ok())
+            }
+            Cmd::DestroySrq => {
+                let r: HandleReq = body!();
+                events(core.destroy_srq(ctx, handle_of(r.handle)).map_err(core_err)?)
+            }
+            Cmd::GetSrqNum => {
+                let r: HandleReq = body!();
+                ok(SrqNumResp { srqn: U32::new(core.srq_num(ctx, handle_of(r.handle)).map_err(core_err)?) })
+            }
+            Cmd::CreateAh => {
+                let r: CreateAhReq = body!();
+                let h = core.create_ah(ctx, handle_of(r.pd), AhAttr::from(&r.attr)).map_err(core_err)?;
+                ok(HandleResp { handle: U32::new(h.0) })
+            }
+            Cmd::DestroyAh => {
+                let r: HandleReq = body!();
+                core.destroy_ah(ctx, handle_of(r.handle)).map_err(core_err)?;
+                empty()
+            }
+            Cmd::OpenXrcd => {
+                let r: OpenXrcdReq = body!();
+                let file = match (r.has_fd.get(), fds.len()) {
+                    (0, 0) => None,
+                    (1, 1) => {
+                        let fd = fds.pop().expect("one fd");
+                        let (dev, ino) = softverbs_ipc::file_identity(fd.as_fd()).map_err(|_| EBADF)?;
+                        // The domain is keyed on the file's identity; the descriptor itself is
+                        // not kept (uverbs keeps an inode reference instead).
+                        Some(FileId { dev, ino })
+                    }
+                    (1, 0) => return Err(EBADF),
+                    _ => return Err(EINVAL),
+                };
+                let o = core.open_xrcd(ctx, file, r.oflags.get()).map_err(core_err)?;
+                ok(OpenXrcdResp {
+                    handle: U32::new(o.handle.0),
+                    created: U32::new(u32::from(o.created)),
+                    xrcd_id: U64::new(o.xrcd.0),
+                })
+            }
+            Cmd::CloseXrcd => {
+                let r: HandleReq = body!();
+                core.close_xrcd(ctx, handle_of(r.handle)).map_err(core_err)?;
+                empty()
+            }
+            Cmd::CreateQp => {
+                let r: CreateQpReq = body!();
+                let qp_type = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
+                let p = r.present.get();
+                let opt = |bit: u32, v: U32| (p & bit != 0).then(|| handle_of(v));
+                let init = QpInitAttr {
+                    qp_type,
+                    pd: opt(PRESENT_PD, r.pd),
+                    send_cq: opt(PRESENT_SEND_CQ, r.send_cq),
+                    recv_cq: opt(PRESENT_RECV_CQ, r.recv_cq),
+                    srq: opt(PRESENT_SRQ, r.srq),
+                    xrcd: opt(PRESENT_XRCD, r.xrcd),
+                    cap: (&r.cap).into(),
+                    sq_sig_all: r.sq_sig_all.get() != 0,
+                    create_flags: r.create_flags.get(),
+                };
+                let c = core.create_qp(ctx, &init).map_err(core_err)?;
+                ok(CreateQpResp { handle: U32::new(c.handle.0), qpn: U32::new(c.qpn), cap: (&c.cap).into() })
+            }
+            Cmd::ModifyQp => {
+                let r: ModifyQpReq = body!();
+                let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
+                core.modify_qp(ctx, handle_of(r.handle), &attr, AttrMask(r.attr_mask.get())).map_err(core_err)?;
+                empty()
+            }
+            Cmd::QueryQp => {
+                let r: HandleReq = body!();
+                let q = core.query_qp(ctx, handle_of(r.handle)).map_err(core_err)?;
+                query_resp(&q, core.qp_num(ctx, handle_of(r.handle)).map_err(core_err)?)
+            }
+            Cmd::DestroyQp => {
+                let r: HandleReq = body!();
+                events(core.destroy_qp(ctx, handle_of(r.handle)).map_err(core_err)?)
+            }
+            Cmd::OpenQp => {
+                let r: OpenQpReq = body!();
+                let t = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
+                let h = core.open_qp(ctx, handle_of(r.xrcd), r.qp_num.get(), t).map_err(core_err)?;
+                ok(CreateQpResp { handle: U32::new(h.0), qpn: r.qp_num, cap: QpCapWire::default() })
+            }
+            Cmd::CreateXrcRcvQp => {
+                let r: XrcdReq = body!();
+                ok(QpNumResp { qpn: U32::new(core.create_xrc_rcv_qp(ctx, handle_of(r.xrcd)).map_err(core_err)?) })
+            }
+            Cmd::ModifyXrcRcvQp => {
+                let r: ModifyXrcRcvQpReq = body!();
+                let attr: QpAttr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
+                core.modify_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get(), &attr, AttrMask(r.attr_mask.get()))
+                    .map_err(core_err)?;
+                empty()
+            }
+            Cmd::QueryXrcRcvQp => {
+                let r: XrcRcvQpReq = body!();
+                let q = core.query_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?;
+                query_resp(&q, r.qp_num.get())
+            }
+            Cmd::RegXrcRcvQp => {
+                let r: XrcRcvQpReq = body!();
+                core.reg_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?;
+                empty()
+            }
+            Cmd::UnregXrcRcvQp => {
+                let r: XrcRcvQpReq = body!();
+                events(core.unreg_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?)
+            }
+            Cmd::DestroyXrcRcvQp => {
+                let r: XrcRcvQpReq = body!();
+                events(core.destroy_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?)
+            }
+            Cmd::RegisterXrcRcvQp => {
+                let r: XrcRcvQpReq = body!();
+                let want = (r.qp_num.get() != CREATE_NEW_QP).then(|| r.qp_num.get());
+                let qpn = core.register_xrc_rcv_qp(ctx, handle_of(r.xrcd), want).map_err(core_err)?;
+                ok(QpNumResp { qpn: U32::new(qpn) })
+            }
+            Cmd::UnregisterXrcRcvQp => {
+                let r: XrcRcvQpReq = body!();
+                events(core.unregister_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?)
+            }
+            Cmd::GetAsyncEvent => match core.next_event(ctx).map_err(core_err)? {
+                Some(ev) => ok(AsyncEventResp::from(&ev)),
+                None => Err(EAGAIN),
+            },
+            Cmd::Hello | Cmd::QueryDeviceList | Cmd::Status | Cmd::Resources | Cmd::InjectEvent => {
+                unreachable!("handled before the context match")
+            }
+        }
+    }
+
+    fn hello(&mut self, s: &mut Session, r: HelloReq) -> Reply {
+        if r.abi_version.get() < MIN_ABI_VERSION {
+            return Err(EPROTONOSUPPORT);
+        }
+        let resp = |ctx_id: u64, n: usize| HelloResp {
+            abi_version: U32::new(self.abi),
+            num_devices: U32::new(n as u32),
+            ctx_id: U64::new(ctx_id),
+        };
+        let n = self.core.devices().len();
+        if r.device.get() == NO_DEVICE {
+            s.phase = Phase::Introspect;
+            return ok(resp(0, n));
+        }
+        let info = ContextInfo { pid: s.cred.pid, uid: s.cred.uid, comm: s.comm.clone() };
+        let ctx = self.core.open_context(r.device.get() as usize, info).map_err(core_err)?;
+        let efd = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
+        let client_end = efd.try_clone().map_err(|_| ENOMEM)?;
+        s.eventfd = Some(efd);
+        s.phase = Phase::Context(ctx);
+        Ok((resp(ctx.0, n).as_bytes().to_vec(), vec![client_end]))
+    }
+
+    fn device_list(&self, r: QueryDeviceListReq) -> Reply {
+        let d = self.core.devices().get(r.index.get() as usize).ok_or(EINVAL)?;
+        ok(QueryDeviceListResp { name: name_bytes(&d.name), node_guid: U64::new(d.attr.node_guid) })
+    }
+
+    fn status(&self) -> Reply {
+        let n = self.core.counts();
+        ok(StatusResp {
+            daemon_pid: U32::new(std::process::id()),
+            abi_version: U32::new(self.abi),
+            uptime_ms: U64::new(self.started.elapsed().as_millis() as u64),
+            devices: U32::new(self.core.devices().len() as u32),
+            contexts: U32::new(n.contexts as u32),
+            xrcds: U32::new(n.xrcds as u32),
+            xrc_recv_qps: U32::new(n.xrc_recv_qps as u32),
+            qps: U32::new(n.qp_handles as u32),
+            srqs: U32::new(n.srqs as u32),
+            cqs: U32::new(n.cqs as u32),
+            mrs: U32::new(n.mrs as u32),
+        })
+    }
+
+    fn resources(&self) -> Reply {
+        let json = serde_json::to_vec(&self.core.resources()).map_err(|_| ENOMEM)?;
+        let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
+        Ok((BlobResp { len: U64::new(json.len() as u64) }.as_bytes().to_vec(), vec![fd]))
+    }
+
+    fn inject(&mut self, s: &Session, r: InjectEventReq, woken: &mut Vec<CtxId>) -> Reply {
+        if s.cred.uid != 0 && s.cred.uid != self.daemon_uid {
+            return Err(EPERM);
+        }
+        let t = event_type_from(r.event_type.get()).ok_or(EINVAL)?;
+        if !t.is_qp_affiliated() {
+            return Err(EINVAL);
+        }
+        let got = self.core.raise_qp_event(r.qpn.get(), t);
+        if got.is_empty() && self.core.qp_target(r.qpn.get()).is_none() {
+            return Err(EINVAL);
+        }
+        let n = got.len() as u32;
+        woken.extend(got);
+        ok(InjectEventResp { contexts: U32::new(n) })
+    }
+}
+
+/// Decodes an `enum ibv_event_type` value.
+pub fn event_type_from(v: u32) -> Option<EventType> {
+    use EventType::*;
+    Some(match v {
+        0 => CqErr,
+        1 => QpFatal,
+        2 => QpReqErr,
+        3 => QpAccessErr,
+        4 => CommEst,
+        5 => SqDrained,
+        6 => PathMig,
+        7 => PathMigErr,
+        8 => DeviceFatal,
+        9 => PortActive,
+        10 => PortErr,
+        11 => LidChange,
+        12 => PkeyChange,
+        13 => SmChange,
+        14 => SrqErr,
+        15 => SrqLimitReached,
+        16 => QpLastWqeReached,
+        17 => ClientReregister,
+        18 => GidChange,
+        _ => return None,
+    })
+}

@@ -1,0 +1,299 @@
+//! The daemon's event loop: accept connections, read one command datagram at a time,
+//! dispatch it, write the answer, and tear the context down when a connection ends.
+//!
+//! Single-threaded on purpose: the core is one state machine, and a command costs a few
+//! microseconds, so a thread per client would buy contention, not throughput.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use softverbs_abi::MAX_MSG;
+use softverbs_core::ids::CtxId;
+use softverbs_core::Core;
+use softverbs_ipc::IpcErrno as Errno;
+
+use crate::config::Config;
+use crate::conn::{Conn, Outgoing, MAX_QUEUED_REPLIES};
+use crate::dispatch::Dispatcher;
+
+const LISTENER: Token = Token(0);
+const SIGNALS: Token = Token(1);
+const WAKER: Token = Token(2);
+const FIRST_CONN: usize = 16;
+
+/// Stops a running [`Server`] from another thread.
+#[derive(Clone)]
+pub struct StopHandle {
+    waker: Arc<Waker>,
+    flag: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StopHandle {
+    /// Asks the loop to finish (it tears every context down and removes its socket).
+    pub fn stop(&self) {
+        self.flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+/// A bound daemon, ready to [`run`](Server::run).
+pub struct Server {
+    config: Config,
+    _lock: std::fs::File,
+    listener: OwnedFd,
+    poll: Poll,
+    signals: Option<UnixStream>,
+    stop: StopHandle,
+    conns: HashMap<usize, Conn>,
+    next_token: usize,
+    dispatcher: Dispatcher,
+    by_ctx: HashMap<CtxId, usize>,
+    buf: Vec<u8>,
+}
+
+impl Server {
+    /// Binds the socket of `config`, replacing a stale socket file that no daemon answers on.
+    /// Fails with `AddrInUse` if another daemon is serving it.
+    pub fn bind(config: Config) -> io::Result<Server> {
+        let path = &config.socket;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        // One daemon per socket: the lock is held for the daemon's life, so two daemons
+        // started at once (two clients autostarting) cannot both bind.
+        let mut lock_path = path.clone().into_os_string();
+        lock_path.push(".lock");
+        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path)?;
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("another daemon holds {}", lock_path.to_string_lossy())));
+        }
+        if path.exists() {
+            if softverbs_ipc::connect_seqpacket(path).is_ok() {
+                return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("a daemon already serves {}", path.display())));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let listener = softverbs_ipc::listen_seqpacket(path)?;
+        // The socket is the door to every client's objects, but file permissions on the XRC
+        // domain files are the access control, as with uverbs: anyone may connect.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
+        let poll = Poll::new()?;
+        poll.registry().register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let stop = StopHandle { waker, flag: Arc::new(std::sync::atomic::AtomicBool::new(false)) };
+        let core = Core::new(config.build_devices());
+        let dispatcher = Dispatcher::new(core, config.abi_version);
+        Ok(Server {
+            config,
+            _lock: lock,
+            listener,
+            poll,
+            signals: None,
+            stop,
+            conns: HashMap::new(),
+            next_token: FIRST_CONN,
+            dispatcher,
+            by_ctx: HashMap::new(),
+            buf: vec![0; MAX_MSG + 1],
+        })
+    }
+
+    /// Makes SIGTERM and SIGINT stop the loop cleanly (for the real daemon process).
+    pub fn handle_signals(&mut self) -> io::Result<()> {
+        let (read, write) = UnixStream::pair()?;
+        read.set_nonblocking(true)?;
+        write.set_nonblocking(true)?;
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            signal_hook::low_level::pipe::register(sig, write.try_clone()?)?;
+        }
+        self.poll.registry().register(&mut SourceFd(&read.as_raw_fd()), SIGNALS, Interest::READABLE)?;
+        self.signals = Some(read);
+        Ok(())
+    }
+
+    /// A handle that stops the loop from another thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// The socket served.
+    pub fn socket(&self) -> &PathBuf {
+        &self.config.socket
+    }
+
+    /// Runs until stopped; then closes every connection (tearing contexts down) and removes
+    /// the socket file.
+    pub fn run(&mut self) -> io::Result<()> {
+        tracing::info!(socket = %self.config.socket.display(), abi = self.config.abi_version, "daemon serving");
+        let mut events = Events::with_capacity(256);
+        while !self.stop.flag.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Err(e) = self.poll.poll(&mut events, None) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept_all(),
+                    SIGNALS => {
+                        tracing::info!("signal received, shutting down");
+                        self.stop.flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    WAKER => {}
+                    Token(t) => {
+                        if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                            self.read_conn(t);
+                        }
+                        if ev.is_writable() {
+                            self.flush_conn(t);
+                        }
+                    }
+                }
+            }
+        }
+        let tokens: Vec<usize> = self.conns.keys().copied().collect();
+        for t in tokens {
+            self.close_conn(t, "daemon shutdown");
+        }
+        let _ = std::fs::remove_file(&self.config.socket);
+        tracing::info!("daemon stopped");
+        Ok(())
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match softverbs_ipc::accept(self.listener.as_fd()) {
+                Ok(Some(sock)) => {
+                    let cred = match softverbs_ipc::peer_cred(sock.as_fd()) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::warn!("peer credentials unavailable: {e}");
+                            continue;
+                        }
+                    };
+                    let token = self.next_token;
+                    self.next_token += 1;
+                    if let Err(e) =
+                        self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), Token(token), Interest::READABLE)
+                    {
+                        tracing::warn!("cannot watch a new connection: {e}");
+                        continue;
+                    }
+                    tracing::debug!(pid = cred.pid, uid = cred.uid, token, "client connected");
+                    self.conns.insert(token, Conn::new(sock, cred));
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_conn(&mut self, token: usize) {
+        loop {
+            let Some(conn) = self.conns.get_mut(&token) else { return };
+            if !conn.out.is_empty() {
+                // Backpressure: answer what is queued before reading more.
+                return;
+            }
+            let dgram = match softverbs_ipc::recv(conn.sock.as_fd(), &mut self.buf) {
+                Ok(Some(d)) => d,
+                Ok(None) => return self.close_conn(token, "end of stream"),
+                Err(Errno::AGAIN) => return,
+                Err(Errno::INTR) => continue,
+                Err(e) => return self.close_conn(token, &format!("receive failed: {e}")),
+            };
+            if dgram.truncated || dgram.fds_truncated {
+                return self.close_conn(token, "message larger than the protocol allows");
+            }
+            let outcome = self.dispatcher.handle(&mut conn.session, &self.buf[..dgram.len], dgram.fds);
+            if let Some(ctx) = conn.session.ctx() {
+                self.by_ctx.entry(ctx).or_insert(token);
+            }
+            let reply = Outgoing { bytes: outcome.reply, fds: outcome.fds };
+            self.wake(&outcome.woken);
+            if !self.send_or_queue(token, reply) {
+                return;
+            }
+        }
+    }
+
+    /// Sends a reply now, or queues it and asks for writability. Returns false if the
+    /// connection was closed or is now waiting to write.
+    fn send_or_queue(&mut self, token: usize, reply: Outgoing) -> bool {
+        let Some(conn) = self.conns.get_mut(&token) else { return false };
+        if conn.out.is_empty() {
+            let fds: Vec<BorrowedFd<'_>> = reply.fds.iter().map(|f| f.as_fd()).collect();
+            match softverbs_ipc::send(conn.sock.as_fd(), &reply.bytes, &fds) {
+                Ok(()) => return true,
+                Err(Errno::AGAIN) => {}
+                Err(e) => {
+                    self.close_conn(token, &format!("send failed: {e}"));
+                    return false;
+                }
+            }
+        }
+        conn.out.push_back(reply);
+        if conn.out.len() > MAX_QUEUED_REPLIES {
+            self.close_conn(token, "client does not read its replies");
+            return false;
+        }
+        let _ = self.poll.registry().reregister(
+            &mut SourceFd(&conn.sock.as_raw_fd()),
+            Token(token),
+            Interest::READABLE | Interest::WRITABLE,
+        );
+        false
+    }
+
+    fn flush_conn(&mut self, token: usize) {
+        let Some(conn) = self.conns.get_mut(&token) else { return };
+        while let Some(r) = conn.out.front() {
+            let fds: Vec<BorrowedFd<'_>> = r.fds.iter().map(|f| f.as_fd()).collect();
+            match softverbs_ipc::send(conn.sock.as_fd(), &r.bytes, &fds) {
+                Ok(()) => {
+                    conn.out.pop_front();
+                }
+                Err(Errno::AGAIN) => return,
+                Err(e) => return self.close_conn(token, &format!("send failed: {e}")),
+            }
+        }
+        let _ = self.poll.registry().reregister(&mut SourceFd(&conn.sock.as_raw_fd()), Token(token), Interest::READABLE);
+        // Requests may have arrived while we waited to write.
+        self.read_conn(token);
+    }
+
+    fn wake(&mut self, woken: &[CtxId]) {
+        for ctx in woken {
+            if let Some(conn) = self.by_ctx.get(ctx).and_then(|t| self.conns.get(t)) {
+                if let Some(efd) = &conn.session.eventfd {
+                    softverbs_ipc::signal_eventfd(efd.as_fd());
+                }
+            }
+        }
+    }
+
+    fn close_conn(&mut self, token: usize, why: &str) {
+        let Some(conn) = self.conns.remove(&token) else { return };
+        let _ = self.poll.registry().deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
+        if let Some(ctx) = conn.session.ctx() {
+            self.by_ctx.remove(&ctx);
+            if let Err(e) = self.dispatcher.core.close_context(ctx) {
+                tracing::error!(ctx = ctx.0, "context teardown failed: {e}");
+            }
+            tracing::info!(pid = conn.session.cred.pid, comm = %conn.session.comm, ctx = ctx.0, why, "context closed");
+        } else {
+            tracing::debug!(pid = conn.session.cred.pid, why, "connection closed");
+        }
+    }
+}

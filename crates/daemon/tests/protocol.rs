@@ -1,0 +1,272 @@
+//! The daemon at the protocol level: real sockets, raw messages. Proves that bad input gets an
+//! errno (or, for broken framing, closes only that connection), and that other clients'
+//! objects are untouched by anything a misbehaving client sends.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+
+use rand::{Rng, SeedableRng};
+use softverbs_abi::codec::{decode_response, encode_request};
+use softverbs_abi::msg::*;
+use softverbs_abi::{ABI_VERSION, MAX_MSG};
+use softverbs_daemon::{spawn_daemon_with, spawn_test_daemon, Config};
+use zerocopy::little_endian::U32;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+struct Raw {
+    sock: OwnedFd,
+    _events: Option<OwnedFd>,
+}
+
+impl Raw {
+    fn connect(path: &PathBuf, device: u32) -> Raw {
+        let sock = softverbs_ipc::connect_seqpacket(path).unwrap();
+        let mut raw = Raw { sock, _events: None };
+        let (status, _, mut fds) =
+            raw.call_raw(Cmd::Hello, 0, HelloReq { abi_version: U32::new(ABI_VERSION), device: U32::new(device) }.as_bytes(), &[]);
+        assert_eq!(status, 0);
+        raw._events = fds.pop();
+        raw
+    }
+
+    fn send_bytes(&self, bytes: &[u8]) {
+        softverbs_ipc::send(self.sock.as_fd(), bytes, &[]).unwrap();
+    }
+
+    fn recv(&self) -> Option<(Vec<u8>, Vec<OwnedFd>)> {
+        let mut buf = vec![0u8; MAX_MSG];
+        softverbs_ipc::recv(self.sock.as_fd(), &mut buf).unwrap().map(|d| (buf[..d.len].to_vec(), d.fds))
+    }
+
+    fn call_raw(&self, cmd: Cmd, comp: u64, body: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) -> (i32, Vec<u8>, Vec<OwnedFd>) {
+        let msg = encode_request(cmd, comp, body, 512);
+        softverbs_ipc::send(self.sock.as_fd(), &msg, fds).unwrap();
+        let (reply, fds) = self.recv().expect("daemon answered");
+        let (hdr, rest) = RespHeader::read_from_prefix(&reply).unwrap();
+        (hdr.status.get(), rest.to_vec(), fds)
+    }
+
+    fn call<R: FromBytes + IntoBytes + Immutable + KnownLayout + Default>(&self, cmd: Cmd, body: &[u8]) -> Result<R, i32> {
+        let msg = encode_request(cmd, 0, body, std::mem::size_of::<R>());
+        softverbs_ipc::send(self.sock.as_fd(), &msg, &[]).unwrap();
+        let (reply, _) = self.recv().expect("daemon answered");
+        decode_response::<R>(&reply, cmd).unwrap()
+    }
+}
+
+fn sock_path(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sv-proto-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("sv.sock")
+}
+
+/// Client B's XRC state: a domain on a file, an XRC SRQ and a receive QP it created.
+struct XrcState {
+    xrcd: u32,
+    qpn: u32,
+    srq: u32,
+}
+
+fn build_xrc_state(b: &Raw, file: &std::fs::File) -> XrcState {
+    let o: OpenXrcdResp = {
+        let msg = encode_request(Cmd::OpenXrcd, 0, OpenXrcdReq { oflags: U32::new(0o100), has_fd: U32::new(1) }.as_bytes(), 64);
+        softverbs_ipc::send(b.sock.as_fd(), &msg, &[file.as_fd()]).unwrap();
+        decode_response(&b.recv().unwrap().0, Cmd::OpenXrcd).unwrap().unwrap()
+    };
+    let pd: HandleResp = b.call(Cmd::AllocPd, &[]).unwrap();
+    let cq: CreateCqResp = b.call(Cmd::CreateCq, CreateCqReq { cqe: U32::new(16), comp_vector: U32::new(0) }.as_bytes()).unwrap();
+    let srq: SrqResp = b
+        .call(
+            Cmd::CreateXrcSrq,
+            CreateXrcSrqReq {
+                pd: pd.handle,
+                xrcd: o.handle,
+                cq: cq.handle,
+                max_wr: U32::new(8),
+                max_sge: U32::new(1),
+                present: U32::new(PRESENT_PD | PRESENT_XRCD | PRESENT_CQ),
+                ..Default::default()
+            }
+            .as_bytes(),
+        )
+        .unwrap();
+    let q: QpNumResp = b.call(Cmd::CreateXrcRcvQp, XrcdReq { xrcd: o.handle }.as_bytes()).unwrap();
+    XrcState { xrcd: o.handle.get(), qpn: q.qpn.get(), srq: srq.handle.get() }
+}
+
+fn check_xrc_state(b: &Raw, s: &XrcState) {
+    let q: QueryQpResp = b
+        .call(Cmd::QueryXrcRcvQp, XrcRcvQpReq { xrcd: U32::new(s.xrcd), qp_num: U32::new(s.qpn) }.as_bytes())
+        .expect("B's receive QP is intact");
+    assert_eq!(q.qp_type.get(), 10);
+    let n: SrqNumResp = b.call(Cmd::GetSrqNum, HandleReq { handle: U32::new(s.srq) }.as_bytes()).expect("B's SRQ is intact");
+    assert!(n.srqn.get() > 0);
+}
+
+#[test]
+fn a_hundred_thousand_bad_messages_get_errors_and_harm_no_one() {
+    let path = sock_path("fuzz");
+    let _d = spawn_test_daemon(&path).unwrap();
+    let file = tempfile_in(&path);
+    let b = Raw::connect(&path, 0);
+    let state = build_xrc_state(&b, &file);
+
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed);
+    // Valid requests of every command, to mutate.
+    let seeds: Vec<Vec<u8>> = Cmd::ALL
+        .iter()
+        .map(|&c| {
+            let mut body = vec![0u8; request_size(c)];
+            rng.fill(&mut body[..]);
+            encode_request(c, 0, &body, 256)
+        })
+        .collect();
+    let mut a = Raw::connect(&path, 0);
+    let mut answered = 0u32;
+    let mut reconnects = 0u32;
+    for i in 0..100_000u32 {
+        let msg: Vec<u8> = match i % 4 {
+            // Random bytes of random length (including empty and oversized).
+            0 => {
+                let len = rng.gen_range(0..MAX_MSG + 64);
+                (0..len).map(|_| rng.gen()).collect()
+            }
+            // A valid header with a random body.
+            1 => {
+                let c = Cmd::ALL[rng.gen_range(0..Cmd::ALL.len())];
+                let len = rng.gen_range(0..200);
+                let body: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                encode_request(c, rng.gen::<u64>() & 0x3, &body, rng.gen_range(0..600))
+            }
+            // A valid request with bit flips.
+            2 => {
+                let mut m = seeds[rng.gen_range(0..seeds.len())].clone();
+                for _ in 0..rng.gen_range(1..4) {
+                    let at = rng.gen_range(0..m.len());
+                    m[at] ^= 1 << rng.gen_range(0..8);
+                }
+                m
+            }
+            // A valid request truncated or extended.
+            _ => {
+                let mut m = seeds[rng.gen_range(0..seeds.len())].clone();
+                if rng.gen() {
+                    m.truncate(rng.gen_range(0..m.len()));
+                } else {
+                    m.extend((0..rng.gen_range(1..32)).map(|_| rng.gen::<u8>()));
+                }
+                m
+            }
+        };
+        // Empty datagrams are end-of-stream on SOCK_SEQPACKET: skip them.
+        if msg.is_empty() {
+            continue;
+        }
+        a.send_bytes(&msg);
+        match a.recv() {
+            Some((reply, _fds)) => {
+                let (hdr, _) = RespHeader::read_from_prefix(&reply).expect("a well-formed reply");
+                assert!(hdr.status.get() >= 0);
+                answered += 1;
+            }
+            None => {
+                // Broken framing (oversized) closes only this connection.
+                assert!(msg.len() > MAX_MSG, "connection closed after a {}-byte message", msg.len());
+                reconnects += 1;
+                a = Raw::connect(&path, 0);
+            }
+        }
+    }
+    assert!(answered > 90_000, "answered {answered}");
+    assert!(reconnects > 0);
+    check_xrc_state(&b, &state);
+    // The misbehaving client's own objects are torn down with it; B keeps its own.
+    drop(a);
+    check_xrc_state(&b, &state);
+}
+
+fn tempfile_in(sock: &std::path::Path) -> std::fs::File {
+    let p = sock.with_file_name("xrc-domain");
+    std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(p).unwrap()
+}
+
+#[test]
+fn handles_of_another_context_are_refused() {
+    let path = sock_path("iso");
+    let _d = spawn_test_daemon(&path).unwrap();
+    let file = tempfile_in(&path);
+    let b = Raw::connect(&path, 0);
+    let state = build_xrc_state(&b, &file);
+    let a = Raw::connect(&path, 0);
+    for h in 0..64u32 {
+        let r: Result<EventsResp, i32> = a.call(Cmd::DestroyQp, HandleReq { handle: U32::new(h) }.as_bytes());
+        assert_eq!(r.unwrap_err(), 2, "ENOENT for handle {h}");
+        let r: Result<EventsResp, i32> = a.call(Cmd::DestroySrq, HandleReq { handle: U32::new(h) }.as_bytes());
+        assert_eq!(r.unwrap_err(), 2);
+        let r: Result<(), i32> = a.call::<EventsResp>(Cmd::CloseXrcd, HandleReq { handle: U32::new(h) }.as_bytes()).map(|_| ());
+        assert_eq!(r.unwrap_err(), 2);
+        let r: Result<QpNumResp, i32> = a.call(Cmd::RegXrcRcvQp, XrcRcvQpReq { xrcd: U32::new(h), qp_num: U32::new(state.qpn) }.as_bytes());
+        assert_eq!(r.unwrap_err(), 22, "EINVAL: not a domain handle of this context");
+    }
+    check_xrc_state(&b, &state);
+}
+
+#[test]
+fn commands_before_hello_and_stray_fds_are_einval() {
+    let path = sock_path("hello");
+    let _d = spawn_test_daemon(&path).unwrap();
+    let sock = softverbs_ipc::connect_seqpacket(&path).unwrap();
+    let raw = Raw { sock, _events: None };
+    let (status, _, _) = raw.call_raw(Cmd::AllocPd, 0, &[], &[]);
+    assert_eq!(status, 22);
+    let raw = Raw::connect(&path, 0);
+    let file = tempfile_in(&path);
+    let (status, _, _) = raw.call_raw(Cmd::AllocPd, 0, &[], &[file.as_fd()]);
+    assert_eq!(status, 22, "a descriptor with a command that takes none");
+    let (status, _, _) = raw.call_raw(Cmd::OpenXrcd, 0, OpenXrcdReq { oflags: U32::new(0o100), has_fd: U32::new(1) }.as_bytes(), &[]);
+    assert_eq!(status, 9, "EBADF: has_fd without a descriptor");
+    let (status, _, _) = raw.call_raw(Cmd::Hello, 0, HelloReq { abi_version: U32::new(2), device: U32::new(0) }.as_bytes(), &[]);
+    assert_eq!(status, 22, "a second hello");
+    let (status, _, _) = raw.call_raw(Cmd::OpenXrcd, 0, OpenXrcdReq { oflags: U32::new(0), has_fd: U32::new(1) }.as_bytes(), &[file.as_fd()]);
+    assert_eq!(status, 11, "EAGAIN: no domain for the file and no O_CREAT");
+}
+
+#[test]
+fn create_flags_abi_extension_works_in_both_directions() {
+    // Newer daemon (ABI 2), older client (ABI 1 struct, no comp_mask): works, flags read as 0.
+    let path = sock_path("abi-new");
+    let _d = spawn_test_daemon(&path).unwrap();
+    let file = tempfile_in(&path);
+    let c = Raw::connect(&path, 0);
+    let st = build_xrc_state(&c, &file);
+    let req = CreateQpReq {
+        qp_type: U32::new(10),
+        present: U32::new(PRESENT_XRCD),
+        xrcd: U32::new(st.xrcd),
+        create_flags: U32::new(1 << 1),
+        ..Default::default()
+    };
+    let (v1_len, _) = request_layout(Cmd::CreateQp, 1);
+    let (status, _, _) = c.call_raw(Cmd::CreateQp, 0, &req.as_bytes()[..v1_len], &[]);
+    assert_eq!(status, 0, "an ABI-1 client's shorter struct is accepted");
+    // Current client asking for create flags on the current daemon: the daemon understands
+    // the field and refuses the flag value it does not implement.
+    let (status, _, _) = c.call_raw(Cmd::CreateQp, CREATE_QP_CREATE_FLAGS, req.as_bytes(), &[]);
+    assert_eq!(status, 95);
+    drop(_d);
+
+    // Older daemon (ABI 1), newer client announcing create_flags: EOPNOTSUPP.
+    let path = sock_path("abi-old");
+    let mut cfg = Config::new(path.clone());
+    cfg.abi_version = 1;
+    let _d = spawn_daemon_with(cfg).unwrap();
+    let file = tempfile_in(&path);
+    let c = Raw::connect(&path, 0);
+    let st = build_xrc_state(&c, &file);
+    let req = CreateQpReq { xrcd: U32::new(st.xrcd), ..req };
+    let (status, _, _) = c.call_raw(Cmd::CreateQp, CREATE_QP_CREATE_FLAGS, req.as_bytes(), &[]);
+    assert_eq!(status, 95, "an older daemon refuses the unknown comp_mask bit");
+    let plain = CreateQpReq { create_flags: U32::new(0), ..req };
+    let (status, _, _) = c.call_raw(Cmd::CreateQp, 0, plain.as_bytes(), &[]);
+    assert_eq!(status, 0, "a newer client that leaves the new field zero still works");
+}
