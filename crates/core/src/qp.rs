@@ -349,6 +349,10 @@ impl Core {
     /// `ibv_modify_qp` on any QP handle, including a handle on a shared XRC receive QP (any
     /// holder may modify it; xrc-semantics §1.4).
     pub fn modify_qp(&mut self, ctx: CtxId, qp: Handle, req: &QpAttr, mask: M) -> Result<()> {
+        // uverbs refuses unknown mask bits before it looks the QP up.
+        if !M::KNOWN.contains(mask) {
+            return Err(Error::UnknownAttributes(mask.without(M::KNOWN).0));
+        }
         let c = self.ctx(ctx)?;
         let dev = &self.devices[c.device];
         match c.qps.get(&qp).ok_or(Error::InvalidHandle(ObjectKind::Qp))? {

@@ -296,6 +296,9 @@ impl Core {
         req: &QpAttr,
         mask: AttrMask,
     ) -> Result<()> {
+        if !AttrMask::KNOWN.contains(mask) {
+            return Err(Error::UnknownAttributes(mask.without(AttrMask::KNOWN).0));
+        }
         self.tgt_in_domain(ctx, xrcd_handle, qpn)?;
         self.modify_tgt(ctx, qpn, req, mask)
     }
