@@ -1,10 +1,16 @@
 //! `softverbs`: run the daemon, look inside it, and tell the XRC receive-QP story.
 #![forbid(unsafe_code)]
 
+mod actor;
+mod demo;
+mod table;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use softverbs::Introspect;
+use softverbs_core::resources::Resources;
 use softverbs_daemon::{Config, DeviceSpec, Server};
 
 #[derive(Parser)]
@@ -26,13 +32,51 @@ enum Command {
         #[arg(long = "device")]
         devices: Vec<DeviceSpec>,
         /// Speak an older ABI level (to test compatibility with older daemons).
-        #[arg(long, default_value_t = softverbs_abi_version())]
+        #[arg(long, default_value_t = softverbs_abi::ABI_VERSION)]
         abi_version: u32,
+    },
+    /// The daemon's pid, uptime and object counts.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The devices the daemon offers.
+    Devices,
+    /// Every object the daemon holds, and who holds each XRC receive QP.
+    Resources {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The main job: the XRC receive-QP story with real processes (see the README).
+    Demo {
+        /// Worker processes that join the receive QP.
+        #[arg(long, default_value_t = 3)]
+        workers: usize,
+    },
+    /// One of the demo's processes (used by `demo`).
+    #[command(hide = true)]
+    DemoActor {
+        #[command(subcommand)]
+        role: ActorRole,
     },
 }
 
-fn softverbs_abi_version() -> u32 {
-    2
+#[derive(Subcommand)]
+enum ActorRole {
+    Creator {
+        #[arg(long)]
+        file: PathBuf,
+    },
+    Worker {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long)]
+        qpn: u32,
+        #[arg(long, value_enum)]
+        face: actor::Face,
+    },
 }
 
 fn socket_path(cli: &Cli) -> PathBuf {
@@ -42,15 +86,26 @@ fn socket_path(cli: &Cli) -> PathBuf {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SOFTVERBS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("softverbs: {e}");
+    ExitCode::FAILURE
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let socket = socket_path(&cli);
     match &cli.cmd {
         Command::Daemon { devices, abi_version } => {
             init_tracing();
-            let mut config = Config::new(socket_path(&cli));
+            let mut config = Config::new(socket);
             config.devices = devices.clone();
             config.abi_version = *abi_version;
             let run = || -> std::io::Result<()> {
@@ -58,13 +113,62 @@ fn main() -> ExitCode {
                 server.handle_signals()?;
                 server.run()
             };
-            match run() {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("softverbs daemon: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            run().map_or_else(fail, |()| ExitCode::SUCCESS)
         }
+        Command::Status { json } => match Introspect::connect_at(&socket).and_then(|i| i.status()) {
+            Ok(s) if *json => {
+                println!("{}", serde_json::json!({
+                    "daemon_pid": s.daemon_pid, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
+                    "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
+                    "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
+                }));
+                ExitCode::SUCCESS
+            }
+            Ok(s) => {
+                println!("daemon pid {} on {} (ABI {}), up {:.1} s", s.daemon_pid, socket.display(), s.abi_version, s.uptime_ms as f64 / 1e3);
+                println!(
+                    "devices {}  contexts {}  xrc domains {}  xrc receive qps {}  qps {}  srqs {}  cqs {}  mrs {}",
+                    s.devices, s.contexts, s.xrcds, s.xrc_recv_qps, s.qps, s.srqs, s.cqs, s.mrs
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        Command::Devices => match Introspect::connect_at(&socket).and_then(|i| i.devices()) {
+            Ok(list) => {
+                println!("    device          \t   node GUID");
+                println!("    ------          \t----------------");
+                for d in list {
+                    println!("    {:<16}\t{:016x}", d.name, d.node_guid);
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        Command::Resources { json } => match Introspect::connect_at(&socket).and_then(|i| i.resources_json()) {
+            Ok(text) if *json => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Ok(text) => match serde_json::from_str::<Resources>(&text) {
+                Ok(r) => {
+                    print!("{}", table::render(&r));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            },
+            Err(e) => fail(e),
+        },
+        Command::Demo { workers } => match demo::run(&socket, *workers) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("softverbs demo FAILED: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::DemoActor { role } => match role {
+            ActorRole::Creator { file } => actor::creator(&socket, file),
+            ActorRole::Worker { file, qpn, face } => actor::worker(&socket, file, *qpn, *face),
+        },
     }
 }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs every softverbs test on a fresh Debian machine: installs what the tests need, checks
+# formatting and lints, builds the fuzz targets, and runs the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages the tests use. Installed only when missing (and only as root, as on CI).
+packages=(procps util-linux)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  else
+    echo "note: missing packages ${missing[*]} (run as root to install them)" >&2
+  fi
+fi
+
+export CARGO_TERM_COLOR=never
+echo "== format"
+cargo fmt --all -- --check
+echo "== lints"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== fuzz targets build"
+for f in crates/*/fuzz/Cargo.toml; do
+  cargo check --quiet --manifest-path "$f"
+done
+echo "== tests"
+cargo test --workspace 2>&1 | tee target/test-output.txt
+# One summary line for CI, summed over every test binary.
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
