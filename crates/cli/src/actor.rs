@@ -59,6 +59,42 @@ pub fn creator(socket: &Path, file: &Path) -> ! {
     std::process::exit(0);
 }
 
+/// Makes one object of every kind — PD, MR, CQ, basic SRQ, XRC SRQ, AH, RC/UC/UD/XRC-send
+/// QPs, an XRC domain and receive QPs through every face — then waits to be killed, so a test
+/// can prove that the daemon frees all of it.
+pub fn hoarder(socket: &Path, file: &Path) -> ! {
+    use softverbs::QpInit;
+    use softverbs_core::attr::{AhAttr, SrqAttr};
+    use softverbs_core::types::QpType;
+    let ctx = open(socket);
+    let f = domain_file(file);
+    let xrcd = ctx.open_xrcd(Some(&f), O_CREAT).unwrap_or_else(|e| fail("open xrcd", e));
+    let pd = ctx.alloc_pd().unwrap_or_else(|e| fail("alloc_pd", e));
+    let buf = vec![0u8; 4096];
+    let _mr = pd.reg_mr(buf.as_ptr() as u64, 4096, Access::LOCAL_WRITE).unwrap_or_else(|e| fail("reg_mr", e));
+    let cq = ctx.create_cq(64).unwrap_or_else(|e| fail("create_cq", e));
+    let srq_attr = SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
+    let srq = pd.create_srq(srq_attr).unwrap_or_else(|e| fail("create_srq", e));
+    let _xsrq = xrcd.create_xrc_srq(&pd, &cq, srq_attr).unwrap_or_else(|e| fail("create_xrc_srq", e));
+    let gid = ctx.query_gid(1, 0).unwrap_or_else(|e| fail("query_gid", e));
+    let _ah = pd
+        .create_ah(&AhAttr { dgid: gid, is_global: true, port_num: 1, hop_limit: 64, ..AhAttr::default() })
+        .unwrap_or_else(|e| fail("create_ah", e));
+    let mut qps = Vec::new();
+    for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        qps.push(ctx.create_qp(&QpInit::new(t, &pd).cqs(&cq, &cq)).unwrap_or_else(|e| fail("create_qp", e)));
+    }
+    qps.push(ctx.create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).srq(&srq)).unwrap_or_else(|e| fail("create_qp", e)));
+    qps.push(ctx.create_qp(&QpInit::new(QpType::XrcSend, &pd).send_cq(&cq)).unwrap_or_else(|e| fail("create_qp", e)));
+    let _up = xrcd.create_recv_qp().unwrap_or_else(|e| fail("create_recv_qp", e));
+    let legacy = xrcd.create_xrc_rcv_qp().unwrap_or_else(|e| fail("create_xrc_rcv_qp", e));
+    let _min = xrcd.register_xrc_rcv_qp(None).unwrap_or_else(|e| fail("register", e));
+    say(&format!("READY qpn={}", legacy.qpn()));
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    std::process::exit(0);
+}
+
 enum Held<'a> {
     Registration(XrcRegistration<'a>),
     Handle(XrcRecvQp<'a>),

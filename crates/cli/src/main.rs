@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use softverbs::Introspect;
+use softverbs::{Context, Introspect};
+use softverbs_core::types::EventType;
 use softverbs_core::resources::Resources;
 use softverbs_daemon::{Config, DeviceSpec, Server};
 
@@ -49,6 +50,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Raise an async event on a QP, as the NIC would (fault injection; the daemon's uid or root).
+    InjectEvent {
+        /// The QP number.
+        #[arg(long, value_parser = parse_u32)]
+        qpn: u32,
+        /// The event: path-mig, path-mig-err, comm-est, qp-fatal, qp-req-err, qp-access-err,
+        /// sq-drained or last-wqe-reached.
+        #[arg(long)]
+        event: String,
+    },
     /// The main job: the XRC receive-QP story with real processes (see the README).
     Demo {
         /// Worker processes that join the receive QP.
@@ -63,8 +74,35 @@ enum Command {
     },
 }
 
+fn parse_u32(s: &str) -> Result<u32, String> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| e.to_string())
+}
+
+fn event_by_name(name: &str) -> Option<EventType> {
+    Some(match name {
+        "path-mig" => EventType::PathMig,
+        "path-mig-err" => EventType::PathMigErr,
+        "comm-est" => EventType::CommEst,
+        "qp-fatal" => EventType::QpFatal,
+        "qp-req-err" => EventType::QpReqErr,
+        "qp-access-err" => EventType::QpAccessErr,
+        "sq-drained" => EventType::SqDrained,
+        "last-wqe-reached" => EventType::QpLastWqeReached,
+        _ => return None,
+    })
+}
+
 #[derive(Subcommand)]
 enum ActorRole {
+    /// Holds one object of every kind (and an XRC domain on `file`) until killed.
+    Hoarder {
+        #[arg(long)]
+        file: PathBuf,
+    },
     Creator {
         #[arg(long)]
         file: PathBuf,
@@ -159,6 +197,16 @@ fn main() -> ExitCode {
             },
             Err(e) => fail(e),
         },
+        Command::InjectEvent { qpn, event } => {
+            let Some(t) = event_by_name(event) else { return fail(format!("unknown event {event:?}")) };
+            match Context::open_at(&socket, 0).and_then(|c| c.inject_event(*qpn, t)) {
+                Ok(n) => {
+                    println!("{event} on QP {qpn:#08x}: delivered to {n} context(s)");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
         Command::Demo { workers } => match demo::run(&socket, *workers) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -168,6 +216,7 @@ fn main() -> ExitCode {
         },
         Command::DemoActor { role } => match role {
             ActorRole::Creator { file } => actor::creator(&socket, file),
+            ActorRole::Hoarder { file } => actor::hoarder(&socket, file),
             ActorRole::Worker { file, qpn, face } => actor::worker(&socket, file, *qpn, *face),
         },
     }

@@ -1,0 +1,312 @@
+//! Real processes against a real daemon: the daemon runs as its own process
+//! (`softverbs daemon`), clients are `softverbs demo-actor` processes, and every check goes
+//! through `softverbs resources --json`, as a user would look.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_softverbs");
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(name: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("sv-proc-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let socket = dir.join("sv.sock");
+        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
+        let child = Command::new(BIN)
+            .args(["daemon", "--socket"])
+            .arg(&socket)
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + WAIT;
+        while softverbs_ipc::connect_seqpacket(&socket).is_err() {
+            assert!(Instant::now() < deadline, "daemon did not come up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Daemon { child, dir, socket }
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(BIN).arg("--socket").arg(&self.socket).args(args).env("SOFTVERBS_AUTOSTART", "0").output().unwrap();
+        assert!(out.status.success(), "softverbs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn resources(&self) -> Value {
+        serde_json::from_str(&self.cli(&["resources", "--json"])).unwrap()
+    }
+
+    /// Waits until the daemon's view satisfies `cond` (it learns of deaths asynchronously).
+    fn wait_until(&self, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let r = self.resources();
+            if cond(&r) {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting until {what}; last view: {r:#}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn actor(&self, args: &[&str]) -> Actor {
+        self.actor_as(args, None)
+    }
+
+    fn actor_as(&self, args: &[&str], uid: Option<u32>) -> Actor {
+        let mut cmd = Command::new(uid.map_or_else(|| PathBuf::from(BIN), |_| self.private_copy_of_bin()));
+        cmd.arg("--socket").arg(&self.socket).arg("demo-actor").args(args).env("SOFTVERBS_AUTOSTART", "0");
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Actor { child, lines: rx }
+    }
+
+    /// A copy of the binary another uid can execute (the build tree may not be reachable).
+    fn private_copy_of_bin(&self) -> PathBuf {
+        let p = self.dir.join("softverbs");
+        if !p.exists() {
+            std::fs::copy(BIN, &p).unwrap();
+        }
+        p
+    }
+
+    fn domain_file(&self, name: &str, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.dir.join(name);
+        std::fs::write(&p, b"").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SIGTERM: the daemon shuts down cleanly and removes its socket.
+        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+struct Actor {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Actor {
+    fn line(&self) -> String {
+        self.lines.recv_timeout(WAIT).unwrap_or_else(|_| panic!("actor {} said nothing", self.child.id()))
+    }
+
+    fn expect(&self, prefix: &str) -> String {
+        let l = self.line();
+        assert!(l.starts_with(prefix), "actor {} said {l:?}, expected {prefix}", self.child.id());
+        l
+    }
+
+    fn pid(&self) -> u64 {
+        u64::from(self.child.id())
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn leave(&mut self) -> String {
+        writeln!(self.child.stdin.as_mut().unwrap(), "LEAVE").unwrap();
+        let l = self.expect("LEFT");
+        self.child.wait().unwrap();
+        l
+    }
+}
+
+impl Drop for Actor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn qpn_of(line: &str) -> u32 {
+    line.rsplit(['=', ' ']).next().unwrap().parse().unwrap()
+}
+
+fn holders(r: &Value, qpn: u32) -> Option<Vec<(u64, String)>> {
+    r["xrc_recv_qps"].as_array().unwrap().iter().find(|t| t["qpn"] == qpn).map(|t| {
+        t["holders"].as_array().unwrap().iter().map(|h| (h["pid"].as_u64().unwrap(), h["kind"].as_str().unwrap().to_string())).collect()
+    })
+}
+
+fn has_pid(r: &Value, pid: u64) -> bool {
+    r["contexts"].as_array().unwrap().iter().any(|c| c["pid"] == pid)
+}
+
+#[test]
+fn the_receive_qp_survives_its_creators_sigkill_and_events_reach_exactly_its_holders() {
+    let d = Daemon::start("persist");
+    let file = d.domain_file("domain", 0o644);
+    let f = file.to_str().unwrap();
+    let mut creator = d.actor(&["creator", "--file", f]);
+    let qpn = qpn_of(&creator.expect("QPN"));
+    let w1 = d.actor(&["worker", "--file", f, "--qpn", &qpn.to_string(), "--face", "legacy"]);
+    w1.expect("JOINED registration");
+    let w2 = d.actor(&["worker", "--file", f, "--qpn", &qpn.to_string(), "--face", "upstream"]);
+    let joined = w2.expect("JOINED handle=");
+    // A bystander in the same domain, holding another receive QP.
+    let other = d.actor(&["creator", "--file", f]);
+    let other_qpn = qpn_of(&other.expect("QPN"));
+    let w3 = d.actor(&["worker", "--file", f, "--qpn", &other_qpn.to_string(), "--face", "minimal"]);
+    w3.expect("JOINED registration");
+
+    let r = d.resources();
+    assert_eq!(holders(&r, qpn).unwrap().len(), 3);
+    let creator_pid = creator.pid();
+    creator.kill9();
+    let r = d.wait_until("the creator's context is gone", |r| !has_pid(r, creator_pid));
+    let h = holders(&r, qpn).expect("the QP outlives its creator");
+    assert_eq!(h, vec![(w1.pid(), "Registration".into()), (w2.pid(), "Opened".into())]);
+
+    let out = d.cli(&["inject-event", "--qpn", &qpn.to_string(), "--event", "path-mig"]);
+    assert!(out.contains("delivered to 2 context(s)"), "{out}");
+    assert_eq!(w1.expect("EVENT"), format!("EVENT PathMig xrc-qpn={qpn} legacy_type=0x80000006"));
+    let handle = joined.split('=').nth(1).unwrap().split(' ').next().unwrap();
+    assert_eq!(w2.expect("EVENT"), format!("EVENT PathMig qp-handle={handle} legacy_type=0x6"));
+    // The bystander's first event is the one raised on its own QP afterwards: nothing of the
+    // first QP's reached it.
+    d.cli(&["inject-event", "--qpn", &other_qpn.to_string(), "--event", "comm-est"]);
+    assert_eq!(w3.expect("EVENT"), format!("EVENT CommEst xrc-qpn={other_qpn} legacy_type=0x80000004"));
+}
+
+#[test]
+fn every_object_is_freed_when_every_client_dies() {
+    let d = Daemon::start("cleanup");
+    let file = d.domain_file("domain", 0o644);
+    let f = file.to_str().unwrap();
+    let mut hoarders: Vec<Actor> = (0..3).map(|_| d.actor(&["hoarder", "--file", f])).collect();
+    let qpns: Vec<u32> = hoarders.iter().map(|h| qpn_of(&h.expect("READY"))).collect();
+    // Cross-registrations, so receive QPs are shared between dying processes.
+    let mut joiners: Vec<Actor> = qpns
+        .iter()
+        .map(|q| {
+            let w = d.actor(&["worker", "--file", f, "--qpn", &q.to_string(), "--face", "upstream"]);
+            w.expect("JOINED");
+            w
+        })
+        .collect();
+    let r = d.resources();
+    assert_eq!(r["contexts"].as_array().unwrap().len(), 6);
+    assert!(r["qps"].as_array().unwrap().len() >= 15);
+    assert_eq!(r["xrcds"].as_array().unwrap().len(), 1);
+    for a in hoarders.iter_mut().chain(joiners.iter_mut()) {
+        a.kill9();
+    }
+    let r = d.wait_until("every context is gone", |r| r["contexts"].as_array().unwrap().is_empty());
+    for section in ["xrcds", "srqs", "cqs", "qps", "xrc_recv_qps"] {
+        assert_eq!(r[section].as_array().unwrap().len(), 0, "{section} leaked: {r:#}");
+    }
+    let status: Value = serde_json::from_str(&d.cli(&["status", "--json"])).unwrap();
+    for k in ["contexts", "xrcds", "xrc_recv_qps", "qps", "srqs", "cqs", "mrs"] {
+        assert_eq!(status[k], 0, "{k} leaked: {status}");
+    }
+}
+
+#[test]
+fn workers_leaving_one_by_one_take_the_qp_and_then_the_domain_with_the_last() {
+    let d = Daemon::start("leave");
+    let file = d.domain_file("domain", 0o644);
+    let f = file.to_str().unwrap();
+    let mut creator = d.actor(&["creator", "--file", f]);
+    let qpn = qpn_of(&creator.expect("QPN"));
+    let mut crew: Vec<Actor> = ["legacy", "minimal", "upstream"]
+        .iter()
+        .map(|face| {
+            let w = d.actor(&["worker", "--file", f, "--qpn", &qpn.to_string(), "--face", face]);
+            w.expect("JOINED");
+            w
+        })
+        .collect();
+    let cp = creator.pid();
+    creator.kill9();
+    d.wait_until("the creator is gone", |r| !has_pid(r, cp));
+    let n = crew.len();
+    for (i, w) in crew.iter_mut().enumerate() {
+        assert_eq!(w.leave(), "LEFT events_reported=0");
+        let pid = w.pid();
+        let r = d.wait_until("the worker is gone", |r| !has_pid(r, pid));
+        let left = n - i - 1;
+        assert_eq!(holders(&r, qpn).map(|h| h.len()), (left > 0).then_some(left));
+        assert_eq!(r["xrcds"].as_array().unwrap().len(), usize::from(left > 0));
+    }
+}
+
+#[test]
+fn a_client_of_another_uid_cannot_open_a_domain_whose_file_it_cannot_open() {
+    if rustix::process::geteuid().as_raw() != 0 {
+        eprintln!("skipped: needs root to run a client as another uid");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let d = Daemon::start("uid");
+    let file = d.domain_file("private-domain", 0o600);
+    let f = file.to_str().unwrap();
+    let creator = d.actor(&["creator", "--file", f]);
+    let qpn = qpn_of(&creator.expect("QPN")).to_string();
+    let intruder = d.actor_as(&["worker", "--file", f, "--qpn", &qpn, "--face", "legacy"], Some(NOBODY));
+    let said = intruder.line();
+    assert!(said.starts_with("ERROR open domain file") && said.contains("ermission denied"), "{said}");
+    let r = d.resources();
+    assert_eq!(holders(&r, qpn.parse().unwrap()).unwrap().len(), 1, "the intruder joined nothing");
+    assert_eq!(r["xrcds"][0]["opens"], 1);
+    // The file's permissions are the control, not the uid: once the file is readable, the same
+    // uid joins.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let guest = d.actor_as(&["worker", "--file", f, "--qpn", &qpn, "--face", "legacy"], Some(NOBODY));
+    guest.expect("JOINED registration");
+    let r = d.resources();
+    let h = holders(&r, qpn.parse().unwrap()).unwrap();
+    assert_eq!(h.len(), 2);
+    let guest_ctx = r["contexts"].as_array().unwrap().iter().find(|c| c["pid"] == guest.pid()).unwrap();
+    assert_eq!(guest_ctx["uid"], NOBODY);
+}
+
+#[test]
+fn the_demo_tells_the_whole_story_and_exits_zero() {
+    let d = Daemon::start("demo");
+    let out = Command::new(BIN).arg("--socket").arg(&d.socket).args(["demo", "--workers", "4"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "demo failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("killed with SIGKILL"));
+    assert!(text.contains("the QP outlives its creator with 4 holders"));
+    assert!(text.contains("delivered it to 4 context(s)"));
+    assert!(text.contains("the last holder is gone, and so is the QP"));
+    assert!(text.contains("every step behaved"));
+    let _ = Path::new(&d.socket);
+}
