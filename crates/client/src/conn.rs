@@ -1,0 +1,293 @@
+//! One connection to the daemon: connecting (and starting the daemon on demand), the
+//! handshake, and the strictly one-at-a-time request/response exchange.
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use softverbs_abi::codec::{decode_response, encode_request};
+use softverbs_abi::msg::{Cmd, HelloReq, HelloResp};
+use softverbs_abi::{ABI_VERSION, MAX_MSG};
+use softverbs_ipc as ipc;
+use zerocopy::little_endian::U32;
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::error::{errno, Error, Result};
+
+/// Where the daemon listens by default: `$SOFTVERBS_SOCKET`, else
+/// `$XDG_RUNTIME_DIR/softverbs/softverbs.sock`, else `/run/softverbs/softverbs.sock`.
+pub fn default_socket_path() -> PathBuf {
+    ipc::default_socket_path()
+}
+
+/// How long [`connect_socket`] waits for a daemon it started.
+const AUTOSTART_WAIT: Duration = Duration::from_secs(5);
+/// How long it keeps trying after the daemon it started exited.
+const AUTOSTART_GRACE: Duration = Duration::from_millis(500);
+/// How often it retries meanwhile.
+const AUTOSTART_POLL: Duration = Duration::from_millis(20);
+
+/// Connects to the daemon at `path`. If nothing listens there (`ENOENT`/`ECONNREFUSED`) and
+/// `SOFTVERBS_AUTOSTART` is not `0`, starts one (`<bin> daemon --socket <path>`, where
+/// `<bin>` is `$SOFTVERBS_DAEMON_BIN`, else a `softverbs` executable next to the current
+/// executable or in its parent directory, else `softverbs` from `PATH`) and retries for up
+/// to 5 s. Fails with op `"connect"` and the connect errno otherwise.
+pub fn connect_socket(path: &Path) -> Result<OwnedFd> {
+    connect_socket_with(path, autostart_enabled())
+}
+
+/// [`connect_socket`] with autostart chosen by the caller instead of by
+/// `SOFTVERBS_AUTOSTART`.
+pub fn connect_socket_with(path: &Path, autostart: bool) -> Result<OwnedFd> {
+    connect_inner(path, autostart.then(daemon_binary))
+}
+
+/// Connects, starting `daemon` (if given) when nothing listens.
+fn connect_inner(path: &Path, daemon: Option<PathBuf>) -> Result<OwnedFd> {
+    let first = match ipc::connect_seqpacket(path) {
+        Ok(fd) => return Ok(fd),
+        Err(e) => Error::from_io("connect", &e),
+    };
+    let Some(bin) = daemon.filter(|_| matches!(first.errno, errno::ENOENT | errno::ECONNREFUSED))
+    else {
+        return Err(first);
+    };
+    let Ok(mut child) = start_daemon(path, &bin) else {
+        return Err(first);
+    };
+    let mut deadline = Instant::now() + AUTOSTART_WAIT;
+    let mut exited = false;
+    let result = loop {
+        let last = match ipc::connect_seqpacket(path) {
+            Ok(fd) => break Ok(fd),
+            Err(e) => Error::from_io("connect", &e),
+        };
+        // A daemon that exited failed, or lost the race for the socket to another client's
+        // daemon, which may still be coming up: give that one a short grace, not 5 s.
+        if !exited && matches!(child.try_wait(), Ok(Some(_))) {
+            exited = true;
+            deadline = deadline.min(Instant::now() + AUTOSTART_GRACE);
+        }
+        if Instant::now() >= deadline {
+            break Err(last);
+        }
+        std::thread::sleep(AUTOSTART_POLL);
+    };
+    // Reap the daemon whenever it exits, so it never lingers as a zombie of this process.
+    let _ = std::thread::Builder::new()
+        .name("softverbs-reaper".into())
+        .spawn(move || child.wait());
+    result
+}
+
+fn autostart_enabled() -> bool {
+    std::env::var_os("SOFTVERBS_AUTOSTART").is_none_or(|v| v != "0")
+}
+
+/// The daemon executable autostart runs.
+pub(crate) fn daemon_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("SOFTVERBS_DAEMON_BIN") {
+        return PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        // Test binaries live in target/<profile>/deps, the CLI one level up.
+        let mut dir = exe.parent();
+        for _ in 0..2 {
+            let Some(d) = dir else { break };
+            let candidate = d.join("softverbs");
+            if candidate.is_file() {
+                return candidate;
+            }
+            dir = d.parent();
+        }
+    }
+    PathBuf::from("softverbs")
+}
+
+fn start_daemon(path: &Path, bin: &Path) -> std::io::Result<std::process::Child> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("daemon.log"))?;
+    Command::new(bin)
+        .arg("daemon")
+        .arg("--socket")
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+}
+
+/// A connected, greeted socket. Requests are serialized by the mutex.
+pub(crate) struct Conn {
+    sock: Mutex<OwnedFd>,
+    /// The daemon's ABI version from the handshake.
+    pub(crate) abi: u32,
+    /// Devices the daemon has.
+    pub(crate) num_devices: u32,
+    /// The daemon's id of this connection's context (0 without a device).
+    pub(crate) ctx_id: u64,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("abi", &self.abi)
+            .field("num_devices", &self.num_devices)
+            .field("ctx_id", &self.ctx_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Sends `Hello` on a fresh socket; returns the connection and the descriptors that came
+/// with the answer (the async eventfd when a device was opened).
+pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> {
+    let req = HelloReq {
+        abi_version: U32::new(ABI_VERSION),
+        device: U32::new(device),
+    };
+    let (resp, fds): (HelloResp, _) =
+        exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[])?;
+    let conn = Conn {
+        sock: Mutex::new(sock),
+        abi: resp.abi_version.get(),
+        num_devices: resp.num_devices.get(),
+        ctx_id: resp.ctx_id.get(),
+    };
+    Ok((conn, fds))
+}
+
+impl Conn {
+    fn lock(&self) -> MutexGuard<'_, OwnedFd> {
+        // The socket holds no state a panicking holder could have left half-updated between
+        // whole exchanges.
+        self.sock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One request and its response, with descriptors both ways.
+    pub(crate) fn call_fds<R>(
+        &self,
+        op: &'static str,
+        cmd: Cmd,
+        comp_mask: u64,
+        body: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(R, Vec<OwnedFd>)>
+    where
+        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
+    {
+        let sock = self.lock();
+        exchange(sock.as_fd(), op, cmd, comp_mask, body, fds)
+    }
+
+    /// One request and its response (descriptors that come back are closed).
+    pub(crate) fn call<R>(
+        &self,
+        op: &'static str,
+        cmd: Cmd,
+        comp_mask: u64,
+        body: &[u8],
+    ) -> Result<R>
+    where
+        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
+    {
+        self.call_fds(op, cmd, comp_mask, body, &[]).map(|(r, _)| r)
+    }
+}
+
+fn exchange<R>(
+    sock: BorrowedFd<'_>,
+    op: &'static str,
+    cmd: Cmd,
+    comp_mask: u64,
+    body: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> Result<(R, Vec<OwnedFd>)>
+where
+    R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
+{
+    let msg = encode_request(cmd, comp_mask, body, core::mem::size_of::<R>());
+    loop {
+        match ipc::send(sock, &msg, fds) {
+            Ok(()) => break,
+            Err(ipc::IpcErrno::INTR) => continue,
+            Err(e) => return Err(Error::from_ipc(op, e)),
+        }
+    }
+    let mut buf = [0u8; MAX_MSG];
+    let dgram = loop {
+        match ipc::recv(sock, &mut buf) {
+            Ok(Some(d)) => break d,
+            Ok(None) => return Err(Error::new(op, errno::ECONNRESET)),
+            Err(ipc::IpcErrno::INTR) => continue,
+            Err(e) => return Err(Error::from_ipc(op, e)),
+        }
+    };
+    if dgram.truncated || dgram.fds_truncated {
+        return Err(Error::proto(op));
+    }
+    match decode_response::<R>(&buf[..dgram.len], cmd) {
+        Ok(Ok(r)) => Ok((r, dgram.fds)),
+        Ok(Err(status)) if status > 0 => Err(Error::new(op, status)),
+        Ok(Err(_)) | Err(_) => Err(Error::proto(op)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_without_autostart_reports_the_connect_errno() {
+        let dir = std::env::temp_dir().join(format!("svclient-conn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("nothing.sock");
+        let e = connect_socket_with(&missing, false).unwrap_err();
+        assert_eq!((e.op, e.errno), ("connect", errno::ENOENT));
+        // A socket file nobody listens on: ECONNREFUSED.
+        let stale = dir.join("stale.sock");
+        let _ = std::fs::remove_file(&stale);
+        drop(ipc::listen_seqpacket(&stale).unwrap());
+        let e = connect_socket_with(&stale, false).unwrap_err();
+        assert_eq!((e.op, e.errno), ("connect", errno::ECONNREFUSED));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn autostart_runs_the_daemon_detached_and_gives_up_when_it_exits() {
+        let dir = std::env::temp_dir().join(format!("svclient-auto-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A "daemon" that logs its arguments and process group, then fails.
+        let bin = dir.join("fake-daemon");
+        std::fs::write(&bin, "#!/bin/sh\necho \"args: $*\" >&2\nexit 1\n").unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let sock = dir.join("run").join("s.sock");
+        let start = Instant::now();
+        let e = connect_inner(&sock, Some(bin)).unwrap_err();
+        assert_eq!((e.op, e.errno), ("connect", errno::ENOENT));
+        assert!(
+            start.elapsed() < AUTOSTART_WAIT,
+            "an exited daemon is not waited for"
+        );
+        let log = std::fs::read_to_string(dir.join("run").join("daemon.log")).unwrap();
+        assert_eq!(
+            log.trim(),
+            format!("args: daemon --socket {}", sock.display())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

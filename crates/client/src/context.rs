@@ -1,0 +1,239 @@
+//! Contexts: one connection with one device opened on it.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::Mutex;
+
+use softverbs_abi::msg::{
+    name_str, AsyncEventResp, Cmd, InjectEventReq, InjectEventResp, QueryDeviceListReq,
+    QueryDeviceListResp, QueryDeviceResp, QueryGidReq, QueryGidResp, QueryPortReq, QueryPortResp,
+    NO_DEVICE,
+};
+use softverbs_core::device::{DeviceAttr, Gid, PortState};
+use softverbs_core::types::{EventType, Mtu};
+use softverbs_ipc as ipc;
+use zerocopy::little_endian::U32;
+use zerocopy::IntoBytes;
+
+use crate::conn::{connect_socket, default_socket_path, hello, Conn};
+use crate::convert;
+use crate::error::{errno, Error, Result};
+use crate::event::AsyncEvent;
+use crate::xrc::RegTable;
+
+/// One device the daemon offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Index to pass to [`Context::open`].
+    pub index: u32,
+    /// Name (`ibv_get_device_name`).
+    pub name: String,
+    /// Node GUID.
+    pub node_guid: u64,
+}
+
+/// What `ibv_query_port` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Logical port state.
+    pub state: PortState,
+    /// Largest path MTU the port supports.
+    pub max_mtu: Mtu,
+    /// Path MTU of the link.
+    pub active_mtu: Mtu,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// Largest message.
+    pub max_msg_sz: u32,
+    /// P_Key table length.
+    pub pkey_tbl_len: u16,
+    /// `IBV_LINK_LAYER_*` (2 = Ethernet).
+    pub link_layer: u8,
+}
+
+/// The devices of the daemon at the default socket (starting it if needed).
+pub fn devices() -> Result<Vec<DeviceInfo>> {
+    crate::Introspect::connect()?.devices()
+}
+
+/// Lists devices over a connection that opened none.
+pub(crate) fn list_devices(conn: &Conn) -> Result<Vec<DeviceInfo>> {
+    (0..conn.num_devices)
+        .map(|index| {
+            let req = QueryDeviceListReq {
+                index: U32::new(index),
+            };
+            let r: QueryDeviceListResp =
+                conn.call("query_device_list", Cmd::QueryDeviceList, 0, req.as_bytes())?;
+            Ok(DeviceInfo {
+                index,
+                name: name_str(&r.name),
+                node_guid: r.node_guid.get(),
+            })
+        })
+        .collect()
+}
+
+/// An open device context (`struct ibv_context`): one connection to the daemon. Every
+/// object made through it borrows it; dropping the context closes the connection, and the
+/// daemon tears down whatever the context still held.
+///
+/// `Context` is `Send + Sync`; requests from several threads are serialized on the socket.
+pub struct Context {
+    pub(crate) conn: Conn,
+    async_fd: OwnedFd,
+    device: u32,
+    /// Legacy/minimal XRC registrations held through [`XrcRegistration`](crate::XrcRegistration)s.
+    pub(crate) regs: Mutex<RegTable>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.device)
+            .field("ctx_id", &self.conn.ctx_id)
+            .field("abi_version", &self.conn.abi)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// Opens device `index` on the daemon at the default socket (starting it if needed).
+    pub fn open(index: u32) -> Result<Context> {
+        Context::open_at(&default_socket_path(), index)
+    }
+
+    /// Opens the device named `name` on the daemon at the default socket (`ENODEV` if no
+    /// device has that name).
+    pub fn open_by_name(name: &str) -> Result<Context> {
+        Context::open_by_name_at(&default_socket_path(), name)
+    }
+
+    /// Opens the device named `name` on the daemon at `path`.
+    pub fn open_by_name_at(path: &Path, name: &str) -> Result<Context> {
+        let index = {
+            let list = crate::Introspect::connect_at(path)?.devices()?;
+            list.into_iter()
+                .find(|d| d.name == name)
+                .ok_or(Error::new("open_device", errno::ENODEV))?
+                .index
+        };
+        Context::open_at(path, index)
+    }
+
+    /// Opens device `index` on the daemon at `path`.
+    pub fn open_at(path: &Path, index: u32) -> Result<Context> {
+        if index == NO_DEVICE {
+            return Err(Error::new("open_device", errno::EINVAL));
+        }
+        let sock = connect_socket(path)?;
+        let (conn, mut fds) = hello(sock, index)?;
+        if fds.len() != 1 {
+            return Err(Error::proto("hello"));
+        }
+        let async_fd = fds.pop().expect("one fd");
+        Ok(Context {
+            conn,
+            async_fd,
+            device: index,
+            regs: Mutex::new(RegTable::default()),
+        })
+    }
+
+    /// The device index this context opened.
+    pub fn device_index(&self) -> u32 {
+        self.device
+    }
+
+    /// The daemon's id of this context (as its introspection shows it).
+    pub fn ctx_id(&self) -> u64 {
+        self.conn.ctx_id
+    }
+
+    /// The ABI version the daemon speaks. The client uses no feature newer than it.
+    pub fn abi_version(&self) -> u32 {
+        self.conn.abi
+    }
+
+    /// Number of devices the daemon has.
+    pub fn num_devices(&self) -> u32 {
+        self.conn.num_devices
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        let r: QueryDeviceResp = self.conn.call("query_device", Cmd::QueryDevice, 0, &[])?;
+        Ok(convert::device_attr(&r))
+    }
+
+    /// `ibv_query_port` (ports are numbered from 1).
+    pub fn query_port(&self, port: u8) -> Result<PortInfo> {
+        let req = QueryPortReq {
+            port: U32::new(u32::from(port)),
+        };
+        let r: QueryPortResp = self
+            .conn
+            .call("query_port", Cmd::QueryPort, 0, req.as_bytes())?;
+        convert::port_info("query_port", &r)
+    }
+
+    /// `ibv_query_gid`.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        let req = QueryGidReq {
+            port: U32::new(u32::from(port)),
+            index: U32::new(index),
+        };
+        let r: QueryGidResp = self
+            .conn
+            .call("query_gid", Cmd::QueryGid, 0, req.as_bytes())?;
+        Ok(Gid(r.gid))
+    }
+
+    /// The async-event eventfd: readable when events may be pending. Poll it, then call
+    /// [`try_get_async_event`](Self::try_get_async_event) until it returns `None`.
+    pub fn async_fd(&self) -> BorrowedFd<'_> {
+        self.async_fd.as_fd()
+    }
+
+    /// The next pending async event, or `None` (`ibv_get_async_event` on a non-blocking fd).
+    pub fn try_get_async_event(&self) -> Result<Option<AsyncEvent>> {
+        match self
+            .conn
+            .call::<AsyncEventResp>("get_async_event", Cmd::GetAsyncEvent, 0, &[])
+        {
+            Ok(r) => Ok(Some(convert::async_event(&r))),
+            Err(e) if e.errno == errno::EAGAIN => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next async event, waiting for one (`ibv_get_async_event`).
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        loop {
+            if let Some(e) = self.try_get_async_event()? {
+                return Ok(e);
+            }
+            // Reset the eventfd, then look once more: an event queued before the reset is
+            // found now, one queued after it signals the fd again.
+            ipc::drain_eventfd(self.async_fd.as_fd());
+            if let Some(e) = self.try_get_async_event()? {
+                return Ok(e);
+            }
+            ipc::wait_readable(self.async_fd.as_fd(), None)
+                .map_err(|e| Error::from_io("get_async_event", &e))?;
+        }
+    }
+
+    /// Administrative: raises `event_type` on QP `qpn` as the NIC would (only the daemon's
+    /// own uid or root may). Returns how many contexts received it.
+    pub fn inject_event(&self, qpn: u32, event_type: EventType) -> Result<u32> {
+        let req = InjectEventReq {
+            qpn: U32::new(qpn),
+            event_type: U32::new(event_type as u32),
+        };
+        let r: InjectEventResp =
+            self.conn
+                .call("inject_event", Cmd::InjectEvent, 0, req.as_bytes())?;
+        Ok(r.contexts.get())
+    }
+}

@@ -1,0 +1,115 @@
+//! Introspection: a connection that opens no device, for listing devices, the daemon's
+//! status and its resource dump.
+
+use std::path::Path;
+
+use softverbs_abi::msg::{BlobResp, Cmd, StatusResp, NO_DEVICE};
+use softverbs_ipc as ipc;
+
+use crate::conn::{connect_socket, default_socket_path, hello, Conn};
+use crate::context::{list_devices, DeviceInfo};
+use crate::error::{Error, Result};
+
+/// The daemon's status (`softverbs status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// The daemon's pid.
+    pub daemon_pid: u32,
+    /// The ABI version it speaks.
+    pub abi_version: u32,
+    /// Milliseconds since it started.
+    pub uptime_ms: u64,
+    /// Devices.
+    pub devices: u32,
+    /// Open contexts.
+    pub contexts: u32,
+    /// XRC domains.
+    pub xrcds: u32,
+    /// Shared XRC receive QPs.
+    pub xrc_recv_qps: u32,
+    /// QPs of every type.
+    pub qps: u32,
+    /// SRQs.
+    pub srqs: u32,
+    /// CQs.
+    pub cqs: u32,
+    /// MRs.
+    pub mrs: u32,
+}
+
+/// A connection to the daemon with no device opened: for devices, status and resources.
+#[derive(Debug)]
+pub struct Introspect {
+    conn: Conn,
+}
+
+impl Introspect {
+    /// Connects to the daemon at the default socket (starting it if needed).
+    pub fn connect() -> Result<Introspect> {
+        Introspect::connect_at(&default_socket_path())
+    }
+
+    /// Connects to the daemon at `path`.
+    pub fn connect_at(path: &Path) -> Result<Introspect> {
+        let (conn, _fds) = hello(connect_socket(path)?, NO_DEVICE)?;
+        Ok(Introspect { conn })
+    }
+
+    /// The ABI version the daemon speaks.
+    pub fn abi_version(&self) -> u32 {
+        self.conn.abi
+    }
+
+    /// The daemon's devices.
+    pub fn devices(&self) -> Result<Vec<DeviceInfo>> {
+        list_devices(&self.conn)
+    }
+
+    /// The daemon's status.
+    pub fn status(&self) -> Result<Status> {
+        let r: StatusResp = self.conn.call("status", Cmd::Status, 0, &[])?;
+        Ok(Status {
+            daemon_pid: r.daemon_pid.get(),
+            abi_version: r.abi_version.get(),
+            uptime_ms: r.uptime_ms.get(),
+            devices: r.devices.get(),
+            contexts: r.contexts.get(),
+            xrcds: r.xrcds.get(),
+            xrc_recv_qps: r.xrc_recv_qps.get(),
+            qps: r.qps.get(),
+            srqs: r.srqs.get(),
+            cqs: r.cqs.get(),
+            mrs: r.mrs.get(),
+        })
+    }
+
+    /// The daemon's resources as JSON text (every context, domain, receive QP and holder).
+    pub fn resources_json(&self) -> Result<String> {
+        const OP: &str = "resources";
+        let (r, mut fds): (BlobResp, _) = self.conn.call_fds(OP, Cmd::Resources, 0, &[], &[])?;
+        let (Some(fd), true) = (fds.pop(), fds.is_empty()) else {
+            return Err(Error::proto(OP));
+        };
+        let len = usize::try_from(r.len.get()).map_err(|_| Error::proto(OP))?;
+        let bytes = ipc::read_memfd(&fd, len).map_err(|e| Error::from_io(OP, &e))?;
+        if bytes.len() != len {
+            return Err(Error::proto(OP));
+        }
+        String::from_utf8(bytes).map_err(|_| Error::proto(OP))
+    }
+
+    /// The daemon's resources, parsed.
+    pub fn resources(&self) -> Result<serde_json::Value> {
+        serde_json::from_str(&self.resources_json()?).map_err(|_| Error::proto("resources"))
+    }
+}
+
+/// [`Introspect::status`] of the daemon at the default socket.
+pub fn status() -> Result<Status> {
+    Introspect::connect()?.status()
+}
+
+/// [`Introspect::resources_json`] of the daemon at the default socket.
+pub fn resources_json() -> Result<String> {
+    Introspect::connect()?.resources_json()
+}
