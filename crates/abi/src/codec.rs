@@ -29,9 +29,9 @@ impl DecodeError {
     pub fn errno(self) -> i32 {
         match self {
             DecodeError::Malformed | DecodeError::WrongCommand => errno::EINVAL,
-            DecodeError::UnknownCommand(_) | DecodeError::UnknownCompMask(_) | DecodeError::NonZeroTail => {
-                errno::EOPNOTSUPP
-            }
+            DecodeError::UnknownCommand(_)
+            | DecodeError::UnknownCompMask(_)
+            | DecodeError::NonZeroTail => errno::EOPNOTSUPP,
         }
     }
 }
@@ -76,7 +76,12 @@ pub fn decode_request(msg: &[u8]) -> Result<Request<'_>, DecodeError> {
     if usize::from(hdr.req_len.get()) != body.len() {
         return Err(DecodeError::Malformed);
     }
-    Ok(Request { cmd, comp_mask: hdr.comp_mask.get(), resp_len: usize::from(hdr.resp_len.get()), body })
+    Ok(Request {
+        cmd,
+        comp_mask: hdr.comp_mask.get(),
+        resp_len: usize::from(hdr.resp_len.get()),
+        body,
+    })
 }
 
 /// The command id a datagram claims, if it is long enough to have one (to echo in an error
@@ -102,7 +107,11 @@ pub fn encode_request(cmd: Cmd, comp_mask: u64, body: &[u8], resp_len: usize) ->
 /// Builds a response datagram: `status` 0 with `body` cut to `max_len` bytes, or an errno
 /// with no body.
 pub fn encode_response(cmd: u32, status: i32, body: &[u8], max_len: usize) -> Vec<u8> {
-    let body = if status == 0 { &body[..body.len().min(max_len)] } else { &[][..] };
+    let body = if status == 0 {
+        &body[..body.len().min(max_len)]
+    } else {
+        &[][..]
+    };
     let hdr = RespHeader {
         cmd: U32::new(cmd),
         status: I32::new(status),
@@ -170,41 +179,90 @@ mod tests {
         let full = create_qp_v2();
         let msg = encode_request(Cmd::CreateQp, CREATE_QP_CREATE_FLAGS, full.as_bytes(), 64);
         let req = decode_request(&msg).unwrap();
-        assert_eq!(req.body::<CreateQpReq>(1), Err(DecodeError::UnknownCompMask(CREATE_QP_CREATE_FLAGS)));
+        assert_eq!(
+            req.body::<CreateQpReq>(1),
+            Err(DecodeError::UnknownCompMask(CREATE_QP_CREATE_FLAGS))
+        );
         assert_eq!(DecodeError::UnknownCompMask(1).errno(), errno::EOPNOTSUPP);
         // Without the bit, non-zero bytes the old daemon does not know are refused too.
         let msg = encode_request(Cmd::CreateQp, 0, full.as_bytes(), 64);
-        assert_eq!(decode_request(&msg).unwrap().body::<CreateQpReq>(1), Err(DecodeError::NonZeroTail));
+        assert_eq!(
+            decode_request(&msg).unwrap().body::<CreateQpReq>(1),
+            Err(DecodeError::NonZeroTail)
+        );
         // A newer client that leaves the new fields zero works with the old daemon.
-        let plain = CreateQpReq { create_flags: U32::new(0), ..full };
+        let plain = CreateQpReq {
+            create_flags: U32::new(0),
+            ..full
+        };
         let msg = encode_request(Cmd::CreateQp, 0, plain.as_bytes(), 64);
-        assert_eq!(decode_request(&msg).unwrap().body::<CreateQpReq>(1).unwrap().xrcd.get(), 7);
+        assert_eq!(
+            decode_request(&msg)
+                .unwrap()
+                .body::<CreateQpReq>(1)
+                .unwrap()
+                .xrcd
+                .get(),
+            7
+        );
         // The current daemon understands all of it.
         let msg = encode_request(Cmd::CreateQp, CREATE_QP_CREATE_FLAGS, full.as_bytes(), 64);
-        assert_eq!(decode_request(&msg).unwrap().body::<CreateQpReq>(ABI).unwrap().create_flags.get(), 2);
+        assert_eq!(
+            decode_request(&msg)
+                .unwrap()
+                .body::<CreateQpReq>(ABI)
+                .unwrap()
+                .create_flags
+                .get(),
+            2
+        );
     }
 
     #[test]
     fn framing_errors_are_typed() {
-        assert_eq!(decode_request(&[1, 2, 3]).unwrap_err(), DecodeError::Malformed);
+        assert_eq!(
+            decode_request(&[1, 2, 3]).unwrap_err(),
+            DecodeError::Malformed
+        );
         let mut msg = encode_request(Cmd::AllocPd, 0, &[], 8);
         msg.push(0);
-        assert_eq!(decode_request(&msg).unwrap_err(), DecodeError::Malformed, "req_len disagrees");
+        assert_eq!(
+            decode_request(&msg).unwrap_err(),
+            DecodeError::Malformed,
+            "req_len disagrees"
+        );
         let msg = encode_request(Cmd::AllocPd, 0, &[], 8);
         let mut bad = msg.clone();
         bad[0] = 0xee;
-        assert_eq!(decode_request(&bad).unwrap_err(), DecodeError::UnknownCommand(0xee));
+        assert_eq!(
+            decode_request(&bad).unwrap_err(),
+            DecodeError::UnknownCommand(0xee)
+        );
     }
 
     #[test]
     fn responses_are_cut_to_the_client_and_zero_filled_by_it() {
-        let r = SrqResp { handle: U32::new(1), max_wr: U32::new(2), srqn: U32::new(9), ..Default::default() };
+        let r = SrqResp {
+            handle: U32::new(1),
+            max_wr: U32::new(2),
+            srqn: U32::new(9),
+            ..Default::default()
+        };
         let msg = encode_response(Cmd::CreateSrq as u32, 0, r.as_bytes(), 8);
         let got: SrqResp = decode_response(&msg, Cmd::CreateSrq).unwrap().unwrap();
-        assert_eq!((got.handle.get(), got.max_wr.get(), got.srqn.get()), (1, 2, 0));
+        assert_eq!(
+            (got.handle.get(), got.max_wr.get(), got.srqn.get()),
+            (1, 2, 0)
+        );
         let err = encode_response(Cmd::CreateSrq as u32, 22, r.as_bytes(), 64);
-        assert_eq!(decode_response::<SrqResp>(&err, Cmd::CreateSrq).unwrap(), Err(22));
-        assert_eq!(decode_response::<SrqResp>(&err, Cmd::QuerySrq).unwrap_err(), DecodeError::WrongCommand);
+        assert_eq!(
+            decode_response::<SrqResp>(&err, Cmd::CreateSrq).unwrap(),
+            Err(22)
+        );
+        assert_eq!(
+            decode_response::<SrqResp>(&err, Cmd::QuerySrq).unwrap_err(),
+            DecodeError::WrongCommand
+        );
     }
 
     proptest::proptest! {

@@ -179,12 +179,29 @@ mod tests {
 
     #[test]
     fn qp_attr_round_trips_and_checks_enums_under_the_mask() {
-        let a = QpAttr { qp_state: QpState::Rtr, path_mtu: Mtu::M4096, dest_qp_num: 77, rq_psn: 5, ..QpAttr::default() };
+        let a = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: Mtu::M4096,
+            dest_qp_num: 77,
+            rq_psn: 5,
+            ..QpAttr::default()
+        };
         let w = QpAttrWire::from(&a);
-        assert_eq!(qp_attr_from_wire(&w, AttrMask::STATE.0 | AttrMask::PATH_MTU.0).unwrap(), a);
+        assert_eq!(
+            qp_attr_from_wire(&w, AttrMask::STATE.0 | AttrMask::PATH_MTU.0).unwrap(),
+            a
+        );
         let mut bad = w;
         bad.qp_state = U32::new(7);
-        assert_eq!(qp_attr_from_wire(&bad, AttrMask::STATE.0).unwrap_err().errno(), 22);
-        assert!(qp_attr_from_wire(&bad, 0).is_ok(), "unmasked fields are not read");
+        assert_eq!(
+            qp_attr_from_wire(&bad, AttrMask::STATE.0)
+                .unwrap_err()
+                .errno(),
+            22
+        );
+        assert!(
+            qp_attr_from_wire(&bad, 0).is_ok(),
+            "unmasked fields are not read"
+        );
     }
 }

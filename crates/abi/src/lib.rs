@@ -25,7 +25,9 @@ pub mod codec;
 pub mod convert;
 pub mod msg;
 
-pub use codec::{decode_request, decode_response, encode_request, encode_response, DecodeError, Request};
+pub use codec::{
+    decode_request, decode_response, encode_request, encode_response, DecodeError, Request,
+};
 
 /// The newest ABI this crate speaks.
 pub const ABI_VERSION: u32 = 2;

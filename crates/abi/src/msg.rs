@@ -9,7 +9,9 @@ use zerocopy::little_endian::{I32, U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Header of every request.
-#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq)]
+#[derive(
+    Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq,
+)]
 #[repr(C)]
 pub struct CmdHeader {
     /// A [`Cmd`] value.
@@ -23,7 +25,9 @@ pub struct CmdHeader {
 }
 
 /// Header of every response.
-#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq)]
+#[derive(
+    Clone, Copy, Debug, Default, FromBytes, IntoBytes, Immutable, KnownLayout, PartialEq, Eq,
+)]
 #[repr(C)]
 pub struct RespHeader {
     /// The command answered (0 if the request was too short to name one).

@@ -39,7 +39,10 @@ fn open(socket: &Path) -> Context {
 }
 
 fn domain_file(path: &Path) -> File {
-    std::fs::OpenOptions::new().read(true).open(path).unwrap_or_else(|e| fail("open domain file", e))
+    std::fs::OpenOptions::new()
+        .read(true)
+        .open(path)
+        .unwrap_or_else(|e| fail("open domain file", e))
 }
 
 /// Creates the receive QP (legacy `ibv_create_xrc_rcv_qp`), moves it to INIT, reports its
@@ -47,11 +50,21 @@ fn domain_file(path: &Path) -> File {
 pub fn creator(socket: &Path, file: &Path) -> ! {
     let ctx = open(socket);
     let f = domain_file(file);
-    let xrcd = ctx.open_xrcd(Some(&f), O_CREAT).unwrap_or_else(|e| fail("open xrcd", e));
-    let reg = xrcd.create_xrc_rcv_qp().unwrap_or_else(|e| fail("create_xrc_rcv_qp", e));
-    let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: Access::REMOTE_WRITE, ..QpAttr::default() };
+    let xrcd = ctx
+        .open_xrcd(Some(&f), O_CREAT)
+        .unwrap_or_else(|e| fail("open xrcd", e));
+    let reg = xrcd
+        .create_xrc_rcv_qp()
+        .unwrap_or_else(|e| fail("create_xrc_rcv_qp", e));
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: Access::REMOTE_WRITE,
+        ..QpAttr::default()
+    };
     let mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
-    xrcd.modify_xrc_rcv_qp(reg.qpn(), &init, mask).unwrap_or_else(|e| fail("modify_xrc_rcv_qp", e));
+    xrcd.modify_xrc_rcv_qp(reg.qpn(), &init, mask)
+        .unwrap_or_else(|e| fail("modify_xrc_rcv_qp", e));
     say(&format!("QPN {}", reg.qpn()));
     // Hold everything until killed (the demo sends SIGKILL: no cleanup code runs here).
     let mut line = String::new();
@@ -68,27 +81,60 @@ pub fn hoarder(socket: &Path, file: &Path) -> ! {
     use softverbs_core::types::QpType;
     let ctx = open(socket);
     let f = domain_file(file);
-    let xrcd = ctx.open_xrcd(Some(&f), O_CREAT).unwrap_or_else(|e| fail("open xrcd", e));
+    let xrcd = ctx
+        .open_xrcd(Some(&f), O_CREAT)
+        .unwrap_or_else(|e| fail("open xrcd", e));
     let pd = ctx.alloc_pd().unwrap_or_else(|e| fail("alloc_pd", e));
     let buf = vec![0u8; 4096];
-    let _mr = pd.reg_mr(buf.as_ptr() as u64, 4096, Access::LOCAL_WRITE).unwrap_or_else(|e| fail("reg_mr", e));
+    let _mr = pd
+        .reg_mr(buf.as_ptr() as u64, 4096, Access::LOCAL_WRITE)
+        .unwrap_or_else(|e| fail("reg_mr", e));
     let cq = ctx.create_cq(64).unwrap_or_else(|e| fail("create_cq", e));
-    let srq_attr = SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
-    let srq = pd.create_srq(srq_attr).unwrap_or_else(|e| fail("create_srq", e));
-    let _xsrq = xrcd.create_xrc_srq(&pd, &cq, srq_attr).unwrap_or_else(|e| fail("create_xrc_srq", e));
+    let srq_attr = SrqAttr {
+        max_wr: 16,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let srq = pd
+        .create_srq(srq_attr)
+        .unwrap_or_else(|e| fail("create_srq", e));
+    let _xsrq = xrcd
+        .create_xrc_srq(&pd, &cq, srq_attr)
+        .unwrap_or_else(|e| fail("create_xrc_srq", e));
     let gid = ctx.query_gid(1, 0).unwrap_or_else(|e| fail("query_gid", e));
     let _ah = pd
-        .create_ah(&AhAttr { dgid: gid, is_global: true, port_num: 1, hop_limit: 64, ..AhAttr::default() })
+        .create_ah(&AhAttr {
+            dgid: gid,
+            is_global: true,
+            port_num: 1,
+            hop_limit: 64,
+            ..AhAttr::default()
+        })
         .unwrap_or_else(|e| fail("create_ah", e));
     let mut qps = Vec::new();
     for t in [QpType::Rc, QpType::Uc, QpType::Ud] {
-        qps.push(ctx.create_qp(&QpInit::new(t, &pd).cqs(&cq, &cq)).unwrap_or_else(|e| fail("create_qp", e)));
+        qps.push(
+            ctx.create_qp(&QpInit::new(t, &pd).cqs(&cq, &cq))
+                .unwrap_or_else(|e| fail("create_qp", e)),
+        );
     }
-    qps.push(ctx.create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).srq(&srq)).unwrap_or_else(|e| fail("create_qp", e)));
-    qps.push(ctx.create_qp(&QpInit::new(QpType::XrcSend, &pd).send_cq(&cq)).unwrap_or_else(|e| fail("create_qp", e)));
-    let _up = xrcd.create_recv_qp().unwrap_or_else(|e| fail("create_recv_qp", e));
-    let legacy = xrcd.create_xrc_rcv_qp().unwrap_or_else(|e| fail("create_xrc_rcv_qp", e));
-    let _min = xrcd.register_xrc_rcv_qp(None).unwrap_or_else(|e| fail("register", e));
+    qps.push(
+        ctx.create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).srq(&srq))
+            .unwrap_or_else(|e| fail("create_qp", e)),
+    );
+    qps.push(
+        ctx.create_qp(&QpInit::new(QpType::XrcSend, &pd).send_cq(&cq))
+            .unwrap_or_else(|e| fail("create_qp", e)),
+    );
+    let _up = xrcd
+        .create_recv_qp()
+        .unwrap_or_else(|e| fail("create_recv_qp", e));
+    let legacy = xrcd
+        .create_xrc_rcv_qp()
+        .unwrap_or_else(|e| fail("create_xrc_rcv_qp", e));
+    let _min = xrcd
+        .register_xrc_rcv_qp(None)
+        .unwrap_or_else(|e| fail("register", e));
     say(&format!("READY qpn={}", legacy.qpn()));
     let mut line = String::new();
     let _ = std::io::stdin().lock().read_line(&mut line);
@@ -112,13 +158,22 @@ pub fn worker(socket: &Path, file: &Path, qpn: u32, face: Face) -> ! {
 
 fn work(ctx: &Context, file: &Path, qpn: u32, face: Face) {
     let f = domain_file(file);
-    let xrcd = ctx.open_xrcd(Some(&f), 0).unwrap_or_else(|e| fail("open xrcd", e));
+    let xrcd = ctx
+        .open_xrcd(Some(&f), 0)
+        .unwrap_or_else(|e| fail("open xrcd", e));
     let held = match face {
-        Face::Legacy => Held::Registration(xrcd.reg_xrc_rcv_qp(qpn).unwrap_or_else(|e| fail("reg_xrc_rcv_qp", e))),
-        Face::Minimal => {
-            Held::Registration(xrcd.register_xrc_rcv_qp(Some(qpn)).unwrap_or_else(|e| fail("register_xrc_rcv_qp", e)))
-        }
-        Face::Upstream => Held::Handle(xrcd.open_recv_qp(qpn).unwrap_or_else(|e| fail("open_qp", e))),
+        Face::Legacy => Held::Registration(
+            xrcd.reg_xrc_rcv_qp(qpn)
+                .unwrap_or_else(|e| fail("reg_xrc_rcv_qp", e)),
+        ),
+        Face::Minimal => Held::Registration(
+            xrcd.register_xrc_rcv_qp(Some(qpn))
+                .unwrap_or_else(|e| fail("register_xrc_rcv_qp", e)),
+        ),
+        Face::Upstream => Held::Handle(
+            xrcd.open_recv_qp(qpn)
+                .unwrap_or_else(|e| fail("open_qp", e)),
+        ),
     };
     let q = match &held {
         Held::Registration(_) => xrcd.query_xrc_rcv_qp(qpn),
@@ -127,30 +182,47 @@ fn work(ctx: &Context, file: &Path, qpn: u32, face: Face) {
     .unwrap_or_else(|e| fail("query", e));
     match &held {
         Held::Registration(_) => say(&format!("JOINED registration state={:?}", q.attr.qp_state)),
-        Held::Handle(h) => say(&format!("JOINED handle={} state={:?}", h.handle(), q.attr.qp_state)),
+        Held::Handle(h) => say(&format!(
+            "JOINED handle={} state={:?}",
+            h.handle(),
+            q.attr.qp_state
+        )),
     }
     let stdin = std::io::stdin();
     let async_fd = ctx.async_fd();
     loop {
-        let mut fds = [PollFd::new(&stdin, PollFlags::IN), PollFd::new(&async_fd, PollFlags::IN)];
+        let mut fds = [
+            PollFd::new(&stdin, PollFlags::IN),
+            PollFd::new(&async_fd, PollFlags::IN),
+        ];
         match poll(&mut fds, None) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => fail("poll", e),
         }
-        let (stdin_ready, events_ready) = (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
+        let (stdin_ready, events_ready) =
+            (!fds[0].revents().is_empty(), !fds[1].revents().is_empty());
         if events_ready {
             // Reset the eventfd first, then read everything queued: an event queued after
             // the reset signals it again.
             softverbs_ipc::drain_eventfd(async_fd);
-            while let Some(ev) = ctx.try_get_async_event().unwrap_or_else(|e| fail("get_async_event", e)) {
+            while let Some(ev) = ctx
+                .try_get_async_event()
+                .unwrap_or_else(|e| fail("get_async_event", e))
+            {
                 let element = match ev.element {
                     Element::Qp(h) => format!("qp-handle={h}"),
                     Element::XrcRecvQpNum(n) => format!("xrc-qpn={n}"),
                     other => format!("{other:?}"),
                 };
-                let name = ev.event_type.map_or_else(|| format!("event-{}", ev.raw_event_type), |t| format!("{t:?}"));
-                say(&format!("EVENT {name} {element} legacy_type={:#x}", ev.legacy_event_type));
+                let name = ev.event_type.map_or_else(
+                    || format!("event-{}", ev.raw_event_type),
+                    |t| format!("{t:?}"),
+                );
+                say(&format!(
+                    "EVENT {name} {element} legacy_type={:#x}",
+                    ev.legacy_event_type
+                ));
             }
         }
         if stdin_ready {

@@ -53,23 +53,37 @@ impl Actor {
             }
         });
         let stdin = child.stdin.take();
-        Ok(Actor { name: name.to_string(), child, stdin, lines: rx })
+        Ok(Actor {
+            name: name.to_string(),
+            child,
+            stdin,
+            lines: rx,
+        })
     }
 
     fn expect(&self, prefix: &str) -> Result<String, String> {
-        let line = self
-            .lines
-            .recv_timeout(STEP_TIMEOUT)
-            .map_err(|_| format!("{} (pid {}) said nothing within {STEP_TIMEOUT:?}", self.name, self.child.id()))?;
+        let line = self.lines.recv_timeout(STEP_TIMEOUT).map_err(|_| {
+            format!(
+                "{} (pid {}) said nothing within {STEP_TIMEOUT:?}",
+                self.name,
+                self.child.id()
+            )
+        })?;
         if line.starts_with("ERROR") || !line.starts_with(prefix) {
-            return Err(format!("{} (pid {}) said {line:?}, expected {prefix}…", self.name, self.child.id()));
+            return Err(format!(
+                "{} (pid {}) said {line:?}, expected {prefix}…",
+                self.name,
+                self.child.id()
+            ));
         }
         Ok(line)
     }
 
     fn tell(&mut self, line: &str) -> Result<(), String> {
         let stdin = self.stdin.as_mut().ok_or("stdin closed")?;
-        writeln!(stdin, "{line}").and_then(|()| stdin.flush()).map_err(|e| format!("tell {}: {e}", self.name))
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("tell {}: {e}", self.name))
     }
 
     fn pid(&self) -> u32 {
@@ -92,11 +106,17 @@ struct Story {
 
 impl Story {
     fn say(&self, what: &str) {
-        println!("[{:>7.1} ms] {what}", self.start.elapsed().as_secs_f64() * 1e3);
+        println!(
+            "[{:>7.1} ms] {what}",
+            self.start.elapsed().as_secs_f64() * 1e3
+        );
     }
 
     fn resources(&self) -> Result<Resources, String> {
-        let json = self.introspect.resources_json().map_err(|e| format!("resources: {e}"))?;
+        let json = self
+            .introspect
+            .resources_json()
+            .map_err(|e| format!("resources: {e}"))?;
         serde_json::from_str(&json).map_err(|e| format!("resources JSON: {e}"))
     }
 
@@ -126,7 +146,10 @@ impl Story {
 }
 
 fn holders_of(r: &Resources, qpn: u32) -> Option<Vec<(u32, HolderKind)>> {
-    r.xrc_recv_qps.iter().find(|t| t.qpn == qpn).map(|t| t.holders.iter().map(|h| (h.pid, h.kind)).collect())
+    r.xrc_recv_qps
+        .iter()
+        .find(|t| t.qpn == qpn)
+        .map(|t| t.holders.iter().map(|h| (h.pid, h.kind)).collect())
 }
 
 fn check(ok: bool, what: &str) -> Result<(), String> {
@@ -145,9 +168,21 @@ pub fn run(socket: &Path, workers: usize) -> Result<(), String> {
     let start = Instant::now();
     // Connecting starts the daemon if none answers.
     let introspect = Introspect::connect_at(socket).map_err(|e| format!("daemon: {e}"))?;
-    let story = Story { socket: socket.to_path_buf(), start, introspect };
-    let status = story.introspect.status().map_err(|e| format!("status: {e}"))?;
-    story.say(&format!("daemon pid {} on {} (ABI {})", status.daemon_pid, socket.display(), status.abi_version));
+    let story = Story {
+        socket: socket.to_path_buf(),
+        start,
+        introspect,
+    };
+    let status = story
+        .introspect
+        .status()
+        .map_err(|e| format!("status: {e}"))?;
+    story.say(&format!(
+        "daemon pid {} on {} (ABI {})",
+        status.daemon_pid,
+        socket.display(),
+        status.abi_version
+    ));
 
     let dir = std::env::temp_dir().join(format!("softverbs-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -159,20 +194,32 @@ pub fn run(socket: &Path, workers: usize) -> Result<(), String> {
 }
 
 fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String> {
-    let inode = std::fs::metadata(file).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).map_err(|e| e.to_string())?;
+    let inode = std::fs::metadata(file)
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .map_err(|e| e.to_string())?;
     let fs = file.display().to_string();
 
     // 1. The creator.
-    let creator = Actor::spawn("creator", &story.socket, &["creator".into(), "--file".into(), fs.clone()])?;
+    let creator = Actor::spawn(
+        "creator",
+        &story.socket,
+        &["creator".into(), "--file".into(), fs.clone()],
+    )?;
     let line = creator.expect("QPN ")?;
-    let qpn: u32 = line[4..].trim().parse().map_err(|_| format!("bad QPN line {line:?}"))?;
+    let qpn: u32 = line[4..]
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad QPN line {line:?}"))?;
     story.say(&format!(
         "creator pid {} opened the domain of {} (inode {inode}) and created XRC receive QP {qpn:#08x} (legacy ibv_create_xrc_rcv_qp)",
         creator.pid(),
         fs
     ));
     let r = story.show()?;
-    check(holders_of(&r, qpn) == Some(vec![(creator.pid(), HolderKind::Creator)]), "the creator is the only holder")?;
+    check(
+        holders_of(&r, qpn) == Some(vec![(creator.pid(), HolderKind::Creator)]),
+        "the creator is the only holder",
+    )?;
 
     // 2. Workers join, through the three faces in turn.
     let faces = [Face::Legacy, Face::Minimal, Face::Upstream];
@@ -180,7 +227,15 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
     for i in 0..workers {
         let face = faces[i % faces.len()];
         let face_arg = format!("{face:?}").to_lowercase();
-        let args = vec!["worker".into(), "--file".into(), fs.clone(), "--qpn".into(), qpn.to_string(), "--face".into(), face_arg];
+        let args = vec![
+            "worker".into(),
+            "--file".into(),
+            fs.clone(),
+            "--qpn".into(),
+            qpn.to_string(),
+            "--face".into(),
+            face_arg,
+        ];
         let w = Actor::spawn(&format!("worker {}", i + 1), &story.socket, &args)?;
         let joined = w.expect("JOINED ")?;
         let how = match face {
@@ -188,11 +243,19 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
             Face::Minimal => "register(xrcd, qpn) (minimal)",
             Face::Upstream => "ibv_open_qp (upstream)",
         };
-        story.say(&format!("worker {} pid {} joined with {how}: {}", i + 1, w.pid(), &joined[7..]));
+        story.say(&format!(
+            "worker {} pid {} joined with {how}: {}",
+            i + 1,
+            w.pid(),
+            &joined[7..]
+        ));
         crew.push((w, face));
     }
     let r = story.show()?;
-    check(holders_of(&r, qpn).map(|h| h.len()) == Some(workers + 1), "every worker holds the QP")?;
+    check(
+        holders_of(&r, qpn).map(|h| h.len()) == Some(workers + 1),
+        "every worker holds the QP",
+    )?;
 
     // 3. SIGKILL the creator.
     let creator_pid = creator.pid();
@@ -202,27 +265,56 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
         r.contexts.iter().all(|c| c.pid != creator_pid)
     })?;
     let holders = holders_of(&r, qpn).ok_or("the receive QP died with its creator")?;
-    story.say(&format!("the QP outlives its creator with {} holders", holders.len()));
+    story.say(&format!(
+        "the QP outlives its creator with {} holders",
+        holders.len()
+    ));
     story.show()?;
     check(holders.len() == workers, "N holders remain")?;
-    check(holders.iter().all(|(pid, _)| *pid != creator_pid), "the creator holds nothing")?;
+    check(
+        holders.iter().all(|(pid, _)| *pid != creator_pid),
+        "the creator holds nothing",
+    )?;
 
     // 4. An async event on the QP reaches every holder and nobody else.
-    let bystander = Context::open_at(&story.socket, 0).map_err(|e| format!("open bystander: {e}"))?;
-    let delivered = bystander.inject_event(qpn, EventType::PathMig).map_err(|e| format!("inject: {e}"))?;
-    story.say(&format!("PATH_MIG raised on QP {qpn:#08x}: the daemon delivered it to {delivered} context(s)"));
-    check(delivered as usize == workers, "the event went to exactly the N holders")?;
+    let bystander =
+        Context::open_at(&story.socket, 0).map_err(|e| format!("open bystander: {e}"))?;
+    let delivered = bystander
+        .inject_event(qpn, EventType::PathMig)
+        .map_err(|e| format!("inject: {e}"))?;
+    story.say(&format!(
+        "PATH_MIG raised on QP {qpn:#08x}: the daemon delivered it to {delivered} context(s)"
+    ));
+    check(
+        delivered as usize == workers,
+        "the event went to exactly the N holders",
+    )?;
     for (i, (w, face)) in crew.iter().enumerate() {
         let ev = w.expect("EVENT ")?;
-        story.say(&format!("worker {} pid {} got: {}", i + 1, w.pid(), &ev[6..]));
+        story.say(&format!(
+            "worker {} pid {} got: {}",
+            i + 1,
+            w.pid(),
+            &ev[6..]
+        ));
         let by_number = matches!(face, Face::Legacy | Face::Minimal);
         check(ev.contains("PathMig"), "the event type is PATH_MIG")?;
         check(
-            if by_number { ev.contains(&format!("xrc-qpn={qpn}")) && ev.contains("legacy_type=0x80000006") } else { ev.contains("qp-handle=") },
+            if by_number {
+                ev.contains(&format!("xrc-qpn={qpn}")) && ev.contains("legacy_type=0x80000006")
+            } else {
+                ev.contains("qp-handle=")
+            },
             "registrations see the QP number with the XRC flag, handles see their handle",
         )?;
     }
-    check(bystander.try_get_async_event().map_err(|e| e.to_string())?.is_none(), "a non-holder got nothing")?;
+    check(
+        bystander
+            .try_get_async_event()
+            .map_err(|e| e.to_string())?
+            .is_none(),
+        "a non-holder got nothing",
+    )?;
     drop(bystander);
 
     // 5. The workers leave one by one; the QP goes with the last.
@@ -233,20 +325,40 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
         let pid = w.pid();
         let _ = w.child.wait();
         let remaining = n - i - 1;
-        let r = story.wait_for("the worker's context is gone", |r| r.contexts.iter().all(|c| c.pid != pid))?;
+        let r = story.wait_for("the worker's context is gone", |r| {
+            r.contexts.iter().all(|c| c.pid != pid)
+        })?;
         let holders = holders_of(&r, qpn);
         if remaining > 0 {
-            story.say(&format!("worker {} pid {pid} left ({}); {remaining} holder(s) remain", i + 1, &left[5..]));
-            check(holders.map(|h| h.len()) == Some(remaining), "one holder fewer")?;
+            story.say(&format!(
+                "worker {} pid {pid} left ({}); {remaining} holder(s) remain",
+                i + 1,
+                &left[5..]
+            ));
+            check(
+                holders.map(|h| h.len()) == Some(remaining),
+                "one holder fewer",
+            )?;
         } else {
-            story.say(&format!("worker {} pid {pid} left ({}): the last holder is gone, and so is the QP", i + 1, &left[5..]));
-            check(holders.is_none(), "the QP is destroyed with its last holder")?;
-            let domain_gone = r.xrcds.iter().all(|x| x.file.is_none_or(|f| f.ino != inode));
+            story.say(&format!(
+                "worker {} pid {pid} left ({}): the last holder is gone, and so is the QP",
+                i + 1,
+                &left[5..]
+            ));
+            check(
+                holders.is_none(),
+                "the QP is destroyed with its last holder",
+            )?;
+            let domain_gone = r
+                .xrcds
+                .iter()
+                .all(|x| x.file.is_none_or(|f| f.ino != inode));
             story.say("the domain's last user is gone, and so is the domain");
             check(domain_gone, "the domain is destroyed with its last user")?;
         }
     }
     story.show()?;
-    story.say("every step behaved: the receive QP followed the lives of the processes that held it");
+    story
+        .say("every step behaved: the receive QP followed the lives of the processes that held it");
     Ok(())
 }

@@ -10,12 +10,16 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use softverbs::{Context, Introspect};
-use softverbs_core::types::EventType;
 use softverbs_core::resources::Resources;
+use softverbs_core::types::EventType;
 use softverbs_daemon::{Config, DeviceSpec, Server};
 
 #[derive(Parser)]
-#[command(name = "softverbs", version, about = "RDMA verbs in userspace, built around shared XRC receive QPs")]
+#[command(
+    name = "softverbs",
+    version,
+    about = "RDMA verbs in userspace, built around shared XRC receive QPs"
+)]
 struct Cli {
     /// The daemon's socket (default: $SOFTVERBS_SOCKET, else $XDG_RUNTIME_DIR/softverbs/softverbs.sock,
     /// else /run/softverbs/softverbs.sock).
@@ -118,7 +122,9 @@ enum ActorRole {
 }
 
 fn socket_path(cli: &Cli) -> PathBuf {
-    cli.socket.clone().unwrap_or_else(softverbs_ipc::default_socket_path)
+    cli.socket
+        .clone()
+        .unwrap_or_else(softverbs_ipc::default_socket_path)
 }
 
 fn init_tracing() {
@@ -141,7 +147,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let socket = socket_path(&cli);
     match &cli.cmd {
-        Command::Daemon { devices, abi_version } => {
+        Command::Daemon {
+            devices,
+            abi_version,
+        } => {
             init_tracing();
             let mut config = Config::new(socket);
             config.devices = devices.clone();
@@ -153,25 +162,36 @@ fn main() -> ExitCode {
             };
             run().map_or_else(fail, |()| ExitCode::SUCCESS)
         }
-        Command::Status { json } => match Introspect::connect_at(&socket).and_then(|i| i.status()) {
-            Ok(s) if *json => {
-                println!("{}", serde_json::json!({
-                    "daemon_pid": s.daemon_pid, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
-                    "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
-                    "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
-                }));
-                ExitCode::SUCCESS
-            }
-            Ok(s) => {
-                println!("daemon pid {} on {} (ABI {}), up {:.1} s", s.daemon_pid, socket.display(), s.abi_version, s.uptime_ms as f64 / 1e3);
-                println!(
+        Command::Status { json } => {
+            match Introspect::connect_at(&socket).and_then(|i| i.status()) {
+                Ok(s) if *json => {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "daemon_pid": s.daemon_pid, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
+                            "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
+                            "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
+                        })
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(s) => {
+                    println!(
+                        "daemon pid {} on {} (ABI {}), up {:.1} s",
+                        s.daemon_pid,
+                        socket.display(),
+                        s.abi_version,
+                        s.uptime_ms as f64 / 1e3
+                    );
+                    println!(
                     "devices {}  contexts {}  xrc domains {}  xrc receive qps {}  qps {}  srqs {}  cqs {}  mrs {}",
                     s.devices, s.contexts, s.xrcds, s.xrc_recv_qps, s.qps, s.srqs, s.cqs, s.mrs
                 );
-                ExitCode::SUCCESS
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
             }
-            Err(e) => fail(e),
-        },
+        }
         Command::Devices => match Introspect::connect_at(&socket).and_then(|i| i.devices()) {
             Ok(list) => {
                 println!("    device          \t   node GUID");
@@ -183,22 +203,26 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(e),
         },
-        Command::Resources { json } => match Introspect::connect_at(&socket).and_then(|i| i.resources_json()) {
-            Ok(text) if *json => {
-                println!("{text}");
-                ExitCode::SUCCESS
-            }
-            Ok(text) => match serde_json::from_str::<Resources>(&text) {
-                Ok(r) => {
-                    print!("{}", table::render(&r));
+        Command::Resources { json } => {
+            match Introspect::connect_at(&socket).and_then(|i| i.resources_json()) {
+                Ok(text) if *json => {
+                    println!("{text}");
                     ExitCode::SUCCESS
                 }
+                Ok(text) => match serde_json::from_str::<Resources>(&text) {
+                    Ok(r) => {
+                        print!("{}", table::render(&r));
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(e),
+                },
                 Err(e) => fail(e),
-            },
-            Err(e) => fail(e),
-        },
+            }
+        }
         Command::InjectEvent { qpn, event } => {
-            let Some(t) = event_by_name(event) else { return fail(format!("unknown event {event:?}")) };
+            let Some(t) = event_by_name(event) else {
+                return fail(format!("unknown event {event:?}"));
+            };
             match Context::open_at(&socket, 0).and_then(|c| c.inject_event(*qpn, t)) {
                 Ok(n) => {
                     println!("{event} on QP {qpn:#08x}: delivered to {n} context(s)");

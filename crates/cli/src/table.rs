@@ -31,31 +31,58 @@ pub fn render(r: &Resources) -> String {
     }
     let _ = writeln!(out, "xrc domains: {}", r.xrcds.len());
     for x in &r.xrcds {
-        let file = x.file.map_or("private".to_string(), |f| format!("inode {} (dev {})", f.ino, f.dev));
-        let _ = writeln!(out, "  xrcd {:<4} {:<28} opens {} srqs {} recv-qps {}", x.xrcd.0, file, x.opens, x.srqs, x.xrc_recv_qps);
+        let file = x.file.map_or("private".to_string(), |f| {
+            format!("inode {} (dev {})", f.ino, f.dev)
+        });
+        let _ = writeln!(
+            out,
+            "  xrcd {:<4} {:<28} opens {} srqs {} recv-qps {}",
+            x.xrcd.0, file, x.opens, x.srqs, x.xrc_recv_qps
+        );
     }
     if !r.srqs.is_empty() {
         let _ = writeln!(out, "srqs: {}", r.srqs.len());
         for s in &r.srqs {
-            let n = s.srqn.map_or("basic".to_string(), |n| format!("srqn {n:#08x}"));
-            let _ = writeln!(out, "  pid {:<7} handle {:<6} {n} max_wr {}", s.pid, s.handle.0, s.max_wr);
+            let n = s
+                .srqn
+                .map_or("basic".to_string(), |n| format!("srqn {n:#08x}"));
+            let _ = writeln!(
+                out,
+                "  pid {:<7} handle {:<6} {n} max_wr {}",
+                s.pid, s.handle.0, s.max_wr
+            );
         }
     }
     if !r.cqs.is_empty() {
         let _ = writeln!(out, "cqs: {}", r.cqs.len());
         for c in &r.cqs {
-            let _ = writeln!(out, "  pid {:<7} handle {:<6} cqe {} users {}", c.pid, c.handle.0, c.cqe, c.users);
+            let _ = writeln!(
+                out,
+                "  pid {:<7} handle {:<6} cqe {} users {}",
+                c.pid, c.handle.0, c.cqe, c.users
+            );
         }
     }
     if !r.qps.is_empty() {
         let _ = writeln!(out, "qps: {}", r.qps.len());
         for q in &r.qps {
-            let _ = writeln!(out, "  pid {:<7} qpn {:#08x} {:?} {:?}", q.pid, q.qpn, q.qp_type, q.state);
+            let _ = writeln!(
+                out,
+                "  pid {:<7} qpn {:#08x} {:?} {:?}",
+                q.pid, q.qpn, q.qp_type, q.state
+            );
         }
     }
     let _ = writeln!(out, "xrc receive qps: {}", r.xrc_recv_qps.len());
     for t in &r.xrc_recv_qps {
-        let _ = writeln!(out, "  qpn {:#08x} xrcd {} {:?}, {} holder(s):", t.qpn, t.xrcd.0, t.state, t.holders.len());
+        let _ = writeln!(
+            out,
+            "  qpn {:#08x} xrcd {} {:?}, {} holder(s):",
+            t.qpn,
+            t.xrcd.0,
+            t.state,
+            t.holders.len()
+        );
         for h in &t.holders {
             let _ = writeln!(out, "    pid {:<7} {}", h.pid, kind(h.kind, h.via));
         }

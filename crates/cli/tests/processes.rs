@@ -44,8 +44,18 @@ impl Daemon {
     }
 
     fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(BIN).arg("--socket").arg(&self.socket).args(args).env("SOFTVERBS_AUTOSTART", "0").output().unwrap();
-        assert!(out.status.success(), "softverbs {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env("SOFTVERBS_AUTOSTART", "0")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "softverbs {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 
@@ -61,7 +71,10 @@ impl Daemon {
             if cond(&r) {
                 return r;
             }
-            assert!(Instant::now() < deadline, "timed out waiting until {what}; last view: {r:#}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}; last view: {r:#}"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -71,12 +84,21 @@ impl Daemon {
     }
 
     fn actor_as(&self, args: &[&str], uid: Option<u32>) -> Actor {
-        let mut cmd = Command::new(uid.map_or_else(|| PathBuf::from(BIN), |_| self.private_copy_of_bin()));
-        cmd.arg("--socket").arg(&self.socket).arg("demo-actor").args(args).env("SOFTVERBS_AUTOSTART", "0");
+        let mut cmd =
+            Command::new(uid.map_or_else(|| PathBuf::from(BIN), |_| self.private_copy_of_bin()));
+        cmd.arg("--socket")
+            .arg(&self.socket)
+            .arg("demo-actor")
+            .args(args)
+            .env("SOFTVERBS_AUTOSTART", "0");
         if let Some(uid) = uid {
             cmd.uid(uid).gid(uid);
         }
-        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = channel();
         std::thread::spawn(move || {
@@ -108,7 +130,9 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         // SIGTERM: the daemon shuts down cleanly and removes its socket.
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -121,12 +145,18 @@ struct Actor {
 
 impl Actor {
     fn line(&self) -> String {
-        self.lines.recv_timeout(WAIT).unwrap_or_else(|_| panic!("actor {} said nothing", self.child.id()))
+        self.lines
+            .recv_timeout(WAIT)
+            .unwrap_or_else(|_| panic!("actor {} said nothing", self.child.id()))
     }
 
     fn expect(&self, prefix: &str) -> String {
         let l = self.line();
-        assert!(l.starts_with(prefix), "actor {} said {l:?}, expected {prefix}", self.child.id());
+        assert!(
+            l.starts_with(prefix),
+            "actor {} said {l:?}, expected {prefix}",
+            self.child.id()
+        );
         l
     }
 
@@ -159,13 +189,32 @@ fn qpn_of(line: &str) -> u32 {
 }
 
 fn holders(r: &Value, qpn: u32) -> Option<Vec<(u64, String)>> {
-    r["xrc_recv_qps"].as_array().unwrap().iter().find(|t| t["qpn"] == qpn).map(|t| {
-        t["holders"].as_array().unwrap().iter().map(|h| (h["pid"].as_u64().unwrap(), h["kind"].as_str().unwrap().to_string())).collect()
-    })
+    r["xrc_recv_qps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["qpn"] == qpn)
+        .map(|t| {
+            t["holders"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| {
+                    (
+                        h["pid"].as_u64().unwrap(),
+                        h["kind"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        })
 }
 
 fn has_pid(r: &Value, pid: u64) -> bool {
-    r["contexts"].as_array().unwrap().iter().any(|c| c["pid"] == pid)
+    r["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["pid"] == pid)
 }
 
 #[test]
@@ -175,33 +224,86 @@ fn the_receive_qp_survives_its_creators_sigkill_and_events_reach_exactly_its_hol
     let f = file.to_str().unwrap();
     let mut creator = d.actor(&["creator", "--file", f]);
     let qpn = qpn_of(&creator.expect("QPN"));
-    let w1 = d.actor(&["worker", "--file", f, "--qpn", &qpn.to_string(), "--face", "legacy"]);
+    let w1 = d.actor(&[
+        "worker",
+        "--file",
+        f,
+        "--qpn",
+        &qpn.to_string(),
+        "--face",
+        "legacy",
+    ]);
     w1.expect("JOINED registration");
-    let w2 = d.actor(&["worker", "--file", f, "--qpn", &qpn.to_string(), "--face", "upstream"]);
+    let w2 = d.actor(&[
+        "worker",
+        "--file",
+        f,
+        "--qpn",
+        &qpn.to_string(),
+        "--face",
+        "upstream",
+    ]);
     let joined = w2.expect("JOINED handle=");
     // A bystander in the same domain, holding another receive QP.
     let other = d.actor(&["creator", "--file", f]);
     let other_qpn = qpn_of(&other.expect("QPN"));
-    let w3 = d.actor(&["worker", "--file", f, "--qpn", &other_qpn.to_string(), "--face", "minimal"]);
+    let w3 = d.actor(&[
+        "worker",
+        "--file",
+        f,
+        "--qpn",
+        &other_qpn.to_string(),
+        "--face",
+        "minimal",
+    ]);
     w3.expect("JOINED registration");
 
     let r = d.resources();
     assert_eq!(holders(&r, qpn).unwrap().len(), 3);
     let creator_pid = creator.pid();
     creator.kill9();
-    let r = d.wait_until("the creator's context is gone", |r| !has_pid(r, creator_pid));
+    let r = d.wait_until("the creator's context is gone", |r| {
+        !has_pid(r, creator_pid)
+    });
     let h = holders(&r, qpn).expect("the QP outlives its creator");
-    assert_eq!(h, vec![(w1.pid(), "Registration".into()), (w2.pid(), "Opened".into())]);
+    assert_eq!(
+        h,
+        vec![
+            (w1.pid(), "Registration".into()),
+            (w2.pid(), "Opened".into())
+        ]
+    );
 
-    let out = d.cli(&["inject-event", "--qpn", &qpn.to_string(), "--event", "path-mig"]);
+    let out = d.cli(&[
+        "inject-event",
+        "--qpn",
+        &qpn.to_string(),
+        "--event",
+        "path-mig",
+    ]);
     assert!(out.contains("delivered to 2 context(s)"), "{out}");
-    assert_eq!(w1.expect("EVENT"), format!("EVENT PathMig xrc-qpn={qpn} legacy_type=0x80000006"));
+    assert_eq!(
+        w1.expect("EVENT"),
+        format!("EVENT PathMig xrc-qpn={qpn} legacy_type=0x80000006")
+    );
     let handle = joined.split('=').nth(1).unwrap().split(' ').next().unwrap();
-    assert_eq!(w2.expect("EVENT"), format!("EVENT PathMig qp-handle={handle} legacy_type=0x6"));
+    assert_eq!(
+        w2.expect("EVENT"),
+        format!("EVENT PathMig qp-handle={handle} legacy_type=0x6")
+    );
     // The bystander's first event is the one raised on its own QP afterwards: nothing of the
     // first QP's reached it.
-    d.cli(&["inject-event", "--qpn", &other_qpn.to_string(), "--event", "comm-est"]);
-    assert_eq!(w3.expect("EVENT"), format!("EVENT CommEst xrc-qpn={other_qpn} legacy_type=0x80000004"));
+    d.cli(&[
+        "inject-event",
+        "--qpn",
+        &other_qpn.to_string(),
+        "--event",
+        "comm-est",
+    ]);
+    assert_eq!(
+        w3.expect("EVENT"),
+        format!("EVENT CommEst xrc-qpn={other_qpn} legacy_type=0x80000004")
+    );
 }
 
 #[test]
@@ -210,12 +312,23 @@ fn every_object_is_freed_when_every_client_dies() {
     let file = d.domain_file("domain", 0o644);
     let f = file.to_str().unwrap();
     let mut hoarders: Vec<Actor> = (0..3).map(|_| d.actor(&["hoarder", "--file", f])).collect();
-    let qpns: Vec<u32> = hoarders.iter().map(|h| qpn_of(&h.expect("READY"))).collect();
+    let qpns: Vec<u32> = hoarders
+        .iter()
+        .map(|h| qpn_of(&h.expect("READY")))
+        .collect();
     // Cross-registrations, so receive QPs are shared between dying processes.
     let mut joiners: Vec<Actor> = qpns
         .iter()
         .map(|q| {
-            let w = d.actor(&["worker", "--file", f, "--qpn", &q.to_string(), "--face", "upstream"]);
+            let w = d.actor(&[
+                "worker",
+                "--file",
+                f,
+                "--qpn",
+                &q.to_string(),
+                "--face",
+                "upstream",
+            ]);
             w.expect("JOINED");
             w
         })
@@ -227,12 +340,26 @@ fn every_object_is_freed_when_every_client_dies() {
     for a in hoarders.iter_mut().chain(joiners.iter_mut()) {
         a.kill9();
     }
-    let r = d.wait_until("every context is gone", |r| r["contexts"].as_array().unwrap().is_empty());
+    let r = d.wait_until("every context is gone", |r| {
+        r["contexts"].as_array().unwrap().is_empty()
+    });
     for section in ["xrcds", "srqs", "cqs", "qps", "xrc_recv_qps"] {
-        assert_eq!(r[section].as_array().unwrap().len(), 0, "{section} leaked: {r:#}");
+        assert_eq!(
+            r[section].as_array().unwrap().len(),
+            0,
+            "{section} leaked: {r:#}"
+        );
     }
     let status: Value = serde_json::from_str(&d.cli(&["status", "--json"])).unwrap();
-    for k in ["contexts", "xrcds", "xrc_recv_qps", "qps", "srqs", "cqs", "mrs"] {
+    for k in [
+        "contexts",
+        "xrcds",
+        "xrc_recv_qps",
+        "qps",
+        "srqs",
+        "cqs",
+        "mrs",
+    ] {
         assert_eq!(status[k], 0, "{k} leaked: {status}");
     }
 }
@@ -247,7 +374,15 @@ fn workers_leaving_one_by_one_take_the_qp_and_then_the_domain_with_the_last() {
     let mut crew: Vec<Actor> = ["legacy", "minimal", "upstream"]
         .iter()
         .map(|face| {
-            let w = d.actor(&["worker", "--file", f, "--qpn", &qpn.to_string(), "--face", face]);
+            let w = d.actor(&[
+                "worker",
+                "--file",
+                f,
+                "--qpn",
+                &qpn.to_string(),
+                "--face",
+                face,
+            ]);
             w.expect("JOINED");
             w
         })
@@ -261,7 +396,10 @@ fn workers_leaving_one_by_one_take_the_qp_and_then_the_domain_with_the_last() {
         let pid = w.pid();
         let r = d.wait_until("the worker is gone", |r| !has_pid(r, pid));
         let left = n - i - 1;
-        assert_eq!(holders(&r, qpn).map(|h| h.len()), (left > 0).then_some(left));
+        assert_eq!(
+            holders(&r, qpn).map(|h| h.len()),
+            (left > 0).then_some(left)
+        );
         assert_eq!(r["xrcds"].as_array().unwrap().len(), usize::from(left > 0));
     }
 }
@@ -278,31 +416,58 @@ fn a_client_of_another_uid_cannot_open_a_domain_whose_file_it_cannot_open() {
     let f = file.to_str().unwrap();
     let creator = d.actor(&["creator", "--file", f]);
     let qpn = qpn_of(&creator.expect("QPN")).to_string();
-    let intruder = d.actor_as(&["worker", "--file", f, "--qpn", &qpn, "--face", "legacy"], Some(NOBODY));
+    let intruder = d.actor_as(
+        &["worker", "--file", f, "--qpn", &qpn, "--face", "legacy"],
+        Some(NOBODY),
+    );
     let said = intruder.line();
-    assert!(said.starts_with("ERROR open domain file") && said.contains("ermission denied"), "{said}");
+    assert!(
+        said.starts_with("ERROR open domain file") && said.contains("ermission denied"),
+        "{said}"
+    );
     let r = d.resources();
-    assert_eq!(holders(&r, qpn.parse().unwrap()).unwrap().len(), 1, "the intruder joined nothing");
+    assert_eq!(
+        holders(&r, qpn.parse().unwrap()).unwrap().len(),
+        1,
+        "the intruder joined nothing"
+    );
     assert_eq!(r["xrcds"][0]["opens"], 1);
     // The file's permissions are the control, not the uid: once the file is readable, the same
     // uid joins.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let guest = d.actor_as(&["worker", "--file", f, "--qpn", &qpn, "--face", "legacy"], Some(NOBODY));
+    let guest = d.actor_as(
+        &["worker", "--file", f, "--qpn", &qpn, "--face", "legacy"],
+        Some(NOBODY),
+    );
     guest.expect("JOINED registration");
     let r = d.resources();
     let h = holders(&r, qpn.parse().unwrap()).unwrap();
     assert_eq!(h.len(), 2);
-    let guest_ctx = r["contexts"].as_array().unwrap().iter().find(|c| c["pid"] == guest.pid()).unwrap();
+    let guest_ctx = r["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["pid"] == guest.pid())
+        .unwrap();
     assert_eq!(guest_ctx["uid"], NOBODY);
 }
 
 #[test]
 fn the_demo_tells_the_whole_story_and_exits_zero() {
     let d = Daemon::start("demo");
-    let out = Command::new(BIN).arg("--socket").arg(&d.socket).args(["demo", "--workers", "4"]).output().unwrap();
+    let out = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["demo", "--workers", "4"])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "demo failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "demo failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("killed with SIGKILL"));
     assert!(text.contains("the QP outlives its creator with 4 holders"));
     assert!(text.contains("delivered it to 4 context(s)"));

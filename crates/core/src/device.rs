@@ -21,7 +21,9 @@ pub const DEVICE_SYS_IMAGE_GUID: u64 = 1 << 10;
 
 /// A 128-bit GID (IBA 4.1.1). For RoCE v2 it is an IPv6 address, or an IPv4 address mapped
 /// into IPv6 (`::ffff:a.b.c.d`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {

@@ -28,7 +28,10 @@ impl std::str::FromStr for DeviceSpec {
             .split(',')
             .map(|ip| ip.parse::<IpAddr>().map_err(|e| format!("{ip}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(DeviceSpec { name: name.to_string(), ips })
+        Ok(DeviceSpec {
+            name: name.to_string(),
+            ips,
+        })
     }
 }
 
@@ -46,14 +49,21 @@ pub struct Config {
 impl Config {
     /// Defaults for `socket`.
     pub fn new(socket: PathBuf) -> Config {
-        Config { socket, devices: Vec::new(), abi_version: softverbs_abi::ABI_VERSION }
+        Config {
+            socket,
+            devices: Vec::new(),
+            abi_version: softverbs_abi::ABI_VERSION,
+        }
     }
 
     /// The core devices this configuration describes. Node GUIDs are derived from the device
     /// index and the first address, so two daemons on different addresses differ.
     pub fn build_devices(&self) -> Vec<Device> {
         let specs = if self.devices.is_empty() {
-            vec![DeviceSpec { name: "softverbs0".into(), ips: vec!["127.0.0.1".parse().expect("literal")] }]
+            vec![DeviceSpec {
+                name: "softverbs0".into(),
+                ips: vec!["127.0.0.1".parse().expect("literal")],
+            }]
         } else {
             self.devices.clone()
         };

@@ -24,7 +24,11 @@ impl Conn {
         let comm = std::fs::read_to_string(format!("/proc/{}/comm", cred.pid))
             .map(|s| s.trim_end().to_string())
             .unwrap_or_default();
-        Conn { sock, session: Session::new(cred, comm), out: VecDeque::new() }
+        Conn {
+            sock,
+            session: Session::new(cred, comm),
+            out: VecDeque::new(),
+        }
     }
 }
 

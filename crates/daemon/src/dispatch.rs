@@ -55,7 +55,12 @@ pub struct Session {
 impl Session {
     /// A fresh session for a client.
     pub fn new(cred: PeerCred, comm: String) -> Session {
-        Session { cred, comm, phase: Phase::New, eventfd: None }
+        Session {
+            cred,
+            comm,
+            phase: Phase::New,
+            eventfd: None,
+        }
     }
 
     /// The open context, if any.
@@ -107,7 +112,9 @@ fn handle_of(v: U32) -> Handle {
 }
 
 fn events(n: u32) -> Reply {
-    ok(EventsResp { events_reported: U32::new(n) })
+    ok(EventsResp {
+        events_reported: U32::new(n),
+    })
 }
 
 fn query_resp(q: &QpQuery, qpn: u32) -> Reply {
@@ -134,7 +141,12 @@ fn srq_resp(handle: Handle, a: SrqAttr, srqn: Option<u32>) -> Reply {
 impl Dispatcher {
     /// A dispatcher over `core`, speaking ABI `abi`.
     pub fn new(core: Core, abi: u32) -> Dispatcher {
-        Dispatcher { core, abi, started: Instant::now(), daemon_uid: rustix::process::geteuid().as_raw() }
+        Dispatcher {
+            core,
+            abi,
+            started: Instant::now(),
+            daemon_uid: rustix::process::geteuid().as_raw(),
+        }
     }
 
     /// Handles one request datagram with the descriptors that came with it. Descriptors the
@@ -148,22 +160,40 @@ impl Dispatcher {
         let cmd = peek_cmd(msg);
         let resp_len = decode_request(msg).map_or(0, |r| r.resp_len);
         match result {
-            Ok((body, fds)) => Outcome { reply: encode_response(cmd, 0, &body, resp_len), fds, woken },
-            Err(errno) => Outcome { reply: encode_response(cmd, errno, &[], 0), fds: Vec::new(), woken },
+            Ok((body, fds)) => Outcome {
+                reply: encode_response(cmd, 0, &body, resp_len),
+                fds,
+                woken,
+            },
+            Err(errno) => Outcome {
+                reply: encode_response(cmd, errno, &[], 0),
+                fds: Vec::new(),
+                woken,
+            },
         }
     }
 
-    fn command(&mut self, s: &mut Session, req: &Request<'_>, mut fds: Vec<OwnedFd>, woken: &mut Vec<CtxId>) -> Reply {
+    fn command(
+        &mut self,
+        s: &mut Session,
+        req: &Request<'_>,
+        mut fds: Vec<OwnedFd>,
+        woken: &mut Vec<CtxId>,
+    ) -> Reply {
         let abi = self.abi;
         // Only OpenXrcd takes a descriptor, and only one.
         if req.cmd != Cmd::OpenXrcd && !fds.is_empty() {
             return Err(EINVAL);
         }
         match (req.cmd, s.phase) {
-            (Cmd::Hello, Phase::New) => return self.hello(s, req.body(abi).map_err(|e| e.errno())?),
+            (Cmd::Hello, Phase::New) => {
+                return self.hello(s, req.body(abi).map_err(|e| e.errno())?)
+            }
             (Cmd::Hello, _) => return Err(EINVAL),
             (_, Phase::New) => return Err(EINVAL),
-            (Cmd::QueryDeviceList, _) => return self.device_list(req.body(abi).map_err(|e| e.errno())?),
+            (Cmd::QueryDeviceList, _) => {
+                return self.device_list(req.body(abi).map_err(|e| e.errno())?)
+            }
             (Cmd::Status, _) => return self.status(),
             (Cmd::Resources, _) => return self.resources(),
             (Cmd::InjectEvent, _) => {
@@ -222,7 +252,10 @@ impl Dispatcher {
             Cmd::QueryPort => {
                 let r: QueryPortReq = body!();
                 let d = core.context_device(ctx).map_err(core_err)?;
-                let port = u8::try_from(r.port.get()).ok().and_then(|p| d.port(p)).ok_or(EINVAL)?;
+                let port = u8::try_from(r.port.get())
+                    .ok()
+                    .and_then(|p| d.port(p))
+                    .ok_or(EINVAL)?;
                 ok(QueryPortResp {
                     state: U32::new(port.state as u32),
                     max_mtu: U32::new(port.max_mtu as u32),
@@ -237,25 +270,42 @@ impl Dispatcher {
             Cmd::QueryGid => {
                 let r: QueryGidReq = body!();
                 let d = core.context_device(ctx).map_err(core_err)?;
-                let port = u8::try_from(r.port.get()).ok().and_then(|p| d.port(p)).ok_or(EINVAL)?;
+                let port = u8::try_from(r.port.get())
+                    .ok()
+                    .and_then(|p| d.port(p))
+                    .ok_or(EINVAL)?;
                 let gid = port.gids.get(r.index.get() as usize).ok_or(EINVAL)?;
                 ok(QueryGidResp { gid: gid.0 })
             }
             Cmd::AllocPd => {
                 let h = core.alloc_pd(ctx).map_err(core_err)?;
-                ok(HandleResp { handle: U32::new(h.0) })
+                ok(HandleResp {
+                    handle: U32::new(h.0),
+                })
             }
             Cmd::DeallocPd => {
                 let r: HandleReq = body!();
-                core.dealloc_pd(ctx, handle_of(r.handle)).map_err(core_err)?;
+                core.dealloc_pd(ctx, handle_of(r.handle))
+                    .map_err(core_err)?;
                 empty()
             }
             Cmd::RegMr => {
                 let r: RegMrReq = body!();
                 let k = core
-                    .reg_mr(ctx, handle_of(r.pd), r.addr.get(), r.length.get(), r.iova.get(), Access(r.access.get()))
+                    .reg_mr(
+                        ctx,
+                        handle_of(r.pd),
+                        r.addr.get(),
+                        r.length.get(),
+                        r.iova.get(),
+                        Access(r.access.get()),
+                    )
                     .map_err(core_err)?;
-                ok(RegMrResp { handle: U32::new(k.handle.0), lkey: U32::new(k.lkey), rkey: U32::new(k.rkey) })
+                ok(RegMrResp {
+                    handle: U32::new(k.handle.0),
+                    lkey: U32::new(k.lkey),
+                    rkey: U32::new(k.rkey),
+                })
             }
             Cmd::DeregMr => {
                 let r: HandleReq = body!();
@@ -264,21 +314,38 @@ impl Dispatcher {
             }
             Cmd::CreateCq => {
                 let r: CreateCqReq = body!();
-                let (h, cqe) = core.create_cq(ctx, r.cqe.get(), r.comp_vector.get()).map_err(core_err)?;
-                ok(CreateCqResp { handle: U32::new(h.0), cqe: U32::new(cqe) })
+                let (h, cqe) = core
+                    .create_cq(ctx, r.cqe.get(), r.comp_vector.get())
+                    .map_err(core_err)?;
+                ok(CreateCqResp {
+                    handle: U32::new(h.0),
+                    cqe: U32::new(cqe),
+                })
             }
             Cmd::ResizeCq => {
                 let r: ResizeCqReq = body!();
-                let cqe = core.resize_cq(ctx, handle_of(r.handle), r.cqe.get()).map_err(core_err)?;
-                ok(CreateCqResp { handle: r.handle, cqe: U32::new(cqe) })
+                let cqe = core
+                    .resize_cq(ctx, handle_of(r.handle), r.cqe.get())
+                    .map_err(core_err)?;
+                ok(CreateCqResp {
+                    handle: r.handle,
+                    cqe: U32::new(cqe),
+                })
             }
             Cmd::DestroyCq => {
                 let r: HandleReq = body!();
-                events(core.destroy_cq(ctx, handle_of(r.handle)).map_err(core_err)?)
+                events(
+                    core.destroy_cq(ctx, handle_of(r.handle))
+                        .map_err(core_err)?,
+                )
             }
             Cmd::CreateSrq => {
                 let r: CreateSrqReq = body!();
-                let a = SrqAttr { max_wr: r.max_wr.get(), max_sge: r.max_sge.get(), srq_limit: r.srq_limit.get() };
+                let a = SrqAttr {
+                    max_wr: r.max_wr.get(),
+                    max_sge: r.max_sge.get(),
+                    srq_limit: r.srq_limit.get(),
+                };
                 let c = core.create_srq(ctx, handle_of(r.pd), a).map_err(core_err)?;
                 srq_resp(c.handle, c.attr, c.srqn)
             }
@@ -286,39 +353,73 @@ impl Dispatcher {
                 let r: CreateXrcSrqReq = body!();
                 let p = r.present.get();
                 let opt = |bit: u32, v: U32| (p & bit != 0).then(|| handle_of(v));
-                let a = SrqAttr { max_wr: r.max_wr.get(), max_sge: r.max_sge.get(), srq_limit: r.srq_limit.get() };
+                let a = SrqAttr {
+                    max_wr: r.max_wr.get(),
+                    max_sge: r.max_sge.get(),
+                    srq_limit: r.srq_limit.get(),
+                };
                 let c = core
-                    .create_xrc_srq(ctx, opt(PRESENT_PD, r.pd), opt(PRESENT_XRCD, r.xrcd), opt(PRESENT_CQ, r.cq), a)
+                    .create_xrc_srq(
+                        ctx,
+                        opt(PRESENT_PD, r.pd),
+                        opt(PRESENT_XRCD, r.xrcd),
+                        opt(PRESENT_CQ, r.cq),
+                        a,
+                    )
                     .map_err(core_err)?;
                 srq_resp(c.handle, c.attr, c.srqn)
             }
             Cmd::ModifySrq => {
                 let r: ModifySrqReq = body!();
-                let a = SrqAttr { max_wr: r.max_wr.get(), max_sge: 0, srq_limit: r.srq_limit.get() };
-                let got = core.modify_srq(ctx, handle_of(r.handle), a, r.attr_mask.get()).map_err(core_err)?;
-                srq_resp(handle_of(r.handle), got, core.srq_num(ctx, handle_of(r.handle)).ok())
+                let a = SrqAttr {
+                    max_wr: r.max_wr.get(),
+                    max_sge: 0,
+                    srq_limit: r.srq_limit.get(),
+                };
+                let got = core
+                    .modify_srq(ctx, handle_of(r.handle), a, r.attr_mask.get())
+                    .map_err(core_err)?;
+                srq_resp(
+                    handle_of(r.handle),
+                    got,
+                    core.srq_num(ctx, handle_of(r.handle)).ok(),
+                )
             }
             Cmd::QuerySrq => {
                 let r: HandleReq = body!();
                 let a = core.query_srq(ctx, handle_of(r.handle)).map_err(core_err)?;
-                srq_resp(handle_of(r.handle), a, core.srq_num(ctx, handle_of(r.handle)).ok())
+                srq_resp(
+                    handle_of(r.handle),
+                    a,
+                    core.srq_num(ctx, handle_of(r.handle)).ok(),
+                )
             }
             Cmd::DestroySrq => {
                 let r: HandleReq = body!();
-                events(core.destroy_srq(ctx, handle_of(r.handle)).map_err(core_err)?)
+                events(
+                    core.destroy_srq(ctx, handle_of(r.handle))
+                        .map_err(core_err)?,
+                )
             }
             Cmd::GetSrqNum => {
                 let r: HandleReq = body!();
-                ok(SrqNumResp { srqn: U32::new(core.srq_num(ctx, handle_of(r.handle)).map_err(core_err)?) })
+                ok(SrqNumResp {
+                    srqn: U32::new(core.srq_num(ctx, handle_of(r.handle)).map_err(core_err)?),
+                })
             }
             Cmd::CreateAh => {
                 let r: CreateAhReq = body!();
-                let h = core.create_ah(ctx, handle_of(r.pd), AhAttr::from(&r.attr)).map_err(core_err)?;
-                ok(HandleResp { handle: U32::new(h.0) })
+                let h = core
+                    .create_ah(ctx, handle_of(r.pd), AhAttr::from(&r.attr))
+                    .map_err(core_err)?;
+                ok(HandleResp {
+                    handle: U32::new(h.0),
+                })
             }
             Cmd::DestroyAh => {
                 let r: HandleReq = body!();
-                core.destroy_ah(ctx, handle_of(r.handle)).map_err(core_err)?;
+                core.destroy_ah(ctx, handle_of(r.handle))
+                    .map_err(core_err)?;
                 empty()
             }
             Cmd::OpenXrcd => {
@@ -327,7 +428,8 @@ impl Dispatcher {
                     (0, 0) => None,
                     (1, 1) => {
                         let fd = fds.pop().expect("one fd");
-                        let (dev, ino) = softverbs_ipc::file_identity(fd.as_fd()).map_err(|_| EBADF)?;
+                        let (dev, ino) =
+                            softverbs_ipc::file_identity(fd.as_fd()).map_err(|_| EBADF)?;
                         // The domain is keyed on the file's identity; the descriptor itself is
                         // not kept (uverbs keeps an inode reference instead).
                         Some(FileId { dev, ino })
@@ -335,7 +437,9 @@ impl Dispatcher {
                     (1, 0) => return Err(EBADF),
                     _ => return Err(EINVAL),
                 };
-                let o = core.open_xrcd(ctx, file, r.oflags.get()).map_err(core_err)?;
+                let o = core
+                    .open_xrcd(ctx, file, r.oflags.get())
+                    .map_err(core_err)?;
                 ok(OpenXrcdResp {
                     handle: U32::new(o.handle.0),
                     created: U32::new(u32::from(o.created)),
@@ -344,7 +448,8 @@ impl Dispatcher {
             }
             Cmd::CloseXrcd => {
                 let r: HandleReq = body!();
-                core.close_xrcd(ctx, handle_of(r.handle)).map_err(core_err)?;
+                core.close_xrcd(ctx, handle_of(r.handle))
+                    .map_err(core_err)?;
                 empty()
             }
             Cmd::CreateQp => {
@@ -364,12 +469,17 @@ impl Dispatcher {
                     create_flags: r.create_flags.get(),
                 };
                 let c = core.create_qp(ctx, &init).map_err(core_err)?;
-                ok(CreateQpResp { handle: U32::new(c.handle.0), qpn: U32::new(c.qpn), cap: (&c.cap).into() })
+                ok(CreateQpResp {
+                    handle: U32::new(c.handle.0),
+                    qpn: U32::new(c.qpn),
+                    cap: (&c.cap).into(),
+                })
             }
             Cmd::ModifyQp => {
                 let r: ModifyQpReq = body!();
                 let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
-                core.modify_qp(ctx, handle_of(r.handle), &attr, AttrMask(r.attr_mask.get())).map_err(core_err)?;
+                core.modify_qp(ctx, handle_of(r.handle), &attr, AttrMask(r.attr_mask.get()))
+                    .map_err(core_err)?;
                 empty()
             }
             Cmd::QueryQp => {
@@ -379,52 +489,87 @@ impl Dispatcher {
             }
             Cmd::DestroyQp => {
                 let r: HandleReq = body!();
-                events(core.destroy_qp(ctx, handle_of(r.handle)).map_err(core_err)?)
+                events(
+                    core.destroy_qp(ctx, handle_of(r.handle))
+                        .map_err(core_err)?,
+                )
             }
             Cmd::OpenQp => {
                 let r: OpenQpReq = body!();
                 let t = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
-                let h = core.open_qp(ctx, handle_of(r.xrcd), r.qp_num.get(), t).map_err(core_err)?;
-                ok(CreateQpResp { handle: U32::new(h.0), qpn: r.qp_num, cap: QpCapWire::default() })
+                let h = core
+                    .open_qp(ctx, handle_of(r.xrcd), r.qp_num.get(), t)
+                    .map_err(core_err)?;
+                ok(CreateQpResp {
+                    handle: U32::new(h.0),
+                    qpn: r.qp_num,
+                    cap: QpCapWire::default(),
+                })
             }
             Cmd::CreateXrcRcvQp => {
                 let r: XrcdReq = body!();
-                ok(QpNumResp { qpn: U32::new(core.create_xrc_rcv_qp(ctx, handle_of(r.xrcd)).map_err(core_err)?) })
+                ok(QpNumResp {
+                    qpn: U32::new(
+                        core.create_xrc_rcv_qp(ctx, handle_of(r.xrcd))
+                            .map_err(core_err)?,
+                    ),
+                })
             }
             Cmd::ModifyXrcRcvQp => {
                 let r: ModifyXrcRcvQpReq = body!();
-                let attr: QpAttr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
-                core.modify_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get(), &attr, AttrMask(r.attr_mask.get()))
-                    .map_err(core_err)?;
+                let attr: QpAttr =
+                    qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
+                core.modify_xrc_rcv_qp(
+                    ctx,
+                    handle_of(r.xrcd),
+                    r.qp_num.get(),
+                    &attr,
+                    AttrMask(r.attr_mask.get()),
+                )
+                .map_err(core_err)?;
                 empty()
             }
             Cmd::QueryXrcRcvQp => {
                 let r: XrcRcvQpReq = body!();
-                let q = core.query_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?;
+                let q = core
+                    .query_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
+                    .map_err(core_err)?;
                 query_resp(&q, r.qp_num.get())
             }
             Cmd::RegXrcRcvQp => {
                 let r: XrcRcvQpReq = body!();
-                core.reg_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?;
+                core.reg_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
+                    .map_err(core_err)?;
                 empty()
             }
             Cmd::UnregXrcRcvQp => {
                 let r: XrcRcvQpReq = body!();
-                events(core.unreg_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?)
+                events(
+                    core.unreg_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
+                        .map_err(core_err)?,
+                )
             }
             Cmd::DestroyXrcRcvQp => {
                 let r: XrcRcvQpReq = body!();
-                events(core.destroy_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?)
+                events(
+                    core.destroy_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
+                        .map_err(core_err)?,
+                )
             }
             Cmd::RegisterXrcRcvQp => {
                 let r: XrcRcvQpReq = body!();
                 let want = (r.qp_num.get() != CREATE_NEW_QP).then(|| r.qp_num.get());
-                let qpn = core.register_xrc_rcv_qp(ctx, handle_of(r.xrcd), want).map_err(core_err)?;
+                let qpn = core
+                    .register_xrc_rcv_qp(ctx, handle_of(r.xrcd), want)
+                    .map_err(core_err)?;
                 ok(QpNumResp { qpn: U32::new(qpn) })
             }
             Cmd::UnregisterXrcRcvQp => {
                 let r: XrcRcvQpReq = body!();
-                events(core.unregister_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get()).map_err(core_err)?)
+                events(
+                    core.unregister_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
+                        .map_err(core_err)?,
+                )
             }
             Cmd::GetAsyncEvent => match core.next_event(ctx).map_err(core_err)? {
                 Some(ev) => ok(AsyncEventResp::from(&ev)),
@@ -450,8 +595,15 @@ impl Dispatcher {
             s.phase = Phase::Introspect;
             return ok(resp(0, n));
         }
-        let info = ContextInfo { pid: s.cred.pid, uid: s.cred.uid, comm: s.comm.clone() };
-        let ctx = self.core.open_context(r.device.get() as usize, info).map_err(core_err)?;
+        let info = ContextInfo {
+            pid: s.cred.pid,
+            uid: s.cred.uid,
+            comm: s.comm.clone(),
+        };
+        let ctx = self
+            .core
+            .open_context(r.device.get() as usize, info)
+            .map_err(core_err)?;
         let efd = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
         let client_end = efd.try_clone().map_err(|_| ENOMEM)?;
         s.eventfd = Some(efd);
@@ -460,8 +612,15 @@ impl Dispatcher {
     }
 
     fn device_list(&self, r: QueryDeviceListReq) -> Reply {
-        let d = self.core.devices().get(r.index.get() as usize).ok_or(EINVAL)?;
-        ok(QueryDeviceListResp { name: name_bytes(&d.name), node_guid: U64::new(d.attr.node_guid) })
+        let d = self
+            .core
+            .devices()
+            .get(r.index.get() as usize)
+            .ok_or(EINVAL)?;
+        ok(QueryDeviceListResp {
+            name: name_bytes(&d.name),
+            node_guid: U64::new(d.attr.node_guid),
+        })
     }
 
     fn status(&self) -> Reply {
@@ -484,7 +643,14 @@ impl Dispatcher {
     fn resources(&self) -> Reply {
         let json = serde_json::to_vec(&self.core.resources()).map_err(|_| ENOMEM)?;
         let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
-        Ok((BlobResp { len: U64::new(json.len() as u64) }.as_bytes().to_vec(), vec![fd]))
+        Ok((
+            BlobResp {
+                len: U64::new(json.len() as u64),
+            }
+            .as_bytes()
+            .to_vec(),
+            vec![fd],
+        ))
     }
 
     fn inject(&mut self, s: &Session, r: InjectEventReq, woken: &mut Vec<CtxId>) -> Reply {
@@ -501,7 +667,9 @@ impl Dispatcher {
         }
         let n = got.len() as u32;
         woken.extend(got);
-        ok(InjectEventResp { contexts: U32::new(n) })
+        ok(InjectEventResp {
+            contexts: U32::new(n),
+        })
     }
 }
 

@@ -45,7 +45,11 @@ pub fn spawn_daemon_with(config: Config) -> std::io::Result<TestDaemon> {
                 tracing::error!("daemon loop failed: {e}");
             }
         })?;
-    Ok(TestDaemon { socket, stop, thread: Some(thread) })
+    Ok(TestDaemon {
+        socket,
+        stop,
+        thread: Some(thread),
+    })
 }
 
 impl Drop for TestDaemon {

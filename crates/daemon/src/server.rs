@@ -69,13 +69,23 @@ impl Server {
         // started at once (two clients autostarting) cannot both bind.
         let mut lock_path = path.clone().into_os_string();
         lock_path.push(".lock");
-        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path)?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)?;
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-            return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("another daemon holds {}", lock_path.to_string_lossy())));
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another daemon holds {}", lock_path.to_string_lossy()),
+            ));
         }
         if path.exists() {
             if softverbs_ipc::connect_seqpacket(path).is_ok() {
-                return Err(io::Error::new(io::ErrorKind::AddrInUse, format!("a daemon already serves {}", path.display())));
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("a daemon already serves {}", path.display()),
+                ));
             }
             std::fs::remove_file(path)?;
         }
@@ -85,9 +95,16 @@ impl Server {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
         let poll = Poll::new()?;
-        poll.registry().register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)?;
+        poll.registry().register(
+            &mut SourceFd(&listener.as_raw_fd()),
+            LISTENER,
+            Interest::READABLE,
+        )?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let stop = StopHandle { waker, flag: Arc::new(std::sync::atomic::AtomicBool::new(false)) };
+        let stop = StopHandle {
+            waker,
+            flag: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        };
         let core = Core::new(config.build_devices());
         let dispatcher = Dispatcher::new(core, config.abi_version);
         Ok(Server {
@@ -113,7 +130,11 @@ impl Server {
         for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
             signal_hook::low_level::pipe::register(sig, write.try_clone()?)?;
         }
-        self.poll.registry().register(&mut SourceFd(&read.as_raw_fd()), SIGNALS, Interest::READABLE)?;
+        self.poll.registry().register(
+            &mut SourceFd(&read.as_raw_fd()),
+            SIGNALS,
+            Interest::READABLE,
+        )?;
         self.signals = Some(read);
         Ok(())
     }
@@ -145,7 +166,9 @@ impl Server {
                     LISTENER => self.accept_all(),
                     SIGNALS => {
                         tracing::info!("signal received, shutting down");
-                        self.stop.flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                        self.stop
+                            .flag
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
                     }
                     WAKER => {}
                     Token(t) => {
@@ -181,9 +204,11 @@ impl Server {
                     };
                     let token = self.next_token;
                     self.next_token += 1;
-                    if let Err(e) =
-                        self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), Token(token), Interest::READABLE)
-                    {
+                    if let Err(e) = self.poll.registry().register(
+                        &mut SourceFd(&sock.as_raw_fd()),
+                        Token(token),
+                        Interest::READABLE,
+                    ) {
                         tracing::warn!("cannot watch a new connection: {e}");
                         continue;
                     }
@@ -201,7 +226,9 @@ impl Server {
 
     fn read_conn(&mut self, token: usize) {
         loop {
-            let Some(conn) = self.conns.get_mut(&token) else { return };
+            let Some(conn) = self.conns.get_mut(&token) else {
+                return;
+            };
             if !conn.out.is_empty() {
                 // Backpressure: answer what is queued before reading more.
                 return;
@@ -216,11 +243,16 @@ impl Server {
             if dgram.truncated || dgram.fds_truncated {
                 return self.close_conn(token, "message larger than the protocol allows");
             }
-            let outcome = self.dispatcher.handle(&mut conn.session, &self.buf[..dgram.len], dgram.fds);
+            let outcome =
+                self.dispatcher
+                    .handle(&mut conn.session, &self.buf[..dgram.len], dgram.fds);
             if let Some(ctx) = conn.session.ctx() {
                 self.by_ctx.entry(ctx).or_insert(token);
             }
-            let reply = Outgoing { bytes: outcome.reply, fds: outcome.fds };
+            let reply = Outgoing {
+                bytes: outcome.reply,
+                fds: outcome.fds,
+            };
             self.wake(&outcome.woken);
             if !self.send_or_queue(token, reply) {
                 return;
@@ -231,7 +263,9 @@ impl Server {
     /// Sends a reply now, or queues it and asks for writability. Returns false if the
     /// connection was closed or is now waiting to write.
     fn send_or_queue(&mut self, token: usize, reply: Outgoing) -> bool {
-        let Some(conn) = self.conns.get_mut(&token) else { return false };
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return false;
+        };
         if conn.out.is_empty() {
             let fds: Vec<BorrowedFd<'_>> = reply.fds.iter().map(|f| f.as_fd()).collect();
             match softverbs_ipc::send(conn.sock.as_fd(), &reply.bytes, &fds) {
@@ -257,7 +291,9 @@ impl Server {
     }
 
     fn flush_conn(&mut self, token: usize) {
-        let Some(conn) = self.conns.get_mut(&token) else { return };
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
         while let Some(r) = conn.out.front() {
             let fds: Vec<BorrowedFd<'_>> = r.fds.iter().map(|f| f.as_fd()).collect();
             match softverbs_ipc::send(conn.sock.as_fd(), &r.bytes, &fds) {
@@ -268,7 +304,11 @@ impl Server {
                 Err(e) => return self.close_conn(token, &format!("send failed: {e}")),
             }
         }
-        let _ = self.poll.registry().reregister(&mut SourceFd(&conn.sock.as_raw_fd()), Token(token), Interest::READABLE);
+        let _ = self.poll.registry().reregister(
+            &mut SourceFd(&conn.sock.as_raw_fd()),
+            Token(token),
+            Interest::READABLE,
+        );
         // Requests may have arrived while we waited to write.
         self.read_conn(token);
     }
@@ -284,8 +324,13 @@ impl Server {
     }
 
     fn close_conn(&mut self, token: usize, why: &str) {
-        let Some(conn) = self.conns.remove(&token) else { return };
-        let _ = self.poll.registry().deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
+        let Some(conn) = self.conns.remove(&token) else {
+            return;
+        };
+        let _ = self
+            .poll
+            .registry()
+            .deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
         if let Some(ctx) = conn.session.ctx() {
             self.by_ctx.remove(&ctx);
             if let Err(e) = self.dispatcher.core.close_context(ctx) {

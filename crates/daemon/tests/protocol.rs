@@ -19,11 +19,22 @@ struct Raw {
 }
 
 impl Raw {
-    fn connect(path: &PathBuf, device: u32) -> Raw {
+    fn connect(path: &std::path::Path, device: u32) -> Raw {
         let sock = softverbs_ipc::connect_seqpacket(path).unwrap();
-        let mut raw = Raw { sock, _events: None };
-        let (status, _, mut fds) =
-            raw.call_raw(Cmd::Hello, 0, HelloReq { abi_version: U32::new(ABI_VERSION), device: U32::new(device) }.as_bytes(), &[]);
+        let mut raw = Raw {
+            sock,
+            _events: None,
+        };
+        let (status, _, mut fds) = raw.call_raw(
+            Cmd::Hello,
+            0,
+            HelloReq {
+                abi_version: U32::new(ABI_VERSION),
+                device: U32::new(device),
+            }
+            .as_bytes(),
+            &[],
+        );
         assert_eq!(status, 0);
         raw._events = fds.pop();
         raw
@@ -35,10 +46,18 @@ impl Raw {
 
     fn recv(&self) -> Option<(Vec<u8>, Vec<OwnedFd>)> {
         let mut buf = vec![0u8; MAX_MSG];
-        softverbs_ipc::recv(self.sock.as_fd(), &mut buf).unwrap().map(|d| (buf[..d.len].to_vec(), d.fds))
+        softverbs_ipc::recv(self.sock.as_fd(), &mut buf)
+            .unwrap()
+            .map(|d| (buf[..d.len].to_vec(), d.fds))
     }
 
-    fn call_raw(&self, cmd: Cmd, comp: u64, body: &[u8], fds: &[std::os::fd::BorrowedFd<'_>]) -> (i32, Vec<u8>, Vec<OwnedFd>) {
+    fn call_raw(
+        &self,
+        cmd: Cmd,
+        comp: u64,
+        body: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> (i32, Vec<u8>, Vec<OwnedFd>) {
         let msg = encode_request(cmd, comp, body, 512);
         softverbs_ipc::send(self.sock.as_fd(), &msg, fds).unwrap();
         let (reply, fds) = self.recv().expect("daemon answered");
@@ -46,7 +65,11 @@ impl Raw {
         (hdr.status.get(), rest.to_vec(), fds)
     }
 
-    fn call<R: FromBytes + IntoBytes + Immutable + KnownLayout + Default>(&self, cmd: Cmd, body: &[u8]) -> Result<R, i32> {
+    fn call<R: FromBytes + IntoBytes + Immutable + KnownLayout + Default>(
+        &self,
+        cmd: Cmd,
+        body: &[u8],
+    ) -> Result<R, i32> {
         let msg = encode_request(cmd, 0, body, std::mem::size_of::<R>());
         softverbs_ipc::send(self.sock.as_fd(), &msg, &[]).unwrap();
         let (reply, _) = self.recv().expect("daemon answered");
@@ -69,12 +92,32 @@ struct XrcState {
 
 fn build_xrc_state(b: &Raw, file: &std::fs::File) -> XrcState {
     let o: OpenXrcdResp = {
-        let msg = encode_request(Cmd::OpenXrcd, 0, OpenXrcdReq { oflags: U32::new(0o100), has_fd: U32::new(1) }.as_bytes(), 64);
+        let msg = encode_request(
+            Cmd::OpenXrcd,
+            0,
+            OpenXrcdReq {
+                oflags: U32::new(0o100),
+                has_fd: U32::new(1),
+            }
+            .as_bytes(),
+            64,
+        );
         softverbs_ipc::send(b.sock.as_fd(), &msg, &[file.as_fd()]).unwrap();
-        decode_response(&b.recv().unwrap().0, Cmd::OpenXrcd).unwrap().unwrap()
+        decode_response(&b.recv().unwrap().0, Cmd::OpenXrcd)
+            .unwrap()
+            .unwrap()
     };
     let pd: HandleResp = b.call(Cmd::AllocPd, &[]).unwrap();
-    let cq: CreateCqResp = b.call(Cmd::CreateCq, CreateCqReq { cqe: U32::new(16), comp_vector: U32::new(0) }.as_bytes()).unwrap();
+    let cq: CreateCqResp = b
+        .call(
+            Cmd::CreateCq,
+            CreateCqReq {
+                cqe: U32::new(16),
+                comp_vector: U32::new(0),
+            }
+            .as_bytes(),
+        )
+        .unwrap();
     let srq: SrqResp = b
         .call(
             Cmd::CreateXrcSrq,
@@ -90,16 +133,37 @@ fn build_xrc_state(b: &Raw, file: &std::fs::File) -> XrcState {
             .as_bytes(),
         )
         .unwrap();
-    let q: QpNumResp = b.call(Cmd::CreateXrcRcvQp, XrcdReq { xrcd: o.handle }.as_bytes()).unwrap();
-    XrcState { xrcd: o.handle.get(), qpn: q.qpn.get(), srq: srq.handle.get() }
+    let q: QpNumResp = b
+        .call(Cmd::CreateXrcRcvQp, XrcdReq { xrcd: o.handle }.as_bytes())
+        .unwrap();
+    XrcState {
+        xrcd: o.handle.get(),
+        qpn: q.qpn.get(),
+        srq: srq.handle.get(),
+    }
 }
 
 fn check_xrc_state(b: &Raw, s: &XrcState) {
     let q: QueryQpResp = b
-        .call(Cmd::QueryXrcRcvQp, XrcRcvQpReq { xrcd: U32::new(s.xrcd), qp_num: U32::new(s.qpn) }.as_bytes())
+        .call(
+            Cmd::QueryXrcRcvQp,
+            XrcRcvQpReq {
+                xrcd: U32::new(s.xrcd),
+                qp_num: U32::new(s.qpn),
+            }
+            .as_bytes(),
+        )
         .expect("B's receive QP is intact");
     assert_eq!(q.qp_type.get(), 10);
-    let n: SrqNumResp = b.call(Cmd::GetSrqNum, HandleReq { handle: U32::new(s.srq) }.as_bytes()).expect("B's SRQ is intact");
+    let n: SrqNumResp = b
+        .call(
+            Cmd::GetSrqNum,
+            HandleReq {
+                handle: U32::new(s.srq),
+            }
+            .as_bytes(),
+        )
+        .expect("B's SRQ is intact");
     assert!(n.srqn.get() > 0);
 }
 
@@ -171,7 +235,11 @@ fn a_hundred_thousand_bad_messages_get_errors_and_harm_no_one() {
             }
             None => {
                 // Broken framing (oversized) closes only this connection.
-                assert!(msg.len() > MAX_MSG, "connection closed after a {}-byte message", msg.len());
+                assert!(
+                    msg.len() > MAX_MSG,
+                    "connection closed after a {}-byte message",
+                    msg.len()
+                );
                 reconnects += 1;
                 a = Raw::connect(&path, 0);
             }
@@ -187,7 +255,13 @@ fn a_hundred_thousand_bad_messages_get_errors_and_harm_no_one() {
 
 fn tempfile_in(sock: &std::path::Path) -> std::fs::File {
     let p = sock.with_file_name("xrc-domain");
-    std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(p).unwrap()
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(p)
+        .unwrap()
 }
 
 #[test]
@@ -199,14 +273,45 @@ fn handles_of_another_context_are_refused() {
     let state = build_xrc_state(&b, &file);
     let a = Raw::connect(&path, 0);
     for h in 0..64u32 {
-        let r: Result<EventsResp, i32> = a.call(Cmd::DestroyQp, HandleReq { handle: U32::new(h) }.as_bytes());
+        let r: Result<EventsResp, i32> = a.call(
+            Cmd::DestroyQp,
+            HandleReq {
+                handle: U32::new(h),
+            }
+            .as_bytes(),
+        );
         assert_eq!(r.unwrap_err(), 2, "ENOENT for handle {h}");
-        let r: Result<EventsResp, i32> = a.call(Cmd::DestroySrq, HandleReq { handle: U32::new(h) }.as_bytes());
+        let r: Result<EventsResp, i32> = a.call(
+            Cmd::DestroySrq,
+            HandleReq {
+                handle: U32::new(h),
+            }
+            .as_bytes(),
+        );
         assert_eq!(r.unwrap_err(), 2);
-        let r: Result<(), i32> = a.call::<EventsResp>(Cmd::CloseXrcd, HandleReq { handle: U32::new(h) }.as_bytes()).map(|_| ());
+        let r: Result<(), i32> = a
+            .call::<EventsResp>(
+                Cmd::CloseXrcd,
+                HandleReq {
+                    handle: U32::new(h),
+                }
+                .as_bytes(),
+            )
+            .map(|_| ());
         assert_eq!(r.unwrap_err(), 2);
-        let r: Result<QpNumResp, i32> = a.call(Cmd::RegXrcRcvQp, XrcRcvQpReq { xrcd: U32::new(h), qp_num: U32::new(state.qpn) }.as_bytes());
-        assert_eq!(r.unwrap_err(), 22, "EINVAL: not a domain handle of this context");
+        let r: Result<QpNumResp, i32> = a.call(
+            Cmd::RegXrcRcvQp,
+            XrcRcvQpReq {
+                xrcd: U32::new(h),
+                qp_num: U32::new(state.qpn),
+            }
+            .as_bytes(),
+        );
+        assert_eq!(
+            r.unwrap_err(),
+            22,
+            "EINVAL: not a domain handle of this context"
+        );
     }
     check_xrc_state(&b, &state);
 }
@@ -216,18 +321,48 @@ fn commands_before_hello_and_stray_fds_are_einval() {
     let path = sock_path("hello");
     let _d = spawn_test_daemon(&path).unwrap();
     let sock = softverbs_ipc::connect_seqpacket(&path).unwrap();
-    let raw = Raw { sock, _events: None };
+    let raw = Raw {
+        sock,
+        _events: None,
+    };
     let (status, _, _) = raw.call_raw(Cmd::AllocPd, 0, &[], &[]);
     assert_eq!(status, 22);
     let raw = Raw::connect(&path, 0);
     let file = tempfile_in(&path);
     let (status, _, _) = raw.call_raw(Cmd::AllocPd, 0, &[], &[file.as_fd()]);
     assert_eq!(status, 22, "a descriptor with a command that takes none");
-    let (status, _, _) = raw.call_raw(Cmd::OpenXrcd, 0, OpenXrcdReq { oflags: U32::new(0o100), has_fd: U32::new(1) }.as_bytes(), &[]);
+    let (status, _, _) = raw.call_raw(
+        Cmd::OpenXrcd,
+        0,
+        OpenXrcdReq {
+            oflags: U32::new(0o100),
+            has_fd: U32::new(1),
+        }
+        .as_bytes(),
+        &[],
+    );
     assert_eq!(status, 9, "EBADF: has_fd without a descriptor");
-    let (status, _, _) = raw.call_raw(Cmd::Hello, 0, HelloReq { abi_version: U32::new(2), device: U32::new(0) }.as_bytes(), &[]);
+    let (status, _, _) = raw.call_raw(
+        Cmd::Hello,
+        0,
+        HelloReq {
+            abi_version: U32::new(2),
+            device: U32::new(0),
+        }
+        .as_bytes(),
+        &[],
+    );
     assert_eq!(status, 22, "a second hello");
-    let (status, _, _) = raw.call_raw(Cmd::OpenXrcd, 0, OpenXrcdReq { oflags: U32::new(0), has_fd: U32::new(1) }.as_bytes(), &[file.as_fd()]);
+    let (status, _, _) = raw.call_raw(
+        Cmd::OpenXrcd,
+        0,
+        OpenXrcdReq {
+            oflags: U32::new(0),
+            has_fd: U32::new(1),
+        }
+        .as_bytes(),
+        &[file.as_fd()],
+    );
     assert_eq!(status, 11, "EAGAIN: no domain for the file and no O_CREAT");
 }
 
@@ -263,10 +398,22 @@ fn create_flags_abi_extension_works_in_both_directions() {
     let file = tempfile_in(&path);
     let c = Raw::connect(&path, 0);
     let st = build_xrc_state(&c, &file);
-    let req = CreateQpReq { xrcd: U32::new(st.xrcd), ..req };
+    let req = CreateQpReq {
+        xrcd: U32::new(st.xrcd),
+        ..req
+    };
     let (status, _, _) = c.call_raw(Cmd::CreateQp, CREATE_QP_CREATE_FLAGS, req.as_bytes(), &[]);
-    assert_eq!(status, 95, "an older daemon refuses the unknown comp_mask bit");
-    let plain = CreateQpReq { create_flags: U32::new(0), ..req };
+    assert_eq!(
+        status, 95,
+        "an older daemon refuses the unknown comp_mask bit"
+    );
+    let plain = CreateQpReq {
+        create_flags: U32::new(0),
+        ..req
+    };
     let (status, _, _) = c.call_raw(Cmd::CreateQp, 0, plain.as_bytes(), &[]);
-    assert_eq!(status, 0, "a newer client that leaves the new field zero still works");
+    assert_eq!(
+        status, 0,
+        "a newer client that leaves the new field zero still works"
+    );
 }

@@ -43,7 +43,8 @@ pub fn default_socket_path() -> PathBuf {
     if let Some(p) = std::env::var_os("SOFTVERBS_SOCKET") {
         return PathBuf::from(p);
     }
-    let base = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(|| PathBuf::from("/run"), PathBuf::from);
+    let base =
+        std::env::var_os("XDG_RUNTIME_DIR").map_or_else(|| PathBuf::from("/run"), PathBuf::from);
     base.join("softverbs").join("softverbs.sock")
 }
 
@@ -71,7 +72,12 @@ pub fn accept(listener: BorrowedFd<'_>) -> std::io::Result<Option<OwnedFd>> {
 
 /// Connects a blocking `SOCK_SEQPACKET` socket to `path`.
 pub fn connect_seqpacket(path: &Path) -> std::io::Result<OwnedFd> {
-    let fd = socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+    let fd = socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
     connect(&fd, &SocketAddrUnix::new(path)?)?;
     Ok(fd)
 }
@@ -84,7 +90,12 @@ pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Resul
         return Err(Errno::INVAL);
     }
     // MSG_NOSIGNAL: a client that went away must not kill the daemon with SIGPIPE.
-    sendmsg(sock, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
+    sendmsg(
+        sock,
+        &[IoSlice::new(bytes)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
     Ok(())
 }
 
@@ -93,7 +104,12 @@ pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Resul
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Datagram>, Errno> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let msg = recvmsg(sock, &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    let msg = recvmsg(
+        sock,
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
     let mut fds = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(rights) = m {
@@ -104,7 +120,12 @@ pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Datagram>, Er
     if msg.bytes == 0 && !truncated && fds.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Datagram { len: msg.bytes, truncated, fds, fds_truncated: msg.flags.contains(ReturnFlags::CTRUNC) }))
+    Ok(Some(Datagram {
+        len: msg.bytes,
+        truncated,
+        fds,
+        fds_truncated: msg.flags.contains(ReturnFlags::CTRUNC),
+    }))
 }
 
 /// Credentials of the process at the other end of a Unix socket.
@@ -121,7 +142,11 @@ pub struct PeerCred {
 /// `SO_PEERCRED` of a connected socket.
 pub fn peer_cred(sock: BorrowedFd<'_>) -> std::io::Result<PeerCred> {
     let c = sockopt::socket_peercred(sock)?;
-    Ok(PeerCred { pid: c.pid.as_raw_nonzero().get() as u32, uid: c.uid.as_raw(), gid: c.gid.as_raw() })
+    Ok(PeerCred {
+        pid: c.pid.as_raw_nonzero().get() as u32,
+        uid: c.uid.as_raw(),
+        gid: c.gid.as_raw(),
+    })
 }
 
 /// `st_dev` and `st_ino` of an open file: the key of an XRC domain.
@@ -177,7 +202,10 @@ pub fn read_memfd(fd: impl AsFd, len: usize) -> std::io::Result<Vec<u8>> {
 pub fn wait_readable(fd: BorrowedFd<'_>, timeout_ms: Option<i32>) -> std::io::Result<bool> {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    let timeout = timeout_ms.map(|ms| rustix::event::Timespec { tv_sec: i64::from(ms / 1000), tv_nsec: i64::from(ms % 1000) * 1_000_000 });
+    let timeout = timeout_ms.map(|ms| rustix::event::Timespec {
+        tv_sec: i64::from(ms / 1000),
+        tv_nsec: i64::from(ms % 1000) * 1_000_000,
+    });
     loop {
         match poll(&mut fds, timeout.as_ref()) {
             Ok(n) => return Ok(n > 0),
