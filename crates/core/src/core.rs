@@ -341,55 +341,62 @@ impl Core {
     }
 
     /// Tears a context down, as process exit does (uverbs `uverbs_destroy_ufile_hw`): every
-    /// object it holds is destroyed in dependency order — QP handles and receive-QP
-    /// registrations, then SRQs, AHs, MRs, CQs, PDs, and last the XRC domain handles. Shared
-    /// objects (domains, receive QPs) survive while anyone else holds them.
+    /// object it holds is destroyed. The effect is that of destroying in dependency order —
+    /// QP handles and receive-QP registrations, then SRQs, AHs, MRs, CQs, PDs, and last the
+    /// XRC domain handles — without the per-object bookkeeping inside the dying context.
+    /// Shared objects (domains, receive QPs) survive while anyone else holds them.
     ///
     /// Costs O(objects of this context × log n); nothing else is walked.
     pub fn close_context(&mut self, ctx: CtxId) -> Result<()> {
-        let c = self.ctx_mut(ctx)?;
-        // The client is gone: nobody will read these, and purging them one by one per object
-        // would make teardown quadratic.
-        c.events.clear();
-        let qps: Vec<Handle> = c.qps.keys().copied().collect();
-        let regs: Vec<u32> = c.xrc_regs.keys().copied().collect();
-        for h in qps {
-            self.destroy_qp(ctx, h)?;
+        // The context's own tables go as a whole; only what others can see — shared receive
+        // QPs, domains, and the global number and key tables — needs releasing one by one.
+        // Unread events go with the context: nobody is left to read them.
+        let c = self
+            .contexts
+            .remove(&ctx)
+            .ok_or(Error::InvalidHandle(ObjectKind::Context))?;
+        let dev = c.device;
+        let mut held: Vec<(u32, HolderRef)> = c
+            .xrc_regs
+            .keys()
+            .map(|&qpn| (qpn, HolderRef::Registration))
+            .collect();
+        for (&h, entry) in &c.qps {
+            match entry {
+                QpEntry::Owned(q) => {
+                    self.qp_routes.remove(&q.qpn);
+                    self.qpns.free(q.qpn);
+                    self.usage[dev].qps -= 1;
+                }
+                QpEntry::XrcRecv { qpn, .. } => held.push((*qpn, HolderRef::Handle(h))),
+            }
         }
-        for qpn in regs {
-            self.unregister_xrc_rcv_qp_inner(ctx, qpn)?;
+        // In QP-number order, the walk of the ordered holder map is sequential: this halves
+        // the teardown of 100,000 registrations (cache misses dominate).
+        held.sort_unstable();
+        for (qpn, via) in held {
+            self.release_holder(qpn, ctx, via);
         }
-        let c = self.ctx_mut(ctx)?;
-        let srqs: Vec<Handle> = c.srqs.keys().copied().collect();
-        for h in srqs {
-            self.destroy_srq(ctx, h)?;
+        for s in c.srqs.values() {
+            if let SrqKind::Xrc { xrcd, srqn, .. } = s.kind {
+                self.srq_routes.remove(&srqn);
+                self.srqns.free(srqn);
+                self.release_xrcd_count(xrcd, |x| x.srqs -= 1);
+            }
         }
-        let c = self.ctx_mut(ctx)?;
-        let ahs: Vec<Handle> = c.ahs.keys().copied().collect();
-        for h in ahs {
-            self.destroy_ah(ctx, h)?;
+        for m in c.mrs.values() {
+            self.key_routes.remove(&m.key);
+            self.keys.free(m.key);
         }
-        let c = self.ctx_mut(ctx)?;
-        let mrs: Vec<Handle> = c.mrs.keys().copied().collect();
-        for h in mrs {
-            self.dereg_mr(ctx, h)?;
+        let u = &mut self.usage[dev];
+        u.srqs -= c.srqs.len() as u32;
+        u.mrs -= c.mrs.len() as u32;
+        u.cqs -= c.cqs.len() as u32;
+        u.pds -= c.pds.len() as u32;
+        u.ahs -= c.ahs.len() as u32;
+        for x in c.xrcds.values() {
+            self.release_xrcd_count(x.xrcd, |d| d.opens -= 1);
         }
-        let c = self.ctx_mut(ctx)?;
-        let cqs: Vec<Handle> = c.cqs.keys().copied().collect();
-        for h in cqs {
-            self.destroy_cq(ctx, h)?;
-        }
-        let c = self.ctx_mut(ctx)?;
-        let pds: Vec<Handle> = c.pds.keys().copied().collect();
-        for h in pds {
-            self.dealloc_pd(ctx, h)?;
-        }
-        let c = self.ctx_mut(ctx)?;
-        let xrcds: Vec<Handle> = c.xrcds.keys().copied().collect();
-        for h in xrcds {
-            self.close_xrcd(ctx, h)?;
-        }
-        self.contexts.remove(&ctx);
         Ok(())
     }
 

@@ -83,8 +83,4 @@ impl EventQueue {
             self.queue.retain(|e| e.element != element);
         }
     }
-
-    pub(crate) fn clear(&mut self) {
-        self.queue.clear();
-    }
 }

@@ -138,8 +138,8 @@ impl Core {
             .holders += 1;
     }
 
-    /// Removes one holder (its context-side entry is already gone or is removed here) and
-    /// destroys the real QP if it was the last. Returns the holder's `events_reported`.
+    /// Removes one holder: its context-side entries and unread events, then the shared part
+    /// ([`Core::release_holder`]). Returns the holder's `events_reported`.
     pub(crate) fn drop_holder(
         &mut self,
         ctx: CtxId,
@@ -147,9 +147,6 @@ impl Core {
         via: HolderRef,
         xrcd_handle: Handle,
     ) -> u32 {
-        let Some(holder) = self.holders.remove(&HolderKey { qpn, ctx, via }) else {
-            return 0;
-        };
         if let Some(c) = self.contexts.get_mut(&ctx) {
             if let Some(x) = c.xrcds.get_mut(&xrcd_handle) {
                 x.refcnt -= 1;
@@ -165,6 +162,15 @@ impl Core {
                 }
             }
         }
+        self.release_holder(qpn, ctx, via)
+    }
+
+    /// The shared part of a holder leaving: out of the holder map, and the real QP destroyed
+    /// (giving back its domain count) if it was the last. Returns `events_reported`.
+    pub(crate) fn release_holder(&mut self, qpn: u32, ctx: CtxId, via: HolderRef) -> u32 {
+        let Some(holder) = self.holders.remove(&HolderKey { qpn, ctx, via }) else {
+            return 0;
+        };
         let t = self.tgt_qps.get_mut(&qpn).expect("a holder implies its QP");
         t.holders -= 1;
         if t.holders == 0 {
