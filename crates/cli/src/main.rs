@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod actor;
+mod bench;
 mod demo;
 mod table;
 
@@ -70,6 +71,11 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         workers: usize,
     },
+    /// Benchmarks (see docs/performance.md).
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
     /// One of the demo's processes (used by `demo`).
     #[command(hide = true)]
     DemoActor {
@@ -98,6 +104,22 @@ fn event_by_name(name: &str) -> Option<EventType> {
         "last-wqe-reached" => EventType::QpLastWqeReached,
         _ => return None,
     })
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Command round trips through the daemon, from one client and from several.
+    Commands {
+        /// Concurrent clients for the second run.
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+        /// Round trips per client per operation.
+        #[arg(long, default_value_t = 20000)]
+        iters: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -238,6 +260,15 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Bench {
+            what:
+                BenchWhat::Commands {
+                    clients,
+                    iters,
+                    json,
+                },
+        } => bench::commands(&socket, *clients, *iters, *json)
+            .map_or_else(fail, |()| ExitCode::SUCCESS),
         Command::DemoActor { role } => match role {
             ActorRole::Creator { file } => actor::creator(&socket, file),
             ActorRole::Hoarder { file } => actor::hoarder(&socket, file),
