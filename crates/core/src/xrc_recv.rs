@@ -457,6 +457,16 @@ impl Core {
     /// fatal condition, e.g. an XRC packet naming an SRQ outside the QP's domain raises
     /// `QP_ACCESS_ERR`; xrc-semantics §5). Returns the contexts that got the event.
     pub fn fail_qp(&mut self, qpn: u32, event_type: EventType) -> Vec<CtxId> {
+        if !self.qp_routes.contains_key(&qpn) {
+            return Vec::new();
+        }
+        self.mark_qp_error(qpn);
+        self.raise_qp_event(qpn, event_type)
+    }
+
+    /// Moves QP `qpn` to the error state without an async event (a requester error the
+    /// transport reports through the failed work completion instead, IBA 10.7.3.1).
+    pub fn mark_qp_error(&mut self, qpn: u32) {
         match self.qp_routes.get(&qpn).copied() {
             Some(QpRoute::Owned { ctx, handle }) => {
                 if let Some(QpEntry::Owned(q)) = self
@@ -474,9 +484,8 @@ impl Core {
                     t.attr.cur_qp_state = QpState::Err;
                 }
             }
-            None => return Vec::new(),
+            None => {}
         }
-        self.raise_qp_event(qpn, event_type)
     }
 
     /// Raises an event on a CQ (`CQ_ERR`) or SRQ (`SRQ_ERR`, `SRQ_LIMIT_REACHED`) of one

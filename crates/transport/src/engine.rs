@@ -1,0 +1,580 @@
+//! The engine: every QP and SRQ of one device, fed with work requests, received packets and
+//! the time, producing packets, completions and QP events. It owns no socket, thread or
+//! clock; the daemon (or a test's network simulator) moves its packets.
+//!
+//! Per QP it runs the three IBA roles (IBA 9.7): the requester turns send work requests into
+//! request packets ([`crate::requester`]), the responder executes incoming requests and
+//! answers them ([`crate::responder`]), and the completer matches responses to outstanding
+//! requests and completes them in order ([`crate::completer`]).
+
+use std::collections::{HashMap, VecDeque};
+
+use softverbs_core::attr::QpAttr;
+use softverbs_core::datapath::PdRef;
+use softverbs_core::device::Gid;
+use softverbs_core::ids::{CtxId, Handle};
+use softverbs_core::types::{EventType, QpState, QpType};
+use softverbs_core::Core;
+use softverbs_wire::{Direction, Packet};
+
+use crate::memory::Memory;
+use crate::requester::ReqState;
+use crate::responder::RespState;
+use crate::time::Instant;
+use crate::wr::{Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+
+/// A completion queue, named as the shell likes (the daemon packs (context, CQ handle)).
+pub type CqId = u64;
+
+/// An SRQ: its owning context and handle (the same names the core's XRC resolution returns).
+pub type SrqKey = (CtxId, Handle);
+
+/// The largest number of request packets a QP keeps unacknowledged.
+pub const WINDOW: u32 = 128;
+
+/// Creation-time facts of a QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// QP number.
+    pub qpn: u32,
+    /// Type.
+    pub qp_type: QpType,
+    /// The PD (owned QPs; an XRC receive QP has none: its SRQs' PDs apply).
+    pub pd: Option<PdRef>,
+    /// Send CQ.
+    pub send_cq: Option<CqId>,
+    /// Receive CQ (unused with an SRQ's own CQ, i.e. XRC).
+    pub recv_cq: Option<CqId>,
+    /// The SRQ replacing the receive queue, if any.
+    pub srq: Option<SrqKey>,
+    /// Every send WR is signaled.
+    pub sq_sig_all: bool,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Gather entries per send WR.
+    pub max_send_sge: u32,
+    /// Scatter entries per receive WR.
+    pub max_recv_sge: u32,
+    /// Largest inline payload.
+    pub max_inline: u32,
+}
+
+/// Creation-time facts of an SRQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqConfig {
+    /// Owner and handle.
+    pub key: SrqKey,
+    /// PD of its receive buffers (and, for an XRC SRQ, of RDMA aimed at it).
+    pub pd: PdRef,
+    /// The XRC SRQ's own CQ (basic SRQs complete on the QP's receive CQ).
+    pub cq: Option<CqId>,
+    /// Depth.
+    pub max_wr: u32,
+    /// Scatter entries per WR.
+    pub max_sge: u32,
+}
+
+pub(crate) struct Srq {
+    pub(crate) cfg: SrqConfig,
+    pub(crate) queue: VecDeque<RecvWr>,
+    /// Armed limit (`IBV_SRQ_LIMIT`); 0 = disarmed.
+    pub(crate) limit: u32,
+}
+
+/// Where a received packet came from and arrived at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RxMeta {
+    /// The sender's GID (its IP address).
+    pub sgid: Gid,
+    /// The local GID it was sent to.
+    pub dgid: Gid,
+}
+
+/// A packet [`Engine::poll_transmit`] wrote into the caller's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Bytes written: BTH through ICRC (the ICRC slot is zero; the shell computes it over
+    /// the IP/UDP headers it adds).
+    pub len: usize,
+    /// Destination GID.
+    pub dgid: Gid,
+    /// Index of the local source GID.
+    pub sgid_index: u8,
+    /// UDP source port: fixed per QP, so one QP's packets are never reordered by ECMP.
+    pub udp_sport: u16,
+}
+
+/// Something the shell must act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// A work completion for CQ `cq`.
+    Completion {
+        /// The CQ.
+        cq: CqId,
+        /// The completion.
+        wc: WorkCompletion,
+    },
+    /// The engine moved QP `qpn` to the error state; the shell mirrors it in the core and, if
+    /// `event` is set, raises that async event (to every holder of a receive QP).
+    QpError {
+        /// The QP.
+        qpn: u32,
+        /// The affiliated async event, if the error has one.
+        event: Option<EventType>,
+    },
+    /// An armed SRQ fell below its limit (`SRQ_LIMIT_REACHED`, IBA 10.2.9.3).
+    SrqLimitReached {
+        /// The SRQ.
+        srq: SrqKey,
+    },
+}
+
+/// Why a work request was refused at post time (`ibv_post_send`/`ibv_post_recv` errno).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// No such QP or SRQ.
+    #[error("no such queue")]
+    NoQueue,
+    /// The QP's state does not accept this queue's work (`EINVAL`).
+    #[error("QP state does not accept work requests")]
+    BadState,
+    /// The operation or its parameters do not fit the QP (`EINVAL`).
+    #[error("invalid work request")]
+    Invalid,
+    /// The queue is full (`ENOMEM`).
+    #[error("queue full")]
+    Full,
+}
+
+impl PostError {
+    /// errno for the C boundary.
+    pub fn errno(self) -> i32 {
+        match self {
+            PostError::NoQueue | PostError::BadState | PostError::Invalid => 22,
+            PostError::Full => 12,
+        }
+    }
+}
+
+/// A send work request with the transport's bookkeeping.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr: SendWr,
+    pub(crate) len: u32,
+    /// PSN of the first packet (valid once `started`).
+    pub(crate) first_psn: u32,
+    /// PSNs the message occupies (request packets, or response packets for a READ).
+    pub(crate) npkts: u32,
+    pub(crate) started: bool,
+    /// All request packets sent at least once.
+    pub(crate) sent: bool,
+    /// READ: response packets placed so far; atomics: 1 once the ACK arrived.
+    pub(crate) resp_pkts: u32,
+    pub(crate) done: bool,
+}
+
+pub(crate) struct Qp {
+    pub(crate) cfg: QpConfig,
+    pub(crate) attr: QpAttr,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) rq: VecDeque<RecvWr>,
+    pub(crate) req: ReqState,
+    pub(crate) resp: RespState,
+    pub(crate) scheduled: bool,
+}
+
+impl Qp {
+    pub(crate) fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    pub(crate) fn udp_sport(&self) -> u16 {
+        // RoCE v2 source-port entropy, fixed per QP (0xC000 + 14 bits of a QPN hash).
+        let h = self.cfg.qpn.wrapping_mul(0x9E37_79B1) >> 18;
+        0xC000 | (h as u16 & 0x3FFF)
+    }
+
+    pub(crate) fn signaled(&self, wr: &SendWr) -> bool {
+        wr.signaled || self.cfg.sq_sig_all
+    }
+
+    pub(crate) fn is_reliable(&self) -> bool {
+        matches!(
+            self.cfg.qp_type,
+            QpType::Rc | QpType::XrcSend | QpType::XrcRecv
+        )
+    }
+}
+
+/// Borrowed environment of one engine call.
+pub(crate) struct Env<'a, M: Memory> {
+    pub(crate) now: Instant,
+    pub(crate) core: &'a Core,
+    pub(crate) mem: &'a mut M,
+    pub(crate) out: &'a mut VecDeque<Output>,
+    pub(crate) srqs: &'a mut HashMap<SrqKey, Srq>,
+}
+
+impl<M: Memory> Env<'_, M> {
+    pub(crate) fn complete(&mut self, cq: Option<CqId>, wc: WorkCompletion) {
+        if let Some(cq) = cq {
+            self.out.push_back(Output::Completion { cq, wc });
+        }
+    }
+}
+
+/// All QPs and SRQs of one device.
+#[derive(Default)]
+pub struct Engine {
+    pub(crate) qps: HashMap<u32, Qp>,
+    pub(crate) srqs: HashMap<SrqKey, Srq>,
+    pending: VecDeque<u32>,
+    out: VecDeque<Output>,
+    scratch: Vec<u8>,
+}
+
+impl Engine {
+    /// An engine with no QPs.
+    pub fn new() -> Engine {
+        Engine::default()
+    }
+
+    /// Adds a QP (in RESET, as the core created it).
+    pub fn create_qp(&mut self, cfg: QpConfig) {
+        self.qps.insert(
+            cfg.qpn,
+            Qp {
+                cfg,
+                attr: QpAttr::default(),
+                sq: VecDeque::new(),
+                rq: VecDeque::new(),
+                req: ReqState::default(),
+                resp: RespState::default(),
+                scheduled: false,
+            },
+        );
+    }
+
+    /// Removes a QP; its outstanding work is dropped without completions (the owner
+    /// destroyed it, so nobody polls its CQs for it any more).
+    pub fn destroy_qp(&mut self, qpn: u32) {
+        self.qps.remove(&qpn);
+    }
+
+    /// Mirrors the core's attributes after a successful modify (the core validated them).
+    /// Entering RTR loads the expected PSN, entering RTS the send PSN; entering ERR flushes
+    /// every outstanding work request with `WR_FLUSH_ERR` (IBA 10.3.1.9); RESET empties the
+    /// queues (IBA 10.3.1.1).
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) {
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let from = qp.attr.qp_state;
+        let to = attr.qp_state;
+        qp.attr = *attr;
+        if from != to {
+            match to {
+                QpState::Reset => {
+                    qp.sq.clear();
+                    qp.rq.clear();
+                    qp.req = ReqState::default();
+                    qp.resp = RespState::default();
+                }
+                QpState::Rtr => qp.resp.reset_psn(attr.rq_psn),
+                QpState::Rts if from == QpState::Rtr => qp.req.reset_psn(attr.sq_psn, attr),
+                QpState::Err => {
+                    flush(qp, &mut self.out);
+                }
+                _ => {}
+            }
+        }
+        self.schedule(qpn);
+    }
+
+    /// Adds an SRQ.
+    pub fn create_srq(&mut self, cfg: SrqConfig) {
+        self.srqs.insert(
+            cfg.key,
+            Srq {
+                cfg,
+                queue: VecDeque::new(),
+                limit: 0,
+            },
+        );
+    }
+
+    /// Arms (or disarms with 0) an SRQ's limit event.
+    pub fn set_srq_limit(&mut self, key: SrqKey, limit: u32) {
+        if let Some(s) = self.srqs.get_mut(&key) {
+            s.limit = limit;
+        }
+    }
+
+    /// Removes an SRQ; later packets naming it find nothing.
+    pub fn destroy_srq(&mut self, key: SrqKey) {
+        self.srqs.remove(&key);
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(PostError::NoQueue)?;
+        let t = qp.cfg.qp_type;
+        match qp.attr.qp_state {
+            QpState::Rts | QpState::Sqd | QpState::Err => {}
+            _ => return Err(PostError::BadState),
+        }
+        if t == QpType::XrcRecv {
+            return Err(PostError::Invalid);
+        }
+        let len = wr.payload.len();
+        match &wr.payload {
+            Payload::Sges(s) if s.len() > qp.cfg.max_send_sge as usize => {
+                return Err(PostError::Invalid)
+            }
+            Payload::Inline(b) if b.len() > qp.cfg.max_inline as usize => {
+                return Err(PostError::Invalid)
+            }
+            _ => {}
+        }
+        let allowed = match t {
+            QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && wr.ud.is_some(),
+            QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::SendWithInv(_)),
+            _ => true,
+        };
+        if !allowed || len > u64::from(u32::MAX) {
+            return Err(PostError::Invalid);
+        }
+        if wr.op.is_atomic() && (len != 8 || matches!(wr.payload, Payload::Inline(_))) {
+            return Err(PostError::Invalid);
+        }
+        if qp.sq.len() >= qp.cfg.max_send_wr as usize {
+            return Err(PostError::Full);
+        }
+        let in_error = qp.attr.qp_state == QpState::Err;
+        let wqe = SendWqe {
+            wr,
+            len: len as u32,
+            first_psn: 0,
+            npkts: 0,
+            started: false,
+            sent: false,
+            resp_pkts: 0,
+            done: false,
+        };
+        if in_error {
+            // IBA 10.3.1.9 / 11.4.1.1: work posted to a QP in error completes with a flush.
+            let wc = WorkCompletion::new(
+                wqe.wr.wr_id,
+                WcStatus::WrFlushErr,
+                wqe.wr.op.wc_opcode(),
+                qpn,
+            );
+            self.out.push_back(Output::Completion {
+                cq: qp.cfg.send_cq.unwrap_or_default(),
+                wc,
+            });
+            return Ok(());
+        }
+        qp.sq.push_back(wqe);
+        self.schedule(qpn);
+        Ok(())
+    }
+
+    /// `ibv_post_recv` on a QP's own receive queue.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(PostError::NoQueue)?;
+        if qp.cfg.srq.is_some() || matches!(qp.cfg.qp_type, QpType::XrcSend | QpType::XrcRecv) {
+            return Err(PostError::Invalid);
+        }
+        if qp.attr.qp_state == QpState::Reset {
+            return Err(PostError::BadState);
+        }
+        if wr.sges.len() > qp.cfg.max_recv_sge as usize {
+            return Err(PostError::Invalid);
+        }
+        if qp.rq.len() >= qp.cfg.max_recv_wr as usize {
+            return Err(PostError::Full);
+        }
+        if qp.attr.qp_state == QpState::Err {
+            let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+            self.out.push_back(Output::Completion {
+                cq: qp.cfg.recv_cq.unwrap_or_default(),
+                wc,
+            });
+            return Ok(());
+        }
+        qp.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, key: SrqKey, wr: RecvWr) -> Result<(), PostError> {
+        let s = self.srqs.get_mut(&key).ok_or(PostError::NoQueue)?;
+        if wr.sges.len() > s.cfg.max_sge as usize {
+            return Err(PostError::Invalid);
+        }
+        if s.queue.len() >= s.cfg.max_wr as usize {
+            return Err(PostError::Full);
+        }
+        s.queue.push_back(wr);
+        // Receivers that were refused (RNR) retry on their own timers.
+        Ok(())
+    }
+
+    /// Feeds one received packet (BTH through ICRC; the shell has verified the ICRC). Bad
+    /// packets are dropped silently, as a NIC drops them (IBA 9.6: invalid packets are
+    /// discarded).
+    pub fn handle_packet<M: Memory>(
+        &mut self,
+        now: Instant,
+        core: &Core,
+        mem: &mut M,
+        meta: RxMeta,
+        bytes: &[u8],
+    ) {
+        let Ok(pkt) = Packet::parse(bytes) else {
+            return;
+        };
+        let qpn = pkt.headers.bth.dest_qp;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let mut env = Env {
+            now,
+            core,
+            mem,
+            out: &mut self.out,
+            srqs: &mut self.srqs,
+        };
+        match pkt.info.direction {
+            Direction::Request => {
+                crate::responder::receive(qp, &mut env, meta, &pkt, &mut self.scratch)
+            }
+            Direction::Response => crate::completer::receive(qp, &mut env, &pkt),
+        }
+        self.schedule(qpn);
+    }
+
+    /// Writes the next packet to send into `buf` (which must hold a full MTU-sized packet:
+    /// [`MAX_PACKET`] bytes), or returns `None` when nothing is ready now.
+    pub fn poll_transmit<M: Memory>(
+        &mut self,
+        now: Instant,
+        core: &Core,
+        mem: &mut M,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        while let Some(qpn) = self.pending.pop_front() {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            let mut env = Env {
+                now,
+                core,
+                mem,
+                out: &mut self.out,
+                srqs: &mut self.srqs,
+            };
+            let tx = crate::responder::next_packet(qp, &mut env, buf, &mut self.scratch)
+                .or_else(|| crate::requester::next_packet(qp, &mut env, buf, &mut self.scratch));
+            match tx {
+                Some(tx) => {
+                    self.pending.push_back(qpn);
+                    return Some(tx);
+                }
+                None => qp.scheduled = false,
+            }
+        }
+        None
+    }
+
+    /// The next completion or event, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// The earliest time [`handle_timeout`](Self::handle_timeout) has work to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps.values().filter_map(|q| q.req.deadline()).min()
+    }
+
+    /// Runs the timers due at `now`: retransmission after an ACK timeout (IBA 9.7.6.1.3)
+    /// and the end of an RNR wait (IBA 9.7.5.2.8).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|(_, q)| q.req.deadline().is_some_and(|d| d <= now))
+            .map(|(&n, _)| n)
+            .collect();
+        for qpn in due {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                crate::requester::on_timer(qp, now, &mut self.out);
+            }
+            self.schedule(qpn);
+        }
+    }
+
+    /// Outstanding send work requests of a QP.
+    pub fn send_queue_len(&self, qpn: u32) -> usize {
+        self.qps.get(&qpn).map_or(0, |q| q.sq.len())
+    }
+
+    /// Posted receive work requests waiting in an SRQ.
+    pub fn srq_len(&self, key: SrqKey) -> usize {
+        self.srqs.get(&key).map_or(0, |s| s.queue.len())
+    }
+
+    fn schedule(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            if !qp.scheduled {
+                qp.scheduled = true;
+                self.pending.push_back(qpn);
+            }
+        }
+    }
+}
+
+/// Largest packet the engine emits: BTH + the largest header set + 4096-byte payload + ICRC.
+pub const MAX_PACKET: usize = 12 + 4 + 28 + 16 + 4 + 4096 + 4;
+
+/// Completes every outstanding work request of `qp` with `WR_FLUSH_ERR` (IBA 10.3.1.9).
+pub(crate) fn flush(qp: &mut Qp, out: &mut VecDeque<Output>) {
+    let qpn = qp.cfg.qpn;
+    for w in qp.sq.drain(..) {
+        if !w.done {
+            let wc =
+                WorkCompletion::new(w.wr.wr_id, WcStatus::WrFlushErr, w.wr.op.wc_opcode(), qpn);
+            if let Some(cq) = qp.cfg.send_cq {
+                out.push_back(Output::Completion { cq, wc });
+            }
+        }
+    }
+    for r in qp.rq.drain(..) {
+        let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+        if let Some(cq) = qp.cfg.recv_cq {
+            out.push_back(Output::Completion { cq, wc });
+        }
+    }
+    if let Some(r) = qp.resp.abort_message() {
+        let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+        if let (Some(cq), None) = (qp.cfg.recv_cq, qp.cfg.srq) {
+            out.push_back(Output::Completion { cq, wc });
+        }
+    }
+    qp.req = ReqState::default();
+    qp.resp.clear_outputs();
+}
+
+/// Moves `qp` to ERR after a transport error, flushing its work, and tells the shell.
+pub(crate) fn fail_qp(qp: &mut Qp, out: &mut VecDeque<Output>, event: Option<EventType>) {
+    qp.attr.qp_state = QpState::Err;
+    qp.attr.cur_qp_state = QpState::Err;
+    flush(qp, out);
+    out.push_back(Output::QpError {
+        qpn: qp.cfg.qpn,
+        event,
+    });
+}

@@ -1,0 +1,111 @@
+//! How the engine reaches registered memory: key checks are the core's
+//! ([`softverbs_core::Core::check_mem`]: key, PD, bounds, access flags), byte access is a
+//! [`Memory`] the shell provides (shared mappings, `process_vm_readv`, or a test buffer).
+
+use softverbs_core::ids::CtxId;
+
+/// The memory could not be touched although the key check passed (e.g. the owner unmapped
+/// it). The engine reports it as a protection/operational error, never panics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("memory of context {ctx:?} at {addr:#x} is not accessible")]
+pub struct Fault {
+    /// Owner.
+    pub ctx: CtxId,
+    /// Address.
+    pub addr: u64,
+}
+
+/// An 8-byte atomic operation (IBA 9.4.5), on a value in host byte order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Store `swap` if the value equals `compare`.
+    CompareSwap {
+        /// Expected.
+        compare: u64,
+        /// New.
+        swap: u64,
+    },
+    /// Add `add` (wrapping).
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The new value for `old`.
+    pub fn apply(self, old: u64) -> u64 {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            AtomicOp::FetchAdd { add } => old.wrapping_add(add),
+        }
+    }
+}
+
+/// Byte access to the address spaces of the clients (the keys were checked already).
+pub trait Memory {
+    /// Reads `buf.len()` bytes at `addr` of `ctx`.
+    fn read(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault>;
+    /// Writes `data` at `addr` of `ctx`.
+    fn write(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault>;
+    /// Applies `op` to the 8 bytes at `addr` of `ctx` atomically with respect to other
+    /// atomics, returning the original value.
+    fn atomic(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
+        let mut b = [0u8; 8];
+        self.read(ctx, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        self.write(ctx, addr, &op.apply(old).to_ne_bytes())?;
+        Ok(old)
+    }
+}
+
+/// Memory for tests and benchmarks: one flat byte vector per context, addressed from 0.
+#[derive(Debug, Default)]
+pub struct VecMemory {
+    spaces: std::collections::HashMap<CtxId, Vec<u8>>,
+}
+
+impl VecMemory {
+    /// Gives `ctx` an address space of `len` zero bytes.
+    pub fn add(&mut self, ctx: CtxId, len: usize) {
+        self.spaces.insert(ctx, vec![0; len]);
+    }
+
+    /// The bytes of `ctx`.
+    pub fn space(&self, ctx: CtxId) -> &[u8] {
+        &self.spaces[&ctx]
+    }
+
+    /// The bytes of `ctx`, writable.
+    pub fn space_mut(&mut self, ctx: CtxId) -> &mut [u8] {
+        self.spaces.get_mut(&ctx).expect("known context")
+    }
+
+    fn range(&mut self, ctx: CtxId, addr: u64, len: usize) -> Result<&mut [u8], Fault> {
+        let space = self.spaces.get_mut(&ctx).ok_or(Fault { ctx, addr })?;
+        let start = usize::try_from(addr).map_err(|_| Fault { ctx, addr })?;
+        let end = start
+            .checked_add(len)
+            .filter(|&e| e <= space.len())
+            .ok_or(Fault { ctx, addr })?;
+        Ok(&mut space[start..end])
+    }
+}
+
+impl Memory for VecMemory {
+    fn read(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        buf.copy_from_slice(self.range(ctx, addr, buf.len())?);
+        Ok(())
+    }
+
+    fn write(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.range(ctx, addr, data.len())?.copy_from_slice(data);
+        Ok(())
+    }
+}

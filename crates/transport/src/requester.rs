@@ -1,0 +1,439 @@
+//! The requester (IBA 9.7.1–9.7.4): segments send work requests into request packets of
+//! the path MTU, numbers them with PSNs, keeps at most [`WINDOW`](crate::engine::WINDOW)
+//! unacknowledged, asks for ACKs, and goes back to retransmit on a timeout, a sequence NAK
+//! or an RNR NAK. Unreliable QPs (UC, UD) complete a request once it has been sent.
+
+use std::collections::VecDeque;
+
+use softverbs_core::attr::QpAttr;
+use softverbs_core::types::{Access, QpState, QpType};
+use softverbs_wire::psn::{psn_add, psn_diff};
+use softverbs_wire::{
+    emit_packet, AtomicEthRepr, BthRepr, DethRepr, Headers, IethRepr, ImmDtRepr, Opcode, Operation,
+    RethRepr, Transport, XrcethRepr,
+};
+
+use crate::engine::{fail_qp, Env, Output, Qp, Transmit, WINDOW};
+use crate::memory::Memory;
+use crate::time::{ack_timeout, Instant};
+use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
+
+/// Packets between ACK requests inside a long message (plus every LAST/ONLY packet).
+const ACK_EVERY: u32 = 16;
+
+/// Requester progress of one QP.
+#[derive(Debug, Default)]
+pub(crate) struct ReqState {
+    /// PSN after the highest PSN ever assigned.
+    pub(crate) next_psn: u32,
+    /// Index in the send queue of the request being (re)sent.
+    pub(crate) send_idx: usize,
+    /// Packet index within it.
+    pub(crate) send_pkt: u32,
+    /// Retries left after a timeout or sequence NAK (reset on progress).
+    pub(crate) retry_left: u8,
+    /// RNR retries left (7 = unlimited, IBA 9.7.5.2.8).
+    pub(crate) rnr_left: u8,
+    /// When to retransmit if nothing is acknowledged.
+    pub(crate) timer: Option<Instant>,
+    /// Until when an RNR NAK holds transmission.
+    pub(crate) rnr_until: Option<Instant>,
+}
+
+impl ReqState {
+    pub(crate) fn reset_psn(&mut self, sq_psn: u32, attr: &QpAttr) {
+        *self = ReqState {
+            next_psn: sq_psn,
+            retry_left: attr.retry_cnt,
+            rnr_left: attr.rnr_retry,
+            ..ReqState::default()
+        };
+    }
+
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match (self.timer, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+pub(crate) fn transport_of(t: QpType) -> Transport {
+    match t {
+        QpType::Rc => Transport::Rc,
+        QpType::Uc => Transport::Uc,
+        QpType::Ud => Transport::Ud,
+        QpType::XrcSend | QpType::XrcRecv => Transport::Xrc,
+    }
+}
+
+/// PSNs a message occupies: its request packets, or for a READ its response packets.
+fn packets_for(len: u32, mtu: u32, op: SendOp) -> u32 {
+    if op.is_atomic() {
+        1
+    } else {
+        len.div_ceil(mtu).max(1)
+    }
+}
+
+fn operation(op: SendOp, pkt: u32, npkts: u32) -> Operation {
+    use Operation as O;
+    let (first, last) = (pkt == 0, pkt + 1 == npkts);
+    match op {
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => match (first, last, op) {
+            (true, true, SendOp::SendWithImm(_)) => O::SendOnlyWithImmediate,
+            (true, true, SendOp::SendWithInv(_)) => O::SendOnlyWithInvalidate,
+            (true, true, _) => O::SendOnly,
+            (true, false, _) => O::SendFirst,
+            (false, true, SendOp::SendWithImm(_)) => O::SendLastWithImmediate,
+            (false, true, SendOp::SendWithInv(_)) => O::SendLastWithInvalidate,
+            (false, true, _) => O::SendLast,
+            (false, false, _) => O::SendMiddle,
+        },
+        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => {
+            let imm = matches!(op, SendOp::WriteWithImm { .. });
+            match (first, last) {
+                (true, true) if imm => O::RdmaWriteOnlyWithImmediate,
+                (true, true) => O::RdmaWriteOnly,
+                (true, false) => O::RdmaWriteFirst,
+                (false, true) if imm => O::RdmaWriteLastWithImmediate,
+                (false, true) => O::RdmaWriteLast,
+                (false, false) => O::RdmaWriteMiddle,
+            }
+        }
+        SendOp::Read { .. } => O::RdmaReadRequest,
+        SendOp::CompareSwap { .. } => O::CompareSwap,
+        SendOp::FetchAdd { .. } => O::FetchAdd,
+    }
+}
+
+/// Copies `len` bytes at `offset` of a send payload into `out`, checking each local key.
+pub(crate) fn gather<M: Memory>(
+    qp: &Qp,
+    env: &mut Env<'_, M>,
+    payload: &Payload,
+    offset: u32,
+    out: &mut [u8],
+) -> Result<(), WcStatus> {
+    match payload {
+        Payload::Inline(b) => {
+            out.copy_from_slice(&b[offset as usize..offset as usize + out.len()]);
+            Ok(())
+        }
+        Payload::Sges(sges) => {
+            let pd = qp.cfg.pd.ok_or(WcStatus::LocQpOpErr)?;
+            let (mut skip, mut done) = (u64::from(offset), 0usize);
+            for s in sges {
+                if done == out.len() {
+                    break;
+                }
+                let len = u64::from(s.length);
+                if skip >= len {
+                    skip -= len;
+                    continue;
+                }
+                let n = ((len - skip) as usize).min(out.len() - done);
+                let at = s.addr + skip;
+                let t = env
+                    .core
+                    .check_mem(pd, s.lkey, at, n as u64, Access::EMPTY)
+                    .map_err(|_| WcStatus::LocProtErr)?;
+                env.mem
+                    .read(t.ctx, t.addr, &mut out[done..done + n])
+                    .map_err(|_| WcStatus::LocProtErr)?;
+                done += n;
+                skip = 0;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Builds the next request packet of `qp` into `buf`, if one may go now.
+pub(crate) fn next_packet<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    buf: &mut [u8],
+    scratch: &mut Vec<u8>,
+) -> Option<Transmit> {
+    if qp.attr.qp_state != QpState::Rts || qp.cfg.qp_type == QpType::XrcRecv {
+        return None;
+    }
+    if let Some(t) = qp.req.rnr_until {
+        if env.now < t {
+            return None;
+        }
+        qp.req.rnr_until = None;
+    }
+    let mtu = qp.mtu();
+    let idx = qp.req.send_idx;
+    let una = qp
+        .sq
+        .front()
+        .filter(|w| w.started)
+        .map_or(qp.req.next_psn, |w| w.first_psn);
+    let outstanding_rd = qp
+        .sq
+        .iter()
+        .take(idx)
+        .filter(|w| w.wr.op.is_read_or_atomic() && !w.done)
+        .count() as u32;
+    let wqe = qp.sq.get(idx)?;
+    if !wqe.started {
+        if psn_diff(qp.req.next_psn, una) >= WINDOW as i32 {
+            return None;
+        }
+        if wqe.wr.op.is_read_or_atomic()
+            && outstanding_rd >= u32::from(qp.attr.max_rd_atomic.max(1))
+        {
+            return None;
+        }
+        if qp.cfg.qp_type == QpType::Ud && wqe.len > mtu {
+            let wc = WorkCompletion::new(
+                wqe.wr.wr_id,
+                WcStatus::LocLenErr,
+                wqe.wr.op.wc_opcode(),
+                qp.cfg.qpn,
+            );
+            qp.sq.pop_front();
+            env.complete(qp.cfg.send_cq, wc);
+            fail_qp(qp, env.out, None);
+            return None;
+        }
+        let npkts = packets_for(wqe.len, mtu, wqe.wr.op);
+        let first = qp.req.next_psn;
+        let w = qp.sq.get_mut(idx).expect("present");
+        w.first_psn = first;
+        w.npkts = npkts;
+        w.started = true;
+        qp.req.next_psn = psn_add(first, npkts);
+    }
+    let w = &qp.sq[idx];
+    let pkt = qp.req.send_pkt;
+    let psn = psn_add(w.first_psn, pkt);
+    let op = w.wr.op;
+    let npkts = w.npkts;
+    let offset = pkt * mtu;
+    let transport = transport_of(qp.cfg.qp_type);
+    let operation = operation(
+        op,
+        if op.is_read_or_atomic() { 0 } else { pkt },
+        if op.is_read_or_atomic() { 1 } else { npkts },
+    );
+    let last = op.is_read_or_atomic() || pkt + 1 == npkts;
+    let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| u.dest_qpn);
+    let mut h = Headers::new(BthRepr {
+        opcode: Opcode::new(transport, operation).ok()?,
+        solicited: last && w.wr.solicited,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: 0xFFFF,
+        fecn: false,
+        becn: false,
+        dest_qp,
+        ack_req: qp.is_reliable() && (last || (pkt + 1) % ACK_EVERY == 0),
+        psn,
+    });
+    if transport == Transport::Xrc {
+        h.xrceth = Some(XrcethRepr {
+            xrc_srq: w.wr.remote_srqn & 0xFF_FFFF,
+        });
+    }
+    if let Some(ud) = w.wr.ud {
+        // IBA 10.2.5: a WR Q_Key with the high bit set means "use the QP's Q_Key".
+        let qkey = if ud.qkey & 0x8000_0000 != 0 {
+            qp.attr.qkey
+        } else {
+            ud.qkey
+        };
+        h.deth = Some(DethRepr {
+            qkey,
+            src_qp: qp.cfg.qpn,
+        });
+    }
+    let mut plen = 0usize;
+    match op {
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } if pkt == 0 => {
+            h.reth = Some(RethRepr {
+                va: remote_addr,
+                rkey,
+                dma_len: w.len,
+            });
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            // A retried READ asks only for what has not arrived (IBA 9.7.5.1.5).
+            let done = (pkt * mtu).min(w.len);
+            h.reth = Some(RethRepr {
+                va: remote_addr + u64::from(done),
+                rkey,
+                dma_len: w.len - done,
+            });
+        }
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            });
+        }
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            });
+        }
+        _ => {}
+    }
+    if last {
+        match op {
+            SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => {
+                h.imm_dt = Some(ImmDtRepr { imm })
+            }
+            SendOp::SendWithInv(rkey) => h.ieth = Some(IethRepr { rkey }),
+            _ => {}
+        }
+    }
+    if !op.is_read_or_atomic() {
+        plen = (w.len.saturating_sub(offset)).min(mtu) as usize;
+        scratch.resize(plen, 0);
+        if let Err(status) = gather(
+            qp,
+            env,
+            &qp.sq[idx].wr.payload,
+            offset,
+            &mut scratch[..plen],
+        ) {
+            complete_front_error(qp, env, status);
+            return None;
+        }
+    }
+    let len = emit_packet(&h, &scratch[..plen], buf).ok()?;
+    let tx = Transmit {
+        len,
+        dgid: w.wr.ud.map_or(qp.attr.ah_attr.dgid, |u| u.dgid),
+        sgid_index: qp.attr.ah_attr.sgid_index,
+        udp_sport: qp.udp_sport(),
+    };
+
+    // Advance.
+    if last {
+        qp.sq[idx].sent = true;
+        qp.req.send_idx += 1;
+        qp.req.send_pkt = 0;
+    } else {
+        qp.req.send_pkt += 1;
+    }
+    if qp.is_reliable() {
+        if qp.req.timer.is_none() {
+            qp.req.timer = ack_timeout(qp.attr.timeout).map(|d| env.now.after(d));
+        }
+    } else if last {
+        // UC and UD: sent is done (IBA 9.8: no acknowledgements).
+        let w = qp.sq.pop_front().expect("the request just sent");
+        qp.req.send_idx -= 1;
+        if qp.signaled(&w.wr) {
+            let mut wc =
+                WorkCompletion::new(w.wr.wr_id, WcStatus::Success, op.wc_opcode(), qp.cfg.qpn);
+            wc.byte_len = w.len;
+            env.complete(qp.cfg.send_cq, wc);
+        }
+    }
+    Some(tx)
+}
+
+/// Completes the oldest outstanding request with `status` and moves the QP to ERR.
+pub(crate) fn complete_front_error<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, status: WcStatus) {
+    if let Some(w) = qp.sq.pop_front() {
+        let mut wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), qp.cfg.qpn);
+        wc.byte_len = 0;
+        env.complete(qp.cfg.send_cq, wc);
+    }
+    fail_qp(qp, env.out, None);
+}
+
+/// Repositions the requester to retransmit from PSN `psn` (go-back-N, IBA 9.7.5.1.3).
+pub(crate) fn go_back(qp: &mut Qp, psn: u32) {
+    let mtu = qp.mtu();
+    for (i, w) in qp.sq.iter_mut().enumerate() {
+        if !w.started {
+            qp.req.send_idx = i;
+            qp.req.send_pkt = 0;
+            return;
+        }
+        let off = psn_diff(psn, w.first_psn);
+        if off < w.npkts as i32 && !w.done {
+            qp.req.send_idx = i;
+            qp.req.send_pkt = if w.wr.op.is_atomic() {
+                0
+            } else if matches!(w.wr.op, SendOp::Read { .. }) {
+                // Ask again only for the responses that have not arrived.
+                w.resp_pkts.min(w.len.div_ceil(mtu))
+            } else {
+                off.max(0) as u32
+            };
+            w.sent = false;
+            return;
+        }
+    }
+    qp.req.send_idx = qp.sq.len();
+    qp.req.send_pkt = 0;
+}
+
+/// A timer of `qp` fired at `now`.
+pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
+    if qp.req.rnr_until.is_some_and(|t| t <= now) {
+        qp.req.rnr_until = None;
+        qp.req.timer = ack_timeout(qp.attr.timeout).map(|d| now.after(d));
+    }
+    let Some(t) = qp.req.timer else { return };
+    if t > now {
+        return;
+    }
+    let Some(front) = qp.sq.front().filter(|w| w.started) else {
+        qp.req.timer = None;
+        return;
+    };
+    if qp.req.retry_left == 0 {
+        // IBA 9.7.6.1.3 / 10.7.3.1: retries exhausted; the request completes with
+        // RETRY_EXC_ERR and the QP goes to ERR (no async event: the CQE reports it).
+        let w = qp.sq.pop_front().expect("front");
+        let wc = WorkCompletion::new(
+            w.wr.wr_id,
+            WcStatus::RetryExcErr,
+            w.wr.op.wc_opcode(),
+            qp.cfg.qpn,
+        );
+        if let Some(cq) = qp.cfg.send_cq {
+            out.push_back(Output::Completion { cq, wc });
+        }
+        fail_qp(qp, out, None);
+        return;
+    }
+    qp.req.retry_left -= 1;
+    let psn = psn_add(
+        front.first_psn,
+        if matches!(front.wr.op, SendOp::Read { .. }) {
+            front.resp_pkts
+        } else {
+            0
+        },
+    );
+    go_back(qp, psn);
+    qp.req.timer = ack_timeout(qp.attr.timeout).map(|d| now.after(d));
+}

@@ -1,0 +1,882 @@
+//! The responder (IBA 9.7.5.2): checks each request's PSN, executes SENDs into receive
+//! work requests, RDMA WRITEs/READs and atomics against registered memory with the access
+//! checks of IBA 9.7.5.2.4 (R_Key, bounds, access flags, PD), detects duplicates (READs
+//! re-executed, atomics answered from a replay cache and never re-applied), refuses with
+//! RNR when no receive work request is posted, and produces ACKs, NAKs and READ responses.
+//!
+//! UC delivers whole messages only: a gap drops the message in progress and its receive
+//! work request is reused (IBA 9.8.3). UD checks the Q_Key and puts the GRH in the first 40
+//! bytes of the receive buffer, as rdma-core programs expect.
+
+use std::collections::VecDeque;
+
+use softverbs_core::datapath::PdRef;
+use softverbs_core::device::Gid;
+use softverbs_core::ids::CtxId;
+use softverbs_core::types::{Access, EventType, QpState, QpType};
+use softverbs_wire::psn::{psn_add, psn_diff};
+use softverbs_wire::{
+    emit_packet, AethRepr, AtomicAckEthRepr, BthRepr, Headers, NakCode, Opcode, Operation,
+    PacketRef, Position, Syndrome,
+};
+
+use crate::engine::{fail_qp, CqId, Env, Qp, RxMeta, SrqKey, Transmit};
+use crate::memory::{AtomicOp, Memory};
+use crate::requester::transport_of;
+use crate::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion, WC_GRH, WC_WITH_IMM, WC_WITH_INV};
+
+/// Atomic results kept for duplicate detection (IBA 9.7.5.2.3 requires at least the number of
+/// responder resources).
+const REPLAY_DEPTH: usize = 64;
+
+/// Where a receive work request came from (so an aborted UC message can put it back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RecvSource {
+    Own,
+    Srq(SrqKey),
+}
+
+/// A message being received over several packets.
+#[derive(Debug)]
+pub(crate) enum InMsg {
+    Send {
+        wqe: RecvWr,
+        source: RecvSource,
+        offset: u32,
+        cq: Option<CqId>,
+        pd: PdRef,
+    },
+    Write {
+        ctx: CtxId,
+        addr: u64,
+        remaining: u32,
+        total: u32,
+    },
+}
+
+/// Something the responder has to send.
+#[derive(Debug)]
+pub(crate) enum RespOut {
+    Ack {
+        psn: u32,
+        syndrome: Syndrome,
+    },
+    AtomicAck {
+        psn: u32,
+        orig: u64,
+    },
+    Read {
+        psn: u32,
+        va: u64,
+        rkey: u32,
+        remaining: u32,
+        first: bool,
+        pd: PdRef,
+    },
+}
+
+/// Responder progress of one QP.
+#[derive(Debug, Default)]
+pub(crate) struct RespState {
+    /// Expected PSN.
+    pub(crate) epsn: u32,
+    /// Message sequence number (IBA 9.7.5.2.7).
+    pub(crate) msn: u32,
+    /// A sequence NAK was sent for the current gap (IBA: send it once).
+    pub(crate) nak_sent: bool,
+    pub(crate) cur: Option<InMsg>,
+    /// UC: dropping the rest of a message whose start was lost or refused.
+    pub(crate) dropping: bool,
+    pub(crate) out: VecDeque<RespOut>,
+    replay: VecDeque<(u32, u64)>,
+}
+
+impl RespState {
+    pub(crate) fn reset_psn(&mut self, rq_psn: u32) {
+        *self = RespState {
+            epsn: rq_psn,
+            ..RespState::default()
+        };
+    }
+
+    /// Abandons a message in progress, returning its receive work request.
+    pub(crate) fn abort_message(&mut self) -> Option<RecvWr> {
+        match self.cur.take() {
+            Some(InMsg::Send { wqe, .. }) => Some(wqe),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn clear_outputs(&mut self) {
+        self.out.clear();
+        self.cur = None;
+    }
+
+    fn queue_ack(&mut self, psn: u32) {
+        // Coalesce: a newer ACK covers an older one still waiting (ACKs are cumulative).
+        if let Some(RespOut::Ack {
+            psn: p,
+            syndrome: Syndrome::Ack { .. },
+        }) = self.out.back_mut()
+        {
+            *p = psn;
+            return;
+        }
+        self.out.push_back(RespOut::Ack {
+            psn,
+            syndrome: Syndrome::Ack {
+                credits: Syndrome::UNLIMITED_CREDITS,
+            },
+        });
+    }
+
+    fn queue_nak(&mut self, psn: u32, code: NakCode) {
+        self.out.push_back(RespOut::Ack {
+            psn,
+            syndrome: Syndrome::Nak { code },
+        });
+    }
+
+    fn outstanding_reads(&self) -> usize {
+        self.out
+            .iter()
+            .filter(|o| matches!(o, RespOut::Read { .. } | RespOut::AtomicAck { .. }))
+            .count()
+    }
+}
+
+/// Where received SENDs land and complete.
+struct Target {
+    source: RecvSource,
+    cq: Option<CqId>,
+    pd: PdRef,
+}
+
+enum Refusal {
+    /// Drop silently (bad packet, wrong state).
+    Drop,
+    /// NAK and move the QP to ERR with this completion status on the receive side (if a WQE
+    /// was involved) and this async event.
+    Fatal(NakCode, Option<EventType>),
+    /// Receiver not ready.
+    Rnr,
+}
+
+pub(crate) fn receive<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    meta: RxMeta,
+    pkt: &PacketRef<'_>,
+    scratch: &mut Vec<u8>,
+) {
+    if !matches!(
+        qp.attr.qp_state,
+        QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+    ) {
+        return;
+    }
+    if pkt.info.transport != transport_of(qp.cfg.qp_type) || qp.cfg.qp_type == QpType::XrcSend {
+        return;
+    }
+    if qp.cfg.qp_type == QpType::Ud {
+        return receive_ud(qp, env, meta, pkt, scratch);
+    }
+    let psn = pkt.headers.bth.psn;
+    let d = psn_diff(psn, qp.resp.epsn);
+    let reliable = qp.is_reliable();
+    if d != 0 {
+        if !reliable {
+            // UC: a gap loses the message in progress (IBA 9.8.3); resynchronize on a FIRST/ONLY.
+            abort_uc(qp, env);
+            qp.resp.epsn = psn;
+            if !matches!(pkt.info.position, Position::First | Position::Only) {
+                qp.resp.dropping = true;
+                qp.resp.epsn = psn_add(psn, 1);
+                return;
+            }
+        } else if d > 0 {
+            if !qp.resp.nak_sent {
+                qp.resp.nak_sent = true;
+                let e = qp.resp.epsn;
+                qp.resp.queue_nak(e, NakCode::PsnSeqErr);
+            }
+            return;
+        } else {
+            return duplicate(qp, env, pkt);
+        }
+    }
+    qp.resp.nak_sent = false;
+    match execute(qp, env, pkt) {
+        Ok(()) => {}
+        Err(Refusal::Drop) => {}
+        Err(Refusal::Rnr) => {
+            if reliable {
+                let timer = qp.attr.min_rnr_timer;
+                qp.resp.out.push_back(RespOut::Ack {
+                    psn,
+                    syndrome: Syndrome::RnrNak { timer },
+                });
+            } else {
+                qp.resp.dropping = true;
+                qp.resp.epsn = psn_add(psn, 1);
+            }
+        }
+        Err(Refusal::Fatal(code, event)) => {
+            if reliable {
+                qp.resp.queue_nak(psn, code);
+                // The NAK must still go out after the QP enters ERR.
+                let out = std::mem::take(&mut qp.resp.out);
+                fail_qp(qp, env.out, event);
+                qp.resp.out = out;
+            } else {
+                qp.resp.dropping = true;
+                qp.resp.epsn = psn_add(psn, 1);
+            }
+        }
+    }
+}
+
+fn abort_uc<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>) {
+    qp.resp.dropping = false;
+    if let Some(InMsg::Send { wqe, source, .. }) = qp.resp.cur.take() {
+        match source {
+            RecvSource::Own => qp.rq.push_front(wqe),
+            RecvSource::Srq(k) => {
+                if let Some(s) = env.srqs.get_mut(&k) {
+                    s.queue.push_front(wqe);
+                }
+            }
+        }
+    }
+}
+
+/// Finds where SENDs for this packet land: the QP's RQ, its SRQ, or (XRC) the SRQ the
+/// XRCETH names, which must be in the receive QP's domain (xrc-semantics.md §5).
+fn target<M: Memory>(qp: &Qp, env: &Env<'_, M>, pkt: &PacketRef<'_>) -> Result<Target, Refusal> {
+    if qp.cfg.qp_type == QpType::XrcRecv {
+        let srqn = pkt.headers.xrceth.map(|x| x.xrc_srq).ok_or(Refusal::Drop)?;
+        let t = env.core.resolve_xrc_srq(qp.cfg.qpn, srqn).map_err(|_| {
+            Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
+        })?;
+        let key = (t.ctx, t.srq);
+        let cq = env.srqs.get(&key).and_then(|s| s.cfg.cq);
+        return Ok(Target {
+            source: RecvSource::Srq(key),
+            cq,
+            pd: t.pd,
+        });
+    }
+    let pd = qp.cfg.pd.ok_or(Refusal::Drop)?;
+    Ok(match qp.cfg.srq {
+        Some(k) => Target {
+            source: RecvSource::Srq(k),
+            cq: qp.cfg.recv_cq,
+            pd: env.srqs.get(&k).map_or(pd, |s| s.cfg.pd),
+        },
+        None => Target {
+            source: RecvSource::Own,
+            cq: qp.cfg.recv_cq,
+            pd,
+        },
+    })
+}
+
+fn take_recv<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, source: RecvSource) -> Option<RecvWr> {
+    match source {
+        RecvSource::Own => qp.rq.pop_front(),
+        RecvSource::Srq(k) => {
+            let s = env.srqs.get_mut(&k)?;
+            let w = s.queue.pop_front()?;
+            if s.limit > 0 && (s.queue.len() as u32) < s.limit {
+                s.limit = 0;
+                env.out
+                    .push_back(crate::engine::Output::SrqLimitReached { srq: k });
+            }
+            Some(w)
+        }
+    }
+}
+
+/// Scatters `data` at `offset` of a receive work request.
+fn scatter<M: Memory>(
+    env: &mut Env<'_, M>,
+    pd: PdRef,
+    wqe: &RecvWr,
+    offset: u32,
+    data: &[u8],
+) -> Result<(), WcStatus> {
+    let (mut skip, mut done) = (u64::from(offset), 0usize);
+    for s in &wqe.sges {
+        if done == data.len() {
+            break;
+        }
+        let len = u64::from(s.length);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = ((len - skip) as usize).min(data.len() - done);
+        let t = env
+            .core
+            .check_mem(pd, s.lkey, s.addr + skip, n as u64, Access::LOCAL_WRITE)
+            .map_err(|_| WcStatus::LocProtErr)?;
+        env.mem
+            .write(t.ctx, t.addr, &data[done..done + n])
+            .map_err(|_| WcStatus::LocProtErr)?;
+        done += n;
+        skip = 0;
+    }
+    if done < data.len() {
+        return Err(WcStatus::LocLenErr);
+    }
+    Ok(())
+}
+
+fn recv_completion(
+    qp_num: u32,
+    wqe: &RecvWr,
+    status: WcStatus,
+    opcode: WcOpcode,
+    byte_len: u32,
+) -> WorkCompletion {
+    let mut wc = WorkCompletion::new(wqe.wr_id, status, opcode, qp_num);
+    wc.byte_len = byte_len;
+    wc
+}
+
+fn execute<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    pkt: &PacketRef<'_>,
+) -> Result<(), Refusal> {
+    use Operation as O;
+    let psn = pkt.headers.bth.psn;
+    let op = pkt.info.operation;
+    let pos = pkt.info.position;
+    let reliable = qp.is_reliable();
+    if qp.resp.dropping {
+        if matches!(pos, Position::First | Position::Only) {
+            qp.resp.dropping = false;
+        } else {
+            qp.resp.epsn = psn_add(psn, 1);
+            return Ok(());
+        }
+    }
+    // Opcode sequence (IBA 9.7.5.2.2): MIDDLE/LAST continue a message of the same kind;
+    // FIRST/ONLY may not interrupt one.
+    let continuing = matches!(pos, Position::Middle | Position::Last);
+    let is_send = matches!(
+        op,
+        O::SendFirst
+            | O::SendMiddle
+            | O::SendLast
+            | O::SendLastWithImmediate
+            | O::SendOnly
+            | O::SendOnlyWithImmediate
+            | O::SendLastWithInvalidate
+            | O::SendOnlyWithInvalidate
+    );
+    let is_write = matches!(
+        op,
+        O::RdmaWriteFirst
+            | O::RdmaWriteMiddle
+            | O::RdmaWriteLast
+            | O::RdmaWriteLastWithImmediate
+            | O::RdmaWriteOnly
+            | O::RdmaWriteOnlyWithImmediate
+    );
+    let seq_ok = match (&qp.resp.cur, continuing) {
+        (None, false) => true,
+        (Some(InMsg::Send { .. }), true) => is_send,
+        (Some(InMsg::Write { .. }), true) => is_write,
+        _ => false,
+    };
+    if !seq_ok {
+        return Err(if reliable {
+            Refusal::Fatal(NakCode::InvalidRequest, Some(EventType::QpReqErr))
+        } else {
+            Refusal::Drop
+        });
+    }
+    let access = qp.attr.qp_access_flags;
+    let t = target(qp, env, pkt)?;
+    let payload = pkt.payload;
+    if is_send {
+        if !continuing {
+            let wqe = take_recv(qp, env, t.source).ok_or(Refusal::Rnr)?;
+            qp.resp.cur = Some(InMsg::Send {
+                wqe,
+                source: t.source,
+                offset: 0,
+                cq: t.cq,
+                pd: t.pd,
+            });
+        }
+        let Some(InMsg::Send {
+            wqe,
+            offset,
+            cq,
+            pd,
+            ..
+        }) = &mut qp.resp.cur
+        else {
+            unreachable!("set above")
+        };
+        let (cq, pd) = (*cq, *pd);
+        if payload.len() as u32 > qp.attr.path_mtu.bytes() {
+            return Err(Refusal::Fatal(
+                NakCode::InvalidRequest,
+                Some(EventType::QpReqErr),
+            ));
+        }
+        if let Err(status) = scatter(env, pd, wqe, *offset, payload) {
+            let wqe = qp.resp.abort_message().expect("in progress");
+            env.complete(
+                cq,
+                recv_completion(qp.cfg.qpn, &wqe, status, WcOpcode::Recv, 0),
+            );
+            let code = if status == WcStatus::LocLenErr {
+                NakCode::InvalidRequest
+            } else {
+                NakCode::RemoteOperationalError
+            };
+            return Err(if reliable {
+                Refusal::Fatal(code, None)
+            } else {
+                Refusal::Drop
+            });
+        }
+        *offset += payload.len() as u32;
+        if matches!(pos, Position::Last | Position::Only) {
+            let Some(InMsg::Send { wqe, offset, .. }) = qp.resp.cur.take() else {
+                unreachable!("in progress")
+            };
+            let mut wc =
+                recv_completion(qp.cfg.qpn, &wqe, WcStatus::Success, WcOpcode::Recv, offset);
+            if let Some(imm) = pkt.headers.imm_dt {
+                wc.imm_data = imm.imm;
+                wc.wc_flags |= WC_WITH_IMM;
+            }
+            if let Some(ieth) = pkt.headers.ieth {
+                wc.imm_data = ieth.rkey;
+                wc.wc_flags |= WC_WITH_INV;
+            }
+            env.complete(cq, wc);
+            qp.resp.msn = psn_add(qp.resp.msn, 1);
+        }
+    } else if is_write {
+        if !continuing {
+            let reth = pkt.headers.reth.ok_or(Refusal::Drop)?;
+            if !access.contains(Access::REMOTE_WRITE) {
+                return Err(Refusal::Fatal(
+                    NakCode::RemoteAccessError,
+                    Some(EventType::QpAccessErr),
+                ));
+            }
+            let (ctx, addr) = if reth.dma_len == 0 {
+                (t.pd.ctx, 0)
+            } else {
+                let m = env
+                    .core
+                    .check_mem(
+                        t.pd,
+                        reth.rkey,
+                        reth.va,
+                        u64::from(reth.dma_len),
+                        Access::REMOTE_WRITE,
+                    )
+                    .map_err(|_| {
+                        Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
+                    })?;
+                (m.ctx, m.addr)
+            };
+            qp.resp.cur = Some(InMsg::Write {
+                ctx,
+                addr,
+                remaining: reth.dma_len,
+                total: reth.dma_len,
+            });
+        }
+        let Some(InMsg::Write {
+            ctx,
+            addr,
+            remaining,
+            ..
+        }) = &mut qp.resp.cur
+        else {
+            unreachable!("set above")
+        };
+        let last = matches!(pos, Position::Last | Position::Only);
+        if payload.len() as u32 > *remaining || (last && payload.len() as u32 != *remaining) {
+            qp.resp.cur = None;
+            return Err(if reliable {
+                Refusal::Fatal(NakCode::InvalidRequest, Some(EventType::QpReqErr))
+            } else {
+                Refusal::Drop
+            });
+        }
+        if !payload.is_empty() {
+            if env.mem.write(*ctx, *addr, payload).is_err() {
+                qp.resp.cur = None;
+                return Err(if reliable {
+                    Refusal::Fatal(NakCode::RemoteOperationalError, Some(EventType::QpFatal))
+                } else {
+                    Refusal::Drop
+                });
+            }
+            *addr += payload.len() as u64;
+            *remaining -= payload.len() as u32;
+        }
+        if last {
+            if let Some(imm) = pkt.headers.imm_dt {
+                // WRITE with immediate consumes a receive work request at the end (IBA 9.4.3).
+                let Some(wqe) = take_recv(qp, env, t.source) else {
+                    // The data is placed; the retransmitted LAST packet will find a WQE.
+                    if let Some(InMsg::Write {
+                        remaining, addr, ..
+                    }) = &mut qp.resp.cur
+                    {
+                        *addr -= payload.len() as u64;
+                        *remaining += payload.len() as u32;
+                    }
+                    return Err(Refusal::Rnr);
+                };
+                let Some(InMsg::Write { total, .. }) = qp.resp.cur.take() else {
+                    unreachable!("in progress")
+                };
+                let mut wc = recv_completion(
+                    qp.cfg.qpn,
+                    &wqe,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    total,
+                );
+                wc.imm_data = imm.imm;
+                wc.wc_flags |= WC_WITH_IMM;
+                env.complete(t.cq, wc);
+            } else {
+                qp.resp.cur = None;
+            }
+            qp.resp.msn = psn_add(qp.resp.msn, 1);
+        }
+    } else if op == O::RdmaReadRequest {
+        let reth = pkt.headers.reth.ok_or(Refusal::Drop)?;
+        read_request(qp, env, t.pd, psn, reth.va, reth.rkey, reth.dma_len)?;
+        let npkts = reth.dma_len.div_ceil(qp.attr.path_mtu.bytes()).max(1);
+        qp.resp.epsn = psn_add(psn, npkts);
+        qp.resp.msn = psn_add(qp.resp.msn, 1);
+        return Ok(());
+    } else if matches!(op, O::CompareSwap | O::FetchAdd) {
+        let a = pkt.headers.atomic_eth.ok_or(Refusal::Drop)?;
+        if !access.contains(Access::REMOTE_ATOMIC) {
+            return Err(Refusal::Fatal(
+                NakCode::RemoteAccessError,
+                Some(EventType::QpAccessErr),
+            ));
+        }
+        if a.va % 8 != 0 {
+            return Err(Refusal::Fatal(
+                NakCode::InvalidRequest,
+                Some(EventType::QpReqErr),
+            ));
+        }
+        if qp.resp.outstanding_reads() >= usize::from(qp.attr.max_dest_rd_atomic.max(1)) {
+            return Err(Refusal::Fatal(
+                NakCode::InvalidRequest,
+                Some(EventType::QpReqErr),
+            ));
+        }
+        let m = env
+            .core
+            .check_mem(t.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+            .map_err(|_| {
+                Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
+            })?;
+        let aop = if op == O::CompareSwap {
+            AtomicOp::CompareSwap {
+                compare: a.compare,
+                swap: a.swap_add,
+            }
+        } else {
+            AtomicOp::FetchAdd { add: a.swap_add }
+        };
+        let orig = env.mem.atomic(m.ctx, m.addr, aop).map_err(|_| {
+            Refusal::Fatal(NakCode::RemoteOperationalError, Some(EventType::QpFatal))
+        })?;
+        qp.resp.replay.push_back((psn, orig));
+        if qp.resp.replay.len() > REPLAY_DEPTH {
+            qp.resp.replay.pop_front();
+        }
+        qp.resp.out.push_back(RespOut::AtomicAck { psn, orig });
+        qp.resp.epsn = psn_add(psn, 1);
+        qp.resp.msn = psn_add(qp.resp.msn, 1);
+        return Ok(());
+    } else {
+        return Err(Refusal::Drop);
+    }
+    qp.resp.epsn = psn_add(psn, 1);
+    if reliable && (pkt.headers.bth.ack_req || matches!(pos, Position::Last | Position::Only)) {
+        qp.resp.queue_ack(psn);
+    }
+    Ok(())
+}
+
+fn read_request<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    pd: PdRef,
+    psn: u32,
+    va: u64,
+    rkey: u32,
+    len: u32,
+) -> Result<(), Refusal> {
+    if !qp.attr.qp_access_flags.contains(Access::REMOTE_READ) {
+        return Err(Refusal::Fatal(
+            NakCode::RemoteAccessError,
+            Some(EventType::QpAccessErr),
+        ));
+    }
+    // Responder resources (IBA 9.7.5.2.3): at most max_dest_rd_atomic READs/atomics in hand.
+    if qp.resp.outstanding_reads() >= usize::from(qp.attr.max_dest_rd_atomic.max(1)) {
+        return Err(Refusal::Fatal(
+            NakCode::InvalidRequest,
+            Some(EventType::QpReqErr),
+        ));
+    }
+    if len > 0 {
+        env.core
+            .check_mem(pd, rkey, va, u64::from(len), Access::REMOTE_READ)
+            .map_err(|_| {
+                Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
+            })?;
+    }
+    qp.resp.out.push_back(RespOut::Read {
+        psn,
+        va,
+        rkey,
+        remaining: len,
+        first: true,
+        pd,
+    });
+    Ok(())
+}
+
+/// A request whose PSN is behind the expected one (IBA 9.7.5.2.1).
+fn duplicate<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'_>) {
+    let psn = pkt.headers.bth.psn;
+    match pkt.info.operation {
+        Operation::RdmaReadRequest => {
+            // READs have no side effects: execute again from this PSN.
+            let Some(reth) = pkt.headers.reth else { return };
+            let Ok(t) = target(qp, env, pkt) else { return };
+            // Drop any copy of the same READ still queued, so the responses are not doubled.
+            qp.resp
+                .out
+                .retain(|o| !matches!(o, RespOut::Read { psn: p, .. } if *p == psn));
+            let _ = read_request(qp, env, t.pd, psn, reth.va, reth.rkey, reth.dma_len);
+        }
+        Operation::CompareSwap | Operation::FetchAdd => {
+            // Never applied twice: answer from the replay cache.
+            if let Some(&(_, orig)) = qp.resp.replay.iter().find(|(p, _)| *p == psn) {
+                if !qp
+                    .resp
+                    .out
+                    .iter()
+                    .any(|o| matches!(o, RespOut::AtomicAck { psn: p, .. } if *p == psn))
+                {
+                    qp.resp.out.push_back(RespOut::AtomicAck { psn, orig });
+                }
+            }
+        }
+        _ => {
+            if pkt.headers.bth.ack_req {
+                let last = psn_add(qp.resp.epsn, 0xFF_FFFF);
+                qp.resp.queue_ack(last);
+            }
+        }
+    }
+}
+
+fn receive_ud<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    meta: RxMeta,
+    pkt: &PacketRef<'_>,
+    scratch: &mut Vec<u8>,
+) {
+    let Some(deth) = pkt.headers.deth else { return };
+    // IBA 10.2.5: a Q_Key mismatch silently drops the datagram.
+    if deth.qkey != qp.attr.qkey
+        || !matches!(
+            pkt.info.operation,
+            Operation::SendOnly | Operation::SendOnlyWithImmediate
+        )
+    {
+        return;
+    }
+    let Ok(t) = target(qp, env, pkt) else { return };
+    // No receive work request: UD drops the datagram (IBA 9.8.1).
+    let Some(wqe) = take_recv(qp, env, t.source) else {
+        return;
+    };
+    scratch.clear();
+    scratch.extend_from_slice(&grh(meta, pkt.payload.len()));
+    scratch.extend_from_slice(pkt.payload);
+    let (status, len) = match scatter(env, t.pd, &wqe, 0, scratch) {
+        Ok(()) => (WcStatus::Success, scratch.len() as u32),
+        Err(s) => (s, 0),
+    };
+    let mut wc = recv_completion(qp.cfg.qpn, &wqe, status, WcOpcode::Recv, len);
+    wc.src_qp = deth.src_qp;
+    wc.wc_flags |= WC_GRH;
+    if let Some(imm) = pkt.headers.imm_dt {
+        wc.imm_data = imm.imm;
+        wc.wc_flags |= WC_WITH_IMM;
+    }
+    env.complete(t.cq, wc);
+}
+
+/// The 40 bytes rdma-core programs find before UD data: an IPv6 header for IPv6 GIDs, or for
+/// IPv4 RoCE v2 twenty zero bytes followed by the IPv4 header.
+fn grh(meta: RxMeta, payload: usize) -> [u8; 40] {
+    let mut g = [0u8; 40];
+    let v4 = |gid: Gid| gid.0[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
+    if v4(meta.sgid) && v4(meta.dgid) {
+        let total = (20 + 8 + 12 + payload + 4) as u16;
+        let h = &mut g[20..];
+        h[0] = 0x45;
+        h[2..4].copy_from_slice(&total.to_be_bytes());
+        h[6] = 0x40;
+        h[8] = 64;
+        h[9] = 17;
+        h[12..16].copy_from_slice(&meta.sgid.0[12..]);
+        h[16..20].copy_from_slice(&meta.dgid.0[12..]);
+        let mut sum = 0u32;
+        for c in h.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    } else {
+        g[0] = 0x60;
+        let plen = (8 + 12 + payload + 4) as u16;
+        g[4..6].copy_from_slice(&plen.to_be_bytes());
+        g[6] = 17;
+        g[7] = 64;
+        g[8..24].copy_from_slice(&meta.sgid.0);
+        g[24..40].copy_from_slice(&meta.dgid.0);
+    }
+    g
+}
+
+/// The next response packet of `qp` (ACK, NAK, atomic ACK or READ response), if any.
+pub(crate) fn next_packet<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    buf: &mut [u8],
+    scratch: &mut Vec<u8>,
+) -> Option<Transmit> {
+    let front = qp.resp.out.front_mut()?;
+    let transport = transport_of(qp.cfg.qp_type);
+    let mtu = qp.attr.path_mtu.bytes();
+    let msn = qp.resp.msn;
+    let mut bth = BthRepr {
+        opcode: Opcode(0),
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: 0xFFFF,
+        fecn: false,
+        becn: false,
+        dest_qp: qp.attr.dest_qp_num,
+        ack_req: false,
+        psn: 0,
+    };
+    let ack = |code| AethRepr {
+        syndrome: code,
+        msn,
+    };
+    let mut h;
+    let mut plen = 0;
+    let mut done = true;
+    match front {
+        RespOut::Ack { psn, syndrome } => {
+            bth.opcode = Opcode::new(transport, Operation::Acknowledge).ok()?;
+            bth.psn = *psn;
+            h = Headers::new(bth);
+            h.aeth = Some(ack(*syndrome));
+        }
+        RespOut::AtomicAck { psn, orig } => {
+            bth.opcode = Opcode::new(transport, Operation::AtomicAcknowledge).ok()?;
+            bth.psn = *psn;
+            h = Headers::new(bth);
+            h.aeth = Some(ack(Syndrome::Ack {
+                credits: Syndrome::UNLIMITED_CREDITS,
+            }));
+            h.atomic_ack_eth = Some(AtomicAckEthRepr { orig: *orig });
+        }
+        RespOut::Read {
+            psn,
+            va,
+            rkey,
+            remaining,
+            first,
+            pd,
+        } => {
+            let n = (*remaining).min(mtu);
+            let last = n == *remaining;
+            let op = match (*first, last) {
+                (true, true) => Operation::RdmaReadResponseOnly,
+                (true, false) => Operation::RdmaReadResponseFirst,
+                (false, true) => Operation::RdmaReadResponseLast,
+                (false, false) => Operation::RdmaReadResponseMiddle,
+            };
+            scratch.resize(n as usize, 0);
+            if n > 0 {
+                let read = env
+                    .core
+                    .check_mem(*pd, *rkey, *va, u64::from(n), Access::REMOTE_READ)
+                    .ok()
+                    .and_then(|m| env.mem.read(m.ctx, m.addr, &mut scratch[..n as usize]).ok());
+                if read.is_none() {
+                    // The memory went away mid-READ (deregistered or unmapped).
+                    let p = *psn;
+                    *front = RespOut::Ack {
+                        psn: p,
+                        syndrome: Syndrome::Nak {
+                            code: NakCode::RemoteAccessError,
+                        },
+                    };
+                    return next_packet(qp, env, buf, scratch);
+                }
+            }
+            bth.opcode = Opcode::new(transport, op).ok()?;
+            bth.psn = *psn;
+            h = Headers::new(bth);
+            if op != Operation::RdmaReadResponseMiddle {
+                h.aeth = Some(ack(Syndrome::Ack {
+                    credits: Syndrome::UNLIMITED_CREDITS,
+                }));
+            }
+            plen = n as usize;
+            *psn = psn_add(*psn, 1);
+            *va += u64::from(n);
+            *remaining -= n;
+            *first = false;
+            done = last;
+        }
+    }
+    let len = emit_packet(&h, &scratch[..plen], buf).ok()?;
+    if done {
+        qp.resp.out.pop_front();
+    }
+    Some(Transmit {
+        len,
+        dgid: qp.attr.ah_attr.dgid,
+        sgid_index: qp.attr.ah_attr.sgid_index,
+        udp_sport: qp.udp_sport(),
+    })
+}

@@ -1,0 +1,255 @@
+//! Work requests in and work completions out, shaped like `ibv_send_wr`, `ibv_recv_wr` and
+//! `ibv_wc` (verbs.h), with the completion status and opcode values of rdma-core.
+
+use softverbs_core::device::Gid;
+
+/// One scatter/gather entry (`struct ibv_sge`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    /// Address in the owner's address space.
+    pub addr: u64,
+    /// Bytes.
+    pub length: u32,
+    /// Local key of the MR that covers it.
+    pub lkey: u32,
+}
+
+/// The operation of a send work request (`enum ibv_wr_opcode`) with its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// `IBV_WR_SEND`.
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
+    SendWithImm(u32),
+    /// `IBV_WR_SEND_WITH_INV`: the responder invalidates this R_Key.
+    SendWithInv(u32),
+    /// `IBV_WR_RDMA_WRITE`.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
+    WriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data (as the application wrote it, network order preserved).
+        imm: u32,
+    },
+    /// `IBV_WR_RDMA_READ`.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`.
+    CompareSwap {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value compared.
+        compare: u64,
+        /// Value swapped in.
+        swap: u64,
+    },
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    FetchAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value added.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// True for RDMA READ and the atomics: they wait for response data.
+    pub fn is_read_or_atomic(self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+
+    /// True for the atomics.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    /// The completion opcode of this operation at the requester.
+    pub fn wc_opcode(self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+}
+
+/// Where a UD send goes (from its address handle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdDest {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// Destination QP number.
+    pub dest_qpn: u32,
+    /// Q_Key; one with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
+    pub qkey: u32,
+}
+
+/// Send data: scatter/gather entries, or bytes copied at post time (`IBV_SEND_INLINE`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// Gathered from registered memory when sent.
+    Sges(Vec<Sge>),
+    /// Already copied.
+    Inline(Vec<u8>),
+}
+
+impl Payload {
+    /// Total bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Sges(s) => s.iter().map(|s| u64::from(s.length)).sum(),
+            Payload::Inline(b) => b.len() as u64,
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `struct ibv_send_wr`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: SendOp,
+    /// Local data (for READ and atomics: where the result lands).
+    pub payload: Payload,
+    /// `IBV_SEND_SIGNALED`.
+    pub signaled: bool,
+    /// `IBV_SEND_SOLICITED`.
+    pub solicited: bool,
+    /// UD destination.
+    pub ud: Option<UdDest>,
+    /// XRC: the SRQ number at the target (`qp_type.xrc.remote_srqn`).
+    pub remote_srqn: u32,
+}
+
+impl SendWr {
+    /// A signaled work request with no UD or XRC addressing.
+    pub fn new(wr_id: u64, op: SendOp, payload: Payload) -> SendWr {
+        SendWr {
+            wr_id,
+            op,
+            payload,
+            signaled: true,
+            solicited: false,
+            ud: None,
+            remote_srqn: 0,
+        }
+    }
+}
+
+/// `struct ibv_recv_wr`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where received data lands.
+    pub sges: Vec<Sge>,
+}
+
+/// `enum ibv_wc_status` (verbs.h values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+#[allow(missing_docs)]
+pub enum WcStatus {
+    Success = 0,
+    LocLenErr = 1,
+    LocQpOpErr = 2,
+    LocProtErr = 4,
+    WrFlushErr = 5,
+    BadRespErr = 7,
+    LocAccessErr = 8,
+    RemInvReqErr = 9,
+    RemAccessErr = 10,
+    RemOpErr = 11,
+    RetryExcErr = 12,
+    RnrRetryExcErr = 13,
+    GeneralErr = 21,
+}
+
+/// `enum ibv_wc_opcode` (verbs.h values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+#[allow(missing_docs)]
+pub enum WcOpcode {
+    Send = 0,
+    RdmaWrite = 1,
+    RdmaRead = 2,
+    CompSwap = 3,
+    FetchAdd = 4,
+    Recv = 128,
+    RecvRdmaWithImm = 129,
+}
+
+/// `IBV_WC_GRH`: a GRH is in the first 40 bytes of the receive buffer (UD).
+pub const WC_GRH: u32 = 1 << 0;
+/// `IBV_WC_WITH_IMM`.
+pub const WC_WITH_IMM: u32 = 1 << 1;
+/// `IBV_WC_WITH_INV`.
+pub const WC_WITH_INV: u32 = 1 << 3;
+
+/// `struct ibv_wc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode (meaningful on success; rdma-core leaves it undefined otherwise).
+    pub opcode: WcOpcode,
+    /// Bytes received (receive side) or read (RDMA READ).
+    pub byte_len: u32,
+    /// Immediate data (with [`WC_WITH_IMM`]) or invalidated R_Key (with [`WC_WITH_INV`]).
+    pub imm_data: u32,
+    /// Local QP number (for XRC receive completions: the receive QP's number).
+    pub qp_num: u32,
+    /// Source QP (UD).
+    pub src_qp: u32,
+    /// `WC_*` flags.
+    pub wc_flags: u32,
+}
+
+impl WorkCompletion {
+    pub(crate) fn new(
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        qp_num: u32,
+    ) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm_data: 0,
+            qp_num,
+            src_qp: 0,
+            wc_flags: 0,
+        }
+    }
+}

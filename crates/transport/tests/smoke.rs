@@ -1,0 +1,133 @@
+use softverbs_core::types::{Access, Mtu, QpType};
+use softverbs_transport::sim::{ConnParams, Faults, Host, Network};
+use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+
+#[test]
+fn rc_send_write_read_atomic_between_two_hosts() {
+    let mut a = Host::new("10.0.0.1".parse().unwrap(), Mtu::M1024);
+    let mut b = Host::new("10.0.0.2".parse().unwrap(), Mtu::M1024);
+    let ca = a.context(1, 1 << 20);
+    let cb = b.context(2, 1 << 20);
+    let pa = a.pd(ca);
+    let pb = b.pd(cb);
+    let all =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let ka = a.mr(pa, 0, 1 << 20, all);
+    let kb = b.mr(pb, 0, 1 << 20, all);
+    let cqa = a.cq(ca);
+    let cqb = b.cq(cb);
+    let qa = a.qp(QpType::Rc, pa, cqa, None);
+    let qb = b.qp(QpType::Rc, pb, cqb, None);
+    let (ga, gb) = (a.gid, b.gid);
+    a.connect(qa, gb, qb, ConnParams::default());
+    b.connect(qb, ga, qa, ConnParams::default());
+    for (i, x) in a.mem.space_mut(ca)[..5000].iter_mut().enumerate() {
+        *x = i as u8;
+    }
+    b.engine
+        .post_recv(
+            qb,
+            RecvWr {
+                wr_id: 7,
+                sges: vec![Sge {
+                    addr: 0x10000,
+                    length: 8192,
+                    lkey: kb,
+                }],
+            },
+        )
+        .unwrap();
+    let sge = |addr, length| {
+        Payload::Sges(vec![Sge {
+            addr,
+            length,
+            lkey: ka,
+        }])
+    };
+    a.engine
+        .post_send(qa, SendWr::new(1, SendOp::Send, sge(0, 5000)))
+        .unwrap();
+    a.engine
+        .post_send(
+            qa,
+            SendWr::new(
+                2,
+                SendOp::Write {
+                    remote_addr: 0x20000,
+                    rkey: kb,
+                },
+                sge(0, 3000),
+            ),
+        )
+        .unwrap();
+    a.engine
+        .post_send(
+            qa,
+            SendWr::new(
+                3,
+                SendOp::Read {
+                    remote_addr: 0x20000,
+                    rkey: kb,
+                },
+                sge(0x40000, 3000),
+            ),
+        )
+        .unwrap();
+    b.mem.space_mut(cb)[0x30000..0x30008].copy_from_slice(&5u64.to_ne_bytes());
+    a.engine
+        .post_send(
+            qa,
+            SendWr::new(
+                4,
+                SendOp::FetchAdd {
+                    remote_addr: 0x30000,
+                    rkey: kb,
+                    add: 10,
+                },
+                sge(0x50000, 8),
+            ),
+        )
+        .unwrap();
+    let mut net = Network::new(vec![a, b], Faults::NONE, 1);
+    let ok = net.run_until(std::time::Duration::from_secs(1), |n| {
+        n.hosts[0].completions.len() == 4
+    });
+    let (a, b) = net.hosts.split_at_mut(1);
+    let (a, b) = (&mut a[0], &mut b[0]);
+    assert!(
+        ok,
+        "completions: {:?} failures {:?} {:?}",
+        a.completions, a.failures, b.failures
+    );
+    let wcs = a.take_completions(cqa);
+    assert_eq!(
+        wcs.iter()
+            .map(|w| (w.wr_id, w.status, w.opcode))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success, WcOpcode::Send),
+            (2, WcStatus::Success, WcOpcode::RdmaWrite),
+            (3, WcStatus::Success, WcOpcode::RdmaRead),
+            (4, WcStatus::Success, WcOpcode::FetchAdd),
+        ]
+    );
+    let r = b.take_completions(cqb);
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len, r[0].opcode),
+        (7, WcStatus::Success, 5000, WcOpcode::Recv)
+    );
+    assert_eq!(
+        &b.mem.space(cb)[0x10000..0x10000 + 5000],
+        &a.mem.space(ca)[..5000]
+    );
+    assert_eq!(
+        &b.mem.space(cb)[0x20000..0x20000 + 3000],
+        &a.mem.space(ca)[..3000]
+    );
+    assert_eq!(
+        &a.mem.space(ca)[0x40000..0x40000 + 3000],
+        &a.mem.space(ca)[..3000]
+    );
+    assert_eq!(a.mem.space(ca)[0x50000..0x50008], 5u64.to_ne_bytes());
+    assert_eq!(b.mem.space(cb)[0x30000..0x30008], 15u64.to_ne_bytes());
+}
