@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages the tests use. Installed only when missing (and only as root, as on CI).
-packages=(procps util-linux)
+packages=(procps util-linux tshark)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

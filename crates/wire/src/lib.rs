@@ -8,6 +8,8 @@
 //!   `BTH | ETHs | payload | pad | ICRC` packets.
 //! * [`icrc`]: the RoCE v2 invariant CRC; [`ip`]: minimal IPv4/IPv6/UDP headers;
 //!   [`emit_roce_v2`] / [`parse_roce_v2`] for whole datagrams.
+//! * [`pcap`]: classic pcap writer/reader and Ethernet framing of RoCE v2 packets for
+//!   Wireshark (see `tools/wireshark/softverbs.lua`).
 //!
 //! Parsing never panics; everything malformed is a [`WireError`].
 #![forbid(unsafe_code)]
@@ -27,6 +29,7 @@ pub mod imm;
 pub mod ip;
 pub mod opcode;
 pub mod packet;
+pub mod pcap;
 pub mod psn;
 pub mod reth;
 pub mod xrceth;
