@@ -595,6 +595,9 @@ impl Dispatcher {
             s.phase = Phase::Introspect;
             return ok(resp(0, n));
         }
+        // The eventfd first: a context must not exist unless the session records it.
+        let efd = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
+        let client_end = efd.try_clone().map_err(|_| ENOMEM)?;
         let info = ContextInfo {
             pid: s.cred.pid,
             uid: s.cred.uid,
@@ -604,8 +607,6 @@ impl Dispatcher {
             .core
             .open_context(r.device.get() as usize, info)
             .map_err(core_err)?;
-        let efd = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
-        let client_end = efd.try_clone().map_err(|_| ENOMEM)?;
         s.eventfd = Some(efd);
         s.phase = Phase::Context(ctx);
         Ok((resp(ctx.0, n).as_bytes().to_vec(), vec![client_end]))

@@ -14,11 +14,28 @@ fuzz_target!(|data: &[u8]| {
     let core = Core::new(vec![Device::roce("fuzz0", 1, &["127.0.0.1".parse().unwrap()], Mtu::M4096)]);
     let mut d = Dispatcher::new(core, 2);
     let mut s = Session::new(PeerCred { pid: 1, uid: 0, gid: 0 }, "fuzz".into());
-    // A valid hello first (so the context commands are reachable), then the input split into
-    // datagrams at 0xFF 0xFE markers.
-    let hello = [1u8, 0, 0, 0, 8, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0];
-    let _ = d.handle(&mut s, &hello, Vec::new());
-    for msg in data.split(|&b| b == 0xff).filter(|m| !m.is_empty()) {
+    // The first input byte decides whether a valid hello opens a context first (so the
+    // context commands are reachable) or the session starts raw (so the pre-hello and
+    // introspection paths are). The rest is split into datagrams at the two-byte marker
+    // 0xFF 0xFE, so datagrams may still contain 0xFF bytes (e.g. CREATE_NEW_QP).
+    let Some((&mode, rest)) = data.split_first() else { return };
+    if mode & 1 == 0 {
+        let hello = [1u8, 0, 0, 0, 8, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0];
+        let _ = d.handle(&mut s, &hello, Vec::new());
+    }
+    let mut msgs = Vec::new();
+    let (mut start, mut i) = (0, 0);
+    while i + 1 < rest.len() {
+        if rest[i] == 0xff && rest[i + 1] == 0xfe {
+            msgs.push(&rest[start..i]);
+            start = i + 2;
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    msgs.push(&rest[start..]);
+    for msg in msgs.into_iter().filter(|m| !m.is_empty()) {
         let out = d.handle(&mut s, msg, Vec::new());
         assert!(out.reply.len() >= 16, "every request gets a reply header");
     }
