@@ -88,7 +88,12 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
 
 /// A positive ACK of every PSN up to and including `psn` (ACKs are cumulative, IBA 9.7.5.1.2).
 fn ack_through<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, psn: u32) {
-    let mut any = false;
+    // Any advance of the acknowledged PSN is progress, even inside a message: the retry
+    // budget counts consecutive failures, not failures per message (IBA C9-140).
+    let mut any = psn_diff(psn, qp.req.acked_psn) > 0 && psn_diff(psn, qp.req.next_psn) < 0;
+    if any {
+        qp.req.acked_psn = psn;
+    }
     let mut retry_read = None;
     for w in qp.sq.iter_mut() {
         if !w.started || w.done {
@@ -128,7 +133,12 @@ fn progress<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>) {
     qp.req.rnr_left = qp.attr.rnr_retry;
     while qp.sq.front().is_some_and(|w| w.done) {
         let w = qp.sq.pop_front().expect("front");
-        qp.req.send_idx = qp.req.send_idx.saturating_sub(1);
+        if qp.req.send_idx == 0 {
+            // The request being retransmitted was acknowledged meanwhile: go on with the next.
+            qp.req.send_pkt = 0;
+        } else {
+            qp.req.send_idx -= 1;
+        }
         if qp.signaled(&w.wr) {
             let mut wc = WorkCompletion::new(
                 w.wr.wr_id,

@@ -38,6 +38,8 @@ pub(crate) struct ReqState {
     pub(crate) timer: Option<Instant>,
     /// Until when an RNR NAK holds transmission.
     pub(crate) rnr_until: Option<Instant>,
+    /// The highest PSN the responder has acknowledged (explicitly, or implicitly by a NAK).
+    pub(crate) acked_psn: u32,
 }
 
 impl ReqState {
@@ -210,6 +212,13 @@ pub(crate) fn next_packet<M: Memory>(
     }
     let w = &qp.sq[idx];
     let pkt = qp.req.send_pkt;
+    if pkt >= w.npkts {
+        // Everything of this request has been sent (a go-back landed past its end).
+        qp.sq[idx].sent = true;
+        qp.req.send_idx += 1;
+        qp.req.send_pkt = 0;
+        return next_packet(qp, env, buf, scratch);
+    }
     let psn = psn_add(w.first_psn, pkt);
     let op = w.wr.op;
     let npkts = w.npkts;

@@ -185,6 +185,11 @@ pub(crate) fn receive<M: Memory>(
     let d = psn_diff(psn, qp.resp.epsn);
     let reliable = qp.is_reliable();
     if d != 0 {
+        if !reliable && d < 0 {
+            // UC: a packet from the past is a duplicate; drop it, or a message could be
+            // delivered twice.
+            return;
+        }
         if !reliable {
             // UC: a gap loses the message in progress (IBA 9.8.3); resynchronize on a FIRST/ONLY.
             abort_uc(qp, env);

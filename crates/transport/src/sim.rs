@@ -99,6 +99,9 @@ pub struct NetStats {
     pub corrupted: u64,
     /// Dropped at a receiver for a bad ICRC.
     pub icrc_rejected: u64,
+    /// Corrupted packets a receiver accepted (must stay 0: the ICRC covers every byte the
+    /// corruption may touch).
+    pub corrupt_accepted: u64,
     /// Handed to an engine.
     pub delivered: u64,
 }
@@ -494,6 +497,7 @@ impl Default for ConnParams {
 struct InFlight {
     at: Instant,
     seq: u64,
+    corrupted: bool,
     to: usize,
     from: usize,
     bytes: Vec<u8>,
@@ -599,7 +603,7 @@ impl Network {
                 let Some(to) = self.hosts.iter().position(|h| h.gid == tx.dgid) else {
                     continue;
                 };
-                self.transmit(i, to, dgram);
+                self.transmit(i, to, dgram, tx.len);
             }
         }
         while self.queue.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
@@ -616,6 +620,9 @@ impl Network {
                 continue;
             }
             self.stats.delivered += 1;
+            if p.corrupted {
+                self.stats.corrupt_accepted += 1;
+            }
             let meta = RxMeta {
                 sgid: self.hosts[p.from].gid,
                 dgid: self.hosts[p.to].gid,
@@ -630,7 +637,7 @@ impl Network {
         progressed
     }
 
-    fn transmit(&mut self, from: usize, to: usize, bytes: Vec<u8>) {
+    fn transmit(&mut self, from: usize, to: usize, bytes: Vec<u8>, ib_len: usize) {
         let f = self.faults;
         if self.rng.chance(f.loss) {
             self.stats.lost += 1;
@@ -644,10 +651,18 @@ impl Network {
         };
         for _ in 0..copies {
             let mut b = bytes.clone();
+            let mut corrupted = false;
             if self.rng.chance(f.corrupt) {
-                let at = self.rng.below(b.len() as u64) as usize;
+                // Flip a bit of the IB packet, BTH through ICRC, except BTH byte 4 (FECN, BECN,
+                // reserved) which the ICRC masks: switches may change it (Annex A17).
+                let ib_start = b.len() - ib_len;
+                let mut at = ib_start + self.rng.below(ib_len as u64) as usize;
+                if at == ib_start + 4 {
+                    at += 1;
+                }
                 b[at] ^= 1 << self.rng.below(8);
                 self.stats.corrupted += 1;
+                corrupted = true;
             }
             let mut delay = f.delay;
             if self.rng.chance(f.reorder) {
@@ -657,6 +672,7 @@ impl Network {
             self.queue.push(Reverse(InFlight {
                 at: self.now.after(delay),
                 seq: self.seq,
+                corrupted,
                 to,
                 from,
                 bytes: b,
