@@ -41,21 +41,42 @@ fn run(kind: Kind, seed: u64, faults: Faults, count: usize) -> Outcome {
     let kb = b.mr(pb, 0, 1 << 20, Access::LOCAL_WRITE);
     let cqa = a.cq(ca);
     let cqb = b.cq(cb);
-    let max = if matches!(kind, Kind::Ud) { 1024 } else { 3 * 1024 + 100 };
-    let sent: Vec<Vec<u8>> =
-        (0..count).map(|_| (0..1 + rng.below(max) as usize).map(|_| rng.next_u64() as u8).collect()).collect();
+    let max = if matches!(kind, Kind::Ud) {
+        1024
+    } else {
+        3 * 1024 + 100
+    };
+    let sent: Vec<Vec<u8>> = (0..count)
+        .map(|_| {
+            (0..1 + rng.below(max) as usize)
+                .map(|_| rng.next_u64() as u8)
+                .collect()
+        })
+        .collect();
     for (i, m) in sent.iter().enumerate() {
         a.mem.space_mut(ca)[i * SLOT as usize..][..m.len()].copy_from_slice(m);
     }
-    let params = ConnParams { timeout: 8, ..ConnParams::default() };
+    let params = ConnParams {
+        timeout: 8,
+        ..ConnParams::default()
+    };
     let (qa, qb, srqn, recv_on) = match kind {
         Kind::Rc | Kind::Uc => {
-            let t = if matches!(kind, Kind::Rc) { QpType::Rc } else { QpType::Uc };
+            let t = if matches!(kind, Kind::Rc) {
+                QpType::Rc
+            } else {
+                QpType::Uc
+            };
             let qa = a.qp(t, pa, cqa, None);
             let qb = b.qp(t, pb, cqb, None);
             (qa, qb, 0, None)
         }
-        Kind::Ud => (a.qp(QpType::Ud, pa, cqa, None), b.qp(QpType::Ud, pb, cqb, None), 0, None),
+        Kind::Ud => (
+            a.qp(QpType::Ud, pa, cqa, None),
+            b.qp(QpType::Ud, pb, cqb, None),
+            0,
+            None,
+        ),
         Kind::Xrc => {
             let xrcd = b.xrcd(cb, 7);
             let (srq, srqn) = b.xrc_srq(pb, xrcd, cqb, 4096);
@@ -68,29 +89,53 @@ fn run(kind: Kind, seed: u64, faults: Faults, count: usize) -> Outcome {
     b.connect(qb, ga, qa, params);
     let ud_extra = if matches!(kind, Kind::Ud) { 40 } else { 0 };
     for i in 0..count {
-        let wr = RecvWr { wr_id: i as u64, sges: vec![Sge { addr: 0x80000 + i as u64 * SLOT, length: SLOT as u32, lkey: kb }] };
+        let wr = RecvWr {
+            wr_id: i as u64,
+            sges: vec![Sge {
+                addr: 0x80000 + i as u64 * SLOT,
+                length: SLOT as u32,
+                lkey: kb,
+            }],
+        };
         match recv_on {
             Some(srq) => b.engine.post_srq_recv(srq, wr).unwrap(),
             None => b.engine.post_recv(qb, wr).unwrap(),
         }
     }
     for (i, m) in sent.iter().enumerate() {
-        let mut wr = SendWr::new(i as u64, SendOp::Send, Payload::Sges(vec![Sge { addr: i as u64 * SLOT, length: m.len() as u32, lkey: ka }]));
+        let mut wr = SendWr::new(
+            i as u64,
+            SendOp::Send,
+            Payload::Sges(vec![Sge {
+                addr: i as u64 * SLOT,
+                length: m.len() as u32,
+                lkey: ka,
+            }]),
+        );
         wr.remote_srqn = srqn;
         if matches!(kind, Kind::Ud) {
-            wr.ud = Some(UdDest { dgid: gb, dest_qpn: qb, qkey: params.qkey });
+            wr.ud = Some(UdDest {
+                dgid: gb,
+                dest_qpn: qb,
+                qkey: params.qkey,
+            });
         }
         a.engine.post_send(qa, wr).unwrap();
     }
     let mut net = Network::new(vec![a, b], faults, seed);
     net.run_until(Duration::from_secs(600), |n| {
         let done = n.hosts[0].completions.len() == count;
-        let drained = n.hosts[1].completions.len() == count || !matches!(kind, Kind::Rc | Kind::Xrc);
+        let drained =
+            n.hosts[1].completions.len() == count || !matches!(kind, Kind::Rc | Kind::Xrc);
         done && drained && !matches!(kind, Kind::Uc | Kind::Ud)
     });
     let mut hosts = net.hosts.into_iter();
     let (mut a, mut b) = (hosts.next().unwrap(), hosts.next().unwrap());
-    let sender = a.take_completions(cqa).iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    let sender = a
+        .take_completions(cqa)
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.opcode))
+        .collect();
     let received = b
         .take_completions(cqb)
         .iter()
@@ -100,17 +145,34 @@ fn run(kind: Kind, seed: u64, faults: Faults, count: usize) -> Outcome {
             (w.wr_id, b.mem.space(cb)[at..at + len].to_vec(), w.status)
         })
         .collect();
-    Outcome { sent, received, sender, corrupt_accepted: net.stats.corrupt_accepted }
+    Outcome {
+        sent,
+        received,
+        sender,
+        corrupt_accepted: net.stats.corrupt_accepted,
+    }
 }
 
 fn faults(loss: f64, duplicate: f64, reorder: f64, corrupt: f64) -> Faults {
-    Faults { loss, duplicate, reorder, corrupt, delay: Duration::from_micros(5) }
+    Faults {
+        loss,
+        duplicate,
+        reorder,
+        corrupt,
+        delay: Duration::from_micros(5),
+    }
 }
 
 fn check_reliable(o: &Outcome) -> Result<(), TestCaseError> {
     let n = o.sent.len();
-    let want: Vec<_> = (0..n as u64).map(|i| (i, WcStatus::Success, WcOpcode::Send)).collect();
-    prop_assert_eq!(&o.sender, &want, "every send completes once, in order, successfully");
+    let want: Vec<_> = (0..n as u64)
+        .map(|i| (i, WcStatus::Success, WcOpcode::Send))
+        .collect();
+    prop_assert_eq!(
+        &o.sender,
+        &want,
+        "every send completes once, in order, successfully"
+    );
     prop_assert_eq!(o.received.len(), n, "every message is received once");
     for (i, (wr_id, data, status)) in o.received.iter().enumerate() {
         prop_assert_eq!(*wr_id, i as u64, "in order");
@@ -129,9 +191,17 @@ fn check_unreliable(o: &Outcome, duplicates_possible: bool) -> Result<(), TestCa
         prop_assert_eq!(*status, WcStatus::Success);
         // Whole messages only: what arrived is exactly one of the messages sent.
         let matches: Vec<usize> = (0..o.sent.len()).filter(|&i| &o.sent[i] == data).collect();
-        prop_assert!(!matches.is_empty(), "receive {} holds a partial or foreign message ({} bytes)", wr_id, data.len());
+        prop_assert!(
+            !matches.is_empty(),
+            "receive {} holds a partial or foreign message ({} bytes)",
+            wr_id,
+            data.len()
+        );
         if !duplicates_possible {
-            prop_assert!(last.is_none_or(|l| l < matches[0]), "no duplicates, in order");
+            prop_assert!(
+                last.is_none_or(|l| l < matches[0]),
+                "no duplicates, in order"
+            );
             last = Some(matches[0]);
         }
     }
@@ -141,7 +211,12 @@ fn check_unreliable(o: &Outcome, duplicates_possible: bool) -> Result<(), TestCa
 
 fn config(cases: u32) -> Config {
     // Fixed seeds: every run checks the same cases, so a result is reproducible.
-    Config { cases, failure_persistence: None, rng_seed: RngSeed::Fixed(0x50F7_7E4B), ..Config::default() }
+    Config {
+        cases,
+        failure_persistence: None,
+        rng_seed: RngSeed::Fixed(0x50F7_7E4B),
+        ..Config::default()
+    }
 }
 
 proptest! {

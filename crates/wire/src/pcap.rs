@@ -412,6 +412,42 @@ pub fn roce_v2_frame_from_headers(
     Ok(frame)
 }
 
+/// Wraps a whole IP datagram (IPv4 or IPv6, as a RoCE v2 sender put it on the wire) in an
+/// Ethernet header with [`synthetic_mac`] addresses, for a capture of real traffic.
+pub fn ethernet_frame(datagram: &[u8]) -> Result<Vec<u8>, WireError> {
+    let bad = WireError::MalformedIpUdp {
+        reason: "not an IPv4 or IPv6 header",
+    };
+    let (src, dst, ethertype): (IpAddr, IpAddr, u16) = match datagram.first().map(|b| b >> 4) {
+        Some(4) if datagram.len() >= 20 => {
+            let a = |at: usize| {
+                IpAddr::from([
+                    datagram[at],
+                    datagram[at + 1],
+                    datagram[at + 2],
+                    datagram[at + 3],
+                ])
+            };
+            (a(12), a(16), ETHERTYPE_IPV4)
+        }
+        Some(6) if datagram.len() >= 40 => {
+            let a = |at: usize| {
+                let mut o = [0u8; 16];
+                o.copy_from_slice(&datagram[at..at + 16]);
+                IpAddr::from(o)
+            };
+            (a(8), a(24), ETHERTYPE_IPV6)
+        }
+        _ => return Err(bad),
+    };
+    let mut frame = Vec::with_capacity(ETHERNET_HEADER_LEN + datagram.len());
+    frame.extend_from_slice(&synthetic_mac(dst));
+    frame.extend_from_slice(&synthetic_mac(src));
+    frame.extend_from_slice(&ethertype.to_be_bytes());
+    frame.extend_from_slice(datagram);
+    Ok(frame)
+}
+
 /// The IP datagram in an Ethernet frame carrying IPv4 or IPv6, skipping at most one
 /// 802.1Q tag; `None` for anything else. Bytes past the IP length (Ethernet padding) are
 /// kept; [`crate::parse_roce_v2`] ignores them.

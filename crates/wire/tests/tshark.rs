@@ -8,12 +8,11 @@
 //! passing run; a failing run always keeps it.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
+use softverbs_testkit::{frame_numbers, tshark, tshark_available};
 use softverbs_wire::ip::{self, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCE_V2_UDP_PORT};
 use softverbs_wire::pcap::{self, PcapReader, PcapWriter};
 use softverbs_wire::{
@@ -27,40 +26,6 @@ struct Expect {
     opcode: Opcode,
     icrc_good: bool,
     srqn: Option<u32>,
-}
-
-fn plugin_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/wireshark/softverbs.lua")
-}
-
-/// `Some(version line)` if tshark runs; `None` (after printing why) if the test should be
-/// skipped. Panics when tshark is missing under CI.
-fn tshark_available() -> Option<String> {
-    match Command::new("tshark").arg("--version").output() {
-        Ok(out) if out.status.success() => Some(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned(),
-        ),
-        other => {
-            let why = match other {
-                Ok(out) => format!("`tshark --version` exited with {}", out.status),
-                Err(e) => format!("cannot run tshark: {e}"),
-            };
-            if std::env::var_os("CI").is_some() {
-                panic!("tshark is required under CI ({why}); install the Debian package `tshark`");
-            }
-            // Straight to the stderr handle: libtest would swallow `eprintln!` of a
-            // passing test.
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped: tshark not installed ({why}); install the Debian package `tshark`"
-            );
-            None
-        }
-    }
 }
 
 /// A payload of `len` recognisable bytes.
@@ -312,50 +277,6 @@ fn build_capture(path: &Path) -> Vec<Expect> {
 
     w.into_inner().into_inner().unwrap();
     expects
-}
-
-/// Runs tshark on `pcap` with the plugin and a clean profile; returns stdout.
-fn tshark(pcap: &Path, home: &Path, extra: &[&str]) -> String {
-    let out = Command::new("tshark")
-        // A fresh HOME keeps personal preferences and plugins (e.g. an installed copy of
-        // softverbs.lua, which would register its fields twice) out of the test.
-        .env("HOME", home)
-        .env_remove("XDG_CONFIG_HOME")
-        .arg("-n")
-        // Wireshark 4.0's RPC-over-RDMA heuristic claims SEND payloads shorter than its
-        // header (< 16 bytes, e.g. the empty SEND_ONLY below) and throws "Malformed
-        // Packet: RPCoRDMA" on them; these are not RPC messages, so keep it out.
-        .args(["--disable-protocol", "rpcordma"])
-        .arg("-r")
-        .arg(pcap)
-        .arg("-X")
-        .arg(format!("lua_script:{}", plugin_path().display()))
-        .args(extra)
-        .output()
-        .expect("run tshark");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "tshark {extra:?} failed ({}):\n{stderr}",
-        out.status
-    );
-    // Running as root only earns a warning; anything else on stderr (Lua load errors,
-    // unknown fields in a filter) is a failure.
-    for line in stderr.lines() {
-        assert!(
-            line.starts_with("Running as user \"root\""),
-            "unexpected tshark stderr: {stderr}"
-        );
-    }
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn frame_numbers(stdout: &str) -> Vec<usize> {
-    stdout
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(|l| l.trim().parse().unwrap())
-        .collect()
 }
 
 fn parse_hex(s: &str) -> u32 {
