@@ -207,6 +207,9 @@ impl Conn {
     }
 }
 
+/// How long a request polls for its reply before blocking.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
 fn exchange<R>(
     sock: BorrowedFd<'_>,
     op: &'static str,
@@ -227,8 +230,21 @@ where
         }
     }
     let mut buf = [0u8; MAX_MSG];
+    // Poll briefly before sleeping: the daemon answers in a few microseconds when it is
+    // awake, while a sleep/wake-up pair across CPUs costs tens of microseconds (see
+    // docs/performance.md). Yielding keeps a third busy process from being starved.
+    let spin_until = std::time::Instant::now() + SPIN;
+    let mut spinning = true;
     let dgram = loop {
-        match ipc::recv(sock, &mut buf) {
+        let got = if spinning { ipc::try_recv(sock, &mut buf) } else { ipc::recv(sock, &mut buf) };
+        match got {
+            Err(ipc::IpcErrno::AGAIN) if spinning => {
+                if std::time::Instant::now() >= spin_until {
+                    spinning = false;
+                }
+                std::thread::yield_now();
+                continue;
+            }
             Ok(Some(d)) => break d,
             Ok(None) => return Err(Error::new(op, errno::ECONNRESET)),
             Err(ipc::IpcErrno::INTR) => continue,

@@ -27,6 +27,9 @@ const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
 const FIRST_CONN: usize = 16;
 
+/// How long the loop keeps polling without sleeping after it last had work.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// Stops a running [`Server`] from another thread.
 #[derive(Clone)]
 pub struct StopHandle {
@@ -154,12 +157,25 @@ impl Server {
     pub fn run(&mut self) -> io::Result<()> {
         tracing::info!(socket = %self.config.socket.display(), abi = self.config.abi_version, "daemon serving");
         let mut events = Events::with_capacity(256);
+        let mut busy_until = std::time::Instant::now();
         while !self.stop.flag.load(std::sync::atomic::Ordering::SeqCst) {
-            if let Err(e) = self.poll.poll(&mut events, None) {
+            // Adaptive polling: right after work, poll without sleeping for a short window,
+            // so a client's next request finds the daemon awake (a cross-CPU wake-up costs
+            // tens of microseconds on small VMs); then block. The yield keeps the spin from
+            // starving clients on a machine with few CPUs.
+            let spinning = std::time::Instant::now() < busy_until;
+            let timeout = if spinning { Some(std::time::Duration::ZERO) } else { None };
+            if spinning {
+                std::thread::yield_now();
+            }
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
                 return Err(e);
+            }
+            if !events.is_empty() {
+                busy_until = std::time::Instant::now() + SPIN;
             }
             for ev in events.iter() {
                 match ev.token() {

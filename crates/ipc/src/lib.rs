@@ -102,13 +102,23 @@ pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Resul
 /// Receives one datagram into `buf`. `Ok(None)` at end of stream (peer closed);
 /// `Err(AGAIN)` when a non-blocking socket has nothing.
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Datagram>, Errno> {
+    recv_with(sock, buf, RecvFlags::CMSG_CLOEXEC)
+}
+
+/// [`recv`] that never blocks, even on a blocking socket (`MSG_DONTWAIT`): `Err(AGAIN)` when
+/// nothing is there yet.
+pub fn try_recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Datagram>, Errno> {
+    recv_with(sock, buf, RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT)
+}
+
+fn recv_with(sock: BorrowedFd<'_>, buf: &mut [u8], flags: RecvFlags) -> Result<Option<Datagram>, Errno> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg = recvmsg(
         sock,
         &mut [IoSliceMut::new(buf)],
         &mut control,
-        RecvFlags::CMSG_CLOEXEC,
+        flags,
     )?;
     let mut fds = Vec::new();
     for m in control.drain() {
