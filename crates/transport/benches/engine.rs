@@ -35,36 +35,80 @@ fn pair(mtu: Mtu) -> Pair {
     let qa = a.qp(QpType::Rc, pa, cqa, None);
     let qb = b.qp(QpType::Rc, pb, cqb, None);
     let (ga, gb) = (a.gid, b.gid);
-    let p = ConnParams { mtu, ..ConnParams::default() };
+    let p = ConnParams {
+        mtu,
+        ..ConnParams::default()
+    };
     a.connect(qa, gb, qb, p);
     b.connect(qb, ga, qa, p);
-    Pair { a, b, qa, qb, ka, kb }
+    Pair {
+        a,
+        b,
+        qa,
+        qb,
+        ka,
+        kb,
+    }
 }
 
 /// Moves `BATCH` messages of `size` bytes from a to b, with b's ACKs flowing back; returns
 /// the number of packets that crossed.
 fn run(p: &mut Pair, size: u32, with_icrc: bool, buf: &mut [u8], dgram: &mut [u8]) -> u64 {
     for i in 0..BATCH {
-        p.b.engine.post_recv(p.qb, RecvWr { wr_id: i, sges: vec![Sge { addr: 0x8000, length: size, lkey: p.kb }] }).unwrap();
-        let mut wr = SendWr::new(i, SendOp::Send, Payload::Sges(vec![Sge { addr: 0, length: size, lkey: p.ka }]));
+        p.b.engine
+            .post_recv(
+                p.qb,
+                RecvWr {
+                    wr_id: i,
+                    sges: vec![Sge {
+                        addr: 0x8000,
+                        length: size,
+                        lkey: p.kb,
+                    }],
+                },
+            )
+            .unwrap();
+        let mut wr = SendWr::new(
+            i,
+            SendOp::Send,
+            Payload::Sges(vec![Sge {
+                addr: 0,
+                length: size,
+                lkey: p.ka,
+            }]),
+        );
         wr.signaled = i + 1 == BATCH;
         p.a.engine.post_send(p.qa, wr).unwrap();
     }
-    let (ma, mb) = (RxMeta { sgid: p.b.gid, dgid: p.a.gid }, RxMeta { sgid: p.a.gid, dgid: p.b.gid });
-    let ip = IpRepr::V4(Ipv4Repr::new("10.1.0.1".parse().unwrap(), "10.1.0.2".parse().unwrap()));
+    let (ma, mb) = (
+        RxMeta {
+            sgid: p.b.gid,
+            dgid: p.a.gid,
+        },
+        RxMeta {
+            sgid: p.a.gid,
+            dgid: p.b.gid,
+        },
+    );
+    let ip = IpRepr::V4(Ipv4Repr::new(
+        "10.1.0.1".parse().unwrap(),
+        "10.1.0.2".parse().unwrap(),
+    ));
     let now = Instant(0);
     let mut packets = 0;
     loop {
         let mut moved = false;
         while let Some(tx) = p.a.engine.poll_transmit(now, &p.a.core, &mut p.a.mem, buf) {
             let pkt = wire(&ip, tx.udp_sport, &buf[..tx.len], with_icrc, dgram);
-            p.b.engine.handle_packet(now, &p.b.core, &mut p.b.mem, mb, pkt);
+            p.b.engine
+                .handle_packet(now, &p.b.core, &mut p.b.mem, mb, pkt);
             packets += 1;
             moved = true;
         }
         while let Some(tx) = p.b.engine.poll_transmit(now, &p.b.core, &mut p.b.mem, buf) {
             let pkt = wire(&ip, tx.udp_sport, &buf[..tx.len], with_icrc, dgram);
-            p.a.engine.handle_packet(now, &p.a.core, &mut p.a.mem, ma, pkt);
+            p.a.engine
+                .handle_packet(now, &p.a.core, &mut p.a.mem, ma, pkt);
             packets += 1;
             moved = true;
         }
@@ -74,17 +118,30 @@ fn run(p: &mut Pair, size: u32, with_icrc: bool, buf: &mut [u8], dgram: &mut [u8
             break;
         }
     }
-    assert_eq!(p.a.engine.send_queue_len(p.qa), 0, "every message acknowledged");
+    assert_eq!(
+        p.a.engine.send_queue_len(p.qa),
+        0,
+        "every message acknowledged"
+    );
     packets
 }
 
 /// With `with_icrc`, does what a wire does to a packet: IP/UDP headers, ICRC written,
 /// ICRC checked; returns the IB packet to hand over.
-fn wire<'a>(ip: &IpRepr, sport: u16, pkt: &'a [u8], with_icrc: bool, dgram: &'a mut [u8]) -> &'a [u8] {
+fn wire<'a>(
+    ip: &IpRepr,
+    sport: u16,
+    pkt: &'a [u8],
+    with_icrc: bool,
+    dgram: &'a mut [u8],
+) -> &'a [u8] {
     if !with_icrc {
         return pkt;
     }
-    let udp = UdpRepr { src_port: sport, dst_port: ROCE_V2_UDP_PORT };
+    let udp = UdpRepr {
+        src_port: sport,
+        dst_port: ROCE_V2_UDP_PORT,
+    };
     let hl = emit_ip_udp(ip, &udp, pkt.len(), dgram).unwrap();
     dgram[hl..hl + pkt.len()].copy_from_slice(pkt);
     let (h, rest) = dgram.split_at_mut(hl);
@@ -105,7 +162,11 @@ fn bench(c: &mut Criterion) {
             g.throughput(Throughput::Elements(per_batch));
             let name = format!("rc_send_{size}B{}", if with_icrc { "_icrc" } else { "" });
             g.bench_function(name, |bch| {
-                bch.iter_batched_ref(|| pair(mtu), |p| run(p, size, with_icrc, &mut buf, &mut dgram), BatchSize::LargeInput)
+                bch.iter_batched_ref(
+                    || pair(mtu),
+                    |p| run(p, size, with_icrc, &mut buf, &mut dgram),
+                    BatchSize::LargeInput,
+                )
             });
         }
     }

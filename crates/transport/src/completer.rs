@@ -8,7 +8,7 @@ use softverbs_wire::{NakCode, Operation, PacketRef, Syndrome};
 
 use crate::engine::{Env, Qp};
 use crate::memory::Memory;
-use crate::requester::{complete_front_error, go_back};
+use crate::requester::{complete_error_at, complete_front_error, go_back, index_of_psn};
 use crate::time::{ack_timeout, rnr_delay};
 use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 
@@ -28,7 +28,8 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
                 Syndrome::RnrNak { timer } => {
                     ack_through(qp, env, psn_add(psn, 0xFF_FFFF));
                     if qp.req.rnr_left == 0 {
-                        return complete_front_error(qp, env, WcStatus::RnrRetryExcErr);
+                        let i = index_of_psn(qp, psn);
+                        return complete_error_at(qp, env, i, WcStatus::RnrRetryExcErr);
                     }
                     if qp.req.rnr_left != 7 {
                         qp.req.rnr_left -= 1;
@@ -53,7 +54,8 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
                         NakCode::RemoteOperationalError => WcStatus::RemOpErr,
                         NakCode::InvalidRdRequest | NakCode::Reserved(_) => WcStatus::BadRespErr,
                     };
-                    complete_front_error(qp, env, status);
+                    let i = index_of_psn(qp, psn);
+                    complete_error_at(qp, env, i, status);
                 }
             }
         }
@@ -77,7 +79,7 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
                 return;
             };
             if let Err(status) = place(qp, env, i, 0, &ack.orig.to_ne_bytes()) {
-                return complete_front_error(qp, env, status);
+                return complete_error_at(qp, env, i, status);
             }
             qp.sq[i].done = true;
             progress(qp, env);
@@ -227,11 +229,11 @@ fn read_response<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'
     if pkt.payload.len() as u64 > u64::from(len.saturating_sub(offset))
         || (pkt.payload.len() as u32) > mtu
     {
-        return complete_front_error(qp, env, WcStatus::BadRespErr);
+        return complete_error_at(qp, env, i, WcStatus::BadRespErr);
     }
     if !pkt.payload.is_empty() {
         if let Err(status) = place(qp, env, i, offset, pkt.payload) {
-            return complete_front_error(qp, env, status);
+            return complete_error_at(qp, env, i, status);
         }
     }
     let w = &mut qp.sq[i];
@@ -242,7 +244,7 @@ fn read_response<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'
     );
     if last || w.resp_pkts == npkts {
         if !last || w.resp_pkts != npkts {
-            return complete_front_error(qp, env, WcStatus::BadRespErr);
+            return complete_error_at(qp, env, i, WcStatus::BadRespErr);
         }
         w.done = true;
     }

@@ -59,6 +59,8 @@ pub struct QpConfig {
     pub max_recv_sge: u32,
     /// Largest inline payload.
     pub max_inline: u32,
+    /// The port's active MTU: the message limit of a UD QP, which has no path MTU.
+    pub port_mtu: softverbs_core::types::Mtu,
 }
 
 /// Creation-time facts of an SRQ.
@@ -187,7 +189,11 @@ pub(crate) struct Qp {
 
 impl Qp {
     pub(crate) fn mtu(&self) -> u32 {
-        self.attr.path_mtu.bytes()
+        if self.cfg.qp_type == QpType::Ud {
+            self.cfg.port_mtu.bytes()
+        } else {
+            self.attr.path_mtu.bytes()
+        }
     }
 
     pub(crate) fn udp_sport(&self) -> u16 {

@@ -191,16 +191,19 @@ pub(crate) fn next_packet<M: Memory>(
             return None;
         }
         if qp.cfg.qp_type == QpType::Ud && wqe.len > mtu {
-            let wc = WorkCompletion::new(
-                wqe.wr.wr_id,
-                WcStatus::LocLenErr,
-                wqe.wr.op.wc_opcode(),
-                qp.cfg.qpn,
-            );
-            qp.sq.pop_front();
-            env.complete(qp.cfg.send_cq, wc);
-            fail_qp(qp, env.out, None);
-            return None;
+            // IBA C10-93.1.1: a UD message longer than the port MTU emits no packet and
+            // raises no error; the request completes as if sent.
+            let w = qp.sq.pop_front().expect("the request at the head");
+            if qp.signaled(&w.wr) {
+                let wc = WorkCompletion::new(
+                    w.wr.wr_id,
+                    WcStatus::Success,
+                    w.wr.op.wc_opcode(),
+                    qp.cfg.qpn,
+                );
+                env.complete(qp.cfg.send_cq, wc);
+            }
+            return next_packet(qp, env, buf, scratch);
         }
         let npkts = packets_for(wqe.len, mtu, wqe.wr.op);
         let first = qp.req.next_psn;
@@ -328,7 +331,7 @@ pub(crate) fn next_packet<M: Memory>(
             offset,
             &mut scratch[..plen],
         ) {
-            complete_front_error(qp, env, status);
+            complete_error_at(qp, env, idx, status);
             return None;
         }
     }
@@ -368,9 +371,45 @@ pub(crate) fn next_packet<M: Memory>(
 
 /// Completes the oldest outstanding request with `status` and moves the QP to ERR.
 pub(crate) fn complete_front_error<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, status: WcStatus) {
+    complete_error_at(qp, env, 0, status);
+}
+
+/// The send-queue index of the outstanding request that PSN `psn` belongs to (the oldest
+/// if none does).
+pub(crate) fn index_of_psn(qp: &Qp, psn: u32) -> usize {
+    qp.sq
+        .iter()
+        .position(|w| {
+            let off = psn_diff(psn, w.first_psn);
+            w.started && !w.done && off >= 0 && off < w.npkts as i32
+        })
+        .unwrap_or(0)
+}
+
+/// Completes request `i` with `status` and moves the QP to ERR. Completions keep posting
+/// order (IBA 10.8.3): requests before it complete first — successfully if they finished,
+/// flushed otherwise — and the QP flushes those after it.
+pub(crate) fn complete_error_at<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    i: usize,
+    status: WcStatus,
+) {
+    for _ in 0..i.min(qp.sq.len()) {
+        let w = qp.sq.pop_front().expect("counted");
+        let st = if w.done {
+            WcStatus::Success
+        } else {
+            WcStatus::WrFlushErr
+        };
+        if st != WcStatus::Success || qp.signaled(&w.wr) {
+            let mut wc = WorkCompletion::new(w.wr.wr_id, st, w.wr.op.wc_opcode(), qp.cfg.qpn);
+            wc.byte_len = if w.done { w.len } else { 0 };
+            env.complete(qp.cfg.send_cq, wc);
+        }
+    }
     if let Some(w) = qp.sq.pop_front() {
-        let mut wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), qp.cfg.qpn);
-        wc.byte_len = 0;
+        let wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), qp.cfg.qpn);
         env.complete(qp.cfg.send_cq, wc);
     }
     fail_qp(qp, env.out, None);

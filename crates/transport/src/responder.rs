@@ -17,7 +17,7 @@ use softverbs_core::types::{Access, EventType, QpState, QpType};
 use softverbs_wire::psn::{psn_add, psn_diff};
 use softverbs_wire::{
     emit_packet, AethRepr, AtomicAckEthRepr, BthRepr, Headers, NakCode, Opcode, Operation,
-    PacketRef, Position, Syndrome,
+    PacketRef, Position, RethRepr, Syndrome,
 };
 
 use crate::engine::{fail_qp, CqId, Env, Qp, RxMeta, SrqKey, Transmit};
@@ -64,6 +64,8 @@ pub(crate) enum RespOut {
     AtomicAck {
         psn: u32,
         orig: u64,
+        /// An answer to a duplicate, from the replay cache.
+        replay: bool,
     },
     Read {
         psn: u32,
@@ -72,6 +74,8 @@ pub(crate) enum RespOut {
         remaining: u32,
         first: bool,
         pd: PdRef,
+        /// A duplicate READ executed again.
+        replay: bool,
     },
 }
 
@@ -140,7 +144,14 @@ impl RespState {
     fn outstanding_reads(&self) -> usize {
         self.out
             .iter()
-            .filter(|o| matches!(o, RespOut::Read { .. } | RespOut::AtomicAck { .. }))
+            // Replays of duplicates re-send answers already counted once; they hold no new
+            // responder resource.
+            .filter(|o| {
+                matches!(
+                    o,
+                    RespOut::Read { replay: false, .. } | RespOut::AtomicAck { replay: false, .. }
+                )
+            })
             .count()
     }
 }
@@ -216,6 +227,9 @@ pub(crate) fn receive<M: Memory>(
         Err(Refusal::Drop) => {}
         Err(Refusal::Rnr) => {
             if reliable {
+                // The packets behind this one are in the same gap: no sequence NAK for them
+                // (the requester retransmits from here after the RNR wait).
+                qp.resp.nak_sent = true;
                 let timer = qp.attr.min_rnr_timer;
                 qp.resp.out.push_back(RespOut::Ack {
                     psn,
@@ -566,7 +580,7 @@ fn execute<M: Memory>(
         }
     } else if op == O::RdmaReadRequest {
         let reth = pkt.headers.reth.ok_or(Refusal::Drop)?;
-        read_request(qp, env, t.pd, psn, reth.va, reth.rkey, reth.dma_len)?;
+        read_request(qp, env, t.pd, psn, reth, false)?;
         let npkts = reth.dma_len.div_ceil(qp.attr.path_mtu.bytes()).max(1);
         qp.resp.epsn = psn_add(psn, npkts);
         qp.resp.msn = psn_add(qp.resp.msn, 1);
@@ -612,7 +626,11 @@ fn execute<M: Memory>(
         if qp.resp.replay.len() > REPLAY_DEPTH {
             qp.resp.replay.pop_front();
         }
-        qp.resp.out.push_back(RespOut::AtomicAck { psn, orig });
+        qp.resp.out.push_back(RespOut::AtomicAck {
+            psn,
+            orig,
+            replay: false,
+        });
         qp.resp.epsn = psn_add(psn, 1);
         qp.resp.msn = psn_add(qp.resp.msn, 1);
         return Ok(());
@@ -631,10 +649,14 @@ fn read_request<M: Memory>(
     env: &mut Env<'_, M>,
     pd: PdRef,
     psn: u32,
-    va: u64,
-    rkey: u32,
-    len: u32,
+    reth: RethRepr,
+    replay: bool,
 ) -> Result<(), Refusal> {
+    let RethRepr {
+        va,
+        rkey,
+        dma_len: len,
+    } = reth;
     if !qp.attr.qp_access_flags.contains(Access::REMOTE_READ) {
         return Err(Refusal::Fatal(
             NakCode::RemoteAccessError,
@@ -642,7 +664,7 @@ fn read_request<M: Memory>(
         ));
     }
     // Responder resources (IBA 9.7.5.2.3): at most max_dest_rd_atomic READs/atomics in hand.
-    if qp.resp.outstanding_reads() >= usize::from(qp.attr.max_dest_rd_atomic.max(1)) {
+    if !replay && qp.resp.outstanding_reads() >= usize::from(qp.attr.max_dest_rd_atomic.max(1)) {
         return Err(Refusal::Fatal(
             NakCode::InvalidRequest,
             Some(EventType::QpReqErr),
@@ -662,6 +684,7 @@ fn read_request<M: Memory>(
         remaining: len,
         first: true,
         pd,
+        replay,
     });
     Ok(())
 }
@@ -678,7 +701,7 @@ fn duplicate<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'_>) 
             qp.resp
                 .out
                 .retain(|o| !matches!(o, RespOut::Read { psn: p, .. } if *p == psn));
-            let _ = read_request(qp, env, t.pd, psn, reth.va, reth.rkey, reth.dma_len);
+            let _ = read_request(qp, env, t.pd, psn, reth, true);
         }
         Operation::CompareSwap | Operation::FetchAdd => {
             // Never applied twice: answer from the replay cache.
@@ -689,7 +712,11 @@ fn duplicate<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'_>) 
                     .iter()
                     .any(|o| matches!(o, RespOut::AtomicAck { psn: p, .. } if *p == psn))
                 {
-                    qp.resp.out.push_back(RespOut::AtomicAck { psn, orig });
+                    qp.resp.out.push_back(RespOut::AtomicAck {
+                        psn,
+                        orig,
+                        replay: true,
+                    });
                 }
             }
         }
@@ -725,7 +752,7 @@ fn receive_ud<M: Memory>(
         return;
     };
     scratch.clear();
-    scratch.extend_from_slice(&grh(meta, pkt.payload.len()));
+    scratch.extend_from_slice(&grh(meta, pkt.as_bytes().len()));
     scratch.extend_from_slice(pkt.payload);
     let (status, len) = match scatter(env, t.pd, &wqe, 0, scratch) {
         Ok(()) => (WcStatus::Success, scratch.len() as u32),
@@ -743,11 +770,11 @@ fn receive_ud<M: Memory>(
 
 /// The 40 bytes rdma-core programs find before UD data: an IPv6 header for IPv6 GIDs, or for
 /// IPv4 RoCE v2 twenty zero bytes followed by the IPv4 header.
-fn grh(meta: RxMeta, payload: usize) -> [u8; 40] {
+fn grh(meta: RxMeta, ib_len: usize) -> [u8; 40] {
     let mut g = [0u8; 40];
     let v4 = |gid: Gid| gid.0[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
     if v4(meta.sgid) && v4(meta.dgid) {
-        let total = (20 + 8 + 12 + payload + 4) as u16;
+        let total = (20 + 8 + ib_len) as u16;
         let h = &mut g[20..];
         h[0] = 0x45;
         h[2..4].copy_from_slice(&total.to_be_bytes());
@@ -766,7 +793,7 @@ fn grh(meta: RxMeta, payload: usize) -> [u8; 40] {
         h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
     } else {
         g[0] = 0x60;
-        let plen = (8 + 12 + payload + 4) as u16;
+        let plen = (8 + ib_len) as u16;
         g[4..6].copy_from_slice(&plen.to_be_bytes());
         g[6] = 17;
         g[7] = 64;
@@ -814,7 +841,7 @@ pub(crate) fn next_packet<M: Memory>(
             h = Headers::new(bth);
             h.aeth = Some(ack(*syndrome));
         }
-        RespOut::AtomicAck { psn, orig } => {
+        RespOut::AtomicAck { psn, orig, .. } => {
             bth.opcode = Opcode::new(transport, Operation::AtomicAcknowledge).ok()?;
             bth.psn = *psn;
             h = Headers::new(bth);
@@ -830,6 +857,7 @@ pub(crate) fn next_packet<M: Memory>(
             remaining,
             first,
             pd,
+            ..
         } => {
             let n = (*remaining).min(mtu);
             let last = n == *remaining;

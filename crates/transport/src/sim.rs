@@ -161,6 +161,10 @@ impl Host {
         c
     }
 
+    fn port_mtu(&self) -> Mtu {
+        self.core.devices()[0].ports[0].active_mtu
+    }
+
     /// A PD.
     pub fn pd(&mut self, ctx: CtxId) -> PdRef {
         PdRef {
@@ -219,6 +223,7 @@ impl Host {
             max_send_sge: made.cap.max_send_sge,
             max_recv_sge: made.cap.max_recv_sge,
             max_inline: made.cap.max_inline_data,
+            port_mtu: self.port_mtu(),
         });
         made.qpn
     }
@@ -302,6 +307,7 @@ impl Host {
             max_send_sge: 0,
             max_recv_sge: 0,
             max_inline: 0,
+            port_mtu: self.port_mtu(),
         });
         (made.handle, made.qpn)
     }
