@@ -236,7 +236,11 @@ where
     let spin_until = std::time::Instant::now() + SPIN;
     let mut spinning = true;
     let dgram = loop {
-        let got = if spinning { ipc::try_recv(sock, &mut buf) } else { ipc::recv(sock, &mut buf) };
+        let got = if spinning {
+            ipc::try_recv(sock, &mut buf)
+        } else {
+            ipc::recv(sock, &mut buf)
+        };
         match got {
             Err(ipc::IpcErrno::AGAIN) if spinning => {
                 if std::time::Instant::now() >= spin_until {

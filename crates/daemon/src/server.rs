@@ -164,7 +164,11 @@ impl Server {
             // tens of microseconds on small VMs); then block. The yield keeps the spin from
             // starving clients on a machine with few CPUs.
             let spinning = std::time::Instant::now() < busy_until;
-            let timeout = if spinning { Some(std::time::Duration::ZERO) } else { None };
+            let timeout = if spinning {
+                Some(std::time::Duration::ZERO)
+            } else {
+                None
+            };
             if spinning {
                 std::thread::yield_now();
             }

@@ -111,15 +111,14 @@ pub fn try_recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> Result<Option<Datagram>
     recv_with(sock, buf, RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT)
 }
 
-fn recv_with(sock: BorrowedFd<'_>, buf: &mut [u8], flags: RecvFlags) -> Result<Option<Datagram>, Errno> {
+fn recv_with(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: RecvFlags,
+) -> Result<Option<Datagram>, Errno> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
-    let msg = recvmsg(
-        sock,
-        &mut [IoSliceMut::new(buf)],
-        &mut control,
-        flags,
-    )?;
+    let msg = recvmsg(sock, &mut [IoSliceMut::new(buf)], &mut control, flags)?;
     let mut fds = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(rights) = m {
