@@ -28,6 +28,8 @@ for f in crates/*/fuzz/Cargo.toml; do
   cargo check --quiet --manifest-path "$f"
 done
 echo "== tests"
-cargo test --workspace 2>&1 | tee target/test-output.txt
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace 2>&1 | tee "$log"
 # One summary line for CI, summed over every test binary.
-awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test-output.txt
+awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' "$log"
