@@ -2,7 +2,7 @@
 //! outstanding requests, places response data, and completes send work requests strictly in
 //! order. A NAK ends the QP with the completion status a NIC reports for it.
 
-use softverbs_core::types::{Access, QpState, QpType};
+use softverbs_core::types::{QpState, QpType};
 use softverbs_wire::psn::{psn_add, psn_diff};
 use softverbs_wire::{NakCode, Operation, PacketRef, Syndrome};
 
@@ -171,32 +171,13 @@ fn place<M: Memory>(
     let Payload::Sges(sges) = &qp.sq[i].wr.payload else {
         return Err(WcStatus::LocQpOpErr);
     };
-    let pd = qp.cfg.pd.ok_or(WcStatus::LocQpOpErr)?;
-    let (mut skip, mut done) = (u64::from(offset), 0usize);
-    for s in sges {
-        if done == data.len() {
-            break;
-        }
-        let len = u64::from(s.length);
-        if skip >= len {
-            skip -= len;
-            continue;
-        }
-        let n = ((len - skip) as usize).min(data.len() - done);
-        let t = env
-            .core
-            .check_mem(pd, s.lkey, s.addr + skip, n as u64, Access::LOCAL_WRITE)
-            .map_err(|_| WcStatus::LocProtErr)?;
-        env.mem
-            .write(t.ctx, t.addr, &data[done..done + n])
-            .map_err(|_| WcStatus::LocProtErr)?;
-        done += n;
-        skip = 0;
-    }
-    if done < data.len() {
-        return Err(WcStatus::LocLenErr);
-    }
-    Ok(())
+    crate::sge::scatter(
+        env,
+        qp.cfg.pd.ok_or(WcStatus::LocQpOpErr)?,
+        sges,
+        offset,
+        data,
+    )
 }
 
 fn read_response<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'_>) {

@@ -16,6 +16,7 @@ pub mod engine;
 pub mod memory;
 mod requester;
 mod responder;
+mod sge;
 pub mod sim;
 pub mod time;
 pub mod wr;

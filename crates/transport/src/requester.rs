@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 use softverbs_core::attr::QpAttr;
-use softverbs_core::types::{Access, QpState, QpType};
+use softverbs_core::types::{QpState, QpType};
 use softverbs_wire::psn::{psn_add, psn_diff};
 use softverbs_wire::{
     emit_packet, AtomicEthRepr, BthRepr, DethRepr, Headers, IethRepr, ImmDtRepr, Opcode, Operation,
@@ -109,7 +109,7 @@ fn operation(op: SendOp, pkt: u32, npkts: u32) -> Operation {
     }
 }
 
-/// Copies `len` bytes at `offset` of a send payload into `out`, checking each local key.
+/// Copies `out.len()` bytes at `offset` of a send payload into `out`.
 pub(crate) fn gather<M: Memory>(
     qp: &Qp,
     env: &mut Env<'_, M>,
@@ -122,32 +122,13 @@ pub(crate) fn gather<M: Memory>(
             out.copy_from_slice(&b[offset as usize..offset as usize + out.len()]);
             Ok(())
         }
-        Payload::Sges(sges) => {
-            let pd = qp.cfg.pd.ok_or(WcStatus::LocQpOpErr)?;
-            let (mut skip, mut done) = (u64::from(offset), 0usize);
-            for s in sges {
-                if done == out.len() {
-                    break;
-                }
-                let len = u64::from(s.length);
-                if skip >= len {
-                    skip -= len;
-                    continue;
-                }
-                let n = ((len - skip) as usize).min(out.len() - done);
-                let at = s.addr + skip;
-                let t = env
-                    .core
-                    .check_mem(pd, s.lkey, at, n as u64, Access::EMPTY)
-                    .map_err(|_| WcStatus::LocProtErr)?;
-                env.mem
-                    .read(t.ctx, t.addr, &mut out[done..done + n])
-                    .map_err(|_| WcStatus::LocProtErr)?;
-                done += n;
-                skip = 0;
-            }
-            Ok(())
-        }
+        Payload::Sges(sges) => crate::sge::gather(
+            env,
+            qp.cfg.pd.ok_or(WcStatus::LocQpOpErr)?,
+            sges,
+            offset,
+            out,
+        ),
     }
 }
 

@@ -324,31 +324,7 @@ fn scatter<M: Memory>(
     offset: u32,
     data: &[u8],
 ) -> Result<(), WcStatus> {
-    let (mut skip, mut done) = (u64::from(offset), 0usize);
-    for s in &wqe.sges {
-        if done == data.len() {
-            break;
-        }
-        let len = u64::from(s.length);
-        if skip >= len {
-            skip -= len;
-            continue;
-        }
-        let n = ((len - skip) as usize).min(data.len() - done);
-        let t = env
-            .core
-            .check_mem(pd, s.lkey, s.addr + skip, n as u64, Access::LOCAL_WRITE)
-            .map_err(|_| WcStatus::LocProtErr)?;
-        env.mem
-            .write(t.ctx, t.addr, &data[done..done + n])
-            .map_err(|_| WcStatus::LocProtErr)?;
-        done += n;
-        skip = 0;
-    }
-    if done < data.len() {
-        return Err(WcStatus::LocLenErr);
-    }
-    Ok(())
+    crate::sge::scatter(env, pd, &wqe.sges, offset, data)
 }
 
 fn recv_completion(
