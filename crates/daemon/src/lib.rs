@@ -11,6 +11,7 @@
 pub mod config;
 mod conn;
 pub mod dispatch;
+pub mod netdev;
 pub mod server;
 
 pub use config::{Config, DeviceSpec};

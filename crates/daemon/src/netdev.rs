@@ -1,0 +1,252 @@
+//! A softverbs device's network side: RoCE v2 over a UDP socket bound to the device's IP
+//! address and port 4791 (Annex A17), with the ICRC computed and checked over the IP and UDP
+//! headers the kernel puts on the wire, optional fault injection (this machine has no netem)
+//! and an optional pcap capture.
+//!
+//! The kernel builds the IP/UDP headers, so the ICRC must be computed over what it will
+//! emit. With an unconnected socket and `IP_PMTUDISC_DO`, Linux sends IPv4 with DF set and
+//! identification 0 (`ip_select_ident_segs`); TOS, TTL and the checksums are masked out of
+//! the ICRC. So both ends can rebuild the header exactly. The UDP source port is the bound
+//! port (4791) for every QP: one socket cannot vary it, so there is no per-QP ECMP entropy.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::{Duration, Instant};
+
+use softverbs_core::device::Gid;
+use softverbs_transport::sim::{Faults, Rng};
+use softverbs_transport::{RxMeta, Transmit};
+use softverbs_wire::icrc;
+use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCE_V2_UDP_PORT};
+use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
+
+/// Counters of one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Datagrams handed to the kernel.
+    pub sent: u64,
+    /// Datagrams received with a good ICRC.
+    pub received: u64,
+    /// Received datagrams dropped for a bad ICRC or a malformed packet.
+    pub rejected: u64,
+    /// Datagrams the fault injector dropped, duplicated, corrupted or held back.
+    pub injected: u64,
+}
+
+/// The UDP side of one device.
+pub struct NetDev {
+    sock: UdpSocket,
+    local: IpAddr,
+    port: u16,
+    faults: Option<(Faults, Rng)>,
+    held: Option<(Vec<u8>, SocketAddr)>,
+    capture: Option<(PcapWriter<std::io::BufWriter<std::fs::File>>, Instant)>,
+    /// Counters.
+    pub stats: NetStats,
+    hdr: [u8; 48],
+}
+
+fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => Some(IpRepr::V4(Ipv4Repr::new(s, d))),
+        (IpAddr::V6(s), IpAddr::V6(d)) => Some(IpRepr::V6(Ipv6Repr::new(s, d))),
+        _ => None,
+    }
+}
+
+impl NetDev {
+    /// Binds `ip`:`port` (port is 4791 outside tests).
+    pub fn bind(ip: IpAddr, port: u16) -> io::Result<NetDev> {
+        let sock = UdpSocket::bind(SocketAddr::new(ip, port))?;
+        sock.set_nonblocking(true)?;
+        if ip.is_ipv4() {
+            rustix::net::sockopt::set_ip_mtu_discover(
+                &sock,
+                rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
+            )?;
+        }
+        let port = sock.local_addr()?.port();
+        Ok(NetDev {
+            sock,
+            local: ip,
+            port,
+            faults: None,
+            held: None,
+            capture: None,
+            stats: NetStats::default(),
+            hdr: [0; 48],
+        })
+    }
+
+    /// Injects `faults` into what this device sends, seeded.
+    pub fn inject(&mut self, faults: Faults, seed: u64) {
+        self.faults = Some((faults, Rng::new(seed)));
+    }
+
+    /// Writes every datagram sent and received (good ones) to a pcap file.
+    pub fn capture_to(&mut self, path: &std::path::Path) -> io::Result<()> {
+        let w = PcapWriter::new(std::io::BufWriter::new(std::fs::File::create(path)?))?;
+        self.capture = Some((w, Instant::now()));
+        Ok(())
+    }
+
+    /// Flushes the capture file.
+    pub fn flush_capture(&mut self) -> io::Result<()> {
+        match &mut self.capture {
+            Some((w, _)) => w.flush(),
+            None => Ok(()),
+        }
+    }
+
+    /// The device's address.
+    pub fn local(&self) -> IpAddr {
+        self.local
+    }
+
+    /// The socket, to register with an event loop.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    fn record(&mut self, ip: &IpRepr, udp: &UdpRepr, pkt: &[u8]) {
+        let Some((w, t0)) = &mut self.capture else {
+            return;
+        };
+        let mut d = vec![0u8; ip.header_len() + 8 + pkt.len()];
+        let Ok(hl) = emit_ip_udp(ip, udp, pkt.len(), &mut d) else {
+            return;
+        };
+        d[hl..].copy_from_slice(pkt);
+        if let Ok(f) = ethernet_frame(&d) {
+            let _ = w.write_frame(t0.elapsed(), &f);
+        }
+    }
+
+    /// Sends the engine's packet `pkt` (BTH through the ICRC slot) as described by `tx`,
+    /// computing its ICRC. Packets to an address of another family are dropped.
+    pub fn send(&mut self, tx: &Transmit, pkt: &mut [u8]) -> io::Result<()> {
+        let dst_ip = tx.dgid.to_ip();
+        let Some(ip) = ip_repr(self.local, dst_ip) else {
+            return Ok(());
+        };
+        let udp = UdpRepr {
+            src_port: self.port,
+            dst_port: ROCE_V2_UDP_PORT,
+        };
+        let hl = emit_ip_udp(&ip, &udp, pkt.len(), &mut self.hdr).map_err(io::Error::other)?;
+        icrc::write(&self.hdr[..hl], pkt).map_err(io::Error::other)?;
+        self.record(&ip, &udp, pkt);
+        // Every device of a deployment listens on the same port (4791 outside tests).
+        let to = SocketAddr::new(dst_ip, self.port);
+        let mut out = pkt.to_vec();
+        let (mut drop, mut dup, mut hold) = (false, false, false);
+        if let Some((f, rng)) = &mut self.faults {
+            drop = rng.chance(f.loss);
+            if !drop && rng.chance(f.corrupt) {
+                // Only bytes the ICRC covers (not BTH byte 4, which it masks).
+                let mut at = rng.below(out.len() as u64) as usize;
+                if at == 4 {
+                    at = 5;
+                }
+                out[at] ^= 1 << rng.below(8);
+                self.stats.injected += 1;
+            }
+            dup = !drop && rng.chance(f.duplicate);
+            hold = !drop && self.held.is_none() && rng.chance(f.reorder);
+        }
+        if drop {
+            self.stats.injected += 1;
+            return Ok(());
+        }
+        if dup {
+            self.stats.injected += 1;
+            self.raw_send(&out, to)?;
+        }
+        if hold {
+            // Held back: it goes after the next packet.
+            self.stats.injected += 1;
+            self.held = Some((out, to));
+            return Ok(());
+        }
+        self.raw_send(&out, to)?;
+        if let Some((late, to)) = self.held.take() {
+            self.raw_send(&late, to)?;
+        }
+        Ok(())
+    }
+
+    fn raw_send(&mut self, bytes: &[u8], to: SocketAddr) -> io::Result<()> {
+        match self.sock.send_to(bytes, to) {
+            Ok(_) => {
+                self.stats.sent += 1;
+                Ok(())
+            }
+            // A full socket buffer drops the packet, as a congested link would; the transport
+            // retransmits.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+            // An unreachable peer (ICMP) is loss too.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends a packet held back by reordering, if any (call when idle).
+    pub fn release_held(&mut self) -> io::Result<()> {
+        if let Some((late, to)) = self.held.take() {
+            self.raw_send(&late, to)?;
+        }
+        Ok(())
+    }
+
+    /// Receives one packet into `buf`: `Some((meta, len))` with `buf[..len]` the IB packet
+    /// (BTH through ICRC) whose ICRC checked out; `None` when nothing is waiting. Bad
+    /// datagrams are counted and skipped.
+    pub fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<(RxMeta, usize)>> {
+        loop {
+            let (len, from) = match self.sock.recv_from(buf) {
+                Ok(r) => r,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(e) => return Err(e),
+            };
+            let Some(ip) = ip_repr(from.ip(), self.local) else {
+                self.stats.rejected += 1;
+                continue;
+            };
+            let udp = UdpRepr {
+                src_port: from.port(),
+                dst_port: self.port,
+            };
+            let Ok(hl) = emit_ip_udp(&ip, &udp, len, &mut self.hdr) else {
+                self.stats.rejected += 1;
+                continue;
+            };
+            if icrc::verify(&self.hdr[..hl], &buf[..len]).is_err() {
+                self.stats.rejected += 1;
+                continue;
+            }
+            self.stats.received += 1;
+            let pkt = buf[..len].to_vec();
+            self.record(&ip, &udp, &pkt);
+            return Ok(Some((
+                RxMeta {
+                    sgid: Gid::from_ip(from.ip()),
+                    dgid: Gid::from_ip(self.local),
+                },
+                len,
+            )));
+        }
+    }
+}
+
+/// Converts a wall-clock instant to the engine's time (nanoseconds since `epoch`).
+pub fn engine_time(epoch: Instant, now: Instant) -> softverbs_transport::Instant {
+    softverbs_transport::Instant(now.duration_since(epoch).as_nanos() as u64)
+}
+
+/// How long until an engine deadline, for an event loop's poll timeout.
+pub fn until(epoch: Instant, deadline: softverbs_transport::Instant) -> Duration {
+    let at = epoch + Duration::from_nanos(deadline.0);
+    at.saturating_duration_since(Instant::now())
+}
