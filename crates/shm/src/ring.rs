@@ -1,0 +1,813 @@
+//! Single-producer/single-consumer rings of fixed-size entries inside a [`Region`].
+//!
+//! ```text
+//! offset  0          CACHE_LINE   2*CACHE_LINE 3*CACHE_LINE 4*CACHE_LINE
+//!         | magic    | producer    | consumer    | need_wakeup | slot 0 | slot 1 | ...
+//!         | capacity | index (u32) | index (u32) | (u32)       |
+//!         | entry sz |             |             |             |
+//! ```
+//!
+//! Indices run freely (wrapping `u32`); slot of index `i` is `i & (capacity - 1)`.
+//! The producer alone writes the producer index, the consumer alone writes the consumer
+//! index and `need_wakeup`. Each side keeps its own index privately and only *reads* the
+//! other's, validating it every time, so a peer that writes garbage into the header can
+//! make this side see a protocol error but never read or write outside the ring.
+
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
+use crate::{Doorbell, Region};
+
+/// Spacing of the header words: 128 bytes, two 64-byte lines, so the adjacent-line
+/// prefetcher of some x86 cores does not couple the producer's and consumer's words either.
+pub const CACHE_LINE: usize = 128;
+
+/// `"SVRG"`: marks an initialised ring header.
+pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SVRG");
+
+const OFF_MAGIC: usize = 0;
+const OFF_CAPACITY: usize = 4;
+const OFF_ENTRY_SIZE: usize = 8;
+const OFF_PRODUCER: usize = CACHE_LINE;
+const OFF_CONSUMER: usize = 2 * CACHE_LINE;
+const OFF_NEED_WAKEUP: usize = 3 * CACHE_LINE;
+const HEADER: usize = 4 * CACHE_LINE;
+
+/// Largest capacity: indices must be able to tell full (`capacity` apart) from empty.
+pub const MAX_CAPACITY: u32 = 1 << 24;
+/// Largest entry.
+pub const MAX_ENTRY_SIZE: u32 = 1 << 16;
+
+/// Why a ring cannot be laid out or attached.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    /// Capacity must be a power of two between 1 and [`MAX_CAPACITY`].
+    #[error("ring capacity {0} is not a power of two in 1..={MAX_CAPACITY}")]
+    Capacity(u32),
+    /// Entry size must be a non-zero multiple of 8 up to [`MAX_ENTRY_SIZE`].
+    #[error("ring entry size {0} is not a multiple of 8 in 8..={MAX_ENTRY_SIZE}")]
+    EntrySize(u32),
+    /// The ring does not fit the region at that offset, or the offset is not a multiple of
+    /// [`CACHE_LINE`].
+    #[error("ring of {size} bytes at offset {offset} does not fit a region of {region} bytes")]
+    Placement {
+        /// Requested offset.
+        offset: usize,
+        /// Ring size.
+        size: usize,
+        /// Region size.
+        region: usize,
+    },
+    /// The header does not describe this layout (not initialised, or another layout).
+    #[error("ring header (magic {magic:#x}, capacity {capacity}, entry size {entry_size}) does not match")]
+    Header {
+        /// Magic found.
+        magic: u32,
+        /// Capacity found.
+        capacity: u32,
+        /// Entry size found.
+        entry_size: u32,
+    },
+    /// The indices found at attach time are impossible.
+    #[error(transparent)]
+    Corrupt(#[from] Corrupt),
+}
+
+/// Which shared word held an impossible value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Index {
+    /// The producer index (read by the consumer).
+    Producer,
+    /// The consumer index (read by the producer).
+    Consumer,
+}
+
+/// Protocol error: the peer published an index that cannot follow from the last one seen
+/// (it would overrun the ring or run backwards). Sticky: once a side has seen one, every
+/// later operation on it reports the same error, and the owner should tear the ring down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("peer wrote impossible {index:?} index {value} (valid {low}..={high} wrapping)")]
+pub struct Corrupt {
+    /// The word.
+    pub index: Index,
+    /// What it held.
+    pub value: u32,
+    /// Lowest valid value.
+    pub low: u32,
+    /// Highest valid value (wrapping: may be below `low`).
+    pub high: u32,
+}
+
+impl From<Corrupt> for std::io::Error {
+    fn from(c: Corrupt) -> Self {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, c)
+    }
+}
+
+/// Why [`Producer::push`] did not push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PushError {
+    /// No free slot; retry once the consumer has caught up.
+    #[error("ring is full")]
+    Full,
+    /// The consumer index is impossible.
+    #[error(transparent)]
+    Corrupt(#[from] Corrupt),
+}
+
+/// `true` when `v` lies in the wrapping interval `low..=high`.
+fn in_window(v: u32, low: u32, high: u32) -> bool {
+    v.wrapping_sub(low) <= high.wrapping_sub(low)
+}
+
+/// Where a ring's pieces are, from its capacity and entry size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RingLayout {
+    capacity: u32,
+    entry_size: u32,
+}
+
+impl RingLayout {
+    /// `capacity` entries (a power of two) of `entry_size` bytes (a multiple of 8).
+    pub fn new(capacity: u32, entry_size: u32) -> Result<RingLayout, LayoutError> {
+        if !capacity.is_power_of_two() || capacity > MAX_CAPACITY {
+            return Err(LayoutError::Capacity(capacity));
+        }
+        if entry_size == 0 || entry_size % 8 != 0 || entry_size > MAX_ENTRY_SIZE {
+            return Err(LayoutError::EntrySize(entry_size));
+        }
+        Ok(RingLayout {
+            capacity,
+            entry_size,
+        })
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Bytes per entry.
+    pub fn entry_size(&self) -> usize {
+        self.entry_size as usize
+    }
+
+    /// Bytes the ring occupies (header plus slots, rounded up to [`CACHE_LINE`]); place the
+    /// next ring of a region this far on.
+    pub fn size(&self) -> usize {
+        let data = self.capacity as usize * self.entry_size as usize;
+        HEADER + data.div_ceil(CACHE_LINE) * CACHE_LINE
+    }
+
+    /// Offset of the slot holding index `i`, relative to the ring.
+    fn slot(&self, i: u32) -> usize {
+        HEADER + (i & (self.capacity - 1)) as usize * self.entry_size as usize
+    }
+
+    fn check_placement(&self, region: &Region, offset: usize) -> Result<(), LayoutError> {
+        let fits = offset % CACHE_LINE == 0
+            && offset
+                .checked_add(self.size())
+                .is_some_and(|end| end <= region.len());
+        if fits {
+            Ok(())
+        } else {
+            Err(LayoutError::Placement {
+                offset,
+                size: self.size(),
+                region: region.len(),
+            })
+        }
+    }
+
+    /// Writes a fresh header (empty ring, no wake-up requested) at `offset`. Done once, by
+    /// the side that creates the region, before the other side attaches.
+    pub fn init(&self, region: &Region, offset: usize) -> Result<(), LayoutError> {
+        self.check_placement(region, offset)?;
+        for (off, v) in [
+            (OFF_CAPACITY, self.capacity),
+            (OFF_ENTRY_SIZE, self.entry_size),
+            (OFF_PRODUCER, 0),
+            (OFF_CONSUMER, 0),
+            (OFF_NEED_WAKEUP, 0),
+        ] {
+            region.atomic_u32(offset + off).store(v, Ordering::Relaxed);
+        }
+        region
+            .atomic_u32(offset + OFF_MAGIC)
+            .store(RING_MAGIC, Ordering::Release);
+        Ok(())
+    }
+
+    /// Checks placement and header, and returns the indices (producer, consumer) found.
+    fn attach(&self, region: &Region, offset: usize) -> Result<(u32, u32), LayoutError> {
+        self.check_placement(region, offset)?;
+        let word = |off: usize| region.atomic_u32(offset + off);
+        let magic = word(OFF_MAGIC).load(Ordering::Acquire);
+        let capacity = word(OFF_CAPACITY).load(Ordering::Relaxed);
+        let entry_size = word(OFF_ENTRY_SIZE).load(Ordering::Relaxed);
+        if (magic, capacity, entry_size) != (RING_MAGIC, self.capacity, self.entry_size) {
+            return Err(LayoutError::Header {
+                magic,
+                capacity,
+                entry_size,
+            });
+        }
+        let tail = word(OFF_PRODUCER).load(Ordering::Acquire);
+        let head = word(OFF_CONSUMER).load(Ordering::Acquire);
+        if !in_window(tail, head, head.wrapping_add(self.capacity)) {
+            return Err(Corrupt {
+                index: Index::Producer,
+                value: tail,
+                low: head,
+                high: head.wrapping_add(self.capacity),
+            }
+            .into());
+        }
+        Ok((tail, head))
+    }
+}
+
+/// The shared words of one ring, resolved once.
+#[derive(Debug)]
+struct Shared {
+    region: Arc<Region>,
+    base: usize,
+    layout: RingLayout,
+}
+
+impl Shared {
+    fn word(&self, off: usize) -> &AtomicU32 {
+        self.region.atomic_u32(self.base + off)
+    }
+    fn producer(&self) -> &AtomicU32 {
+        self.word(OFF_PRODUCER)
+    }
+    fn consumer(&self) -> &AtomicU32 {
+        self.word(OFF_CONSUMER)
+    }
+    fn need_wakeup(&self) -> &AtomicU32 {
+        self.word(OFF_NEED_WAKEUP)
+    }
+    fn slot(&self, i: u32) -> usize {
+        self.base + self.layout.slot(i)
+    }
+}
+
+/// The writing end of a ring. Exactly one `Producer` may exist per ring (across both
+/// processes); the type is `Send` but not `Clone`.
+#[derive(Debug)]
+pub struct Producer {
+    shared: Shared,
+    /// Next index to write (staged entries included). Private: never re-read from memory.
+    tail: u32,
+    /// Last tail made visible to the consumer.
+    published: u32,
+    /// Last consumer index seen (validated).
+    head: u32,
+    poisoned: Option<Corrupt>,
+}
+
+impl Producer {
+    /// Attaches the producer end of the ring initialised at `offset` of `region`.
+    pub fn attach(
+        region: Arc<Region>,
+        offset: usize,
+        layout: RingLayout,
+    ) -> Result<Producer, LayoutError> {
+        let (tail, head) = layout.attach(&region, offset)?;
+        Ok(Producer {
+            shared: Shared {
+                region,
+                base: offset,
+                layout,
+            },
+            tail,
+            published: tail,
+            head,
+            poisoned: None,
+        })
+    }
+
+    /// The ring's layout.
+    pub fn layout(&self) -> RingLayout {
+        self.shared.layout
+    }
+
+    fn capacity(&self) -> u32 {
+        self.shared.layout.capacity
+    }
+
+    /// Re-reads the consumer index; it must lie between the last value seen and our tail.
+    fn refresh_head(&mut self) -> Result<(), Corrupt> {
+        if let Some(c) = self.poisoned {
+            return Err(c);
+        }
+        // Acquire: the consumer released this index after it finished reading the slots
+        // below it, so those reads happen before our overwrite of the slots.
+        let head = self.shared.consumer().load(Ordering::Acquire);
+        if !in_window(head, self.head, self.tail) {
+            let c = Corrupt {
+                index: Index::Consumer,
+                value: head,
+                low: self.head,
+                high: self.tail,
+            };
+            self.poisoned = Some(c);
+            return Err(c);
+        }
+        self.head = head;
+        Ok(())
+    }
+
+    /// Free slots (re-reading the consumer index).
+    pub fn free(&mut self) -> Result<u32, Corrupt> {
+        self.refresh_head()?;
+        Ok(self.capacity() - self.tail.wrapping_sub(self.head))
+    }
+
+    /// Writes one entry into the next slot without making it visible yet; [`publish`]
+    /// makes every staged entry visible at once (one release store, one wake-up check).
+    ///
+    /// # Panics
+    /// If `entry.len()` is not the ring's entry size (a caller bug).
+    ///
+    /// [`publish`]: Producer::publish
+    pub fn stage(&mut self, entry: &[u8]) -> Result<(), PushError> {
+        assert_eq!(entry.len(), self.shared.layout.entry_size(), "entry size");
+        if let Some(c) = self.poisoned {
+            return Err(c.into());
+        }
+        if self.tail.wrapping_sub(self.head) == self.capacity() {
+            self.refresh_head()?;
+            if self.tail.wrapping_sub(self.head) == self.capacity() {
+                return Err(PushError::Full);
+            }
+        }
+        let off = self.shared.slot(self.tail);
+        self.shared.region.write(off, entry);
+        self.tail = self.tail.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Makes the staged entries visible. Returns `true` when the consumer has asked to be
+    /// woken (it is in or entering [`Consumer::prepare_sleep`]): ring its doorbell then.
+    pub fn publish(&mut self) -> bool {
+        if self.tail == self.published {
+            return false;
+        }
+        // Release: the slot writes above happen before the consumer's acquire of this index.
+        self.shared.producer().store(self.tail, Ordering::Release);
+        self.published = self.tail;
+        // Store(index) ; full fence ; load(flag) -- paired with the consumer's
+        // store(flag) ; full fence ; load(index). At least one side sees the other's store,
+        // so either we see the flag and ring, or the consumer sees our entry and stays up.
+        fence(Ordering::SeqCst);
+        self.shared.need_wakeup().load(Ordering::Relaxed) != 0
+    }
+
+    /// [`stage`](Producer::stage) plus [`publish`](Producer::publish): `Ok(true)` means
+    /// "ring the consumer's doorbell".
+    pub fn push(&mut self, entry: &[u8]) -> Result<bool, PushError> {
+        self.stage(entry)?;
+        Ok(self.publish())
+    }
+
+    /// [`push`](Producer::push) of a plain-old-data value whose size is the entry size.
+    pub fn push_value<T: IntoBytes + Immutable>(&mut self, v: &T) -> Result<bool, PushError> {
+        self.push(v.as_bytes())
+    }
+}
+
+/// The reading end of a ring. Exactly one `Consumer` may exist per ring.
+#[derive(Debug)]
+pub struct Consumer {
+    shared: Shared,
+    /// Next index to read. Private: never re-read from memory.
+    head: u32,
+    /// Last producer index seen (validated).
+    tail: u32,
+    poisoned: Option<Corrupt>,
+}
+
+impl Consumer {
+    /// Attaches the consumer end of the ring initialised at `offset` of `region`.
+    pub fn attach(
+        region: Arc<Region>,
+        offset: usize,
+        layout: RingLayout,
+    ) -> Result<Consumer, LayoutError> {
+        let (tail, head) = layout.attach(&region, offset)?;
+        Ok(Consumer {
+            shared: Shared {
+                region,
+                base: offset,
+                layout,
+            },
+            head,
+            tail,
+            poisoned: None,
+        })
+    }
+
+    /// The ring's layout.
+    pub fn layout(&self) -> RingLayout {
+        self.shared.layout
+    }
+
+    /// Re-reads the producer index; it must lie between the last value seen and one full
+    /// ring ahead of our head.
+    fn refresh_tail(&mut self) -> Result<(), Corrupt> {
+        if let Some(c) = self.poisoned {
+            return Err(c);
+        }
+        // Acquire: pairs with the producer's release, so the slot contents below this index
+        // are visible before we read them.
+        let tail = self.shared.producer().load(Ordering::Acquire);
+        let high = self.head.wrapping_add(self.shared.layout.capacity);
+        if !in_window(tail, self.tail, high) {
+            let c = Corrupt {
+                index: Index::Producer,
+                value: tail,
+                low: self.tail,
+                high,
+            };
+            self.poisoned = Some(c);
+            return Err(c);
+        }
+        self.tail = tail;
+        Ok(())
+    }
+
+    /// Entries ready to pop (re-reading the producer index).
+    pub fn available(&mut self) -> Result<u32, Corrupt> {
+        self.refresh_tail()?;
+        Ok(self.tail.wrapping_sub(self.head))
+    }
+
+    /// Copies the oldest entry into `buf` and frees its slot. `Ok(false)` when empty.
+    ///
+    /// # Panics
+    /// If `buf.len()` is not the ring's entry size (a caller bug).
+    pub fn pop(&mut self, buf: &mut [u8]) -> Result<bool, Corrupt> {
+        assert_eq!(buf.len(), self.shared.layout.entry_size(), "entry size");
+        if let Some(c) = self.poisoned {
+            return Err(c);
+        }
+        if self.head == self.tail {
+            self.refresh_tail()?;
+            if self.head == self.tail {
+                return Ok(false);
+            }
+        }
+        self.shared.region.read(self.shared.slot(self.head), buf);
+        self.head = self.head.wrapping_add(1);
+        // Release: our reads of the slot happen before the producer's acquire of this index
+        // and so before it overwrites the slot.
+        self.shared.consumer().store(self.head, Ordering::Release);
+        Ok(true)
+    }
+
+    /// [`pop`](Consumer::pop) into a plain-old-data value whose size is the entry size.
+    pub fn pop_value<T: FromBytes + IntoBytes>(&mut self) -> Result<Option<T>, Corrupt> {
+        let mut v = T::new_zeroed();
+        Ok(self.pop(v.as_mut_bytes())?.then_some(v))
+    }
+
+    /// First half of going to sleep: raises `need_wakeup`, then checks the ring once more.
+    /// `Ok(true)`: still empty, the producer will see the flag on its next publish and
+    /// ring the doorbell, so it is safe to block on it. `Ok(false)`: entries arrived; the
+    /// flag is cleared again, keep polling. Call [`finish_sleep`](Consumer::finish_sleep)
+    /// after waking.
+    pub fn prepare_sleep(&mut self) -> Result<bool, Corrupt> {
+        if let Some(c) = self.poisoned {
+            return Err(c);
+        }
+        self.shared.need_wakeup().store(1, Ordering::Relaxed);
+        // Store(flag) ; full fence ; load(index): see `Producer::publish`.
+        fence(Ordering::SeqCst);
+        if self.available()? > 0 {
+            self.finish_sleep();
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Clears `need_wakeup`: the producer stops ringing the doorbell.
+    pub fn finish_sleep(&mut self) {
+        self.shared.need_wakeup().store(0, Ordering::Relaxed);
+    }
+
+    /// Adaptive wait until the ring has entries: up to `spins` polls with
+    /// [`std::thread::yield_now`] between them (the machine has few CPUs, so a poller must
+    /// yield), then [`prepare_sleep`](Consumer::prepare_sleep) and block on `bell`.
+    /// Returns `Ok(true)` when entries are ready, `Ok(false)` after `timeout`.
+    /// A corrupt index is reported as `InvalidData`.
+    pub fn wait(
+        &mut self,
+        bell: &Doorbell,
+        spins: u32,
+        timeout: Option<Duration>,
+    ) -> std::io::Result<bool> {
+        for _ in 0..spins {
+            if self.available()? > 0 {
+                return Ok(true);
+            }
+            std::thread::yield_now();
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if !self.prepare_sleep()? {
+                return Ok(true);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let woke = bell.wait(left)?;
+            bell.drain();
+            self.finish_sleep();
+            if self.available()? > 0 {
+                return Ok(true);
+            }
+            if !woke {
+                return Ok(false); // timed out (with no timeout, `wait` only returns readable)
+            }
+            // Woken with nothing there (a stale doorbell): go round and sleep again.
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(cap: u32, esz: u32) -> (Producer, Consumer, Arc<Region>) {
+        let layout = RingLayout::new(cap, esz).unwrap();
+        let (region, _fd) = Region::create("ring", layout.size()).unwrap();
+        let region = Arc::new(region);
+        layout.init(&region, 0).unwrap();
+        let p = Producer::attach(region.clone(), 0, layout).unwrap();
+        let c = Consumer::attach(region.clone(), 0, layout).unwrap();
+        (p, c, region)
+    }
+
+    fn entry(n: u64) -> [u8; 16] {
+        let mut e = [0u8; 16];
+        e[..8].copy_from_slice(&n.to_le_bytes());
+        e[8..].copy_from_slice(&(!n).to_le_bytes());
+        e
+    }
+
+    #[test]
+    fn layout_rules() {
+        assert!(RingLayout::new(0, 8).is_err());
+        assert!(RingLayout::new(3, 8).is_err());
+        assert!(RingLayout::new(4, 12).is_err());
+        assert!(RingLayout::new(4, 0).is_err());
+        let l = RingLayout::new(4, 64).unwrap();
+        assert_eq!(l.size(), HEADER + 256);
+        assert_eq!(RingLayout::new(1, 8).unwrap().size(), HEADER + CACHE_LINE);
+        let (region, _fd) = Region::create("l", 4096).unwrap();
+        assert!(matches!(
+            l.init(&region, 64),
+            Err(LayoutError::Placement { .. })
+        ));
+        assert!(matches!(
+            l.init(&region, 4096 - 640),
+            Err(LayoutError::Placement { .. })
+        ));
+        // Attaching to an uninitialised or differently laid out header fails.
+        let region = Arc::new(region);
+        assert!(matches!(
+            Consumer::attach(region.clone(), 0, l),
+            Err(LayoutError::Header { .. })
+        ));
+        l.init(&region, 0).unwrap();
+        let other = RingLayout::new(8, 64).unwrap();
+        assert!(Producer::attach(region.clone(), 0, other).is_err());
+        assert!(Producer::attach(region, 0, l).is_ok());
+    }
+
+    #[test]
+    fn full_empty_and_wrap_around() {
+        let (mut p, mut c, _r) = ring(4, 16);
+        let mut buf = [0u8; 16];
+        assert!(!c.pop(&mut buf).unwrap());
+        let mut next_in = 0u64;
+        let mut next_out = 0u64;
+        // Many laps around the ring, in bursts of varying size, so the free-running indices
+        // wrap the slot array many times.
+        for round in 0..100u64 {
+            let burst = round % 5;
+            for _ in 0..burst {
+                match p.push(&entry(next_in)) {
+                    Ok(_) => next_in += 1,
+                    Err(PushError::Full) => {
+                        assert_eq!(next_in - next_out, 4);
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            while c.pop(&mut buf).unwrap() {
+                assert_eq!(buf, entry(next_out));
+                next_out += 1;
+            }
+            assert_eq!(next_in, next_out);
+        }
+        assert!(next_in > 100);
+        for i in 0..4 {
+            p.push(&entry(i)).unwrap();
+        }
+        assert_eq!(p.push(&entry(9)), Err(PushError::Full));
+        assert_eq!(p.free().unwrap(), 0);
+        assert_eq!(c.available().unwrap(), 4);
+        assert!(c.pop(&mut buf).unwrap());
+        assert_eq!(p.free().unwrap(), 1);
+        p.push(&entry(4)).unwrap();
+        for i in 1..5 {
+            assert!(c.pop(&mut buf).unwrap());
+            assert_eq!(buf, entry(i));
+        }
+        assert!(!c.pop(&mut buf).unwrap());
+    }
+
+    #[test]
+    fn indices_wrap_past_u32_max() {
+        let (p, _, r) = ring(8, 8);
+        let layout = p.layout();
+        drop(p);
+        // Start both indices just below the u32 wrap point, then attach afresh.
+        let start = u32::MAX - 3;
+        r.atomic_u32(OFF_PRODUCER).store(start, Ordering::Relaxed);
+        r.atomic_u32(OFF_CONSUMER).store(start, Ordering::Relaxed);
+        let mut p = Producer::attach(r.clone(), 0, layout).unwrap();
+        let mut c = Consumer::attach(r.clone(), 0, layout).unwrap();
+        let mut buf = [0u8; 8];
+        for i in 0..40u64 {
+            p.push(&i.to_le_bytes()).unwrap();
+            if i % 3 == 0 {
+                p.push(&(1000 + i).to_le_bytes()).unwrap();
+                assert!(c.pop(&mut buf).unwrap());
+                assert_eq!(u64::from_le_bytes(buf), i);
+                assert!(c.pop(&mut buf).unwrap());
+                assert_eq!(u64::from_le_bytes(buf), 1000 + i);
+            } else {
+                assert!(c.pop(&mut buf).unwrap());
+                assert_eq!(u64::from_le_bytes(buf), i);
+            }
+        }
+        assert!(r.atomic_u32(OFF_PRODUCER).load(Ordering::Relaxed) < 100);
+    }
+
+    #[test]
+    fn staged_entries_are_invisible_until_published() {
+        let (mut p, mut c, _r) = ring(4, 8);
+        let mut buf = [0u8; 8];
+        p.stage(&1u64.to_le_bytes()).unwrap();
+        p.stage(&2u64.to_le_bytes()).unwrap();
+        assert_eq!(c.available().unwrap(), 0);
+        assert!(!p.publish());
+        assert_eq!(c.available().unwrap(), 2);
+        p.stage(&3u64.to_le_bytes()).unwrap();
+        p.stage(&4u64.to_le_bytes()).unwrap();
+        assert_eq!(p.stage(&5u64.to_le_bytes()), Err(PushError::Full));
+        assert!(!p.publish());
+        assert!(!p.publish(), "nothing new to publish");
+        for i in 1..=4u64 {
+            assert!(c.pop(&mut buf).unwrap());
+            assert_eq!(u64::from_le_bytes(buf), i);
+        }
+    }
+
+    #[test]
+    fn typed_entries() {
+        #[derive(Debug, PartialEq, zerocopy::IntoBytes, zerocopy::FromBytes, Immutable)]
+        #[repr(C)]
+        struct Wqe {
+            wr_id: u64,
+            opcode: u32,
+            flags: u32,
+        }
+        let (mut p, mut c, _r) = ring(2, 16);
+        let w = Wqe {
+            wr_id: 7,
+            opcode: 3,
+            flags: 1,
+        };
+        p.push_value(&w).unwrap();
+        assert_eq!(c.pop_value::<Wqe>().unwrap(), Some(w));
+        assert_eq!(c.pop_value::<Wqe>().unwrap(), None);
+    }
+
+    #[test]
+    fn wake_up_protocol() {
+        let (mut p, mut c, _r) = ring(4, 8);
+        let mut buf = [0u8; 8];
+        // Nobody sleeping: no wake-up requested.
+        assert_eq!(p.push(&[1; 8]), Ok(false));
+        // Entries present: prepare_sleep refuses and leaves the flag down.
+        assert_eq!(c.prepare_sleep(), Ok(false));
+        assert_eq!(p.push(&[2; 8]), Ok(false));
+        assert!(c.pop(&mut buf).unwrap() && c.pop(&mut buf).unwrap());
+        // Empty: the consumer may sleep, and the next push asks for the doorbell.
+        assert_eq!(c.prepare_sleep(), Ok(true));
+        assert_eq!(p.push(&[3; 8]), Ok(true));
+        // The race the fence pair closes: flag raised, then an entry lands before the
+        // consumer re-checks. The producer asked to ring, and a second prepare_sleep also
+        // sees the entry, so either way the consumer does not sleep through it.
+        assert_eq!(c.prepare_sleep(), Ok(false));
+        // After waking the consumer lowers the flag and pushes stop asking.
+        c.finish_sleep();
+        assert_eq!(p.push(&[4; 8]), Ok(false));
+        assert!(c.pop(&mut buf).unwrap() && c.pop(&mut buf).unwrap());
+        assert_eq!(buf, [4; 8]);
+        // Staged-but-unpublished entries do not count: the consumer may sleep, and the
+        // publish that reveals them asks for the wake-up.
+        p.stage(&[5; 8]).unwrap();
+        assert_eq!(c.prepare_sleep(), Ok(true));
+        assert!(p.publish());
+    }
+
+    #[test]
+    fn adaptive_wait_times_out_and_wakes() {
+        let (mut p, mut c, _r) = ring(4, 8);
+        let bell = Doorbell::new().unwrap();
+        assert!(!c.wait(&bell, 3, Some(Duration::from_millis(10))).unwrap());
+        // An entry already there: no sleep at all.
+        assert!(!p.push(&[1; 8]).unwrap());
+        assert!(c.wait(&bell, 0, Some(Duration::ZERO)).unwrap());
+        let mut buf = [0u8; 8];
+        assert!(c.pop(&mut buf).unwrap());
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                if p.push(&[2; 8]).unwrap() {
+                    bell.ring();
+                }
+            });
+            assert!(c.wait(&bell, 0, Some(Duration::from_secs(10))).unwrap());
+        });
+        assert!(c.pop(&mut buf).unwrap());
+        assert_eq!(buf, [2; 8]);
+    }
+
+    #[test]
+    fn scribbled_indices_are_reported_and_sticky() {
+        let (mut p, mut c, r) = ring(8, 8);
+        let mut buf = [0u8; 8];
+        for i in 0..3u64 {
+            p.push(&i.to_le_bytes()).unwrap();
+        }
+        assert_eq!(c.available().unwrap(), 3);
+        // Producer index pushed past a full ring ahead of the consumer.
+        r.atomic_u32(OFF_PRODUCER).store(3 + 100, Ordering::Relaxed);
+        assert!(c.pop(&mut buf).unwrap(), "cached entries still readable");
+        assert!(c.pop(&mut buf).unwrap());
+        assert!(c.pop(&mut buf).unwrap());
+        let e = c.pop(&mut buf).unwrap_err();
+        assert_eq!(
+            (e.index, e.value, e.low, e.high),
+            (Index::Producer, 103, 3, 11)
+        );
+        // Even once the value is repaired, the consumer stays poisoned.
+        r.atomic_u32(OFF_PRODUCER).store(3, Ordering::Relaxed);
+        assert_eq!(c.pop(&mut buf), Err(e));
+        assert_eq!(c.available(), Err(e));
+        assert_eq!(c.prepare_sleep(), Err(e));
+        // Consumer index moved beyond what was produced, seen when the producer needs room.
+        r.atomic_u32(OFF_CONSUMER).store(50, Ordering::Relaxed);
+        for i in 3..8u64 {
+            p.push(&i.to_le_bytes()).unwrap();
+        }
+        let e = p.push(&[0; 8]).unwrap_err();
+        assert!(matches!(
+            e,
+            PushError::Corrupt(Corrupt {
+                index: Index::Consumer,
+                value: 50,
+                ..
+            })
+        ));
+        assert_eq!(
+            p.free(),
+            Err(match e {
+                PushError::Corrupt(c) => c,
+                PushError::Full => unreachable!(),
+            })
+        );
+    }
+
+    #[test]
+    fn producer_index_running_backwards_is_corrupt() {
+        let (mut p, mut c, r) = ring(8, 8);
+        for i in 0..4u64 {
+            p.push(&i.to_le_bytes()).unwrap();
+        }
+        assert_eq!(c.available().unwrap(), 4);
+        // Retracting published entries is a protocol error even though 2 - 0 <= capacity.
+        r.atomic_u32(OFF_PRODUCER).store(2, Ordering::Relaxed);
+        assert!(c.available().is_err());
+    }
+}
