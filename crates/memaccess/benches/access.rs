@@ -1,0 +1,114 @@
+//! Per-access cost of the two ways to reach client memory, and the one-time cost of
+//! sharing a buffer in place. `cargo bench -p softverbs-memaccess --bench access`.
+//!
+//! The target is a child process (this binary re-run in a child role) holding a 1 MiB
+//! buffer: a plain one for `process_vm`, one converted with `share_in_place` and mapped by
+//! the bench through `SharedMappings` for `shared`.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::time::Duration;
+
+use common::{ChildProc, PageBuf};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput};
+use softverbs_core::ids::CtxId;
+use softverbs_memaccess::{share_in_place, ProcessVm, SharedMappings};
+use softverbs_transport::{AtomicOp, Memory};
+
+const CTX: CtxId = CtxId(1);
+const SIZES: [usize; 5] = [8, 64, 4 << 10, 64 << 10, 1 << 20];
+const BUF: usize = 1 << 20;
+
+fn label(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 => format!("{}MiB", n >> 20),
+        n if n >= 1 << 10 => format!("{}KiB", n >> 10),
+        n => format!("{n}B"),
+    }
+}
+
+fn bench_access(c: &mut Criterion, plain: &ChildProc, shared: &ChildProc) {
+    let mut pv = ProcessVm::new();
+    pv.register_process(CTX, plain.pid);
+    let mut shm = SharedMappings::new();
+    shm.add_region(CTX, shared.addr, BUF as u64, shared.open_memfd())
+        .unwrap();
+    let mut buf = vec![0u8; BUF];
+    let data = vec![0x5au8; BUF];
+
+    for (op, is_write) in [("read", false), ("write", true)] {
+        let mut g = c.benchmark_group(op);
+        for n in SIZES {
+            g.throughput(Throughput::Bytes(n as u64));
+            g.bench_function(BenchmarkId::new("process_vm", label(n)), |b| {
+                b.iter(|| {
+                    if is_write {
+                        pv.write(CTX, plain.addr, &data[..n]).unwrap()
+                    } else {
+                        pv.read(CTX, plain.addr, &mut buf[..n]).unwrap()
+                    }
+                })
+            });
+            g.bench_function(BenchmarkId::new("shared", label(n)), |b| {
+                b.iter(|| {
+                    if is_write {
+                        shm.write(CTX, shared.addr, &data[..n]).unwrap()
+                    } else {
+                        shm.read(CTX, shared.addr, &mut buf[..n]).unwrap()
+                    }
+                })
+            });
+        }
+        g.finish();
+    }
+
+    let mut g = c.benchmark_group("atomic");
+    let add = AtomicOp::FetchAdd { add: 1 };
+    g.bench_function("process_vm_rmw", |b| {
+        b.iter(|| pv.atomic(CTX, plain.addr, add).unwrap())
+    });
+    g.bench_function("shared_cpu", |b| {
+        b.iter(|| shm.atomic(CTX, shared.addr, add).unwrap())
+    });
+    g.finish();
+}
+
+fn bench_share(c: &mut Criterion) {
+    let mut g = c.benchmark_group("share_in_place");
+    for n in [4 << 10, 64 << 10, 1 << 20] {
+        g.throughput(Throughput::Bytes(n as u64));
+        g.bench_function(label(n), |b| {
+            b.iter_batched(
+                || {
+                    // An application buffer with data in it (pages already faulted in).
+                    let buf = PageBuf::new(n);
+                    for i in (0..n).step_by(64) {
+                        buf.set(i, i as u8);
+                    }
+                    buf
+                },
+                |buf| {
+                    let fd = share_in_place(buf.addr(), n).unwrap();
+                    (buf, fd) // Dropped (munmap, close) outside the timing.
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
+fn main() {
+    common::run_child_if_requested();
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(30)
+        .configure_from_args();
+    let plain = ChildProc::spawn("plain", BUF, &[]);
+    let shared = ChildProc::spawn("shared", BUF, &[]);
+    bench_access(&mut c, &plain, &shared);
+    bench_share(&mut c);
+    c.final_summary();
+}

@@ -1,0 +1,251 @@
+//! The client's side: making its own buffer shareable in place, and letting the daemon in.
+
+use std::ffi::c_void;
+use std::io;
+use std::os::fd::OwnedFd;
+
+use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+use rustix::mm::{mremap_fixed, MremapFlags};
+use rustix::process::{set_ptracer, PTracer, Pid};
+
+use crate::map::Mapping;
+use crate::page_size;
+
+/// Why [`share_in_place`] refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ShareError {
+    /// Zero length, or the range wraps around the address space.
+    #[error("empty range or one that wraps around the address space")]
+    BadRange,
+    /// Part of the page-rounded range is not private anonymous read-write memory.
+    #[error("page {addr:#x} is not private anonymous read-write memory ({found})")]
+    Unsupported {
+        /// First page that is not.
+        addr: usize,
+        /// What `/proc/self/maps` says about it.
+        found: String,
+    },
+    /// A system call failed (the range is untouched unless the final `mremap` failed, see
+    /// [`share_in_place`]).
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl From<rustix::io::Errno> for ShareError {
+    fn from(e: rustix::io::Errno) -> Self {
+        Self::Io(e.into())
+    }
+}
+
+/// Turns the caller's memory `[addr, addr + len)`, rounded outward to whole pages, into a
+/// `MAP_SHARED` mapping of a new memfd at the same address, keeping its contents, and
+/// returns the memfd. The caller sends the memfd to the daemon, which maps it
+/// ([`SharedMappings::add_region`](crate::SharedMappings::add_region) with the same
+/// `addr`/`len`): from then on both see each other's writes and the daemon reaches the
+/// buffer with `memcpy` instead of a system call per access.
+///
+/// How: create a memfd of the rounded size, map it at a fresh address with
+/// `MAP_POPULATE`, copy the pages in, seal the file against shrinking and growing (so the
+/// daemon cannot be made to fault by a truncation), and `mremap` the populated mapping over
+/// the original range (one atomic replacement; the page tables move along, so the client
+/// takes no page faults afterwards). This is the technique measured in the reference
+/// (`datapath-measurements.md` §2), with `mremap` instead of a second `mmap(MAP_FIXED)`.
+///
+/// Only private anonymous read-write memory is accepted (heap, `mmap(MAP_ANONYMOUS |
+/// MAP_PRIVATE)`, named anonymous mappings); anything else (file-backed, `MAP_SHARED`,
+/// hugetlb, stacks, device memory, unmapped holes, read-only pages) is
+/// [`ShareError::Unsupported`] and must be registered for the `process_vm_*` path instead.
+///
+/// # Caveats
+///
+/// * **Other threads.** Between the copy and the `mremap`, a write by another thread to
+///   the rounded range is lost, and the bytes of the first and last page outside
+///   `[addr, addr + len)` belong to other objects that another thread may be writing. No
+///   thread may write (or unmap) any of those pages during the call. The client library
+///   calls this at registration, when it owns the buffer; allocating registered buffers
+///   page-aligned and page-sized keeps foreign objects out of the pages.
+/// * **Neighbours are shared too.** The whole pages are shared with the daemon (which only
+///   accesses the registered bytes, enforced by the core's bounds check), and stay
+///   memfd-backed after deregistration until the memory is unmapped.
+/// * **fork.** After the conversion the pages are `MAP_SHARED`: a child created by `fork()`
+///   shares them with the parent instead of getting a copy-on-write snapshot (real RDMA has
+///   the same problem, hence `ibv_fork_init`/`MADV_DONTFORK`).
+/// * **Failure.** If the final `mremap` fails (e.g. `ENOMEM`), the kernel may already have
+///   unmapped the original range; that is reported as [`ShareError::Io`] and the range must
+///   be treated as lost. Every earlier failure leaves the range untouched.
+/// * **Aliasing.** From now on the daemon writes these bytes behind the program's back, as
+///   a NIC does: the client library must not let Rust references to a registered buffer
+///   coexist with remote access to it.
+pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
+    let page = page_size();
+    let end = addr.checked_add(len).ok_or(ShareError::BadRange)?;
+    if len == 0 {
+        return Err(ShareError::BadRange);
+    }
+    let lo = addr & !(page - 1);
+    let hi = end
+        .checked_next_multiple_of(page)
+        .ok_or(ShareError::BadRange)?;
+    let n = hi - lo;
+    check_private_anonymous(lo, hi)?;
+
+    let fd = memfd_create(
+        "softverbs-mr",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    ftruncate(&fd, n as u64)?;
+    fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+    let staging = Mapping::shared(&fd, n, true)?;
+    // SAFETY: `lo..hi` is readable memory of this process (checked against /proc/self/maps
+    // just above: private anonymous read-write pages, which nothing but this thread's caller
+    // unmaps, per the documented contract). `staging` is a fresh mapping of `n` bytes that
+    // nothing else refers to, so the ranges do not overlap. Only raw pointers are used; the
+    // source may hold any bytes (`u8` has no invalid values).
+    unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, staging.ptr(), n) };
+    // SAFETY: moves the staging mapping (owned, `n` bytes) onto `lo..hi`, replacing the
+    // private pages there with shared pages holding the same bytes at the same addresses.
+    // Memory the program owns there (the caller's buffer and whatever shares its first and
+    // last page) keeps its contents, so no Rust value observes a change; the documented
+    // contract excludes concurrent writers during the call. The target range is exactly
+    // the checked anonymous range, so no other mapping is replaced.
+    let moved = unsafe {
+        mremap_fixed(
+            staging.ptr().cast::<c_void>(),
+            n,
+            n,
+            MremapFlags::MAYMOVE,
+            lo as *mut c_void,
+        )
+    };
+    match moved {
+        Ok(_) => {
+            // The range now belongs to the caller's allocation again; nothing to unmap.
+            staging.forget();
+            Ok(fd)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Checks that `lo..hi` (page-aligned) is covered by private anonymous read-write mappings.
+fn check_private_anonymous(lo: usize, hi: usize) -> Result<(), ShareError> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let mut at = lo;
+    for line in maps.lines() {
+        let Some(m) = MapsLine::parse(line) else {
+            continue;
+        };
+        if m.end <= at {
+            continue;
+        }
+        if m.start > at {
+            break; // A hole at `at`.
+        }
+        if !m.private_anonymous_rw() {
+            return Err(ShareError::Unsupported {
+                addr: at,
+                found: line.to_owned(),
+            });
+        }
+        at = m.end;
+        if at >= hi {
+            return Ok(());
+        }
+    }
+    Err(ShareError::Unsupported {
+        addr: at,
+        found: "not mapped".to_owned(),
+    })
+}
+
+/// One line of `/proc/self/maps`: `start-end perms offset dev inode [path]`.
+struct MapsLine<'a> {
+    start: usize,
+    end: usize,
+    perms: &'a str,
+    inode: &'a str,
+    path: &'a str,
+}
+
+impl<'a> MapsLine<'a> {
+    fn parse(line: &'a str) -> Option<Self> {
+        let mut f = line.split_ascii_whitespace();
+        let (start, end) = f.next()?.split_once('-')?;
+        let perms = f.next()?;
+        let _offset = f.next()?;
+        let _dev = f.next()?;
+        let inode = f.next()?;
+        let path = f.next().unwrap_or("");
+        Some(Self {
+            start: usize::from_str_radix(start, 16).ok()?,
+            end: usize::from_str_radix(end, 16).ok()?,
+            perms,
+            inode,
+            path,
+        })
+    }
+
+    fn private_anonymous_rw(&self) -> bool {
+        self.perms.starts_with("rw")
+            && self.perms.ends_with('p')
+            && self.inode == "0"
+            && (self.path.is_empty() || self.path == "[heap]" || self.path.starts_with("[anon:"))
+    }
+}
+
+/// What [`authorize_daemon`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Authorization {
+    /// Yama is active and now lets the daemon attach (`PR_SET_PTRACER`).
+    Yama,
+    /// Yama is not in the kernel: plain ptrace rules apply (same uid and a dumpable
+    /// client, or a privileged daemon), nothing to grant.
+    NotNeeded,
+}
+
+/// Lets the daemon process `daemon_pid` use `process_vm_readv`/`writev` on the calling
+/// process without root: `prctl(PR_SET_PTRACER, daemon_pid)` for Yama's
+/// `ptrace_scope = 1` (the common default), which otherwise allows that only to ancestors.
+/// The daemon must still run under the client's uid (or be privileged), and the grant
+/// names one pid, replacing any earlier one. With `ptrace_scope` 2 or 3 only a privileged
+/// daemon can get in.
+pub fn authorize_daemon(daemon_pid: i32) -> io::Result<Authorization> {
+    let pid = Pid::from_raw(daemon_pid).ok_or(io::Error::from(io::ErrorKind::InvalidInput))?;
+    match set_ptracer(PTracer::ProcessID(pid)) {
+        Ok(()) => Ok(Authorization::Yama),
+        // Without Yama the prctl option does not exist (EINVAL); with it, EINVAL means an
+        // unknown pid.
+        Err(rustix::io::Errno::INVAL)
+            if !std::path::Path::new("/proc/sys/kernel/yama").exists() =>
+        {
+            Ok(Authorization::NotNeeded)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_maps_lines() {
+        let m = MapsLine::parse("7f0000000000-7f0000021000 rw-p 00000000 00:00 0 ").unwrap();
+        assert_eq!((m.start, m.end), (0x7f00_0000_0000, 0x7f00_0002_1000));
+        assert!(m.private_anonymous_rw());
+        let heap = MapsLine::parse("55d0-55e0 rw-p 00000000 00:00 0     [heap]").unwrap();
+        assert!(heap.private_anonymous_rw());
+        for other in [
+            "1000-2000 rw-s 00000000 00:01 1234 /memfd:x (deleted)",
+            "1000-2000 r--p 00000000 00:00 0",
+            "1000-2000 rw-p 00000000 00:00 0 [stack]",
+            "1000-2000 rw-p 00001000 08:01 42 /usr/lib/libc.so.6",
+            "1000-2000 rw-p 00000000 00:0f 77 /anon_hugepage (deleted)",
+        ] {
+            assert!(
+                !MapsLine::parse(other).unwrap().private_anonymous_rw(),
+                "{other}"
+            );
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! How the daemon reaches registered client memory (`docs/registered-memory.md` argues the
+//! design from measurements).
+//!
+//! The core has already checked key, protection domain, bounds and access flags when the
+//! transport engine calls its [`Memory`](softverbs_transport::Memory); this crate provides
+//! the byte access behind it:
+//!
+//! * [`SharedMappings`]: memory the client turned into a memfd in place
+//!   ([`share_in_place`]) and passed to the daemon, which maps it once at registration and
+//!   then reaches it with `memcpy` and real CPU atomics, no system call per access.
+//!   Unmapped by [`SharedMappings::remove_region`] when the memory region is deregistered.
+//! * [`ProcessVm`]: any other memory, one `process_vm_readv`/`process_vm_writev` per access.
+//!   The client lets the daemon in with [`authorize_daemon`] (Yama `PR_SET_PTRACER`) when
+//!   the daemon is not root.
+//!
+//! The daemon stacks them: `SharedMappings::with_fallback(ProcessVm::new())`.
+//!
+//! `unsafe` is confined to the OS boundary (`mmap`, `munmap`, `mremap`, raw copies and the
+//! atomic view of a shared word), each block argued with a `SAFETY:` comment; the public
+//! API is safe.
+
+mod client;
+mod map;
+mod process_vm;
+mod shared;
+
+pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
+pub use process_vm::ProcessVm;
+pub use shared::{NoFallback, RegionError, RegionId, SharedMappings};
+
+/// The system page size (what registrations are rounded to).
+pub fn page_size() -> usize {
+    rustix::param::page_size()
+}

@@ -1,0 +1,323 @@
+//! The fast path: client memory the daemon has mapped from a memfd, reached with `memcpy`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fs::{fcntl_get_seals, fstat, SealFlags};
+use softverbs_core::ids::CtxId;
+use softverbs_transport::{AtomicOp, Fault, Memory};
+
+use crate::map::Mapping;
+use crate::page_size;
+
+/// Names a region added with [`SharedMappings::add_region`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionId(pub u64);
+
+/// Why a memfd could not become a region.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// Zero length, or the range wraps around the address space.
+    #[error("empty range or one that wraps around the address space")]
+    BadRange,
+    /// The file is not sealed against shrinking: the client could truncate it and make the
+    /// daemon's next access raise `SIGBUS`.
+    #[error("the file is not a memfd sealed against shrinking (F_SEAL_SHRINK)")]
+    NotSealed,
+    /// The file is shorter than the page-rounded range.
+    #[error("the file holds {size} bytes, the page-rounded range needs {needed}")]
+    TooSmall {
+        /// File size.
+        size: u64,
+        /// Bytes needed.
+        needed: u64,
+    },
+    /// The range overlaps a region of the same context.
+    #[error("the range overlaps region {0:?} of the same context")]
+    Overlap(RegionId),
+    /// `fstat`, `fcntl` or `mmap` failed.
+    #[error("mapping the file: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<rustix::io::Errno> for RegionError {
+    fn from(e: rustix::io::Errno) -> Self {
+        Self::Io(e.into())
+    }
+}
+
+/// The backend behind [`SharedMappings`] that serves nothing: every non-empty access is a
+/// [`Fault`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoFallback;
+
+impl Memory for NoFallback {
+    fn read(&mut self, ctx: CtxId, addr: u64, _buf: &mut [u8]) -> Result<(), Fault> {
+        Err(Fault { ctx, addr })
+    }
+
+    fn write(&mut self, ctx: CtxId, addr: u64, _data: &[u8]) -> Result<(), Fault> {
+        Err(Fault { ctx, addr })
+    }
+}
+
+#[derive(Debug)]
+struct Region {
+    id: RegionId,
+    /// Client address of the first registered byte.
+    start: u64,
+    /// Registered bytes.
+    len: u64,
+    /// Offset of `start` in `map` (`start` modulo the page size).
+    offset: usize,
+    map: Mapping,
+}
+
+/// Client memory the daemon has mapped from memfds the clients passed
+/// ([`share_in_place`](crate::share_in_place) on their side), reached with a plain copy
+/// and, for aligned atomics, real CPU atomics; every other address goes to the fallback `F`
+/// (typically [`ProcessVm`](crate::ProcessVm); [`NoFallback`] by default).
+///
+/// Lookups are O(log n) in the regions of the context: one `BTreeMap` per context, keyed by
+/// the client start address; regions of one context never overlap. An access is served by
+/// a region only if it lies wholly inside it; otherwise (no region, or it runs past the end
+/// of one) it goes to the fallback, so an access that straddles two adjacent regions still
+/// works through `process_vm_*`.
+///
+/// Empty accesses succeed without touching anything.
+///
+/// # Deregistration
+///
+/// [`remove_region`](Self::remove_region) unmaps the region before it returns. All access
+/// goes through `&mut self`, so no access is in flight then and none can use the mapping
+/// afterwards. (Whether an address *may* be accessed is the core's key check; an address
+/// no longer covered by a region but still mapped in the client would be served by the
+/// fallback if the engine asked, which it does not after `dereg_mr`.)
+#[derive(Debug)]
+pub struct SharedMappings<F = NoFallback> {
+    regions: HashMap<CtxId, BTreeMap<u64, Region>>,
+    index: HashMap<RegionId, (CtxId, u64)>,
+    next_id: u64,
+    fallback: F,
+}
+
+impl Default for SharedMappings<NoFallback> {
+    fn default() -> Self {
+        Self::with_fallback(NoFallback)
+    }
+}
+
+impl SharedMappings<NoFallback> {
+    /// No regions, no fallback.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl<F> SharedMappings<F> {
+    /// No regions; addresses not covered by one go to `fallback`.
+    pub fn with_fallback(fallback: F) -> Self {
+        Self {
+            regions: HashMap::new(),
+            index: HashMap::new(),
+            next_id: 1,
+            fallback,
+        }
+    }
+
+    /// The fallback backend.
+    pub fn fallback(&self) -> &F {
+        &self.fallback
+    }
+
+    /// The fallback backend (e.g. to register a client's pid with a
+    /// [`ProcessVm`](crate::ProcessVm)).
+    pub fn fallback_mut(&mut self) -> &mut F {
+        &mut self.fallback
+    }
+
+    /// Maps the memfd `fd` shared into the daemon and serves the client addresses
+    /// `[client_addr, client_addr + len)` of `ctx` from it.
+    ///
+    /// Layout convention (what [`share_in_place`](crate::share_in_place) produces): byte 0
+    /// of the file is the first byte of the page holding `client_addr`, so the file covers
+    /// the range rounded outward to pages. The file must hold at least that many bytes and be
+    /// sealed against shrinking (`F_SEAL_SHRINK`), so the client cannot make the daemon's
+    /// accesses raise `SIGBUS` by truncating it. The daemon keeps no descriptor: the mapping
+    /// keeps the file alive.
+    pub fn add_region(
+        &mut self,
+        ctx: CtxId,
+        client_addr: u64,
+        len: u64,
+        fd: impl AsFd,
+    ) -> Result<RegionId, RegionError> {
+        let page = page_size() as u64;
+        let end = client_addr.checked_add(len).ok_or(RegionError::BadRange)?;
+        if len == 0 {
+            return Err(RegionError::BadRange);
+        }
+        let first_page = client_addr & !(page - 1);
+        let map_end = end
+            .checked_next_multiple_of(page)
+            .ok_or(RegionError::BadRange)?;
+        let map_len = usize::try_from(map_end - first_page).map_err(|_| RegionError::BadRange)?;
+        let offset = (client_addr - first_page) as usize;
+
+        let fd = fd.as_fd();
+        if !fcntl_get_seals(fd)
+            .map_err(|_| RegionError::NotSealed)?
+            .contains(SealFlags::SHRINK)
+        {
+            return Err(RegionError::NotSealed);
+        }
+        let size = u64::try_from(fstat(fd)?.st_size).unwrap_or(0);
+        if size < map_len as u64 {
+            return Err(RegionError::TooSmall {
+                size,
+                needed: map_len as u64,
+            });
+        }
+
+        let regions = self.regions.entry(ctx).or_default();
+        // Regions do not overlap, so their ends ascend with their starts: only the last
+        // region starting before `end` can overlap the new one.
+        if let Some((_, r)) = regions.range(..end).next_back() {
+            if r.start + r.len > client_addr {
+                return Err(RegionError::Overlap(r.id));
+            }
+        }
+
+        let map = Mapping::shared(fd, map_len, false)?;
+        let id = RegionId(self.next_id);
+        self.next_id += 1;
+        regions.insert(
+            client_addr,
+            Region {
+                id,
+                start: client_addr,
+                len,
+                offset,
+                map,
+            },
+        );
+        self.index.insert(id, (ctx, client_addr));
+        Ok(id)
+    }
+
+    /// Unmaps region `id` (what `dereg_mr` calls); when it returns no access reaches that
+    /// mapping any more. False if `id` is unknown.
+    pub fn remove_region(&mut self, id: RegionId) -> bool {
+        let Some((ctx, start)) = self.index.remove(&id) else {
+            return false;
+        };
+        if let Some(regions) = self.regions.get_mut(&ctx) {
+            regions.remove(&start);
+            if regions.is_empty() {
+                self.regions.remove(&ctx);
+            }
+        }
+        true
+    }
+
+    /// Unmaps every region of `ctx` (the context is closed); how many there were.
+    pub fn remove_context(&mut self, ctx: CtxId) -> usize {
+        let Some(regions) = self.regions.remove(&ctx) else {
+            return 0;
+        };
+        for r in regions.values() {
+            self.index.remove(&r.id);
+        }
+        regions.len()
+    }
+
+    /// Regions mapped, over all contexts.
+    pub fn region_count(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The daemon address of client bytes `[addr, addr + len)` of `ctx`, if one region
+    /// covers all of them. The pointer is valid for `len` bytes until the region is removed.
+    fn translate(&self, ctx: CtxId, addr: u64, len: usize) -> Option<*mut u8> {
+        let (_, r) = self.regions.get(&ctx)?.range(..=addr).next_back()?;
+        let off = addr - r.start; // `range(..=addr)`: `r.start <= addr`.
+        if off.checked_add(len as u64)? > r.len {
+            return None;
+        }
+        let at = r.offset + off as usize; // `< r.offset + r.len <= r.map.len()`.
+        debug_assert!(at + len <= r.map.len());
+        Some(r.map.ptr().wrapping_add(at))
+    }
+}
+
+impl<F: Memory> Memory for SharedMappings<F> {
+    fn read(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        match self.translate(ctx, addr, buf.len()) {
+            // SAFETY: `translate` returned a pointer to `buf.len()` bytes inside a live
+            // read-write mapping owned by `self` (it is unmapped only by `remove_region`/drop,
+            // which need `&mut self`, held here until the copy is done). The file behind it
+            // holds at least the whole mapping and is sealed against shrinking, so the access
+            // cannot fault. `buf` is a distinct allocation of ours, so the ranges do not
+            // overlap. The client may write these bytes concurrently; no reference to the
+            // mapping is created and `u8` has no invalid values, so a racing write yields
+            // arbitrary but valid bytes (the same as a NIC's DMA racing the CPU).
+            Some(src) => unsafe {
+                std::ptr::copy_nonoverlapping(src.cast_const(), buf.as_mut_ptr(), buf.len())
+            },
+            None => return self.fallback.read(ctx, addr, buf),
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        match self.translate(ctx, addr, data.len()) {
+            // SAFETY: as in `read`: `dst` points to `data.len()` bytes of a live, writable,
+            // non-truncatable shared mapping owned by `self`; `data` is our own memory and
+            // does not overlap it; no reference into the mapping exists, so writing bytes the
+            // client may be reading concurrently invalidates nothing Rust relies on.
+            Some(dst) => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) },
+            None => return self.fallback.write(ctx, addr, data),
+        }
+        Ok(())
+    }
+
+    /// Aligned and inside a region: a CPU atomic on the shared page (`lock cmpxchg`/`lock
+    /// xadd`), atomic with respect to the client's own atomics too. Inside a region but not
+    /// 8-byte aligned (IBA requires alignment, so the core should have refused it): a
+    /// read-modify-write on the mapping, atomic only against this daemon. Elsewhere: the
+    /// fallback's `atomic`.
+    fn atomic(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
+        let Some(p) = self.translate(ctx, addr, 8) else {
+            return self.fallback.atomic(ctx, addr, op);
+        };
+        if p.align_offset(std::mem::align_of::<AtomicU64>()) != 0 {
+            let mut old = [0u8; 8];
+            self.read(ctx, addr, &mut old)?;
+            let old = u64::from_ne_bytes(old);
+            self.write(ctx, addr, &op.apply(old).to_ne_bytes())?;
+            return Ok(old);
+        }
+        // SAFETY: `p` is 8-byte aligned (checked above) and valid for reads and writes of 8
+        // bytes for as long as `self` is borrowed (see `read`), which outlives `a`. Every
+        // access to those bytes from this process goes through raw-pointer copies or this
+        // atomic, never through a Rust reference; the client's concurrent accesses happen in
+        // another address space, and its atomics use the same hardware instructions, so they
+        // are mutually atomic.
+        let a = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
+        Ok(match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(old) | Err(old) => old,
+                }
+            }
+            AtomicOp::FetchAdd { add } => a.fetch_add(add, Ordering::SeqCst),
+        })
+    }
+}

@@ -1,0 +1,413 @@
+//! ProcessVm and SharedMappings against real child processes.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::{pattern, ChildProc, PageBuf};
+use softverbs_core::ids::CtxId;
+use softverbs_memaccess::{
+    page_size, share_in_place, NoFallback, ProcessVm, RegionError, ShareError, SharedMappings,
+};
+use softverbs_transport::{AtomicOp, Fault, Memory};
+
+const CTX: CtxId = CtxId(7);
+
+/// Not a test: the entry point of the child role (does nothing in a normal run).
+#[test]
+fn child_role() {
+    common::run_child_if_requested();
+}
+
+fn spawn(role: &str, len: usize) -> ChildProc {
+    ChildProc::spawn(
+        role,
+        len,
+        &["child_role", "--exact", "--nocapture", "--test-threads=1"],
+    )
+}
+
+fn expected(off: usize, n: usize) -> Vec<u8> {
+    (off..off + n).map(pattern).collect()
+}
+
+#[test]
+fn process_vm_reads_and_writes_a_child() {
+    let len = 3 * page_size() + 100;
+    let mut child = spawn("plain", len);
+    let mut pv = ProcessVm::new();
+    pv.register_process(CTX, child.pid);
+    assert_eq!(pv.pid(CTX), Some(child.pid));
+
+    // Reads, including one spanning pages and the whole buffer.
+    let mut b = vec![0; 8];
+    pv.read(CTX, child.addr + 5, &mut b).unwrap();
+    assert_eq!(b, expected(5, 8));
+    let mut all = vec![0; len];
+    pv.read(CTX, child.addr, &mut all).unwrap();
+    assert_eq!(all, expected(0, len));
+
+    // Writes are seen by the child.
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+    pv.write(CTX, child.addr + 1000, &data).unwrap();
+    assert_eq!(child.get(1000, data.len()), data);
+
+    // The child's writes are seen by the daemon.
+    child.set(10, b"hello");
+    let mut b = [0; 5];
+    pv.read(CTX, child.addr + 10, &mut b).unwrap();
+    assert_eq!(&b, b"hello");
+
+    // Default read-modify-write atomics.
+    child.set(64, &40u64.to_ne_bytes());
+    let old = pv
+        .atomic(CTX, child.addr + 64, AtomicOp::FetchAdd { add: 2 })
+        .unwrap();
+    assert_eq!(old, 40);
+    let old = pv
+        .atomic(
+            CTX,
+            child.addr + 64,
+            AtomicOp::CompareSwap {
+                compare: 42,
+                swap: 9,
+            },
+        )
+        .unwrap();
+    assert_eq!(old, 42);
+    assert_eq!(child.get(64, 8), 9u64.to_ne_bytes());
+
+    // Empty accesses succeed.
+    pv.read(CTX, child.addr, &mut []).unwrap();
+}
+
+#[test]
+fn process_vm_faults() {
+    let len = page_size();
+    let child = spawn("plain", len);
+    let mut pv = ProcessVm::new();
+    let mut b = [0u8; 16];
+    // Unknown context.
+    assert_eq!(
+        pv.read(CTX, child.addr, &mut b),
+        Err(Fault {
+            ctx: CTX,
+            addr: child.addr
+        })
+    );
+    pv.register_process(CTX, child.pid);
+    // Unmapped address.
+    assert_eq!(pv.read(CTX, 8, &mut b), Err(Fault { ctx: CTX, addr: 8 }));
+    assert!(pv.write(CTX, 8, &b).is_err());
+    // Address that does not fit / wraps.
+    assert!(pv.read(CTX, u64::MAX - 3, &mut b).is_err());
+    // Running past the end of the mapped heap eventually faults, reporting where.
+    let mut big = vec![0u8; 256 << 20];
+    let e = pv.read(CTX, child.addr, &mut big).unwrap_err();
+    assert!(e.addr >= child.addr + len as u64, "{e:?}");
+    // Gone process.
+    let pid = child.pid;
+    drop(child);
+    pv.register_process(CTX, pid);
+    assert!(pv.read(CTX, 0x10000, &mut b).is_err());
+    assert_eq!(pv.unregister_process(CTX), Some(pid));
+}
+
+#[test]
+fn shared_mappings_round_trip_with_a_child_that_shared_in_place() {
+    let len = 2 * page_size() + 300;
+    let mut child = spawn("shared", len);
+    let fd = child.open_memfd();
+    let mut shm = SharedMappings::new();
+    // Register a sub-range that starts and ends inside a page.
+    let start = child.addr + 100;
+    let rlen = len as u64 - 150;
+    let id = shm.add_region(CTX, start, rlen, &fd).unwrap();
+    drop(fd); // The mapping keeps the file alive.
+    assert_eq!(shm.region_count(), 1);
+
+    // Contents survived the conversion and are visible to the daemon.
+    let mut all = vec![0; rlen as usize];
+    shm.read(CTX, start, &mut all).unwrap();
+    assert_eq!(all, expected(100, rlen as usize));
+    assert_eq!(child.get(0, len), expected(0, len));
+
+    // Daemon writes → child sees them; child writes → daemon sees them.
+    let data: Vec<u8> = (0..3000u32).map(|i| (i ^ 0x5a) as u8).collect();
+    shm.write(CTX, start + 17, &data).unwrap();
+    assert_eq!(child.get(117, data.len()), data);
+    child.set(2000, b"from the client");
+    let mut b = [0; 15];
+    shm.read(CTX, child.addr + 2000, &mut b).unwrap();
+    assert_eq!(&b, b"from the client");
+
+    // Bounds: the bytes before/after the registered range (same pages) and beyond fault.
+    let mut one = [0u8; 1];
+    assert_eq!(
+        shm.read(CTX, start - 1, &mut one),
+        Err(Fault {
+            ctx: CTX,
+            addr: start - 1
+        })
+    );
+    assert!(shm.read(CTX, start + rlen, &mut one).is_err());
+    assert!(shm.read(CTX, start + rlen - 4, &mut [0; 8]).is_err());
+    shm.read(CTX, start + rlen - 8, &mut [0; 8]).unwrap();
+    // Other context, unknown address.
+    assert!(shm.read(CtxId(8), start, &mut one).is_err());
+    assert!(shm.write(CTX, 0x1000, &one).is_err());
+
+    // CPU atomics on the shared word.
+    let word = (start + 7) & !7;
+    child.set((word - child.addr) as usize, &5u64.to_ne_bytes());
+    assert_eq!(shm.atomic(CTX, word, AtomicOp::FetchAdd { add: 10 }), Ok(5));
+    assert_eq!(
+        shm.atomic(
+            CTX,
+            word,
+            AtomicOp::CompareSwap {
+                compare: 15,
+                swap: 99
+            }
+        ),
+        Ok(15)
+    );
+    assert_eq!(
+        shm.atomic(
+            CTX,
+            word,
+            AtomicOp::CompareSwap {
+                compare: 15,
+                swap: 1
+            }
+        ),
+        Ok(99)
+    );
+    assert_eq!(
+        child.get((word - child.addr) as usize, 8),
+        99u64.to_ne_bytes()
+    );
+
+    // After remove_region nothing reaches the memory any more.
+    assert!(shm.remove_region(id));
+    assert!(!shm.remove_region(id));
+    assert_eq!(shm.region_count(), 0);
+    assert!(shm.read(CTX, start, &mut one).is_err());
+    assert!(shm.write(CTX, start, &one).is_err());
+    assert!(shm
+        .atomic(CTX, word, AtomicOp::FetchAdd { add: 1 })
+        .is_err());
+    // And the client still has its memory, unchanged by the removal.
+    assert_eq!(
+        child.get((word - child.addr) as usize, 8),
+        99u64.to_ne_bytes()
+    );
+}
+
+/// Reads the u64 at `addr` through `mem`.
+fn load(mem: &mut impl Memory, addr: u64) -> u64 {
+    let mut b = [0; 8];
+    mem.read(CTX, addr, &mut b).unwrap();
+    u64::from_ne_bytes(b)
+}
+
+#[test]
+fn fetch_add_races_between_daemon_and_client() {
+    let len = page_size();
+    let mut child = spawn("shared", len);
+    let fd = child.open_memfd();
+    let mut shm = SharedMappings::new();
+    shm.add_region(CTX, child.addr, len as u64, &fd).unwrap();
+    shm.write(CTX, child.addr, &[0; 16]).unwrap();
+    // The client increments with its CPU for as long as the daemon does FetchAdd through
+    // the mapping (it starts first and stops when the daemon raises the flag word).
+    child.start_add(0, 8);
+    while load(&mut shm, child.addr) == 0 {
+        std::hint::spin_loop();
+    }
+    const N: u64 = 200_000;
+    for _ in 0..N {
+        shm.atomic(CTX, child.addr, AtomicOp::FetchAdd { add: 1 })
+            .unwrap();
+    }
+    shm.write(CTX, child.addr + 8, &1u64.to_ne_bytes()).unwrap();
+    let theirs = child.finish_add();
+    assert_eq!(load(&mut shm, child.addr), N + theirs);
+}
+
+#[test]
+fn fetch_add_from_two_threads_in_process() {
+    // Share our own buffer and reach it both ways at once: one thread as the client (CPU
+    // atomics at the original address), one as the daemon (SharedMappings).
+    let buf = PageBuf::new(page_size());
+    let fd = share_in_place(buf.addr(), buf.len()).unwrap();
+    let mut shm = SharedMappings::new();
+    shm.add_region(CTX, buf.addr() as u64, buf.len() as u64, &fd)
+        .unwrap();
+    const N: u64 = 300_000;
+    let addr = buf.addr() as u64 + 8;
+    let theirs = std::thread::scope(|s| {
+        let client = s.spawn(|| {
+            let mut n = 0u64;
+            while buf.atomic(16).load(Ordering::SeqCst) == 0 {
+                buf.atomic(8).fetch_add(1, Ordering::SeqCst);
+                n += 1;
+            }
+            n
+        });
+        while buf.atomic(8).load(Ordering::SeqCst) == 0 {
+            std::hint::spin_loop();
+        }
+        for _ in 0..N {
+            shm.atomic(CTX, addr, AtomicOp::FetchAdd { add: 1 })
+                .unwrap();
+        }
+        buf.atomic(16).store(1, Ordering::SeqCst);
+        client.join().unwrap()
+    });
+    assert_eq!(buf.atomic(8).load(Ordering::SeqCst), N + theirs);
+    drop(shm);
+    drop(fd);
+    // The buffer is still ours and usable after the daemon side is gone.
+    buf.set(0, 1);
+    assert_eq!(buf.get(0), 1);
+}
+
+#[test]
+fn layered_falls_back_to_process_vm() {
+    let len = 2 * page_size();
+    let mut shared = spawn("shared", len);
+    let mut plain = spawn("plain", len);
+    let fd = shared.open_memfd();
+    let mut mem = SharedMappings::with_fallback(ProcessVm::new());
+    let (a, b) = (CtxId(1), CtxId(2));
+    mem.fallback_mut().register_process(a, shared.pid);
+    mem.fallback_mut().register_process(b, plain.pid);
+    // Only the first page of the shared child is a region.
+    let id = mem
+        .add_region(a, shared.addr, page_size() as u64, &fd)
+        .unwrap();
+
+    // Region, past the region (fallback), straddling (fallback), other process (fallback).
+    let mut buf = vec![0; 64];
+    mem.read(a, shared.addr + 8, &mut buf).unwrap();
+    assert_eq!(buf, expected(8, 64));
+    let p = page_size() as u64;
+    mem.read(a, shared.addr + p + 8, &mut buf).unwrap();
+    assert_eq!(buf, expected(p as usize + 8, 64));
+    mem.read(a, shared.addr + p - 32, &mut buf).unwrap();
+    assert_eq!(buf, expected(p as usize - 32, 64));
+    mem.write(b, plain.addr + 3, b"fallback").unwrap();
+    assert_eq!(plain.get(3, 8), b"fallback");
+    mem.write(a, shared.addr + p + 1, b"xy").unwrap();
+    assert_eq!(shared.get(p as usize + 1, 2), b"xy");
+    // Atomic through the fallback (read-modify-write).
+    plain.set(16, &1u64.to_ne_bytes());
+    assert_eq!(
+        mem.atomic(b, plain.addr + 16, AtomicOp::FetchAdd { add: 1 }),
+        Ok(1)
+    );
+    assert_eq!(plain.get(16, 8), 2u64.to_ne_bytes());
+    // Removing the region leaves the address to the fallback (the core's key check is what
+    // forbids access after dereg_mr).
+    assert!(mem.remove_region(id));
+    mem.read(a, shared.addr + 8, &mut buf).unwrap();
+    assert_eq!(mem.remove_context(a), 0);
+}
+
+#[test]
+fn add_region_rejects_bad_files_and_ranges() {
+    let buf = PageBuf::new(4 * page_size());
+    let fd = share_in_place(buf.addr(), 2 * page_size()).unwrap();
+    let mut shm = SharedMappings::new();
+    let base = buf.addr() as u64;
+    let p = page_size() as u64;
+    assert!(matches!(
+        shm.add_region(CTX, base, 0, &fd),
+        Err(RegionError::BadRange)
+    ));
+    assert!(matches!(
+        shm.add_region(CTX, u64::MAX - 10, 100, &fd),
+        Err(RegionError::BadRange)
+    ));
+    // Larger than the file.
+    assert!(matches!(
+        shm.add_region(CTX, base, 2 * p + 1, &fd),
+        Err(RegionError::TooSmall { .. })
+    ));
+    // Not sealed: a plain memfd, and a regular file.
+    let unsealed = rustix::fs::memfd_create("x", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&unsealed, p).unwrap();
+    assert!(matches!(
+        shm.add_region(CTX, base, p, &unsealed),
+        Err(RegionError::NotSealed)
+    ));
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    assert!(matches!(
+        shm.add_region(CTX, base, p, &file),
+        Err(RegionError::NotSealed)
+    ));
+    // Overlap within a context is refused, other contexts are independent.
+    let id = shm.add_region(CTX, base + 10, p, &fd).unwrap();
+    let e = shm.add_region(CTX, base + p, 10, &fd).unwrap_err();
+    assert!(matches!(e, RegionError::Overlap(o) if o == id), "{e:?}");
+    assert!(matches!(
+        shm.add_region(CTX, base, 11, &fd),
+        Err(RegionError::Overlap(_))
+    ));
+    shm.add_region(CTX, base, 10, &fd).unwrap(); // Adjacent below.
+    shm.add_region(CTX, base + p + 10, 10, &fd).unwrap(); // Adjacent above.
+    shm.add_region(CtxId(9), base, p, &fd).unwrap();
+    assert_eq!(shm.region_count(), 4);
+    assert_eq!(shm.remove_context(CTX), 3);
+    assert_eq!(shm.region_count(), 1);
+    let _: &NoFallback = shm.fallback();
+}
+
+#[test]
+fn share_in_place_keeps_contents_and_refuses_other_memory() {
+    let p = page_size();
+    let buf = PageBuf::new(3 * p);
+    for i in 0..buf.len() {
+        buf.set(i, pattern(i));
+    }
+    // Unaligned range: the whole pages around it are converted.
+    let fd = share_in_place(buf.addr() + p + 5, 10).unwrap();
+    for i in 0..buf.len() {
+        assert_eq!(buf.get(i), pattern(i));
+    }
+    let st = rustix::fs::fstat(&fd).unwrap();
+    assert_eq!(st.st_size as usize, p);
+    let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
+    assert!(seals.contains(rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW));
+    // Writes through the memfd are visible at the original address and vice versa.
+    rustix::io::pwrite(&fd, b"zz", 5).unwrap();
+    assert_eq!((buf.get(p + 5), buf.get(p + 6)), (b'z', b'z'));
+    buf.set(p + 7, b'!');
+    let mut b = [0; 1];
+    rustix::io::pread(&fd, &mut b, 7).unwrap();
+    assert_eq!(b[0], b'!');
+    // The converted page is now shared memory and cannot be converted again; nor can
+    // unmapped, read-only or file-backed memory.
+    assert!(matches!(
+        share_in_place(buf.addr() + p, 1),
+        Err(ShareError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        share_in_place(0x1000, 1),
+        Err(ShareError::Unsupported { .. })
+    ));
+    static READ_ONLY: [u8; 16] = [0; 16];
+    assert!(matches!(
+        share_in_place(READ_ONLY.as_ptr() as usize, 1),
+        Err(ShareError::Unsupported { .. })
+    ));
+    assert!(matches!(
+        share_in_place(buf.addr(), 0),
+        Err(ShareError::BadRange)
+    ));
+    assert!(matches!(
+        share_in_place(usize::MAX - 5, 10),
+        Err(ShareError::BadRange)
+    ));
+}
