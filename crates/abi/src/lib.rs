@@ -30,7 +30,7 @@ pub use codec::{
 };
 
 /// The newest ABI this crate speaks.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -141,6 +141,22 @@ commands! {
     /// Administrative: [`InjectEventReq`] → [`InjectEventResp`]. Raises an async event on a
     /// QP as the NIC would (fault injection); only the daemon's own uid or root may.
     InjectEvent = 62,
+    /// ABI 3: [`PostSendReq`] → empty (`ibv_post_send` of one work request).
+    PostSend = 70,
+    /// ABI 3: [`PostRecvReq`] → empty (`ibv_post_recv` on a QP).
+    PostRecv = 71,
+    /// ABI 3: [`PostRecvReq`] → empty (`ibv_post_srq_recv`).
+    PostSrqRecv = 72,
+    /// ABI 3: [`PollCqReq`] → [`PollCqResp`] (`ibv_poll_cq`).
+    PollCq = 73,
+    /// ABI 3: → [`HandleResp`] + the channel's eventfd (`ibv_create_comp_channel`).
+    CreateCompChannel = 74,
+    /// ABI 3: [`HandleReq`] → empty; `EBUSY` while CQs use it.
+    DestroyCompChannel = 75,
+    /// ABI 3: [`ReqNotifyCqReq`] → empty (`ibv_req_notify_cq`).
+    ReqNotifyCq = 76,
+    /// ABI 3: [`HandleReq`] (the channel) → [`CqEventResp`], or `EAGAIN` (`ibv_get_cq_event`).
+    GetCqEvent = 77,
 }
 
 /// `qp_num` meaning "create a new receive QP" in the minimal register call (Roland Dreier's
@@ -304,6 +320,21 @@ wire! {
     pub struct CreateCqReq {
         pub cqe: U32,
         pub comp_vector: U32,
+        /// ABI 3, with [`CREATE_CQ_CHANNEL`]: the completion channel handle.
+        pub channel: U32,
+        /// ABI 3: reserved, zero.
+        pub reserved: U32,
+    }
+
+    /// ABI 3: `ibv_req_notify_cq`.
+    pub struct ReqNotifyCqReq {
+        pub cq: U32,
+        pub solicited_only: U32,
+    }
+
+    /// ABI 3: a CQ that has a completion event.
+    pub struct CqEventResp {
+        pub cq: U32,
     }
 
     /// `ibv_resize_cq`.
@@ -550,6 +581,113 @@ wire! {
     pub struct InjectEventResp {
         pub contexts: U32,
     }
+
+    /// `struct ibv_sge`.
+    pub struct SgeWire {
+        pub addr: U64,
+        pub length: U32,
+        pub lkey: U32,
+    }
+
+    /// `struct ibv_send_wr` (one, not a list). `opcode` is `enum ibv_wr_opcode`, `send_flags`
+    /// `enum ibv_send_flags`; inline data (`IBV_SEND_INLINE`) travels in `inline_data`.
+    pub struct SendWrWire {
+        pub wr_id: U64,
+        pub remote_addr: U64,
+        pub compare_add: U64,
+        pub swap: U64,
+        pub opcode: U32,
+        pub send_flags: U32,
+        /// Immediate data, or the R_Key to invalidate for SEND_WITH_INV.
+        pub imm_data: U32,
+        pub rkey: U32,
+        /// XRC: the SRQ number at the target.
+        pub remote_srqn: U32,
+        /// UD: address handle, remote QPN and Q_Key.
+        pub ah: U32,
+        pub remote_qpn: U32,
+        pub remote_qkey: U32,
+        pub num_sge: U32,
+        pub inline_len: U32,
+        pub sg_list: [SgeWire; MAX_WIRE_SGE],
+        pub inline_data: [u8; MAX_WIRE_INLINE],
+    }
+
+    /// ABI 3: `ibv_post_send`.
+    pub struct PostSendReq {
+        pub qp: U32,
+        pub reserved: U32,
+        pub wr: SendWrWire,
+    }
+
+    /// ABI 3: `ibv_post_recv` / `ibv_post_srq_recv`: `handle` is the QP or SRQ.
+    pub struct PostRecvReq {
+        pub handle: U32,
+        pub num_sge: U32,
+        pub wr_id: U64,
+        pub sg_list: [SgeWire; MAX_WIRE_SGE],
+    }
+
+    /// ABI 3: `ibv_poll_cq`.
+    pub struct PollCqReq {
+        pub cq: U32,
+        pub max: U32,
+    }
+
+    /// `struct ibv_wc`.
+    pub struct WcWire {
+        pub wr_id: U64,
+        pub status: U32,
+        pub opcode: U32,
+        pub vendor_err: U32,
+        pub byte_len: U32,
+        /// Immediate data, or the invalidated R_Key (with `IBV_WC_WITH_INV`).
+        pub imm_data: U32,
+        pub qp_num: U32,
+        pub src_qp: U32,
+        pub wc_flags: U32,
+        pub pkey_index: U16,
+        pub slid: U16,
+        pub sl: u8,
+        pub dlid_path_bits: u8,
+        pub reserved: [u8; 2],
+    }
+
+    /// ABI 3: completions polled.
+    pub struct PollCqResp {
+        pub count: U32,
+        pub reserved: U32,
+        pub wc: [WcWire; MAX_WIRE_WC],
+    }
+}
+
+/// Scatter/gather entries a posted work request may carry on the command path.
+pub const MAX_WIRE_SGE: usize = 16;
+/// Inline bytes a posted send may carry on the command path.
+pub const MAX_WIRE_INLINE: usize = 256;
+/// Completions one `PollCq` returns at most.
+pub const MAX_WIRE_WC: usize = 32;
+
+/// `enum ibv_wr_opcode` values.
+#[allow(missing_docs)]
+pub mod wr_opcode {
+    pub const RDMA_WRITE: u32 = 0;
+    pub const RDMA_WRITE_WITH_IMM: u32 = 1;
+    pub const SEND: u32 = 2;
+    pub const SEND_WITH_IMM: u32 = 3;
+    pub const RDMA_READ: u32 = 4;
+    pub const ATOMIC_CMP_AND_SWP: u32 = 5;
+    pub const ATOMIC_FETCH_AND_ADD: u32 = 6;
+    pub const SEND_WITH_INV: u32 = 9;
+}
+
+/// `enum ibv_send_flags` values.
+#[allow(missing_docs)]
+pub mod send_flags {
+    pub const FENCE: u32 = 1 << 0;
+    pub const SIGNALED: u32 = 1 << 1;
+    pub const SOLICITED: u32 = 1 << 2;
+    pub const INLINE: u32 = 1 << 3;
 }
 
 /// `present` bit: a PD handle was given.
@@ -567,6 +705,8 @@ pub const PRESENT_CQ: u32 = 1 << 5;
 
 /// `comp_mask` bit of [`Cmd::CreateQp`] (ABI 2): `create_flags` is valid.
 pub const CREATE_QP_CREATE_FLAGS: u64 = 1 << 0;
+/// `comp_mask` bit of [`Cmd::CreateCq`] (ABI 3): `channel` is valid.
+pub const CREATE_CQ_CHANNEL: u64 = 1 << 0;
 
 /// What an async event's `element` names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -609,6 +749,9 @@ pub fn request_layout(cmd: Cmd, abi: u32) -> (usize, u64) {
         Cmd::CreateQp if abi >= 2 => (size_of::<CreateQpReq>(), CREATE_QP_CREATE_FLAGS),
         // ABI 1 ended before `create_flags`.
         Cmd::CreateQp => (size_of::<CreateQpReq>() - 8, 0),
+        Cmd::CreateCq if abi >= 3 => (size_of::<CreateCqReq>(), CREATE_CQ_CHANNEL),
+        // Before ABI 3 a CQ had no completion channel.
+        Cmd::CreateCq => (size_of::<CreateCqReq>() - 8, 0),
         _ => (request_size(cmd), 0),
     }
 }
@@ -652,6 +795,12 @@ pub fn request_size(cmd: Cmd) -> usize {
         | Cmd::RegisterXrcRcvQp
         | Cmd::UnregisterXrcRcvQp => size_of::<XrcRcvQpReq>(),
         Cmd::InjectEvent => size_of::<InjectEventReq>(),
+        Cmd::PostSend => size_of::<PostSendReq>(),
+        Cmd::PostRecv | Cmd::PostSrqRecv => size_of::<PostRecvReq>(),
+        Cmd::PollCq => size_of::<PollCqReq>(),
+        Cmd::CreateCompChannel => 0,
+        Cmd::DestroyCompChannel | Cmd::GetCqEvent => size_of::<HandleReq>(),
+        Cmd::ReqNotifyCq => size_of::<ReqNotifyCqReq>(),
     }
 }
 

@@ -34,6 +34,7 @@
 mod conn;
 mod context;
 mod convert;
+mod datapath;
 mod error;
 mod event;
 mod introspect;
@@ -42,10 +43,14 @@ mod xrc;
 
 pub use conn::{connect_socket, connect_socket_with, default_socket_path};
 pub use context::{devices, Context, DeviceInfo, PortInfo};
+pub use datapath::{CompChannel, SendRequest, UdAddress};
 pub use error::{errno, Error, Result};
 pub use event::{AsyncEvent, Element};
 pub use introspect::{resources_json, status, Introspect, Status};
 pub use objects::{Ah, Cq, Mr, Pd, Qp, QpInit, QpQuery, Srq};
+pub use softverbs_transport::wr::{
+    SendOp, Sge, WcOpcode, WcStatus, WorkCompletion, WC_GRH, WC_WITH_IMM, WC_WITH_INV,
+};
 pub use xrc::{XrcRecvQp, XrcRegistration, Xrcd};
 
 pub use softverbs_abi::ABI_VERSION;

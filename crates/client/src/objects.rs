@@ -67,13 +67,29 @@ impl Context {
 
     /// `ibv_create_cq` on `comp_vector`.
     pub fn create_cq_on_vector(&self, cqe: u32, comp_vector: u32) -> Result<Cq<'_>> {
+        self.create_cq_inner(cqe, comp_vector, None)
+    }
+
+    pub(crate) fn create_cq_inner(
+        &self,
+        cqe: u32,
+        comp_vector: u32,
+        channel: Option<u32>,
+    ) -> Result<Cq<'_>> {
         let req = CreateCqReq {
             cqe: U32::new(cqe),
             comp_vector: U32::new(comp_vector),
+            channel: U32::new(channel.unwrap_or(0)),
+            reserved: U32::new(0),
+        };
+        let mask = if channel.is_some() {
+            softverbs_abi::msg::CREATE_CQ_CHANNEL
+        } else {
+            0
         };
         let r: CreateCqResp = self
             .conn
-            .call("create_cq", Cmd::CreateCq, 0, req.as_bytes())?;
+            .call("create_cq", Cmd::CreateCq, mask, req.as_bytes())?;
         Ok(Cq {
             ctx: self,
             handle: r.handle.get(),
@@ -585,7 +601,7 @@ pub struct QpQuery {
 /// A QP the context owns (`struct ibv_qp`). Dropping it destroys it.
 #[derive(Debug)]
 pub struct Qp<'a> {
-    ctx: &'a Context,
+    pub(crate) ctx: &'a Context,
     handle: u32,
     qpn: u32,
     qp_type: QpType,

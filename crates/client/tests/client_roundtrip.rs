@@ -253,7 +253,7 @@ fn create_flags_follow_the_daemons_abi() {
     config.abi_version = 1;
     let old = spawn_daemon_with(config).unwrap();
     let (new, _dir2) = daemon("abi2");
-    for (d, abi) in [(&old, 1), (&new, 2)] {
+    for (d, abi) in [(&old, 1), (&new, softverbs_abi::ABI_VERSION)] {
         let ctx = open(d);
         assert_eq!(ctx.abi_version(), abi);
         let pd = ctx.alloc_pd().unwrap();

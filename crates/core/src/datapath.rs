@@ -91,7 +91,89 @@ pub struct XrcSrqTarget {
     pub pd: PdRef,
 }
 
+/// What the transport needs to mirror an owned QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnedQpInfo {
+    /// QP number.
+    pub qpn: u32,
+    /// Type.
+    pub qp_type: QpType,
+    /// PD.
+    pub pd: PdRef,
+    /// Send CQ handle.
+    pub send_cq: Handle,
+    /// Receive CQ handle.
+    pub recv_cq: Option<Handle>,
+    /// SRQ handle.
+    pub srq: Option<Handle>,
+    /// Granted capabilities.
+    pub cap: crate::attr::QpCap,
+    /// Every send WR signaled.
+    pub sq_sig_all: bool,
+}
+
+/// What the transport needs to mirror an SRQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrqInfo {
+    /// PD of its buffers.
+    pub pd: PdRef,
+    /// The XRC SRQ's CQ.
+    pub cq: Option<Handle>,
+    /// Attributes.
+    pub attr: crate::attr::SrqAttr,
+}
+
 impl Core {
+    /// The facts of an owned QP the transport mirrors.
+    pub fn owned_qp_info(&self, ctx: CtxId, qp: Handle) -> Option<OwnedQpInfo> {
+        match self.contexts.get(&ctx)?.qps.get(&qp)? {
+            QpEntry::Owned(q) => Some(OwnedQpInfo {
+                qpn: q.qpn,
+                qp_type: q.init.qp_type,
+                pd: PdRef { ctx, pd: q.pd },
+                send_cq: q.send_cq,
+                recv_cq: q.recv_cq,
+                srq: q.srq,
+                cap: q.init.cap,
+                sq_sig_all: q.init.sq_sig_all,
+            }),
+            QpEntry::XrcRecv { .. } => None,
+        }
+    }
+
+    /// The facts of an SRQ the transport mirrors.
+    pub fn srq_info(&self, ctx: CtxId, srq: Handle) -> Option<SrqInfo> {
+        let s = self.contexts.get(&ctx)?.srqs.get(&srq)?;
+        let cq = match s.kind {
+            SrqKind::Xrc { cq, .. } => Some(cq),
+            SrqKind::Basic => None,
+        };
+        Some(SrqInfo {
+            pd: PdRef { ctx, pd: s.pd },
+            cq,
+            attr: s.attr,
+        })
+    }
+
+    /// Every QP number a context touches: its owned QPs and the receive QPs it holds.
+    pub fn context_qpns(&self, ctx: CtxId) -> Vec<u32> {
+        let Some(c) = self.contexts.get(&ctx) else {
+            return Vec::new();
+        };
+        let mut v: Vec<u32> = c
+            .qps
+            .values()
+            .map(|e| match e {
+                QpEntry::Owned(q) => q.qpn,
+                QpEntry::XrcRecv { qpn, .. } => *qpn,
+            })
+            .chain(c.xrc_regs.keys().copied())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Checks an access with memory key `key` to `[va, va+len)` on behalf of a QP in `pd`,
     /// needing `need` (empty for a local read, `LOCAL_WRITE` for a local write, a remote flag
     /// for a peer's request).

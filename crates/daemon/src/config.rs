@@ -44,6 +44,8 @@ pub struct Config {
     pub devices: Vec<DeviceSpec>,
     /// ABI level to speak (older levels emulate an older daemon, for compatibility tests).
     pub abi_version: u32,
+    /// The devices' network side (UDP binding, fault injection, capture).
+    pub net: crate::datapath::NetOptions,
 }
 
 impl Config {
@@ -53,6 +55,14 @@ impl Config {
             socket,
             devices: Vec::new(),
             abi_version: softverbs_abi::ABI_VERSION,
+            // Tests and embedded daemons stay off the network unless asked; `softverbs daemon`
+            // binds its devices' UDP ports.
+            net: crate::datapath::NetOptions {
+                bind: false,
+                port: softverbs_wire::ip::ROCE_V2_UDP_PORT,
+                faults: None,
+                capture_dir: None,
+            },
         }
     }
 

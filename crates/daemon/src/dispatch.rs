@@ -18,10 +18,13 @@ use softverbs_core::qp::QpQuery;
 use softverbs_core::types::{Access, AttrMask, EventType, QpType};
 use softverbs_core::{ContextInfo, Core, Error};
 use softverbs_ipc::PeerCred;
+
+use crate::datapath::{DataPath, NetOptions};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
 const EINVAL: i32 = 22;
+const EOPNOTSUPP: i32 = 95;
 const EAGAIN: i32 = 11;
 const EBADF: i32 = 9;
 const EPERM: i32 = 1;
@@ -87,6 +90,8 @@ pub struct Outcome {
 pub struct Dispatcher {
     /// The verbs core.
     pub core: Core,
+    /// Engines, devices, client memory and CQs.
+    pub dp: DataPath,
     /// ABI level spoken.
     pub abi: u32,
     started: Instant,
@@ -109,6 +114,14 @@ fn core_err(e: Error) -> i32 {
 
 fn handle_of(v: U32) -> Handle {
     Handle(v.get())
+}
+
+fn sge_of(s: &SgeWire) -> softverbs_transport::wr::Sge {
+    softverbs_transport::wr::Sge {
+        addr: s.addr.get(),
+        length: s.length.get(),
+        lkey: s.lkey.get(),
+    }
 }
 
 fn events(n: u32) -> Reply {
@@ -140,9 +153,11 @@ fn srq_resp(handle: Handle, a: SrqAttr, srqn: Option<u32>) -> Reply {
 
 impl Dispatcher {
     /// A dispatcher over `core`, speaking ABI `abi`.
-    pub fn new(core: Core, abi: u32) -> Dispatcher {
+    pub fn new(core: Core, abi: u32, net: &NetOptions) -> Dispatcher {
+        let dp = DataPath::new(&core, net);
         Dispatcher {
             core,
+            dp,
             abi,
             started: Instant::now(),
             daemon_uid: rustix::process::geteuid().as_raw(),
@@ -181,8 +196,31 @@ impl Dispatcher {
         woken: &mut Vec<CtxId>,
     ) -> Reply {
         let abi = self.abi;
-        // Only OpenXrcd takes a descriptor, and only one.
-        if req.cmd != Cmd::OpenXrcd && !fds.is_empty() {
+        // Only OpenXrcd and RegMr (a memfd of the range) take a descriptor, and only one.
+        if !matches!(req.cmd, Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
+            return Err(EINVAL);
+        }
+        if matches!(
+            req.cmd,
+            Cmd::PostSend
+                | Cmd::PostRecv
+                | Cmd::PostSrqRecv
+                | Cmd::PollCq
+                | Cmd::CreateCompChannel
+                | Cmd::DestroyCompChannel
+                | Cmd::ReqNotifyCq
+                | Cmd::GetCqEvent
+        ) && abi < 3
+        {
+            // The data-path commands arrived in ABI 3.
+            return Err(EOPNOTSUPP);
+        }
+        let mr_fd = if req.cmd == Cmd::RegMr {
+            fds.pop()
+        } else {
+            None
+        };
+        if !fds.is_empty() && req.cmd == Cmd::RegMr {
             return Err(EINVAL);
         }
         match (req.cmd, s.phase) {
@@ -204,6 +242,25 @@ impl Dispatcher {
             (_, Phase::Context(_)) => {}
         }
         let ctx = s.ctx().expect("phase checked above");
+        if let Some(r) = self.data_command(ctx, req, woken) {
+            return r;
+        }
+        let gone = self.qpn_before(ctx, req);
+        let result = self.object_command(ctx, req, fds, woken);
+        if let Ok((body, _)) = &result {
+            self.mirror(ctx, req, body, gone, mr_fd)?;
+        }
+        result
+    }
+
+    fn object_command(
+        &mut self,
+        ctx: CtxId,
+        req: &Request<'_>,
+        mut fds: Vec<OwnedFd>,
+        _woken: &mut Vec<CtxId>,
+    ) -> Reply {
+        let abi = self.abi;
         let core = &mut self.core;
         macro_rules! body {
             () => {
@@ -314,6 +371,11 @@ impl Dispatcher {
             }
             Cmd::CreateCq => {
                 let r: CreateCqReq = body!();
+                if req.comp_mask & CREATE_CQ_CHANNEL != 0
+                    && !self.dp.has_channel(ctx, r.channel.get())
+                {
+                    return Err(EINVAL);
+                }
                 let (h, cqe) = core
                     .create_cq(ctx, r.cqe.get(), r.comp_vector.get())
                     .map_err(core_err)?;
@@ -575,10 +637,335 @@ impl Dispatcher {
                 Some(ev) => ok(AsyncEventResp::from(&ev)),
                 None => Err(EAGAIN),
             },
-            Cmd::Hello | Cmd::QueryDeviceList | Cmd::Status | Cmd::Resources | Cmd::InjectEvent => {
-                unreachable!("handled before the context match")
-            }
+            Cmd::Hello
+            | Cmd::QueryDeviceList
+            | Cmd::Status
+            | Cmd::Resources
+            | Cmd::InjectEvent
+            | Cmd::PostSend
+            | Cmd::PostRecv
+            | Cmd::PostSrqRecv
+            | Cmd::PollCq
+            | Cmd::CreateCompChannel
+            | Cmd::DestroyCompChannel
+            | Cmd::ReqNotifyCq
+            | Cmd::GetCqEvent => unreachable!("handled before the object commands"),
         }
+    }
+
+    /// Tears a context down (its connection closed) in the core and the data path.
+    pub fn close_context(&mut self, ctx: CtxId) -> Result<(), Error> {
+        let qpns = self.core.context_qpns(ctx);
+        self.core.close_context(ctx)?;
+        self.dp.context_closed(&self.core, ctx, &qpns);
+        Ok(())
+    }
+
+    /// Runs the engines; returns the contexts that got async events.
+    pub fn drive(&mut self) -> Vec<CtxId> {
+        self.dp.drive(&mut self.core)
+    }
+
+    /// The QP a destroy-like command may take with it, named before the command runs (the
+    /// handle is gone after).
+    fn qpn_before(&self, ctx: CtxId, req: &Request<'_>) -> Option<u32> {
+        match req.cmd {
+            Cmd::DestroyQp => {
+                let r: HandleReq = req.body(self.abi).ok()?;
+                self.core.qp_num(ctx, handle_of(r.handle)).ok()
+            }
+            Cmd::UnregXrcRcvQp | Cmd::DestroyXrcRcvQp | Cmd::UnregisterXrcRcvQp => {
+                let r: XrcRcvQpReq = req.body(self.abi).ok()?;
+                Some(r.qp_num.get())
+            }
+            _ => None,
+        }
+    }
+
+    /// Mirrors a successful object command into the data path.
+    fn mirror(
+        &mut self,
+        ctx: CtxId,
+        req: &Request<'_>,
+        body: &[u8],
+        gone: Option<u32>,
+        mr_fd: Option<OwnedFd>,
+    ) -> Result<(), i32> {
+        use zerocopy::FromBytes;
+        let abi = self.abi;
+        let (core, dp) = (&mut self.core, &mut self.dp);
+        match req.cmd {
+            Cmd::CreateCq | Cmd::ResizeCq => {
+                let r = CreateCqResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
+                if req.cmd == Cmd::CreateCq {
+                    let q: CreateCqReq = req.body(abi).map_err(|e| e.errno())?;
+                    let channel = (req.comp_mask & CREATE_CQ_CHANNEL != 0).then(|| q.channel.get());
+                    dp.cq_created(ctx, handle_of(r.handle), r.cqe.get(), channel);
+                } else {
+                    dp.cq_resized(ctx, handle_of(r.handle), r.cqe.get());
+                }
+            }
+            Cmd::DestroyCq => {
+                let r: HandleReq = req.body(abi).map_err(|e| e.errno())?;
+                dp.cq_destroyed(ctx, handle_of(r.handle));
+            }
+            Cmd::CreateSrq | Cmd::CreateXrcSrq => {
+                let r = SrqResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
+                dp.srq_created(core, ctx, handle_of(r.handle));
+            }
+            Cmd::ModifySrq => {
+                let r: ModifySrqReq = req.body(abi).map_err(|e| e.errno())?;
+                if r.attr_mask.get() & softverbs_core::attr::SRQ_LIMIT != 0 {
+                    dp.srq_limit(ctx, handle_of(r.handle), r.srq_limit.get());
+                }
+            }
+            Cmd::DestroySrq => {
+                let r: HandleReq = req.body(abi).map_err(|e| e.errno())?;
+                dp.srq_destroyed(ctx, handle_of(r.handle));
+            }
+            Cmd::RegMr => {
+                let q: RegMrReq = req.body(abi).map_err(|e| e.errno())?;
+                let r = RegMrResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
+                if let Err(e) = dp.mr_registered(
+                    ctx,
+                    handle_of(r.handle),
+                    q.addr.get(),
+                    q.length.get(),
+                    mr_fd,
+                ) {
+                    // The memory cannot be reached: undo the registration.
+                    let _ = core.dereg_mr(ctx, handle_of(r.handle));
+                    return Err(e);
+                }
+            }
+            Cmd::DeregMr => {
+                let r: HandleReq = req.body(abi).map_err(|e| e.errno())?;
+                dp.mr_deregistered(ctx, handle_of(r.handle));
+            }
+            Cmd::CreateQp => {
+                let q: CreateQpReq = req.body(abi).map_err(|e| e.errno())?;
+                let r = CreateQpResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
+                if q.qp_type.get() == QpType::XrcRecv as u32 {
+                    dp.xrc_recv_created(core, ctx, r.qpn.get());
+                } else {
+                    dp.qp_created(core, ctx, handle_of(r.handle));
+                }
+            }
+            Cmd::CreateXrcRcvQp => {
+                let r = QpNumResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
+                dp.xrc_recv_created(core, ctx, r.qpn.get());
+            }
+            Cmd::RegisterXrcRcvQp => {
+                let q: XrcRcvQpReq = req.body(abi).map_err(|e| e.errno())?;
+                if q.qp_num.get() == CREATE_NEW_QP {
+                    let r = QpNumResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
+                    dp.xrc_recv_created(core, ctx, r.qpn.get());
+                }
+            }
+            Cmd::ModifyQp => {
+                let q: ModifyQpReq = req.body(abi).map_err(|e| e.errno())?;
+                let h = handle_of(q.handle);
+                if let (Ok(qpn), Ok(now)) = (core.qp_num(ctx, h), core.query_qp(ctx, h)) {
+                    dp.qp_modified(qpn, &now.attr);
+                }
+            }
+            Cmd::ModifyXrcRcvQp => {
+                let q: ModifyXrcRcvQpReq = req.body(abi).map_err(|e| e.errno())?;
+                if let Ok(now) = core.query_xrc_rcv_qp(ctx, handle_of(q.xrcd), q.qp_num.get()) {
+                    dp.qp_modified(q.qp_num.get(), &now.attr);
+                }
+            }
+            _ => {}
+        }
+        if let Some(q) = gone {
+            dp.qp_maybe_gone(core, q);
+        }
+        Ok(())
+    }
+
+    /// The data-path commands (ABI 3): posting work requests and polling completions.
+    fn data_command(
+        &mut self,
+        ctx: CtxId,
+        req: &Request<'_>,
+        woken: &mut Vec<CtxId>,
+    ) -> Option<Reply> {
+        let r = match req.cmd {
+            Cmd::PostSend => self.post_send(ctx, req),
+            Cmd::PostRecv | Cmd::PostSrqRecv => self.post_recv(ctx, req),
+            Cmd::PollCq => self.poll_cq(ctx, req),
+            Cmd::CreateCompChannel => match self.dp.create_channel(ctx) {
+                Ok((h, fd)) => Ok((
+                    HandleResp {
+                        handle: U32::new(h),
+                    }
+                    .as_bytes()
+                    .to_vec(),
+                    vec![fd],
+                )),
+                Err(_) => Err(ENOMEM),
+            },
+            Cmd::DestroyCompChannel => req
+                .body::<HandleReq>(self.abi)
+                .map_err(|e| e.errno())
+                .and_then(|r| self.dp.destroy_channel(ctx, r.handle.get()))
+                .and_then(|()| empty()),
+            Cmd::ReqNotifyCq => req
+                .body::<ReqNotifyCqReq>(self.abi)
+                .map_err(|e| e.errno())
+                .and_then(|r| {
+                    self.dp
+                        .req_notify(ctx, handle_of(r.cq), r.solicited_only.get() != 0)
+                })
+                .and_then(|()| empty()),
+            Cmd::GetCqEvent => {
+                let r: Result<HandleReq, i32> = req.body(self.abi).map_err(|e| e.errno());
+                r.and_then(|r| match self.dp.next_cq_event(ctx, r.handle.get())? {
+                    Some(cq) => ok(CqEventResp { cq: U32::new(cq.0) }),
+                    None => Err(EAGAIN),
+                })
+            }
+            _ => return None,
+        };
+        woken.extend(self.drive());
+        Some(r)
+    }
+
+    fn post_send(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
+        use softverbs_transport::wr::{Payload, SendOp, SendWr, UdDest};
+        let r: PostSendReq = req.body(self.abi).map_err(|e| e.errno())?;
+        let qpn = self.core.qp_num(ctx, handle_of(r.qp)).map_err(core_err)?;
+        let w = &r.wr;
+        let (addr, rkey, imm) = (w.remote_addr.get(), w.rkey.get(), w.imm_data.get());
+        let op = match w.opcode.get() {
+            wr_opcode::SEND => SendOp::Send,
+            wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm(imm),
+            wr_opcode::SEND_WITH_INV => SendOp::SendWithInv(imm),
+            wr_opcode::RDMA_WRITE => SendOp::Write {
+                remote_addr: addr,
+                rkey,
+            },
+            wr_opcode::RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
+                remote_addr: addr,
+                rkey,
+                imm,
+            },
+            wr_opcode::RDMA_READ => SendOp::Read {
+                remote_addr: addr,
+                rkey,
+            },
+            wr_opcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+                remote_addr: addr,
+                rkey,
+                compare: w.compare_add.get(),
+                swap: w.swap.get(),
+            },
+            wr_opcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+                remote_addr: addr,
+                rkey,
+                add: w.compare_add.get(),
+            },
+            _ => return Err(EINVAL),
+        };
+        let flags = w.send_flags.get();
+        let payload = if flags & send_flags::INLINE != 0 {
+            let n = w.inline_len.get() as usize;
+            Payload::Inline(w.inline_data.get(..n).ok_or(EINVAL)?.to_vec())
+        } else {
+            let n = w.num_sge.get() as usize;
+            Payload::Sges(
+                w.sg_list
+                    .get(..n)
+                    .ok_or(EINVAL)?
+                    .iter()
+                    .map(sge_of)
+                    .collect(),
+            )
+        };
+        let is_ud = self
+            .core
+            .owned_qp_info(ctx, handle_of(r.qp))
+            .is_some_and(|i| i.qp_type == QpType::Ud);
+        let ud = if is_ud {
+            let ah = self.core.ah_attr(ctx, handle_of(w.ah)).map_err(core_err)?;
+            Some(UdDest {
+                dgid: ah.dgid,
+                dest_qpn: w.remote_qpn.get(),
+                qkey: w.remote_qkey.get(),
+            })
+        } else {
+            None
+        };
+        let wr = SendWr {
+            wr_id: w.wr_id.get(),
+            op,
+            payload,
+            signaled: flags & send_flags::SIGNALED != 0,
+            solicited: flags & send_flags::SOLICITED != 0,
+            ud,
+            remote_srqn: w.remote_srqn.get(),
+        };
+        self.dp.post_send(qpn, wr)?;
+        empty()
+    }
+
+    fn post_recv(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
+        use softverbs_transport::wr::RecvWr;
+        let r: PostRecvReq = req.body(self.abi).map_err(|e| e.errno())?;
+        let n = r.num_sge.get() as usize;
+        let wr = RecvWr {
+            wr_id: r.wr_id.get(),
+            sges: r
+                .sg_list
+                .get(..n)
+                .ok_or(EINVAL)?
+                .iter()
+                .map(sge_of)
+                .collect(),
+        };
+        if req.cmd == Cmd::PostRecv {
+            let qpn = self
+                .core
+                .qp_num(ctx, handle_of(r.handle))
+                .map_err(core_err)?;
+            self.dp.post_recv(qpn, wr)?;
+        } else {
+            self.core
+                .query_srq(ctx, handle_of(r.handle))
+                .map_err(core_err)?;
+            self.dp.post_srq_recv(ctx, handle_of(r.handle), wr)?;
+        }
+        empty()
+    }
+
+    fn poll_cq(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
+        let r: PollCqReq = req.body(self.abi).map_err(|e| e.errno())?;
+        self.core.cq_attr(ctx, handle_of(r.cq)).map_err(core_err)?;
+        let max = (r.max.get() as usize).min(MAX_WIRE_WC);
+        let got = self.dp.poll_cq(ctx, handle_of(r.cq), max);
+        let mut resp = PollCqResp {
+            count: U32::new(got.len() as u32),
+            ..Default::default()
+        };
+        for (slot, wc) in resp.wc.iter_mut().zip(&got) {
+            *slot = WcWire {
+                wr_id: U64::new(wc.wr_id),
+                status: U32::new(wc.status as u32),
+                opcode: U32::new(wc.opcode as u32),
+                vendor_err: U32::new(0),
+                byte_len: U32::new(wc.byte_len),
+                imm_data: U32::new(wc.imm_data),
+                qp_num: U32::new(wc.qp_num),
+                src_qp: U32::new(wc.src_qp),
+                wc_flags: U32::new(wc.wc_flags),
+                pkey_index: U16::new(0),
+                slid: U16::new(0),
+                sl: 0,
+                dlid_path_bits: 0,
+                reserved: [0; 2],
+            };
+        }
+        ok(resp)
     }
 
     fn hello(&mut self, s: &mut Session, r: HelloReq) -> Reply {
@@ -609,6 +996,7 @@ impl Dispatcher {
             .map_err(core_err)?;
         s.eventfd = Some(efd);
         s.phase = Phase::Context(ctx);
+        self.dp.context_opened(ctx, s.cred.pid);
         Ok((resp(ctx.0, n).as_bytes().to_vec(), vec![client_end]))
     }
 

@@ -10,6 +10,7 @@
 
 pub mod config;
 mod conn;
+pub mod datapath;
 pub mod dispatch;
 pub mod netdev;
 pub mod server;

@@ -25,6 +25,8 @@ use crate::dispatch::Dispatcher;
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
+/// Device UDP sockets are tokens `NET_BASE + device index`.
+const NET_BASE: usize = 8;
 const FIRST_CONN: usize = 16;
 
 /// How long the loop keeps polling without sleeping after it last had work.
@@ -109,7 +111,14 @@ impl Server {
             flag: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
         let core = Core::new(config.build_devices());
-        let dispatcher = Dispatcher::new(core, config.abi_version);
+        let dispatcher = Dispatcher::new(core, config.abi_version, &config.net);
+        for (i, fd) in dispatcher.dp.net_fds() {
+            poll.registry().register(
+                &mut SourceFd(&fd.as_raw_fd()),
+                Token(NET_BASE + i),
+                Interest::READABLE,
+            )?;
+        }
         Ok(Server {
             config,
             _lock: lock,
@@ -164,10 +173,12 @@ impl Server {
             // tens of microseconds on small VMs); then block. The yield keeps the spin from
             // starving clients on a machine with few CPUs.
             let spinning = std::time::Instant::now() < busy_until;
+            // Never sleep past an engine timer (ACK timeout, RNR wait).
+            let engine = self.dispatcher.dp.next_timeout();
             let timeout = if spinning {
                 Some(std::time::Duration::ZERO)
             } else {
-                None
+                engine
             };
             if spinning {
                 std::thread::yield_now();
@@ -191,6 +202,7 @@ impl Server {
                             .store(true, std::sync::atomic::Ordering::SeqCst);
                     }
                     WAKER => {}
+                    Token(t) if (NET_BASE..FIRST_CONN).contains(&t) => {}
                     Token(t) => {
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                             self.read_conn(t);
@@ -201,11 +213,18 @@ impl Server {
                     }
                 }
             }
+            // Packets in and out, timers, completions; every wake-up also moves the data path.
+            let woken = self.dispatcher.drive();
+            if !woken.is_empty() {
+                busy_until = std::time::Instant::now() + SPIN;
+                self.wake(&woken);
+            }
         }
         let tokens: Vec<usize> = self.conns.keys().copied().collect();
         for t in tokens {
             self.close_conn(t, "daemon shutdown");
         }
+        self.dispatcher.dp.flush_captures();
         let _ = std::fs::remove_file(&self.config.socket);
         tracing::info!("daemon stopped");
         Ok(())
@@ -353,7 +372,7 @@ impl Server {
             .deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
         if let Some(ctx) = conn.session.ctx() {
             self.by_ctx.remove(&ctx);
-            if let Err(e) = self.dispatcher.core.close_context(ctx) {
+            if let Err(e) = self.dispatcher.close_context(ctx) {
                 tracing::error!(ctx = ctx.0, "context teardown failed: {e}");
             }
             tracing::info!(pid = conn.session.cred.pid, comm = %conn.session.comm, ctx = ctx.0, why, "context closed");

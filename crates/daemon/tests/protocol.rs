@@ -114,6 +114,7 @@ fn build_xrc_state(b: &Raw, file: &std::fs::File) -> XrcState {
             CreateCqReq {
                 cqe: U32::new(16),
                 comp_vector: U32::new(0),
+                ..Default::default()
             }
             .as_bytes(),
         )

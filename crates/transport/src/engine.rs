@@ -318,6 +318,11 @@ impl Engine {
         }
     }
 
+    /// Removes every SRQ of a closed context.
+    pub fn forget_srqs_of(&mut self, ctx: CtxId) {
+        self.srqs.retain(|k, _| k.0 != ctx);
+    }
+
     /// Removes an SRQ; later packets naming it find nothing.
     pub fn destroy_srq(&mut self, key: SrqKey) {
         self.srqs.remove(&key);

@@ -456,6 +456,7 @@ fn execute<M: Memory>(
                 wc.imm_data = ieth.rkey;
                 wc.wc_flags |= WC_WITH_INV;
             }
+            wc.solicited = pkt.headers.bth.solicited;
             env.complete(cq, wc);
             qp.resp.msn = psn_add(qp.resp.msn, 1);
         }
@@ -548,6 +549,7 @@ fn execute<M: Memory>(
                 );
                 wc.imm_data = imm.imm;
                 wc.wc_flags |= WC_WITH_IMM;
+                wc.solicited = pkt.headers.bth.solicited;
                 env.complete(t.cq, wc);
             } else {
                 qp.resp.cur = None;
@@ -741,6 +743,7 @@ fn receive_ud<M: Memory>(
         wc.imm_data = imm.imm;
         wc.wc_flags |= WC_WITH_IMM;
     }
+    wc.solicited = pkt.headers.bth.solicited;
     env.complete(t.cq, wc);
 }
 

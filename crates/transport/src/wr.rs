@@ -192,6 +192,30 @@ pub enum WcStatus {
     GeneralErr = 21,
 }
 
+impl WcStatus {
+    /// Decodes an `enum ibv_wc_status` value this engine produces.
+    pub fn from_raw(v: u32) -> Option<WcStatus> {
+        use WcStatus::*;
+        [
+            Success,
+            LocLenErr,
+            LocQpOpErr,
+            LocProtErr,
+            WrFlushErr,
+            BadRespErr,
+            LocAccessErr,
+            RemInvReqErr,
+            RemAccessErr,
+            RemOpErr,
+            RetryExcErr,
+            RnrRetryExcErr,
+            GeneralErr,
+        ]
+        .into_iter()
+        .find(|s| *s as u32 == v)
+    }
+}
+
 /// `enum ibv_wc_opcode` (verbs.h values).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
@@ -204,6 +228,24 @@ pub enum WcOpcode {
     FetchAdd = 4,
     Recv = 128,
     RecvRdmaWithImm = 129,
+}
+
+impl WcOpcode {
+    /// Decodes an `enum ibv_wc_opcode` value.
+    pub fn from_raw(v: u32) -> Option<WcOpcode> {
+        use WcOpcode::*;
+        [
+            Send,
+            RdmaWrite,
+            RdmaRead,
+            CompSwap,
+            FetchAdd,
+            Recv,
+            RecvRdmaWithImm,
+        ]
+        .into_iter()
+        .find(|o| *o as u32 == v)
+    }
 }
 
 /// `IBV_WC_GRH`: a GRH is in the first 40 bytes of the receive buffer (UD).
@@ -232,6 +274,9 @@ pub struct WorkCompletion {
     pub src_qp: u32,
     /// `WC_*` flags.
     pub wc_flags: u32,
+    /// The message was solicited (its last packet had the SE bit): what solicited-only CQ
+    /// notification looks for (IBA 10.7.3.4, C10-104). Not part of `ibv_wc`.
+    pub solicited: bool,
 }
 
 impl WorkCompletion {
@@ -250,6 +295,7 @@ impl WorkCompletion {
             qp_num,
             src_qp: 0,
             wc_flags: 0,
+            solicited: false,
         }
     }
 }

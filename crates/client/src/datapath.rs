@@ -1,0 +1,371 @@
+//! Posting work requests and polling completions (ABI 3 command path).
+//!
+//! Each call is one command to the daemon. Registered memory is this process's own memory:
+//! the daemon reaches it with `process_vm_readv/writev` (the same uid or root may), or
+//! through a memfd mapping when the region was shared.
+
+use softverbs_abi::msg::*;
+use softverbs_transport::wr::{SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::IntoBytes;
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use crate::error::{errno, Error, Result};
+use crate::objects::{Ah, Cq, Qp, Srq};
+
+/// Where a UD send goes: an address handle and the remote QP.
+#[derive(Clone, Copy, Debug)]
+pub struct UdAddress<'a> {
+    /// Address handle (destination GID).
+    pub ah: &'a Ah<'a>,
+    /// Remote QP number.
+    pub remote_qpn: u32,
+    /// Remote Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// One send work request (`struct ibv_send_wr`).
+#[derive(Clone, Copy, Debug)]
+pub struct SendRequest<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Operation and its remote operands.
+    pub op: SendOp,
+    /// Local buffers (for READ and atomics: where the result lands).
+    pub sges: &'a [Sge],
+    /// Inline data instead of `sges` (`IBV_SEND_INLINE`).
+    pub inline: Option<&'a [u8]>,
+    /// `IBV_SEND_SIGNALED`.
+    pub signaled: bool,
+    /// `IBV_SEND_SOLICITED`.
+    pub solicited: bool,
+    /// UD destination.
+    pub ud: Option<UdAddress<'a>>,
+    /// XRC: the SRQ number at the target.
+    pub remote_srqn: u32,
+}
+
+impl<'a> SendRequest<'a> {
+    /// A signaled request of `op` over `sges`.
+    pub fn new(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendRequest<'a> {
+        SendRequest {
+            wr_id,
+            op,
+            sges,
+            inline: None,
+            signaled: true,
+            solicited: false,
+            ud: None,
+            remote_srqn: 0,
+        }
+    }
+}
+
+fn sge_wire(s: &Sge) -> SgeWire {
+    SgeWire {
+        addr: U64::new(s.addr),
+        length: U32::new(s.length),
+        lkey: U32::new(s.lkey),
+    }
+}
+
+fn sg_list(sges: &[Sge], op: &'static str) -> Result<([SgeWire; MAX_WIRE_SGE], u32)> {
+    if sges.len() > MAX_WIRE_SGE {
+        return Err(Error::new(op, errno::EINVAL));
+    }
+    let mut list = [SgeWire::default(); MAX_WIRE_SGE];
+    for (w, s) in list.iter_mut().zip(sges) {
+        *w = sge_wire(s);
+    }
+    Ok((list, sges.len() as u32))
+}
+
+impl Qp<'_> {
+    /// `ibv_post_send` of one work request.
+    pub fn post_send(&self, wr: &SendRequest<'_>) -> Result<()> {
+        const OP: &str = "post_send";
+        let (opcode, addr, rkey, imm, compare_add, swap) = match wr.op {
+            SendOp::Send => (wr_opcode::SEND, 0, 0, 0, 0, 0),
+            SendOp::SendWithImm(imm) => (wr_opcode::SEND_WITH_IMM, 0, 0, imm, 0, 0),
+            SendOp::SendWithInv(rkey) => (wr_opcode::SEND_WITH_INV, 0, 0, rkey, 0, 0),
+            SendOp::Write { remote_addr, rkey } => {
+                (wr_opcode::RDMA_WRITE, remote_addr, rkey, 0, 0, 0)
+            }
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => (wr_opcode::RDMA_WRITE_WITH_IMM, remote_addr, rkey, imm, 0, 0),
+            SendOp::Read { remote_addr, rkey } => {
+                (wr_opcode::RDMA_READ, remote_addr, rkey, 0, 0, 0)
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => (
+                wr_opcode::ATOMIC_CMP_AND_SWP,
+                remote_addr,
+                rkey,
+                0,
+                compare,
+                swap,
+            ),
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => (
+                wr_opcode::ATOMIC_FETCH_AND_ADD,
+                remote_addr,
+                rkey,
+                0,
+                add,
+                0,
+            ),
+        };
+        let (sg, num_sge) = sg_list(wr.sges, OP)?;
+        let mut flags = 0;
+        if wr.signaled {
+            flags |= send_flags::SIGNALED;
+        }
+        if wr.solicited {
+            flags |= send_flags::SOLICITED;
+        }
+        let mut inline_data = [0u8; MAX_WIRE_INLINE];
+        let mut inline_len = 0;
+        if let Some(b) = wr.inline {
+            if b.len() > MAX_WIRE_INLINE {
+                return Err(Error::new(OP, errno::EINVAL));
+            }
+            inline_data[..b.len()].copy_from_slice(b);
+            inline_len = b.len() as u32;
+            flags |= send_flags::INLINE;
+        }
+        let (ah, remote_qpn, remote_qkey) = wr
+            .ud
+            .map_or((0, 0, 0), |u| (u.ah.handle(), u.remote_qpn, u.remote_qkey));
+        let req = PostSendReq {
+            qp: U32::new(self.handle()),
+            reserved: U32::new(0),
+            wr: SendWrWire {
+                wr_id: U64::new(wr.wr_id),
+                remote_addr: U64::new(addr),
+                compare_add: U64::new(compare_add),
+                swap: U64::new(swap),
+                opcode: U32::new(opcode),
+                send_flags: U32::new(flags),
+                imm_data: U32::new(imm),
+                rkey: U32::new(rkey),
+                remote_srqn: U32::new(wr.remote_srqn),
+                ah: U32::new(ah),
+                remote_qpn: U32::new(remote_qpn),
+                remote_qkey: U32::new(remote_qkey),
+                num_sge: U32::new(num_sge),
+                inline_len: U32::new(inline_len),
+                sg_list: sg,
+                inline_data,
+            },
+        };
+        self.ctx
+            .conn
+            .call::<()>(OP, Cmd::PostSend, 0, req.as_bytes())
+    }
+
+    /// `ibv_post_recv` of one work request.
+    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        post_recv(
+            self.ctx,
+            "post_recv",
+            Cmd::PostRecv,
+            self.handle(),
+            wr_id,
+            sges,
+        )
+    }
+}
+
+impl Srq<'_> {
+    /// `ibv_post_srq_recv` of one work request.
+    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        post_recv(
+            self.ctx,
+            "post_srq_recv",
+            Cmd::PostSrqRecv,
+            self.handle,
+            wr_id,
+            sges,
+        )
+    }
+}
+
+fn post_recv(
+    ctx: &crate::Context,
+    op: &'static str,
+    cmd: Cmd,
+    handle: u32,
+    wr_id: u64,
+    sges: &[Sge],
+) -> Result<()> {
+    let (sg, n) = sg_list(sges, op)?;
+    let req = PostRecvReq {
+        handle: U32::new(handle),
+        num_sge: U32::new(n),
+        wr_id: U64::new(wr_id),
+        sg_list: sg,
+    };
+    ctx.conn.call::<()>(op, cmd, 0, req.as_bytes())
+}
+
+impl Cq<'_> {
+    /// `ibv_poll_cq`: up to `max` completions (at most 32 per call), oldest first.
+    pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        let req = PollCqReq {
+            cq: U32::new(self.handle),
+            max: U32::new(max.min(MAX_WIRE_WC) as u32),
+        };
+        let r: PollCqResp = self
+            .ctx
+            .conn
+            .call("poll_cq", Cmd::PollCq, 0, req.as_bytes())?;
+        let n = (r.count.get() as usize).min(MAX_WIRE_WC);
+        Ok(r.wc[..n]
+            .iter()
+            .map(|w| WorkCompletion {
+                wr_id: w.wr_id.get(),
+                status: WcStatus::from_raw(w.status.get()).unwrap_or(WcStatus::GeneralErr),
+                opcode: WcOpcode::from_raw(w.opcode.get()).unwrap_or(WcOpcode::Send),
+                byte_len: w.byte_len.get(),
+                imm_data: w.imm_data.get(),
+                qp_num: w.qp_num.get(),
+                src_qp: w.src_qp.get(),
+                wc_flags: w.wc_flags.get(),
+                solicited: false,
+            })
+            .collect())
+    }
+
+    /// Polls until `n` completions arrived or `timeout` passed; returns what arrived.
+    pub fn wait(&self, n: usize, timeout: std::time::Duration) -> Result<Vec<WorkCompletion>> {
+        let end = std::time::Instant::now() + timeout;
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n && std::time::Instant::now() < end {
+            let more = self.poll(n - got.len())?;
+            if more.is_empty() {
+                std::thread::yield_now();
+            }
+            got.extend(more);
+        }
+        Ok(got)
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): a pollable fd that becomes readable when an
+/// armed CQ gets a completion.
+#[derive(Debug)]
+pub struct CompChannel<'c> {
+    ctx: &'c crate::Context,
+    handle: u32,
+    fd: OwnedFd,
+}
+
+impl crate::Context {
+    /// `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> Result<CompChannel<'_>> {
+        let (r, mut fds): (HandleResp, _) =
+            self.conn
+                .call_fds("create_comp_channel", Cmd::CreateCompChannel, 0, &[], &[])?;
+        let fd = fds
+            .pop()
+            .ok_or(Error::new("create_comp_channel", errno::EPROTO))?;
+        Ok(CompChannel {
+            ctx: self,
+            handle: r.handle.get(),
+            fd,
+        })
+    }
+
+    /// `ibv_create_cq` with a completion channel.
+    pub fn create_cq_with_channel<'c>(
+        &'c self,
+        cqe: u32,
+        channel: &CompChannel<'c>,
+    ) -> Result<Cq<'c>> {
+        self.create_cq_inner(cqe, 0, Some(channel.handle))
+    }
+}
+
+impl CompChannel<'_> {
+    /// The fd to poll.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The next CQ (its handle) that fired, or `None` (`ibv_get_cq_event` on a non-blocking
+    /// channel).
+    pub fn try_get_event(&self) -> Result<Option<u32>> {
+        let req = HandleReq {
+            handle: U32::new(self.handle),
+        };
+        match self
+            .ctx
+            .conn
+            .call::<CqEventResp>("get_cq_event", Cmd::GetCqEvent, 0, req.as_bytes())
+        {
+            Ok(r) => Ok(Some(r.cq.get())),
+            Err(e) if e.errno() == errno::EAGAIN => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next CQ that fired, waiting up to `timeout` (`None`: forever).
+    pub fn get_event(&self, timeout: Option<std::time::Duration>) -> Result<Option<u32>> {
+        let end = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(cq) = self.try_get_event()? {
+                return Ok(Some(cq));
+            }
+            softverbs_ipc::drain_eventfd(self.fd.as_fd());
+            if let Some(cq) = self.try_get_event()? {
+                return Ok(Some(cq));
+            }
+            let left = end.map(|e| e.saturating_duration_since(std::time::Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(None);
+            }
+            let ms = left.map(|l| l.as_millis().min(i32::MAX as u128) as i32);
+            softverbs_ipc::wait_readable(self.fd.as_fd(), ms)
+                .map_err(|e| Error::from_io("get_cq_event", &e))?;
+        }
+    }
+}
+
+impl Drop for CompChannel<'_> {
+    fn drop(&mut self) {
+        let req = HandleReq {
+            handle: U32::new(self.handle),
+        };
+        let _ = self.ctx.conn.call::<()>(
+            "destroy_comp_channel",
+            Cmd::DestroyCompChannel,
+            0,
+            req.as_bytes(),
+        );
+    }
+}
+
+impl Cq<'_> {
+    /// `ibv_req_notify_cq`: the next completion (solicited or unsuccessful only, with
+    /// `solicited_only`) makes the CQ's channel readable.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let req = ReqNotifyCqReq {
+            cq: U32::new(self.handle),
+            solicited_only: U32::new(u32::from(solicited_only)),
+        };
+        self.ctx
+            .conn
+            .call::<()>("req_notify_cq", Cmd::ReqNotifyCq, 0, req.as_bytes())
+    }
+}

@@ -1,0 +1,310 @@
+//! Moving data through the daemon: RC SEND/RECV, RDMA WRITE, RDMA READ and atomics between
+//! two contexts on one daemon (the engine delivers in-process) and between two daemons on
+//! different loopback addresses (RoCE v2 over UDP).
+
+use std::time::Duration;
+
+use softverbs::{
+    Access, AhAttr, AttrMask as M, Context, Gid, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
+};
+use softverbs::{SendOp, SendRequest, Sge, WcOpcode, WcStatus};
+use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
+
+struct Dir(std::path::PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn daemon(name: &str, ip: Option<&str>) -> (TestDaemon, Dir) {
+    let dir = std::env::temp_dir().join(format!("svdp-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = Config::new(dir.join("sv.sock"));
+    if let Some(ip) = ip {
+        c.devices = vec![DeviceSpec {
+            name: format!("sv-{name}"),
+            ips: vec![ip.parse().unwrap()],
+        }];
+        c.net.bind = true;
+    }
+    (spawn_daemon_with(c).unwrap(), Dir(dir))
+}
+
+const ALL: Access = Access(0x0f);
+
+/// RESET->INIT->RTR->RTS towards `remote` (`rts` false stops at RTR).
+fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: ALL,
+        ..QpAttr::default()
+    };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .unwrap();
+    let av = AhAttr {
+        dgid: remote_gid,
+        is_global: true,
+        port_num: 1,
+        hop_limit: 64,
+        ..AhAttr::default()
+    };
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: av,
+        path_mtu: Mtu::M1024,
+        dest_qp_num: remote_qpn,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ..init
+    };
+    qp.modify(
+        &rtr,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 12,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 4,
+        ..rtr
+    };
+    qp.modify(
+        &rts,
+        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+/// Runs every RC operation between a context on `da` and one on `db`.
+fn rc_operations(da: &TestDaemon, db: &TestDaemon) {
+    let a = Context::open_at(&da.socket, 0).unwrap();
+    let b = Context::open_at(&db.socket, 0).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (cqa, cqb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
+        .unwrap();
+    let qb = b
+        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
+        .unwrap();
+    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    connect(&qa, gb, qb.qpn());
+    connect(&qb, ga, qa.qpn());
+
+    let mut abuf = vec![0u8; 1 << 16];
+    let mut bbuf = vec![0u8; 1 << 16];
+    for (i, x) in abuf[..6000].iter_mut().enumerate() {
+        *x = (i * 31 % 251) as u8;
+    }
+    bbuf[0x8000..0x8008].copy_from_slice(&40u64.to_ne_bytes());
+    let ma = pa
+        .reg_mr(abuf.as_ptr() as u64, abuf.len() as u64, ALL)
+        .unwrap();
+    let mb = pb
+        .reg_mr(bbuf.as_ptr() as u64, bbuf.len() as u64, ALL)
+        .unwrap();
+    let (a0, b0) = (abuf.as_ptr() as u64, bbuf.as_ptr() as u64);
+    let sge = |addr: u64, length: u32, lkey: u32| [Sge { addr, length, lkey }];
+
+    qb.post_recv(1, &sge(b0 + 0x1000, 8192, mb.lkey())).unwrap();
+    let s1 = sge(a0, 6000, ma.lkey());
+    qa.post_send(&SendRequest::new(10, SendOp::Send, &s1))
+        .unwrap();
+    let s2 = sge(a0, 3000, ma.lkey());
+    qa.post_send(&SendRequest::new(
+        11,
+        SendOp::Write {
+            remote_addr: b0 + 0x4000,
+            rkey: mb.rkey(),
+        },
+        &s2,
+    ))
+    .unwrap();
+    let s3 = sge(a0 + 0x6000, 3000, ma.lkey());
+    qa.post_send(&SendRequest::new(
+        12,
+        SendOp::Read {
+            remote_addr: b0 + 0x4000,
+            rkey: mb.rkey(),
+        },
+        &s3,
+    ))
+    .unwrap();
+    let s4 = sge(a0 + 0x9000, 8, ma.lkey());
+    qa.post_send(&SendRequest::new(
+        13,
+        SendOp::FetchAdd {
+            remote_addr: b0 + 0x8000,
+            rkey: mb.rkey(),
+            add: 2,
+        },
+        &s4,
+    ))
+    .unwrap();
+    let s5 = sge(a0 + 0x9008, 8, ma.lkey());
+    qa.post_send(&SendRequest::new(
+        14,
+        SendOp::CompareSwap {
+            remote_addr: b0 + 0x8000,
+            rkey: mb.rkey(),
+            compare: 42,
+            swap: 7,
+        },
+        &s5,
+    ))
+    .unwrap();
+    let inline = b"inline hello";
+    qb.post_recv(2, &sge(b0 + 0x3000, 64, mb.lkey())).unwrap();
+    let mut w = SendRequest::new(15, SendOp::SendWithImm(0xabcd), &[]);
+    w.inline = Some(inline);
+    qa.post_send(&w).unwrap();
+
+    let wa = cqa.wait(6, Duration::from_secs(20)).unwrap();
+    assert_eq!(
+        wa.iter()
+            .map(|w| (w.wr_id, w.status, w.opcode))
+            .collect::<Vec<_>>(),
+        vec![
+            (10, WcStatus::Success, WcOpcode::Send),
+            (11, WcStatus::Success, WcOpcode::RdmaWrite),
+            (12, WcStatus::Success, WcOpcode::RdmaRead),
+            (13, WcStatus::Success, WcOpcode::FetchAdd),
+            (14, WcStatus::Success, WcOpcode::CompSwap),
+            (15, WcStatus::Success, WcOpcode::Send),
+        ]
+    );
+    let wb = cqb.wait(2, Duration::from_secs(20)).unwrap();
+    assert_eq!(
+        (wb[0].wr_id, wb[0].status, wb[0].byte_len, wb[0].qp_num),
+        (1, WcStatus::Success, 6000, qb.qpn())
+    );
+    assert_eq!(
+        (wb[1].wr_id, wb[1].byte_len, wb[1].imm_data),
+        (2, inline.len() as u32, 0xabcd)
+    );
+    assert_eq!(&bbuf[0x1000..0x1000 + 6000], &abuf[..6000], "SEND landed");
+    assert_eq!(&bbuf[0x4000..0x4000 + 3000], &abuf[..3000], "WRITE landed");
+    assert_eq!(
+        &abuf[0x6000..0x6000 + 3000],
+        &abuf[..3000],
+        "READ came back"
+    );
+    assert_eq!(
+        abuf[0x9000..0x9008],
+        40u64.to_ne_bytes(),
+        "FETCH_ADD returned the old value"
+    );
+    assert_eq!(
+        abuf[0x9008..0x9010],
+        42u64.to_ne_bytes(),
+        "CMP_SWAP saw the added value"
+    );
+    assert_eq!(bbuf[0x8000..0x8008], 7u64.to_ne_bytes(), "and swapped");
+    assert_eq!(&bbuf[0x3000..0x3000 + inline.len()], inline);
+}
+
+#[test]
+fn rc_operations_between_two_contexts_of_one_daemon() {
+    let (d, _dir) = daemon("one", None);
+    rc_operations(&d, &d);
+}
+
+#[test]
+fn rc_operations_between_two_daemons_over_udp() {
+    let (d1, _x) = daemon("a", Some("127.91.0.1"));
+    let (d2, _y) = daemon("b", Some("127.91.0.2"));
+    rc_operations(&d1, &d2);
+}
+
+#[test]
+fn completion_channels_fire_on_armed_cqs_and_honour_solicited_only() {
+    let (d, _dir) = daemon("chan", None);
+    let a = Context::open_at(&d.socket, 0).unwrap();
+    let b = Context::open_at(&d.socket, 0).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let ch = b.create_comp_channel().unwrap();
+    let cqa = a.create_cq(16).unwrap();
+    let cqb = b.create_cq_with_channel(16, &ch).unwrap();
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
+        .unwrap();
+    let qb = b
+        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
+        .unwrap();
+    let g = a.query_gid(1, 0).unwrap();
+    connect(&qa, g, qb.qpn());
+    connect(&qb, g, qa.qpn());
+    let bbuf = vec![0u8; 4096];
+    let mb = pb.reg_mr(bbuf.as_ptr() as u64, 4096, ALL).unwrap();
+    let recv = |id| {
+        qb.post_recv(
+            id,
+            &[Sge {
+                addr: bbuf.as_ptr() as u64,
+                length: 64,
+                lkey: mb.lkey(),
+            }],
+        )
+        .unwrap()
+    };
+    let send = |id, solicited| {
+        let mut w = SendRequest::new(id, SendOp::Send, &[]);
+        w.inline = Some(b"x");
+        w.solicited = solicited;
+        qa.post_send(&w).unwrap();
+        assert_eq!(cqa.wait(1, Duration::from_secs(10)).unwrap().len(), 1);
+    };
+    // Solicited-only: an unsolicited message completes but raises no event.
+    for i in 0..3 {
+        recv(i);
+    }
+    cqb.req_notify(true).unwrap();
+    send(1, false);
+    assert_eq!(cqb.wait(1, Duration::from_secs(10)).unwrap()[0].wr_id, 0);
+    assert_eq!(ch.try_get_event().unwrap(), None, "unsolicited: no event");
+    // A solicited one does, once.
+    send(2, true);
+    assert_eq!(
+        ch.get_event(Some(Duration::from_secs(10))).unwrap(),
+        Some(cqb.handle())
+    );
+    assert_eq!(cqb.wait(1, Duration::from_secs(10)).unwrap()[0].wr_id, 1);
+    // Not re-armed: nothing more.
+    send(3, true);
+    assert_eq!(cqb.wait(1, Duration::from_secs(10)).unwrap()[0].wr_id, 2);
+    assert_eq!(
+        ch.try_get_event().unwrap(),
+        None,
+        "an event needs a new arm"
+    );
+    // Armed for any completion, an unsolicited message fires too.
+    recv(3);
+    cqb.req_notify(false).unwrap();
+    send(4, false);
+    assert_eq!(
+        ch.get_event(Some(Duration::from_secs(10))).unwrap(),
+        Some(cqb.handle())
+    );
+    assert_eq!(cqb.wait(1, Duration::from_secs(10)).unwrap().len(), 1);
+}
