@@ -201,6 +201,11 @@ wire! {
         pub num_devices: U32,
         /// The context id (for introspection).
         pub ctx_id: U64,
+        /// ABI 3: the daemon's pid (a client authorizes it to reach its memory with
+        /// `PR_SET_PTRACER`).
+        pub daemon_pid: U32,
+        /// ABI 3: reserved, zero.
+        pub reserved: U32,
     }
 
     /// A request naming one object of the caller's context.

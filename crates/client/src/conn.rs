@@ -166,6 +166,12 @@ pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> 
         num_devices: resp.num_devices.get(),
         ctx_id: resp.ctx_id.get(),
     };
+    // With a context open, let the daemon reach this process's registered memory without
+    // root (Yama's ptrace scope); harmless where Yama is absent.
+    let daemon = resp.daemon_pid.get();
+    if device != softverbs_abi::msg::NO_DEVICE && daemon != 0 {
+        let _ = softverbs_memaccess::authorize_daemon(daemon as i32);
+    }
     Ok((conn, fds))
 }
 

@@ -241,6 +241,34 @@ impl<'c> Pd<'c> {
 
     /// `ibv_reg_mr_iova2`: `len` bytes at `addr`, addressed by peers as `iova`.
     pub fn reg_mr_iova(&self, addr: u64, len: u64, iova: u64, access: Access) -> Result<Mr<'_>> {
+        self.reg_mr_with(addr, len, iova, access, None)
+    }
+
+    /// `ibv_reg_mr`, first turning the pages of `[addr, addr+len)` into shared memory in
+    /// place, so the daemon reaches them with plain copies instead of a system call per
+    /// access (docs/registered-memory.md: ~20 ns instead of ~1.6 µs for a small access).
+    ///
+    /// The pages are copied while they are converted: no other thread may write any byte
+    /// of the pages the range touches (including bytes of neighbouring objects on the first
+    /// and last page) during this call. After a `fork()`, the child shares these pages
+    /// instead of copying them. Memory that cannot be converted (file-backed, stack,
+    /// already shared) is registered the ordinary way.
+    pub fn reg_mr_shared(&self, addr: u64, len: u64, access: Access) -> Result<Mr<'_>> {
+        let fd = usize::try_from(addr)
+            .ok()
+            .zip(usize::try_from(len).ok())
+            .and_then(|(a, l)| softverbs_memaccess::share_in_place(a, l).ok());
+        self.reg_mr_with(addr, len, addr, access, fd)
+    }
+
+    fn reg_mr_with(
+        &self,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: Access,
+        fd: Option<std::os::fd::OwnedFd>,
+    ) -> Result<Mr<'_>> {
         let req = RegMrReq {
             pd: U32::new(self.handle),
             access: U32::new(access.0),
@@ -248,10 +276,12 @@ impl<'c> Pd<'c> {
             length: U64::new(len),
             iova: U64::new(iova),
         };
-        let r: RegMrResp = self
-            .ctx
-            .conn
-            .call("reg_mr", Cmd::RegMr, 0, req.as_bytes())?;
+        let fds: Vec<std::os::fd::BorrowedFd<'_>> =
+            fd.iter().map(std::os::fd::AsFd::as_fd).collect();
+        let (r, _): (RegMrResp, _) =
+            self.ctx
+                .conn
+                .call_fds("reg_mr", Cmd::RegMr, 0, req.as_bytes(), &fds)?;
         Ok(Mr {
             ctx: self.ctx,
             handle: r.handle.get(),

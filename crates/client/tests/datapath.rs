@@ -96,8 +96,9 @@ fn cap() -> QpCap {
     }
 }
 
-/// Runs every RC operation between a context on `da` and one on `db`.
-fn rc_operations(da: &TestDaemon, db: &TestDaemon) {
+/// Runs every RC operation between a context on `da` and one on `db`; with `shared`, the
+/// memory is registered with `reg_mr_shared` (the daemon then copies through a mapping).
+fn rc_operations(da: &TestDaemon, db: &TestDaemon, shared: bool) {
     let a = Context::open_at(&da.socket, 0).unwrap();
     let b = Context::open_at(&db.socket, 0).unwrap();
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
@@ -112,8 +113,10 @@ fn rc_operations(da: &TestDaemon, db: &TestDaemon) {
     connect(&qa, gb, qb.qpn());
     connect(&qb, ga, qa.qpn());
 
-    let mut abuf = vec![0u8; 1 << 16];
-    let mut bbuf = vec![0u8; 1 << 16];
+    // 2 MiB: above malloc's mmap threshold, so each buffer has its own pages and converting
+    // them in place cannot race with other threads' heap objects.
+    let mut abuf = vec![0u8; 2 << 20];
+    let mut bbuf = vec![0u8; 2 << 20];
     for (i, x) in abuf[..6000].iter_mut().enumerate() {
         *x = (i * 31 % 251) as u8;
     }
@@ -227,14 +230,20 @@ fn rc_operations(da: &TestDaemon, db: &TestDaemon) {
 #[test]
 fn rc_operations_between_two_contexts_of_one_daemon() {
     let (d, _dir) = daemon("one", None);
-    rc_operations(&d, &d);
+    rc_operations(&d, &d, false);
+}
+
+#[test]
+fn rc_operations_on_memory_shared_in_place() {
+    let (d, _dir) = daemon("shared", None);
+    rc_operations(&d, &d, true);
 }
 
 #[test]
 fn rc_operations_between_two_daemons_over_udp() {
     let (d1, _x) = daemon("a", Some("127.91.0.1"));
     let (d2, _y) = daemon("b", Some("127.91.0.2"));
-    rc_operations(&d1, &d2);
+    rc_operations(&d1, &d2, false);
 }
 
 #[test]

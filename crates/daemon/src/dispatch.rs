@@ -976,6 +976,8 @@ impl Dispatcher {
             abi_version: U32::new(self.abi),
             num_devices: U32::new(n as u32),
             ctx_id: U64::new(ctx_id),
+            daemon_pid: U32::new(std::process::id()),
+            reserved: U32::new(0),
         };
         let n = self.core.devices().len();
         if r.device.get() == NO_DEVICE {
