@@ -96,6 +96,18 @@ fn cap() -> QpCap {
     }
 }
 
+fn reg<'a>(
+    pd: &'a softverbs::Pd<'a>,
+    buf: &[u8],
+    shared: bool,
+) -> softverbs::Result<softverbs::Mr<'a>> {
+    if shared {
+        pd.reg_mr_shared(buf.as_ptr() as u64, buf.len() as u64, ALL)
+    } else {
+        pd.reg_mr(buf.as_ptr() as u64, buf.len() as u64, ALL)
+    }
+}
+
 /// Runs every RC operation between a context on `da` and one on `db`; with `shared`, the
 /// memory is registered with `reg_mr_shared` (the daemon then copies through a mapping).
 fn rc_operations(da: &TestDaemon, db: &TestDaemon, shared: bool) {
@@ -121,12 +133,25 @@ fn rc_operations(da: &TestDaemon, db: &TestDaemon, shared: bool) {
         *x = (i * 31 % 251) as u8;
     }
     bbuf[0x8000..0x8008].copy_from_slice(&40u64.to_ne_bytes());
-    let ma = pa
-        .reg_mr(abuf.as_ptr() as u64, abuf.len() as u64, ALL)
-        .unwrap();
-    let mb = pb
-        .reg_mr(bbuf.as_ptr() as u64, bbuf.len() as u64, ALL)
-        .unwrap();
+    let ma = reg(&pa, &abuf, shared).unwrap();
+    let mb = reg(&pb, &bbuf, shared).unwrap();
+    if shared {
+        // The buffers really became memfd mappings (the fast path), not a silent fallback.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        for buf in [&abuf, &bbuf] {
+            let at = buf.as_ptr() as u64;
+            let covered = maps.lines().any(|l| {
+                let (range, rest) = l.split_once(' ').unwrap();
+                let (lo, hi) = range.split_once('-').unwrap();
+                let (lo, hi) = (
+                    u64::from_str_radix(lo, 16).unwrap(),
+                    u64::from_str_radix(hi, 16).unwrap(),
+                );
+                lo <= at && at < hi && rest.contains("memfd:")
+            });
+            assert!(covered, "buffer at {at:#x} is not memfd-backed:\n{maps}");
+        }
+    }
     let (a0, b0) = (abuf.as_ptr() as u64, bbuf.as_ptr() as u64);
     let sge = |addr: u64, length: u32, lkey: u32| [Sge { addr, length, lkey }];
 
