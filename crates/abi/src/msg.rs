@@ -157,7 +157,16 @@ commands! {
     ReqNotifyCq = 76,
     /// ABI 3: [`HandleReq`] (the channel) → [`CqEventResp`], or `EAGAIN` (`ibv_get_cq_event`).
     GetCqEvent = 77,
+    /// ABI 3: [`MapQueuesReq`] → [`QueuesResp`] + a memfd holding the object's rings.
+    MapQueues = 78,
+    /// ABI 3: → empty + the context's doorbell eventfd.
+    MapDoorbell = 79,
 }
+
+/// [`MapQueuesReq::kind`]: a QP's send and receive queues.
+pub const QUEUES_QP: u32 = 0;
+/// [`MapQueuesReq::kind`]: a CQ.
+pub const QUEUES_CQ: u32 = 1;
 
 /// `qp_num` meaning "create a new receive QP" in the minimal register call (Roland Dreier's
 /// proposal: "pass in an invalid qp_num (say, -1 aka ffffffff)").
@@ -340,6 +349,27 @@ wire! {
     /// ABI 3: a CQ that has a completion event.
     pub struct CqEventResp {
         pub cq: U32,
+    }
+
+    /// ABI 3: map the rings of a QP ([`QUEUES_QP`]) or CQ ([`QUEUES_CQ`]).
+    pub struct MapQueuesReq {
+        pub kind: U32,
+        pub handle: U32,
+    }
+
+    /// ABI 3: where the rings are in the memfd: ring `a` (the QP's send queue, or the CQ)
+    /// and ring `b` (the QP's receive queue; capacity 0 if none). Entries of the send queue
+    /// are [`SendWrWire`], of the receive queue [`PostRecvReq`], of a CQ [`WcWire`], each
+    /// padded to a multiple of 8 bytes.
+    pub struct QueuesResp {
+        pub region_len: U64,
+        pub a_offset: U32,
+        pub a_capacity: U32,
+        pub a_entry: U32,
+        pub b_offset: U32,
+        pub b_capacity: U32,
+        pub b_entry: U32,
+        pub reserved: U32,
     }
 
     /// `ibv_resize_cq`.
@@ -806,6 +836,8 @@ pub fn request_size(cmd: Cmd) -> usize {
         Cmd::CreateCompChannel => 0,
         Cmd::DestroyCompChannel | Cmd::GetCqEvent => size_of::<HandleReq>(),
         Cmd::ReqNotifyCq => size_of::<ReqNotifyCqReq>(),
+        Cmd::MapQueues => size_of::<MapQueuesReq>(),
+        Cmd::MapDoorbell => 0,
     }
 }
 

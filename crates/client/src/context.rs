@@ -85,6 +85,8 @@ pub struct Context {
     device: u32,
     /// Legacy/minimal XRC registrations held through [`XrcRegistration`](crate::XrcRegistration)s.
     pub(crate) regs: Mutex<RegTable>,
+    /// The daemon's doorbell when work queues live in shared memory (ABI 3).
+    pub(crate) doorbell: Option<softverbs_shm::Doorbell>,
 }
 
 impl std::fmt::Debug for Context {
@@ -132,12 +134,15 @@ impl Context {
             return Err(Error::proto("hello"));
         }
         let async_fd = fds.pop().expect("one fd");
-        Ok(Context {
+        let mut ctx = Context {
             conn,
             async_fd,
             device: index,
             regs: Mutex::new(RegTable::default()),
-        })
+            doorbell: None,
+        };
+        ctx.doorbell = crate::rings::map_doorbell(&ctx);
+        Ok(ctx)
     }
 
     /// The device index this context opened.

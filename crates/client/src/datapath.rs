@@ -62,6 +62,45 @@ impl<'a> SendRequest<'a> {
     }
 }
 
+/// What the engine refuses at post time (engine `post_send`), checked by the client.
+fn check_send(qp: &Qp<'_>, wr: &SendRequest<'_>) -> std::result::Result<(), i32> {
+    use softverbs_core::types::{QpState, QpType};
+    if !matches!(qp.local_state(), QpState::Rts | QpState::Sqd | QpState::Err) {
+        return Err(errno::EINVAL);
+    }
+    let cap = qp.cap();
+    match wr.inline {
+        Some(b) if b.len() > cap.max_inline_data as usize => return Err(errno::EINVAL),
+        None if wr.sges.len() > cap.max_send_sge as usize => return Err(errno::EINVAL),
+        _ => {}
+    }
+    let allowed = match qp.qp_type() {
+        QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && wr.ud.is_some(),
+        QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::SendWithInv(_)),
+        QpType::XrcRecv => false,
+        _ => true,
+    };
+    let len: u64 = wr.sges.iter().map(|s| u64::from(s.length)).sum();
+    if !allowed || (wr.op.is_atomic() && (wr.inline.is_some() || len != 8)) {
+        return Err(errno::EINVAL);
+    }
+    Ok(())
+}
+
+fn wc_from_wire(w: &WcWire) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: w.wr_id.get(),
+        status: WcStatus::from_raw(w.status.get()).unwrap_or(WcStatus::GeneralErr),
+        opcode: WcOpcode::from_raw(w.opcode.get()).unwrap_or(WcOpcode::Send),
+        byte_len: w.byte_len.get(),
+        imm_data: w.imm_data.get(),
+        qp_num: w.qp_num.get(),
+        src_qp: w.src_qp.get(),
+        wc_flags: w.wc_flags.get(),
+        solicited: false,
+    }
+}
+
 fn sge_wire(s: &Sge) -> SgeWire {
     SgeWire {
         addr: U64::new(s.addr),
@@ -169,6 +208,13 @@ impl Qp<'_> {
                 inline_data,
             },
         };
+        if let Some(rings) = &self.rings {
+            // A ring has no return path: check here what the daemon would refuse at post
+            // time, so the caller gets the errno rdma-core gives (ibv_post_send(3)).
+            check_send(self, wr).map_err(|e| Error::new(OP, e))?;
+            let mut r = rings.lock().unwrap_or_else(|e| e.into_inner());
+            return crate::rings::push(self.ctx, &mut r.sq, OP, req.wr.as_bytes());
+        }
         self.ctx
             .conn
             .call::<()>(OP, Cmd::PostSend, 0, req.as_bytes())
@@ -176,6 +222,24 @@ impl Qp<'_> {
 
     /// `ibv_post_recv` of one work request.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        if let Some(rings) = &self.rings {
+            let mut r = rings.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(rq) = &mut r.rq {
+                if self.local_state() == softverbs_core::types::QpState::Reset
+                    || sges.len() > self.cap().max_recv_sge as usize
+                {
+                    return Err(Error::new("post_recv", errno::EINVAL));
+                }
+                let (sg, n) = sg_list(sges, "post_recv")?;
+                let req = PostRecvReq {
+                    handle: U32::new(self.handle()),
+                    num_sge: U32::new(n),
+                    wr_id: U64::new(wr_id),
+                    sg_list: sg,
+                };
+                return crate::rings::push(self.ctx, rq, "post_recv", req.as_bytes());
+            }
+        }
         post_recv(
             self.ctx,
             "post_recv",
@@ -222,6 +286,18 @@ fn post_recv(
 impl Cq<'_> {
     /// `ibv_poll_cq`: up to `max` completions (at most 32 per call), oldest first.
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        if let Some(ring) = &self.ring {
+            let mut c = ring.lock().unwrap_or_else(|e| e.into_inner());
+            let mut out = Vec::new();
+            while out.len() < max {
+                match c.pop_value::<WcWire>() {
+                    Ok(Some(w)) => out.push(wc_from_wire(&w)),
+                    Ok(None) => break,
+                    Err(_) => return Err(Error::new("poll_cq", errno::EIO)),
+                }
+            }
+            return Ok(out);
+        }
         let req = PollCqReq {
             cq: U32::new(self.handle),
             max: U32::new(max.min(MAX_WIRE_WC) as u32),
@@ -231,20 +307,7 @@ impl Cq<'_> {
             .conn
             .call("poll_cq", Cmd::PollCq, 0, req.as_bytes())?;
         let n = (r.count.get() as usize).min(MAX_WIRE_WC);
-        Ok(r.wc[..n]
-            .iter()
-            .map(|w| WorkCompletion {
-                wr_id: w.wr_id.get(),
-                status: WcStatus::from_raw(w.status.get()).unwrap_or(WcStatus::GeneralErr),
-                opcode: WcOpcode::from_raw(w.opcode.get()).unwrap_or(WcOpcode::Send),
-                byte_len: w.byte_len.get(),
-                imm_data: w.imm_data.get(),
-                qp_num: w.qp_num.get(),
-                src_qp: w.src_qp.get(),
-                wc_flags: w.wc_flags.get(),
-                solicited: false,
-            })
-            .collect())
+        Ok(r.wc[..n].iter().map(wc_from_wire).collect())
     }
 
     /// Polls until `n` completions arrived or `timeout` passed; returns what arrived.

@@ -39,6 +39,7 @@ mod error;
 mod event;
 mod introspect;
 mod objects;
+mod rings;
 mod xrc;
 
 pub use conn::{connect_socket, connect_socket_with, default_socket_path};

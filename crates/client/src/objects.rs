@@ -11,7 +11,7 @@ use softverbs_abi::msg::{
     PRESENT_SEND_CQ, PRESENT_SRQ, PRESENT_XRCD,
 };
 use softverbs_core::attr::{AhAttr, QpAttr, QpCap, QpInitInfo, SrqAttr};
-use softverbs_core::types::{Access, AttrMask, QpType};
+use softverbs_core::types::{Access, AttrMask, QpState, QpType};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
@@ -90,10 +90,12 @@ impl Context {
         let r: CreateCqResp = self
             .conn
             .call("create_cq", Cmd::CreateCq, mask, req.as_bytes())?;
+        let ring = crate::rings::map_cq(self, r.handle.get());
         Ok(Cq {
             ctx: self,
             handle: r.handle.get(),
             cqe: AtomicU32::new(r.cqe.get()),
+            ring,
         })
     }
 
@@ -125,12 +127,15 @@ impl Context {
             create_flags: init.create_flags,
         };
         let r = create.send(self, OP)?;
+        let rings = crate::rings::map_qp(self, r.handle.get());
         Ok(Qp {
             ctx: self,
             handle: r.handle.get(),
             qpn: r.qpn.get(),
             qp_type: init.qp_type,
             cap: QpCap::from(&r.cap),
+            rings,
+            state: std::sync::atomic::AtomicU32::new(QpState::Reset as u32),
             _deps: PhantomData,
         })
     }
@@ -385,6 +390,8 @@ pub struct Cq<'c> {
     pub(crate) ctx: &'c Context,
     pub(crate) handle: u32,
     cqe: AtomicU32,
+    /// The completion ring in shared memory, when the daemon mapped it.
+    pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Consumer>>,
 }
 
 impl Cq<'_> {
@@ -636,6 +643,10 @@ pub struct Qp<'a> {
     qpn: u32,
     qp_type: QpType,
     cap: QpCap,
+    /// The work queues in shared memory, when the daemon mapped them.
+    pub(crate) rings: Option<std::sync::Mutex<crate::rings::QpRings>>,
+    /// Last state set through [`modify`](Qp::modify), for checking posts locally.
+    state: std::sync::atomic::AtomicU32,
     _deps: PhantomData<&'a ()>,
 }
 
@@ -662,7 +673,19 @@ impl Qp<'_> {
 
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
-        modify_qp(self.ctx, "modify_qp", self.handle, attr, mask)
+        modify_qp(self.ctx, "modify_qp", self.handle, attr, mask)?;
+        if mask.contains(AttrMask::STATE) {
+            self.state
+                .store(attr.qp_state as u32, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The state this process last moved the QP to (the daemon may since have moved it to
+    /// ERR after a transport error; posting there is allowed and flushes).
+    pub(crate) fn local_state(&self) -> QpState {
+        QpState::from_raw(self.state.load(std::sync::atomic::Ordering::Relaxed))
+            .unwrap_or(QpState::Reset)
     }
 
     /// `ibv_query_qp`.

@@ -10,6 +10,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
+use softverbs_abi::msg::{
+    send_flags, wr_opcode, PostRecvReq, QueuesResp, SendWrWire, SgeWire, WcWire,
+};
 use softverbs_core::attr::QpAttr;
 use softverbs_core::device::Gid;
 use softverbs_core::event::EventElement;
@@ -17,13 +20,19 @@ use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::types::{EventType, Mtu, QpType};
 use softverbs_core::Core;
 use softverbs_memaccess::{ProcessVm, RegionId, SharedMappings};
+use softverbs_shm::{Consumer, Producer, Region, RingLayout};
 use softverbs_transport::sim::{cq_id, Faults};
-use softverbs_transport::wr::{RecvWr, SendWr, WorkCompletion};
+use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, UdDest, WorkCompletion};
 use softverbs_transport::{CqId, Engine, Output, PostError, QpConfig, SrqConfig, MAX_PACKET};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
 
 const EINVAL: i32 = 22;
+const ENOMEM: i32 = 12;
 
 struct Dev {
     engine: Engine,
@@ -70,6 +79,10 @@ pub struct DataPath {
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
     channels: HashMap<(CtxId, u32), Channel>,
     next_channel: u32,
+    qp_rings: HashMap<u32, QpRings>,
+    cq_rings: HashMap<CqId, Producer>,
+    doorbells: HashMap<CtxId, OwnedFd>,
+    new_doorbells: Vec<(CtxId, OwnedFd)>,
     epoch: Instant,
     buf: Vec<u8>,
 }
@@ -124,6 +137,10 @@ impl DataPath {
             mr_regions: HashMap::new(),
             channels: HashMap::new(),
             next_channel: 1,
+            qp_rings: HashMap::new(),
+            cq_rings: HashMap::new(),
+            doorbells: HashMap::new(),
+            new_doorbells: Vec::new(),
             epoch: Instant::now(),
             buf: vec![0; MAX_PACKET],
         }
@@ -173,6 +190,9 @@ impl DataPath {
         }
         self.mr_regions.retain(|(c, _), _| *c != ctx);
         self.channels.retain(|(c, _), _| *c != ctx);
+        self.qp_rings.retain(|_, r| r.ctx != ctx);
+        self.cq_rings.retain(|id, _| CtxId(id >> 32) != ctx);
+        self.doorbells.remove(&ctx);
         self.mem.remove_context(ctx);
         self.mem.fallback_mut().unregister_process(ctx);
         for d in &mut self.devs {
@@ -259,6 +279,7 @@ impl DataPath {
     pub fn cq_destroyed(&mut self, ctx: CtxId, cq: Handle) {
         let id = cq_id(ctx, cq);
         self.cqs.remove(&id);
+        self.cq_rings.remove(&id);
         if let Some(s) = self.ctx_cqs.get_mut(&ctx) {
             s.remove(&id);
         }
@@ -338,6 +359,7 @@ impl DataPath {
     /// QP `qpn` may have been destroyed by the core (last holder gone, owner destroyed it).
     pub fn qp_maybe_gone(&mut self, core: &Core, qpn: u32) {
         if core.qp_target(qpn).is_none() {
+            self.qp_rings.remove(&qpn);
             if let Some(d) = self.qp_dev.remove(&qpn) {
                 self.devs[d].engine.destroy_qp(qpn);
             }
@@ -451,6 +473,9 @@ impl DataPath {
         for _round in 0..64 {
             let now = engine_time(self.epoch, Instant::now());
             let mut progressed = false;
+            for o in self.pump_rings(core) {
+                self.route(core, o, &mut woken);
+            }
             for d in 0..self.devs.len() {
                 for _ in 0..256 {
                     let Some(tx) =
@@ -530,7 +555,16 @@ impl DataPath {
                 let Some(c) = self.cqs.get_mut(&cq) else {
                     return;
                 };
-                if c.queue.len() >= c.cqe as usize {
+                // A mapped CQ's completions go to its ring, otherwise to the PollCq queue.
+                let stored = match self.cq_rings.get_mut(&cq) {
+                    Some(p) => p.push_value(&wc_wire(&wc)).is_ok(),
+                    None if c.queue.len() < c.cqe as usize => {
+                        c.queue.push_back(wc);
+                        true
+                    }
+                    None => false,
+                };
+                if !stored {
                     // CQ overrun (IBA 11.4.2.1): the completion is lost and the owner hears of it.
                     let ctx = CtxId(cq >> 32);
                     if core.raise_object_event(
@@ -547,7 +581,6 @@ impl DataPath {
                         || wc.solicited
                         || wc.status != softverbs_transport::wr::WcStatus::Success
                 });
-                c.queue.push_back(wc);
                 if fires {
                     c.armed = None;
                     let ctx = CtxId(cq >> 32);
@@ -580,5 +613,350 @@ impl std::fmt::Debug for DataPath {
             .field("devices", &self.devs.len())
             .field("cqs", &self.cqs.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// Turns a posted send work request (command or ring entry) into the engine's form. UD
+/// destinations come from an address handle of the same context.
+pub fn send_wr_from_wire(
+    core: &Core,
+    ctx: CtxId,
+    qp: Handle,
+    w: &SendWrWire,
+) -> Result<SendWr, i32> {
+    let (addr, rkey, imm) = (w.remote_addr.get(), w.rkey.get(), w.imm_data.get());
+    let op = match w.opcode.get() {
+        wr_opcode::SEND => SendOp::Send,
+        wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm(imm),
+        wr_opcode::SEND_WITH_INV => SendOp::SendWithInv(imm),
+        wr_opcode::RDMA_WRITE => SendOp::Write {
+            remote_addr: addr,
+            rkey,
+        },
+        wr_opcode::RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
+            remote_addr: addr,
+            rkey,
+            imm,
+        },
+        wr_opcode::RDMA_READ => SendOp::Read {
+            remote_addr: addr,
+            rkey,
+        },
+        wr_opcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr: addr,
+            rkey,
+            compare: w.compare_add.get(),
+            swap: w.swap.get(),
+        },
+        wr_opcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote_addr: addr,
+            rkey,
+            add: w.compare_add.get(),
+        },
+        _ => return Err(EINVAL),
+    };
+    let flags = w.send_flags.get();
+    let payload = if flags & send_flags::INLINE != 0 {
+        let n = w.inline_len.get() as usize;
+        Payload::Inline(w.inline_data.get(..n).ok_or(EINVAL)?.to_vec())
+    } else {
+        let n = w.num_sge.get() as usize;
+        Payload::Sges(
+            w.sg_list
+                .get(..n)
+                .ok_or(EINVAL)?
+                .iter()
+                .map(sge_of)
+                .collect(),
+        )
+    };
+    let is_ud = core
+        .owned_qp_info(ctx, qp)
+        .is_some_and(|i| i.qp_type == QpType::Ud);
+    let ud = if is_ud {
+        let ah = core
+            .ah_attr(ctx, Handle(w.ah.get()))
+            .map_err(|e| e.errno())?;
+        Some(UdDest {
+            dgid: ah.dgid,
+            dest_qpn: w.remote_qpn.get(),
+            qkey: w.remote_qkey.get(),
+        })
+    } else {
+        None
+    };
+    Ok(SendWr {
+        wr_id: w.wr_id.get(),
+        op,
+        payload,
+        signaled: flags & send_flags::SIGNALED != 0,
+        solicited: flags & send_flags::SOLICITED != 0,
+        ud,
+        remote_srqn: w.remote_srqn.get(),
+    })
+}
+
+/// Turns a posted receive work request into the engine's form.
+pub fn recv_wr_from_wire(r: &PostRecvReq) -> Result<RecvWr, i32> {
+    let n = r.num_sge.get() as usize;
+    Ok(RecvWr {
+        wr_id: r.wr_id.get(),
+        sges: r
+            .sg_list
+            .get(..n)
+            .ok_or(EINVAL)?
+            .iter()
+            .map(sge_of)
+            .collect(),
+    })
+}
+
+fn sge_of(s: &SgeWire) -> softverbs_transport::wr::Sge {
+    softverbs_transport::wr::Sge {
+        addr: s.addr.get(),
+        length: s.length.get(),
+        lkey: s.lkey.get(),
+    }
+}
+
+fn wc_wire(wc: &WorkCompletion) -> WcWire {
+    WcWire {
+        wr_id: U64::new(wc.wr_id),
+        status: U32::new(wc.status as u32),
+        opcode: U32::new(wc.opcode as u32),
+        vendor_err: U32::new(0),
+        byte_len: U32::new(wc.byte_len),
+        imm_data: U32::new(wc.imm_data),
+        qp_num: U32::new(wc.qp_num),
+        src_qp: U32::new(wc.src_qp),
+        wc_flags: U32::new(wc.wc_flags),
+        pkey_index: U16::new(0),
+        slid: U16::new(0),
+        sl: 0,
+        dlid_path_bits: 0,
+        reserved: [0; 2],
+    }
+}
+
+/// The `ibv_wc` wire form of a completion (what PollCq and the CQ ring carry).
+pub fn completion_wire(wc: &WorkCompletion) -> WcWire {
+    wc_wire(wc)
+}
+
+/// Ring sizes: the work-request entries of the command ABI, rounded to 8 bytes.
+fn entry_size<T>() -> u32 {
+    (std::mem::size_of::<T>() as u32).next_multiple_of(8)
+}
+
+fn ring_capacity(depth: u32) -> u32 {
+    (depth.saturating_add(1))
+        .next_power_of_two()
+        .clamp(8, softverbs_shm::MAX_CAPACITY)
+}
+
+/// Shared-memory work queues of one QP (the client produces, the daemon consumes).
+struct QpRings {
+    ctx: CtxId,
+    handle: Handle,
+    send_cq: Option<CqId>,
+    recv_cq: Option<CqId>,
+    sq: Consumer,
+    rq: Option<Consumer>,
+}
+
+impl DataPath {
+    /// Maps the work queues of QP `qp` into shared memory (ABI 3 `MapQueues`): returns the
+    /// layout and the memfd. From then on the client posts by writing ring entries; the
+    /// daemon takes them in [`drive`](Self::drive).
+    pub fn map_qp(
+        &mut self,
+        core: &Core,
+        ctx: CtxId,
+        qp: Handle,
+    ) -> Result<(QueuesResp, OwnedFd), i32> {
+        let i = core.owned_qp_info(ctx, qp).ok_or(EINVAL)?;
+        let sq = RingLayout::new(ring_capacity(i.cap.max_send_wr), entry_size::<SendWrWire>())
+            .map_err(|_| EINVAL)?;
+        let has_rq = i.srq.is_none() && i.qp_type != QpType::XrcSend;
+        let rq = has_rq
+            .then(|| {
+                RingLayout::new(
+                    ring_capacity(i.cap.max_recv_wr),
+                    entry_size::<PostRecvReq>(),
+                )
+            })
+            .transpose()
+            .map_err(|_| EINVAL)?;
+        let rq_off = sq.size().next_multiple_of(4096);
+        let len = rq_off + rq.map_or(0, |l| l.size());
+        let (region, fd) = Region::create("softverbs-qp", len.max(4096)).map_err(|_| ENOMEM)?;
+        sq.init(&region, 0).map_err(|_| EINVAL)?;
+        if let Some(l) = rq {
+            l.init(&region, rq_off).map_err(|_| EINVAL)?;
+        }
+        let region = Arc::new(region);
+        let sq_c = Consumer::attach(region.clone(), 0, sq).map_err(|_| EINVAL)?;
+        let rq_c = rq
+            .map(|l| Consumer::attach(region.clone(), rq_off, l))
+            .transpose()
+            .map_err(|_| EINVAL)?;
+        self.qp_rings.insert(
+            i.qpn,
+            QpRings {
+                ctx,
+                handle: qp,
+                send_cq: Some(cq_id(ctx, i.send_cq)),
+                recv_cq: i.recv_cq.map(|h| cq_id(ctx, h)),
+                sq: sq_c,
+                rq: rq_c,
+            },
+        );
+        let resp = QueuesResp {
+            region_len: U64::new(region.len() as u64),
+            a_offset: U32::new(0),
+            a_capacity: U32::new(sq.capacity()),
+            a_entry: U32::new(sq.entry_size() as u32),
+            b_offset: U32::new(if rq.is_some() { rq_off as u32 } else { 0 }),
+            b_capacity: U32::new(rq.map_or(0, |l| l.capacity())),
+            b_entry: U32::new(rq.map_or(0, |l| l.entry_size() as u32)),
+            reserved: U32::new(0),
+        };
+        Ok((resp, fd))
+    }
+
+    /// Maps CQ `cq` into shared memory: completions go to the ring, which the client reads
+    /// without asking the daemon.
+    pub fn map_cq(&mut self, ctx: CtxId, cq: Handle) -> Result<(QueuesResp, OwnedFd), i32> {
+        let id = cq_id(ctx, cq);
+        let cqe = self.cqs.get(&id).ok_or(EINVAL)?.cqe;
+        let l = RingLayout::new(ring_capacity(cqe), entry_size::<WcWire>()).map_err(|_| EINVAL)?;
+        let (region, fd) =
+            Region::create("softverbs-cq", l.size().max(4096)).map_err(|_| ENOMEM)?;
+        l.init(&region, 0).map_err(|_| EINVAL)?;
+        let p = Producer::attach(Arc::new(region), 0, l).map_err(|_| EINVAL)?;
+        let len = l.size().max(4096);
+        self.cq_rings.insert(id, p);
+        let resp = QueuesResp {
+            region_len: U64::new(len as u64),
+            a_offset: U32::new(0),
+            a_capacity: U32::new(l.capacity()),
+            a_entry: U32::new(l.entry_size() as u32),
+            ..Default::default()
+        };
+        Ok((resp, fd))
+    }
+
+    /// The context's doorbell (`MapDoorbell`): the client rings it after a post when the
+    /// daemon asked to be woken. Returns the client's end, and remembers the daemon's end
+    /// for the event loop to watch ([`take_new_doorbells`](Self::take_new_doorbells)).
+    pub fn doorbell(&mut self, ctx: CtxId) -> Result<OwnedFd, i32> {
+        if let Some(d) = self.doorbells.get(&ctx) {
+            return d.try_clone().map_err(|_| ENOMEM);
+        }
+        let d = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
+        let client = d.try_clone().map_err(|_| ENOMEM)?;
+        self.new_doorbells
+            .push((ctx, d.try_clone().map_err(|_| ENOMEM)?));
+        self.doorbells.insert(ctx, d);
+        Ok(client)
+    }
+
+    /// Doorbells created since the last call (the server registers them with its poller).
+    pub fn take_new_doorbells(&mut self) -> Vec<(CtxId, OwnedFd)> {
+        std::mem::take(&mut self.new_doorbells)
+    }
+
+    /// Before the event loop blocks: asks every ring producer to ring the doorbell on its
+    /// next post. Returns false if entries arrived meanwhile (then do not block).
+    pub fn prepare_sleep(&mut self) -> bool {
+        let mut idle = true;
+        for r in self.qp_rings.values_mut() {
+            for c in std::iter::once(&mut r.sq).chain(r.rq.as_mut()) {
+                if !matches!(c.prepare_sleep(), Ok(true)) {
+                    idle = false;
+                }
+            }
+        }
+        idle
+    }
+
+    /// After the event loop wakes: producers may stop ringing.
+    pub fn finish_sleep(&mut self) {
+        for r in self.qp_rings.values_mut() {
+            r.sq.finish_sleep();
+            if let Some(rq) = &mut r.rq {
+                rq.finish_sleep();
+            }
+        }
+        for d in self.doorbells.values() {
+            softverbs_ipc::drain_eventfd(d.as_fd());
+        }
+    }
+
+    /// Takes every posted entry from the rings into the engines. A request the engine
+    /// refuses completes with an error instead of a return code (the client already
+    /// returned from its post).
+    fn pump_rings(&mut self, core: &Core) -> Vec<Output> {
+        let mut sbuf = vec![0u8; entry_size::<SendWrWire>() as usize];
+        let mut rbuf = vec![0u8; entry_size::<PostRecvReq>() as usize];
+        let mut failed = Vec::new();
+        let mut errors: Vec<(Option<CqId>, WorkCompletion)> = Vec::new();
+        for (&qpn, r) in self.qp_rings.iter_mut() {
+            let Some(&dev) = self.qp_dev.get(&qpn) else {
+                continue;
+            };
+            let engine = &mut self.devs[dev].engine;
+            for _ in 0..4096 {
+                match r.sq.pop(&mut sbuf) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(_) => {
+                        failed.push(qpn);
+                        break;
+                    }
+                }
+                let Ok((w, _)) = SendWrWire::read_from_prefix(&sbuf) else {
+                    continue;
+                };
+                let res = send_wr_from_wire(core, r.ctx, r.handle, &w)
+                    .and_then(|wr| engine.post_send(qpn, wr).map_err(post_errno));
+                if res.is_err() {
+                    let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
+                    wc.opcode = softverbs_transport::wr::WcOpcode::Send;
+                    errors.push((r.send_cq, wc));
+                }
+            }
+            if let Some(rq) = &mut r.rq {
+                for _ in 0..4096 {
+                    match rq.pop(&mut rbuf) {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(_) => {
+                            failed.push(qpn);
+                            break;
+                        }
+                    }
+                    let Ok((w, _)) = PostRecvReq::read_from_prefix(&rbuf) else {
+                        continue;
+                    };
+                    let res = recv_wr_from_wire(&w)
+                        .and_then(|wr| engine.post_recv(qpn, wr).map_err(post_errno));
+                    if res.is_err() {
+                        let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
+                        wc.opcode = softverbs_transport::wr::WcOpcode::Recv;
+                        errors.push((r.recv_cq, wc));
+                    }
+                }
+            }
+        }
+        for qpn in failed {
+            // A peer that corrupts its ring indices loses the shared-memory queues.
+            tracing::warn!(qpn, "corrupt work-queue ring; unmapping it");
+            self.qp_rings.remove(&qpn);
+        }
+        errors
+            .into_iter()
+            .filter_map(|(cq, wc)| cq.map(|cq| Output::Completion { cq, wc }))
+            .collect()
     }
 }

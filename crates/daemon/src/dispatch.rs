@@ -116,14 +116,6 @@ fn handle_of(v: U32) -> Handle {
     Handle(v.get())
 }
 
-fn sge_of(s: &SgeWire) -> softverbs_transport::wr::Sge {
-    softverbs_transport::wr::Sge {
-        addr: s.addr.get(),
-        length: s.length.get(),
-        lkey: s.lkey.get(),
-    }
-}
-
 fn events(n: u32) -> Reply {
     ok(EventsResp {
         events_reported: U32::new(n),
@@ -210,6 +202,8 @@ impl Dispatcher {
                 | Cmd::DestroyCompChannel
                 | Cmd::ReqNotifyCq
                 | Cmd::GetCqEvent
+                | Cmd::MapQueues
+                | Cmd::MapDoorbell
         ) && abi < 3
         {
             // The data-path commands arrived in ABI 3.
@@ -649,7 +643,9 @@ impl Dispatcher {
             | Cmd::CreateCompChannel
             | Cmd::DestroyCompChannel
             | Cmd::ReqNotifyCq
-            | Cmd::GetCqEvent => unreachable!("handled before the object commands"),
+            | Cmd::GetCqEvent
+            | Cmd::MapQueues
+            | Cmd::MapDoorbell => unreachable!("handled before the object commands"),
         }
     }
 
@@ -825,6 +821,22 @@ impl Dispatcher {
                     None => Err(EAGAIN),
                 })
             }
+            Cmd::MapQueues => {
+                let r: Result<MapQueuesReq, i32> = req.body(self.abi).map_err(|e| e.errno());
+                r.and_then(|r| {
+                    let h = handle_of(r.handle);
+                    let (resp, fd) = match r.kind.get() {
+                        QUEUES_QP => self.dp.map_qp(&self.core, ctx, h)?,
+                        QUEUES_CQ => {
+                            self.core.cq_attr(ctx, h).map_err(core_err)?;
+                            self.dp.map_cq(ctx, h)?
+                        }
+                        _ => return Err(EINVAL),
+                    };
+                    Ok((resp.as_bytes().to_vec(), vec![fd]))
+                })
+            }
+            Cmd::MapDoorbell => self.dp.doorbell(ctx).map(|fd| (Vec::new(), vec![fd])),
             _ => return None,
         };
         woken.extend(self.drive());
@@ -832,97 +844,16 @@ impl Dispatcher {
     }
 
     fn post_send(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
-        use softverbs_transport::wr::{Payload, SendOp, SendWr, UdDest};
         let r: PostSendReq = req.body(self.abi).map_err(|e| e.errno())?;
         let qpn = self.core.qp_num(ctx, handle_of(r.qp)).map_err(core_err)?;
-        let w = &r.wr;
-        let (addr, rkey, imm) = (w.remote_addr.get(), w.rkey.get(), w.imm_data.get());
-        let op = match w.opcode.get() {
-            wr_opcode::SEND => SendOp::Send,
-            wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm(imm),
-            wr_opcode::SEND_WITH_INV => SendOp::SendWithInv(imm),
-            wr_opcode::RDMA_WRITE => SendOp::Write {
-                remote_addr: addr,
-                rkey,
-            },
-            wr_opcode::RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
-                remote_addr: addr,
-                rkey,
-                imm,
-            },
-            wr_opcode::RDMA_READ => SendOp::Read {
-                remote_addr: addr,
-                rkey,
-            },
-            wr_opcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-                remote_addr: addr,
-                rkey,
-                compare: w.compare_add.get(),
-                swap: w.swap.get(),
-            },
-            wr_opcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-                remote_addr: addr,
-                rkey,
-                add: w.compare_add.get(),
-            },
-            _ => return Err(EINVAL),
-        };
-        let flags = w.send_flags.get();
-        let payload = if flags & send_flags::INLINE != 0 {
-            let n = w.inline_len.get() as usize;
-            Payload::Inline(w.inline_data.get(..n).ok_or(EINVAL)?.to_vec())
-        } else {
-            let n = w.num_sge.get() as usize;
-            Payload::Sges(
-                w.sg_list
-                    .get(..n)
-                    .ok_or(EINVAL)?
-                    .iter()
-                    .map(sge_of)
-                    .collect(),
-            )
-        };
-        let is_ud = self
-            .core
-            .owned_qp_info(ctx, handle_of(r.qp))
-            .is_some_and(|i| i.qp_type == QpType::Ud);
-        let ud = if is_ud {
-            let ah = self.core.ah_attr(ctx, handle_of(w.ah)).map_err(core_err)?;
-            Some(UdDest {
-                dgid: ah.dgid,
-                dest_qpn: w.remote_qpn.get(),
-                qkey: w.remote_qkey.get(),
-            })
-        } else {
-            None
-        };
-        let wr = SendWr {
-            wr_id: w.wr_id.get(),
-            op,
-            payload,
-            signaled: flags & send_flags::SIGNALED != 0,
-            solicited: flags & send_flags::SOLICITED != 0,
-            ud,
-            remote_srqn: w.remote_srqn.get(),
-        };
+        let wr = crate::datapath::send_wr_from_wire(&self.core, ctx, handle_of(r.qp), &r.wr)?;
         self.dp.post_send(qpn, wr)?;
         empty()
     }
 
     fn post_recv(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
-        use softverbs_transport::wr::RecvWr;
         let r: PostRecvReq = req.body(self.abi).map_err(|e| e.errno())?;
-        let n = r.num_sge.get() as usize;
-        let wr = RecvWr {
-            wr_id: r.wr_id.get(),
-            sges: r
-                .sg_list
-                .get(..n)
-                .ok_or(EINVAL)?
-                .iter()
-                .map(sge_of)
-                .collect(),
-        };
+        let wr = crate::datapath::recv_wr_from_wire(&r)?;
         if req.cmd == Cmd::PostRecv {
             let qpn = self
                 .core

@@ -25,6 +25,8 @@ use crate::dispatch::Dispatcher;
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
+/// Every client doorbell (the loop only needs to wake; `drive` reads all rings).
+const DOORBELL: Token = Token(3);
 /// Device UDP sockets are tokens `NET_BASE + device index`.
 const NET_BASE: usize = 8;
 const FIRST_CONN: usize = 16;
@@ -60,6 +62,8 @@ pub struct Server {
     dispatcher: Dispatcher,
     by_ctx: HashMap<CtxId, usize>,
     buf: Vec<u8>,
+    /// The daemon's ends of the clients' doorbells, watched while their context lives.
+    doorbells: HashMap<CtxId, OwnedFd>,
 }
 
 impl Server {
@@ -131,6 +135,7 @@ impl Server {
             dispatcher,
             by_ctx: HashMap::new(),
             buf: vec![0; MAX_MSG + 1],
+            doorbells: HashMap::new(),
         })
     }
 
@@ -172,7 +177,13 @@ impl Server {
             // so a client's next request finds the daemon awake (a cross-CPU wake-up costs
             // tens of microseconds on small VMs); then block. The yield keeps the spin from
             // starving clients on a machine with few CPUs.
-            let spinning = std::time::Instant::now() < busy_until;
+            let mut spinning = std::time::Instant::now() < busy_until;
+            // Before sleeping, ask the shared-memory queues' producers to ring the doorbell;
+            // if something was posted meanwhile, keep going instead.
+            if !spinning && !self.dispatcher.dp.prepare_sleep() {
+                spinning = true;
+                busy_until = std::time::Instant::now() + SPIN;
+            }
             // Never sleep past an engine timer (ACK timeout, RNR wait).
             let engine = self.dispatcher.dp.next_timeout();
             let timeout = if spinning {
@@ -189,6 +200,9 @@ impl Server {
                 }
                 return Err(e);
             }
+            if !spinning {
+                self.dispatcher.dp.finish_sleep();
+            }
             if !events.is_empty() {
                 busy_until = std::time::Instant::now() + SPIN;
             }
@@ -201,7 +215,7 @@ impl Server {
                             .flag
                             .store(true, std::sync::atomic::Ordering::SeqCst);
                     }
-                    WAKER => {}
+                    WAKER | DOORBELL => {}
                     Token(t) if (NET_BASE..FIRST_CONN).contains(&t) => {}
                     Token(t) => {
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
@@ -212,6 +226,16 @@ impl Server {
                         }
                     }
                 }
+            }
+            // Doorbells the last commands created are watched from now on (their events only
+            // wake the loop; the rings themselves are read in `drive`).
+            for (ctx, d) in self.dispatcher.dp.take_new_doorbells() {
+                let _ = self.poll.registry().register(
+                    &mut SourceFd(&d.as_raw_fd()),
+                    DOORBELL,
+                    Interest::READABLE,
+                );
+                self.doorbells.insert(ctx, d);
             }
             // Packets in and out, timers, completions; every wake-up also moves the data path.
             let woken = self.dispatcher.drive();
@@ -372,6 +396,12 @@ impl Server {
             .deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
         if let Some(ctx) = conn.session.ctx() {
             self.by_ctx.remove(&ctx);
+            if let Some(d) = self.doorbells.remove(&ctx) {
+                let _ = self
+                    .poll
+                    .registry()
+                    .deregister(&mut SourceFd(&d.as_raw_fd()));
+            }
             if let Err(e) = self.dispatcher.close_context(ctx) {
                 tracing::error!(ctx = ctx.0, "context teardown failed: {e}");
             }

@@ -280,6 +280,12 @@ pub struct WorkCompletion {
 }
 
 impl WorkCompletion {
+    /// A completion of a request that could not even be started (`LOC_QP_OP_ERR`), for
+    /// requests refused after the poster already returned.
+    pub fn new_error(wr_id: u64, qp_num: u32) -> WorkCompletion {
+        WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, WcOpcode::Send, qp_num)
+    }
+
     pub(crate) fn new(
         wr_id: u64,
         status: WcStatus,

@@ -1,0 +1,93 @@
+//! Work and completion queues in memory shared with the daemon (ABI 3): posting writes a
+//! ring entry and polling reads one, with no system call unless the daemon went to sleep
+//! and asked to be woken (then one eventfd write).
+//!
+//! Set `SOFTVERBS_RINGS=0` to use one command per post/poll instead (for comparison).
+
+use std::sync::{Arc, Mutex};
+
+use softverbs_abi::msg::*;
+use softverbs_shm::{Consumer, Doorbell, Producer, Region, RingLayout};
+use zerocopy::little_endian::U32;
+use zerocopy::IntoBytes;
+
+use crate::error::{errno, Error, Result};
+use crate::Context;
+
+fn enabled(ctx: &Context) -> bool {
+    ctx.conn.abi >= 3 && std::env::var_os("SOFTVERBS_RINGS").is_none_or(|v| v != "0")
+}
+
+/// The client's ends of a QP's work queues.
+#[derive(Debug)]
+pub(crate) struct QpRings {
+    pub(crate) sq: Producer,
+    pub(crate) rq: Option<Producer>,
+}
+
+pub(crate) fn map_doorbell(ctx: &Context) -> Option<Doorbell> {
+    if !enabled(ctx) {
+        return None;
+    }
+    let (_, mut fds): ((), _) = ctx
+        .conn
+        .call_fds("map_doorbell", Cmd::MapDoorbell, 0, &[], &[])
+        .ok()?;
+    Doorbell::from_fd(fds.pop()?).ok()
+}
+
+fn map(ctx: &Context, kind: u32, handle: u32) -> Option<(Arc<Region>, QueuesResp)> {
+    ctx.doorbell.as_ref()?;
+    let req = MapQueuesReq {
+        kind: U32::new(kind),
+        handle: U32::new(handle),
+    };
+    let (r, mut fds): (QueuesResp, _) = ctx
+        .conn
+        .call_fds("map_queues", Cmd::MapQueues, 0, req.as_bytes(), &[])
+        .ok()?;
+    let region = Region::map(fds.pop()?, r.region_len.get() as usize).ok()?;
+    Some((Arc::new(region), r))
+}
+
+/// Maps a QP's queues; `None` keeps the command path (older daemon, rings disabled).
+pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Option<Mutex<QpRings>> {
+    let (region, r) = map(ctx, QUEUES_QP, handle)?;
+    let sq_l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
+    let sq = Producer::attach(region.clone(), r.a_offset.get() as usize, sq_l).ok()?;
+    let rq = if r.b_capacity.get() > 0 {
+        let l = RingLayout::new(r.b_capacity.get(), r.b_entry.get()).ok()?;
+        Some(Producer::attach(region, r.b_offset.get() as usize, l).ok()?)
+    } else {
+        None
+    };
+    Some(Mutex::new(QpRings { sq, rq }))
+}
+
+/// Maps a CQ's completion ring.
+pub(crate) fn map_cq(ctx: &Context, handle: u32) -> Option<Mutex<Consumer>> {
+    let (region, r) = map(ctx, QUEUES_CQ, handle)?;
+    let l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
+    Consumer::attach(region, r.a_offset.get() as usize, l)
+        .ok()
+        .map(Mutex::new)
+}
+
+/// Pushes one entry (padded to the ring's entry size) and rings the doorbell if the daemon
+/// asked to be woken.
+pub(crate) fn push(ctx: &Context, p: &mut Producer, op: &'static str, bytes: &[u8]) -> Result<()> {
+    let mut entry = vec![0u8; p.layout().entry_size()];
+    entry[..bytes.len()].copy_from_slice(bytes);
+    match p.push(&entry) {
+        Ok(wake) => {
+            if wake {
+                if let Some(d) = &ctx.doorbell {
+                    d.ring();
+                }
+            }
+            Ok(())
+        }
+        Err(softverbs_shm::PushError::Full) => Err(Error::new(op, errno::ENOMEM)),
+        Err(softverbs_shm::PushError::Corrupt(_)) => Err(Error::new(op, errno::EIO)),
+    }
+}
