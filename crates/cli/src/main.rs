@@ -4,6 +4,7 @@
 mod actor;
 mod bench;
 mod demo;
+mod dp_actor;
 mod table;
 
 use std::path::PathBuf;
@@ -40,6 +41,18 @@ enum Command {
         /// Speak an older ABI level (to test compatibility with older daemons).
         #[arg(long, default_value_t = softverbs_abi::ABI_VERSION)]
         abi_version: u32,
+        /// Do not bind the devices' UDP ports (devices then reach only each other).
+        #[arg(long)]
+        no_network: bool,
+        /// UDP port of every device (RoCE v2 uses 4791).
+        #[arg(long, default_value_t = 4791)]
+        port: u16,
+        /// Write each device's traffic to DIR/<device>.pcap.
+        #[arg(long, value_name = "DIR")]
+        capture: Option<PathBuf>,
+        /// Inject faults into what the devices send: loss=P,dup=P,reorder=P,corrupt=P.
+        #[arg(long, value_parser = parse_faults)]
+        faults: Option<softverbs_transport::sim::Faults>,
     },
     /// The daemon's pid, uptime and object counts.
     Status {
@@ -76,12 +89,37 @@ enum Command {
         #[command(subcommand)]
         what: BenchWhat,
     },
+    /// One side of `bench lat|bw` (used by `bench`).
+    #[command(hide = true)]
+    BenchPeer(bench::peer::PeerArgs),
     /// One of the demo's processes (used by `demo`).
     #[command(hide = true)]
     DemoActor {
         #[command(subcommand)]
         role: ActorRole,
     },
+}
+
+fn parse_faults(s: &str) -> Result<softverbs_transport::sim::Faults, String> {
+    let mut f = softverbs_transport::sim::Faults::NONE;
+    f.delay = std::time::Duration::ZERO;
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part}: expected KEY=PROBABILITY"))?;
+        let p: f64 = v.parse().map_err(|e| format!("{part}: {e}"))?;
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!("{part}: a probability is between 0 and 1"));
+        }
+        match k {
+            "loss" => f.loss = p,
+            "dup" => f.duplicate = p,
+            "reorder" => f.reorder = p,
+            "corrupt" => f.corrupt = p,
+            _ => return Err(format!("{k}: unknown fault (loss, dup, reorder, corrupt)")),
+        }
+    }
+    Ok(f)
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {
@@ -120,6 +158,20 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// Latency: SEND/RECV or WRITE ping-pong, or READ round trips, between two processes
+    /// (perftest's ib_*_lat).
+    Lat(bench::PerfArgs),
+    /// Bandwidth: pipelined requests with a window of outstanding ones (perftest's ib_*_bw).
+    Bw(bench::PerfArgs),
+    /// One SVG plot from the --json outputs of several `bench lat|bw` runs.
+    Plot {
+        /// The JSON files.
+        #[arg(required = true)]
+        inputs: Vec<PathBuf>,
+        /// The SVG to write.
+        #[arg(long, short)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -141,6 +193,9 @@ enum ActorRole {
         #[arg(long, value_enum)]
         face: actor::Face,
     },
+    /// The data-path test actors (crates/cli/tests/datapath_processes.rs).
+    #[command(flatten)]
+    Dp(dp_actor::DpRole),
 }
 
 fn socket_path(cli: &Cli) -> PathBuf {
@@ -172,11 +227,19 @@ fn main() -> ExitCode {
         Command::Daemon {
             devices,
             abi_version,
+            no_network,
+            port,
+            capture,
+            faults,
         } => {
             init_tracing();
             let mut config = Config::new(socket);
             config.devices = devices.clone();
             config.abi_version = *abi_version;
+            config.net.bind = !no_network;
+            config.net.port = *port;
+            config.net.capture_dir = capture.clone();
+            config.net.faults = *faults;
             let run = || -> std::io::Result<()> {
                 let mut server = Server::bind(config)?;
                 server.handle_signals()?;
@@ -260,19 +323,23 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Bench {
-            what:
-                BenchWhat::Commands {
-                    clients,
-                    iters,
-                    json,
-                },
-        } => bench::commands(&socket, *clients, *iters, *json)
-            .map_or_else(fail, |()| ExitCode::SUCCESS),
+        Command::Bench { what } => match what {
+            BenchWhat::Commands {
+                clients,
+                iters,
+                json,
+            } => bench::commands(&socket, *clients, *iters, *json),
+            BenchWhat::Lat(a) => bench::perf(&socket, bench::Mode::Lat, a),
+            BenchWhat::Bw(a) => bench::perf(&socket, bench::Mode::Bw, a),
+            BenchWhat::Plot { inputs, out } => bench::plot_files(inputs, out),
+        }
+        .map_or_else(fail, |()| ExitCode::SUCCESS),
+        Command::BenchPeer(a) => bench::peer::run(&socket, a),
         Command::DemoActor { role } => match role {
             ActorRole::Creator { file } => actor::creator(&socket, file),
             ActorRole::Hoarder { file } => actor::hoarder(&socket, file),
             ActorRole::Worker { file, qpn, face } => actor::worker(&socket, file, *qpn, *face),
+            ActorRole::Dp(role) => dp_actor::run(&socket, role),
         },
     }
 }

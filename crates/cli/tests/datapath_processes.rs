@@ -1,0 +1,826 @@
+//! The data path with real processes: `softverbs daemon` processes (one, or two talking RoCE v2
+//! over UDP on loopback addresses) and `softverbs demo-actor dp-*` client processes that post
+//! work requests, poll completions and check every byte themselves (they print `OK` lines
+//! with digests; see `crates/cli/src/dp_actor.rs`).
+//!
+//! The soak test's length comes from `SOFTVERBS_SOAK_MESSAGES` (default 20,000 messages). The
+//! full run is one million messages:
+//!
+//! ```text
+//! SOFTVERBS_SOAK_MESSAGES=1000000 CARGO_TARGET_DIR=/work/target-dp \
+//!     cargo test --release -p softverbs-cli --test datapath_processes \
+//!     soak_with_loss_duplication_and_reordering -- --nocapture
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_softverbs");
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    /// A daemon process; with `ip`, its one device `sv0` has that address and binds UDP.
+    fn start(name: &str, ip: Option<&str>, extra: &[&str]) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("sv-dpp-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("sv.sock");
+        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["daemon", "--socket"]).arg(&socket);
+        match ip {
+            Some(ip) => cmd.arg("--device").arg(format!("sv0={ip}")),
+            None => cmd.arg("--no-network"),
+        };
+        let child = cmd.args(extra).stderr(log).spawn().unwrap();
+        let mut d = Daemon { child, dir, socket };
+        let deadline = Instant::now() + WAIT;
+        while softverbs_ipc::connect_seqpacket(&d.socket).is_err() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!("daemon {name} exited with {st}: {}", d.log());
+            }
+            assert!(Instant::now() < deadline, "daemon {name} did not come up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env("SOFTVERBS_AUTOSTART", "0")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "softverbs {args:?}: {}\ndaemon log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn resources(&self) -> Value {
+        serde_json::from_str(&self.cli(&["resources", "--json"])).unwrap()
+    }
+
+    /// The daemon still runs and answers.
+    fn assert_alive(&mut self) {
+        assert!(
+            self.child.try_wait().unwrap().is_none(),
+            "the daemon died: {}",
+            self.log()
+        );
+        let s: Value = serde_json::from_str(&self.cli(&["status", "--json"])).unwrap();
+        assert!(s["daemon_pid"].as_u64().is_some(), "{s}");
+    }
+
+    fn wait_until(&self, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let r = self.resources();
+            if cond(&r) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}; last view: {r:#}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn actor(&self, args: &[&str]) -> Actor {
+        let mut child = Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("demo-actor")
+            .args(args)
+            .env("SOFTVERBS_AUTOSTART", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Actor {
+            child,
+            lines: rx,
+            name: args.first().copied().unwrap_or("actor").to_string(),
+        }
+    }
+
+    /// SIGTERM, and wait for the clean exit.
+    fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + WAIT;
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the daemon ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .arg(self.child.id().to_string())
+                .status();
+        }
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("daemon dir kept: {}", self.dir.display());
+        }
+    }
+}
+
+struct Actor {
+    child: Child,
+    lines: Receiver<String>,
+    name: String,
+}
+
+impl Actor {
+    fn line_within(&self, t: Duration) -> String {
+        self.lines.recv_timeout(t).unwrap_or_else(|_| {
+            panic!(
+                "{} (pid {}) said nothing within {t:?}",
+                self.name,
+                self.child.id()
+            )
+        })
+    }
+
+    fn line(&self) -> String {
+        self.line_within(WAIT)
+    }
+
+    fn expect(&self, prefix: &str) -> String {
+        let l = self.line();
+        assert!(
+            l.starts_with(prefix),
+            "{} (pid {}) said {l:?}, expected {prefix}",
+            self.name,
+            self.child.id()
+        );
+        l
+    }
+
+    fn send(&mut self, cmd: &str) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "{cmd}").unwrap();
+    }
+
+    /// Sends `cmd` and returns the answer.
+    fn cmd(&mut self, cmd: &str) -> String {
+        self.send(cmd);
+        self.line()
+    }
+
+    /// Sends `cmd` and insists on an `OK` answer.
+    fn ok(&mut self, cmd: &str) -> String {
+        let l = self.cmd(cmd);
+        assert!(l.starts_with("OK"), "{}: {cmd} -> {l}", self.name);
+        l
+    }
+
+    fn pid(&self) -> u64 {
+        u64::from(self.child.id())
+    }
+
+    fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Actor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of `key=value` in `line`.
+fn kv(line: &str, key: &str) -> String {
+    line.split_whitespace()
+        .find_map(|t| t.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+        .to_string()
+}
+
+/// An RC actor and what its READY line told.
+struct Rc {
+    a: Actor,
+    qpn: u32,
+    gid: String,
+    addr: u64,
+    rkey: u32,
+}
+
+fn rc(d: &Daemon, extra: &[&str]) -> Rc {
+    let mut args = vec!["dp-rc"];
+    args.extend_from_slice(extra);
+    let a = d.actor(&args);
+    let r = a.expect("READY");
+    Rc {
+        qpn: kv(&r, "qpn").parse().unwrap(),
+        gid: kv(&r, "gid"),
+        addr: kv(&r, "addr").parse().unwrap(),
+        rkey: kv(&r, "rkey").parse().unwrap(),
+        a,
+    }
+}
+
+fn connect(x: &mut Rc, y: &mut Rc) {
+    let (xq, xg, yq, yg) = (x.qpn, x.gid.clone(), y.qpn, y.gid.clone());
+    x.a.ok(&format!("CONNECT {yg} {yq}"));
+    y.a.ok(&format!("CONNECT {xg} {xq}"));
+}
+
+/// Replaces both QPs with fresh ones and connects them.
+fn reconnect(x: &mut Rc, y: &mut Rc) {
+    for r in [&mut *x, &mut *y] {
+        let l = r.a.ok("NEWQP");
+        r.qpn = kv(&l, "qpn").parse().unwrap();
+    }
+    connect(x, y);
+}
+
+const SEED_I: u64 = 0x1111_2222;
+const SEED_T: u64 = 0x3333_4444;
+
+/// Every RC operation from `i` to `t`, each side checking its own bytes.
+fn rc_battery(i: &mut Rc, t: &mut Rc) {
+    t.a.ok(&format!("FILL 0 65536 {SEED_T}"));
+    t.a.ok("SETU64 0x20000 40");
+    t.a.ok("POSTRECV 2 0x10000 8192");
+    i.a.ok(&format!("FILL 0 65536 {SEED_I}"));
+    i.a.ok(&format!("OPS {} {} {SEED_I} {SEED_T}", t.addr, t.rkey));
+    t.a.send("WAITRECV 2");
+    let w1 = t.a.expect("WC");
+    let w2 = t.a.expect("WC");
+    t.a.expect("OK got=2");
+    assert_eq!(
+        (
+            kv(&w1, "wr_id"),
+            kv(&w1, "status"),
+            kv(&w1, "opcode"),
+            kv(&w1, "len")
+        ),
+        ("0".into(), "Success".into(), "Recv".into(), "6000".into()),
+        "{w1}"
+    );
+    assert_eq!(kv(&w1, "qpn"), t.qpn.to_string());
+    assert_eq!(
+        (
+            kv(&w2, "wr_id"),
+            kv(&w2, "status"),
+            kv(&w2, "len"),
+            kv(&w2, "imm")
+        ),
+        ("1".into(), "Success".into(), "100".into(), "0xabcd".into()),
+        "{w2}"
+    );
+    // SEND, SEND with immediate and WRITE landed byte for byte; the atomics left 7.
+    t.a.ok(&format!("CHECK 0x10000 6000 {SEED_I} 0"));
+    t.a.ok(&format!("CHECK 0x12000 100 {SEED_I} 0x1000"));
+    t.a.ok(&format!("CHECK 0x30000 20000 {SEED_I} 0"));
+    assert_eq!(t.a.cmd("GETU64 0x20000"), "OK 7");
+    // And the target's own pattern (what READ fetched) is untouched.
+    t.a.ok(&format!("CHECK 0 65536 {SEED_T} 0"));
+}
+
+fn rc_pair_battery(di: &Daemon, dt: &Daemon) {
+    let mut i = rc(di, &[]);
+    let mut t = rc(dt, &[]);
+    connect(&mut i, &mut t);
+    rc_battery(&mut i, &mut t);
+}
+
+#[test]
+fn rc_operations_between_two_processes_on_one_daemon() {
+    let d = Daemon::start("rc-one", None, &[]);
+    rc_pair_battery(&d, &d);
+}
+
+#[test]
+fn rc_operations_between_processes_on_two_daemons_over_udp() {
+    let d1 = Daemon::start("rc-a", Some("127.93.1.1"), &[]);
+    let d2 = Daemon::start("rc-b", Some("127.93.1.2"), &[]);
+    rc_pair_battery(&d1, &d2);
+    // Both directions, on the same daemons.
+    rc_pair_battery(&d2, &d1);
+}
+
+// ---- XRC ---------------------------------------------------------------------------------
+
+fn xrc_holders(r: &Value, qpn: u32) -> Option<usize> {
+    r["xrc_recv_qps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["qpn"] == qpn)
+        .map(|t| t["holders"].as_array().unwrap().len())
+}
+
+#[test]
+fn xrc_stream_over_several_srq_owners_survives_the_creators_sigkill() {
+    const MESSAGES: u64 = 3000;
+    const SIZE: usize = 700;
+    let d = Daemon::start("xrc", None, &[]);
+    let file = d.dir.join("domain");
+    std::fs::write(&file, b"").unwrap();
+    let f = file.to_str().unwrap();
+    let mut creator = d.actor(&["dp-xrc-creator", "--file", f, "--face", "upstream"]);
+    let qpn: u32 = creator
+        .expect("QPN")
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let q = qpn.to_string();
+    let size = SIZE.to_string();
+    let mut owners: Vec<Actor> = ["legacy", "upstream", "minimal", "legacy"]
+        .iter()
+        .map(|face| {
+            d.actor(&[
+                "dp-xrc-owner",
+                "--file",
+                f,
+                "--qpn",
+                &q,
+                "--face",
+                face,
+                "--size",
+                &size,
+            ])
+        })
+        .collect();
+    let srqns: Vec<String> = owners
+        .iter()
+        .map(|o| kv(&o.expect("READY"), "srqn"))
+        .collect();
+    let mut sender = d.actor(&["dp-xrc-sender"]);
+    let ready = sender.expect("READY");
+    creator.ok(&format!(
+        "CONNECT {} {}",
+        kv(&ready, "gid"),
+        kv(&ready, "qpn")
+    ));
+    let gid = kv(&ready, "gid");
+    sender.ok(&format!("CONNECT {gid} {qpn}"));
+    assert_eq!(xrc_holders(&d.resources(), qpn), Some(5));
+
+    sender.send(&format!(
+        "STREAM {MESSAGES} {SIZE} {} {} 100",
+        srqns.join(","),
+        MESSAGES / 2
+    ));
+    sender.expect("MID");
+    let creator_pid = creator.pid();
+    creator.kill9();
+    let r = d.wait_until("the creator's context is gone", |r| {
+        !r["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["pid"] == creator_pid)
+    });
+    assert_eq!(
+        xrc_holders(&r, qpn),
+        Some(4),
+        "the receive QP outlives its creator"
+    );
+    let done = sender.line_within(Duration::from_secs(120));
+    assert_eq!(done, format!("OK sent={MESSAGES}"));
+
+    // Merge what the owners got: every number exactly once, each at the SRQ it was aimed at.
+    let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+    for (k, o) in owners.iter_mut().enumerate() {
+        o.send("DONE");
+        let got = o.expect("GOT");
+        assert_eq!(kv(&got, "bad"), "0", "owner {k}: {got}");
+        let list = kv(&got, "seqs");
+        for s in list.split(',').filter(|s| !s.is_empty()) {
+            let s: u64 = s.parse().unwrap();
+            assert_eq!(
+                s % srqns.len() as u64,
+                k as u64,
+                "message {s} reached owner {k}"
+            );
+            *seen.entry(s).or_default() += 1;
+        }
+    }
+    let dups: Vec<_> = seen.iter().filter(|(_, &n)| n > 1).collect();
+    assert!(dups.is_empty(), "received more than once: {dups:?}");
+    let missing: Vec<u64> = (0..MESSAGES).filter(|s| !seen.contains_key(s)).collect();
+    assert!(missing.is_empty(), "never received: {missing:?}");
+    assert_eq!(seen.len() as u64, MESSAGES);
+
+    // The holders leave one by one; the QP goes with the last.
+    let n = owners.len();
+    for (k, o) in owners.iter_mut().enumerate() {
+        o.send("LEAVE");
+        o.expect("LEFT");
+        o.child.wait().unwrap();
+        let pid = o.pid();
+        let r = d.wait_until("the owner is gone", |r| {
+            !r["contexts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["pid"] == pid)
+        });
+        let left = n - k - 1;
+        assert_eq!(xrc_holders(&r, qpn), (left > 0).then_some(left), "{r:#}");
+    }
+    let r = d.resources();
+    assert!(
+        r["xrc_recv_qps"].as_array().unwrap().is_empty(),
+        "the receive QP is gone: {r:#}"
+    );
+    d.cli(&["resources"]);
+}
+
+// ---- soak ----------------------------------------------------------------------------------
+
+fn soak_messages() -> u64 {
+    std::env::var("SOFTVERBS_SOAK_MESSAGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
+/// Two daemons dropping 5 %, duplicating 1 % and reordering 1 % of what they send; an RC
+/// stream in each direction at once arrives complete, once, in order and intact.
+#[test]
+fn soak_with_loss_duplication_and_reordering() {
+    let n = soak_messages();
+    let faults = ["--faults", "loss=0.05,dup=0.01,reorder=0.01"];
+    let d1 = Daemon::start("soak-a", Some("127.93.3.1"), &faults);
+    let d2 = Daemon::start("soak-b", Some("127.93.3.2"), &faults);
+    let opts = ["--depth", "64"];
+    let mut a = rc(&d1, &opts);
+    let mut b = rc(&d2, &opts);
+    connect(&mut a, &mut b);
+    let mut a2 = rc(&d1, &opts);
+    let mut b2 = rc(&d2, &opts);
+    connect(&mut a2, &mut b2);
+    let start = Instant::now();
+    // 1500 bytes: two packets a message at MTU 1024.
+    b.a.send(&format!("STREAM-RECV {n} 1500 77"));
+    a.a.send(&format!("STREAM-SEND {n} 1500 77"));
+    a2.a.send(&format!("STREAM-RECV {n} 300 78"));
+    b2.a.send(&format!("STREAM-SEND {n} 300 78"));
+    // Allow ~10 ms a message on a slow machine, at least 3 minutes.
+    let limit = Duration::from_millis(n * 10).max(Duration::from_secs(180));
+    let sent = a.a.line_within(limit);
+    let got = b.a.line_within(limit);
+    let sent2 = b2.a.line_within(limit);
+    let got2 = a2.a.line_within(limit);
+    eprintln!("soak of {n} messages each way took {:?}", start.elapsed());
+    assert!(sent.starts_with(&format!("OK sent={n} ")), "sender: {sent}");
+    assert!(
+        got.starts_with(&format!("OK received={n} ")),
+        "receiver: {got}"
+    );
+    assert_eq!(kv(&sent, "digest"), kv(&got, "digest"));
+    assert!(
+        sent2.starts_with(&format!("OK sent={n} ")),
+        "sender 2: {sent2}"
+    );
+    assert!(
+        got2.starts_with(&format!("OK received={n} ")),
+        "receiver 2: {got2}"
+    );
+    assert_eq!(kv(&sent2, "digest"), kv(&got2, "digest"));
+    // The full battery still works over the faulty link.
+    let mut i = rc(&d1, &opts);
+    let mut t = rc(&d2, &opts);
+    connect(&mut i, &mut t);
+    rc_battery(&mut i, &mut t);
+}
+
+// ---- capture -------------------------------------------------------------------------------
+
+#[test]
+fn captures_decode_in_tshark_with_good_icrcs() {
+    if softverbs_testkit::tshark_available().is_none() {
+        return;
+    }
+    let cap1 = std::env::temp_dir().join(format!("sv-dpp-cap1-{}", std::process::id()));
+    let cap2 = std::env::temp_dir().join(format!("sv-dpp-cap2-{}", std::process::id()));
+    for c in [&cap1, &cap2] {
+        let _ = std::fs::remove_dir_all(c);
+        std::fs::create_dir_all(c).unwrap();
+    }
+    let mut d1 = Daemon::start(
+        "cap-a",
+        Some("127.93.4.1"),
+        &["--capture", cap1.to_str().unwrap()],
+    );
+    let mut d2 = Daemon::start(
+        "cap-b",
+        Some("127.93.4.2"),
+        &["--capture", cap2.to_str().unwrap()],
+    );
+    rc_pair_battery(&d1, &d2);
+    {
+        let mut a = rc(&d1, &[]);
+        let mut b = rc(&d2, &[]);
+        connect(&mut a, &mut b);
+        b.a.send("STREAM-RECV 300 2500 5");
+        a.a.send("STREAM-SEND 300 2500 5");
+        assert!(a.a.line().starts_with("OK sent=300"));
+        assert!(b.a.line().starts_with("OK received=300"));
+    }
+    d1.stop();
+    d2.stop();
+    let home = cap1.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    for dir in [&cap1, &cap2] {
+        let pcap = dir.join("sv0.pcap");
+        assert!(pcap.exists(), "no capture at {}", pcap.display());
+        let out = softverbs_testkit::tshark(
+            &pcap,
+            &home,
+            &[
+                "-T",
+                "fields",
+                "-e",
+                "frame.number",
+                "-e",
+                "_ws.malformed",
+                "-e",
+                "_ws.expert.severity",
+                "-e",
+                "softverbs.icrc.status",
+            ],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        // The battery and 300 three-packet messages, with their ACKs: hundreds of frames.
+        assert!(
+            lines.len() >= 900,
+            "{}: {} frames",
+            pcap.display(),
+            lines.len()
+        );
+        for l in &lines {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert_eq!(f.len(), 4, "{l}");
+            assert!(f[1].is_empty(), "{}: malformed frame: {l}", pcap.display());
+            assert_eq!(f[3], "good", "{}: frame {l}", pcap.display());
+        }
+    }
+    for c in [&cap1, &cap2] {
+        let _ = std::fs::remove_dir_all(c);
+    }
+}
+
+// ---- bad input -----------------------------------------------------------------------------
+
+#[test]
+fn garbage_work_requests_get_errors_and_the_daemon_carries_on() {
+    let mut d = Daemon::start("garbage", None, &[]);
+    let g = d.actor(&["dp-garbage"]);
+    let mut cases = BTreeMap::new();
+    loop {
+        let l = g.line();
+        if l == "DONE" {
+            break;
+        }
+        assert!(l.starts_with("CASE "), "garbage actor: {l}");
+        let mut parts = l.splitn(3, ' ');
+        parts.next();
+        let name = parts.next().unwrap().to_string();
+        cases.insert(name, parts.next().unwrap_or("").to_string());
+    }
+    let einval = "errno=22";
+    let mut failures = Vec::new();
+    let mut want = |name: &str, ok: &dyn Fn(&str) -> bool, what: &str| {
+        let got = cases.get(name).map_or("(missing)", String::as_str);
+        if !ok(got) {
+            failures.push(format!("{name}: got {got:?}, want {what}"));
+        }
+    };
+    let is_err = |s: &str| s.starts_with("errno=") && s != "errno=0";
+    // Another context's handles are not yours: refused, and nothing moved.
+    want("foreign-qp-send", &|s| is_err(s), "an errno");
+    want("foreign-qp-recv", &|s| is_err(s), "an errno");
+    want("foreign-cq-poll", &|s| is_err(s), "an errno");
+    want(
+        "foreign-effects",
+        &|s| s == "completions=0",
+        "completions=0",
+    );
+    // Requests the typed client cannot even build.
+    for name in [
+        "opcode-0x55",
+        "opcode-local-inv",
+        "opcode-bind-mw",
+        "opcode-tso",
+        "opcode-huge",
+        "num-sge-17",
+        "num-sge-max",
+        "num-sge-over-cap",
+        "inline-len-huge",
+        "inline-over-cap",
+        "recv-num-sge-max",
+        "unknown-qp-handle",
+        "destroyed-qp-handle",
+    ] {
+        want(
+            name,
+            &|s| s == einval || s == "errno=95",
+            "EINVAL (or EOPNOTSUPP)",
+        );
+    }
+    want(
+        "raw-control",
+        &|s| s == "108:0,7:0",
+        "both completions successful",
+    );
+    // The typed client's garbage.
+    want("post-in-reset", &|s| s == einval, einval);
+    want("send-sges-over-cap", &|s| s == einval, einval);
+    want("recv-sges-over-cap", &|s| s == einval, einval);
+    want("atomic-len-4", &|s| s == einval, einval);
+    want(
+        "send-2gib",
+        &|s| is_err(s) || (s.starts_with("wc=") && s != "wc=Success"),
+        "an errno or an error completion",
+    );
+    want(
+        "send-bad-lkey",
+        &|s| s == "wc=LocProtErr" || s == einval,
+        "LocProtErr (or EINVAL)",
+    );
+    want(
+        "send-sge-past-mr",
+        &|s| s == "wc=LocProtErr" || s == "wc=LocLenErr" || s == einval,
+        "LocProtErr",
+    );
+    want(
+        "read-bad-local-lkey",
+        &|s| s == "wc=LocProtErr" || s == einval,
+        "LocProtErr (or EINVAL)",
+    );
+    want(
+        "write-bad-rkey",
+        &|s| s == "wc=RemAccessErr",
+        "RemAccessErr",
+    );
+    want("write-past-mr", &|s| s == "wc=RemAccessErr", "RemAccessErr");
+    want(
+        "read-before-mr",
+        &|s| s == "wc=RemAccessErr",
+        "RemAccessErr",
+    );
+    want(
+        "atomic-unaligned",
+        &|s| s == "wc=RemInvReqErr" || s == "wc=RemAccessErr" || s == einval,
+        "an error (IBA: atomics need 8-byte aligned addresses)",
+    );
+    want(
+        "send-no-recv",
+        &|s| s == "ok completions=[]",
+        "accepted and pending (RNR retried forever)",
+    );
+    want(
+        "recv-bad-lkey",
+        &|s| s.starts_with("wc=") && s != "wc=Success" && s.contains("LocProtErr"),
+        "the sender fails and the receive completes with LocProtErr",
+    );
+    want("control", &|s| s == "ok", "ok");
+    drop(g);
+    d.assert_alive();
+    // Other clients are unaffected.
+    rc_pair_battery(&d, &d);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn rdma_into_freed_memory_completes_with_an_error_and_others_carry_on() {
+    let mut d = Daemon::start("freed", None, &[]);
+    let mut victim = rc(&d, &["--buf-len", "16777216"]);
+    let mut peer = rc(&d, &[]);
+    connect(&mut peer, &mut victim);
+    let l = victim.a.ok("FREE");
+    assert_eq!(
+        l, "OK unmapped=true",
+        "the buffer must really be gone for this test"
+    );
+    let w = peer
+        .a
+        .ok(&format!("WRITE {} {} 0 4096", victim.addr, victim.rkey));
+    eprintln!("WRITE into freed memory: {w}");
+    let st = kv(&w, "status");
+    assert!(
+        st != "Success" && st != "WrFlushErr",
+        "WRITE into unmapped memory: {w}"
+    );
+    reconnect(&mut peer, &mut victim);
+    let r = peer.a.ok(&format!(
+        "READ {} {} 0 4096",
+        victim.addr + 8192,
+        victim.rkey
+    ));
+    eprintln!("READ of freed memory: {r}");
+    let st = kv(&r, "status");
+    assert!(
+        st != "Success" && st != "WrFlushErr",
+        "READ of unmapped memory: {r}"
+    );
+    // The victim process lives on, and so do the daemon and everybody else.
+    d.assert_alive();
+    let l = victim.a.ok("NEWQP");
+    assert!(l.starts_with("OK qpn="));
+    rc_pair_battery(&d, &d);
+}
+
+#[test]
+fn a_client_killed_mid_stream_is_cleaned_up_and_its_peer_gets_errors() {
+    let mut d = Daemon::start("midkill", None, &[]);
+    // The default retry budget: 8 tries of ~17 ms before RETRY_EXC_ERR.
+    let opts: [&str; 0] = [];
+    let mut a = rc(&d, &opts);
+    let mut b = rc(&d, &opts);
+    connect(&mut a, &mut b);
+    let mut c1 = rc(&d, &[]);
+    let mut c2 = rc(&d, &[]);
+    connect(&mut c1, &mut c2);
+    b.a.send("STREAM-RECV 100000000 1024 9 2000");
+    a.a.send("STREAM-SEND 100000000 1024 9");
+    b.a.expect("PROGRESS 2000");
+    let bpid = b.a.pid();
+    b.a.kill9();
+    let end = a.a.line_within(Duration::from_secs(60));
+    eprintln!("sender of the killed receiver: {end}");
+    assert!(
+        end.starts_with("ERR first=RetryExcErr") || end.starts_with("ERR first=WrFlushErr"),
+        "the sender of a dead receiver: {end}"
+    );
+    assert_eq!(kv(&end, "success_after"), "0", "{end}");
+    let r = d.wait_until("the killed client is gone", |r| {
+        !r["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["pid"] == bpid)
+    });
+    assert_eq!(r["contexts"].as_array().unwrap().len(), 3, "{r:#}");
+    // The third client keeps working.
+    rc_battery(&mut c1, &mut c2);
+    c2.a.send("STREAM-RECV 2000 1024 10");
+    c1.a.send("STREAM-SEND 2000 1024 10");
+    assert!(c1.a.line().starts_with("OK sent=2000"));
+    assert!(c2.a.line().starts_with("OK received=2000"));
+
+    // Now the sender dies mid-stream: the receiver simply stops hearing, the daemon cleans up.
+    let mut e = rc(&d, &opts);
+    let mut f = rc(&d, &opts);
+    connect(&mut e, &mut f);
+    f.a.send("STREAM-RECV 100000000 1024 11 2000");
+    e.a.send("STREAM-SEND 100000000 1024 11");
+    f.a.expect("PROGRESS 2000");
+    let epid = e.a.pid();
+    e.a.kill9();
+    d.wait_until("the killed sender is gone", |r| {
+        !r["contexts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["pid"] == epid)
+    });
+    d.assert_alive();
+    rc_battery(&mut c2, &mut c1);
+}
