@@ -39,8 +39,9 @@ pub enum DpRole {
         /// Send and receive queue depth (and the stream window).
         #[arg(long, default_value_t = 64)]
         depth: u32,
-        /// Local ACK timeout exponent (4.096 us * 2^timeout).
-        #[arg(long, default_value_t = 12)]
+        /// Local ACK timeout exponent (4.096 us * 2^timeout); 14 (67 ms) as perftest uses,
+        /// so a loaded 2-core machine does not time out acknowledgements still in flight.
+        #[arg(long, default_value_t = 14)]
         timeout: u8,
         /// Transport retries before RETRY_EXC_ERR.
         #[arg(long, default_value_t = 7)]

@@ -55,6 +55,28 @@ fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
     }
 }
 
+/// Socket buffer the device asks for: a full window of a few QPs (64 WQEs of 64 KiB is
+/// 4 MiB) must fit, or a burst overflows the default ~200 KiB and every packet past it is
+/// lost, which RC then has to recover by timeout.
+const SOCKET_BUFFER: usize = 8 << 20;
+
+/// Grows the socket's buffers; as root the `_FORCE` variants pass `net.core.rmem_max`.
+/// Failure only costs throughput, so it is logged, not returned.
+fn size_socket_buffers(sock: &UdpSocket) {
+    use rustix::net::sockopt as so;
+    if so::set_socket_recv_buffer_size_force(sock, SOCKET_BUFFER).is_err() {
+        let _ = so::set_socket_recv_buffer_size(sock, SOCKET_BUFFER);
+    }
+    if so::set_socket_send_buffer_size_force(sock, SOCKET_BUFFER).is_err() {
+        let _ = so::set_socket_send_buffer_size(sock, SOCKET_BUFFER);
+    }
+    tracing::debug!(
+        recv = so::socket_recv_buffer_size(sock).unwrap_or(0),
+        send = so::socket_send_buffer_size(sock).unwrap_or(0),
+        "udp socket buffers"
+    );
+}
+
 impl NetDev {
     /// Binds `ip`:`port` (port is 4791 outside tests).
     pub fn bind(ip: IpAddr, port: u16) -> io::Result<NetDev> {
@@ -66,6 +88,7 @@ impl NetDev {
                 rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
             )?;
         }
+        size_socket_buffers(&sock);
         let port = sock.local_addr()?.port();
         Ok(NetDev {
             sock,
