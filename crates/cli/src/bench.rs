@@ -155,6 +155,13 @@ fn name<T: clap::ValueEnum>(v: T) -> String {
         .map_or_else(String::new, |p| p.get_name().to_string())
 }
 
+/// How a bench peer registers its buffer.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    Shared,
+    Private,
+}
+
 /// Options of `bench lat` and `bench bw`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PerfArgs {
@@ -181,6 +188,11 @@ pub struct PerfArgs {
     /// addresses) instead of two contexts on one daemon.
     #[arg(long)]
     pub two_daemons: bool,
+    /// How the peers register their buffers: `shared` turns them into shared memory in
+    /// place (`reg_mr_shared`), so the daemon copies without a system call; `private` keeps
+    /// ordinary pages, reached with `process_vm_readv/writev` (docs/registered-memory.md).
+    #[arg(long, value_enum, default_value = "shared")]
+    pub memory: Memory,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -475,6 +487,8 @@ pub fn perf(socket: &Path, mode: Mode, a: &PerfArgs) -> Result<(), String> {
                 &max_size.to_string(),
                 "--window",
                 &a.window.to_string(),
+                "--memory",
+                &name(a.memory),
             ])
             .env("SOFTVERBS_AUTOSTART", "0");
         Proc::spawn(role, cmd)
@@ -591,6 +605,7 @@ pub fn perf(socket: &Path, mode: Mode, a: &PerfArgs) -> Result<(), String> {
         let v = json!({
             "bench": name(mode),
             "data_path": data_path(),
+            "memory": name(a.memory),
             "daemons": daemons,
             "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
             "notes": notes,

@@ -92,6 +92,10 @@ fn send_latency_over_rc_on_one_daemon() {
     );
     assert_eq!(v["bench"], "lat");
     assert_eq!(v["daemons"], 1);
+    assert_eq!(
+        v["memory"], "shared",
+        "buffers are shared memory by default"
+    );
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 1, "{v}");
     let r = &rows[0];
@@ -141,4 +145,35 @@ fn send_bandwidth_over_rc_between_two_daemons() {
         (mb_s / (msg_s * 4096.0 / 1e6) - 1.0).abs() < 1e-6,
         "MB/s is msg/s × size: {r}"
     );
+}
+
+#[test]
+fn write_latency_with_private_memory_reached_through_process_vm() {
+    // Each side spins on the last word of its buffer: the run only ends if the daemon's
+    // process_vm_writev path really lands the peer's writes in ordinary private pages.
+    let (_d, socket) = daemon();
+    let v = bench(
+        Some(&socket),
+        &[
+            "lat",
+            "--op",
+            "write",
+            "--transport",
+            "rc",
+            "--sizes",
+            "8,5000",
+            "--iters",
+            "50",
+            "--memory",
+            "private",
+            "--json",
+        ],
+    );
+    assert_eq!(v["memory"], "private");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "{v}");
+    for r in rows {
+        assert_eq!(r["op"].as_str(), Some("write"), "{r}");
+        positive(r, "median_us");
+    }
 }

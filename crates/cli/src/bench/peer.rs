@@ -35,6 +35,10 @@ use softverbs::{
 
 use super::{Mode, Op, Transport};
 
+/// Alignment and granule of the buffer: a multiple of every common base page size (4, 16 and
+/// 64 KiB), so the buffer owns whole pages whatever the machine.
+const PAGE: usize = 64 << 10;
+
 /// Everything the peer is told on its command line.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PeerArgs {
@@ -50,6 +54,8 @@ pub struct PeerArgs {
     pub max_size: usize,
     #[arg(long)]
     pub window: usize,
+    #[arg(long, value_enum)]
+    pub memory: super::Memory,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,11 +196,18 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
 
     // One region: [send area | target area], each max_size + 64 bytes, 64-byte aligned.
     let area = (a.max_size + GRH + 64).next_multiple_of(64);
-    let mem: Vec<AtomicU64> = (0..2 * area / 8).map(|_| AtomicU64::new(0)).collect();
+    // Whole pages of their own, so that turning them into shared memory cannot touch a
+    // neighbouring allocation another thread may be writing.
+    let len = (2 * area).next_multiple_of(PAGE);
+    let storage: Vec<AtomicU64> = (0..(len + PAGE) / 8).map(|_| AtomicU64::new(0)).collect();
+    let skip = storage.as_ptr().align_offset(PAGE);
+    let mem = &storage[skip..skip + len / 8];
     let base = mem.as_ptr() as u64;
-    let mr = pd
-        .reg_mr(base, (2 * area) as u64, ALL)
-        .map_err(e("reg_mr"))?;
+    let mr = match a.memory {
+        super::Memory::Shared => pd.reg_mr_shared(base, len as u64, ALL),
+        super::Memory::Private => pd.reg_mr(base, len as u64, ALL),
+    }
+    .map_err(e("reg_mr"))?;
 
     let cap = QpCap {
         max_send_wr: SEND_WR,
