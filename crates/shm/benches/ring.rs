@@ -4,6 +4,9 @@
 //! * `one_way_latency`: ping-pong over two rings, reported per one-way hop (round trip / 2);
 //! * `throughput_64B`: one thread pushes 64-byte entries, the other pops them (per-entry
 //!   publish, and staged in batches of 32 with one publish per batch);
+//! * `doorbell_wake_latency`: the same ping-pong, but each side goes to sleep on its eventfd
+//!   doorbell as soon as its ring is empty, and the producer rings only when the consumer asked
+//!   (the need-wakeup flag): the cost of waking a sleeping daemon or client;
 //! * `push_pop_same_thread`: the uncontended cost of one push plus one pop.
 //!
 //! ```text
@@ -17,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use softverbs_shm::{Consumer, Producer, PushError, Region, RingLayout};
+use softverbs_shm::{Consumer, Doorbell, Producer, PushError, Region, RingLayout};
 
 const ENTRY: usize = 64;
 const STOP: u64 = u64::MAX;
@@ -109,6 +112,53 @@ fn one_way_latency(crit: &mut Criterion) {
     }
 }
 
+fn doorbell_wake_latency(crit: &mut Criterion) {
+    let ((mut a_tx, mut a_rx), (mut b_tx, mut b_rx)) = rings(64);
+    let (a_bell, b_bell) = (Doorbell::new().unwrap(), Doorbell::new().unwrap());
+    let wait = |c: &mut Consumer, bell: &Doorbell, buf: &mut [u8]| {
+        while !c.pop(buf).unwrap() {
+            c.wait(bell, 0, None).unwrap();
+        }
+    };
+    std::thread::scope(|s| {
+        let (a_bell, b_bell) = (&a_bell, &b_bell);
+        s.spawn(move || {
+            let mut buf = [0u8; ENTRY];
+            loop {
+                wait(&mut a_rx, a_bell, &mut buf);
+                if buf[..8] == STOP.to_le_bytes() {
+                    return;
+                }
+                if b_tx.push(&buf).unwrap() {
+                    b_bell.ring();
+                }
+            }
+        });
+        let mut g = crit.benchmark_group("ring");
+        g.bench_function(
+            "doorbell_wake_latency (round trip / 2, sleep when empty)",
+            |bch| {
+                bch.iter_custom(|iters| {
+                    let mut buf = [0u8; ENTRY];
+                    let start = Instant::now();
+                    for i in 0..iters {
+                        if a_tx.push(&entry(i)).unwrap() {
+                            a_bell.ring();
+                        }
+                        wait(&mut b_rx, b_bell, &mut buf);
+                        debug_assert_eq!(buf, entry(i));
+                    }
+                    start.elapsed() / 2
+                })
+            },
+        );
+        g.finish();
+        if a_tx.push(&entry(STOP)).unwrap() {
+            a_bell.ring();
+        }
+    });
+}
+
 fn throughput(crit: &mut Criterion) {
     for batch in [1usize, 32] {
         let ((mut tx, mut rx), _) = rings(1024);
@@ -187,6 +237,6 @@ fn same_thread(crit: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1));
-    targets = one_way_latency, throughput, same_thread
+    targets = one_way_latency, doorbell_wake_latency, throughput, same_thread
 }
 criterion_main!(benches);
