@@ -71,6 +71,10 @@ pub struct NetOptions {
 
 /// Engines, devices, memory and CQs of one daemon.
 pub struct DataPath {
+    /// Whether the last [`drive`](DataPath::drive) moved any packet: the event loop keeps
+    /// polling after work that arrived without an epoll event (ring entries, packets behind
+    /// an edge already reported).
+    pub moved_packets: bool,
     devs: Vec<Dev>,
     mem: SharedMappings<ProcessVm>,
     cqs: HashMap<CqId, CqState>,
@@ -143,6 +147,7 @@ impl DataPath {
             new_doorbells: Vec::new(),
             epoch: Instant::now(),
             buf: vec![0; MAX_PACKET],
+            moved_packets: false,
         }
     }
 
@@ -470,6 +475,7 @@ impl DataPath {
     pub fn drive(&mut self, core: &mut Core) -> Vec<CtxId> {
         let mut woken = Vec::new();
         let mut buf = std::mem::take(&mut self.buf);
+        self.moved_packets = false;
         for _round in 0..64 {
             let now = engine_time(self.epoch, Instant::now());
             let mut progressed = false;
@@ -536,6 +542,7 @@ impl DataPath {
                     self.route(core, o, &mut woken);
                 }
             }
+            self.moved_packets |= progressed;
             if !progressed {
                 for d in &mut self.devs {
                     if let Some(n) = &mut d.net {
