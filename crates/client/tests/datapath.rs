@@ -34,8 +34,13 @@ fn daemon(name: &str, ip: Option<&str>) -> (TestDaemon, Dir) {
 
 const ALL: Access = Access(0x0f);
 
-/// RESET->INIT->RTR->RTS towards `remote` (`rts` false stops at RTR).
+/// RESET->INIT->RTR->RTS towards `remote`.
 fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
+    connect_with_timeout(qp, remote_gid, remote_qpn, 12);
+}
+
+/// [`connect`] with local ACK timeout exponent `timeout` (4.096 µs · 2^timeout).
+fn connect_with_timeout(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32, timeout: u8) {
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -73,7 +78,7 @@ fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
     .unwrap();
     let rts = QpAttr {
         qp_state: QpState::Rts,
-        timeout: 12,
+        timeout,
         retry_cnt: 7,
         rnr_retry: 7,
         max_rd_atomic: 4,
@@ -341,4 +346,72 @@ fn completion_channels_fire_on_armed_cqs_and_honour_solicited_only() {
         Some(cqb.handle())
     );
     assert_eq!(cqb.wait(1, Duration::from_secs(10)).unwrap().len(), 1);
+}
+
+/// ibv_post_send(3): a full send queue refuses the post with ENOMEM. With the queues in shared
+/// memory the daemon takes from the ring only what the QP has room for, so a client posting
+/// faster than its QP drains meets a full ring instead of growing the daemon's queues; and
+/// every request that was accepted completes exactly once.
+#[test]
+fn a_full_send_queue_refuses_posts_with_enomem_and_loses_nothing() {
+    let (d, _dir) = daemon("sqfull", None);
+    let a = Context::open_at(&d.socket, 0).unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(1024).unwrap();
+    let depth = 8;
+    let qp = a
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(QpCap {
+            max_send_wr: depth,
+            ..cap()
+        }))
+        .unwrap();
+    // Nobody answers at this QPN, so requests stay outstanding for their 4.3 s ACK timeout.
+    connect_with_timeout(&qp, a.query_gid(1, 0).unwrap(), 0xFF_FF00, 20);
+    let buf = vec![0u8; 2 << 20];
+    let mr = reg(&pd, &buf, true).unwrap();
+    let s = [Sge {
+        addr: buf.as_ptr() as u64,
+        length: 64,
+        lkey: mr.lkey(),
+    }];
+    let mut posted = 0u64;
+    let err = loop {
+        match qp.post_send(&SendRequest::new(posted, SendOp::Send, &s)) {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            posted < 100 * depth as u64,
+            "{posted} posts and never refused"
+        );
+        // Let the daemon take what it has room for before the next post.
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(err.errno(), 12, "ENOMEM, got {err}");
+    assert!(posted >= depth as u64, "refused after {posted} of {depth}");
+
+    // Full is not broken: moving the QP to ERR flushes every accepted request exactly once.
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        },
+        M::STATE,
+    )
+    .unwrap();
+    let mut ids = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while (ids.len() as u64) < posted && std::time::Instant::now() < deadline {
+        for wc in cq.wait(64, Duration::from_millis(100)).unwrap() {
+            assert_eq!(wc.status, WcStatus::WrFlushErr, "{wc:?}");
+            ids.push(wc.wr_id);
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        (0..posted).collect::<Vec<_>>(),
+        "each accepted request once"
+    );
+    assert!(cq.poll(16).unwrap().is_empty(), "nothing more");
 }

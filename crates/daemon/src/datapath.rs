@@ -877,9 +877,17 @@ impl DataPath {
     /// next post. Returns false if entries arrived meanwhile (then do not block).
     pub fn prepare_sleep(&mut self) -> bool {
         let mut idle = true;
-        for r in self.qp_rings.values_mut() {
-            for c in std::iter::once(&mut r.sq).chain(r.rq.as_mut()) {
-                if !matches!(c.prepare_sleep(), Ok(true)) {
+        for (&qpn, r) in self.qp_rings.iter_mut() {
+            // Entries the engine has no room for yet are not work: they wait for completions,
+            // which come with packets or timers that wake the loop anyway.
+            let (sq_room, rq_room) = self.qp_dev.get(&qpn).map_or((0, 0), |&d| {
+                let e = &self.devs[d].engine;
+                (e.send_room(qpn), e.recv_room(qpn))
+            });
+            let queues =
+                std::iter::once((&mut r.sq, sq_room)).chain(r.rq.as_mut().map(|rq| (rq, rq_room)));
+            for (c, room) in queues {
+                if !matches!(c.prepare_sleep(), Ok(true)) && room > 0 {
                     idle = false;
                 }
             }
@@ -900,7 +908,8 @@ impl DataPath {
         }
     }
 
-    /// Takes every posted entry from the rings into the engines. A request the engine
+    /// Takes posted entries from the rings into the engines, as many as each queue has room
+    /// for (the rest stay in the ring, which the client then finds full). A request the engine
     /// refuses completes with an error instead of a return code (the client already
     /// returned from its post).
     fn pump_rings(&mut self, core: &Core) -> Vec<Output> {
@@ -913,7 +922,7 @@ impl DataPath {
                 continue;
             };
             let engine = &mut self.devs[dev].engine;
-            for _ in 0..4096 {
+            for _ in 0..engine.send_room(qpn).min(4096) {
                 match r.sq.pop(&mut sbuf) {
                     Ok(true) => {}
                     Ok(false) => break,
@@ -934,7 +943,7 @@ impl DataPath {
                 }
             }
             if let Some(rq) = &mut r.rq {
-                for _ in 0..4096 {
+                for _ in 0..engine.recv_room(qpn).min(4096) {
                     match rq.pop(&mut rbuf) {
                         Ok(true) => {}
                         Ok(false) => break,

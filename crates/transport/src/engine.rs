@@ -328,6 +328,22 @@ impl Engine {
         self.srqs.remove(&key);
     }
 
+    /// How many more work requests `post_send` on `qpn` would queue (0 for no such QP): the
+    /// shell leaves the rest in the client's ring, so a client posting faster than its QP
+    /// drains meets a full ring (`ENOMEM`) instead of growing the daemon's queues.
+    pub fn send_room(&self, qpn: u32) -> usize {
+        self.qps.get(&qpn).map_or(0, |q| {
+            (q.cfg.max_send_wr as usize).saturating_sub(q.sq.len())
+        })
+    }
+
+    /// Like [`send_room`](Engine::send_room), for the QP's own receive queue.
+    pub fn recv_room(&self, qpn: u32) -> usize {
+        self.qps.get(&qpn).map_or(0, |q| {
+            (q.cfg.max_recv_wr as usize).saturating_sub(q.rq.len())
+        })
+    }
+
     /// `ibv_post_send`.
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError> {
         let qp = self.qps.get_mut(&qpn).ok_or(PostError::NoQueue)?;

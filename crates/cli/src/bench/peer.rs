@@ -370,7 +370,7 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
         qp: &qp,
         srq: srq.as_ref(),
         cq: &cq,
-        mem: &mem,
+        mem,
         base,
         area,
         lkey: mr.lkey(),
