@@ -415,3 +415,63 @@ fn a_full_send_queue_refuses_posts_with_enomem_and_loses_nothing() {
     );
     assert!(cq.poll(16).unwrap().is_empty(), "nothing more");
 }
+
+/// IBA 11.4.2.1 / ibv_create_cq(3): a CQ that overflows loses completions and its owner gets
+/// IBV_EVENT_CQ_ERR on the async fd; the daemon and the other CQs carry on.
+#[test]
+fn an_overrun_cq_raises_cq_err_and_the_rest_carries_on() {
+    let (d, _dir) = daemon("cqover", None);
+    let a = Context::open_at(&d.socket, 0).unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let small = a.create_cq(4).unwrap();
+    let big = a.create_cq(256).unwrap();
+    let qs = a
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&small, &big).cap(cap()))
+        .unwrap();
+    let qr = a
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&big, &big).cap(cap()))
+        .unwrap();
+    let gid = a.query_gid(1, 0).unwrap();
+    connect(&qs, gid, qr.qpn());
+    connect(&qr, gid, qs.qpn());
+    let buf = vec![0u8; 2 << 20];
+    let mr = reg(&pd, &buf, true).unwrap();
+    let s = [Sge {
+        addr: buf.as_ptr() as u64,
+        length: 16,
+        lkey: mr.lkey(),
+    }];
+    let n = 8 * small.cqe().max(4) as u64;
+    for i in 0..n {
+        qr.post_recv(1000 + i, &s).unwrap();
+    }
+    // Nobody polls `small` while its n signalled sends complete.
+    for i in 0..n {
+        qs.post_send(&SendRequest::new(i, SendOp::Send, &s))
+            .unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let ev = loop {
+        if let Some(ev) = a.try_get_async_event().unwrap() {
+            break ev;
+        }
+        assert!(std::time::Instant::now() < deadline, "no CQ_ERR event");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(ev.event_type, Some(softverbs::EventType::CqErr), "{ev:?}");
+    assert_eq!(ev.element, softverbs::Element::Cq(small.handle()), "{ev:?}");
+    // The receiver's CQ saw every message, and `small` holds at most what it could.
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while (got.len() as u64) < n && std::time::Instant::now() < deadline {
+        got.extend(big.wait(64, Duration::from_millis(100)).unwrap());
+    }
+    assert_eq!(got.len() as u64, n, "{got:?}");
+    assert!(got.iter().all(|w| w.status == WcStatus::Success));
+    let kept = small.poll(1024).unwrap();
+    assert!(
+        !kept.is_empty() && (kept.len() as u64) < n,
+        "{}",
+        kept.len()
+    );
+}
