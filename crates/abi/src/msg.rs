@@ -167,6 +167,9 @@ commands! {
 pub const QUEUES_QP: u32 = 0;
 /// [`MapQueuesReq::kind`]: a CQ.
 pub const QUEUES_CQ: u32 = 1;
+/// [`MapQueuesReq::kind`]: an SRQ's receive queue (ring `a`, entries [`PostRecvReq`]). A
+/// daemon that predates it answers `EINVAL` and the client keeps `PostSrqRecv` commands.
+pub const QUEUES_SRQ: u32 = 2;
 
 /// `qp_num` meaning "create a new receive QP" in the minimal register call (Roland Dreier's
 /// proposal: "pass in an invalid qp_num (say, -1 aka ffffffff)").
@@ -351,7 +354,8 @@ wire! {
         pub cq: U32,
     }
 
-    /// ABI 3: map the rings of a QP ([`QUEUES_QP`]) or CQ ([`QUEUES_CQ`]).
+    /// ABI 3: map the rings of a QP ([`QUEUES_QP`]), CQ ([`QUEUES_CQ`]) or SRQ
+    /// ([`QUEUES_SRQ`]).
     pub struct MapQueuesReq {
         pub kind: U32,
         pub handle: U32,

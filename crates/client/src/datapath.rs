@@ -254,6 +254,21 @@ impl Qp<'_> {
 impl Srq<'_> {
     /// `ibv_post_srq_recv` of one work request.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        if let Some(ring) = &self.ring {
+            const OP: &str = "post_srq_recv";
+            if sges.len() > self.max_sge as usize {
+                return Err(Error::new(OP, errno::EINVAL));
+            }
+            let (sg, n) = sg_list(sges, OP)?;
+            let req = PostRecvReq {
+                handle: U32::new(self.handle),
+                num_sge: U32::new(n),
+                wr_id: U64::new(wr_id),
+                sg_list: sg,
+            };
+            let mut p = ring.lock().unwrap_or_else(|e| e.into_inner());
+            return crate::rings::push(self.ctx, &mut p, OP, req.as_bytes());
+        }
         post_recv(
             self.ctx,
             "post_srq_recv",

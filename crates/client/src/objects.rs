@@ -311,6 +311,8 @@ impl<'c> Pd<'c> {
         Ok(Srq {
             ctx: self.ctx,
             handle: r.handle.get(),
+            ring: crate::rings::map_srq(self.ctx, r.handle.get()),
+            max_sge: r.max_sge.get(),
             _deps: PhantomData,
         })
     }
@@ -437,6 +439,10 @@ impl Drop for Cq<'_> {
 pub struct Srq<'a> {
     pub(crate) ctx: &'a Context,
     pub(crate) handle: u32,
+    /// The receive ring shared with the daemon, if mapped.
+    pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Producer>>,
+    /// `max_sge` granted, checked at post (a ring entry has no way to return `EINVAL`).
+    pub(crate) max_sge: u32,
     pub(crate) _deps: PhantomData<&'a ()>,
 }
 

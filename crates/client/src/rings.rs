@@ -64,6 +64,16 @@ pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Option<Mutex<QpRings>> {
     Some(Mutex::new(QpRings { sq, rq }))
 }
 
+/// Maps an SRQ's receive ring; `None` keeps `PostSrqRecv` commands (older daemon, rings
+/// disabled).
+pub(crate) fn map_srq(ctx: &Context, handle: u32) -> Option<Mutex<Producer>> {
+    let (region, r) = map(ctx, QUEUES_SRQ, handle)?;
+    let l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
+    Producer::attach(region, r.a_offset.get() as usize, l)
+        .ok()
+        .map(Mutex::new)
+}
+
 /// Maps a CQ's completion ring.
 pub(crate) fn map_cq(ctx: &Context, handle: u32) -> Option<Mutex<Consumer>> {
     let (region, r) = map(ctx, QUEUES_CQ, handle)?;

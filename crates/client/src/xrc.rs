@@ -207,6 +207,8 @@ impl<'c> Xrcd<'c> {
         Ok(Srq {
             ctx: self.ctx,
             handle: r.handle.get(),
+            ring: crate::rings::map_srq(self.ctx, r.handle.get()),
+            max_sge: r.max_sge.get(),
             _deps: PhantomData,
         })
     }

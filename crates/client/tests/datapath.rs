@@ -7,7 +7,7 @@ use std::time::Duration;
 use softverbs::{
     Access, AhAttr, AttrMask as M, Context, Gid, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
 };
-use softverbs::{SendOp, SendRequest, Sge, WcOpcode, WcStatus};
+use softverbs::{SendOp, SendRequest, Sge, SrqAttr, WcOpcode, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
 
 struct Dir(std::path::PathBuf);
@@ -474,4 +474,97 @@ fn an_overrun_cq_raises_cq_err_and_the_rest_carries_on() {
         "{}",
         kept.len()
     );
+}
+
+/// Receives posted to an SRQ through its shared-memory ring are consumed in order by the QP
+/// attached to it; past the SRQ's depth a post is refused with ENOMEM (ibv_post_srq_recv(3)),
+/// and what was accepted is all used, once.
+#[test]
+fn srq_receives_posted_through_the_ring_are_used_in_order() {
+    let (d, _dir) = daemon("srqring", None);
+    let a = Context::open_at(&d.socket, 0).unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(512).unwrap();
+    let srq = pd
+        .create_srq(SrqAttr {
+            max_wr: 16,
+            max_sge: 1,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let qr = a
+        .create_qp(
+            &QpInit::new(QpType::Rc, &pd)
+                .cqs(&cq, &cq)
+                .srq(&srq)
+                .cap(cap()),
+        )
+        .unwrap();
+    let qs = a
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(cap()))
+        .unwrap();
+    let gid = a.query_gid(1, 0).unwrap();
+    connect(&qs, gid, qr.qpn());
+    connect(&qr, gid, qs.qpn());
+    let buf = vec![0u8; 2 << 20];
+    let mr = reg(&pd, &buf, true).unwrap();
+    let base = buf.as_ptr() as u64;
+    let two = [
+        Sge {
+            addr: base,
+            length: 8,
+            lkey: mr.lkey(),
+        },
+        Sge {
+            addr: base + 8,
+            length: 8,
+            lkey: mr.lkey(),
+        },
+    ];
+    assert_eq!(
+        srq.post_recv(1, &two).unwrap_err().errno(),
+        22,
+        "more SGEs than max_sge: EINVAL"
+    );
+    let mut posted = 0u64;
+    let err = loop {
+        let s = [Sge {
+            addr: base + 0x1000 + posted * 64,
+            length: 64,
+            lkey: mr.lkey(),
+        }];
+        match srq.post_recv(100 + posted, &s) {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
+        assert!(posted < 1000, "{posted} receives and never refused");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(err.errno(), 12, "ENOMEM, got {err}");
+    assert!(posted >= 16, "refused after {posted}");
+    assert!(
+        posted <= 64,
+        "the send queue (64) takes one send per receive"
+    );
+    for i in 0..posted {
+        let s = [Sge {
+            addr: base + 0x10_0000,
+            length: 8,
+            lkey: mr.lkey(),
+        }];
+        qs.post_send(&SendRequest::new(i, SendOp::Send, &s))
+            .unwrap();
+    }
+    let mut recvs = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while (recvs.len() as u64) < posted && std::time::Instant::now() < deadline {
+        for wc in cq.wait(64, Duration::from_millis(100)).unwrap() {
+            if wc.opcode == WcOpcode::Recv {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                assert_eq!(wc.qp_num, qr.qpn());
+                recvs.push(wc.wr_id);
+            }
+        }
+    }
+    assert_eq!(recvs, (100..100 + posted).collect::<Vec<_>>());
 }

@@ -85,6 +85,10 @@ pub struct DataPath {
     next_channel: u32,
     qp_rings: HashMap<u32, QpRings>,
     cq_rings: HashMap<CqId, Producer>,
+    /// Receive rings of SRQs, by (owner, handle), with the device whose engine holds the SRQ.
+    srq_rings: HashMap<(CtxId, Handle), (usize, Consumer)>,
+    /// SRQs whose ring held an entry the engine refused: the owner gets IBV_EVENT_SRQ_ERR.
+    srq_faults: Vec<(CtxId, Handle)>,
     doorbells: HashMap<CtxId, OwnedFd>,
     new_doorbells: Vec<(CtxId, OwnedFd)>,
     epoch: Instant,
@@ -143,6 +147,8 @@ impl DataPath {
             next_channel: 1,
             qp_rings: HashMap::new(),
             cq_rings: HashMap::new(),
+            srq_rings: HashMap::new(),
+            srq_faults: Vec::new(),
             doorbells: HashMap::new(),
             new_doorbells: Vec::new(),
             epoch: Instant::now(),
@@ -197,6 +203,7 @@ impl DataPath {
         self.channels.retain(|(c, _), _| *c != ctx);
         self.qp_rings.retain(|_, r| r.ctx != ctx);
         self.cq_rings.retain(|id, _| CtxId(id >> 32) != ctx);
+        self.srq_rings.retain(|(c, _), _| *c != ctx);
         self.doorbells.remove(&ctx);
         self.mem.remove_context(ctx);
         self.mem.fallback_mut().unregister_process(ctx);
@@ -400,6 +407,7 @@ impl DataPath {
 
     /// An SRQ was destroyed.
     pub fn srq_destroyed(&mut self, ctx: CtxId, srq: Handle) {
+        self.srq_rings.remove(&(ctx, srq));
         for d in &mut self.devs {
             d.engine.destroy_srq((ctx, srq));
         }
@@ -481,6 +489,11 @@ impl DataPath {
             let mut progressed = false;
             for o in self.pump_rings(core) {
                 self.route(core, o, &mut woken);
+            }
+            for (ctx, srq) in std::mem::take(&mut self.srq_faults) {
+                if core.raise_object_event(ctx, EventElement::Srq(srq), EventType::SrqErr) {
+                    woken.push(ctx);
+                }
             }
             for d in 0..self.devs.len() {
                 for _ in 0..256 {
@@ -831,6 +844,33 @@ impl DataPath {
         Ok((resp, fd))
     }
 
+    /// Maps the receive queue of SRQ `srq` into shared memory: the owner posts receives by
+    /// writing ring entries.
+    pub fn map_srq(&mut self, ctx: CtxId, srq: Handle) -> Result<(QueuesResp, OwnedFd), i32> {
+        let key = (ctx, srq);
+        let (dev, max_wr) = self
+            .devs
+            .iter()
+            .enumerate()
+            .find_map(|(i, d)| d.engine.srq_max_wr(key).map(|m| (i, m)))
+            .ok_or(EINVAL)?;
+        let l = RingLayout::new(ring_capacity(max_wr), entry_size::<PostRecvReq>())
+            .map_err(|_| EINVAL)?;
+        let len = l.size().max(4096);
+        let (region, fd) = Region::create("softverbs-srq", len).map_err(|_| ENOMEM)?;
+        l.init(&region, 0).map_err(|_| EINVAL)?;
+        let c = Consumer::attach(Arc::new(region), 0, l).map_err(|_| EINVAL)?;
+        self.srq_rings.insert(key, (dev, c));
+        let resp = QueuesResp {
+            region_len: U64::new(len as u64),
+            a_offset: U32::new(0),
+            a_capacity: U32::new(l.capacity()),
+            a_entry: U32::new(l.entry_size() as u32),
+            ..Default::default()
+        };
+        Ok((resp, fd))
+    }
+
     /// Maps CQ `cq` into shared memory: completions go to the ring, which the client reads
     /// without asking the daemon.
     pub fn map_cq(&mut self, ctx: CtxId, cq: Handle) -> Result<(QueuesResp, OwnedFd), i32> {
@@ -892,6 +932,12 @@ impl DataPath {
                 }
             }
         }
+        for (&key, (dev, c)) in self.srq_rings.iter_mut() {
+            let room = self.devs[*dev].engine.srq_room(key).unwrap_or(0);
+            if !matches!(c.prepare_sleep(), Ok(true)) && room > 0 {
+                idle = false;
+            }
+        }
         idle
     }
 
@@ -902,6 +948,9 @@ impl DataPath {
             if let Some(rq) = &mut r.rq {
                 rq.finish_sleep();
             }
+        }
+        for (_, c) in self.srq_rings.values_mut() {
+            c.finish_sleep();
         }
         for d in self.doorbells.values() {
             softverbs_ipc::drain_eventfd(d.as_fd());
@@ -969,6 +1018,34 @@ impl DataPath {
             // A peer that corrupts its ring indices loses the shared-memory queues.
             tracing::warn!(qpn, "corrupt work-queue ring; unmapping it");
             self.qp_rings.remove(&qpn);
+        }
+        let mut corrupt = Vec::new();
+        for (&key, (dev, c)) in self.srq_rings.iter_mut() {
+            let engine = &mut self.devs[*dev].engine;
+            for _ in 0..engine.srq_room(key).unwrap_or(0).min(4096) {
+                match c.pop(&mut rbuf) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(_) => {
+                        corrupt.push(key);
+                        break;
+                    }
+                }
+                let ok = PostRecvReq::read_from_prefix(&rbuf)
+                    .ok()
+                    .and_then(|(w, _)| recv_wr_from_wire(&w).ok())
+                    .is_some_and(|wr| engine.post_srq_recv(key, wr).is_ok());
+                if !ok {
+                    // An SRQ has no CQ of its own to report a bad entry on (IBA 10.2.9):
+                    // the owner hears of it as an SRQ error.
+                    self.srq_faults.push(key);
+                }
+            }
+        }
+        for key in corrupt {
+            tracing::warn!(ctx = key.0 .0, "corrupt SRQ ring; unmapping it");
+            self.srq_rings.remove(&key);
+            self.srq_faults.push(key);
         }
         errors
             .into_iter()

@@ -827,6 +827,10 @@ impl Dispatcher {
                     let h = handle_of(r.handle);
                     let (resp, fd) = match r.kind.get() {
                         QUEUES_QP => self.dp.map_qp(&self.core, ctx, h)?,
+                        QUEUES_SRQ => {
+                            self.core.srq_info(ctx, h).ok_or(EINVAL)?;
+                            self.dp.map_srq(ctx, h)?
+                        }
                         QUEUES_CQ => {
                             self.core.cq_attr(ctx, h).map_err(core_err)?;
                             self.dp.map_cq(ctx, h)?

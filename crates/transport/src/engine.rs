@@ -344,6 +344,19 @@ impl Engine {
         })
     }
 
+    /// How many more work requests `post_srq_recv` on `key` would queue, or `None` if there
+    /// is no such SRQ on this engine.
+    pub fn srq_room(&self, key: SrqKey) -> Option<usize> {
+        self.srqs
+            .get(&key)
+            .map(|s| (s.cfg.max_wr as usize).saturating_sub(s.queue.len()))
+    }
+
+    /// The SRQ's `max_wr`, or `None` if there is no such SRQ on this engine.
+    pub fn srq_max_wr(&self, key: SrqKey) -> Option<u32> {
+        self.srqs.get(&key).map(|s| s.cfg.max_wr)
+    }
+
     /// `ibv_post_send`.
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError> {
         let qp = self.qps.get_mut(&qpn).ok_or(PostError::NoQueue)?;
