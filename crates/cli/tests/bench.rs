@@ -24,8 +24,9 @@ impl Drop for Daemon {
 }
 
 /// A daemon of our own, without network (the bench's two contexts meet inside it).
-fn daemon() -> (Daemon, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("sv-bench-test-{}", std::process::id()));
+/// A daemon of its own for the test `name` (tests of one binary run in parallel in one process).
+fn daemon(name: &str) -> (Daemon, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sv-bench-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("sv.sock");
@@ -74,7 +75,7 @@ fn positive(row: &Value, key: &str) -> f64 {
 
 #[test]
 fn send_latency_over_rc_on_one_daemon() {
-    let (_d, socket) = daemon();
+    let (_d, socket) = daemon("send-lat");
     let v = bench(
         Some(&socket),
         &[
@@ -151,7 +152,7 @@ fn send_bandwidth_over_rc_between_two_daemons() {
 fn write_latency_with_private_memory_reached_through_process_vm() {
     // Each side spins on the last word of its buffer: the run only ends if the daemon's
     // process_vm_writev path really lands the peer's writes in ordinary private pages.
-    let (_d, socket) = daemon();
+    let (_d, socket) = daemon("write-private");
     let v = bench(
         Some(&socket),
         &[
