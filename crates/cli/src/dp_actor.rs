@@ -483,6 +483,13 @@ fn rc(socket: &Path, buf_len: usize, depth: u32, timeout: u8, retry: u8) -> ! {
     std::process::exit(0);
 }
 
+/// The daemon writes registered memory behind the compiler's back (that is what RDMA is):
+/// after a completion, make the compiler forget what it knew of `buf`, or an optimised build
+/// may reuse values this process stored before the transfer instead of reading the memory.
+fn dma_settled(buf: &mut [u8]) {
+    std::hint::black_box(buf);
+}
+
 fn expect_wc(cq: &Cq<'_>, wr_id: u64, opcode: WcOpcode) -> Result<WorkCompletion, String> {
     let w = wait_one(cq, Duration::from_secs(30)).ok_or(format!("no completion for {wr_id}"))?;
     if w.wr_id != wr_id || w.status != WcStatus::Success || w.opcode != opcode {
@@ -512,8 +519,10 @@ fn ops(qp: &Qp<'_>, cq: &Cq<'_>, buf: &mut [u8], base: u64, lkey: u32, a: &[&str
         // SEND of 6000 bytes (six packets) and a SEND with immediate.
         post(1, SendOp::Send, &sge(0, 6000))?;
         expect_wc(cq, 1, WcOpcode::Send)?;
+        dma_settled(buf);
         post(2, SendOp::SendWithImm(0xabcd), &sge(0x1000, 100))?;
         expect_wc(cq, 2, WcOpcode::Send)?;
+        dma_settled(buf);
         // WRITE of 20000 bytes to +0x30000.
         post(
             3,
@@ -524,6 +533,7 @@ fn ops(qp: &Qp<'_>, cq: &Cq<'_>, buf: &mut [u8], base: u64, lkey: u32, a: &[&str
             &sge(0, 20000),
         )?;
         expect_wc(cq, 3, WcOpcode::RdmaWrite)?;
+        dma_settled(buf);
         // READ of the peer's first 30000 bytes, over two SGEs.
         let s = [
             Sge {
@@ -546,6 +556,7 @@ fn ops(qp: &Qp<'_>, cq: &Cq<'_>, buf: &mut [u8], base: u64, lkey: u32, a: &[&str
             &s,
         )?;
         let w = expect_wc(cq, 4, WcOpcode::RdmaRead)?;
+        dma_settled(buf);
         if w.byte_len != 30000 {
             return Err(format!("READ byte_len {}", w.byte_len));
         }
@@ -567,6 +578,7 @@ fn ops(qp: &Qp<'_>, cq: &Cq<'_>, buf: &mut [u8], base: u64, lkey: u32, a: &[&str
             &sge(0x60000, 8),
         )?;
         expect_wc(cq, 5, WcOpcode::FetchAdd)?;
+        dma_settled(buf);
         let swap = SendOp::CompareSwap {
             remote_addr: raddr + 0x20000,
             rkey,
@@ -575,6 +587,7 @@ fn ops(qp: &Qp<'_>, cq: &Cq<'_>, buf: &mut [u8], base: u64, lkey: u32, a: &[&str
         };
         post(6, swap, &sge(0x60008, 8))?;
         expect_wc(cq, 6, WcOpcode::CompSwap)?;
+        dma_settled(buf);
         // A compare that fails leaves the value and returns it.
         let miss = SendOp::CompareSwap {
             remote_addr: raddr + 0x20000,
@@ -584,6 +597,7 @@ fn ops(qp: &Qp<'_>, cq: &Cq<'_>, buf: &mut [u8], base: u64, lkey: u32, a: &[&str
         };
         post(7, miss, &sge(0x60010, 8))?;
         expect_wc(cq, 7, WcOpcode::CompSwap)?;
+        dma_settled(buf);
         let got = |o: usize| u64::from_ne_bytes(buf[o..o + 8].try_into().expect("8"));
         let atomics = (got(0x60000), got(0x60008), got(0x60010));
         if atomics != (40, 42, 7) {
@@ -720,6 +734,7 @@ fn stream_recv(
     let mut last_progress = Instant::now();
     while got < n {
         let wcs = cq.poll(32).or_fail("poll_cq");
+        dma_settled(buf);
         if wcs.is_empty() {
             if last_progress.elapsed() > Duration::from_secs(60) {
                 say(&format!("ERR stalled received={got}"));
