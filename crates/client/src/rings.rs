@@ -86,9 +86,21 @@ pub(crate) fn map_cq(ctx: &Context, handle: u32) -> Option<Mutex<Consumer>> {
 /// Pushes one entry (padded to the ring's entry size) and rings the doorbell if the daemon
 /// asked to be woken.
 pub(crate) fn push(ctx: &Context, p: &mut Producer, op: &'static str, bytes: &[u8]) -> Result<()> {
-    let mut entry = vec![0u8; p.layout().entry_size()];
-    entry[..bytes.len()].copy_from_slice(bytes);
-    match p.push(&entry) {
+    let size = p.layout().entry_size();
+    // Posting is the hot path: pad on the stack, and only when the struct is not already a
+    // whole number of 8-byte words.
+    let mut pad = [0u8; 1024];
+    let pushed = if bytes.len() == size {
+        p.push(bytes)
+    } else if size <= pad.len() {
+        pad[..bytes.len()].copy_from_slice(bytes);
+        p.push(&pad[..size])
+    } else {
+        let mut entry = vec![0u8; size];
+        entry[..bytes.len()].copy_from_slice(bytes);
+        p.push(&entry)
+    };
+    match pushed {
         Ok(wake) => {
             if wake {
                 if let Some(d) = &ctx.doorbell {

@@ -89,6 +89,8 @@ pub struct DataPath {
     srq_rings: HashMap<(CtxId, Handle), (usize, Consumer)>,
     /// SRQs whose ring held an entry the engine refused: the owner gets IBV_EVENT_SRQ_ERR.
     srq_faults: Vec<(CtxId, Handle)>,
+    /// Scratch entries for [`pump_rings`](Self::pump_rings) (send WQE, receive WQE).
+    ring_scratch: (Vec<u8>, Vec<u8>),
     doorbells: HashMap<CtxId, OwnedFd>,
     new_doorbells: Vec<(CtxId, OwnedFd)>,
     epoch: Instant,
@@ -149,6 +151,7 @@ impl DataPath {
             cq_rings: HashMap::new(),
             srq_rings: HashMap::new(),
             srq_faults: Vec::new(),
+            ring_scratch: (Vec::new(), Vec::new()),
             doorbells: HashMap::new(),
             new_doorbells: Vec::new(),
             epoch: Instant::now(),
@@ -962,8 +965,10 @@ impl DataPath {
     /// refuses completes with an error instead of a return code (the client already
     /// returned from its post).
     fn pump_rings(&mut self, core: &Core) -> Vec<Output> {
-        let mut sbuf = vec![0u8; entry_size::<SendWrWire>() as usize];
-        let mut rbuf = vec![0u8; entry_size::<PostRecvReq>() as usize];
+        // Scratch entries kept across calls: this runs in every round of every `drive`.
+        let (mut sbuf, mut rbuf) = std::mem::take(&mut self.ring_scratch);
+        sbuf.resize(entry_size::<SendWrWire>() as usize, 0);
+        rbuf.resize(entry_size::<PostRecvReq>() as usize, 0);
         let mut failed = Vec::new();
         let mut errors: Vec<(Option<CqId>, WorkCompletion)> = Vec::new();
         for (&qpn, r) in self.qp_rings.iter_mut() {
@@ -1047,6 +1052,7 @@ impl DataPath {
             self.srq_rings.remove(&key);
             self.srq_faults.push(key);
         }
+        self.ring_scratch = (sbuf, rbuf);
         errors
             .into_iter()
             .filter_map(|(cq, wc)| cq.map(|cq| Output::Completion { cq, wc }))
