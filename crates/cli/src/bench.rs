@@ -184,6 +184,9 @@ pub struct PerfArgs {
     /// Bandwidth: requests kept outstanding.
     #[arg(long, default_value_t = 32)]
     pub window: usize,
+    /// Bandwidth: one signaled request in N (perftest's --cq-mod; the last is always signaled).
+    #[arg(long, default_value_t = 1)]
+    pub cq_mod: usize,
     /// Run server and client on two daemons (fresh sockets, UDP 4791 on two loopback
     /// addresses) instead of two contexts on one daemon.
     #[arg(long)]
@@ -487,6 +490,8 @@ pub fn perf(socket: &Path, mode: Mode, a: &PerfArgs) -> Result<(), String> {
                 &max_size.to_string(),
                 "--window",
                 &a.window.to_string(),
+                "--cq-mod",
+                &a.cq_mod.to_string(),
                 "--memory",
                 &name(a.memory),
             ])

@@ -18,7 +18,11 @@ use crate::memory::Memory;
 use crate::time::{ack_timeout, Instant};
 use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 
-/// Packets between ACK requests inside a long message (plus every LAST/ONLY packet).
+/// PSN stride between ACK requests in a stream of packets nobody waits for.
+///
+/// IBA 9.7.5.1.2 lets a requester ask for acknowledgement (BTH AckReq) only where it needs
+/// one and lets the responder coalesce: every 16th PSN keeps the 128-packet window moving,
+/// and the end of a signaled request or of the queued work asks at once (see `wants_ack`).
 const ACK_EVERY: u32 = 16;
 
 /// Requester progress of one QP.
@@ -67,6 +71,19 @@ pub(crate) fn transport_of(t: QpType) -> Transport {
         QpType::Ud => Transport::Ud,
         QpType::XrcSend | QpType::XrcRecv => Transport::Xrc,
     }
+}
+
+/// Whether the packet at `psn`, of the request at send-queue index `idx`, asks for an ACK.
+///
+/// Someone waits for the acknowledgement of the last packet of a READ or atomic (its
+/// response), of a signaled request (its completion), and of the last queued request (nothing
+/// later would carry the request, so only the retry timer would). Unsignaled requests in the
+/// middle of a burst free their send-queue slots at the next acknowledged PSN instead, which
+/// halves the packets of a stream of small unsignaled messages on UDP.
+fn wants_ack(qp: &Qp, idx: usize, last: bool, psn: u32) -> bool {
+    let w = &qp.sq[idx];
+    (psn % ACK_EVERY == ACK_EVERY - 1)
+        || (last && (w.wr.op.is_read_or_atomic() || qp.signaled(&w.wr) || idx + 1 == qp.sq.len()))
 }
 
 /// PSNs a message occupies: its request packets, or for a READ its response packets.
@@ -225,7 +242,7 @@ pub(crate) fn next_packet<M: Memory>(
         fecn: false,
         becn: false,
         dest_qp,
-        ack_req: qp.is_reliable() && (last || (pkt + 1) % ACK_EVERY == 0),
+        ack_req: qp.is_reliable() && wants_ack(qp, idx, last, psn),
         psn,
     });
     if transport == Transport::Xrc {

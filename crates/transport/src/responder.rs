@@ -616,7 +616,8 @@ fn execute<M: Memory>(
         return Err(Refusal::Drop);
     }
     qp.resp.epsn = psn_add(psn, 1);
-    if reliable && (pkt.headers.bth.ack_req || matches!(pos, Position::Last | Position::Only)) {
+    // IBA 9.7.5.1.2: the responder may coalesce; it answers where the requester asks.
+    if reliable && pkt.headers.bth.ack_req {
         qp.resp.queue_ack(psn);
     }
     Ok(())

@@ -131,3 +131,80 @@ fn rc_send_write_read_atomic_between_two_hosts() {
     assert_eq!(a.mem.space(ca)[0x50000..0x50008], 5u64.to_ne_bytes());
     assert_eq!(b.mem.space(cb)[0x30000..0x30008], 15u64.to_ne_bytes());
 }
+
+/// IBA 9.7.5.1.2: a burst of unsignaled requests asks for acknowledgement only every 16th PSN
+/// and at its end, and the responder answers only where asked; every request still lands and
+/// the one signaled request at the end completes. Before this, every message cost an ACK.
+#[test]
+fn an_unsignaled_burst_is_acknowledged_in_coalesced_acks() {
+    use softverbs_wire::datagram::parse_roce_v2;
+    use softverbs_wire::opcode::Operation;
+    let mut a = Host::new("10.0.0.1".parse().unwrap(), Mtu::M1024);
+    let mut b = Host::new("10.0.0.2".parse().unwrap(), Mtu::M1024);
+    let ca = a.context(1, 1 << 20);
+    let cb = b.context(2, 1 << 20);
+    let pa = a.pd(ca);
+    let pb = b.pd(cb);
+    let ka = a.mr(pa, 0, 1 << 20, Access::LOCAL_WRITE);
+    let kb = b.mr(pb, 0, 1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let cqa = a.cq(ca);
+    let cqb = b.cq(cb);
+    let qa = a.qp(QpType::Rc, pa, cqa, None);
+    let qb = b.qp(QpType::Rc, pb, cqb, None);
+    let (ga, gb) = (a.gid, b.gid);
+    a.connect(qa, gb, qb, ConnParams::default());
+    b.connect(qb, ga, qa, ConnParams::default());
+    const N: u64 = 64;
+    for i in 0..N {
+        a.mem.space_mut(ca)[i as usize * 8..][..8].copy_from_slice(&(i + 100).to_le_bytes());
+        let mut w = SendWr::new(
+            i,
+            SendOp::Write {
+                remote_addr: 0x8000 + i * 8,
+                rkey: kb,
+            },
+            Payload::Sges(vec![Sge {
+                addr: i * 8,
+                length: 8,
+                lkey: ka,
+            }]),
+        );
+        w.signaled = i == N - 1;
+        a.engine.post_send(qa, w).unwrap();
+    }
+    let mut net = Network::new(vec![a, b], Faults::NONE, 5);
+    net.capture = Some(Vec::new());
+    assert!(net.run_until(std::time::Duration::from_secs(1), |n| {
+        n.hosts[0].completions.len() == 1
+    }));
+    let wcs = net.hosts[0].take_completions(cqa);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (N - 1, WcStatus::Success));
+    for i in 0..N as usize {
+        assert_eq!(
+            net.hosts[1].mem.space(cb)[0x8000 + i * 8..][..8],
+            (i as u64 + 100).to_le_bytes()
+        );
+    }
+    let (mut requests, mut asking, mut acks) = (0, 0, 0);
+    for (_, d) in net.capture.take().unwrap() {
+        let p = parse_roce_v2(&d).expect("a valid RoCE v2 datagram");
+        match p.packet.info.operation {
+            Operation::Acknowledge => acks += 1,
+            _ => {
+                requests += 1;
+                asking += u32::from(p.packet.headers.bth.ack_req);
+            }
+        }
+    }
+    assert_eq!(requests, N);
+    // Every 16th PSN plus the end of the burst (which may coincide with a 16th).
+    assert!(
+        (4..=5).contains(&asking),
+        "{asking} of {N} unsignaled writes asked for an ACK"
+    );
+    // The responder answers only where asked (and may coalesce what it has not sent yet).
+    assert!(
+        (1..=asking).contains(&acks),
+        "{acks} ACKs for {asking} requests"
+    );
+}

@@ -54,6 +54,8 @@ pub struct PeerArgs {
     pub max_size: usize,
     #[arg(long)]
     pub window: usize,
+    #[arg(long, default_value_t = 1)]
+    pub cq_mod: usize,
     #[arg(long, value_enum)]
     pub memory: super::Memory,
 }
@@ -598,26 +600,29 @@ impl Endpoint<'_> {
             }
             Mode::Bw => {
                 let window = self.a.window;
-                let (mut posted, mut done, mut outstanding) = (0usize, 0usize, 0usize);
-                let mut t0 = Instant::now();
+                // perftest's --cq-mod: one signaled request per `cq_mod` (and the last one);
+                // a completion retires every request up to it (IBA 10.8.3: in order).
+                let cq_mod = self.a.cq_mod.clamp(1, window);
+                let (mut posted, mut done) = (0usize, 0usize);
+                let (mut t0, mut from) = (Instant::now(), 0usize);
                 while done < total {
-                    while outstanding < window && posted < total {
-                        self.post(posted as u64, size, true)?;
+                    while posted - done < window && posted < total {
+                        let signaled = (posted + 1) % cq_mod == 0 || posted + 1 == total;
+                        self.post(posted as u64, size, signaled)?;
                         posted += 1;
-                        outstanding += 1;
                     }
                     let wc = self.next_wc()?;
                     if wc.opcode == WcOpcode::Recv {
                         return Err("unexpected receive on the client".into());
                     }
-                    done += 1;
-                    outstanding -= 1;
-                    if done == warm {
-                        t0 = Instant::now();
+                    let before = done;
+                    done = wc.wr_id as usize + 1;
+                    if before < warm && done >= warm {
+                        (t0, from) = (Instant::now(), done);
                     }
                 }
                 let secs = t0.elapsed().as_secs_f64();
-                let msg_s = iters as f64 / secs;
+                let msg_s = (total - from) as f64 / secs;
                 Ok(json!({
                     "mb_s": msg_s * size as f64 / 1e6,
                     "msg_s": msg_s,
