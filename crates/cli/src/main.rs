@@ -5,6 +5,7 @@ mod actor;
 mod bench;
 mod demo;
 mod dp_actor;
+mod dropin;
 mod table;
 
 use std::path::PathBuf;
@@ -88,6 +89,20 @@ enum Command {
     Bench {
         #[command(subcommand)]
         what: BenchWhat,
+    },
+    /// Run an unmodified verbs program on softverbs: puts the drop-in libibverbs.so.1 first
+    /// on LD_LIBRARY_PATH and makes sure a daemon is up (`softverbs run -- ibv_devinfo -v`).
+    Run {
+        /// The program and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<std::ffi::OsString>,
+    },
+    /// Copy the softverbs binary, the drop-in library and the legacy XRC header into a prefix
+    /// (bin/, lib/softverbs/, include/softverbs/).
+    Install {
+        /// Where to install.
+        #[arg(long)]
+        prefix: PathBuf,
     },
     /// One side of `bench lat|bw` (used by `bench`).
     #[command(hide = true)]
@@ -334,6 +349,10 @@ fn main() -> ExitCode {
             BenchWhat::Plot { inputs, out } => bench::plot_files(inputs, out),
         }
         .map_or_else(fail, |()| ExitCode::SUCCESS),
+        Command::Run { cmd } => dropin::run(&socket, cmd),
+        Command::Install { prefix } => {
+            dropin::install(prefix).map_or_else(fail, |()| ExitCode::SUCCESS)
+        }
         Command::BenchPeer(a) => bench::peer::run(&socket, a),
         Command::DemoActor { role } => match role {
             ActorRole::Creator { file } => actor::creator(&socket, file),

@@ -301,17 +301,28 @@ fn post_recv(
 impl Cq<'_> {
     /// `ibv_poll_cq`: up to `max` completions (at most 32 per call), oldest first.
     pub fn poll(&self, max: usize) -> Result<Vec<WorkCompletion>> {
+        let mut out = Vec::new();
+        self.poll_with(max, |wc| out.push(*wc))?;
+        Ok(out)
+    }
+
+    /// `ibv_poll_cq` without allocating: hands up to `max` completions, oldest first, to `f`
+    /// and returns how many (the C drop-in writes them straight into the caller's array).
+    pub fn poll_with(&self, max: usize, mut f: impl FnMut(&WorkCompletion)) -> Result<usize> {
         if let Some(ring) = &self.ring {
             let mut c = ring.lock().unwrap_or_else(|e| e.into_inner());
-            let mut out = Vec::new();
-            while out.len() < max {
+            let mut n = 0;
+            while n < max {
                 match c.pop_value::<WcWire>() {
-                    Ok(Some(w)) => out.push(wc_from_wire(&w)),
+                    Ok(Some(w)) => {
+                        f(&wc_from_wire(&w));
+                        n += 1;
+                    }
                     Ok(None) => break,
                     Err(_) => return Err(Error::new("poll_cq", errno::EIO)),
                 }
             }
-            return Ok(out);
+            return Ok(n);
         }
         let req = PollCqReq {
             cq: U32::new(self.handle),
@@ -322,7 +333,8 @@ impl Cq<'_> {
             .conn
             .call("poll_cq", Cmd::PollCq, 0, req.as_bytes())?;
         let n = (r.count.get() as usize).min(MAX_WIRE_WC);
-        Ok(r.wc[..n].iter().map(wc_from_wire).collect())
+        r.wc[..n].iter().for_each(|w| f(&wc_from_wire(w)));
+        Ok(n)
     }
 
     /// Polls until `n` completions arrived or `timeout` passed; returns what arrived.

@@ -15,9 +15,9 @@ pub const DEVICE_SRQ_RESIZE: u64 = 1 << 13;
 /// `IBV_DEVICE_N_NOTIFY_CQ`.
 pub const DEVICE_N_NOTIFY_CQ: u64 = 1 << 14;
 /// `IBV_DEVICE_PORT_ACTIVE_EVENT`.
-pub const DEVICE_PORT_ACTIVE_EVENT: u64 = 1 << 5;
+pub const DEVICE_PORT_ACTIVE_EVENT: u64 = 1 << 10;
 /// `IBV_DEVICE_SYS_IMAGE_GUID`.
-pub const DEVICE_SYS_IMAGE_GUID: u64 = 1 << 10;
+pub const DEVICE_SYS_IMAGE_GUID: u64 = 1 << 11;
 
 /// A 128-bit GID (IBA 4.1.1). For RoCE v2 it is an IPv6 address, or an IPv4 address mapped
 /// into IPv6 (`::ffff:a.b.c.d`).
@@ -158,7 +158,7 @@ impl DeviceAttr {
             sys_image_guid: node_guid,
             max_mr_size: u64::MAX,
             page_size_cap: 0xffff_f000,
-            vendor_id: 0,
+            vendor_id: 0xff_ffff,
             vendor_part_id: 0,
             hw_ver: 0,
             max_qp: 1 << 18,

@@ -1,0 +1,157 @@
+//! `softverbs run -- CMD` and `softverbs install --prefix DIR`: how unmodified verbs programs
+//! meet the drop-in `libibverbs.so.1` (crates/libibverbs).
+//!
+//! `run` puts a directory holding `libibverbs.so.1` first on `LD_LIBRARY_PATH` (no bookworm
+//! binary has an RPATH, so the loader takes ours before rdma-core's), makes sure a daemon
+//! answers at the socket, tells the library where it is (`SOFTVERBS_SOCKET`) and which binary
+//! may start another one (`SOFTVERBS_DAEMON_BIN`), then replaces itself with the program.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use softverbs::Introspect;
+
+/// The legacy XRC header users compile against.
+const XRC_LEGACY_H: &str = include_str!("../../libibverbs/include/softverbs/xrc_legacy.h");
+
+/// Where the drop-in library is, next to this executable: the cargo target directory
+/// (`libibverbs.so`, or `deps/` when only the CLI was built) or an installed prefix
+/// (`../lib/softverbs/libibverbs.so.1`). `$SOFTVERBS_LIBIBVERBS` names it explicitly.
+pub fn find_library() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("SOFTVERBS_LIBIBVERBS") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "SOFTVERBS_LIBIBVERBS={}: no such file",
+                p.display()
+            ))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    let candidates = [
+        dir.join("../lib/softverbs/libibverbs.so.1"),
+        dir.join("libibverbs.so"),
+        dir.join("deps/libibverbs.so"),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
+        .ok_or_else(|| {
+            format!(
+                "the drop-in libibverbs.so.1 is not next to {} (build it with `cargo build --release -p softverbs-libibverbs`, or set SOFTVERBS_LIBIBVERBS)",
+                exe.display()
+            )
+        })
+}
+
+/// A directory whose `libibverbs.so.1` is `lib`: the library's own directory when it already
+/// has that name, else a per-user directory with a symlink (replaced atomically).
+fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
+    if lib.file_name().is_some_and(|n| n == "libibverbs.so.1") {
+        return Ok(lib.parent().unwrap_or(Path::new(".")).to_path_buf());
+    }
+    let base = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("softverbs-{}", rustix::process::getuid().as_raw()))
+        });
+    let dir = base.join("softverbs").join("lib");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let link = dir.join("libibverbs.so.1");
+    if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
+        return Ok(dir);
+    }
+    let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(lib, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &link).map_err(|e| format!("{}: {e}", link.display()))?;
+    Ok(dir)
+}
+
+/// `softverbs run -- CMD ARGS…`: returns only if the program could not be started.
+pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
+    let fail = |e: String| {
+        eprintln!("softverbs run: {e}");
+        ExitCode::from(127)
+    };
+    let Some((prog, args)) = cmd.split_first() else {
+        return fail("nothing to run (softverbs run -- PROGRAM [ARGS...])".into());
+    };
+    let lib = match find_library() {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let dir = match loader_dir(&lib) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("softverbs"));
+    // Start the daemon now (the client library's autostart), so its start-up is not charged
+    // to the program's first verbs call and a failure is reported here, clearly.
+    if let Err(e) = Introspect::connect_at(socket) {
+        return fail(format!("no daemon at {}: {e}", socket.display()));
+    }
+    let mut path = OsString::from(dir.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let err = Command::new(prog)
+        .args(args)
+        .env("LD_LIBRARY_PATH", path)
+        .env("SOFTVERBS_SOCKET", socket)
+        .env("SOFTVERBS_DAEMON_BIN", &exe)
+        .exec();
+    fail(format!("{}: {err}", prog.to_string_lossy()))
+}
+
+/// `softverbs install --prefix DIR`: bin/softverbs, lib/softverbs/libibverbs.so.1 and
+/// include/softverbs/xrc_legacy.h.
+pub fn install(prefix: &Path) -> Result<(), String> {
+    let lib = find_library()?;
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let put = |from: Option<&Path>, text: Option<&str>, to: PathBuf, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(d) = to.parent() {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        // Write beside and rename, so a running program never sees a half-written file.
+        let tmp = to.with_extension("softverbs-new");
+        match (from, text) {
+            (Some(f), _) => std::fs::copy(f, &tmp).map(|_| ()),
+            (None, Some(t)) => std::fs::write(&tmp, t),
+            (None, None) => Ok(()),
+        }
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &to).map_err(|e| format!("{}: {e}", to.display()))?;
+        println!("installed {}", to.display());
+        Ok::<(), String>(())
+    };
+    put(Some(&exe), None, prefix.join("bin/softverbs"), 0o755)?;
+    put(
+        Some(&lib),
+        None,
+        prefix.join("lib/softverbs/libibverbs.so.1"),
+        0o755,
+    )?;
+    put(
+        None,
+        Some(XRC_LEGACY_H),
+        prefix.join("include/softverbs/xrc_legacy.h"),
+        0o644,
+    )?;
+    println!(
+        "run programs with `{} run -- PROGRAM`, or LD_LIBRARY_PATH={}",
+        prefix.join("bin/softverbs").display(),
+        prefix.join("lib/softverbs").display()
+    );
+    Ok(())
+}

@@ -1,0 +1,393 @@
+//! Protection domains, memory regions and address handles: `ibv_alloc_pd(3)`,
+//! `ibv_reg_mr(3)`, `ibv_create_ah(3)`, `ibv_create_ah_from_wc(3)`.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::atomic::AtomicU32;
+
+use softverbs::{Access, AhAttr, Gid};
+
+use crate::ffi::*;
+use crate::objects::*;
+use crate::util::*;
+
+unsafe extern "C" fn alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
+    let Some(o) = ctx_obj(c) else {
+        return null_with(EINVAL);
+    };
+    match o.inner.alloc_pd() {
+        Ok(pd) => {
+            hold(&o.users);
+            into_c(PdObj {
+                base: ibv_pd {
+                    context: c,
+                    handle: pd.handle(),
+                },
+                magic: LIVE,
+                ctx: o,
+                pd: Some(pd),
+                users: AtomicU32::new(0),
+            }) as *mut ibv_pd
+        }
+        Err(e) => null_with(errno_of(&e)),
+    }
+}
+export!(default "ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
+
+unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    // SAFETY: NULL or a PD of ours.
+    let Some(o) = (unsafe { obj::<PdObj>(pd) }) else {
+        return EINVAL;
+    };
+    if busy(&o.users) {
+        return EBUSY;
+    }
+    let Some(inner) = o.pd.take() else {
+        return EINVAL;
+    };
+    o.magic = DEAD;
+    release(&o.ctx.users);
+    match inner.dealloc() {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+export!(default "ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
+
+/// `IBV_ACCESS_OPTIONAL_RANGE`: hints a device may ignore (ibv_reg_mr(3)); softverbs does.
+const ACCESS_OPTIONAL_RANGE: c_uint = 0x3ff0_0000;
+
+fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
+    // SAFETY: NULL or a PD of ours.
+    let Some(o) = (unsafe { obj::<PdObj>(pd) }) else {
+        return null_with(EINVAL);
+    };
+    let Some(p) = o.pd() else {
+        return null_with(EINVAL);
+    };
+    let access = Access(access & !ACCESS_OPTIONAL_RANGE);
+    let mr = match p.reg_mr_iova(addr as u64, len as u64, iova, access) {
+        Ok(m) => m,
+        Err(e) => return null_with(errno_of(&e)),
+    };
+    hold(&o.users);
+    let (lkey, rkey, handle) = (mr.lkey(), mr.rkey(), mr.handle());
+    // SAFETY: PdObj shells are never freed; the MR holds a use of the PD until dereg.
+    let pd_ref: &'static PdObj = unsafe { &*(o as *const PdObj) };
+    into_c(MrObj {
+        base: ibv_mr {
+            context: o.base.context,
+            pd,
+            addr,
+            length: len,
+            handle,
+            lkey,
+            rkey,
+        },
+        magic: LIVE,
+        pd: pd_ref,
+        mr: Some(mr),
+    }) as *mut ibv_mr
+}
+
+unsafe extern "C" fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    reg(pd, addr, len, addr as u64, access as c_uint)
+}
+export!(default "ibv_reg_mr", "IBVERBS_1.1", reg_mr);
+
+unsafe extern "C" fn reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    reg(pd, addr, len, iova, access as c_uint)
+}
+export!(default "ibv_reg_mr_iova", "IBVERBS_1.7", reg_mr_iova);
+
+unsafe extern "C" fn reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    reg(pd, addr, len, iova, access)
+}
+export!(default "ibv_reg_mr_iova2", "IBVERBS_1.8", reg_mr_iova2);
+
+unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
+    // SAFETY: NULL or an MR of ours.
+    let Some(o) = (unsafe { obj::<MrObj>(mr) }) else {
+        return EINVAL;
+    };
+    let Some(inner) = o.mr.take() else {
+        return EINVAL;
+    };
+    o.magic = DEAD;
+    let r = inner.dereg();
+    release(&o.pd.users);
+    match r {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+export!(default "ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
+
+/// `ibv_rereg_mr(3)`: `IBV_REREG_MR_CHANGE_TRANSLATION | _PD | _ACCESS`.
+const REREG_MR_CHANGE_TRANSLATION: c_int = 1;
+const REREG_MR_CHANGE_PD: c_int = 2;
+const REREG_MR_CHANGE_ACCESS: c_int = 4;
+/// `IBV_REREG_MR_ERR_INPUT`: the MR is untouched.
+const REREG_MR_ERR_INPUT: c_int = -1;
+/// `IBV_REREG_MR_ERR_CMD`: the MR may be gone (here: it is, and `mr` is dead).
+const REREG_MR_ERR_CMD: c_int = -3;
+
+/// Re-registration as deregister + register of the same `ibv_mr` (a new lkey/rkey, as a
+/// kernel rereg may also give).
+unsafe extern "C" fn rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> c_int {
+    // SAFETY: NULL or an MR of ours.
+    let Some(o) = (unsafe { obj::<MrObj>(mr) }) else {
+        set_errno(EINVAL);
+        return REREG_MR_ERR_INPUT;
+    };
+    let all = REREG_MR_CHANGE_TRANSLATION | REREG_MR_CHANGE_PD | REREG_MR_CHANGE_ACCESS;
+    if flags == 0 || flags & !all != 0 {
+        set_errno(EINVAL);
+        return REREG_MR_ERR_INPUT;
+    }
+    let new_pd = if flags & REREG_MR_CHANGE_PD != 0 {
+        pd
+    } else {
+        o.base.pd
+    };
+    // SAFETY: NULL or a PD of ours.
+    let Some(target) = (unsafe { obj::<PdObj>(new_pd) }) else {
+        set_errno(EINVAL);
+        return REREG_MR_ERR_INPUT;
+    };
+    let Some(p) = target.pd() else {
+        set_errno(EINVAL);
+        return REREG_MR_ERR_INPUT;
+    };
+    let (a, l) = if flags & REREG_MR_CHANGE_TRANSLATION != 0 {
+        (addr, len)
+    } else {
+        (o.base.addr, o.base.length)
+    };
+    let acc = if flags & REREG_MR_CHANGE_ACCESS != 0 {
+        Access(access as c_uint & !ACCESS_OPTIONAL_RANGE)
+    } else {
+        // The old access is not kept in ibv_mr; keep what the daemon granted before by
+        // re-reading it is not possible, so rdma-core's callers pass it (pyverbs does).
+        Access(access as c_uint & !ACCESS_OPTIONAL_RANGE)
+    };
+    let mr_new = match p.reg_mr(a as u64, l as u64, acc) {
+        Ok(m) => m,
+        Err(e) => {
+            set_errno(errno_of(&e));
+            return REREG_MR_ERR_INPUT;
+        }
+    };
+    if let Some(old) = o.mr.take() {
+        if let Err(e) = old.dereg() {
+            set_errno(errno_of(&e));
+            o.magic = DEAD;
+            return REREG_MR_ERR_CMD;
+        }
+    }
+    release(&o.pd.users);
+    hold(&target.users);
+    // SAFETY: PdObj shells are never freed.
+    o.pd = unsafe { &*(target as *const PdObj) };
+    o.base.pd = new_pd;
+    o.base.addr = a;
+    o.base.length = l;
+    o.base.lkey = mr_new.lkey();
+    o.base.rkey = mr_new.rkey();
+    o.base.handle = mr_new.handle();
+    o.mr = Some(mr_new);
+    0
+}
+export!(default "ibv_rereg_mr", "IBVERBS_1.1", rereg_mr);
+
+// ---- address handles -------------------------------------------------------------------------
+
+pub fn ah_attr_from_c(a: &ibv_ah_attr) -> AhAttr {
+    AhAttr {
+        dgid: Gid(a.grh.dgid.raw),
+        flow_label: a.grh.flow_label,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: a.is_global != 0,
+        port_num: a.port_num,
+    }
+}
+
+pub fn ah_attr_to_c(a: &AhAttr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: a.dgid.0 },
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.is_global),
+        port_num: a.port_num,
+    }
+}
+
+unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    // SAFETY: NULL or a PD of ours.
+    let Some(o) = (unsafe { obj::<PdObj>(pd) }) else {
+        return null_with(EINVAL);
+    };
+    let Some(p) = o.pd() else {
+        return null_with(EINVAL);
+    };
+    if attr.is_null() {
+        return null_with(EINVAL);
+    }
+    // SAFETY: the caller's attr is readable.
+    let a = ah_attr_from_c(unsafe { &*attr });
+    match p.create_ah(&a) {
+        Ok(ah) => {
+            hold(&o.users);
+            let handle = ah.handle();
+            // SAFETY: PdObj shells are never freed.
+            let pd_ref: &'static PdObj = unsafe { &*(o as *const PdObj) };
+            into_c(AhObj {
+                base: ibv_ah {
+                    context: o.base.context,
+                    pd,
+                    handle,
+                },
+                magic: LIVE,
+                pd: pd_ref,
+                ah: Some(ah),
+            }) as *mut ibv_ah
+        }
+        Err(e) => null_with(errno_of(&e)),
+    }
+}
+export!(default "ibv_create_ah", "IBVERBS_1.1", create_ah);
+
+unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
+    // SAFETY: NULL or an AH of ours.
+    let Some(o) = (unsafe { obj::<AhObj>(ah) }) else {
+        return EINVAL;
+    };
+    let Some(inner) = o.ah.take() else {
+        return EINVAL;
+    };
+    o.magic = DEAD;
+    let r = inner.destroy();
+    release(&o.pd.users);
+    match r {
+        Ok(()) => 0,
+        Err(e) => errno_of(&e),
+    }
+}
+export!(default "ibv_destroy_ah", "IBVERBS_1.1", destroy_ah);
+
+/// The 40-byte GRH a UD receive buffer starts with (IBA 8.3): on RoCE v2 the source GID of the
+/// sender is at byte 8 and the destination GID (ours) at byte 24.
+const GRH_LEN: usize = 40;
+
+/// `ibv_init_ah_from_wc(3)`: the reply path to the sender of a received UD message.
+unsafe extern "C" fn init_ah_from_wc(
+    c: *mut ibv_context,
+    port: u8,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    attr: *mut ibv_ah_attr,
+) -> c_int {
+    let Some(o) = ctx_obj(c) else {
+        return minus_one(EINVAL);
+    };
+    if wc.is_null() || attr.is_null() {
+        return minus_one(EINVAL);
+    }
+    // SAFETY: the caller's wc is readable.
+    let flags = unsafe { (*wc).wc_flags };
+    if flags & softverbs::WC_GRH == 0 || grh.is_null() {
+        // RoCE needs the GRH to find the way back.
+        return minus_one(EINVAL);
+    }
+    // SAFETY: `grh` points to the 40 bytes the receive buffer starts with.
+    let g = unsafe { std::slice::from_raw_parts(grh, GRH_LEN) };
+    let word0 = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
+    let mut sgid = [0u8; 16];
+    sgid.copy_from_slice(&g[8..24]);
+    let mut dgid = [0u8; 16];
+    dgid.copy_from_slice(&g[24..40]);
+    // Our GID the message was sent to becomes the source GID index of the reply.
+    let len = o.inner.query_port(port).map_or(0, |p| p.gid_tbl_len);
+    let Some(index) = (0..len).find(|&i| o.inner.query_gid(port, i).is_ok_and(|x| x.0 == dgid))
+    else {
+        return minus_one(ENOENT);
+    };
+    let a = ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: sgid },
+            flow_label: word0 & 0xf_ffff,
+            sgid_index: index as u8,
+            hop_limit: 0xff,
+            traffic_class: ((word0 >> 20) & 0xff) as u8,
+        },
+        dlid: 0,
+        sl: 0,
+        src_path_bits: 0,
+        static_rate: 0,
+        is_global: 1,
+        port_num: port,
+    };
+    // SAFETY: the caller's attr is writable.
+    unsafe { attr.write(a) };
+    0
+}
+export!(default "ibv_init_ah_from_wc", "IBVERBS_1.1", init_ah_from_wc);
+
+const ENOENT: c_int = libc::ENOENT;
+
+unsafe extern "C" fn create_ah_from_wc(
+    pd: *mut ibv_pd,
+    wc: *mut ibv_wc,
+    grh: *mut u8,
+    port: u8,
+) -> *mut ibv_ah {
+    // SAFETY: NULL or a PD of ours.
+    let Some(o) = (unsafe { obj::<PdObj>(pd) }) else {
+        return null_with(EINVAL);
+    };
+    let mut a = ibv_ah_attr::default();
+    // SAFETY: forwarding the caller's pointers with the same contract.
+    if unsafe { init_ah_from_wc(o.base.context, port, wc, grh, &mut a) } != 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: as above.
+    unsafe { create_ah(pd, &mut a) }
+}
+export!(default "ibv_create_ah_from_wc", "IBVERBS_1.1", create_ah_from_wc);
