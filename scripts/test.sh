@@ -5,7 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages the tests use. Installed only when missing (and only as root, as on CI).
-packages=(procps util-linux tshark)
+# tshark decodes captures; ibverbs-utils, perftest and python3-pyverbs (+ rdma-core for the
+# test suite it ships in /usr/share/doc/rdma-core/tests) are the unmodified programs the
+# drop-in libibverbs.so.1 must run; libibverbs-dev, gcc and binutils build the C examples and
+# check the layout and symbol table.
+packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
+  libibverbs-dev gcc binutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -614,6 +614,11 @@ wire! {
     pub struct InjectEventReq {
         pub qpn: U32,
         pub event_type: U32,
+        /// Port events (`PORT_ACTIVE`, `PORT_ERR`, ...): the port, numbered from 1 (ABI 3+;
+        /// an older client's shorter request reads 0, which no port has).
+        pub port: U32,
+        /// Port events: the device index.
+        pub device: U32,
     }
 
     /// How many contexts received the injected event.

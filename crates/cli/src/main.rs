@@ -69,13 +69,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Raise an async event on a QP, as the NIC would (fault injection; the daemon's uid or root).
+    /// Raise an async event on a QP or a port, as the NIC would (fault injection; the
+    /// daemon's uid or root).
     InjectEvent {
-        /// The QP number.
-        #[arg(long, value_parser = parse_u32)]
-        qpn: u32,
-        /// The event: path-mig, path-mig-err, comm-est, qp-fatal, qp-req-err, qp-access-err,
-        /// sq-drained or last-wqe-reached.
+        /// The QP number (QP events).
+        #[arg(long, value_parser = parse_u32, required_unless_present = "port", conflicts_with = "port")]
+        qpn: Option<u32>,
+        /// The port, numbered from 1 (port events: every context of the device hears it).
+        #[arg(long)]
+        port: Option<u8>,
+        /// The device index (port events).
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+        /// QP events: path-mig, path-mig-err, comm-est, qp-fatal, qp-req-err, qp-access-err,
+        /// sq-drained, last-wqe-reached. Port events: port-active, port-err, lid-change,
+        /// pkey-change, sm-change, client-reregister, gid-change.
         #[arg(long)]
         event: String,
     },
@@ -155,6 +163,13 @@ fn event_by_name(name: &str) -> Option<EventType> {
         "qp-access-err" => EventType::QpAccessErr,
         "sq-drained" => EventType::SqDrained,
         "last-wqe-reached" => EventType::QpLastWqeReached,
+        "port-active" => EventType::PortActive,
+        "port-err" => EventType::PortErr,
+        "lid-change" => EventType::LidChange,
+        "pkey-change" => EventType::PkeyChange,
+        "sm-change" => EventType::SmChange,
+        "client-reregister" => EventType::ClientReregister,
+        "gid-change" => EventType::GidChange,
         _ => return None,
     })
 }
@@ -319,13 +334,30 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             }
         }
-        Command::InjectEvent { qpn, event } => {
+        Command::InjectEvent {
+            qpn,
+            port,
+            device,
+            event,
+        } => {
             let Some(t) = event_by_name(event) else {
                 return fail(format!("unknown event {event:?}"));
             };
-            match Context::open_at(&socket, 0).and_then(|c| c.inject_event(*qpn, t)) {
+            let (what, r) = match (qpn, port) {
+                (Some(q), _) => (
+                    format!("QP {q:#08x}"),
+                    Context::open_at(&socket, 0).and_then(|c| c.inject_event(*q, t)),
+                ),
+                (None, Some(p)) => (
+                    format!("port {p} of device {device}"),
+                    Context::open_at(&socket, *device)
+                        .and_then(|c| c.inject_port_event(*device, *p, t)),
+                ),
+                (None, None) => return fail("--qpn or --port"),
+            };
+            match r {
                 Ok(n) => {
-                    println!("{event} on QP {qpn:#08x}: delivered to {n} context(s)");
+                    println!("{event} on {what}: delivered to {n} context(s)");
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),

@@ -235,6 +235,24 @@ impl Context {
         let req = InjectEventReq {
             qpn: U32::new(qpn),
             event_type: U32::new(event_type as u32),
+            port: U32::new(0),
+            device: U32::new(0),
+        };
+        let r: InjectEventResp =
+            self.conn
+                .call("inject_event", Cmd::InjectEvent, 0, req.as_bytes())?;
+        Ok(r.contexts.get())
+    }
+
+    /// Administrative: raises port event `event_type` (`PortActive`, `PortErr`, ...) on port
+    /// `port` of device `device`, as a link change would: every context of the device hears
+    /// it. Returns how many contexts received it.
+    pub fn inject_port_event(&self, device: u32, port: u8, event_type: EventType) -> Result<u32> {
+        let req = InjectEventReq {
+            qpn: U32::new(0),
+            event_type: U32::new(event_type as u32),
+            port: U32::new(u32::from(port)),
+            device: U32::new(device),
         };
         let r: InjectEventResp =
             self.conn

@@ -248,6 +248,20 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// True for the port events of IBA 11.6.3 (unaffiliated; the element names the port).
+    pub fn is_port_affiliated(self) -> bool {
+        matches!(
+            self,
+            EventType::PortActive
+                | EventType::PortErr
+                | EventType::LidChange
+                | EventType::PkeyChange
+                | EventType::SmChange
+                | EventType::ClientReregister
+                | EventType::GidChange
+        )
+    }
+
     /// True for the events IBA 11.6.3 affiliates with a QP.
     pub fn is_qp_affiliated(self) -> bool {
         matches!(

@@ -283,6 +283,21 @@ impl DataPath {
         self.ctx_cqs.entry(ctx).or_default().insert(id);
     }
 
+    /// Completions of a CQ not yet polled (its PollCq queue and its ring), or `None` for an
+    /// unknown CQ.
+    pub fn cq_outstanding(&mut self, ctx: CtxId, cq: Handle) -> Option<u32> {
+        let id = cq_id(ctx, cq);
+        let queued = self.cqs.get(&id)?.queue.len() as u32;
+        let in_ring = match self.cq_rings.get_mut(&id) {
+            Some(p) => {
+                let cap = p.layout().capacity();
+                cap - p.free().unwrap_or(cap)
+            }
+            None => 0,
+        };
+        Some(queued + in_ring)
+    }
+
     /// A CQ was resized.
     pub fn cq_resized(&mut self, ctx: CtxId, cq: Handle, cqe: u32) {
         if let Some(c) = self.cqs.get_mut(&cq_id(ctx, cq)) {

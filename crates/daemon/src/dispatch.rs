@@ -380,6 +380,15 @@ impl Dispatcher {
             }
             Cmd::ResizeCq => {
                 let r: ResizeCqReq = body!();
+                // A CQ cannot shrink below the completions it still holds (rxe and mlx5
+                // answer EINVAL; rdma-core's test_resize_cq checks it).
+                if self
+                    .dp
+                    .cq_outstanding(ctx, handle_of(r.handle))
+                    .is_some_and(|n| r.cqe.get() < n)
+                {
+                    return Err(EINVAL);
+                }
                 let cqe = core
                     .resize_cq(ctx, handle_of(r.handle), r.cqe.get())
                     .map_err(core_err)?;
@@ -984,6 +993,23 @@ impl Dispatcher {
             return Err(EPERM);
         }
         let t = event_type_from(r.event_type.get()).ok_or(EINVAL)?;
+        if t.is_port_affiliated() {
+            // IBA 11.6.3: a port event goes to every context of the device, naming the port.
+            let dev = r.device.get() as usize;
+            let ports = self.core.devices().get(dev).map_or(0, |d| d.ports.len());
+            let port = r.port.get();
+            if port == 0 || port as usize > ports {
+                return Err(EINVAL);
+            }
+            let got = self
+                .core
+                .raise_device_event(dev, softverbs_core::event::EventElement::Port(port as u8), t);
+            let n = got.len() as u32;
+            woken.extend(got);
+            return ok(InjectEventResp {
+                contexts: U32::new(n),
+            });
+        }
         if !t.is_qp_affiliated() {
             return Err(EINVAL);
         }

@@ -133,9 +133,14 @@ fn make_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
+    comp_vector: u32,
     wc_flags: u64,
 ) -> *mut CqObj {
     if cqe < 1 {
+        return null_with(EINVAL);
+    }
+    // The kernel refuses a vector the device does not have (uverbs create_cq: EINVAL).
+    if comp_vector >= o.vctx.context.num_comp_vectors as u32 {
         return null_with(EINVAL);
     }
     // SAFETY: NULL or a channel of ours.
@@ -213,12 +218,12 @@ unsafe extern "C" fn create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut ibv_cq {
     let Some(o) = ctx_obj(c) else {
         return null_with(EINVAL);
     };
-    make_cq(o, c, cqe, cq_context, channel, 0) as *mut ibv_cq
+    make_cq(o, c, cqe, cq_context, channel, comp_vector as u32, 0) as *mut ibv_cq
 }
 export!(default "ibv_create_cq", "IBVERBS_1.1", create_cq);
 
@@ -242,7 +247,15 @@ pub unsafe extern "C" fn slot_create_cq_ex(
     {
         return null_with(EOPNOTSUPP);
     }
-    make_cq(o, c, a.cqe as c_int, a.cq_context, a.channel, a.wc_flags) as *mut ibv_cq_ex
+    make_cq(
+        o,
+        c,
+        a.cqe as c_int,
+        a.cq_context,
+        a.channel,
+        a.comp_vector,
+        a.wc_flags,
+    ) as *mut ibv_cq_ex
 }
 
 unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
