@@ -102,6 +102,9 @@ commands! {
     CreateAh = 23,
     /// [`HandleReq`] → empty.
     DestroyAh = 24,
+    /// [`ReregMrReq`] → [`RegMrResp`] (`ibv_rereg_mr`: the MR keeps its handle and keys).
+    /// A daemon that predates it answers `EINVAL` (unknown command).
+    ReregMr = 25,
     /// [`OpenXrcdReq`] (+ the file's fd as SCM_RIGHTS, unless private) → [`OpenXrcdResp`].
     OpenXrcd = 30,
     /// [`HandleReq`] → empty.
@@ -319,6 +322,18 @@ wire! {
 
     /// `ibv_reg_mr_iova2`.
     pub struct RegMrReq {
+        pub pd: U32,
+        pub access: U32,
+        pub addr: U64,
+        pub length: U64,
+        pub iova: U64,
+    }
+
+    /// `ibv_rereg_mr`: `flags` are [`REREG_MR_CHANGE_TRANSLATION`], [`REREG_MR_CHANGE_PD`]
+    /// and [`REREG_MR_CHANGE_ACCESS`]; the fields of a change not asked for are ignored.
+    pub struct ReregMrReq {
+        pub handle: U32,
+        pub flags: U32,
         pub pd: U32,
         pub access: U32,
         pub addr: U64,
@@ -752,6 +767,13 @@ pub const CREATE_QP_CREATE_FLAGS: u64 = 1 << 0;
 /// `comp_mask` bit of [`Cmd::CreateCq`] (ABI 3): `channel` is valid.
 pub const CREATE_CQ_CHANNEL: u64 = 1 << 0;
 
+/// [`ReregMrReq::flags`]: new `addr`, `length` and `iova` (`IBV_REREG_MR_CHANGE_TRANSLATION`).
+pub const REREG_MR_CHANGE_TRANSLATION: u32 = 1 << 0;
+/// [`ReregMrReq::flags`]: new `pd` (`IBV_REREG_MR_CHANGE_PD`).
+pub const REREG_MR_CHANGE_PD: u32 = 1 << 1;
+/// [`ReregMrReq::flags`]: new `access` (`IBV_REREG_MR_CHANGE_ACCESS`).
+pub const REREG_MR_CHANGE_ACCESS: u32 = 1 << 2;
+
 /// What an async event's `element` names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -820,6 +842,7 @@ pub fn request_size(cmd: Cmd) -> usize {
         | Cmd::QueryQp
         | Cmd::DestroyQp => size_of::<HandleReq>(),
         Cmd::RegMr => size_of::<RegMrReq>(),
+        Cmd::ReregMr => size_of::<ReregMrReq>(),
         Cmd::CreateCq => size_of::<CreateCqReq>(),
         Cmd::ResizeCq => size_of::<ResizeCqReq>(),
         Cmd::CreateSrq => size_of::<CreateSrqReq>(),

@@ -186,7 +186,11 @@ fn device_tools_list_and_describe_the_softverbs_device() {
     let d = Daemon::start("tools", None);
     let o = d.run("ibv_devices", &[]).output().unwrap();
     let t = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success() && t.contains("softverbs0"), "{}", text(&o));
+    assert!(
+        o.status.success() && t.contains("softverbs0"),
+        "{}",
+        text(&o)
+    );
     let o = d.run("ibv_devinfo", &["-v"]).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let t = String::from_utf8_lossy(&o.stdout);
@@ -228,7 +232,10 @@ fn asyncwatch_prints_a_port_event() {
         if String::from_utf8_lossy(&o.stdout).contains("delivered to 2") {
             break;
         }
-        assert!(Instant::now() < deadline, "ibv_asyncwatch never opened the device");
+        assert!(
+            Instant::now() < deadline,
+            "ibv_asyncwatch never opened the device"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let mut out = w.stdout.take().unwrap();

@@ -357,7 +357,7 @@ pub struct Mr<'a> {
     _pd: PhantomData<&'a Pd<'a>>,
 }
 
-impl Mr<'_> {
+impl<'a> Mr<'a> {
     /// The daemon's handle.
     pub fn handle(&self) -> u32 {
         self.handle
@@ -371,6 +371,42 @@ impl Mr<'_> {
     /// Remote key.
     pub fn rkey(&self) -> u32 {
         self.rkey
+    }
+
+    /// `ibv_rereg_mr`: a new PD, access and/or range `(addr, len, iova)` (`None` keeps the
+    /// current one). The MR keeps its handle and keys; on error it is unchanged.
+    pub fn rereg(
+        &mut self,
+        pd: Option<&'a Pd<'a>>,
+        access: Option<Access>,
+        range: Option<(u64, u64, u64)>,
+    ) -> Result<()> {
+        use softverbs_abi::msg::{
+            ReregMrReq, REREG_MR_CHANGE_ACCESS, REREG_MR_CHANGE_PD, REREG_MR_CHANGE_TRANSLATION,
+        };
+        if let Some(p) = pd {
+            same_context("rereg_mr", self.ctx, p.ctx)?;
+        }
+        let (addr, length, iova) = range.unwrap_or_default();
+        let flags = pd.map_or(0, |_| REREG_MR_CHANGE_PD)
+            | access.map_or(0, |_| REREG_MR_CHANGE_ACCESS)
+            | range.map_or(0, |_| REREG_MR_CHANGE_TRANSLATION);
+        let req = ReregMrReq {
+            handle: U32::new(self.handle),
+            flags: U32::new(flags),
+            pd: U32::new(pd.map_or(0, |p| p.handle)),
+            access: U32::new(access.map_or(0, |a| a.0)),
+            addr: U64::new(addr),
+            length: U64::new(length),
+            iova: U64::new(iova),
+        };
+        let r: RegMrResp = self
+            .ctx
+            .conn
+            .call("rereg_mr", Cmd::ReregMr, 0, req.as_bytes())?;
+        self.lkey = r.lkey.get();
+        self.rkey = r.rkey.get();
+        Ok(())
     }
 
     /// `ibv_dereg_mr`.

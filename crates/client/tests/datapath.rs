@@ -568,3 +568,55 @@ fn srq_receives_posted_through_the_ring_are_used_in_order() {
     }
     assert_eq!(recvs, (100..100 + posted).collect::<Vec<_>>());
 }
+
+/// `ibv_rereg_mr` changes an MR in place: the keys a peer already holds stay valid and see the
+/// new access. A CQ cannot shrink below the completions it holds (`EINVAL`), counting work
+/// posted just before the resize.
+#[test]
+fn rereg_keeps_the_keys_and_a_cq_does_not_shrink_below_its_completions() {
+    let (d, _dir) = daemon("rereg", None);
+    let a = Context::open_at(&d.socket, 0).unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(8).unwrap();
+    let init = QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(cap());
+    let (qa, qb) = (a.create_qp(&init).unwrap(), a.create_qp(&init).unwrap());
+    let g = a.query_gid(1, 0).unwrap();
+    connect(&qa, g, qb.qpn());
+    connect(&qb, g, qa.qpn());
+    let src = vec![7u8; 4096];
+    // The daemon writes it: its address escapes as a mutable pointer.
+    let mut dst = vec![0u8; 4096];
+    let dst_addr = dst.as_mut_ptr() as u64;
+    let ms = pd
+        .reg_mr(src.as_ptr() as u64, 4096, Access::LOCAL_WRITE)
+        .unwrap();
+    let mut md = pd.reg_mr(dst_addr, 4096, Access::LOCAL_WRITE).unwrap();
+    let (lkey, rkey) = (md.lkey(), md.rkey());
+    md.rereg(None, Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE), None)
+        .unwrap();
+    assert_eq!((md.lkey(), md.rkey()), (lkey, rkey), "rereg keeps the keys");
+    let s = [Sge {
+        addr: src.as_ptr() as u64,
+        length: 64,
+        lkey: ms.lkey(),
+    }];
+    let write = |id| {
+        qa.post_send(&SendRequest::new(
+            id,
+            SendOp::Write {
+                remote_addr: dst_addr,
+                rkey,
+            },
+            &s,
+        ))
+        .unwrap()
+    };
+    for id in 1..=3 {
+        write(id);
+    }
+    assert_eq!(cq.resize(2).unwrap_err().errno(), 22, "3 completions held");
+    let got = cq.wait(3, Duration::from_secs(20)).unwrap();
+    assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+    assert_eq!(&dst[..64], &src[..64], "the old rkey reached the MR");
+    assert!(cq.resize(2).unwrap() >= 2);
+}

@@ -97,22 +97,7 @@ impl Core {
         if !c.pds.contains_key(&pd) {
             return Err(Error::InvalidHandle(ObjectKind::Pd));
         }
-        if !Access::MR_ALLOWED.contains(access) {
-            return Err(Error::InvalidArgument("unsupported MR access flags"));
-        }
-        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
-            && !access.contains(Access::LOCAL_WRITE)
-        {
-            return Err(Error::InvalidArgument(
-                "remote write/atomic access needs local write",
-            ));
-        }
-        if addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
-            return Err(Error::InvalidArgument("MR range overflows"));
-        }
-        if length > self.devices[dev].attr.max_mr_size {
-            return Err(Error::InvalidArgument("MR longer than max_mr_size"));
-        }
+        check_mr(&self.devices[dev], addr, length, iova, access)?;
         if self.usage[dev].mrs >= self.devices[dev].attr.max_mr {
             return Err(Error::NoResources("max_mr"));
         }
@@ -135,6 +120,51 @@ impl Core {
         self.usage[dev].mrs += 1;
         Ok(MrKeys {
             handle: h,
+            lkey: key,
+            rkey: key,
+        })
+    }
+
+    /// `ibv_rereg_mr`: gives MR `mr` a new PD, access and/or range (`None` keeps the current
+    /// one) in place, under `reg_mr`'s rules. Its handle and keys stay, as rxe and mlx5 keep
+    /// them, so a peer holding the rkey reaches the MR as it is now. On error nothing changes.
+    pub fn rereg_mr(
+        &mut self,
+        ctx: CtxId,
+        mr: Handle,
+        pd: Option<Handle>,
+        access: Option<Access>,
+        range: Option<(u64, u64, u64)>,
+    ) -> Result<MrKeys> {
+        let c = self.ctx(ctx)?;
+        let m = c.mrs.get(&mr).ok_or(Error::InvalidHandle(ObjectKind::Mr))?;
+        let new_pd = pd.unwrap_or(m.pd);
+        if !c.pds.contains_key(&new_pd) {
+            return Err(Error::InvalidHandle(ObjectKind::Pd));
+        }
+        let access = access.unwrap_or(m.access);
+        let (addr, length, iova) = range.unwrap_or((m.addr, m.length, m.iova));
+        check_mr(&self.devices[c.device], addr, length, iova, access)?;
+        let c = self.ctx_mut(ctx)?;
+        let m = c.mrs.get_mut(&mr).expect("checked above");
+        let old_pd = m.pd;
+        *m = Mr {
+            pd: new_pd,
+            addr,
+            length,
+            iova,
+            access,
+            key: m.key,
+        };
+        let key = m.key;
+        if old_pd != new_pd {
+            if let Some(p) = c.pds.get_mut(&old_pd) {
+                p.usecnt -= 1;
+            }
+            c.pds.get_mut(&new_pd).expect("checked above").usecnt += 1;
+        }
+        Ok(MrKeys {
+            handle: mr,
             lkey: key,
             rkey: key,
         })
@@ -486,5 +516,90 @@ impl Core {
         }
         self.usage[dev].srqs -= 1;
         Ok(s.events_reported)
+    }
+}
+
+/// The access and range rules of `reg_mr` and `rereg_mr` (`ib_check_mr_access`, IBA
+/// 10.6.3.2 / 11.2.8.1: remote write or remote atomic access requires local write).
+fn check_mr(dev: &Device, addr: u64, length: u64, iova: u64, access: Access) -> Result<()> {
+    if !Access::MR_ALLOWED.contains(access) {
+        return Err(Error::InvalidArgument("unsupported MR access flags"));
+    }
+    if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+        && !access.contains(Access::LOCAL_WRITE)
+    {
+        return Err(Error::InvalidArgument(
+            "remote write/atomic access needs local write",
+        ));
+    }
+    if addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
+        return Err(Error::InvalidArgument("MR range overflows"));
+    }
+    if length > dev.attr.max_mr_size {
+        return Err(Error::InvalidArgument("MR longer than max_mr_size"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::datapath::{MemError, PdRef};
+    use crate::device::Device;
+    use crate::types::{Access, Mtu};
+    use crate::{ContextInfo, Core};
+
+    #[test]
+    fn rereg_mr_keeps_keys_and_changes_pd_access_and_range() {
+        let mut core = Core::new(vec![Device::roce(
+            "sv0",
+            1,
+            &["127.0.0.1".parse().unwrap()],
+            Mtu::M1024,
+        )]);
+        let info = ContextInfo {
+            pid: 1,
+            uid: 0,
+            comm: "t".into(),
+        };
+        let c = core.open_context(0, info).unwrap();
+        let (pd1, pd2) = (core.alloc_pd(c).unwrap(), core.alloc_pd(c).unwrap());
+        let k = core
+            .reg_mr(c, pd1, 0x1000, 64, 0x1000, Access::LOCAL_WRITE)
+            .unwrap();
+        let p1 = PdRef { ctx: c, pd: pd1 };
+        let p2 = PdRef { ctx: c, pd: pd2 };
+        let write = Access::REMOTE_WRITE;
+        assert_eq!(
+            core.check_mem(p1, k.rkey, 0x1000, 8, write).unwrap_err(),
+            MemError::AccessDenied
+        );
+        // Access: same keys, now writable remotely.
+        let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let k2 = core.rereg_mr(c, k.handle, None, Some(acc), None).unwrap();
+        assert_eq!(k2, k);
+        assert!(core.check_mem(p1, k.rkey, 0x1000, 8, write).is_ok());
+        // Remote write without local write is refused, and nothing changes.
+        assert!(core.rereg_mr(c, k.handle, None, Some(write), None).is_err());
+        assert!(core.check_mem(p1, k.rkey, 0x1000, 8, write).is_ok());
+        // PD: the old PD is free to go, the new one is held.
+        core.rereg_mr(c, k.handle, Some(pd2), None, None).unwrap();
+        assert_eq!(
+            core.check_mem(p1, k.rkey, 0x1000, 8, write).unwrap_err(),
+            MemError::WrongPd
+        );
+        assert!(core.check_mem(p2, k.rkey, 0x1000, 8, write).is_ok());
+        assert!(core.dealloc_pd(c, pd2).is_err());
+        core.dealloc_pd(c, pd1).unwrap();
+        // Range.
+        core.rereg_mr(c, k.handle, None, None, Some((0x9000, 16, 0x9000)))
+            .unwrap();
+        assert_eq!(
+            core.check_mem(p2, k.rkey, 0x1000, 8, write).unwrap_err(),
+            MemError::OutOfBounds
+        );
+        let t = core.check_mem(p2, k.rkey, 0x9008, 8, write).unwrap();
+        assert_eq!(t.addr, 0x9008);
+        core.dereg_mr(c, k.handle).unwrap();
+        core.dealloc_pd(c, pd2).unwrap();
     }
 }

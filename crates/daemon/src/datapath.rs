@@ -384,6 +384,14 @@ impl DataPath {
         if let Some(&d) = self.qp_dev.get(&qpn) {
             self.devs[d].engine.modify_qp(qpn, attr);
         }
+        if attr.qp_state == softverbs_core::types::QpState::Reset {
+            // Entering RESET also drops the QP's completions not yet polled, as mlx4 and mlx5
+            // clean their CQs (a QP brought back from ERR does not meet its old flushes).
+            // Completions already in a client's ring are dropped by the client.
+            for c in self.cqs.values_mut() {
+                c.queue.retain(|w| w.qp_num != qpn);
+            }
+        }
     }
 
     /// QP `qpn` may have been destroyed by the core (last holder gone, owner destroyed it).

@@ -252,7 +252,7 @@ impl Dispatcher {
         ctx: CtxId,
         req: &Request<'_>,
         mut fds: Vec<OwnedFd>,
-        _woken: &mut Vec<CtxId>,
+        woken: &mut Vec<CtxId>,
     ) -> Reply {
         let abi = self.abi;
         let core = &mut self.core;
@@ -363,6 +363,30 @@ impl Dispatcher {
                 core.dereg_mr(ctx, handle_of(r.handle)).map_err(core_err)?;
                 empty()
             }
+            Cmd::ReregMr => {
+                let r: ReregMrReq = body!();
+                let f = r.flags.get();
+                let all = REREG_MR_CHANGE_TRANSLATION | REREG_MR_CHANGE_PD | REREG_MR_CHANGE_ACCESS;
+                // uverbs rereg_mr: no flag, or an unknown one, is EINVAL.
+                if f == 0 || f & !all != 0 {
+                    return Err(EINVAL);
+                }
+                let k = core
+                    .rereg_mr(
+                        ctx,
+                        handle_of(r.handle),
+                        (f & REREG_MR_CHANGE_PD != 0).then(|| handle_of(r.pd)),
+                        (f & REREG_MR_CHANGE_ACCESS != 0).then(|| Access(r.access.get())),
+                        (f & REREG_MR_CHANGE_TRANSLATION != 0)
+                            .then(|| (r.addr.get(), r.length.get(), r.iova.get())),
+                    )
+                    .map_err(core_err)?;
+                ok(RegMrResp {
+                    handle: U32::new(k.handle.0),
+                    lkey: U32::new(k.lkey),
+                    rkey: U32::new(k.rkey),
+                })
+            }
             Cmd::CreateCq => {
                 let r: CreateCqReq = body!();
                 if req.comp_mask & CREATE_CQ_CHANNEL != 0
@@ -381,7 +405,9 @@ impl Dispatcher {
             Cmd::ResizeCq => {
                 let r: ResizeCqReq = body!();
                 // A CQ cannot shrink below the completions it still holds (rxe and mlx5
-                // answer EINVAL; rdma-core's test_resize_cq checks it).
+                // answer EINVAL; rdma-core's test_resize_cq checks it). Work posted before
+                // this call completes first, as it would have on a NIC by now.
+                woken.extend(self.dp.drive(core));
                 if self
                     .dp
                     .cq_outstanding(ctx, handle_of(r.handle))
@@ -747,6 +773,14 @@ impl Dispatcher {
                 let r: HandleReq = req.body(abi).map_err(|e| e.errno())?;
                 dp.mr_deregistered(ctx, handle_of(r.handle));
             }
+            Cmd::ReregMr => {
+                let r: ReregMrReq = req.body(abi).map_err(|e| e.errno())?;
+                if r.flags.get() & REREG_MR_CHANGE_TRANSLATION != 0 {
+                    // The shared mapping of the old range (if any) no longer backs the MR;
+                    // the new range is reached the ordinary way.
+                    dp.mr_deregistered(ctx, handle_of(r.handle));
+                }
+            }
             Cmd::CreateQp => {
                 let q: CreateQpReq = req.body(abi).map_err(|e| e.errno())?;
                 let r = CreateQpResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
@@ -1001,9 +1035,11 @@ impl Dispatcher {
             if port == 0 || port as usize > ports {
                 return Err(EINVAL);
             }
-            let got = self
-                .core
-                .raise_device_event(dev, softverbs_core::event::EventElement::Port(port as u8), t);
+            let got = self.core.raise_device_event(
+                dev,
+                softverbs_core::event::EventElement::Port(port as u8),
+                t,
+            );
             let n = got.len() as u32;
             woken.extend(got);
             return ok(InjectEventResp {

@@ -3,7 +3,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use softverbs::WorkCompletion;
@@ -198,6 +198,7 @@ fn make_cq(
         comp_reported: AtomicU32::new(0),
         wc_flags,
         poll: Mutex::new(PollState::default()),
+        stashed: AtomicBool::new(false),
     });
     // SAFETY: `p` is fresh; its mutex and cond are initialised once, here.
     unsafe { init_sync(&mut (*p).base.cq.mutex, &mut (*p).base.cq.cond) };
@@ -358,12 +359,31 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) 
         return -EINVAL;
     }
     let mut i = 0usize;
-    let r = inner.poll_with(n as usize, |w| {
+    if o.stashed.load(Ordering::Acquire) {
+        let mut st = o.poll.lock().unwrap_or_else(|e| e.into_inner());
+        while i < n as usize {
+            let Some(w) = st.batch.pop_front() else {
+                break;
+            };
+            // SAFETY: the caller's array holds `n` entries and i < n.
+            write_wc(unsafe { &mut *wc.add(i) }, &w);
+            i += 1;
+        }
+        if st.batch.is_empty() {
+            o.stashed.store(false, Ordering::Release);
+        }
+        if i == n as usize {
+            return i as c_int;
+        }
+    }
+    let stashed = i;
+    let r = inner.poll_with(n as usize - stashed, |w| {
         // SAFETY: the caller's array holds `n` entries and poll_with hands at most `n`.
         write_wc(unsafe { &mut *wc.add(i) }, w);
         i += 1;
     });
     match r {
+        Ok(0) if stashed > 0 => stashed as c_int,
         Ok(0) => {
             // Busy-polling programs (every pingpong, perftest) spin on this call; on a machine
             // with fewer cores than spinning parties the daemon that has to produce the
@@ -372,9 +392,29 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) 
             std::thread::yield_now();
             0
         }
-        Ok(k) => k as c_int,
+        Ok(k) => (stashed + k) as c_int,
         Err(e) => -errno_of(&e),
     }
+}
+
+/// Drops the completions of QP `qpn` that `cq` still holds (the QP entered RESET; mlx4 and
+/// mlx5 clean their CQs the same way, and the daemon drops those it has not delivered yet).
+/// The CQ's ring is emptied into its stash, which polls hand out first.
+pub fn purge_qp(cq: *mut CqObj, qpn: u32) {
+    // SAFETY: NULL or a CQ of ours (a QP's CQs outlive it).
+    let Some(o) = (unsafe { obj::<CqObj>(cq as *mut ibv_cq) }) else {
+        return;
+    };
+    let Some(inner) = o.cq() else {
+        return;
+    };
+    let mut st = o.poll.lock().unwrap_or_else(|e| e.into_inner());
+    let mut got = std::mem::take(&mut st.batch);
+    // A failing poll leaves the rest in the ring, where polls find it.
+    let _ = inner.poll_with(usize::MAX, |w| got.push_back(*w));
+    got.retain(|w| w.qp_num != qpn);
+    o.stashed.store(!got.is_empty(), Ordering::Release);
+    st.batch = got;
 }
 
 /// `ibv_context.ops.req_notify_cq`.

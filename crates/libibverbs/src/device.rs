@@ -203,7 +203,11 @@ unsafe extern "C" fn open_device(d: *mut ibv_device) -> *mut ibv_context {
     let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
     fill_slots(&mut vctx);
     vctx.context.device = d as *const DevObj as *mut ibv_device;
-    vctx.context.cmd_fd = -1;
+    // Programs treat cmd_fd as "the device file" (pyverbs dups it for ibv_import_device); a
+    // private duplicate of the async eventfd is a real descriptor that nothing reads.
+    // SAFETY: F_DUPFD_CLOEXEC on a descriptor the context owns.
+    vctx.context.cmd_fd =
+        unsafe { libc::fcntl(inner.async_fd().as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
     vctx.context.async_fd = inner.async_fd().as_raw_fd();
     make_blocking(vctx.context.async_fd);
     vctx.context.num_comp_vectors = 1;
@@ -233,6 +237,9 @@ unsafe extern "C" fn close_device(c: *mut ibv_context) -> c_int {
     // late call on this context sees DEAD instead of freed memory.
     unsafe {
         (*o).magic = DEAD;
+        if (*o).vctx.context.cmd_fd >= 0 {
+            libc::close((*o).vctx.context.cmd_fd);
+        }
         drop(Box::from_raw((*o).inner as *const Context as *mut Context));
     }
     0
@@ -297,7 +304,8 @@ unsafe extern "C" fn query_device(c: *mut ibv_context, attr: *mut ibv_device_att
 export!(default "ibv_query_device", "IBVERBS_1.1", query_device);
 
 /// `verbs_context.query_device_ex`: fills `attr_size` bytes (older programs pass a shorter
-/// struct; the tail they do not have is never written).
+/// struct, whose missing tail is never written; newer ones a longer one, whose tail we do not
+/// know is zeroed).
 unsafe extern "C" fn slot_query_device_ex(
     c: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -326,13 +334,16 @@ unsafe extern "C" fn slot_query_device_ex(
     x.hca_core_clock = HCA_CORE_CLOCK_KHZ;
     x.device_cap_flags_ex = u64::from(x.orig_attr.device_cap_flags);
     let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
-    // SAFETY: the caller's buffer holds attr_size >= n bytes.
+    // SAFETY: the caller's buffer holds attr_size >= n bytes. A newer program's longer struct
+    // gets zeros in the fields this library does not know, as rdma-core clears all
+    // attr_size bytes first (libibverbs/cmd_device.c ibv_cmd_query_device_any).
     unsafe {
         std::ptr::copy_nonoverlapping(
             &x as *const ibv_device_attr_ex as *const u8,
             attr as *mut u8,
             n,
-        )
+        );
+        std::ptr::write_bytes((attr as *mut u8).add(n), 0, attr_size - n);
     };
     0
 }

@@ -11,7 +11,9 @@ use std::mem::{offset_of, size_of};
 
 pub type Slot = *const c_void;
 
-#[repr(C)]
+/// `union ibv_gid`: its `global` member (two `__be64`) makes it 8-aligned, which
+/// `ibv_qp_attr` (144 bytes, not 140) inherits through `ibv_ah_attr`.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_gid {
     pub raw: [u8; 16],

@@ -188,6 +188,9 @@ pub struct CqObj {
     pub comp_reported: AtomicU32,
     pub wc_flags: u64,
     pub poll: Mutex<PollState>,
+    /// `poll.batch` holds completions `ibv_poll_cq` hands out before the ring's (set when a
+    /// QP's reset took the CQ's completions out of the ring to drop that QP's).
+    pub stashed: std::sync::atomic::AtomicBool,
 }
 magic!(CqObj, ibv_cq);
 

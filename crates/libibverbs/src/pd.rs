@@ -143,13 +143,14 @@ export!(default "ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
 const REREG_MR_CHANGE_TRANSLATION: c_int = 1;
 const REREG_MR_CHANGE_PD: c_int = 2;
 const REREG_MR_CHANGE_ACCESS: c_int = 4;
-/// `IBV_REREG_MR_ERR_INPUT`: the MR is untouched.
+/// `IBV_REREG_MR_ERR_INPUT`: bad arguments, the MR is untouched.
 const REREG_MR_ERR_INPUT: c_int = -1;
-/// `IBV_REREG_MR_ERR_CMD`: the MR may be gone (here: it is, and `mr` is dead).
-const REREG_MR_ERR_CMD: c_int = -3;
+/// `IBV_REREG_MR_ERR_CMD`: the device refused; here too the MR is untouched.
+const REREG_MR_ERR_CMD: c_int = -4;
 
-/// Re-registration as deregister + register of the same `ibv_mr` (a new lkey/rkey, as a
-/// kernel rereg may also give).
+/// Re-registration in place: the daemon changes the MR and keeps its handle and keys (as rxe
+/// and mlx5 do), so a peer holding the rkey reaches the MR as it is now. The argument checks
+/// are libibverbs' (`ERR_INPUT`), the rest the kernel's (`ERR_CMD` with its errno).
 unsafe extern "C" fn rereg_mr(
     mr: *mut ibv_mr,
     flags: c_int,
@@ -164,61 +165,55 @@ unsafe extern "C" fn rereg_mr(
         return REREG_MR_ERR_INPUT;
     };
     let all = REREG_MR_CHANGE_TRANSLATION | REREG_MR_CHANGE_PD | REREG_MR_CHANGE_ACCESS;
-    if flags == 0 || flags & !all != 0 {
+    let translate = flags & REREG_MR_CHANGE_TRANSLATION != 0;
+    if flags & !all != 0
+        || (translate && (addr.is_null() || len == 0))
+        || (access != 0 && flags & REREG_MR_CHANGE_ACCESS == 0)
+    {
         set_errno(EINVAL);
         return REREG_MR_ERR_INPUT;
     }
-    let new_pd = if flags & REREG_MR_CHANGE_PD != 0 {
-        pd
-    } else {
-        o.base.pd
+    let fail = |e: c_int| {
+        set_errno(e);
+        REREG_MR_ERR_CMD
     };
-    // SAFETY: NULL or a PD of ours.
-    let Some(target) = (unsafe { obj::<PdObj>(new_pd) }) else {
-        set_errno(EINVAL);
-        return REREG_MR_ERR_INPUT;
-    };
-    let Some(p) = target.pd() else {
-        set_errno(EINVAL);
-        return REREG_MR_ERR_INPUT;
-    };
-    let (a, l) = if flags & REREG_MR_CHANGE_TRANSLATION != 0 {
-        (addr, len)
-    } else {
-        (o.base.addr, o.base.length)
-    };
-    let acc = if flags & REREG_MR_CHANGE_ACCESS != 0 {
-        Access(access as c_uint & !ACCESS_OPTIONAL_RANGE)
-    } else {
-        // The old access is not kept in ibv_mr; keep what the daemon granted before by
-        // re-reading it is not possible, so rdma-core's callers pass it (pyverbs does).
-        Access(access as c_uint & !ACCESS_OPTIONAL_RANGE)
-    };
-    let mr_new = match p.reg_mr(a as u64, l as u64, acc) {
-        Ok(m) => m,
-        Err(e) => {
-            set_errno(errno_of(&e));
-            return REREG_MR_ERR_INPUT;
+    let target = if flags & REREG_MR_CHANGE_PD != 0 {
+        // SAFETY: NULL or a PD of ours.
+        match unsafe { obj::<PdObj>(pd) } {
+            Some(t) if t.ctx.ibv() == o.base.context => Some(t),
+            _ => return fail(EINVAL),
         }
+    } else {
+        None
     };
-    if let Some(old) = o.mr.take() {
-        if let Err(e) = old.dereg() {
-            set_errno(errno_of(&e));
-            o.magic = DEAD;
-            return REREG_MR_ERR_CMD;
-        }
+    let new_pd = match target.as_ref().map(|t| t.pd()) {
+        Some(None) => return fail(EINVAL),
+        Some(p) => p,
+        None => None,
+    };
+    let acc = (flags & REREG_MR_CHANGE_ACCESS != 0)
+        .then_some(Access(access as c_uint & !ACCESS_OPTIONAL_RANGE));
+    let range = translate.then_some((addr as u64, len as u64, addr as u64));
+    let Some(inner) = o.mr.as_mut() else {
+        return fail(EINVAL);
+    };
+    if let Err(e) = inner.rereg(new_pd, acc, range) {
+        return fail(errno_of(&e));
     }
-    release(&o.pd.users);
-    hold(&target.users);
-    // SAFETY: PdObj shells are never freed.
-    o.pd = unsafe { &*(target as *const PdObj) };
-    o.base.pd = new_pd;
-    o.base.addr = a;
-    o.base.length = l;
-    o.base.lkey = mr_new.lkey();
-    o.base.rkey = mr_new.rkey();
-    o.base.handle = mr_new.handle();
-    o.mr = Some(mr_new);
+    let (lkey, rkey) = (inner.lkey(), inner.rkey());
+    if let Some(t) = target {
+        release(&o.pd.users);
+        hold(&t.users);
+        // SAFETY: PdObj shells are never freed.
+        o.pd = unsafe { &*(t as *const PdObj) };
+        o.base.pd = pd;
+    }
+    if translate {
+        o.base.addr = addr;
+        o.base.length = len;
+    }
+    o.base.lkey = lkey;
+    o.base.rkey = rkey;
     0
 }
 export!(default "ibv_rereg_mr", "IBVERBS_1.1", rereg_mr);

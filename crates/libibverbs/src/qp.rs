@@ -464,6 +464,13 @@ unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_
         Ok(()) => {
             if mask & ATTR_STATE != 0 {
                 o.base.qp_base.state = state_of(a.qp_state) as c_int;
+                if state_of(a.qp_state) == QpState::Reset {
+                    let qpn = o.base.qp_base.qp_num;
+                    crate::cq::purge_qp(o.send_cq, qpn);
+                    if o.recv_cq != o.send_cq {
+                        crate::cq::purge_qp(o.recv_cq, qpn);
+                    }
+                }
             }
             0
         }

@@ -112,7 +112,11 @@ fn verbs_h_layout_matches_the_drop_in() {
             return;
         }
     };
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     let out = Command::new(&exe).output().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let got: BTreeMap<String, usize> = String::from_utf8(out.stdout)

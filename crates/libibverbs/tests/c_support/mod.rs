@@ -1,0 +1,322 @@
+//! What the C-program tests share: finding the `softverbs` binary and the drop-in next to the
+//! test executable, compiling a C file of this crate with gcc against them, a daemon of the
+//! test's own, and programs started with `softverbs run` whose stdout lines are read as they
+//! come.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long any one step may take (debug builds on a loaded machine).
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// `target/<profile>`: the test executable runs from its `deps/` directory.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().expect("test executable has a directory");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("deps has a parent").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+pub fn softverbs_bin() -> PathBuf {
+    let profile = profile_dir();
+    let bin = profile.join("softverbs");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the CLI in the same profile first (`cargo build{} -p softverbs-cli`)",
+        bin.display(),
+        if profile.ends_with("release") {
+            " --release"
+        } else {
+            ""
+        }
+    );
+    bin
+}
+
+/// The drop-in this test was built with.
+pub fn library() -> PathBuf {
+    let profile = profile_dir();
+    [
+        profile.join("deps/libibverbs.so"),
+        profile.join("libibverbs.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| panic!("no libibverbs.so in {} or its deps/", profile.display()))
+}
+
+/// Why C programs cannot be built here, if they cannot.
+pub fn c_toolchain_missing() -> Option<String> {
+    if !Path::new("/usr/include/infiniband/verbs.h").is_file() {
+        return Some("/usr/include/infiniband/verbs.h is missing (libibverbs-dev)".into());
+    }
+    match Command::new("gcc").arg("--version").output() {
+        Ok(o) if o.status.success() => None,
+        _ => Some("gcc is not installed".into()),
+    }
+}
+
+/// Compiles a C file of this crate against verbs.h, xrc_legacy.h and the drop-in.
+pub fn compile(source: &str, out: &Path) {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let o = Command::new("gcc")
+        .args(["-Wall", "-Wextra", "-I/usr/include"])
+        .arg(format!("-I{}", crate_dir.join("include").display()))
+        .arg(crate_dir.join(source))
+        .arg("-o")
+        .arg(out)
+        .arg(library())
+        .output()
+        .expect("run gcc");
+    assert!(
+        o.status.success(),
+        "gcc {source} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let warnings = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        warnings.trim().is_empty(),
+        "gcc {source} warned:\n{warnings}"
+    );
+}
+
+/// A daemon of this test's own (never the default socket), stopped on drop.
+pub struct Daemon {
+    pub child: Child,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub bin: PathBuf,
+    /// `lib/libibverbs.so.1`: `softverbs run` then puts `lib/` on LD_LIBRARY_PATH as it is.
+    pub lib: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(name: &str) -> Daemon {
+        let bin = softverbs_bin();
+        let dir = std::env::temp_dir().join(format!("sv-cprog-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("lib")).expect("test dir");
+        let lib = dir.join("lib/libibverbs.so.1");
+        std::os::unix::fs::symlink(library(), &lib).expect("symlink the drop-in");
+        let socket = dir.join("sv.sock");
+        let log = std::fs::File::create(dir.join("daemon.log")).expect("daemon log");
+        let child = Command::new(&bin)
+            .args(["daemon", "--no-network", "--socket"])
+            .arg(&socket)
+            .stderr(log)
+            .spawn()
+            .expect("start the daemon");
+        let mut d = Daemon {
+            child,
+            dir,
+            socket,
+            bin,
+            lib,
+        };
+        let deadline = Instant::now() + WAIT;
+        while !d.answers() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!("daemon exited with {st}: {}", d.log());
+            }
+            assert!(Instant::now() < deadline, "the daemon did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(&self.bin)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env("SOFTVERBS_AUTOSTART", "0")
+            .output()
+            .expect("run softverbs")
+    }
+
+    pub fn answers(&self) -> bool {
+        self.socket.exists() && self.cli(&["status"]).status.success()
+    }
+
+    /// `softverbs resources --json`, as a user would look.
+    pub fn resources(&self) -> Value {
+        let o = self.cli(&["resources", "--json"]);
+        assert!(
+            o.status.success(),
+            "softverbs resources: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout).expect("resources --json is JSON")
+    }
+
+    /// Waits until the daemon's view satisfies `cond` (it learns of exits asynchronously).
+    pub fn wait_until(&self, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let r = self.resources();
+            if cond(&r) {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting until {what}; last view: {r:#}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `softverbs run -- PROG ARGS…` with piped stdin and stdout.
+    pub fn run(&self, name: &str, prog: &Path, args: &[&str]) -> Proc {
+        let mut child = Command::new(&self.bin)
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("run")
+            .arg("--")
+            .arg(prog)
+            .args(args)
+            .env("SOFTVERBS_AUTOSTART", "0")
+            .env("SOFTVERBS_LIBIBVERBS", &self.lib)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("softverbs run");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let stdin = child.stdin.take();
+        Proc {
+            child,
+            stdin,
+            lines: rx,
+            name: name.to_string(),
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SIGTERM: the daemon shuts down cleanly and removes its socket.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("daemon log:\n{}", self.log());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One role of the C example (`softverbs run` execs it, so its pid is the program's).
+pub struct Proc {
+    pub child: Child,
+    pub stdin: Option<ChildStdin>,
+    pub lines: Receiver<String>,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn line(&self) -> String {
+        self.lines.recv_timeout(WAIT).unwrap_or_else(|_| {
+            panic!(
+                "{} (pid {}) said nothing within {WAIT:?}",
+                self.name,
+                self.child.id()
+            )
+        })
+    }
+
+    /// The next line, which must start with `prefix`; returns the rest.
+    pub fn expect(&self, prefix: &str) -> String {
+        let l = self.line();
+        assert!(
+            l.starts_with(prefix),
+            "{} (pid {}) said {l:?}, expected {prefix}…",
+            self.name,
+            self.child.id()
+        );
+        l[prefix.len()..].trim().to_string()
+    }
+
+    pub fn tell(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        writeln!(stdin, "{line}").expect("write to the program");
+        stdin.flush().expect("flush");
+    }
+
+    pub fn close_stdin(&mut self) {
+        self.stdin = None;
+    }
+
+    pub fn pid(&self) -> u64 {
+        u64::from(self.child.id())
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    pub fn exits_zero(&mut self) {
+        let st = self.child.wait().expect("wait");
+        assert!(st.success(), "{} exited with {st}", self.name);
+    }
+
+    /// Closes stdin, reads what the program still says until it closes stdout, and reaps it.
+    pub fn finish(mut self) -> (Vec<String>, std::process::ExitStatus) {
+        self.close_stdin();
+        let deadline = Instant::now() + WAIT;
+        let mut said = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => said.push(l),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!(
+                    "{} (pid {}) did not finish within {WAIT:?}; it said:\n{}",
+                    self.name,
+                    self.child.id(),
+                    said.join("\n")
+                ),
+            }
+        }
+        let st = self.child.wait().expect("wait");
+        (said, st)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `softverbs resources --json` lists a context of process `pid`.
+pub fn has_pid(r: &Value, pid: u64) -> bool {
+    r["contexts"]
+        .as_array()
+        .expect("contexts")
+        .iter()
+        .any(|c| c["pid"] == pid)
+}
+
+/// Every section of `softverbs resources --json` that lists objects.
+pub const SECTIONS: [&str; 6] = ["contexts", "xrcds", "srqs", "cqs", "qps", "xrc_recv_qps"];

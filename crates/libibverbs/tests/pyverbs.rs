@@ -1,0 +1,407 @@
+//! rdma-core's own test suite, as Debian ships it with python3-pyverbs
+//! (`/usr/share/doc/rdma-core/tests`), run unmodified on the drop-in `libibverbs.so.1` through
+//! `softverbs run`, for the modules that exercise plain verbs: test_device, test_pd, test_mr,
+//! test_cq, test_cq_events, test_qp, test_addr and test_fork.
+//!
+//! The run must have no failure and no error, and every skip must carry a reason listed in
+//! [`ALLOWED_SKIPS`]: each is the skip rdma-core itself makes for a device without that feature
+//! (docs/dropin.md, "rdma-core's test suite").
+//!
+//! Skipped (with a message) only when `/usr/bin/python3` cannot import pyverbs or the suite is
+//! not installed. The `softverbs` binary must be built in the same profile
+//! (`cargo build -p softverbs-cli`): this crate cannot depend on it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const PYTHON: &str = "/usr/bin/python3";
+const SUITE: &str = "/usr/share/doc/rdma-core/tests";
+const MODULES: &[&str] = &[
+    "tests.test_device",
+    "tests.test_pd",
+    "tests.test_mr",
+    "tests.test_cq",
+    "tests.test_cq_events",
+    "tests.test_qp",
+    "tests.test_addr",
+    "tests.test_fork",
+];
+/// How long the daemon may take to come up, and the suite to run (it takes a few seconds).
+const START: Duration = Duration::from_secs(30);
+const RUN: Duration = Duration::from_secs(300);
+
+/// Every skip reason the run may print, with why it is what rdma-core does on a device
+/// without the feature. A reason not listed here fails the test.
+const ALLOWED_SKIPS: &[(&str, &str)] = &[
+    (
+        "Device memory is not supported",
+        "ibv_alloc_dm → EOPNOTSUPP and max_dm_size = 0: softverbs has no on-device memory",
+    ),
+    (
+        "Allocating dmabuf is not supported by /dev/dri/renderD128",
+        "pyverbs' GPU buffer allocator fails first (Debian builds it without libdrm), any device",
+    ),
+    (
+        "Device /dev/dri/renderD128 is not present",
+        "the same, for a pyverbs built with libdrm on a host without a GPU",
+    ),
+    (
+        "Reg dma-buf MR is not supported by the RDMA driver",
+        "ibv_reg_dmabuf_mr → EOPNOTSUPP: softverbs cannot register a dma-buf",
+    ),
+    (
+        "Create MW is not supported",
+        "ibv_alloc_mw → EOPNOTSUPP: softverbs has no memory windows",
+    ),
+    (
+        "Create memory window of type 3 is not supported",
+        "the same for the bad-type test (any type gets EOPNOTSUPP, so it skips)",
+    ),
+    (
+        "Create Raw Packet QP without extended attrs is not supported",
+        "IBV_QPT_RAW_PACKET → EOPNOTSUPP: softverbs has no raw Ethernet QPs",
+    ),
+    (
+        "Create Raw Packet QP with extended attrs is not supported",
+        "as above, through ibv_create_qp_ex",
+    ),
+    (
+        "Create Raw Packet QP without attrs is not supported",
+        "as above, through ibv_create_qp",
+    ),
+    (
+        "Create Raw Packet QP with attrs is not supported",
+        "as above, through ibv_create_qp with a QPAttr",
+    ),
+    (
+        "Must be run by root on Ethernet link layer",
+        "run as non-root, the raw-QP tests stop before asking (any RoCE device)",
+    ),
+    (
+        "Lack of permission to access /dev/dri/renderD128",
+        "the dma-buf allocator's host permission, before any verbs call",
+    ),
+];
+
+fn have_pyverbs() -> bool {
+    let ok = Command::new(PYTHON)
+        .args(["-c", "import pyverbs.device"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP: {PYTHON} cannot import pyverbs (apt-get install python3-pyverbs)");
+        return false;
+    }
+    let suite = Path::new(SUITE);
+    if !suite.join("run_tests.py").is_file() && !suite.join("run_tests.py.gz").is_file() {
+        eprintln!("SKIP: {SUITE} is missing (apt-get install rdma-core)");
+        return false;
+    }
+    true
+}
+
+/// `target/<profile>/softverbs`, next to the `deps/` directory this test runs from.
+fn softverbs_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("test executable has a directory");
+    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().expect("deps has a parent")
+    } else {
+        deps
+    };
+    let bin = profile.join("softverbs");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build the workspace in the same profile first (`cargo build{} -p softverbs-cli`)",
+        bin.display(),
+        if profile.ends_with("release") {
+            " --release"
+        } else {
+            ""
+        }
+    );
+    bin
+}
+
+/// A daemon of our own (no network) on a socket in `dir`; killed, and `dir` removed, on drop.
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+    bin: PathBuf,
+}
+
+impl Daemon {
+    fn start(dir: PathBuf) -> Daemon {
+        let bin = softverbs_bin();
+        let socket = dir.join("sv.sock");
+        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
+        let child = Command::new(&bin)
+            .args(["daemon", "--no-network", "--socket"])
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child,
+            dir,
+            socket,
+            bin,
+        };
+        let deadline = Instant::now() + START;
+        while !d.up() {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not come up:\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn up(&self) -> bool {
+        self.socket.exists()
+            && Command::new(&self.bin)
+                .arg("--socket")
+                .arg(&self.socket)
+                .arg("status")
+                .env("SOFTVERBS_AUTOSTART", "0")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Copies the suite into `dst` and unpacks its gzipped files (Debian compresses the larger
+/// ones).
+fn copy_suite(dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    let mut gz = false;
+    for e in std::fs::read_dir(SUITE).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+            gz |= e.path().extension().is_some_and(|x| x == "gz");
+        }
+    }
+    if gz {
+        let st = Command::new("sh")
+            .arg("-c")
+            .arg("gunzip -f ./*.gz")
+            .current_dir(dst)
+            .status()
+            .unwrap();
+        assert!(st.success(), "gunzip failed in {}", dst.display());
+    }
+}
+
+/// Waits for a child with a deadline, killing it on timeout.
+fn finish(mut c: Child) -> Output {
+    let deadline = Instant::now() + RUN;
+    loop {
+        if c.try_wait().unwrap().is_some() {
+            return c.wait_with_output().unwrap();
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let o = c.wait_with_output().unwrap();
+            panic!(
+                "the suite did not finish in {RUN:?}:\n{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What unittest's verbose output says.
+#[derive(Debug, Default, PartialEq)]
+struct Summary {
+    ran: usize,
+    failures: usize,
+    errors: usize,
+    skipped: usize,
+    /// The reason of every `... skipped 'REASON'` line, in order.
+    skip_reasons: Vec<String>,
+    /// The result lines that are neither ok nor skipped.
+    bad: Vec<String>,
+}
+
+/// Parses unittest's `-v` output: result lines (`NAME ... ok|FAIL|ERROR|skipped 'why'`, where
+/// a test's own prints may come between the dots and the verdict), `Ran N tests` and the final
+/// `OK (skipped=N)` or `FAILED (failures=N, errors=N, skipped=N)`.
+fn parse(out: &str) -> Summary {
+    let mut s = Summary::default();
+    for line in out.lines() {
+        let l = line.trim_end();
+        if let Some(i) = l.find(" skipped '") {
+            if l.ends_with('\'') {
+                s.skip_reasons
+                    .push(l[i + " skipped '".len()..l.len() - 1].to_string());
+                continue;
+            }
+        }
+        if l.ends_with("... ERROR")
+            || l.ends_with("... FAIL")
+            || l == "ERROR"
+            || l == "FAIL"
+            || l.ends_with("... unexpected success")
+        {
+            s.bad.push(l.to_string());
+        }
+        if let Some(rest) = l.strip_prefix("Ran ") {
+            if let Some(n) = rest.split_whitespace().next() {
+                s.ran = n.parse().unwrap_or(0);
+            }
+        }
+        let verdict = l
+            .strip_prefix("OK")
+            .or_else(|| l.strip_prefix("FAILED"))
+            .map(str::trim);
+        if let Some(v) = verdict.filter(|v| v.is_empty() || v.starts_with('(')) {
+            let v = v.trim_start_matches('(').trim_end_matches(')');
+            for kv in v.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+                let (k, n) = kv.split_once('=').unwrap_or((kv, "0"));
+                let n: usize = n.parse().unwrap_or(0);
+                match k {
+                    "failures" => s.failures = n,
+                    "errors" => s.errors = n,
+                    "skipped" => s.skipped = n,
+                    _ => {}
+                }
+            }
+        }
+    }
+    s
+}
+
+#[test]
+fn rdma_core_test_suite_passes() {
+    if !have_pyverbs() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sv-pyverbs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let daemon = Daemon::start(dir.clone());
+    let work = dir.join("t");
+    copy_suite(&work.join("tests"));
+
+    let child = Command::new(&daemon.bin)
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args([
+            "run",
+            "--",
+            PYTHON,
+            "tests/run_tests.py",
+            "--dev",
+            "softverbs0",
+            "-v",
+        ])
+        .args(MODULES)
+        .current_dir(&work)
+        .env("SOFTVERBS_AUTOSTART", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = finish(child);
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let s = parse(&out);
+    let unexpected: Vec<&String> = s
+        .skip_reasons
+        .iter()
+        .filter(|r| !ALLOWED_SKIPS.iter().any(|(a, _)| a == r))
+        .collect();
+    eprintln!(
+        "rdma-core tests: {} ran, {} ok, {} skipped, {} failures, {} errors",
+        s.ran,
+        s.ran.saturating_sub(s.skipped + s.failures + s.errors),
+        s.skipped,
+        s.failures,
+        s.errors
+    );
+    let ctx = || {
+        format!(
+            "\n--- suite output ---\n{out}\n--- daemon log ---\n{}",
+            daemon.log()
+        )
+    };
+    assert!(s.ran > 0, "the suite ran no test{}", ctx());
+    assert_eq!(
+        (s.failures, s.errors),
+        (0, 0),
+        "failures/errors: {:#?}{}",
+        s.bad,
+        ctx()
+    );
+    assert!(s.bad.is_empty(), "failed tests: {:#?}{}", s.bad, ctx());
+    assert!(
+        o.status.success(),
+        "the suite exited with {}{}",
+        o.status,
+        ctx()
+    );
+    assert_eq!(
+        s.skip_reasons.len(),
+        s.skipped,
+        "skip lines and summary disagree{}",
+        ctx()
+    );
+    assert!(
+        unexpected.is_empty(),
+        "skips rdma-core does not make for a device without the feature: {unexpected:#?}{}",
+        ctx()
+    );
+}
+
+#[test]
+fn parses_unittest_output() {
+    let out = "\
+test_a (tests.x.A.test_a)
+Doc line ... ok
+test_b (tests.x.A.test_b) ... skipped 'Device memory is not supported'
+test_c (tests.x.A.test_c) ... some print
+ok
+test_d (tests.x.A.test_d) ... FAIL
+test_e (tests.x.A.test_e) ... ERROR
+
+----------------------------------------------------------------------
+Ran 5 tests in 0.4s
+
+FAILED (failures=1, errors=1, skipped=1)
+";
+    let s = parse(out);
+    assert_eq!(s.ran, 5);
+    assert_eq!((s.failures, s.errors, s.skipped), (1, 1, 1));
+    assert_eq!(s.skip_reasons, vec!["Device memory is not supported"]);
+    assert_eq!(s.bad.len(), 2);
+    let ok = parse("Ran 3 tests in 1s\n\nOK (skipped=2)\n");
+    assert_eq!((ok.ran, ok.skipped, ok.failures), (3, 2, 0));
+    assert_eq!(parse("Ran 1 test in 0s\n\nOK\n").ran, 1);
+}
