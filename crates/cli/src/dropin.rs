@@ -33,15 +33,20 @@ pub fn find_library() -> Result<PathBuf, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    let candidates = [
-        dir.join("../lib/softverbs/libibverbs.so.1"),
-        dir.join("libibverbs.so"),
-        dir.join("deps/libibverbs.so"),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .map(|p| p.canonicalize().unwrap_or_else(|_| p.clone()))
+    let installed = dir.join("../lib/softverbs/libibverbs.so.1");
+    if installed.is_file() {
+        return Ok(installed.canonicalize().unwrap_or(installed));
+    }
+    // In a cargo target directory the library is uplifted next to the binary by builds of
+    // its own package and left in deps/ by builds of the CLI: take the newer one.
+    [dir.join("libibverbs.so"), dir.join("deps/libibverbs.so")]
+        .into_iter()
+        .filter_map(|p| {
+            let t = std::fs::metadata(&p).and_then(|m| m.modified()).ok()?;
+            Some((t, p))
+        })
+        .max()
+        .map(|(_, p)| p.canonicalize().unwrap_or(p))
         .ok_or_else(|| {
             format!(
                 "the drop-in libibverbs.so.1 is not next to {} (build it with `cargo build --release -p softverbs-libibverbs`, or set SOFTVERBS_LIBIBVERBS)",

@@ -87,7 +87,14 @@ pub struct Context {
     pub(crate) regs: Mutex<RegTable>,
     /// The daemon's doorbell when work queues live in shared memory (ABI 3).
     pub(crate) doorbell: Option<softverbs_shm::Doorbell>,
+    /// Receive requests outstanding per QP number, for QPs whose receive queue is a ring:
+    /// posts add, polled receive completions subtract, so a post beyond `max_recv_wr` is
+    /// refused with `ENOMEM` (ibv_post_recv(3)) although the ring itself has room.
+    pub(crate) rq_outstanding: Mutex<std::collections::HashMap<u32, RqCount>>,
 }
+
+/// One QP's count of outstanding receive requests.
+pub(crate) type RqCount = std::sync::Arc<std::sync::atomic::AtomicU32>;
 
 impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,6 +147,7 @@ impl Context {
             device: index,
             regs: Mutex::new(RegTable::default()),
             doorbell: None,
+            rq_outstanding: Mutex::new(std::collections::HashMap::new()),
         };
         ctx.doorbell = crate::rings::map_doorbell(&ctx);
         Ok(ctx)

@@ -10,6 +10,7 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
 
 use crate::error::{errno, Error, Result};
 use crate::objects::{Ah, Cq, Qp, Srq};
@@ -231,13 +232,22 @@ impl Qp<'_> {
                     return Err(Error::new("post_recv", errno::EINVAL));
                 }
                 let (sg, n) = sg_list(sges, "post_recv")?;
+                let count = self.rq_count.as_ref();
+                if count.is_some_and(|c| c.load(Ordering::Acquire) >= self.cap().max_recv_wr) {
+                    // ibv_post_recv(3): the receive queue is full.
+                    return Err(Error::new("post_recv", errno::ENOMEM));
+                }
                 let req = PostRecvReq {
                     handle: U32::new(self.handle()),
                     num_sge: U32::new(n),
                     wr_id: U64::new(wr_id),
                     sg_list: sg,
                 };
-                return crate::rings::push(self.ctx, rq, "post_recv", req.as_bytes());
+                crate::rings::push(self.ctx, rq, "post_recv", req.as_bytes())?;
+                if let Some(c) = count {
+                    c.fetch_add(1, Ordering::AcqRel);
+                }
+                return Ok(());
             }
         }
         post_recv(
@@ -312,10 +322,27 @@ impl Cq<'_> {
         if let Some(ring) = &self.ring {
             let mut c = ring.lock().unwrap_or_else(|e| e.into_inner());
             let mut n = 0;
+            let mut counts = None;
             while n < max {
                 match c.pop_value::<WcWire>() {
                     Ok(Some(w)) => {
-                        f(&wc_from_wire(&w));
+                        let wc = wc_from_wire(&w);
+                        if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                            // Every receive request completes exactly once (success, error or
+                            // flush), which frees its slot in the QP's receive queue.
+                            let map = counts.get_or_insert_with(|| {
+                                self.ctx
+                                    .rq_outstanding
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                            });
+                            if let Some(q) = map.get(&wc.qp_num) {
+                                let _ = q.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                                    Some(v.saturating_sub(1))
+                                });
+                            }
+                        }
+                        f(&wc);
                         n += 1;
                     }
                     Ok(None) => break,

@@ -128,6 +128,17 @@ impl Context {
         };
         let r = create.send(self, OP)?;
         let rings = crate::rings::map_qp(self, r.handle.get());
+        let rq_count = rings
+            .as_ref()
+            .is_some_and(|m| m.lock().unwrap_or_else(|e| e.into_inner()).rq.is_some())
+            .then(|| {
+                let c = crate::context::RqCount::default();
+                self.rq_outstanding
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(r.qpn.get(), c.clone());
+                c
+            });
         Ok(Qp {
             ctx: self,
             handle: r.handle.get(),
@@ -135,6 +146,7 @@ impl Context {
             qp_type: init.qp_type,
             cap: QpCap::from(&r.cap),
             rings,
+            rq_count,
             state: std::sync::atomic::AtomicU32::new(QpState::Reset as u32),
             _deps: PhantomData,
         })
@@ -687,6 +699,8 @@ pub struct Qp<'a> {
     cap: QpCap,
     /// The work queues in shared memory, when the daemon mapped them.
     pub(crate) rings: Option<std::sync::Mutex<crate::rings::QpRings>>,
+    /// Receive requests outstanding, when the receive queue is a ring.
+    pub(crate) rq_count: Option<crate::context::RqCount>,
     /// Last state set through [`modify`](Qp::modify), for checking posts locally.
     state: std::sync::atomic::AtomicU32,
     _deps: PhantomData<&'a ()>,
@@ -716,6 +730,12 @@ impl Qp<'_> {
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         modify_qp(self.ctx, "modify_qp", self.handle, attr, mask)?;
+        if mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
+            // RESET empties the queues (IBA 10.3.1.1).
+            if let Some(c) = &self.rq_count {
+                c.store(0, std::sync::atomic::Ordering::Release);
+            }
+        }
         if mask.contains(AttrMask::STATE) {
             self.state
                 .store(attr.qp_state as u32, std::sync::atomic::Ordering::Relaxed);
@@ -738,12 +758,24 @@ impl Qp<'_> {
     /// `ibv_destroy_qp`; returns the events reported for it.
     pub fn destroy(self) -> Result<u32> {
         let this = ManuallyDrop::new(self);
+        this.forget_rq_count();
         destroy_events(this.ctx, "destroy_qp", Cmd::DestroyQp, this.handle)
+    }
+
+    fn forget_rq_count(&self) {
+        if self.rq_count.is_some() {
+            self.ctx
+                .rq_outstanding
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.qpn);
+        }
     }
 }
 
 impl Drop for Qp<'_> {
     fn drop(&mut self) {
+        self.forget_rq_count();
         let _ = destroy_events(self.ctx, "destroy_qp", Cmd::DestroyQp, self.handle);
     }
 }

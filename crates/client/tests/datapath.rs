@@ -620,3 +620,65 @@ fn rereg_keeps_the_keys_and_a_cq_does_not_shrink_below_its_completions() {
     assert_eq!(&dst[..64], &src[..64], "the old rkey reached the MR");
     assert!(cq.resize(2).unwrap() >= 2);
 }
+
+/// ibv_post_recv(3): a receive queue holds `max_recv_wr` requests; one more is `ENOMEM`
+/// (rdma-core's `test_full_rq_bad_flow`), a polled receive completion frees a slot, and RESET
+/// empties the queue.
+#[test]
+fn a_full_receive_queue_refuses_posts_until_a_receive_completes() {
+    let (d, _dir) = daemon("rqfull", None);
+    let a = Context::open_at(&d.socket, 0).unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(64).unwrap();
+    let depth = 4;
+    let qcap = QpCap {
+        max_recv_wr: depth,
+        ..cap()
+    };
+    let tx = a
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(cap()))
+        .unwrap();
+    let rx = a
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(qcap))
+        .unwrap();
+    let gid = a.query_gid(1, 0).unwrap();
+    connect(&tx, gid, rx.qpn());
+    connect(&rx, gid, tx.qpn());
+    let buf = vec![0u8; 1 << 16];
+    let mr = reg(&pd, &buf, true).unwrap();
+    let s = |i: u64| {
+        [Sge {
+            addr: buf.as_ptr() as u64 + i * 64,
+            length: 64,
+            lkey: mr.lkey(),
+        }]
+    };
+    for i in 0..u64::from(depth) {
+        rx.post_recv(i, &s(i)).unwrap();
+    }
+    let e = rx.post_recv(99, &s(9)).unwrap_err();
+    assert_eq!(e.errno(), 12, "ENOMEM, got {e}");
+    tx.post_send(&SendRequest::new(1, SendOp::Send, &s(20)))
+        .unwrap();
+    let got = cq.wait(2, Duration::from_secs(10)).unwrap();
+    assert_eq!(got.len(), 2, "{got:?}");
+    let recv = got.iter().find(|w| w.opcode == WcOpcode::Recv).unwrap();
+    assert_eq!((recv.wr_id, recv.status), (0, WcStatus::Success));
+    // One slot is free again, and only one.
+    rx.post_recv(10, &s(10)).unwrap();
+    assert_eq!(rx.post_recv(11, &s(11)).unwrap_err().errno(), 12);
+    // RESET empties the receive queue.
+    rx.modify(
+        &QpAttr {
+            qp_state: QpState::Reset,
+            ..QpAttr::default()
+        },
+        M::STATE,
+    )
+    .unwrap();
+    let _ = cq.poll(64).unwrap();
+    connect(&rx, gid, tx.qpn());
+    for i in 0..u64::from(depth) {
+        rx.post_recv(30 + i, &s(i)).unwrap();
+    }
+}
