@@ -116,10 +116,46 @@ pub struct PdObj {
     pub ctx: &'static CtxObj,
     pub pd: Option<Pd<'static>>,
     pub users: AtomicU32,
+    /// This PD's MRs by lkey, for the small sends the library copies itself
+    /// (`qp::auto_inline`). An MR missing here only takes the daemon's path.
+    pub mrs: std::sync::RwLock<HashMap<u32, MrRange>>,
 }
 magic!(PdObj, ibv_pd);
 
+/// Where an MR's IOVA range starts in this process.
+#[derive(Clone, Copy, Debug)]
+pub struct MrRange {
+    pub iova: u64,
+    pub len: u64,
+    pub addr: usize,
+}
+
 impl PdObj {
+    /// Records a registered MR (`ibv_reg_mr`).
+    pub fn remember_mr(&self, lkey: u32, r: MrRange) {
+        self.mrs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lkey, r);
+    }
+
+    /// Forgets an MR (`ibv_dereg_mr`; `ibv_rereg_mr`, after which its posts take the
+    /// daemon's path).
+    pub fn forget_mr(&self, lkey: u32) {
+        self.mrs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&lkey);
+    }
+
+    /// The process address of `[iova, iova + len)` if one MR of this PD covers all of it.
+    pub fn local_range(&self, lkey: u32, iova: u64, len: u64) -> Option<usize> {
+        let m = self.mrs.read().unwrap_or_else(|e| e.into_inner());
+        let r = m.get(&lkey)?;
+        let off = iova.checked_sub(r.iova)?;
+        (off.checked_add(len)? <= r.len).then(|| r.addr + off as usize)
+    }
+
     /// The client PD with the `'static` lifetime children borrow it for.
     pub fn pd(&self) -> Option<&'static Pd<'static>> {
         // SAFETY: PdObj shells are never freed and the Pd is only taken (destroyed) once

@@ -26,6 +26,7 @@ unsafe extern "C" fn alloc_pd(c: *mut ibv_context) -> *mut ibv_pd {
                 ctx: o,
                 pd: Some(pd),
                 users: AtomicU32::new(0),
+                mrs: Default::default(),
             }) as *mut ibv_pd
         }
         Err(e) => null_with(errno_of(&e)),
@@ -71,6 +72,14 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint
     };
     hold(&o.users);
     let (lkey, rkey, handle) = (mr.lkey(), mr.rkey(), mr.handle());
+    o.remember_mr(
+        lkey,
+        MrRange {
+            iova,
+            len: len as u64,
+            addr: addr as usize,
+        },
+    );
     // SAFETY: PdObj shells are never freed; the MR holds a use of the PD until dereg.
     let pd_ref: &'static PdObj = unsafe { &*(o as *const PdObj) };
     into_c(MrObj {
@@ -130,6 +139,7 @@ unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
         return EINVAL;
     };
     o.magic = DEAD;
+    o.pd.forget_mr(o.base.lkey);
     let r = inner.dereg();
     release(&o.pd.users);
     match r {
@@ -194,6 +204,8 @@ unsafe extern "C" fn rereg_mr(
     let acc = (flags & REREG_MR_CHANGE_ACCESS != 0)
         .then_some(Access(access as c_uint & !ACCESS_OPTIONAL_RANGE));
     let range = translate.then_some((addr as u64, len as u64, addr as u64));
+    // Posts from this MR take the daemon's path from now on (no local copy of a stale range).
+    o.pd.forget_mr(o.base.lkey);
     let Some(inner) = o.mr.as_mut() else {
         return fail(EINVAL);
     };

@@ -80,10 +80,29 @@ pub(crate) fn transport_of(t: QpType) -> Transport {
 /// later would carry the request, so only the retry timer would). Unsignaled requests in the
 /// middle of a burst free their send-queue slots at the next acknowledged PSN instead, which
 /// halves the packets of a stream of small unsignaled messages on UDP.
+///
+/// The requester also waits when the window is full after this request: the next one may not
+/// start before the oldest completes, which takes an acknowledgement of the oldest's last PSN.
+/// The periodic requests need not reach that last PSN (a request as long as the window, 512 KiB
+/// at a 4 KiB MTU, ends between two of them), and then only the retry timer would move the
+/// queue; ask here instead.
 fn wants_ack(qp: &Qp, idx: usize, last: bool, psn: u32) -> bool {
     let w = &qp.sq[idx];
     (psn % ACK_EVERY == ACK_EVERY - 1)
-        || (last && (w.wr.op.is_read_or_atomic() || qp.signaled(&w.wr) || idx + 1 == qp.sq.len()))
+        || (last
+            && (w.wr.op.is_read_or_atomic()
+                || qp.signaled(&w.wr)
+                || idx + 1 == qp.sq.len()
+                || psn_diff(qp.req.next_psn, una(qp)) >= WINDOW as i32))
+}
+
+/// The first PSN not yet acknowledged as far as the window goes: the oldest request's first
+/// (requests complete whole), or the next PSN when none is out.
+fn una(qp: &Qp) -> u32 {
+    qp.sq
+        .front()
+        .filter(|w| w.started)
+        .map_or(qp.req.next_psn, |w| w.first_psn)
 }
 
 /// PSNs a message occupies: its request packets, or for a READ its response packets.
@@ -167,11 +186,7 @@ pub(crate) fn next_packet<M: Memory>(
     }
     let mtu = qp.mtu();
     let idx = qp.req.send_idx;
-    let una = qp
-        .sq
-        .front()
-        .filter(|w| w.started)
-        .map_or(qp.req.next_psn, |w| w.first_psn);
+    let una = una(qp);
     let outstanding_rd = qp
         .sq
         .iter()

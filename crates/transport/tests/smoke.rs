@@ -208,3 +208,86 @@ fn an_unsignaled_burst_is_acknowledged_in_coalesced_acks() {
         "{acks} ACKs for {asking} requests"
     );
 }
+
+/// Unsignaled requests as long as the window (128 packets: 128 KiB at a 1 KiB MTU) with more
+/// queued behind them, their PSNs not aligned to the 16-PSN ACK stride: after each one the
+/// window is full, so its last packet must ask for the ACK that lets the next one start.
+/// Before, only the retry timer moved the queue (perftest `ib_write_bw -a` at 512 KiB with a
+/// 4 KiB MTU: 7 messages/s, then RETRY_EXC_ERR), and every message was sent twice.
+#[test]
+fn window_sized_unsignaled_requests_never_wait_for_the_retry_timer() {
+    use softverbs_wire::datagram::parse_roce_v2;
+    use softverbs_wire::opcode::Operation;
+    let mut a = Host::new("10.0.0.1".parse().unwrap(), Mtu::M1024);
+    let mut b = Host::new("10.0.0.2".parse().unwrap(), Mtu::M1024);
+    let ca = a.context(1, 1 << 20);
+    let cb = b.context(2, 1 << 20);
+    let pa = a.pd(ca);
+    let pb = b.pd(cb);
+    let ka = a.mr(pa, 0, 1 << 20, Access::LOCAL_WRITE);
+    let kb = b.mr(pb, 0, 1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let cqa = a.cq(ca);
+    let cqb = b.cq(cb);
+    let qa = a.qp(QpType::Rc, pa, cqa, None);
+    let qb = b.qp(QpType::Rc, pb, cqb, None);
+    let (ga, gb) = (a.gid, b.gid);
+    let p = ConnParams {
+        sq_psn: 5,
+        rq_psn: 5,
+        ..ConnParams::default()
+    };
+    a.connect(qa, gb, qb, p);
+    b.connect(qb, ga, qa, p);
+    const N: u64 = 4;
+    const LEN: u32 = 128 << 10;
+    for (i, x) in a.mem.space_mut(ca)[..(N as usize) * LEN as usize]
+        .iter_mut()
+        .enumerate()
+    {
+        *x = (i % 251) as u8;
+    }
+    for i in 0..N {
+        let mut w = SendWr::new(
+            i,
+            SendOp::Write {
+                remote_addr: i * u64::from(LEN),
+                rkey: kb,
+            },
+            Payload::Sges(vec![Sge {
+                addr: i * u64::from(LEN),
+                length: LEN,
+                lkey: ka,
+            }]),
+        );
+        w.signaled = i == N - 1;
+        a.engine.post_send(qa, w).unwrap();
+    }
+    let mut net = Network::new(vec![a, b], Faults::NONE, 5);
+    net.capture = Some(Vec::new());
+    assert!(net.run_until(std::time::Duration::from_secs(10), |n| {
+        n.hosts[0].completions.len() == 1
+    }));
+    let wcs = net.hosts[0].take_completions(cqa);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (N - 1, WcStatus::Success));
+    let total = (N as usize) * LEN as usize;
+    assert!(
+        net.hosts[1].mem.space(cb)[..total]
+            .iter()
+            .enumerate()
+            .all(|(i, x)| *x == (i % 251) as u8),
+        "the writes did not land intact"
+    );
+    let requests = net
+        .capture
+        .take()
+        .unwrap()
+        .iter()
+        .map(|(_, d)| parse_roce_v2(d).expect("a valid RoCE v2 datagram"))
+        .filter(|p| p.packet.info.operation != Operation::Acknowledge)
+        .count() as u64;
+    assert_eq!(
+        requests,
+        N * u64::from(LEN / 1024),
+        "packets were retransmitted: the queue waited for the retry timer"
+    );
+}
