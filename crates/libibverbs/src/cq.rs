@@ -206,11 +206,7 @@ fn make_cq(
         ch.base.refcnt += 1;
     }
     hold(&o.users);
-    o.elements
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .cqs
-        .insert(handle, p as usize);
+    o.remember(|e| &mut e.cqs, handle, p as usize);
     p
 }
 
@@ -275,12 +271,7 @@ unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
         Ok(n) => n,
         Err(e) => return errno_of(&e),
     };
-    o.ctx
-        .elements
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .cqs
-        .remove(&handle);
+    o.ctx.forget(|e| &mut e.cqs, handle);
     let comp = o.comp_reported.load(Ordering::Acquire);
     let b = &mut o.base.cq;
     // SAFETY: the CQ's own sync objects; rdma-core's ibv_destroy_cq waits for the acks of

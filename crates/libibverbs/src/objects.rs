@@ -60,6 +60,21 @@ unsafe impl Sync for CtxObj {}
 unsafe impl Send for CtxObj {}
 
 impl CtxObj {
+    /// Names `ptr` as the C object behind daemon handle `handle` in one of the element maps.
+    pub fn remember(
+        &self,
+        map: fn(&mut Elements) -> &mut HashMap<u32, usize>,
+        handle: u32,
+        ptr: usize,
+    ) {
+        map(&mut self.elements.lock().unwrap_or_else(|e| e.into_inner())).insert(handle, ptr);
+    }
+
+    /// Forgets a destroyed object: later events about its handle are not shown to anyone.
+    pub fn forget(&self, map: fn(&mut Elements) -> &mut HashMap<u32, usize>, handle: u32) {
+        map(&mut self.elements.lock().unwrap_or_else(|e| e.into_inner())).remove(&handle);
+    }
+
     /// The public context pointer C uses.
     pub fn ibv(&self) -> *mut ibv_context {
         std::ptr::addr_of!(self.vctx.context) as *mut ibv_context

@@ -121,11 +121,7 @@ fn new_obj(
     });
     // SAFETY: `p` is fresh; its sync objects are initialised once, here.
     unsafe { init_sync(&mut (*p).base.qp_base.mutex, &mut (*p).base.qp_base.cond) };
-    o.elements
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .qps
-        .insert(handle, p as usize);
+    o.remember(|e| &mut e.qps, handle, p as usize);
     hold(&o.users);
     p
 }
@@ -546,12 +542,7 @@ unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
         Ok(n) => n,
         Err(e) => return errno_of(&e),
     };
-    o.ctx
-        .elements
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .qps
-        .remove(&handle);
+    o.ctx.forget(|e| &mut e.qps, handle);
     let b = &mut o.base.qp_base;
     // SAFETY: the QP's own sync objects; ibv_destroy_qp waits until every async event
     // reported for it was acknowledged (libibverbs/cmd_qp.c).
@@ -790,8 +781,61 @@ fn post_one(o: &QpObj, wr: &ibv_send_wr) -> Result<(), c_int> {
     )
 }
 
-/// `ibv_context.ops.post_send`: posts the list in order; on the first refusal `*bad_wr`
-/// names it and its errno is returned (nothing after it was posted).
+/// A work request list as verbs.h chains it.
+pub trait Chained {
+    fn next_wr(&self) -> *mut Self;
+}
+
+impl Chained for ibv_send_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl Chained for ibv_recv_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts a list in order; the first request refused is named in `*bad` and its errno
+/// returned, and nothing after it is posted (ibv_post_send(3), ibv_post_recv(3)).
+///
+/// # Safety
+/// `first` is NULL or a valid list the caller owns; `bad` is NULL or writable.
+pub unsafe fn post_list<W: Chained>(
+    first: *mut W,
+    bad: *mut *mut W,
+    mut post: impl FnMut(&W) -> Result<(), c_int>,
+) -> c_int {
+    let mut cur = first;
+    while !cur.is_null() {
+        // SAFETY: per the contract, every element of the list is valid.
+        let w = unsafe { &*cur };
+        if let Err(e) = post(w) {
+            if !bad.is_null() {
+                // SAFETY: per the contract.
+                unsafe { *bad = cur };
+            }
+            return e;
+        }
+        cur = w.next_wr();
+    }
+    0
+}
+
+/// A receive request's scatter list, converted on the stack, handed to `f`.
+pub fn with_recv_sges(
+    w: &ibv_recv_wr,
+    f: impl FnOnce(&[Sge]) -> Result<(), softverbs::Error>,
+) -> Result<(), c_int> {
+    let mut list = [Sge::default(); MAX_SGE];
+    // SAFETY: the caller's sg_list holds num_sge entries (ibv_post_recv(3)).
+    let n = unsafe { sges(w.sg_list, w.num_sge, &mut list) }?;
+    f(&list[..n]).map_err(|e| errno_of(&e))
+}
+
+/// `ibv_context.ops.post_send`.
 pub unsafe extern "C" fn op_post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
@@ -801,20 +845,8 @@ pub unsafe extern "C" fn op_post_send(
     let Some(o) = (unsafe { obj::<QpObj>(qp) }) else {
         return EINVAL;
     };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's list is a valid linked list of ibv_send_wr.
-        let w = unsafe { &*cur };
-        if let Err(e) = post_one(o, w) {
-            if !bad.is_null() {
-                // SAFETY: a writable out pointer (ibv_post_send(3)).
-                unsafe { *bad = cur };
-            }
-            return e;
-        }
-        cur = w.next;
-    }
-    0
+    // SAFETY: the caller's list and out pointer, per ibv_post_send(3).
+    unsafe { post_list(wr, bad, |w| post_one(o, w)) }
 }
 
 /// `ibv_context.ops.post_recv`.
@@ -827,24 +859,9 @@ pub unsafe extern "C" fn op_post_recv(
     let Some(o) = (unsafe { obj::<QpObj>(qp) }) else {
         return EINVAL;
     };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's list is a valid linked list of ibv_recv_wr.
-        let w = unsafe { &*cur };
-        let mut list = [Sge::default(); MAX_SGE];
-        // SAFETY: the caller's sg_list holds num_sge entries.
-        let r = unsafe { sges(w.sg_list, w.num_sge, &mut list) }.and_then(|n| {
-            let q = o.qp().ok_or(EINVAL)?;
-            q.post_recv(w.wr_id, &list[..n]).map_err(|e| errno_of(&e))
-        });
-        if let Err(e) = r {
-            if !bad.is_null() {
-                // SAFETY: a writable out pointer.
-                unsafe { *bad = cur };
-            }
-            return e;
-        }
-        cur = w.next;
-    }
-    0
+    let Some(q) = o.qp() else {
+        return EINVAL;
+    };
+    // SAFETY: the caller's list and out pointer, per ibv_post_recv(3).
+    unsafe { post_list(wr, bad, |w| with_recv_sges(w, |s| q.post_recv(w.wr_id, s))) }
 }

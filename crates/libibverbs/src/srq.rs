@@ -4,11 +4,11 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::AtomicU32;
 
-use softverbs::{Sge, SrqAttr};
+use softverbs::SrqAttr;
 
 use crate::ffi::*;
 use crate::objects::*;
-use crate::qp::{sges, MAX_SGE};
+use crate::qp::{post_list, with_recv_sges};
 use crate::util::*;
 
 // enum ibv_srq_init_attr_mask
@@ -70,12 +70,7 @@ fn finish(
     });
     // SAFETY: `p` is fresh; its sync objects are initialised once, here.
     unsafe { init_sync(&mut (*p).base.mutex, &mut (*p).base.cond) };
-    pd.ctx
-        .elements
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .srqs
-        .insert(handle, p as usize);
+    pd.ctx.remember(|e| &mut e.srqs, handle, p as usize);
     hold(&pd.ctx.users);
     p as *mut ibv_srq
 }
@@ -223,12 +218,7 @@ unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
         Ok(n) => n,
         Err(e) => return errno_of(&e),
     };
-    o.ctx
-        .elements
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .srqs
-        .remove(&handle);
+    o.ctx.forget(|e| &mut e.srqs, handle);
     let b = &mut o.base;
     // SAFETY: the SRQ's own sync objects; destroy waits for the acks of its events.
     unsafe { wait_for(&mut b.mutex, &mut b.cond, &b.events_completed, reported) };
@@ -330,24 +320,9 @@ pub unsafe extern "C" fn op_post_srq_recv(
     let Some(o) = (unsafe { obj::<SrqObj>(srq) }) else {
         return EINVAL;
     };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: the caller's list is a valid linked list.
-        let w = unsafe { &*cur };
-        let mut list = [Sge::default(); MAX_SGE];
-        // SAFETY: the caller's sg_list holds num_sge entries.
-        let r = unsafe { sges(w.sg_list, w.num_sge, &mut list) }.and_then(|n| {
-            let s = o.srq().ok_or(EINVAL)?;
-            s.post_recv(w.wr_id, &list[..n]).map_err(|e| errno_of(&e))
-        });
-        if let Err(e) = r {
-            if !bad.is_null() {
-                // SAFETY: a writable out pointer.
-                unsafe { *bad = cur };
-            }
-            return e;
-        }
-        cur = w.next;
-    }
-    0
+    let Some(s) = o.srq() else {
+        return EINVAL;
+    };
+    // SAFETY: the caller's list and out pointer, per ibv_post_srq_recv(3).
+    unsafe { post_list(wr, bad, |w| with_recv_sges(w, |l| s.post_recv(w.wr_id, l))) }
 }
