@@ -4,9 +4,9 @@
 //! (`tests/c/events.c`, compiled with gcc against the real `<infiniband/verbs.h>` and run on the
 //! drop-in with `softverbs run`). Skipped (with a message) only when gcc or `verbs.h` is missing.
 
-mod c_support;
+mod support;
 
-use c_support::{c_toolchain_missing, compile, Daemon};
+use support::c_program;
 
 const CHECKS: &[&str] = &[
     "channel_refcnt_counts_cqs",
@@ -30,13 +30,9 @@ const CHECKS: &[&str] = &[
 
 #[test]
 fn channels_and_async_events_behave_as_rdma_core_documents() {
-    if let Some(why) = c_toolchain_missing() {
-        eprintln!("SKIP: {why}");
+    let Some((d, prog)) = c_program("events", "tests/c/events.c") else {
         return;
-    }
-    let d = Daemon::start("events");
-    let prog = d.dir.join("events");
-    compile("tests/c/events.c", &prog);
+    };
     let (said, status) = d.run("events", &prog, &[]).finish();
     let text = said.join("\n");
     let ok: Vec<&str> = said.iter().filter_map(|l| l.strip_prefix("ok ")).collect();

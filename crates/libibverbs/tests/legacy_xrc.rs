@@ -14,10 +14,10 @@
 //! binary must be built in the same profile (`cargo build -p softverbs-cli`): this crate cannot
 //! depend on it.
 
-mod c_support;
+mod support;
 
-use c_support::{c_toolchain_missing, compile, has_pid, Daemon, Proc, SECTIONS};
 use serde_json::Value;
+use support::{c_program, has_pid, Proc, SECTIONS};
 
 /// Messages per worker, sent in two batches of half.
 const COUNT: u32 = 48;
@@ -52,13 +52,9 @@ fn registrations(pids: &[u64]) -> Vec<(u64, String)> {
 
 /// The whole story with the creator on `creator_face` and the workers on `worker_faces`.
 fn scenario(name: &str, creator_face: &str, worker_faces: [&str; 2]) {
-    if let Some(why) = c_toolchain_missing() {
-        eprintln!("SKIP: {why}");
+    let Some((d, prog)) = c_program(name, "examples/xrc_legacy.c") else {
         return;
-    }
-    let d = Daemon::start(name);
-    let prog = d.dir.join("xrc_legacy");
-    compile("examples/xrc_legacy.c", &prog);
+    };
     let file = d.dir.join("domain");
     let f = file.to_str().expect("utf-8 path");
 

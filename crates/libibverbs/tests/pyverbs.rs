@@ -11,9 +11,13 @@
 //! not installed. The `softverbs` binary must be built in the same profile
 //! (`cargo build -p softverbs-cli`): this crate cannot depend on it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::{finish_within, Daemon};
 
 const PYTHON: &str = "/usr/bin/python3";
 const SUITE: &str = "/usr/share/doc/rdma-core/tests";
@@ -27,8 +31,7 @@ const MODULES: &[&str] = &[
     "tests.test_addr",
     "tests.test_fork",
 ];
-/// How long the daemon may take to come up, and the suite to run (it takes a few seconds).
-const START: Duration = Duration::from_secs(30);
+/// How long the suite may take to run (it takes a few seconds).
 const RUN: Duration = Duration::from_secs(300);
 
 /// Every skip reason the run may print, with why it is what rdma-core does on a device
@@ -103,93 +106,6 @@ fn have_pyverbs() -> bool {
     true
 }
 
-/// `target/<profile>/softverbs`, next to the `deps/` directory this test runs from.
-fn softverbs_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a directory");
-    let profile = if deps.file_name().is_some_and(|n| n == "deps") {
-        deps.parent().expect("deps has a parent")
-    } else {
-        deps
-    };
-    let bin = profile.join("softverbs");
-    assert!(
-        bin.is_file(),
-        "{} is missing: build the workspace in the same profile first (`cargo build{} -p softverbs-cli`)",
-        bin.display(),
-        if profile.ends_with("release") {
-            " --release"
-        } else {
-            ""
-        }
-    );
-    bin
-}
-
-/// A daemon of our own (no network) on a socket in `dir`; killed, and `dir` removed, on drop.
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-    bin: PathBuf,
-}
-
-impl Daemon {
-    fn start(dir: PathBuf) -> Daemon {
-        let bin = softverbs_bin();
-        let socket = dir.join("sv.sock");
-        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-        let child = Command::new(&bin)
-            .args(["daemon", "--no-network", "--socket"])
-            .arg(&socket)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let d = Daemon {
-            child,
-            dir,
-            socket,
-            bin,
-        };
-        let deadline = Instant::now() + START;
-        while !d.up() {
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not come up:\n{}",
-                d.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        d
-    }
-
-    fn up(&self) -> bool {
-        self.socket.exists()
-            && Command::new(&self.bin)
-                .arg("--socket")
-                .arg(&self.socket)
-                .arg("status")
-                .env("SOFTVERBS_AUTOSTART", "0")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// Copies the suite into `dst` and unpacks its gzipped files (Debian compresses the larger
 /// ones).
 fn copy_suite(dst: &Path) {
@@ -210,26 +126,6 @@ fn copy_suite(dst: &Path) {
             .status()
             .unwrap();
         assert!(st.success(), "gunzip failed in {}", dst.display());
-    }
-}
-
-/// Waits for a child with a deadline, killing it on timeout.
-fn finish(mut c: Child) -> Output {
-    let deadline = Instant::now() + RUN;
-    loop {
-        if c.try_wait().unwrap().is_some() {
-            return c.wait_with_output().unwrap();
-        }
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            let o = c.wait_with_output().unwrap();
-            panic!(
-                "the suite did not finish in {RUN:?}:\n{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -375,34 +271,20 @@ fn check_suite(name: &str, modules: &[&str], extra_skips: &[(&str, &str)]) {
     if !have_pyverbs() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("sv-pyverbs-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let daemon = Daemon::start(dir.clone());
-    let work = dir.join("t");
+    let daemon = Daemon::start(name);
+    let work = daemon.dir.join("t");
     copy_suite(&work.join("tests"));
 
-    let child = Command::new(&daemon.bin)
-        .arg("--socket")
-        .arg(&daemon.socket)
-        .args([
-            "run",
-            "--",
-            PYTHON,
-            "tests/run_tests.py",
-            "--dev",
-            "softverbs0",
-            "-v",
-        ])
+    let child = daemon
+        .command(PYTHON, &["tests/run_tests.py", "--dev", "softverbs0", "-v"])
         .args(modules)
         .current_dir(&work)
-        .env("SOFTVERBS_AUTOSTART", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let o = finish(child);
+    let o = finish_within(child, "the suite", RUN);
     let out = format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),

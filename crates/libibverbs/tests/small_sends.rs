@@ -8,9 +8,9 @@
 //! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing. The `softverbs`
 //! binary must be built in the same profile (`cargo build -p softverbs-cli`).
 
-mod c_support;
+mod support;
 
-use c_support::{c_toolchain_missing, compile, Daemon};
+use support::c_program;
 
 /// Every check the program makes; each must report `ok`.
 const CHECKS: &[&str] = &[
@@ -26,13 +26,9 @@ const CHECKS: &[&str] = &[
 
 #[test]
 fn small_sends_arrive_intact_and_bad_keys_still_fail_at_completion() {
-    if let Some(why) = c_toolchain_missing() {
-        eprintln!("SKIP: {why}");
+    let Some((d, prog)) = c_program("small-sends", "tests/c/small_sends.c") else {
         return;
-    }
-    let d = Daemon::start("small-sends");
-    let prog = d.dir.join("small_sends");
-    compile("tests/c/small_sends.c", &prog);
+    };
     let (said, status) = d.run("small_sends", &prog, &[]).finish();
     let text = said.join("\n");
     let ok: Vec<&str> = said.iter().filter_map(|l| l.strip_prefix("ok ")).collect();

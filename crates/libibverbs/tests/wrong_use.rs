@@ -6,9 +6,9 @@
 //! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing. The `softverbs`
 //! binary must be built in the same profile (`cargo build -p softverbs-cli`).
 
-mod c_support;
+mod support;
 
-use c_support::{c_toolchain_missing, compile, Daemon, SECTIONS};
+use support::{c_program, SECTIONS};
 
 /// Every check the program makes; each must report `ok`.
 const CHECKS: &[&str] = &[
@@ -71,13 +71,9 @@ const CHECKS: &[&str] = &[
 
 #[test]
 fn wrong_use_from_c_returns_what_rdma_core_returns() {
-    if let Some(why) = c_toolchain_missing() {
-        eprintln!("SKIP: {why}");
+    let Some((d, prog)) = c_program("wrong-use", "tests/c/wrong_use.c") else {
         return;
-    }
-    let d = Daemon::start("wrong-use");
-    let prog = d.dir.join("wrong_use");
-    compile("tests/c/wrong_use.c", &prog);
+    };
     let dir = d.dir.to_str().expect("utf-8 path");
     let (said, status) = d.run("wrong_use", &prog, &[dir]).finish();
     let text = said.join("\n");

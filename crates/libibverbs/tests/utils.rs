@@ -4,162 +4,38 @@
 //! pingpong checks its own data (`-c`/validation is built in: a failed check exits non-zero).
 //!
 //! Skipped (with a message) only when ibverbs-utils is not installed; `scripts/test.sh`
-//! installs it.
+//! installs it. The `softverbs` binary must be built in the same profile
+//! (`cargo build -p softverbs-cli`): this crate cannot depend on it.
+
+mod support;
 
 use std::io::Read;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_softverbs");
-const WAIT: Duration = Duration::from_secs(60);
+use support::{finish, free_port, softverbs_bin, text, Daemon, WAIT};
 
+/// ibverbs-utils, or a note that the test checked nothing without it.
 fn have(tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-    if !found {
-        eprintln!("SKIP: {tool} is not installed (apt-get install ibverbs-utils)");
-    }
-    found
-}
-
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-}
-
-impl Daemon {
-    /// A daemon whose device `softverbs0` has address `ip` (UDP 4791 bound), or no network.
-    fn start(name: &str, ip: Option<&str>) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("sv-dropin-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("sv.sock");
-        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.args(["daemon", "--socket"]).arg(&socket);
-        match ip {
-            Some(ip) => cmd.arg("--device").arg(format!("softverbs0={ip}")),
-            None => cmd.arg("--no-network"),
-        };
-        let child = cmd.stderr(log).spawn().unwrap();
-        let d = Daemon { child, dir, socket };
-        let deadline = Instant::now() + WAIT;
-        while softverbs_ipc::connect_seqpacket(&d.socket).is_err() {
-            assert!(Instant::now() < deadline, "daemon {name} did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        d
-    }
-
-    /// `softverbs run -- PROGRAM ARGS` against this daemon.
-    fn run(&self, prog: &str, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--socket")
-            .arg(&self.socket)
-            .arg("run")
-            .arg("--")
-            .arg(prog)
-            .args(args)
-            .env("SOFTVERBS_AUTOSTART", "0");
-        c
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Waits for a child with a deadline, killing it on timeout.
-fn finish(mut c: Child, what: &str) -> Output {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if c.try_wait().unwrap().is_some() {
-            return c.wait_with_output().unwrap();
-        }
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            let o = c.wait_with_output().unwrap();
-            panic!("{what} did not finish: {}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A TCP port nobody listens on now (the pingpongs exchange addresses over TCP).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Whether something listens on TCP `port` (read from /proc, so no connection is spent:
-/// a pingpong server accepts exactly one).
-fn listening(port: u16) -> bool {
-    let want = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&want) && cols[3] == "0A"
-            })
-        })
-    })
+    support::have(tool, "ibverbs-utils")
 }
 
 /// Runs a pingpong server on `srv` and `clients` clients on `cli` (the same daemon or
 /// another one), and checks that every process exits 0 after its own data checks.
 fn pingpong(srv: &Daemon, cli: &Daemon, prog: &str, args: &[&str], clients: usize) {
-    let port = free_port().to_string();
-    let mut sargs = vec!["-p", &port, "-g", "0"];
+    let port = free_port();
+    let p = port.to_string();
+    let mut sargs = vec!["-p", &p, "-g", "0"];
     sargs.extend_from_slice(args);
-    let server = srv
-        .run(prog, &sargs)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while !listening(port.parse().unwrap()) {
-        assert!(Instant::now() < deadline, "{prog} server never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let server = srv.spawn_server(prog, &sargs, port);
     let mut cargs: Vec<&str> = sargs.iter().copied().filter(|a| *a != "-c").collect();
     // `-c N` (xsrq: number of clients) is a server option; drop it and its value.
     if let Some(i) = sargs.iter().position(|a| *a == "-c") {
         cargs = sargs[..i].iter().chain(&sargs[i + 2..]).copied().collect();
     }
     cargs.push("localhost");
-    let kids: Vec<Child> = (0..clients)
-        .map(|_| {
-            cli.run(prog, &cargs)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let kids: Vec<Child> = (0..clients).map(|_| cli.spawn(prog, &cargs)).collect();
     for (i, k) in kids.into_iter().enumerate() {
         let o = finish(k, &format!("{prog} client {i}"));
         assert!(
@@ -183,15 +59,15 @@ fn device_tools_list_and_describe_the_softverbs_device() {
     if !have("ibv_devinfo") {
         return;
     }
-    let d = Daemon::start("tools", None);
-    let o = d.run("ibv_devices", &[]).output().unwrap();
+    let d = Daemon::start("tools");
+    let o = d.command("ibv_devices", &[]).output().unwrap();
     let t = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success() && t.contains("softverbs0"),
         "{}",
         text(&o)
     );
-    let o = d.run("ibv_devinfo", &["-v"]).output().unwrap();
+    let o = d.command("ibv_devinfo", &["-v"]).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let t = String::from_utf8_lossy(&o.stdout);
     for want in [
@@ -211,22 +87,12 @@ fn asyncwatch_prints_a_port_event() {
     if !have("ibv_asyncwatch") {
         return;
     }
-    let d = Daemon::start("async", None);
-    let mut w = d
-        .run("ibv_asyncwatch", &[])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let d = Daemon::start("async");
+    let mut w = d.spawn("ibv_asyncwatch", &[]);
     // Inject until the watcher's context exists and hears it (it opens the device first).
     let deadline = Instant::now() + WAIT;
     loop {
-        let o = Command::new(BIN)
-            .arg("--socket")
-            .arg(&d.socket)
-            .args(["inject-event", "--port", "1", "--event", "port-err"])
-            .output()
-            .unwrap();
+        let o = d.cli(&["inject-event", "--port", "1", "--event", "port-err"]);
         assert!(o.status.success(), "{}", text(&o));
         // The injector's own context is one receiver; the watcher makes two.
         if String::from_utf8_lossy(&o.stdout).contains("delivered to 2") {
@@ -267,7 +133,7 @@ fn pingpongs_between_two_processes_on_one_daemon() {
     if !have("ibv_rc_pingpong") {
         return;
     }
-    let d = Daemon::start("one", None);
+    let d = Daemon::start("one");
     for (prog, args, clients) in PINGPONGS {
         pingpong(&d, &d, prog, args, *clients);
     }
@@ -278,8 +144,8 @@ fn pingpongs_between_two_daemons_over_udp() {
     if !have("ibv_rc_pingpong") {
         return;
     }
-    let a = Daemon::start("a", Some("127.93.9.1"));
-    let b = Daemon::start("b", Some("127.93.9.2"));
+    let a = Daemon::start_with_ip("a", "127.93.9.1");
+    let b = Daemon::start_with_ip("b", "127.93.9.2");
     for (prog, args, clients) in PINGPONGS {
         pingpong(&a, &b, prog, args, *clients);
     }
@@ -287,9 +153,12 @@ fn pingpongs_between_two_daemons_over_udp() {
 
 #[test]
 fn run_without_a_program_or_library_says_so() {
-    let o = Command::new(BIN).args(["run", "--"]).output().unwrap();
+    let o = Command::new(softverbs_bin())
+        .args(["run", "--"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
-    let o = Command::new(BIN)
+    let o = Command::new(softverbs_bin())
         .args(["run", "--", "true"])
         .env("SOFTVERBS_LIBIBVERBS", "/nonexistent/libibverbs.so.1")
         .output()
@@ -306,7 +175,7 @@ fn run_without_a_program_or_library_says_so() {
 fn install_puts_binary_library_and_header_under_the_prefix() {
     let prefix = std::env::temp_dir().join(format!("sv-install-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&prefix);
-    let o = Command::new(BIN)
+    let o = Command::new(softverbs_bin())
         .args(["install", "--prefix"])
         .arg(&prefix)
         .output()

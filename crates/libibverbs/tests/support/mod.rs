@@ -1,12 +1,16 @@
-//! What the C-program tests share: finding the `softverbs` binary and the drop-in next to the
-//! test executable, compiling a C file of this crate with gcc against them, a daemon of the
-//! test's own, and programs started with `softverbs run` whose stdout lines are read as they
-//! come.
+//! What the drop-in's tests share. This crate cannot depend on the CLI, so the `softverbs`
+//! binary and the drop-in are found next to the test executable (`cargo build -p
+//! softverbs-cli` first). Every test talks to daemons of its own, never the default socket, and
+//! starts programs with `softverbs run` the way a user would: C files of this crate compiled
+//! with gcc (stdout lines read as they come), and unmodified rdma-core tools whose TCP servers
+//! accept a single connection.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -54,6 +58,17 @@ pub fn library() -> PathBuf {
     .unwrap_or_else(|| panic!("no libibverbs.so in {} or its deps/", profile.display()))
 }
 
+/// Whether `tool` is on PATH. A test without it passes having checked nothing, so it says
+/// `SKIP` and which package would make it run.
+pub fn have(tool: &str, package: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+    if !found {
+        eprintln!("SKIP: {tool} is not installed (apt-get install {package})");
+    }
+    found
+}
+
 /// Why C programs cannot be built here, if they cannot.
 pub fn c_toolchain_missing() -> Option<String> {
     if !Path::new("/usr/include/infiniband/verbs.h").is_file() {
@@ -89,6 +104,20 @@ pub fn compile(source: &str, out: &Path) {
     );
 }
 
+/// A daemon named `name` and `source` compiled into its directory (named after the file), or
+/// None after saying `SKIP` and why: without gcc and `verbs.h` a C test checks nothing.
+pub fn c_program(name: &str, source: &str) -> Option<(Daemon, PathBuf)> {
+    if let Some(why) = c_toolchain_missing() {
+        eprintln!("SKIP: {why}");
+        return None;
+    }
+    let d = Daemon::start(name);
+    let stem = Path::new(source).file_stem().expect("a file name");
+    let prog = d.dir.join(stem);
+    compile(source, &prog);
+    Some((d, prog))
+}
+
 /// A daemon of this test's own (never the default socket), stopped on drop.
 pub struct Daemon {
     pub child: Child,
@@ -100,9 +129,20 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// No network: programs on one daemon meet through it alone, and no UDP port is taken.
     pub fn start(name: &str) -> Daemon {
+        Daemon::launch(name, &["--no-network".to_string()])
+    }
+
+    /// Its device `softverbs0` has address `ip` (UDP 4791 bound there): two such daemons on
+    /// different loopback addresses talk RoCE v2 to each other, as two hosts would.
+    pub fn start_with_ip(name: &str, ip: &str) -> Daemon {
+        Daemon::launch(name, &["--device".to_string(), format!("softverbs0={ip}")])
+    }
+
+    fn launch(name: &str, net: &[String]) -> Daemon {
         let bin = softverbs_bin();
-        let dir = std::env::temp_dir().join(format!("sv-cprog-{}-{name}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("sv-dropin-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("lib")).expect("test dir");
         let lib = dir.join("lib/libibverbs.so.1");
@@ -110,8 +150,11 @@ impl Daemon {
         let socket = dir.join("sv.sock");
         let log = std::fs::File::create(dir.join("daemon.log")).expect("daemon log");
         let child = Command::new(&bin)
-            .args(["daemon", "--no-network", "--socket"])
+            .arg("daemon")
+            .args(net)
+            .arg("--socket")
             .arg(&socket)
+            .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start the daemon");
@@ -125,9 +168,13 @@ impl Daemon {
         let deadline = Instant::now() + WAIT;
         while !d.answers() {
             if let Ok(Some(st)) = d.child.try_wait() {
-                panic!("daemon exited with {st}: {}", d.log());
+                panic!("daemon {name} exited with {st}: {}", d.log());
             }
-            assert!(Instant::now() < deadline, "the daemon did not come up");
+            assert!(
+                Instant::now() < deadline,
+                "daemon {name} did not come up:\n{}",
+                d.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         d
@@ -137,7 +184,7 @@ impl Daemon {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
-    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+    pub fn cli(&self, args: &[&str]) -> Output {
         Command::new(&self.bin)
             .arg("--socket")
             .arg(&self.socket)
@@ -178,17 +225,55 @@ impl Daemon {
         }
     }
 
-    /// `softverbs run -- PROG ARGS…` with piped stdin and stdout.
-    pub fn run(&self, name: &str, prog: &Path, args: &[&str]) -> Proc {
-        let mut child = Command::new(&self.bin)
-            .arg("--socket")
+    /// `softverbs run -- PROG ARGS` against this daemon and this test's build of the drop-in
+    /// (not whichever `softverbs run` would find), for the caller to add its own stdio.
+    pub fn command(&self, prog: impl AsRef<OsStr>, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--socket")
             .arg(&self.socket)
             .arg("run")
             .arg("--")
             .arg(prog)
             .args(args)
             .env("SOFTVERBS_AUTOSTART", "0")
-            .env("SOFTVERBS_LIBIBVERBS", &self.lib)
+            .env("SOFTVERBS_LIBIBVERBS", &self.lib);
+        c
+    }
+
+    /// [`Daemon::command`] started with its output piped, for [`finish`] to collect.
+    pub fn spawn(&self, prog: &str, args: &[&str]) -> Child {
+        self.command(prog, args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("softverbs run {prog}: {e}"))
+    }
+
+    /// [`Daemon::spawn`] for a server (perftest, the pingpongs) that listens on TCP `port`,
+    /// returned once it listens: its client gives up if it connects sooner.
+    pub fn spawn_server(&self, prog: &str, args: &[&str], port: u16) -> Child {
+        let mut server = self.spawn(prog, args);
+        let deadline = Instant::now() + WAIT;
+        while !listening(port) {
+            if server.try_wait().expect("try_wait").is_some() || Instant::now() > deadline {
+                let _ = server.kill();
+                let o = server.wait_with_output().expect("wait");
+                panic!(
+                    "{prog} server never listened on {port}: {}\ndaemon log:\n{}",
+                    text(&o),
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        server
+    }
+
+    /// `softverbs run -- PROG ARGS…` with piped stdin and stdout, read line by line.
+    pub fn run(&self, name: &str, prog: &Path, args: &[&str]) -> Proc {
+        let mut child = self
+            .command(prog, args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -307,6 +392,61 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// An exit status with everything the program said, for assertion messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Waits up to [`WAIT`] for a child: a hung program fails the test instead of hanging it.
+pub fn finish(c: Child, what: &str) -> Output {
+    finish_within(c, what, WAIT)
+}
+
+/// [`finish`] for a child that may take longer than one step (a whole test suite).
+pub fn finish_within(mut c: Child, what: &str, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    loop {
+        if c.try_wait().expect("try_wait").is_some() {
+            return c.wait_with_output().expect("wait");
+        }
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            let o = c.wait_with_output().expect("wait");
+            panic!("{what} did not finish within {limit:?}: {}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A TCP port nobody listens on now: perftest and the pingpongs exchange QP numbers and keys
+/// over TCP, and tests run in parallel.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind a TCP port")
+        .local_addr()
+        .expect("local address")
+        .port()
+}
+
+/// Whether something listens on TCP `port`, read from /proc so that no connection is spent
+/// (a perftest or pingpong server accepts exactly one).
+pub fn listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == "0A"
+            })
+        })
+    })
 }
 
 /// Whether `softverbs resources --json` lists a context of process `pid`.
