@@ -14,70 +14,7 @@
 
 #include <infiniband/verbs.h>
 
-static int checks, failures;
-
-static void check(const char *name, int ok, const char *what)
-{
-	checks++;
-	if (ok) {
-		printf("ok %s\n", name);
-	} else {
-		failures++;
-		printf("FAIL %s: %s (errno %d)\n", name, what, errno);
-	}
-	fflush(stdout);
-}
-
-static void fatal(const char *what)
-{
-	printf("FATAL %s: %s\n", what, strerror(errno));
-	exit(2);
-}
-
-static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq)
-{
-	struct ibv_qp_init_attr a = {
-		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
-	};
-	struct ibv_qp *qp = ibv_create_qp(pd, &a);
-
-	if (!qp)
-		fatal("ibv_create_qp");
-	return qp;
-}
-
-static void connect_qp(struct ibv_qp *qp, union ibv_gid *gid, uint32_t remote)
-{
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_LOCAL_WRITE };
-
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-			  IBV_QP_ACCESS_FLAGS))
-		fatal("INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = remote;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		fatal("RTR");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		fatal("RTS");
-}
+#include "check.h"
 
 static unsigned char buf[4096];
 
@@ -178,10 +115,10 @@ int main(void)
 	if (!mr || !cq)
 		fatal("setup");
 	check("channel_refcnt_counts_cqs", ch->refcnt == 1, "refcnt after one CQ");
-	a = rc_qp(pd, cq);
-	b = rc_qp(pd, cq);
-	connect_qp(a, &gid, b->qp_num);
-	connect_qp(b, &gid, a->qp_num);
+	a = new_rc_qp(pd, cq, 8, 1);
+	b = new_rc_qp(pd, cq, 8, 1);
+	connect_rc(a, &gid, b->qp_num, IBV_ACCESS_LOCAL_WRITE);
+	connect_rc(b, &gid, a->qp_num, IBV_ACCESS_LOCAL_WRITE);
 
 	/* A blocking channel: the armed CQ's next completion is one event naming the CQ. */
 	if (ibv_req_notify_cq(cq, 0))
@@ -240,7 +177,7 @@ int main(void)
 	cq2 = ibv_create_cq(ctx, 16, NULL, NULL, 0);
 	if (!cq2)
 		fatal("cq2");
-	c = rc_qp(pd, cq2);
+	c = new_rc_qp(pd, cq2, 8, 1);
 	{
 		char args[64];
 
@@ -276,6 +213,5 @@ int main(void)
 
 	if (ibv_destroy_cq(cq2) || ibv_dereg_mr(mr) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
 		fatal("teardown");
-	printf("events: %d checks, %d failed\n", checks, failures);
-	return failures != 0;
+	return summary("events");
 }

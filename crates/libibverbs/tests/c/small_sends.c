@@ -19,86 +19,22 @@
 
 #include <infiniband/verbs.h>
 
-static int checks, failures;
-
-static void check(const char *name, int ok, const char *what)
-{
-	checks++;
-	if (ok) {
-		printf("ok %s\n", name);
-	} else {
-		failures++;
-		printf("FAIL %s: %s\n", name, what);
-	}
-	fflush(stdout);
-}
-
-static void fatal(const char *what)
-{
-	printf("FATAL %s: %s\n", what, strerror(errno));
-	exit(2);
-}
+#include "check.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
 static union ibv_gid gid;
 
+/* The program never asks for inline (max_inline_data 0), as perftest does. */
 static struct ibv_qp *rc_qp(void)
 {
-	struct ibv_qp_init_attr a;
-	struct ibv_qp *qp;
-
-	memset(&a, 0, sizeof(a));
-	a.send_cq = cq;
-	a.recv_cq = cq;
-	a.qp_type = IBV_QPT_RC;
-	a.cap.max_send_wr = 8;
-	a.cap.max_recv_wr = 8;
-	a.cap.max_send_sge = 4;
-	a.cap.max_recv_sge = 1;
-	/* a.cap.max_inline_data = 0: the program never asks for inline. */
-	qp = ibv_create_qp(pd, &a);
-	if (!qp)
-		fatal("ibv_create_qp");
-	return qp;
+	return new_rc_qp(pd, cq, 8, 4);
 }
 
 static void connect_qp(struct ibv_qp *qp, uint32_t remote)
 {
-	struct ibv_qp_attr a;
-
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = 1;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		fatal("modify to INIT");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = remote;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = gid;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		fatal("modify to RTR");
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(qp, &a,
-			  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		fatal("modify to RTS");
+	connect_rc(qp, &gid, remote, IBV_ACCESS_REMOTE_WRITE);
 }
 
 /* A connected pair: a[0] sends to a[1]. */
@@ -306,6 +242,5 @@ int main(void)
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	printf("small_sends: %d checks, %d failed\n", checks, failures);
-	return failures ? 1 : 0;
+	return summary("small_sends");
 }

@@ -22,20 +22,14 @@
 #include <infiniband/verbs.h>
 #include <softverbs/xrc_legacy.h>
 
-static int checks, failures;
+#include "check.h"
 
 static void report(const char *name, int ok, const char *fmt, long got, long want)
 {
-	checks++;
-	if (ok) {
-		printf("ok %s\n", name);
-	} else {
-		failures++;
-		printf("FAIL %s: ", name);
-		printf(fmt, got, want);
-		putchar('\n');
-	}
-	fflush(stdout);
+	char why[200];
+
+	snprintf(why, sizeof(why), fmt, got, want);
+	check(name, ok, why);
 }
 
 /* A call returning 0 or a positive errno. */
@@ -53,39 +47,6 @@ static void expect_null(const char *name, const void *got, int err, int want)
 		return;
 	}
 	report(name, err == want, "NULL with errno %ld, rdma-core sets errno %ld", err, want);
-}
-
-static void expect_true(const char *name, int cond, const char *what)
-{
-	checks++;
-	if (cond) {
-		printf("ok %s\n", name);
-	} else {
-		failures++;
-		printf("FAIL %s: %s\n", name, what);
-	}
-	fflush(stdout);
-}
-
-static void fatal(const char *what)
-{
-	printf("FATAL %s: %s\n", what, strerror(errno));
-	exit(2);
-}
-
-static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq)
-{
-	struct ibv_qp_init_attr a;
-
-	memset(&a, 0, sizeof(a));
-	a.send_cq = cq;
-	a.recv_cq = cq;
-	a.qp_type = IBV_QPT_RC;
-	a.cap.max_send_wr = 4;
-	a.cap.max_recv_wr = 4;
-	a.cap.max_send_sge = 1;
-	a.cap.max_recv_sge = 1;
-	return ibv_create_qp(pd, &a);
 }
 
 int main(int argc, char **argv)
@@ -113,7 +74,7 @@ int main(int argc, char **argv)
 	/* libibverbs/device.c ibv_get_device_list(): `num` is optional ("if (num) *num = 0").
 	 * (ibv_free_device_list(NULL) is not checked: rdma-core dereferences the list.) */
 	list = ibv_get_device_list(NULL);
-	expect_true("get_device_list_null_num", list && list[0], "no device list without num");
+	check("get_device_list_null_num", list && list[0], "no device list without num");
 	if (!list || !list[0])
 		fatal("ibv_get_device_list");
 	ctx = ibv_open_device(list[0]);
@@ -134,7 +95,7 @@ int main(int argc, char **argv)
 
 	/* libibverbs/verbs.c ibv_create_cq(): the channel (and cq_context) may be NULL. */
 	cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
-	expect_true("create_cq_null_channel", cq != NULL, "no CQ without a channel");
+	check("create_cq_null_channel", cq != NULL, "no CQ without a channel");
 	if (!cq)
 		fatal("ibv_create_cq");
 
@@ -146,7 +107,7 @@ int main(int argc, char **argv)
 	 * header; an older or newer program passes its own, so call the slot as such a program's
 	 * wrapper would. */
 	vctx = verbs_get_ctx_op(ctx, query_device_ex);
-	expect_true("query_device_ex_slot", vctx != NULL, "no query_device_ex in verbs_context");
+	check("query_device_ex_slot", vctx != NULL, "no query_device_ex in verbs_context");
 	if (vctx) {
 		static unsigned char big[sizeof(struct ibv_device_attr_ex) + 64];
 		size_t orig = sizeof(struct ibv_device_attr), i;
@@ -161,7 +122,7 @@ int main(int argc, char **argv)
 		for (i = orig; i < sizeof(big); i++)
 			tail_kept &= big[i] == 0xa5;
 		expect_ret("query_device_ex_orig_size", ret, 0);
-		expect_true("query_device_ex_orig_size_writes_no_more", tail_kept,
+		check("query_device_ex_orig_size_writes_no_more", tail_kept,
 			    "bytes past attr_size were written");
 		memset(big, 0xa5, sizeof(big));
 		ret = vctx->query_device_ex(ctx, NULL, (struct ibv_device_attr_ex *)big,
@@ -169,7 +130,7 @@ int main(int argc, char **argv)
 		for (i = sizeof(struct ibv_device_attr_ex); i < sizeof(big); i++)
 			tail_zeroed &= big[i] == 0;
 		expect_ret("query_device_ex_oversized", ret, 0);
-		expect_true("query_device_ex_oversized_clears_the_tail", tail_zeroed,
+		check("query_device_ex_oversized_clears_the_tail", tail_zeroed,
 			    "bytes this library does not know were left as they were");
 	}
 
@@ -217,7 +178,7 @@ int main(int argc, char **argv)
 		expect_ret("destroy_comp_channel_unused", ibv_destroy_comp_channel(ch), 0);
 	}
 
-	qp = rc_qp(pd, cq);
+	qp = new_rc_qp(pd, cq, 4, 1);
 	if (!qp)
 		fatal("ibv_create_qp");
 	/* Kernel drivers/infiniband/core/verbs.c ib_destroy_cq_user(): a CQ with users is
@@ -241,7 +202,7 @@ int main(int argc, char **argv)
 		wr.opcode = IBV_WR_SEND;
 		wr.send_flags = IBV_SEND_SIGNALED;
 		expect_ret("post_send_in_reset", ibv_post_send(qp, &wr, &bad), EINVAL);
-		expect_true("post_send_in_reset_names_bad_wr", bad == &wr, "*bad_wr is not the WR");
+		check("post_send_in_reset_names_bad_wr", bad == &wr, "*bad_wr is not the WR");
 	}
 
 	/* Kernel drivers/infiniband/core/verbs.c ib_modify_qp_is_ok() rejects RESET->RTS and the
@@ -253,7 +214,7 @@ int main(int argc, char **argv)
 		memset(&a, 0, sizeof(a));
 		a.qp_state = IBV_QPS_RTS;
 		expect_ret("modify_qp_reset_to_rts", ibv_modify_qp(qp, &a, IBV_QP_STATE), EINVAL);
-		expect_true("modify_qp_failure_keeps_state", qp->state == IBV_QPS_RESET,
+		check("modify_qp_failure_keeps_state", qp->state == IBV_QPS_RESET,
 			    "qp->state changed by a failed modify");
 	}
 
@@ -364,6 +325,5 @@ int main(int argc, char **argv)
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	printf("wrong_use: %d checks, %d failed\n", checks, failures);
-	return failures ? 1 : 0;
+	return summary("wrong_use");
 }

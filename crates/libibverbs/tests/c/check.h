@@ -1,0 +1,101 @@
+/* What the C test programs share: one "ok NAME" / "FAIL NAME: why" line per check (the Rust
+ * side compares the names with its list), a fatal exit for setup that cannot go on, and a
+ * connected RC QP of this context (GID index 0 of port 1: loopback through the daemon). */
+#ifndef SOFTVERBS_TEST_CHECK_H
+#define SOFTVERBS_TEST_CHECK_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <infiniband/verbs.h>
+
+static int checks, failures;
+
+static inline void check(const char *name, int ok, const char *what)
+{
+	checks++;
+	if (ok) {
+		printf("ok %s\n", name);
+	} else {
+		failures++;
+		printf("FAIL %s: %s (errno %d)\n", name, what, errno);
+	}
+	fflush(stdout);
+}
+
+static inline void fatal(const char *what)
+{
+	printf("FATAL %s: %s\n", what, strerror(errno));
+	exit(2);
+}
+
+/* The closing line the Rust side expects; the exit status of the program. */
+static inline int summary(const char *prog)
+{
+	printf("%s: %d checks, %d failed\n", prog, checks, failures);
+	return failures != 0;
+}
+
+static inline struct ibv_qp *new_rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t wrs,
+				       uint32_t send_sges)
+{
+	struct ibv_qp_init_attr a;
+	struct ibv_qp *qp;
+
+	memset(&a, 0, sizeof(a));
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = wrs;
+	a.cap.max_recv_wr = wrs;
+	a.cap.max_send_sge = send_sges;
+	a.cap.max_recv_sge = 1;
+	qp = ibv_create_qp(pd, &a);
+	if (!qp)
+		fatal("ibv_create_qp");
+	return qp;
+}
+
+/* RESET -> INIT -> RTR -> RTS towards `remote` at `gid`, with remote `access`. */
+static inline void connect_rc(struct ibv_qp *qp, const union ibv_gid *gid, uint32_t remote,
+			      unsigned int access)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.qp_access_flags = access;
+	if (ibv_modify_qp(qp, &a,
+			  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		fatal("modify to INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = remote;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = *gid;
+	a.ah_attr.grh.hop_limit = 64;
+	a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(qp, &a,
+			  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		fatal("modify to RTR");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	if (ibv_modify_qp(qp, &a,
+			  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		fatal("modify to RTS");
+}
+
+#endif
