@@ -139,46 +139,12 @@ fn rc_send_write_read_atomic_between_two_hosts() {
 fn an_unsignaled_burst_is_acknowledged_in_coalesced_acks() {
     use softverbs_wire::datagram::parse_roce_v2;
     use softverbs_wire::opcode::Operation;
-    let mut a = Host::new("10.0.0.1".parse().unwrap(), Mtu::M1024);
-    let mut b = Host::new("10.0.0.2".parse().unwrap(), Mtu::M1024);
-    let ca = a.context(1, 1 << 20);
-    let cb = b.context(2, 1 << 20);
-    let pa = a.pd(ca);
-    let pb = b.pd(cb);
-    let ka = a.mr(pa, 0, 1 << 20, Access::LOCAL_WRITE);
-    let kb = b.mr(pb, 0, 1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let cqa = a.cq(ca);
-    let cqb = b.cq(cb);
-    let qa = a.qp(QpType::Rc, pa, cqa, None);
-    let qb = b.qp(QpType::Rc, pb, cqb, None);
-    let (ga, gb) = (a.gid, b.gid);
-    a.connect(qa, gb, qb, ConnParams::default());
-    b.connect(qb, ga, qa, ConnParams::default());
     const N: u64 = 64;
-    for i in 0..N {
-        a.mem.space_mut(ca)[i as usize * 8..][..8].copy_from_slice(&(i + 100).to_le_bytes());
-        let mut w = SendWr::new(
-            i,
-            SendOp::Write {
-                remote_addr: 0x8000 + i * 8,
-                rkey: kb,
-            },
-            Payload::Sges(vec![Sge {
-                addr: i * 8,
-                length: 8,
-                lkey: ka,
-            }]),
-        );
-        w.signaled = i == N - 1;
-        a.engine.post_send(qa, w).unwrap();
-    }
-    let mut net = Network::new(vec![a, b], Faults::NONE, 5);
-    net.capture = Some(Vec::new());
-    assert!(net.run_until(std::time::Duration::from_secs(1), |n| {
-        n.hosts[0].completions.len() == 1
-    }));
-    let wcs = net.hosts[0].take_completions(cqa);
-    assert_eq!((wcs[0].wr_id, wcs[0].status), (N - 1, WcStatus::Success));
+    let (mut net, cb) = unsignaled_writes(ConnParams::default(), N, 8, 8, 0x8000, |m| {
+        for i in 0..N as usize {
+            m[i * 8..][..8].copy_from_slice(&(i as u64 + 100).to_le_bytes());
+        }
+    });
     for i in 0..N as usize {
         assert_eq!(
             net.hosts[1].mem.space(cb)[0x8000 + i * 8..][..8],
@@ -218,57 +184,18 @@ fn an_unsignaled_burst_is_acknowledged_in_coalesced_acks() {
 fn window_sized_unsignaled_requests_never_wait_for_the_retry_timer() {
     use softverbs_wire::datagram::parse_roce_v2;
     use softverbs_wire::opcode::Operation;
-    let mut a = Host::new("10.0.0.1".parse().unwrap(), Mtu::M1024);
-    let mut b = Host::new("10.0.0.2".parse().unwrap(), Mtu::M1024);
-    let ca = a.context(1, 1 << 20);
-    let cb = b.context(2, 1 << 20);
-    let pa = a.pd(ca);
-    let pb = b.pd(cb);
-    let ka = a.mr(pa, 0, 1 << 20, Access::LOCAL_WRITE);
-    let kb = b.mr(pb, 0, 1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
-    let cqa = a.cq(ca);
-    let cqb = b.cq(cb);
-    let qa = a.qp(QpType::Rc, pa, cqa, None);
-    let qb = b.qp(QpType::Rc, pb, cqb, None);
-    let (ga, gb) = (a.gid, b.gid);
     let p = ConnParams {
         sq_psn: 5,
         rq_psn: 5,
         ..ConnParams::default()
     };
-    a.connect(qa, gb, qb, p);
-    b.connect(qb, ga, qa, p);
     const N: u64 = 4;
     const LEN: u32 = 128 << 10;
-    for (i, x) in a.mem.space_mut(ca)[..(N as usize) * LEN as usize]
-        .iter_mut()
-        .enumerate()
-    {
-        *x = (i % 251) as u8;
-    }
-    for i in 0..N {
-        let mut w = SendWr::new(
-            i,
-            SendOp::Write {
-                remote_addr: i * u64::from(LEN),
-                rkey: kb,
-            },
-            Payload::Sges(vec![Sge {
-                addr: i * u64::from(LEN),
-                length: LEN,
-                lkey: ka,
-            }]),
-        );
-        w.signaled = i == N - 1;
-        a.engine.post_send(qa, w).unwrap();
-    }
-    let mut net = Network::new(vec![a, b], Faults::NONE, 5);
-    net.capture = Some(Vec::new());
-    assert!(net.run_until(std::time::Duration::from_secs(10), |n| {
-        n.hosts[0].completions.len() == 1
-    }));
-    let wcs = net.hosts[0].take_completions(cqa);
-    assert_eq!((wcs[0].wr_id, wcs[0].status), (N - 1, WcStatus::Success));
+    let (mut net, cb) = unsignaled_writes(p, N, LEN, u64::from(LEN), 0, |m| {
+        for (i, x) in m[..(N as usize) * LEN as usize].iter_mut().enumerate() {
+            *x = (i % 251) as u8;
+        }
+    });
     let total = (N as usize) * LEN as usize;
     assert!(
         net.hosts[1].mem.space(cb)[..total]
@@ -290,4 +217,58 @@ fn window_sized_unsignaled_requests_never_wait_for_the_retry_timer() {
         N * u64::from(LEN / 1024),
         "packets were retransmitted: the queue waited for the retry timer"
     );
+}
+
+/// Host a posts `n` RDMA WRITEs of `len` bytes over one RC connection — request `i` from a's
+/// offset `i * stride` to b's `base + i * stride`, only the last one signaled — after `fill`
+/// wrote a's memory; the network (capturing) runs until that one completes successfully.
+/// Returns the network and b's context, for the callers' checks of memory and packets.
+fn unsignaled_writes(
+    p: ConnParams,
+    n: u64,
+    len: u32,
+    stride: u64,
+    base: u64,
+    fill: impl FnOnce(&mut [u8]),
+) -> (Network, softverbs_core::ids::CtxId) {
+    let mut a = Host::new("10.0.0.1".parse().unwrap(), Mtu::M1024);
+    let mut b = Host::new("10.0.0.2".parse().unwrap(), Mtu::M1024);
+    let ca = a.context(1, 1 << 20);
+    let cb = b.context(2, 1 << 20);
+    let pa = a.pd(ca);
+    let pb = b.pd(cb);
+    let ka = a.mr(pa, 0, 1 << 20, Access::LOCAL_WRITE);
+    let kb = b.mr(pb, 0, 1 << 20, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let cqa = a.cq(ca);
+    let cqb = b.cq(cb);
+    let qa = a.qp(QpType::Rc, pa, cqa, None);
+    let qb = b.qp(QpType::Rc, pb, cqb, None);
+    let (ga, gb) = (a.gid, b.gid);
+    a.connect(qa, gb, qb, p);
+    b.connect(qb, ga, qa, p);
+    fill(a.mem.space_mut(ca));
+    for i in 0..n {
+        let mut w = SendWr::new(
+            i,
+            SendOp::Write {
+                remote_addr: base + i * stride,
+                rkey: kb,
+            },
+            Payload::Sges(vec![Sge {
+                addr: i * stride,
+                length: len,
+                lkey: ka,
+            }]),
+        );
+        w.signaled = i == n - 1;
+        a.engine.post_send(qa, w).unwrap();
+    }
+    let mut net = Network::new(vec![a, b], Faults::NONE, 5);
+    net.capture = Some(Vec::new());
+    assert!(net.run_until(std::time::Duration::from_secs(10), |n| {
+        n.hosts[0].completions.len() == 1
+    }));
+    let wcs = net.hosts[0].take_completions(cqa);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (n - 1, WcStatus::Success));
+    (net, cb)
 }
