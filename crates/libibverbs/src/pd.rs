@@ -57,6 +57,15 @@ export!(default "ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
 /// `IBV_ACCESS_OPTIONAL_RANGE`: hints a device may ignore (ibv_reg_mr(3)); softverbs does.
 const ACCESS_OPTIONAL_RANGE: c_uint = 0x3ff0_0000;
 
+/// `SOFTVERBS_SHARED_MR=1`: register memory by turning its pages into shared memory in place
+/// (`Pd::reg_mr_shared`), so the daemon copies without a system call — the bench's fast path
+/// (docs/registered-memory.md). Opt-in, because the conversion copies the pages while it runs:
+/// no other thread may write them during `ibv_reg_mr`, and a child forked later shares them.
+fn share_in_place() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SOFTVERBS_SHARED_MR").is_some_and(|v| v == "1"))
+}
+
 fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
     // SAFETY: NULL or a PD of ours.
     let Some(o) = (unsafe { obj::<PdObj>(pd) }) else {
@@ -66,7 +75,12 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint
         return null_with(EINVAL);
     };
     let access = Access(access & !ACCESS_OPTIONAL_RANGE);
-    let mr = match p.reg_mr_iova(addr as u64, len as u64, iova, access) {
+    let made = if share_in_place() && iova == addr as u64 {
+        p.reg_mr_shared(addr as u64, len as u64, access)
+    } else {
+        p.reg_mr_iova(addr as u64, len as u64, iova, access)
+    };
+    let mr = match made {
         Ok(m) => m,
         Err(e) => return null_with(errno_of(&e)),
     };

@@ -1,7 +1,7 @@
 //! Unmodified rdma-core programs (Debian's ibverbs-utils) on the drop-in libibverbs.so.1,
 //! started with `softverbs run`: the device tools, `ibv_asyncwatch`, and every pingpong between
 //! two processes on one daemon and on two daemons talking RoCE v2 over loopback UDP. Each
-//! pingpong checks its own data (`-c`/validation is built in: a failed check exits non-zero).
+//! pingpong checks its own data (`--chk`; a failed check exits non-zero).
 //!
 //! Skipped (with a message) only when ibverbs-utils is not installed; `scripts/test.sh`
 //! installs it. The `softverbs` binary must be built in the same profile
@@ -119,14 +119,54 @@ fn asyncwatch_prints_a_port_event() {
 }
 
 /// The pingpongs of ibverbs-utils, as rdma-core's README runs them (`-g 0`: RoCE needs a GID).
+/// `--chk` makes each side validate every buffer it receives (the xsrq pingpong has no such
+/// option; it checks that every client's messages arrived).
 const PINGPONGS: &[(&str, &[&str], usize)] = &[
-    ("ibv_rc_pingpong", &["-n", "200"], 1),
-    ("ibv_rc_pingpong", &["-n", "200", "-e"], 1),
-    ("ibv_srq_pingpong", &["-n", "200"], 1),
+    ("ibv_rc_pingpong", &["-n", "200", "--chk"], 1),
+    ("ibv_rc_pingpong", &["-n", "200", "-e", "--chk"], 1),
+    ("ibv_srq_pingpong", &["-n", "200", "--chk"], 1),
     ("ibv_xsrq_pingpong", &["-n", "20", "-c", "3"], 3),
-    ("ibv_ud_pingpong", &["-n", "200"], 1),
-    ("ibv_uc_pingpong", &["-n", "200"], 1),
+    ("ibv_ud_pingpong", &["-n", "200", "--chk"], 1),
+    ("ibv_uc_pingpong", &["-n", "200", "--chk"], 1),
 ];
+
+/// `SOFTVERBS_SHARED_MR=1` turns registered buffers into shared memory in place (the
+/// daemon's fast path); the data must arrive the same, checked by the pingpong itself.
+#[test]
+fn rc_pingpong_checks_its_data_on_memory_shared_in_place() {
+    if !have("ibv_rc_pingpong") {
+        return;
+    }
+    let d = Daemon::start("shared-mr");
+    let port = free_port();
+    let p = port.to_string();
+    let args = ["-p", &p, "-g", "0", "-n", "300", "-s", "8192", "--chk"];
+    let spawn = |extra: &[&str]| {
+        let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+        d.command("ibv_rc_pingpong", &all)
+            .env("SOFTVERBS_SHARED_MR", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let server = spawn(&[]);
+    let deadline = Instant::now() + WAIT;
+    while !support::listening(port) {
+        assert!(Instant::now() < deadline, "the server never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let client = finish(spawn(&["localhost"]), "client");
+    let server = finish(server, "server");
+    for (who, o) in [("client", &client), ("server", &server)] {
+        assert!(o.status.success(), "{who}: {}\n{}", text(o), d.log());
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("300 iters"),
+            "{who}: {}",
+            text(o)
+        );
+    }
+}
 
 #[test]
 fn pingpongs_between_two_processes_on_one_daemon() {
