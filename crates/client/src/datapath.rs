@@ -319,38 +319,51 @@ impl Cq<'_> {
     /// `ibv_poll_cq` without allocating: hands up to `max` completions, oldest first, to `f`
     /// and returns how many (the C drop-in writes them straight into the caller's array).
     pub fn poll_with(&self, max: usize, mut f: impl FnMut(&WorkCompletion)) -> Result<usize> {
-        if let Some(ring) = &self.ring {
+        let mut counts = None;
+        let mut each = |wc: &WorkCompletion| {
+            if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                // Every receive request completes exactly once (success, error or flush),
+                // which frees its slot in its QP's ring receive queue.
+                let map = counts.get_or_insert_with(|| {
+                    self.ctx
+                        .rq_outstanding
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                });
+                if let Some(q) = map.get(&wc.qp_num) {
+                    let _ = q.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                        Some(v.saturating_sub(1))
+                    });
+                }
+            }
+            f(wc);
+        };
+        let Some(ring) = &self.ring else {
+            return self.poll_command(max, &mut each);
+        };
+        let mut n = 0;
+        {
             let mut c = ring.lock().unwrap_or_else(|e| e.into_inner());
-            let mut n = 0;
-            let mut counts = None;
             while n < max {
                 match c.pop_value::<WcWire>() {
                     Ok(Some(w)) => {
-                        let wc = wc_from_wire(&w);
-                        if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-                            // Every receive request completes exactly once (success, error or
-                            // flush), which frees its slot in the QP's receive queue.
-                            let map = counts.get_or_insert_with(|| {
-                                self.ctx
-                                    .rq_outstanding
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                            });
-                            if let Some(q) = map.get(&wc.qp_num) {
-                                let _ = q.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                                    Some(v.saturating_sub(1))
-                                });
-                            }
-                        }
-                        f(&wc);
+                        each(&wc_from_wire(&w));
                         n += 1;
                     }
                     Ok(None) => break,
                     Err(_) => return Err(Error::new("poll_cq", errno::EIO)),
                 }
             }
+        }
+        if n == max || !self.outgrown.load(Ordering::Acquire) {
             return Ok(n);
         }
+        // Resized past the ring: the ring is drained, newer completions wait in the daemon.
+        Ok(n + self.poll_command(max - n, &mut each)?)
+    }
+
+    /// Polls by command (no ring, or a CQ resized past its ring).
+    fn poll_command(&self, max: usize, f: &mut impl FnMut(&WorkCompletion)) -> Result<usize> {
         let req = PollCqReq {
             cq: U32::new(self.handle),
             max: U32::new(max.min(MAX_WIRE_WC) as u32),

@@ -96,6 +96,7 @@ impl Context {
             handle: r.handle.get(),
             cqe: AtomicU32::new(r.cqe.get()),
             ring,
+            outgrown: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -442,6 +443,8 @@ pub struct Cq<'c> {
     cqe: AtomicU32,
     /// The completion ring in shared memory, when the daemon mapped it.
     pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Consumer>>,
+    /// Resized beyond the ring's capacity: after the ring, completions come by command.
+    pub(crate) outgrown: std::sync::atomic::AtomicBool,
 }
 
 impl Cq<'_> {
@@ -466,6 +469,18 @@ impl Cq<'_> {
             .conn
             .call("resize_cq", Cmd::ResizeCq, 0, req.as_bytes())?;
         self.cqe.store(r.cqe.get(), Ordering::Relaxed);
+        // The daemon's rule (DataPath::cq_resized): rings are not remapped, so a CQ grown past
+        // its ring gets its newer completions by PollCq.
+        if let Some(ring) = &self.ring {
+            let cap = ring
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .layout()
+                .capacity();
+            if r.cqe.get() > cap {
+                self.outgrown.store(true, Ordering::Release);
+            }
+        }
         Ok(r.cqe.get())
     }
 

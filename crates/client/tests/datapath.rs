@@ -682,3 +682,58 @@ fn a_full_receive_queue_refuses_posts_until_a_receive_completes() {
         rx.post_recv(30 + i, &s(i)).unwrap();
     }
 }
+
+/// ibv_resize_cq(3) may grow a CQ past the ring it was created with: completions beyond the
+/// ring's depth are kept (by the daemon, polled by command after the ring drains), none is lost,
+/// the order holds, and no CQ_ERR is raised.
+#[test]
+fn a_cq_grown_past_its_ring_keeps_every_completion_in_order() {
+    let (d, _dir) = daemon("cqgrow", None);
+    let a = Context::open_at(&d.socket, 0).unwrap();
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(8).unwrap();
+    let big = 300;
+    assert!(cq.resize(big).unwrap() >= big);
+    let qcap = QpCap {
+        max_send_wr: 256,
+        ..cap()
+    };
+    let tx = a
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(qcap))
+        .unwrap();
+    let rx = a
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(cap()))
+        .unwrap();
+    let gid = a.query_gid(1, 0).unwrap();
+    connect(&tx, gid, rx.qpn());
+    connect(&rx, gid, tx.qpn());
+    let buf = vec![0u8; 1 << 16];
+    let mr = reg(&pd, &buf, true).unwrap();
+    let n = 200u64;
+    for i in 0..n {
+        let s = [Sge {
+            addr: buf.as_ptr() as u64,
+            length: 8,
+            lkey: mr.lkey(),
+        }];
+        let op = SendOp::Write {
+            remote_addr: buf.as_ptr() as u64 + 4096,
+            rkey: mr.rkey(),
+        };
+        tx.post_send(&SendRequest::new(i, op, &s)).unwrap();
+    }
+    // Let every completion land before the first poll: far more than the ring holds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut got = Vec::new();
+    while (got.len() as u64) < n && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        got.extend(cq.poll(64).unwrap());
+    }
+    let ids: Vec<u64> = got.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (0..n).collect::<Vec<_>>(), "lost or reordered completions");
+    assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+    assert!(
+        a.try_get_async_event().unwrap().is_none(),
+        "the grown CQ reported an overrun"
+    );
+}

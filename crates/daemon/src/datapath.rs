@@ -85,6 +85,9 @@ pub struct DataPath {
     next_channel: u32,
     qp_rings: HashMap<u32, QpRings>,
     cq_rings: HashMap<CqId, Producer>,
+    /// CQs grown by `resize_cq` beyond their ring: new completions go to the PollCq queue
+    /// (the client drains the ring first, then polls by command), the ring only counts.
+    cq_rings_outgrown: std::collections::HashSet<CqId>,
     /// Receive rings of SRQs, by (owner, handle), with the device whose engine holds the SRQ.
     srq_rings: HashMap<(CtxId, Handle), (usize, Consumer)>,
     /// SRQs whose ring held an entry the engine refused: the owner gets IBV_EVENT_SRQ_ERR.
@@ -149,6 +152,7 @@ impl DataPath {
             next_channel: 1,
             qp_rings: HashMap::new(),
             cq_rings: HashMap::new(),
+            cq_rings_outgrown: std::collections::HashSet::new(),
             srq_rings: HashMap::new(),
             srq_faults: Vec::new(),
             ring_scratch: (Vec::new(), Vec::new()),
@@ -206,6 +210,7 @@ impl DataPath {
         self.channels.retain(|(c, _), _| *c != ctx);
         self.qp_rings.retain(|_, r| r.ctx != ctx);
         self.cq_rings.retain(|id, _| CtxId(id >> 32) != ctx);
+        self.cq_rings_outgrown.retain(|id| CtxId(id >> 32) != ctx);
         self.srq_rings.retain(|(c, _), _| *c != ctx);
         self.doorbells.remove(&ctx);
         self.mem.remove_context(ctx);
@@ -298,10 +303,21 @@ impl DataPath {
         Some(queued + in_ring)
     }
 
-    /// A CQ was resized.
+    /// A CQ was resized. Rings are not remapped: a CQ that outgrows its ring keeps the ring for
+    /// the completions already in it and queues the rest for PollCq, which the client switches
+    /// to by the same rule (`Cq::resize` in the client), so no completion is lost and order
+    /// holds (everything in the ring is older than anything queued).
     pub fn cq_resized(&mut self, ctx: CtxId, cq: Handle, cqe: u32) {
-        if let Some(c) = self.cqs.get_mut(&cq_id(ctx, cq)) {
+        let id = cq_id(ctx, cq);
+        if let Some(c) = self.cqs.get_mut(&id) {
             c.cqe = cqe;
+        }
+        if self
+            .cq_rings
+            .get(&id)
+            .is_some_and(|p| cqe > p.layout().capacity())
+        {
+            self.cq_rings_outgrown.insert(id);
         }
     }
 
@@ -310,6 +326,7 @@ impl DataPath {
         let id = cq_id(ctx, cq);
         self.cqs.remove(&id);
         self.cq_rings.remove(&id);
+        self.cq_rings_outgrown.remove(&id);
         if let Some(s) = self.ctx_cqs.get_mut(&ctx) {
             s.remove(&id);
         }
@@ -602,7 +619,11 @@ impl DataPath {
                     return;
                 };
                 // A mapped CQ's completions go to its ring, otherwise to the PollCq queue.
-                let stored = match self.cq_rings.get_mut(&cq) {
+                let ring = self
+                    .cq_rings
+                    .get_mut(&cq)
+                    .filter(|_| !self.cq_rings_outgrown.contains(&cq));
+                let stored = match ring {
                     Some(p) => p.push_value(&wc_wire(&wc)).is_ok(),
                     None if c.queue.len() < c.cqe as usize => {
                         c.queue.push_back(wc);
