@@ -730,7 +730,11 @@ fn a_cq_grown_past_its_ring_keeps_every_completion_in_order() {
         got.extend(cq.poll(64).unwrap());
     }
     let ids: Vec<u64> = got.iter().map(|w| w.wr_id).collect();
-    assert_eq!(ids, (0..n).collect::<Vec<_>>(), "lost or reordered completions");
+    assert_eq!(
+        ids,
+        (0..n).collect::<Vec<_>>(),
+        "lost or reordered completions"
+    );
     assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
     assert!(
         a.try_get_async_event().unwrap().is_none(),
