@@ -337,7 +337,7 @@ fn write_wc(dst: &mut ibv_wc, wc: &WorkCompletion) {
 /// written, or a negative value on error.
 pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: NULL or a CQ of ours.
-    let Some(o) = (unsafe { obj::<CqObj>(cq) }) else {
+    let Some(o) = (unsafe { obj_ref::<CqObj>(cq) }) else {
         return -EINVAL;
     };
     let Some(inner) = o.cq() else {
@@ -411,7 +411,7 @@ pub fn purge_qp(cq: *mut CqObj, qpn: u32) {
 /// `ibv_context.ops.req_notify_cq`.
 pub unsafe extern "C" fn op_req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     // SAFETY: NULL or a CQ of ours.
-    let Some(o) = (unsafe { obj::<CqObj>(cq) }) else {
+    let Some(o) = (unsafe { obj_ref::<CqObj>(cq) }) else {
         return EINVAL;
     };
     let Some(inner) = o.cq() else {

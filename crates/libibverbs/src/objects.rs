@@ -107,6 +107,20 @@ pub unsafe fn obj<'a, T: Magic>(p: *mut T::Base) -> Option<&'a mut T> {
     (o.magic() == LIVE).then_some(o)
 }
 
+/// [`obj`] for the data path, where several threads may use one object at once (verbs are
+/// thread-safe): a shared reference, so no two threads ever hold `&mut` to the same object.
+///
+/// # Safety
+/// As for [`obj`].
+pub unsafe fn obj_ref<'a, T: Magic>(p: *mut T::Base) -> Option<&'a T> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract, the base is at offset 0 of a T we allocated and never free.
+    let o = unsafe { &*(p as *const T) };
+    (o.magic() == LIVE).then_some(o)
+}
+
 /// Objects with a verbs.h base at offset 0 and a liveness mark.
 pub trait Magic {
     type Base;

@@ -702,7 +702,7 @@ fn auto_inline(o: &QpObj, p: &Parts<'_>, buf: &mut [u8; MAX_INLINE]) -> Option<u
         return None;
     }
     // SAFETY: NULL or a PD of ours (a QP's PD outlives it).
-    let pd = unsafe { obj::<PdObj>(o.pd as *mut ibv_pd) }?;
+    let pd = unsafe { obj_ref::<PdObj>(o.pd as *mut ibv_pd) }?;
     let mut n = 0usize;
     for s in p.sges {
         let l = s.length as usize;
@@ -725,7 +725,7 @@ pub fn post_parts(o: &QpObj, p: &Parts<'_>) -> Result<(), c_int> {
     let q = o.qp().ok_or(EINVAL)?;
     let ud = if o.base.qp_base.qp_type == QPT_UD {
         // SAFETY: NULL or an AH of ours.
-        let ah: &'static AhObj = unsafe { obj::<AhObj>(p.ah) }.ok_or(EINVAL)?;
+        let ah: &'static AhObj = unsafe { obj_ref::<AhObj>(p.ah) }.ok_or(EINVAL)?;
         Some(UdAddress {
             ah: ah.ah.as_ref().ok_or(EINVAL)?,
             remote_qpn: p.remote_qpn,
@@ -842,7 +842,7 @@ pub unsafe extern "C" fn op_post_send(
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
     // SAFETY: NULL or a QP of ours.
-    let Some(o) = (unsafe { obj::<QpObj>(qp) }) else {
+    let Some(o) = (unsafe { obj_ref::<QpObj>(qp) }) else {
         return EINVAL;
     };
     // SAFETY: the caller's list and out pointer, per ibv_post_send(3).
@@ -856,7 +856,7 @@ pub unsafe extern "C" fn op_post_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: NULL or a QP of ours.
-    let Some(o) = (unsafe { obj::<QpObj>(qp) }) else {
+    let Some(o) = (unsafe { obj_ref::<QpObj>(qp) }) else {
         return EINVAL;
     };
     let Some(q) = o.qp() else {

@@ -51,7 +51,7 @@ pub fn fill_slots(q: &mut ibv_qp_ex) {
 
 fn with<R>(q: *mut ibv_qp_ex, f: impl FnOnce(&QpObj, &mut WrBuild) -> R) -> Option<R> {
     // SAFETY: these slots are only reachable through QPs of ours.
-    let o: &QpObj = unsafe { obj::<QpObj>(q as *mut ibv_qp) }?;
+    let o: &QpObj = unsafe { obj_ref::<QpObj>(q as *mut ibv_qp) }?;
     let mut g = o.wr.lock().unwrap_or_else(|e| e.into_inner());
     Some(f(o, &mut g))
 }

@@ -317,7 +317,7 @@ pub unsafe extern "C" fn op_post_srq_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: NULL or an SRQ of ours.
-    let Some(o) = (unsafe { obj::<SrqObj>(srq) }) else {
+    let Some(o) = (unsafe { obj_ref::<SrqObj>(srq) }) else {
         return EINVAL;
     };
     let Some(s) = o.srq() else {
