@@ -127,12 +127,20 @@ pub trait Magic {
     fn magic(&self) -> u32;
 }
 
+/// `magic!(Type, verbs.h base, |o| its context)`: an object is live while it and its context
+/// are (after `ibv_close_device` the daemon has torn everything down, and the client objects
+/// inside still point at the dropped connection, so nothing may reach them).
 macro_rules! magic {
-    ($t:ty, $base:ty) => {
+    ($t:ty, $base:ty, |$o:ident| $ctx:expr) => {
         impl Magic for $t {
             type Base = $base;
             fn magic(&self) -> u32 {
-                self.magic
+                let $o = self;
+                if $ctx.magic == LIVE {
+                    self.magic
+                } else {
+                    DEAD
+                }
             }
         }
     };
@@ -149,7 +157,7 @@ pub struct PdObj {
     /// (`qp::auto_inline`). An MR missing here only takes the daemon's path.
     pub mrs: std::sync::RwLock<HashMap<u32, MrRange>>,
 }
-magic!(PdObj, ibv_pd);
+magic!(PdObj, ibv_pd, |o| o.ctx);
 
 /// Where an MR's IOVA range starts in this process.
 #[derive(Clone, Copy, Debug)]
@@ -202,7 +210,7 @@ pub struct MrObj {
     pub pd: &'static PdObj,
     pub mr: Option<Mr<'static>>,
 }
-magic!(MrObj, ibv_mr);
+magic!(MrObj, ibv_mr, |o| o.pd.ctx);
 
 #[repr(C)]
 pub struct AhObj {
@@ -211,7 +219,7 @@ pub struct AhObj {
     pub pd: &'static PdObj,
     pub ah: Option<Ah<'static>>,
 }
-magic!(AhObj, ibv_ah);
+magic!(AhObj, ibv_ah, |o| o.pd.ctx);
 
 #[repr(C)]
 pub struct ChannelObj {
@@ -220,7 +228,7 @@ pub struct ChannelObj {
     pub ctx: &'static CtxObj,
     pub ch: Option<CompChannel<'static>>,
 }
-magic!(ChannelObj, ibv_comp_channel);
+magic!(ChannelObj, ibv_comp_channel, |o| o.ctx);
 
 impl ChannelObj {
     pub fn ch(&self) -> Option<&'static CompChannel<'static>> {
@@ -257,7 +265,7 @@ pub struct CqObj {
     /// QP's reset took the CQ's completions out of the ring to drop that QP's).
     pub stashed: std::sync::atomic::AtomicBool,
 }
-magic!(CqObj, ibv_cq);
+magic!(CqObj, ibv_cq, |o| o.ctx);
 
 impl CqObj {
     pub fn cq(&self) -> Option<&'static Cq<'static>> {
@@ -278,7 +286,7 @@ pub struct XrcdObj {
     /// Legacy and minimal-face registrations of this process, by QP number.
     pub regs: Mutex<HashMap<u32, Vec<XrcRegistration<'static>>>>,
 }
-magic!(XrcdObj, ibv_xrcd);
+magic!(XrcdObj, ibv_xrcd, |o| o.ctx);
 
 impl XrcdObj {
     pub fn xrcd(&self) -> Option<&'static Xrcd<'static>> {
@@ -301,7 +309,7 @@ pub struct SrqObj {
     pub users: AtomicU32,
     pub srq_num: u32,
 }
-magic!(SrqObj, ibv_srq);
+magic!(SrqObj, ibv_srq, |o| o.ctx);
 
 impl SrqObj {
     pub fn srq(&self) -> Option<&'static Srq<'static>> {
@@ -341,7 +349,7 @@ pub struct QpObj {
     pub max_inline: u32,
     pub wr: Mutex<WrBuild>,
 }
-magic!(QpObj, ibv_qp);
+magic!(QpObj, ibv_qp, |o| o.ctx);
 
 impl QpObj {
     pub fn qp(&self) -> Option<&Qp<'static>> {

@@ -67,6 +67,9 @@ const CHECKS: &[&str] = &[
     "legacy_unreg",
     "legacy_unreg_twice",
     "close_xrcd",
+    // Objects of a closed context.
+    "close_device_with_open_pd",
+    "dealloc_pd_after_close_device",
 ];
 
 #[test]

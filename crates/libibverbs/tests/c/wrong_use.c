@@ -324,6 +324,14 @@ int main(int argc, char **argv)
 
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
-	ibv_close_device(ctx);
+
+	/* Objects left open at ibv_close_device(): rdma-core frees the context under them (using
+	 * them after that is undefined there); the daemon tears them down with the context, and
+	 * the drop-in answers EINVAL instead of reaching the closed connection. */
+	pd = ibv_alloc_pd(ctx);
+	if (!pd)
+		fatal("ibv_alloc_pd");
+	expect_ret("close_device_with_open_pd", ibv_close_device(ctx), 0);
+	expect_ret("dealloc_pd_after_close_device", ibv_dealloc_pd(pd), EINVAL);
 	return summary("wrong_use");
 }
