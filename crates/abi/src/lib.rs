@@ -29,8 +29,10 @@ pub use codec::{
     decode_request, decode_response, encode_request, encode_response, DecodeError, Request,
 };
 
-/// The newest ABI this crate speaks.
-pub const ABI_VERSION: u32 = 3;
+/// The newest ABI this crate speaks. 2: `CreateQpReq.create_flags`. 3: work queues and CQs in
+/// shared memory (`MapQueues`, `MapDoorbell`). 4: a send ring's consumer note counts the
+/// requests the daemon retired, which the client uses to refuse a post past `max_send_wr`.
+pub const ABI_VERSION: u32 = 4;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

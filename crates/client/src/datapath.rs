@@ -214,7 +214,16 @@ impl Qp<'_> {
             // time, so the caller gets the errno rdma-core gives (ibv_post_send(3)).
             check_send(self, wr).map_err(|e| Error::new(OP, e))?;
             let mut r = rings.lock().unwrap_or_else(|e| e.into_inner());
-            return crate::rings::push(self.ctx, &mut r.sq, OP, req.wr.as_bytes());
+            // ABI 4: the daemon counts what it retired, so the queue's occupancy is exact
+            // (ibv_post_send(3): ENOMEM past max_send_wr outstanding requests).
+            if self.ctx.conn.abi >= 4
+                && r.sq_posted.wrapping_sub(r.sq.note()) >= self.cap().max_send_wr
+            {
+                return Err(Error::new(OP, errno::ENOMEM));
+            }
+            crate::rings::push(self.ctx, &mut r.sq, OP, req.wr.as_bytes())?;
+            r.sq_posted = r.sq_posted.wrapping_add(1);
+            return Ok(());
         }
         self.ctx
             .conn

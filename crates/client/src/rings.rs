@@ -23,6 +23,9 @@ fn enabled(ctx: &Context) -> bool {
 pub(crate) struct QpRings {
     pub(crate) sq: Producer,
     pub(crate) rq: Option<Producer>,
+    /// Send requests pushed into `sq` (wrapping); against the daemon's retired count (ABI 4,
+    /// the ring's note) it gives the send queue's occupancy.
+    pub(crate) sq_posted: u32,
 }
 
 pub(crate) fn map_doorbell(ctx: &Context) -> Option<Doorbell> {
@@ -61,7 +64,11 @@ pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Option<Mutex<QpRings>> {
     } else {
         None
     };
-    Some(Mutex::new(QpRings { sq, rq }))
+    Some(Mutex::new(QpRings {
+        sq,
+        rq,
+        sq_posted: 0,
+    }))
 }
 
 /// Maps an SRQ's receive ring; `None` keeps `PostSrqRecv` commands (older daemon, rings

@@ -618,6 +618,19 @@ impl DataPath {
                 let Some(c) = self.cqs.get_mut(&cq) else {
                     return;
                 };
+                // The client may post again once it sees this completion: its send queue's
+                // retired count must already say so.
+                if !matches!(
+                    wc.opcode,
+                    softverbs_transport::wr::WcOpcode::Recv
+                        | softverbs_transport::wr::WcOpcode::RecvRdmaWithImm
+                ) {
+                    if let (Some(r), Some(&d)) =
+                        (self.qp_rings.get(&wc.qp_num), self.qp_dev.get(&wc.qp_num))
+                    {
+                        publish_sq_retired(r, &self.devs[d].engine, wc.qp_num);
+                    }
+                }
                 // A mapped CQ's completions go to its ring, otherwise to the PollCq queue.
                 let ring = self
                     .cq_rings
@@ -819,6 +832,15 @@ fn ring_capacity(depth: u32) -> u32 {
     (depth.saturating_add(1))
         .next_power_of_two()
         .clamp(8, softverbs_shm::MAX_CAPACITY)
+}
+
+/// Publishes in the send ring how many of its requests the QP has retired — taken from the
+/// ring and no longer in the engine (completed, flushed, refused, or dropped at RESET) — so the
+/// client counts the queue's occupancy exactly and refuses a post past `max_send_wr` with
+/// ENOMEM (ibv_post_send(3)); unsignaled requests retire without a completion to count.
+fn publish_sq_retired(r: &QpRings, engine: &softverbs_transport::Engine, qpn: u32) {
+    let in_engine = engine.send_queued(qpn) as u32;
+    r.sq.publish_note(r.sq.consumed().wrapping_sub(in_engine));
 }
 
 /// Shared-memory work queues of one QP (the client produces, the daemon consumes).
@@ -1040,6 +1062,7 @@ impl DataPath {
                     errors.push((r.send_cq, wc));
                 }
             }
+            publish_sq_retired(r, engine, qpn);
             if let Some(rq) = &mut r.rq {
                 for _ in 0..engine.recv_room(qpn).min(4096) {
                     match rq.pop(&mut rbuf) {

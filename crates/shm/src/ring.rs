@@ -4,7 +4,11 @@
 //! offset  0          CACHE_LINE   2*CACHE_LINE 3*CACHE_LINE 4*CACHE_LINE
 //!         | magic    | producer    | consumer    | need_wakeup | slot 0 | slot 1 | ...
 //!         | capacity | index (u32) | index (u32) | (u32)       |
-//!         | entry sz |             |             |             |
+//!         | entry sz |             | +64: note   |             |
+//!
+//! The consumer's `note` is a word it publishes for the producer's bookkeeping, beyond what
+//! the indices say (a send queue's consumer, the daemon, counts there the requests it has
+//! retired, so the client can refuse a post past the queue's depth, ibv_post_send(3)).
 //! ```
 //!
 //! Indices run freely (wrapping `u32`); slot of index `i` is `i & (capacity - 1)`.
@@ -33,6 +37,7 @@ const OFF_CAPACITY: usize = 4;
 const OFF_ENTRY_SIZE: usize = 8;
 const OFF_PRODUCER: usize = CACHE_LINE;
 const OFF_CONSUMER: usize = 2 * CACHE_LINE;
+const OFF_NOTE: usize = 2 * CACHE_LINE + 64;
 const OFF_NEED_WAKEUP: usize = 3 * CACHE_LINE;
 const HEADER: usize = 4 * CACHE_LINE;
 
@@ -252,6 +257,9 @@ impl Shared {
     fn need_wakeup(&self) -> &AtomicU32 {
         self.word(OFF_NEED_WAKEUP)
     }
+    fn note(&self) -> &AtomicU32 {
+        self.word(OFF_NOTE)
+    }
     fn slot(&self, i: u32) -> usize {
         self.base + self.layout.slot(i)
     }
@@ -327,6 +335,13 @@ impl Producer {
     pub fn free(&mut self) -> Result<u32, Corrupt> {
         self.refresh_head()?;
         Ok(self.capacity() - self.tail.wrapping_sub(self.head))
+    }
+
+    /// The consumer's note (see the module doc); 0 until it publishes one. The value is the
+    /// peer's word: callers must not trust it beyond their own bookkeeping.
+    pub fn note(&self) -> u32 {
+        // Acquire: pairs with the consumer's release in `publish_note`.
+        self.shared.note().load(Ordering::Acquire)
     }
 
     /// Writes one entry into the next slot without making it visible yet; [`publish`]
@@ -446,6 +461,18 @@ impl Consumer {
     pub fn available(&mut self) -> Result<u32, Corrupt> {
         self.refresh_tail()?;
         Ok(self.tail.wrapping_sub(self.head))
+    }
+
+    /// Entries popped so far (a wrapping count: the consumer index).
+    pub fn consumed(&self) -> u32 {
+        self.head
+    }
+
+    /// Publishes the note the producer reads with [`Producer::note`].
+    pub fn publish_note(&self, value: u32) {
+        // Release: what led to the value (completions pushed elsewhere) happens before a
+        // producer's acquire load sees it.
+        self.shared.note().store(value, Ordering::Release);
     }
 
     /// Copies the oldest entry into `buf` and frees its slot. `Ok(false)` when empty.

@@ -337,6 +337,11 @@ impl Engine {
         })
     }
 
+    /// Send requests the QP holds (posted, not yet completed).
+    pub fn send_queued(&self, qpn: u32) -> usize {
+        self.qps.get(&qpn).map_or(0, |q| q.sq.len())
+    }
+
     /// Like [`send_room`](Engine::send_room), for the QP's own receive queue.
     pub fn recv_room(&self, qpn: u32) -> usize {
         self.qps.get(&qpn).map_or(0, |q| {
