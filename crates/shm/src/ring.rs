@@ -617,6 +617,21 @@ mod tests {
     }
 
     #[test]
+    fn the_consumers_note_reaches_the_producer_and_leaves_the_indices_alone() {
+        let (mut p, mut c, _r) = ring(4, 16);
+        assert_eq!(p.note(), 0, "a fresh ring's note");
+        p.push(&entry(1)).unwrap();
+        let mut buf = [0u8; 16];
+        assert!(c.pop(&mut buf).unwrap());
+        assert_eq!(c.consumed(), 1);
+        c.publish_note(0xdead_beef);
+        assert_eq!(p.note(), 0xdead_beef);
+        // The note is not an index: the ring still has all its room and nothing to pop.
+        assert_eq!(p.free().unwrap(), 4);
+        assert!(!c.pop(&mut buf).unwrap());
+    }
+
+    #[test]
     fn full_empty_and_wrap_around() {
         let (mut p, mut c, _r) = ring(4, 16);
         let mut buf = [0u8; 16];
