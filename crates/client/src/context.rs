@@ -223,16 +223,36 @@ impl Context {
     /// The next async event, waiting for one (`ibv_get_async_event`).
     pub fn get_async_event(&self) -> Result<AsyncEvent> {
         loop {
-            if let Some(e) = self.try_get_async_event()? {
+            if let Some(e) = self.get_async_event_within(None)? {
                 return Ok(e);
+            }
+        }
+    }
+
+    /// The next async event, waiting up to `timeout` (`None`: forever; zero: only a look, as
+    /// `ibv_get_async_event` on a non-blocking fd). The eventfd is reset before the second
+    /// look, so an event queued after this call signals it again.
+    pub fn get_async_event_within(
+        &self,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Option<AsyncEvent>> {
+        let end = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if let Some(e) = self.try_get_async_event()? {
+                return Ok(Some(e));
             }
             // Reset the eventfd, then look once more: an event queued before the reset is
             // found now, one queued after it signals the fd again.
             ipc::drain_eventfd(self.async_fd.as_fd());
             if let Some(e) = self.try_get_async_event()? {
-                return Ok(e);
+                return Ok(Some(e));
             }
-            ipc::wait_readable(self.async_fd.as_fd(), None)
+            let left = end.map(|e| e.saturating_duration_since(std::time::Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(None);
+            }
+            let ms = left.map(|l| l.as_millis().min(i32::MAX as u128) as i32);
+            ipc::wait_readable(self.async_fd.as_fd(), ms)
                 .map_err(|e| Error::from_io("get_async_event", &e))?;
         }
     }

@@ -54,12 +54,6 @@ unsafe extern "C" fn destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
 }
 export!(default "ibv_destroy_comp_channel", "IBVERBS_1.0", destroy_comp_channel);
 
-fn nonblocking(fd: c_int) -> bool {
-    // SAFETY: F_GETFL on any fd number is harmless (EBADF at worst).
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    fl >= 0 && fl & libc::O_NONBLOCK != 0
-}
-
 unsafe extern "C" fn get_cq_event(
     ch: *mut ibv_comp_channel,
     cq_out: *mut *mut ibv_cq,

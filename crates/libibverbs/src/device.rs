@@ -624,8 +624,6 @@ unsafe extern "C" fn get_pkey_index(c: *mut ibv_context, port: u8, pkey: u16) ->
 }
 export!(default "ibv_get_pkey_index", "IBVERBS_1.5", get_pkey_index);
 
-const ENOENT: c_int = libc::ENOENT;
-
 // ---- fork (ibv_fork_init(3)) -----------------------------------------------------------------
 
 /// `IBV_FORK_UNNEEDED`: registered memory is the client's own pages, which the daemon reaches

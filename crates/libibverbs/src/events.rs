@@ -8,6 +8,7 @@ use softverbs::Element;
 use crate::ffi::*;
 use crate::objects::*;
 use crate::util::*;
+use std::time::Duration;
 
 // enum ibv_event_type values whose element is an object with an events counter.
 const EVENT_CQ_ERR: c_int = 0;
@@ -19,12 +20,6 @@ fn is_qp_event(t: c_int) -> bool {
     (1..=7).contains(&t) || t == EVENT_QP_LAST_WQE_REACHED
 }
 
-fn nonblocking(fd: c_int) -> bool {
-    // SAFETY: F_GETFL on any fd number is harmless.
-    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    fl >= 0 && fl & libc::O_NONBLOCK != 0
-}
-
 unsafe extern "C" fn get_async_event(c: *mut ibv_context, ev: *mut ibv_async_event) -> c_int {
     let Some(o) = ctx_obj(c) else {
         return minus_one(EINVAL);
@@ -32,28 +27,16 @@ unsafe extern "C" fn get_async_event(c: *mut ibv_context, ev: *mut ibv_async_eve
     if ev.is_null() {
         return minus_one(EINVAL);
     }
-    let nb = nonblocking(o.vctx.context.async_fd);
+    // Blocking unless the program made async_fd non-blocking (ibv_get_async_event(3)).
+    let wait = (!nonblocking(o.vctx.context.async_fd)).then_some(None);
     loop {
-        let got = if nb {
-            match o.inner.try_get_async_event() {
-                Ok(Some(e)) => e,
-                Ok(None) => {
-                    // Reset the eventfd and look once more, so a poll() loop sees the fd
-                    // readable again for an event queued after this call.
-                    softverbs_drain(o);
-                    match o.inner.try_get_async_event() {
-                        Ok(Some(e)) => e,
-                        Ok(None) => return minus_one(EAGAIN),
-                        Err(e) => return minus_one(errno_of(&e)),
-                    }
-                }
-                Err(e) => return minus_one(errno_of(&e)),
-            }
-        } else {
-            match o.inner.get_async_event() {
-                Ok(e) => e,
-                Err(e) => return minus_one(errno_of(&e)),
-            }
+        let got = match o
+            .inner
+            .get_async_event_within(wait.unwrap_or(Some(Duration::ZERO)))
+        {
+            Ok(Some(e)) => e,
+            Ok(None) => return minus_one(EAGAIN),
+            Err(e) => return minus_one(errno_of(&e)),
         };
         let el = o.elements.lock().unwrap_or_else(|p| p.into_inner());
         let (element, ty): (*mut c_void, u32) = match got.element {
@@ -86,19 +69,6 @@ unsafe extern "C" fn get_async_event(c: *mut ibv_context, ev: *mut ibv_async_eve
     }
 }
 export!(default "ibv_get_async_event", "IBVERBS_1.1", get_async_event);
-
-fn softverbs_drain(o: &CtxObj) {
-    let mut v = 0u64;
-    // SAFETY: reading 8 bytes from our own eventfd into a local (non-blocking: the caller
-    // set O_NONBLOCK, so an empty counter returns EAGAIN).
-    unsafe {
-        libc::read(
-            o.vctx.context.async_fd,
-            &mut v as *mut u64 as *mut c_void,
-            8,
-        )
-    };
-}
 
 unsafe extern "C" fn ack_async_event(ev: *mut ibv_async_event) {
     if ev.is_null() {

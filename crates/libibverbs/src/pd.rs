@@ -391,8 +391,6 @@ unsafe extern "C" fn init_ah_from_wc(
 }
 export!(default "ibv_init_ah_from_wc", "IBVERBS_1.1", init_ah_from_wc);
 
-const ENOENT: c_int = libc::ENOENT;
-
 unsafe extern "C" fn create_ah_from_wc(
     pd: *mut ibv_pd,
     wc: *mut ibv_wc,

@@ -4,7 +4,15 @@ use std::ffi::{c_int, c_void};
 
 use crate::ffi::Slot;
 
-pub use libc::{EAGAIN, EBUSY, EINVAL, ENODATA, ENOSYS, EOPNOTSUPP};
+pub use libc::{EAGAIN, EBUSY, EINVAL, ENODATA, ENOENT, ENOSYS, EOPNOTSUPP};
+
+/// Whether the program made `fd` non-blocking (then `ibv_get_cq_event` and
+/// `ibv_get_async_event` answer -1/EAGAIN instead of waiting).
+pub fn nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL on any descriptor number is harmless (EBADF at worst).
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
 
 /// Sets the calling thread's `errno`.
 pub fn set_errno(e: c_int) {
