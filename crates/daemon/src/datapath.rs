@@ -398,15 +398,18 @@ impl DataPath {
 
     /// QP `qpn` was modified; `attr` is what the core now holds.
     pub fn qp_modified(&mut self, qpn: u32, attr: &QpAttr) {
-        if let Some(&d) = self.qp_dev.get(&qpn) {
-            self.devs[d].engine.modify_qp(qpn, attr);
-        }
+        let Some(&d) = self.qp_dev.get(&qpn) else {
+            return;
+        };
+        self.devs[d].engine.modify_qp(qpn, attr);
         if attr.qp_state == softverbs_core::types::QpState::Reset {
-            // Entering RESET also drops the QP's completions not yet polled, as mlx4 and mlx5
-            // clean their CQs (a QP brought back from ERR does not meet its old flushes).
-            // Completions already in a client's ring are dropped by the client.
-            for c in self.cqs.values_mut() {
-                c.queue.retain(|w| w.qp_num != qpn);
+            // Entering RESET also drops the QP's completions not yet polled from its own CQs,
+            // as mlx4 and mlx5 clean them (a QP brought back from ERR does not meet its old
+            // flushes). Completions already in a client's ring are dropped by the client.
+            for cq in self.devs[d].engine.qp_cqs(qpn).into_iter().flatten() {
+                if let Some(c) = self.cqs.get_mut(&cq) {
+                    c.queue.retain(|w| w.qp_num != qpn);
+                }
             }
         }
     }

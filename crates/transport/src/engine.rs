@@ -337,6 +337,13 @@ impl Engine {
         })
     }
 
+    /// The QP's send and receive CQs (as configured at creation).
+    pub fn qp_cqs(&self, qpn: u32) -> [Option<CqId>; 2] {
+        self.qps
+            .get(&qpn)
+            .map_or([None, None], |q| [q.cfg.send_cq, q.cfg.recv_cq])
+    }
+
     /// Send requests the QP holds (posted, not yet completed).
     pub fn send_queued(&self, qpn: u32) -> usize {
         self.qps.get(&qpn).map_or(0, |q| q.sq.len())
