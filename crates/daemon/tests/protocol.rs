@@ -418,3 +418,103 @@ fn create_flags_abi_extension_works_in_both_directions() {
         "a newer client that leaves the new field zero still works"
     );
 }
+
+/// Sends `OpenXrcd` with `fd` and returns the status the daemon answered.
+fn open_xrcd_status(raw: &Raw, fd: std::os::fd::BorrowedFd<'_>) -> i32 {
+    let (status, _, _) = raw.call_raw(
+        Cmd::OpenXrcd,
+        0,
+        OpenXrcdReq {
+            oflags: U32::new(0),
+            has_fd: U32::new(1),
+        }
+        .as_bytes(),
+        &[fd],
+    );
+    status
+}
+
+fn open_o_path(p: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_PATH.bits())
+        .open(p)
+}
+
+/// An `O_PATH` descriptor needs no permission on the file, so it must not open the file's XRC
+/// domain: `EBADF`, as uverbs answers (`fdget` ignores `O_PATH` files; docs/xrc-semantics.md,
+/// open rules). As root the test also plays the attack: a user who may not read a 0600 domain
+/// file (uid 65534) opens it `O_PATH` and asks to join the domain another process created.
+#[test]
+fn an_o_path_descriptor_does_not_join_a_domain() {
+    const EBADF: i32 = 9;
+    let path = sock_path("opath");
+    let _d = spawn_test_daemon(&path).unwrap();
+    let owner = Raw::connect(&path, 0);
+    let domain = tempfile_in(&path);
+    let file = path.with_file_name("xrc-domain");
+    let state = build_xrc_state(&owner, &domain);
+
+    // Any uid: an O_PATH descriptor of the very file that names the domain is refused, and a
+    // descriptor opened for reading still joins it.
+    let joiner = Raw::connect(&path, 0);
+    let opath = open_o_path(&file).unwrap();
+    assert_eq!(open_xrcd_status(&joiner, opath.as_fd()), EBADF);
+    let readable = std::fs::File::open(&file).unwrap();
+    assert_eq!(open_xrcd_status(&joiner, readable.as_fd()), 0);
+
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipping the other-uid half: needs root");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(
+        file.parent().unwrap(),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    // The child reports with its exit code: 0 refused with EBADF; 1 could read the file (the
+    // setup is wrong); 2 could not open it O_PATH; 3 the daemon let it join; 4 other.
+    // SAFETY: the child only makes system calls and plain allocations (glibc's fork leaves
+    // malloc usable in the child) and leaves with `exit` without printing, so no lock another test thread held
+    // at fork time is ever waited for.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            let nobody = nix::unistd::Uid::from_raw(65534);
+            let nogroup = nix::unistd::Gid::from_raw(65534);
+            let code = if nix::unistd::setgroups(&[]).is_err()
+                || nix::unistd::setresgid(nogroup, nogroup, nogroup).is_err()
+                || nix::unistd::setresuid(nobody, nobody, nobody).is_err()
+            {
+                4
+            } else if std::fs::File::open(&file).is_ok() {
+                1
+            } else {
+                match open_o_path(&file) {
+                    Err(_) => 2,
+                    Ok(fd) => {
+                        let raw = Raw::connect(&path, 0);
+                        match open_xrcd_status(&raw, fd.as_fd()) {
+                            s if s == EBADF => 0,
+                            0 => 3,
+                            _ => 4,
+                        }
+                    }
+                }
+            };
+            std::process::exit(code);
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let status = nix::sys::wait::waitpid(child, None).unwrap();
+            assert_eq!(
+                status,
+                nix::sys::wait::WaitStatus::Exited(child, 0),
+                "the other uid's O_PATH descriptor was not refused with EBADF (see the codes)"
+            );
+        }
+    }
+    // The domain and its receive QP are untouched.
+    check_xrc_state(&owner, &state);
+}

@@ -159,7 +159,16 @@ pub fn peer_cred(sock: BorrowedFd<'_>) -> std::io::Result<PeerCred> {
 }
 
 /// `st_dev` and `st_ino` of an open file: the key of an XRC domain.
+///
+/// The descriptor must be one opened for reading or writing: an `O_PATH` descriptor needs no
+/// permission on the file (only search permission on its directory), so accepting one would let
+/// a user who may not open a 0600 domain file join the domain. uverbs refuses such descriptors
+/// the same way (`ib_uverbs_open_xrcd` takes the file with `fdget`, which ignores `O_PATH`
+/// files, and answers `EBADF`; docs/xrc-semantics.md). Refused with `EBADF`.
 pub fn file_identity(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+    if rustix::fs::fcntl_getfl(fd)?.contains(rustix::fs::OFlags::PATH) {
+        return Err(Errno::BADF.into());
+    }
     let st = fstat(fd)?;
     Ok((st.st_dev, st.st_ino))
 }
