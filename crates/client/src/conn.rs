@@ -282,10 +282,12 @@ mod tests {
         let missing = dir.join("nothing.sock");
         let e = connect_socket_with(&missing, false).unwrap_err();
         assert_eq!((e.op, e.errno), ("connect", errno::ENOENT));
-        // A socket file nobody listens on: ECONNREFUSED.
+        // A socket file nobody listens on: ECONNREFUSED. Bound but never listening, rather
+        // than a listener closed again: a child forked by a concurrent test could hold a copy
+        // of that listener and let the connect in.
         let stale = dir.join("stale.sock");
         let _ = std::fs::remove_file(&stale);
-        drop(ipc::listen_seqpacket(&stale).unwrap());
+        let _bound = ipc::bind_seqpacket(&stale).unwrap();
         let e = connect_socket_with(&stale, false).unwrap_err();
         assert_eq!((e.op, e.errno), ("connect", errno::ECONNREFUSED));
         std::fs::remove_dir_all(&dir).unwrap();

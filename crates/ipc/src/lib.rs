@@ -50,6 +50,15 @@ pub fn default_socket_path() -> PathBuf {
 
 /// A listening `SOCK_SEQPACKET` socket bound to `path` (non-blocking, close-on-exec).
 pub fn listen_seqpacket(path: &Path) -> std::io::Result<OwnedFd> {
+    let fd = bind_seqpacket(path)?;
+    listen(&fd, 128)?;
+    Ok(fd)
+}
+
+/// A non-blocking, close-on-exec `SOCK_SEQPACKET` socket bound to `path` that does not listen:
+/// a connect to `path` is refused (`ECONNREFUSED`) for as long as it exists, whichever
+/// processes hold a copy of it.
+pub fn bind_seqpacket(path: &Path) -> std::io::Result<OwnedFd> {
     let fd = socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -57,7 +66,6 @@ pub fn listen_seqpacket(path: &Path) -> std::io::Result<OwnedFd> {
         None,
     )?;
     bind(&fd, &SocketAddrUnix::new(path)?)?;
-    listen(&fd, 128)?;
     Ok(fd)
 }
 
