@@ -46,8 +46,8 @@ impl From<rustix::io::Errno> for ShareError {
 /// `MAP_POPULATE`, copy the pages in, seal the file against shrinking and growing (so the
 /// daemon cannot be made to fault by a truncation), and `mremap` the populated mapping over
 /// the original range (one atomic replacement; the page tables move along, so the client
-/// takes no page faults afterwards). This is the technique measured in the reference
-/// (`datapath-measurements.md` §2), with `mremap` instead of a second `mmap(MAP_FIXED)`.
+/// takes no page faults afterwards). This is the technique measured in
+/// `docs/measurements.md` §2, with `mremap` instead of a second `mmap(MAP_FIXED)`.
 ///
 /// Only private anonymous read-write memory is accepted (heap, `mmap(MAP_ANONYMOUS |
 /// MAP_PRIVATE)`, named anonymous mappings); anything else (file-backed, `MAP_SHARED`,
