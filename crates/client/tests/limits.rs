@@ -1,4 +1,4 @@
-//! Quotas (docs/security.md, "Limits"): a client over one of its limits — objects of a kind
+//! Quotas (docs/limits.md): a client over one of its limits — objects of a kind
 //! per context or per uid, ring bytes, registered bytes, mappings — gets ENOMEM, and another
 //! client (another context, or another uid where the limit is per uid) still creates objects
 //! and moves data. The other uid is a child process of this test binary run as `nobody`.

@@ -126,7 +126,7 @@ pub(crate) struct Context {
     /// made through. One per QP per context, however often the context registers.
     pub(crate) xrc_regs: HashMap<u32, Handle>,
     pub(crate) events: EventQueue,
-    /// What the context is charged with (docs/security.md, "Limits").
+    /// What the context is charged with (docs/limits.md).
     pub(crate) usage: Usage,
     /// Rings the daemon made for the context's objects, and their sizes.
     pub(crate) rings: HashMap<Ring, u64>,

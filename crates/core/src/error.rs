@@ -91,7 +91,7 @@ pub enum Error {
     #[error("out of resources: {0}")]
     NoResources(&'static str),
     /// The request would take the context, its uid or the daemon past a limit
-    /// (`ENOMEM`, as `ibv_reg_mr` past `RLIMIT_MEMLOCK`; docs/security.md, "Limits").
+    /// (`ENOMEM`, as `ibv_reg_mr` past `RLIMIT_MEMLOCK`; docs/limits.md).
     #[error("{} limit of {} {} reached", scope.name(), limit, resource.name())]
     OverLimit {
         resource: crate::limits::Resource,

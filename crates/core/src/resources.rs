@@ -96,7 +96,7 @@ pub struct Resources {
     pub cqs: Vec<CqRow>,
     pub qps: Vec<QpRow>,
     pub xrc_recv_qps: Vec<XrcRecvRow>,
-    /// Every resource's limits and use (docs/security.md, "Limits"); empty from older daemons.
+    /// Every resource's limits and use (docs/limits.md); empty from older daemons.
     #[serde(default)]
     pub limits: Vec<crate::limits::LimitRow>,
 }

@@ -48,7 +48,7 @@ pub struct Config {
     pub abi_version: u32,
     /// The devices' network side (UDP binding, fault injection, capture).
     pub net: crate::datapath::NetOptions,
-    /// What one context, one uid and the daemon may use (docs/security.md, "Limits").
+    /// What one context, one uid and the daemon may use (docs/limits.md).
     pub limits: Limits,
 }
 
