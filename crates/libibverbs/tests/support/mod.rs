@@ -140,6 +140,13 @@ impl Daemon {
         Daemon::launch(name, &["--device".to_string(), format!("softverbs0={ip}")])
     }
 
+    /// [`start`](Self::start) with more `softverbs daemon` arguments (`--limit ...`).
+    pub fn start_with_args(name: &str, args: &[&str]) -> Daemon {
+        let mut all = vec!["--no-network".to_string()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        Daemon::launch(name, &all)
+    }
+
     fn launch(name: &str, net: &[String]) -> Daemon {
         let bin = softverbs_bin();
         let dir = std::env::temp_dir().join(format!("sv-dropin-{}-{name}", std::process::id()));
