@@ -182,34 +182,27 @@ impl Conn {
         self.sock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One request and its response, with descriptors both ways.
-    pub(crate) fn call_fds<R>(
+    /// One command and its response, with descriptors both ways: the request and response
+    /// types are those of `C`'s row in the command table.
+    pub(crate) fn call_fds<C: softverbs_abi::msg::Command>(
         &self,
         op: &'static str,
-        cmd: Cmd,
         comp_mask: u64,
-        body: &[u8],
+        req: &C::Req,
         fds: &[BorrowedFd<'_>],
-    ) -> Result<(R, Vec<OwnedFd>)>
-    where
-        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
-    {
+    ) -> Result<(C::Resp, Vec<OwnedFd>)> {
         let sock = self.lock();
-        exchange(sock.as_fd(), op, cmd, comp_mask, body, fds)
+        exchange(sock.as_fd(), op, C::CMD, comp_mask, req.as_bytes(), fds)
     }
 
-    /// One request and its response (descriptors that come back are closed).
-    pub(crate) fn call<R>(
+    /// One command and its response (descriptors that come back are closed).
+    pub(crate) fn call<C: softverbs_abi::msg::Command>(
         &self,
         op: &'static str,
-        cmd: Cmd,
         comp_mask: u64,
-        body: &[u8],
-    ) -> Result<R>
-    where
-        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
-    {
-        self.call_fds(op, cmd, comp_mask, body, &[]).map(|(r, _)| r)
+        req: &C::Req,
+    ) -> Result<C::Resp> {
+        self.call_fds::<C>(op, comp_mask, req, &[]).map(|(r, _)| r)
     }
 }
 

@@ -112,11 +112,6 @@ fn with_fds<C: Command>(v: C::Resp, fds: Vec<OwnedFd>) -> Reply {
     Ok((v.as_bytes().to_vec(), fds))
 }
 
-/// The reply of a command whose response is empty.
-fn empty<C: Command<Resp = ()>>() -> Reply {
-    Ok((Vec::new(), Vec::new()))
-}
-
 fn core_err(e: Error) -> i32 {
     e.errno()
 }
@@ -267,7 +262,7 @@ impl Dispatcher {
                 self.core
                     .dealloc_pd(c, handle_of(r.handle))
                     .map_err(core_err)?;
-                empty::<cmd::DeallocPd>()
+                ok::<cmd::DeallocPd>(())
             }
             Cmd::RegMr => self.reg_mr(ctx()?, read!(RegMr), mr_fd),
             Cmd::ReregMr => self.rereg_mr(ctx()?, read!(ReregMr)),
@@ -276,7 +271,7 @@ impl Dispatcher {
                 self.core
                     .dereg_mr(c, handle_of(r.handle))
                     .map_err(core_err)?;
-                empty::<cmd::DeregMr>()
+                ok::<cmd::DeregMr>(())
             }
             Cmd::CreateCq => self.create_cq(ctx()?, req.comp_mask, read!(CreateCq)),
             Cmd::ResizeCq => self.resize_cq(ctx()?, read!(ResizeCq), woken),
@@ -329,7 +324,7 @@ impl Dispatcher {
                 self.core
                     .destroy_ah(c, handle_of(r.handle))
                     .map_err(core_err)?;
-                empty::<cmd::DestroyAh>()
+                ok::<cmd::DestroyAh>(())
             }
             Cmd::OpenXrcd => self.open_xrcd(ctx()?, read!(OpenXrcd), fds),
             Cmd::CloseXrcd => {
@@ -337,7 +332,7 @@ impl Dispatcher {
                 self.core
                     .close_xrcd(c, handle_of(r.handle))
                     .map_err(core_err)?;
-                empty::<cmd::CloseXrcd>()
+                ok::<cmd::CloseXrcd>(())
             }
             Cmd::CreateQp => self.create_qp(ctx()?, read!(CreateQp)),
             Cmd::ModifyQp => {
@@ -347,7 +342,7 @@ impl Dispatcher {
                 self.core
                     .modify_qp(c, handle_of(r.handle), &attr, mask)
                     .map_err(core_err)?;
-                empty::<cmd::ModifyQp>()
+                ok::<cmd::ModifyQp>(())
             }
             Cmd::QueryQp => {
                 let (c, r) = (ctx()?, read!(QueryQp));
@@ -395,7 +390,7 @@ impl Dispatcher {
                 self.core
                     .modify_xrc_rcv_qp(c, x, qpn, &attr, mask)
                     .map_err(core_err)?;
-                empty::<cmd::ModifyXrcRcvQp>()
+                ok::<cmd::ModifyXrcRcvQp>(())
             }
             Cmd::QueryXrcRcvQp => {
                 let (c, r) = (ctx()?, read!(QueryXrcRcvQp));
@@ -407,7 +402,7 @@ impl Dispatcher {
                 let (c, r) = (ctx()?, read!(RegXrcRcvQp));
                 let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
                 self.core.reg_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
-                empty::<cmd::RegXrcRcvQp>()
+                ok::<cmd::RegXrcRcvQp>(())
             }
             Cmd::UnregXrcRcvQp => {
                 let (c, r) = (ctx()?, read!(UnregXrcRcvQp));
@@ -467,7 +462,7 @@ impl Dispatcher {
                     .map_err(|e| e.errno())
                     .and_then(|r| self.dp.destroy_channel(c, r.handle.get()))
                     .map(|()| self.core.uncharge(c, Resource::Channels, 1))
-                    .and_then(|()| empty::<cmd::DestroyCompChannel>());
+                    .and_then(|()| ok::<cmd::DestroyCompChannel>(()));
                 self.driven(r, woken)
             }
             Cmd::ReqNotifyCq => {
@@ -479,7 +474,7 @@ impl Dispatcher {
                         self.dp
                             .req_notify(c, handle_of(r.cq), r.solicited_only.get() != 0)
                     })
-                    .and_then(|()| empty::<cmd::ReqNotifyCq>());
+                    .and_then(|()| ok::<cmd::ReqNotifyCq>(()));
                 self.driven(r, woken)
             }
             Cmd::GetCqEvent => {
@@ -837,7 +832,7 @@ impl Dispatcher {
         let qpn = self.core.qp_num(ctx, handle_of(r.qp)).map_err(core_err)?;
         let wr = crate::datapath::send_wr_from_wire(&self.core, ctx, handle_of(r.qp), &r.wr)?;
         self.dp.post_send(qpn, wr)?;
-        empty::<cmd::PostSend>()
+        ok::<cmd::PostSend>(())
     }
 
     fn post_recv(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
@@ -856,7 +851,7 @@ impl Dispatcher {
                 .map_err(core_err)?;
             self.dp.post_srq_recv(ctx, handle_of(r.handle), wr)?;
         }
-        empty::<cmd::PostRecv>()
+        ok::<cmd::PostRecv>(())
     }
 
     fn poll_cq(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
