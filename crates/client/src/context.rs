@@ -249,7 +249,7 @@ impl Context {
 
     /// After the device went: `IBV_EVENT_DEVICE_FATAL` once, then `EIO`, as the kernel's
     /// async event file does after a device is disassociated. The fd stays readable (the
-    /// kernel's polls as `EPOLLERR`), so a program that polls it again does not sleep forever.
+    /// kernel's stays ready too), so a program that polls it again does not sleep forever.
     fn fatal_event(&self) -> Result<Option<AsyncEvent>> {
         ipc::signal_eventfd(self.async_fd.as_fd());
         if !self.fatal.take_event() {
