@@ -148,6 +148,9 @@ fn a_killed_daemon_is_a_device_fatal_error_and_a_new_one_serves_again() {
     let mut daemon = ChildDaemon::start(&socket);
 
     let ctx = Context::open_at(&socket, 0).unwrap();
+    // Every context of the process hears of it; one closed before does not matter.
+    let other = Context::open_at(&socket, 0).unwrap();
+    drop(Context::open_at(&socket, 0).unwrap());
     let pd = ctx.alloc_pd().unwrap();
     let buf = vec![7u8; 4096];
     let mr = pd
@@ -227,6 +230,9 @@ fn a_killed_daemon_is_a_device_fatal_error_and_a_new_one_serves_again() {
         );
     });
     assert!(ctx.device_fatal());
+    let ev = other.get_async_event_within(Some(WAIT)).unwrap();
+    assert_eq!(ev.map(|e| e.event_type), Some(Some(EventType::DeviceFatal)));
+    drop(other);
     // The event comes once; afterwards both fds answer EIO (and stay readable).
     let e = ctx.get_async_event_within(Some(WAIT)).unwrap_err();
     assert_eq!((e.kind(), e.errno()), (ErrorKind::DeviceFatal, errno::EIO));
