@@ -126,6 +126,10 @@ pub struct Daemon {
     pub bin: PathBuf,
     /// `lib/libibverbs.so.1`: `softverbs run` then puts `lib/` on LD_LIBRARY_PATH as it is.
     pub lib: PathBuf,
+    /// The daemon's network arguments (for [`Daemon::respawn`]).
+    net: Vec<String>,
+    /// Killed by [`Daemon::kill9`] and reaped: its pid is no longer ours to signal.
+    killed: bool,
 }
 
 impl Daemon {
@@ -155,36 +159,48 @@ impl Daemon {
         let lib = dir.join("lib/libibverbs.so.1");
         std::os::unix::fs::symlink(library(), &lib).expect("symlink the drop-in");
         let socket = dir.join("sv.sock");
-        let log = std::fs::File::create(dir.join("daemon.log")).expect("daemon log");
-        let child = Command::new(&bin)
-            .arg("daemon")
-            .args(net)
-            .arg("--socket")
-            .arg(&socket)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start the daemon");
+        let child = spawn_daemon(&bin, net, &socket, &dir);
         let mut d = Daemon {
             child,
             dir,
             socket,
             bin,
             lib,
+            net: net.to_vec(),
+            killed: false,
         };
+        d.wait_up(name);
+        d
+    }
+
+    fn wait_up(&mut self, name: &str) {
         let deadline = Instant::now() + WAIT;
-        while !d.answers() {
-            if let Ok(Some(st)) = d.child.try_wait() {
-                panic!("daemon {name} exited with {st}: {}", d.log());
+        while !self.answers() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("daemon {name} exited with {st}: {}", self.log());
             }
             assert!(
                 Instant::now() < deadline,
                 "daemon {name} did not come up:\n{}",
-                d.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        d
+    }
+
+    /// SIGKILL, as a crash would end it (its socket file stays behind), and reaped.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL the daemon");
+        self.child.wait().expect("reap the daemon");
+        self.killed = true;
+    }
+
+    /// A new daemon on the same socket, with the same arguments, after [`Daemon::kill9`].
+    pub fn respawn(&mut self) {
+        assert!(self.killed, "respawn only a killed daemon");
+        self.child = spawn_daemon(&self.bin, &self.net, &self.socket, &self.dir);
+        self.killed = false;
+        self.wait_up("respawned");
     }
 
     pub fn log(&self) -> String {
@@ -302,13 +318,33 @@ impl Daemon {
     }
 }
 
+/// `softverbs daemon NET --socket SOCKET`, logging to `dir/daemon.log` (appended).
+fn spawn_daemon(bin: &Path, net: &[String], socket: &Path, dir: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("daemon.log"))
+        .expect("daemon log");
+    Command::new(bin)
+        .arg("daemon")
+        .args(net)
+        .arg("--socket")
+        .arg(socket)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the daemon")
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         // SIGTERM: the daemon shuts down cleanly and removes its socket.
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
+        if !self.killed {
+            let _ = Command::new("kill")
+                .arg(self.child.id().to_string())
+                .status();
+            let _ = self.child.wait();
+        }
         if std::thread::panicking() {
             eprintln!("daemon log:\n{}", self.log());
         }
