@@ -249,261 +249,54 @@ impl Dispatcher {
             Cmd::QueryDevice => self.query_device(ctx()?),
             Cmd::QueryPort => self.query_port(ctx()?, read!(QueryPort)),
             Cmd::QueryGid => self.query_gid(ctx()?, read!(QueryGid)),
-            Cmd::GetAsyncEvent => match self.core.next_event(ctx()?).map_err(core_err)? {
-                Some(ev) => ok::<cmd::GetAsyncEvent>(AsyncEventResp::from(&ev)),
-                None => Err(EAGAIN),
-            },
-            Cmd::AllocPd => {
-                let h = self.core.alloc_pd(ctx()?).map_err(core_err)?;
-                ok::<cmd::AllocPd>(handle_resp(h))
-            }
-            Cmd::DeallocPd => {
-                let (c, r) = (ctx()?, read!(DeallocPd));
-                self.core
-                    .dealloc_pd(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                ok::<cmd::DeallocPd>(())
-            }
+            Cmd::GetAsyncEvent => self.get_async_event(ctx()?),
+            Cmd::AllocPd => self.alloc_pd(ctx()?),
+            Cmd::DeallocPd => self.dealloc_pd(ctx()?, read!(DeallocPd)),
             Cmd::RegMr => self.reg_mr(ctx()?, read!(RegMr), mr_fd),
             Cmd::ReregMr => self.rereg_mr(ctx()?, read!(ReregMr)),
-            Cmd::DeregMr => {
-                let (c, r) = (ctx()?, read!(DeregMr));
-                self.core
-                    .dereg_mr(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                ok::<cmd::DeregMr>(())
-            }
+            Cmd::DeregMr => self.dereg_mr(ctx()?, read!(DeregMr)),
             Cmd::CreateCq => self.create_cq(ctx()?, req.comp_mask, read!(CreateCq)),
             Cmd::ResizeCq => self.resize_cq(ctx()?, read!(ResizeCq), woken),
-            Cmd::DestroyCq => {
-                let (c, r) = (ctx()?, read!(DestroyCq));
-                let n = self
-                    .core
-                    .destroy_cq(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                ok::<cmd::DestroyCq>(events(n))
-            }
+            Cmd::DestroyCq => self.destroy_cq(ctx()?, read!(DestroyCq)),
             Cmd::CreateSrq => self.create_srq(ctx()?, read!(CreateSrq)),
             Cmd::CreateXrcSrq => self.create_xrc_srq(ctx()?, read!(CreateXrcSrq)),
             Cmd::ModifySrq => self.modify_srq(ctx()?, read!(ModifySrq)),
-            Cmd::QuerySrq => {
-                let (c, r) = (ctx()?, read!(QuerySrq));
-                let h = handle_of(r.handle);
-                let a = self.core.query_srq(c, h).map_err(core_err)?;
-                ok::<cmd::QuerySrq>(srq_resp(h, a, self.core.srq_num(c, h).ok()))
-            }
-            Cmd::DestroySrq => {
-                let (c, r) = (ctx()?, read!(DestroySrq));
-                let n = self
-                    .core
-                    .destroy_srq(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                ok::<cmd::DestroySrq>(events(n))
-            }
-            Cmd::GetSrqNum => {
-                let (c, r) = (ctx()?, read!(GetSrqNum));
-                let srqn = self
-                    .core
-                    .srq_num(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                ok::<cmd::GetSrqNum>(SrqNumResp {
-                    srqn: U32::new(srqn),
-                })
-            }
-            Cmd::CreateAh => {
-                let (c, r) = (ctx()?, read!(CreateAh));
-                let attr = AhAttr::from(&r.attr);
-                let h = self
-                    .core
-                    .create_ah(c, handle_of(r.pd), attr)
-                    .map_err(core_err)?;
-                ok::<cmd::CreateAh>(handle_resp(h))
-            }
-            Cmd::DestroyAh => {
-                let (c, r) = (ctx()?, read!(DestroyAh));
-                self.core
-                    .destroy_ah(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                ok::<cmd::DestroyAh>(())
-            }
+            Cmd::QuerySrq => self.query_srq(ctx()?, read!(QuerySrq)),
+            Cmd::DestroySrq => self.destroy_srq(ctx()?, read!(DestroySrq)),
+            Cmd::GetSrqNum => self.get_srq_num(ctx()?, read!(GetSrqNum)),
+            Cmd::CreateAh => self.create_ah(ctx()?, read!(CreateAh)),
+            Cmd::DestroyAh => self.destroy_ah(ctx()?, read!(DestroyAh)),
             Cmd::OpenXrcd => self.open_xrcd(ctx()?, read!(OpenXrcd), fds),
-            Cmd::CloseXrcd => {
-                let (c, r) = (ctx()?, read!(CloseXrcd));
-                self.core
-                    .close_xrcd(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                ok::<cmd::CloseXrcd>(())
-            }
+            Cmd::CloseXrcd => self.close_xrcd(ctx()?, read!(CloseXrcd)),
             Cmd::CreateQp => self.create_qp(ctx()?, read!(CreateQp)),
-            Cmd::ModifyQp => {
-                let (c, r) = (ctx()?, read!(ModifyQp));
-                let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
-                let mask = AttrMask(r.attr_mask.get());
-                self.core
-                    .modify_qp(c, handle_of(r.handle), &attr, mask)
-                    .map_err(core_err)?;
-                ok::<cmd::ModifyQp>(())
-            }
-            Cmd::QueryQp => {
-                let (c, r) = (ctx()?, read!(QueryQp));
-                let q = self
-                    .core
-                    .query_qp(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                let qpn = self.core.qp_num(c, handle_of(r.handle)).map_err(core_err)?;
-                ok::<cmd::QueryQp>(query_resp(&q, qpn))
-            }
-            Cmd::DestroyQp => {
-                let (c, r) = (ctx()?, read!(DestroyQp));
-                let n = self
-                    .core
-                    .destroy_qp(c, handle_of(r.handle))
-                    .map_err(core_err)?;
-                ok::<cmd::DestroyQp>(events(n))
-            }
-            Cmd::OpenQp => {
-                let (c, r) = (ctx()?, read!(OpenQp));
-                let t = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
-                let h = self
-                    .core
-                    .open_qp(c, handle_of(r.xrcd), r.qp_num.get(), t)
-                    .map_err(core_err)?;
-                ok::<cmd::OpenQp>(CreateQpResp {
-                    handle: U32::new(h.0),
-                    qpn: r.qp_num,
-                    cap: QpCapWire::default(),
-                })
-            }
-            Cmd::CreateXrcRcvQp => {
-                let (c, r) = (ctx()?, read!(CreateXrcRcvQp));
-                let qpn = self
-                    .core
-                    .create_xrc_rcv_qp(c, handle_of(r.xrcd))
-                    .map_err(core_err)?;
-                ok::<cmd::CreateXrcRcvQp>(QpNumResp { qpn: U32::new(qpn) })
-            }
-            Cmd::ModifyXrcRcvQp => {
-                let (c, r) = (ctx()?, read!(ModifyXrcRcvQp));
-                let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
-                let mask = AttrMask(r.attr_mask.get());
-                let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
-                self.core
-                    .modify_xrc_rcv_qp(c, x, qpn, &attr, mask)
-                    .map_err(core_err)?;
-                ok::<cmd::ModifyXrcRcvQp>(())
-            }
-            Cmd::QueryXrcRcvQp => {
-                let (c, r) = (ctx()?, read!(QueryXrcRcvQp));
-                let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
-                let q = self.core.query_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
-                ok::<cmd::QueryXrcRcvQp>(query_resp(&q, qpn))
-            }
-            Cmd::RegXrcRcvQp => {
-                let (c, r) = (ctx()?, read!(RegXrcRcvQp));
-                let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
-                self.core.reg_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
-                ok::<cmd::RegXrcRcvQp>(())
-            }
-            Cmd::UnregXrcRcvQp => {
-                let (c, r) = (ctx()?, read!(UnregXrcRcvQp));
-                let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
-                let n = self.core.unreg_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
-                ok::<cmd::UnregXrcRcvQp>(events(n))
-            }
-            Cmd::DestroyXrcRcvQp => {
-                let (c, r) = (ctx()?, read!(DestroyXrcRcvQp));
-                let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
-                let n = self.core.destroy_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
-                ok::<cmd::DestroyXrcRcvQp>(events(n))
-            }
-            Cmd::RegisterXrcRcvQp => {
-                let (c, r) = (ctx()?, read!(RegisterXrcRcvQp));
-                let want = (r.qp_num.get() != CREATE_NEW_QP).then(|| r.qp_num.get());
-                let qpn = self
-                    .core
-                    .register_xrc_rcv_qp(c, handle_of(r.xrcd), want)
-                    .map_err(core_err)?;
-                ok::<cmd::RegisterXrcRcvQp>(QpNumResp { qpn: U32::new(qpn) })
-            }
+            Cmd::ModifyQp => self.modify_qp(ctx()?, read!(ModifyQp)),
+            Cmd::QueryQp => self.query_qp(ctx()?, read!(QueryQp)),
+            Cmd::DestroyQp => self.destroy_qp(ctx()?, read!(DestroyQp)),
+            Cmd::OpenQp => self.open_qp(ctx()?, read!(OpenQp)),
+            Cmd::CreateXrcRcvQp => self.create_xrc_rcv_qp(ctx()?, read!(CreateXrcRcvQp)),
+            Cmd::ModifyXrcRcvQp => self.modify_xrc_rcv_qp(ctx()?, read!(ModifyXrcRcvQp)),
+            Cmd::QueryXrcRcvQp => self.query_xrc_rcv_qp(ctx()?, read!(QueryXrcRcvQp)),
+            Cmd::RegXrcRcvQp => self.reg_xrc_rcv_qp(ctx()?, read!(RegXrcRcvQp)),
+            Cmd::UnregXrcRcvQp => self.unreg_xrc_rcv_qp(ctx()?, read!(UnregXrcRcvQp)),
+            Cmd::DestroyXrcRcvQp => self.destroy_xrc_rcv_qp(ctx()?, read!(DestroyXrcRcvQp)),
+            Cmd::RegisterXrcRcvQp => self.register_xrc_rcv_qp(ctx()?, read!(RegisterXrcRcvQp)),
             Cmd::UnregisterXrcRcvQp => {
-                let (c, r) = (ctx()?, read!(UnregisterXrcRcvQp));
-                let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
-                let n = self
-                    .core
-                    .unregister_xrc_rcv_qp(c, x, qpn)
-                    .map_err(core_err)?;
-                ok::<cmd::UnregisterXrcRcvQp>(events(n))
+                self.unregister_xrc_rcv_qp(ctx()?, read!(UnregisterXrcRcvQp))
             }
             // The data-path commands (ABI 3) run the engines after them, whatever they answer.
-            Cmd::PostSend => {
-                let c = ctx()?;
-                let r = self.post_send(c, req);
-                self.driven(r, woken)
-            }
+            Cmd::PostSend => self.driven(ctx()?, woken, |d, c| d.post_send(c, req)),
             Cmd::PostRecv | Cmd::PostSrqRecv => {
-                let c = ctx()?;
-                let r = self.post_recv(c, req);
-                self.driven(r, woken)
+                self.driven(ctx()?, woken, |d, c| d.post_recv(c, req))
             }
-            Cmd::PollCq => {
-                let c = ctx()?;
-                let r = self.poll_cq(c, req);
-                self.driven(r, woken)
-            }
-            Cmd::CreateCompChannel => {
-                let c = ctx()?;
-                let r = self.create_channel(c);
-                self.driven(r, woken)
-            }
+            Cmd::PollCq => self.driven(ctx()?, woken, |d, c| d.poll_cq(c, req)),
+            Cmd::CreateCompChannel => self.driven(ctx()?, woken, |d, c| d.create_channel(c)),
             Cmd::DestroyCompChannel => {
-                let c = ctx()?;
-                let r = req
-                    .read::<cmd::DestroyCompChannel>(abi)
-                    .map_err(|e| e.errno())
-                    .and_then(|r| self.dp.destroy_channel(c, r.handle.get()))
-                    .map(|()| self.core.uncharge(c, Resource::Channels, 1))
-                    .and_then(|()| ok::<cmd::DestroyCompChannel>(()));
-                self.driven(r, woken)
+                self.driven(ctx()?, woken, |d, c| d.destroy_comp_channel(c, req))
             }
-            Cmd::ReqNotifyCq => {
-                let c = ctx()?;
-                let r = req
-                    .read::<cmd::ReqNotifyCq>(abi)
-                    .map_err(|e| e.errno())
-                    .and_then(|r| {
-                        self.dp
-                            .req_notify(c, handle_of(r.cq), r.solicited_only.get() != 0)
-                    })
-                    .and_then(|()| ok::<cmd::ReqNotifyCq>(()));
-                self.driven(r, woken)
-            }
-            Cmd::GetCqEvent => {
-                let c = ctx()?;
-                let r = req
-                    .read::<cmd::GetCqEvent>(abi)
-                    .map_err(|e| e.errno())
-                    .and_then(|r| match self.dp.next_cq_event(c, r.handle.get())? {
-                        Some(cq) => ok::<cmd::GetCqEvent>(CqEventResp { cq: U32::new(cq.0) }),
-                        None => Err(EAGAIN),
-                    });
-                self.driven(r, woken)
-            }
-            Cmd::MapQueues => {
-                let c = ctx()?;
-                let r = req
-                    .read::<cmd::MapQueues>(abi)
-                    .map_err(|e| e.errno())
-                    .and_then(|r| self.map_queues(c, r));
-                self.driven(r, woken)
-            }
-            Cmd::MapDoorbell => {
-                let c = ctx()?;
-                let r = self
-                    .dp
-                    .doorbell(c)
-                    .and_then(|fd| with_fds::<cmd::MapDoorbell>((), vec![fd]));
-                self.driven(r, woken)
-            }
+            Cmd::ReqNotifyCq => self.driven(ctx()?, woken, |d, c| d.req_notify_cq(c, req)),
+            Cmd::GetCqEvent => self.driven(ctx()?, woken, |d, c| d.get_cq_event(c, req)),
+            Cmd::MapQueues => self.driven(ctx()?, woken, |d, c| d.map_queues(c, req)),
+            Cmd::MapDoorbell => self.driven(ctx()?, woken, |d, c| d.map_doorbell(c)),
         }
     }
 
@@ -521,10 +314,207 @@ impl Dispatcher {
         woken
     }
 
-    /// `r`, after running the engines (a data-path command may have made work for them).
-    fn driven(&mut self, r: Reply, woken: &mut Vec<CtxId>) -> Reply {
+    /// A data-path command on `ctx`, then the engines run (it may have made work for them),
+    /// whatever it answered.
+    fn driven(
+        &mut self,
+        ctx: CtxId,
+        woken: &mut Vec<CtxId>,
+        f: impl FnOnce(&mut Self, CtxId) -> Reply,
+    ) -> Reply {
+        let r = f(self, ctx);
         woken.extend(self.drive());
         r
+    }
+
+    // ---- objects ---------------------------------------------------------------------------
+
+    fn get_async_event(&mut self, c: CtxId) -> Reply {
+        match self.core.next_event(c).map_err(core_err)? {
+            Some(ev) => ok::<cmd::GetAsyncEvent>(AsyncEventResp::from(&ev)),
+            None => Err(EAGAIN),
+        }
+    }
+
+    fn alloc_pd(&mut self, c: CtxId) -> Reply {
+        let h = self.core.alloc_pd(c).map_err(core_err)?;
+        ok::<cmd::AllocPd>(handle_resp(h))
+    }
+
+    fn dealloc_pd(&mut self, c: CtxId, r: <cmd::DeallocPd as Command>::Req) -> Reply {
+        self.core
+            .dealloc_pd(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DeallocPd>(())
+    }
+
+    fn dereg_mr(&mut self, c: CtxId, r: <cmd::DeregMr as Command>::Req) -> Reply {
+        self.core
+            .dereg_mr(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DeregMr>(())
+    }
+
+    fn destroy_cq(&mut self, c: CtxId, r: <cmd::DestroyCq as Command>::Req) -> Reply {
+        let n = self
+            .core
+            .destroy_cq(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DestroyCq>(events(n))
+    }
+
+    fn query_srq(&mut self, c: CtxId, r: <cmd::QuerySrq as Command>::Req) -> Reply {
+        let h = handle_of(r.handle);
+        let a = self.core.query_srq(c, h).map_err(core_err)?;
+        ok::<cmd::QuerySrq>(srq_resp(h, a, self.core.srq_num(c, h).ok()))
+    }
+
+    fn destroy_srq(&mut self, c: CtxId, r: <cmd::DestroySrq as Command>::Req) -> Reply {
+        let n = self
+            .core
+            .destroy_srq(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DestroySrq>(events(n))
+    }
+
+    fn get_srq_num(&mut self, c: CtxId, r: <cmd::GetSrqNum as Command>::Req) -> Reply {
+        let srqn = self
+            .core
+            .srq_num(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::GetSrqNum>(SrqNumResp {
+            srqn: U32::new(srqn),
+        })
+    }
+
+    fn create_ah(&mut self, c: CtxId, r: <cmd::CreateAh as Command>::Req) -> Reply {
+        let attr = AhAttr::from(&r.attr);
+        let h = self
+            .core
+            .create_ah(c, handle_of(r.pd), attr)
+            .map_err(core_err)?;
+        ok::<cmd::CreateAh>(handle_resp(h))
+    }
+
+    fn destroy_ah(&mut self, c: CtxId, r: <cmd::DestroyAh as Command>::Req) -> Reply {
+        self.core
+            .destroy_ah(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DestroyAh>(())
+    }
+
+    fn close_xrcd(&mut self, c: CtxId, r: <cmd::CloseXrcd as Command>::Req) -> Reply {
+        self.core
+            .close_xrcd(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::CloseXrcd>(())
+    }
+
+    fn modify_qp(&mut self, c: CtxId, r: <cmd::ModifyQp as Command>::Req) -> Reply {
+        let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
+        let mask = AttrMask(r.attr_mask.get());
+        self.core
+            .modify_qp(c, handle_of(r.handle), &attr, mask)
+            .map_err(core_err)?;
+        ok::<cmd::ModifyQp>(())
+    }
+
+    fn query_qp(&mut self, c: CtxId, r: <cmd::QueryQp as Command>::Req) -> Reply {
+        let q = self
+            .core
+            .query_qp(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        let qpn = self.core.qp_num(c, handle_of(r.handle)).map_err(core_err)?;
+        ok::<cmd::QueryQp>(query_resp(&q, qpn))
+    }
+
+    fn destroy_qp(&mut self, c: CtxId, r: <cmd::DestroyQp as Command>::Req) -> Reply {
+        let n = self
+            .core
+            .destroy_qp(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DestroyQp>(events(n))
+    }
+
+    fn open_qp(&mut self, c: CtxId, r: <cmd::OpenQp as Command>::Req) -> Reply {
+        let t = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
+        let h = self
+            .core
+            .open_qp(c, handle_of(r.xrcd), r.qp_num.get(), t)
+            .map_err(core_err)?;
+        ok::<cmd::OpenQp>(CreateQpResp {
+            handle: U32::new(h.0),
+            qpn: r.qp_num,
+            cap: QpCapWire::default(),
+        })
+    }
+
+    fn create_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::CreateXrcRcvQp as Command>::Req) -> Reply {
+        let qpn = self
+            .core
+            .create_xrc_rcv_qp(c, handle_of(r.xrcd))
+            .map_err(core_err)?;
+        ok::<cmd::CreateXrcRcvQp>(QpNumResp { qpn: U32::new(qpn) })
+    }
+
+    fn modify_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::ModifyXrcRcvQp as Command>::Req) -> Reply {
+        let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
+        let mask = AttrMask(r.attr_mask.get());
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        self.core
+            .modify_xrc_rcv_qp(c, x, qpn, &attr, mask)
+            .map_err(core_err)?;
+        ok::<cmd::ModifyXrcRcvQp>(())
+    }
+
+    fn query_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::QueryXrcRcvQp as Command>::Req) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        let q = self.core.query_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
+        ok::<cmd::QueryXrcRcvQp>(query_resp(&q, qpn))
+    }
+
+    fn reg_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::RegXrcRcvQp as Command>::Req) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        self.core.reg_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
+        ok::<cmd::RegXrcRcvQp>(())
+    }
+
+    fn unreg_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::UnregXrcRcvQp as Command>::Req) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        let n = self.core.unreg_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
+        ok::<cmd::UnregXrcRcvQp>(events(n))
+    }
+
+    fn destroy_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::DestroyXrcRcvQp as Command>::Req) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        let n = self.core.destroy_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
+        ok::<cmd::DestroyXrcRcvQp>(events(n))
+    }
+
+    fn register_xrc_rcv_qp(
+        &mut self,
+        c: CtxId,
+        r: <cmd::RegisterXrcRcvQp as Command>::Req,
+    ) -> Reply {
+        let want = (r.qp_num.get() != CREATE_NEW_QP).then(|| r.qp_num.get());
+        let qpn = self
+            .core
+            .register_xrc_rcv_qp(c, handle_of(r.xrcd), want)
+            .map_err(core_err)?;
+        ok::<cmd::RegisterXrcRcvQp>(QpNumResp { qpn: U32::new(qpn) })
+    }
+
+    fn unregister_xrc_rcv_qp(
+        &mut self,
+        c: CtxId,
+        r: <cmd::UnregisterXrcRcvQp as Command>::Req,
+    ) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        let n = self
+            .core
+            .unregister_xrc_rcv_qp(c, x, qpn)
+            .map_err(core_err)?;
+        ok::<cmd::UnregisterXrcRcvQp>(events(n))
     }
 
     // ---- devices ---------------------------------------------------------------------------
@@ -793,6 +783,39 @@ impl Dispatcher {
 
     // ---- the data path (ABI 3) -------------------------------------------------------------
 
+    fn destroy_comp_channel(&mut self, c: CtxId, req: &Request<'_>) -> Reply {
+        let r = req
+            .read::<cmd::DestroyCompChannel>(self.abi)
+            .map_err(|e| e.errno())?;
+        self.dp.destroy_channel(c, r.handle.get())?;
+        self.core.uncharge(c, Resource::Channels, 1);
+        ok::<cmd::DestroyCompChannel>(())
+    }
+
+    fn req_notify_cq(&mut self, c: CtxId, req: &Request<'_>) -> Reply {
+        let r = req
+            .read::<cmd::ReqNotifyCq>(self.abi)
+            .map_err(|e| e.errno())?;
+        let solicited_only = r.solicited_only.get() != 0;
+        self.dp.req_notify(c, handle_of(r.cq), solicited_only)?;
+        ok::<cmd::ReqNotifyCq>(())
+    }
+
+    fn get_cq_event(&mut self, c: CtxId, req: &Request<'_>) -> Reply {
+        let r = req
+            .read::<cmd::GetCqEvent>(self.abi)
+            .map_err(|e| e.errno())?;
+        match self.dp.next_cq_event(c, r.handle.get())? {
+            Some(cq) => ok::<cmd::GetCqEvent>(CqEventResp { cq: U32::new(cq.0) }),
+            None => Err(EAGAIN),
+        }
+    }
+
+    fn map_doorbell(&mut self, c: CtxId) -> Reply {
+        let fd = self.dp.doorbell(c)?;
+        with_fds::<cmd::MapDoorbell>((), vec![fd])
+    }
+
     /// A channel is an eventfd of the daemon's: charged to the context.
     fn create_channel(&mut self, ctx: CtxId) -> Reply {
         self.core
@@ -807,7 +830,10 @@ impl Dispatcher {
         }
     }
 
-    fn map_queues(&mut self, ctx: CtxId, r: MapQueuesReq) -> Reply {
+    fn map_queues(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
+        let r = req
+            .read::<cmd::MapQueues>(self.abi)
+            .map_err(|e| e.errno())?;
         let h = handle_of(r.handle);
         let (core, dp) = (&mut self.core, &mut self.dp);
         let qp = match r.kind.get() {
