@@ -269,6 +269,10 @@ impl Server {
                             continue;
                         }
                     };
+                    if let Err(e) = softverbs_ipc::pass_credentials(sock.as_fd()) {
+                        // Without it every request counts as the connecting process's.
+                        tracing::warn!("SO_PASSCRED unavailable: {e}");
+                    }
                     let token = self.next_token;
                     self.next_token += 1;
                     if let Err(e) = self.poll.registry().register(
@@ -310,6 +314,7 @@ impl Server {
             if dgram.truncated || dgram.fds_truncated {
                 return self.close_conn(token, "message larger than the protocol allows");
             }
+            conn.session.sender_pid = dgram.sender_pid;
             let outcome =
                 self.dispatcher
                     .handle(&mut conn.session, &self.buf[..dgram.len], dgram.fds);
