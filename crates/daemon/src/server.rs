@@ -103,6 +103,10 @@ impl Server {
             std::fs::remove_file(path)?;
         }
         let listener = softverbs_ipc::listen_seqpacket(path)?;
+        // Sender credentials on every request (which process sent it: a fork child may share
+        // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
+        // the first request, sent before the accept, carries them.
+        softverbs_ipc::pass_credentials(listener.as_fd())?;
         // The socket is the door to every client's objects, but file permissions on the XRC
         // domain files are the access control, as with uverbs: anyone may connect.
         use std::os::unix::fs::PermissionsExt;
@@ -269,10 +273,6 @@ impl Server {
                             continue;
                         }
                     };
-                    if let Err(e) = softverbs_ipc::pass_credentials(sock.as_fd()) {
-                        // Without it every request counts as the connecting process's.
-                        tracing::warn!("SO_PASSCRED unavailable: {e}");
-                    }
                     let token = self.next_token;
                     self.next_token += 1;
                     if let Err(e) = self.poll.registry().register(
