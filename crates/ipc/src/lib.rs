@@ -129,7 +129,9 @@ fn recv_with(
         match m {
             RecvAncillaryMessage::ScmRights(rights) => fds.extend(rights),
             // The kernel fills these in itself for a receiver with SO_PASSCRED (unix(7)); a
-            // sender can only name itself. Pid 0: the sender is no longer there.
+            // sender that sends its own can name only itself, unless it has CAP_SYS_ADMIN
+            // over its pid namespace (then any process of that namespace, all of which it
+            // controls anyway). Pid 0: the sender is not visible in our pid namespace.
             RecvAncillaryMessage::ScmCredentials(c) => {
                 sender_pid = Some(c.pid.as_raw_nonzero().get() as u32).filter(|&p| p != 0)
             }
