@@ -150,8 +150,8 @@ fn client_role() {
     out.flush().unwrap();
     assert_eq!(lines.next().unwrap().unwrap(), "FORK");
     drop(out);
-    // SAFETY: the child only registers memory on the inherited context, prints, and sleeps
-    // until it is killed; the other thread of this process (the test harness's main
+    // SAFETY: the child only registers memory on the inherited context, prints, and waits
+    // for the end of its input; the other thread of this process (the test harness's main
     // thread) is blocked waiting for this test, holding no lock the child needs.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork");
@@ -162,9 +162,10 @@ fn client_role() {
             Err(e) => e.errno(),
         };
         println!("CHILD {} {errno}", std::process::id());
-        // Holds the connection (and so the context and its MR) until killed; never longer
-        // than a minute if the test died without killing it.
-        std::thread::sleep(Duration::from_secs(60));
+        // Holds the connection (and so the context and its MR) until the test closes its
+        // end of our stdin (or dies). No one ever kills it by pid: pids get reused here.
+        let mut rest = String::new();
+        while std::io::stdin().read_line(&mut rest).is_ok_and(|n| n > 0) {}
         // SAFETY: ends the child without running the parent's destructors or exit hooks.
         unsafe { libc::_exit(0) };
     }
@@ -250,17 +251,6 @@ fn spawn_victim(pid: i32) -> std::io::Result<(i32, OwnedFd)> {
     Ok((r as i32, go_w))
 }
 
-/// Kills the forked child (and the client if it still runs) whatever the test's outcome.
-struct Kill(Vec<i32>);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        for &p in &self.0 {
-            // SAFETY: plain kill(2) of a process this test started.
-            unsafe { libc::kill(p, libc::SIGKILL) };
-        }
-    }
-}
-
 #[test]
 fn a_reused_pid_reaches_nothing_of_the_new_process() {
     if !rustix::process::geteuid().is_root() {
@@ -282,7 +272,6 @@ fn a_reused_pid_reaches_nothing_of_the_new_process() {
         .spawn()
         .unwrap();
     let client_pid = client.id() as i32;
-    let mut kill = Kill(vec![client_pid]);
     let mut to_client = client.stdin.take().unwrap();
     let mut from_client = BufReader::new(client.stdout.take().unwrap()).lines();
     // The harness prints its own words too ("test client_role ... " before our first line):
@@ -344,9 +333,7 @@ fn a_reused_pid_reaches_nothing_of_the_new_process() {
     assert!(local[..LEN].iter().all(|&b| b == CLIENT_BYTE));
 
     writeln!(to_client, "FORK").unwrap();
-    let child = expect("CHILD");
-    let (child_pid, child_reg_errno) = (child[0] as i32, child[1] as i32);
-    kill.0.push(child_pid);
+    let child_reg_errno = expect("CHILD")[1] as i32;
     assert!(client.wait().unwrap().success(), "the client exits cleanly");
     // Reaped: its pid is free. Give it to a victim.
     let (victim, go) = match spawn_victim(client_pid) {
@@ -402,7 +389,8 @@ fn a_reused_pid_reaches_nothing_of_the_new_process() {
         "a forked child registering memory on the inherited context"
     );
 
-    drop(kill);
+    // The forked child (and the victim, already gone) end with our end of their stdin.
+    drop(to_client);
     drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 }
