@@ -157,8 +157,9 @@ impl std::fmt::Debug for Conn {
 /// With a device, the request carries this process's own `/proc/self/mem` (ABI 5,
 /// `HELLO_MEM_FD`): the daemon reaches memory that is not shared through it, bound to this
 /// process's address space rather than to its pid (docs/registered-memory.md). A daemon
-/// older than ABI 5 refuses the bit (`EOPNOTSUPP`); the greeting is then repeated without
-/// it, and such a daemon finds the memory by pid as it always did.
+/// speaking an ABI older than 5 refuses the bit (`EOPNOTSUPP`); the greeting is then repeated
+/// without it. An older daemon binary then reaches the memory by pid as it always did; a
+/// current daemon started at an older ABI level reaches only shared MRs.
 pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> {
     let req = HelloReq {
         abi_version: U32::new(ABI_VERSION),

@@ -36,7 +36,7 @@ pub struct Datagram {
     /// More descriptors were sent than fit (they were closed by the kernel).
     pub fds_truncated: bool,
     /// The process that sent it (`SCM_CREDENTIALS`, on a socket with [`pass_credentials`];
-    /// `None` otherwise or when the sender was already gone).
+    /// `None` otherwise or when the sender is not visible in this pid namespace).
     pub sender_pid: Option<u32>,
 }
 
