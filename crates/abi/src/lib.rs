@@ -33,7 +33,9 @@ pub use codec::{
 /// The newest ABI this crate speaks. 2: `CreateQpReq.create_flags`. 3: work queues and CQs in
 /// shared memory (`MapQueues`, `MapDoorbell`). 4: a send ring's consumer note counts the
 /// requests the daemon retired, which the client uses to refuse a post past `max_send_wr`.
-pub const ABI_VERSION: u32 = 4;
+/// 5: `Hello` carries the client's `/proc/self/mem` ([`msg::HELLO_MEM_FD`]), the only way
+/// the daemon reaches memory that is not shared.
+pub const ABI_VERSION: u32 = 5;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

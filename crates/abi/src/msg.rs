@@ -816,6 +816,12 @@ pub const PRESENT_CQ: u32 = 1 << 5;
 pub const CREATE_QP_CREATE_FLAGS: u64 = 1 << 0;
 /// `comp_mask` bit of [`Cmd::CreateCq`] (ABI 3): `channel` is valid.
 pub const CREATE_CQ_CHANNEL: u64 = 1 << 0;
+/// `comp_mask` bit of [`Cmd::Hello`] (ABI 5): one descriptor comes with the request, the
+/// client's own `/proc/self/mem` opened read-write, through which the daemon reaches the
+/// client's memory that is not shared (docs/registered-memory.md). A descriptor that is
+/// not the sender's `mem` is `EINVAL`, one not open read-write `EBADF`. Without it the
+/// context has no process memory: only shared MRs can be accessed.
+pub const HELLO_MEM_FD: u64 = 1 << 0;
 
 /// [`ReregMrReq::flags`]: new `addr`, `length` and `iova` (`IBV_REREG_MR_CHANGE_TRANSLATION`).
 pub const REREG_MR_CHANGE_TRANSLATION: u32 = 1 << 0;
@@ -866,6 +872,7 @@ pub fn request_layout(cmd: Cmd, abi: u32) -> (usize, u64) {
         // ABI 1 ended before `create_flags`.
         Cmd::CreateQp => (size_of::<CreateQpReq>() - 8, 0),
         Cmd::CreateCq if abi >= 3 => (size_of::<CreateCqReq>(), CREATE_CQ_CHANNEL),
+        Cmd::Hello if abi >= 5 => (size_of::<HelloReq>(), HELLO_MEM_FD),
         // Before ABI 3 a CQ had no completion channel.
         Cmd::CreateCq => (size_of::<CreateCqReq>() - 8, 0),
         _ => (request_size(cmd), 0),

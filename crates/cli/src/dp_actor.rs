@@ -1103,8 +1103,20 @@ impl Raw {
             abi_version: U32::new(softverbs::ABI_VERSION),
             device: U32::new(0),
         };
+        // The daemon reaches this process's memory through its own /proc/self/mem (ABI 5).
+        let mem: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/proc/self/mem")
+            .or_fail("open /proc/self/mem")
+            .into();
         let (_, fds) = raw
-            .call_fds::<HelloResp>(Cmd::Hello, 0, req.as_bytes())
+            .call_with::<HelloResp>(
+                Cmd::Hello,
+                softverbs_abi::msg::HELLO_MEM_FD,
+                req.as_bytes(),
+                &[mem.as_fd()],
+            )
             .or_fail("raw hello");
         raw._fds = fds;
         raw
@@ -1114,8 +1126,21 @@ impl Raw {
     where
         R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
     {
+        self.call_with(cmd, comp_mask, body, &[])
+    }
+
+    fn call_with<R>(
+        &self,
+        cmd: Cmd,
+        comp_mask: u64,
+        body: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(R, Vec<OwnedFd>), i32>
+    where
+        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
+    {
         let msg = encode_request(cmd, comp_mask, body, std::mem::size_of::<R>());
-        softverbs_ipc::send(self.sock.as_fd(), &msg, &[]).map_err(|e| e.raw_os_error())?;
+        softverbs_ipc::send(self.sock.as_fd(), &msg, fds).map_err(|e| e.raw_os_error())?;
         let mut buf = vec![0u8; softverbs_abi::MAX_MSG];
         let d = loop {
             match softverbs_ipc::recv(self.sock.as_fd(), &mut buf) {

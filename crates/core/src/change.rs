@@ -19,13 +19,6 @@ use crate::ids::{CtxId, Handle};
 /// One change to a mirrored object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoreChange {
-    /// A context was opened by process `pid` (whose memory the data path will reach).
-    ContextOpened {
-        /// The new context.
-        ctx: CtxId,
-        /// Its client's pid.
-        pid: u32,
-    },
     /// A context was torn down. Its QPs come first as [`CoreChange::QpDestroyed`]; its CQs,
     /// SRQs, MRs and rings go with this change.
     ContextClosed {

@@ -330,7 +330,6 @@ impl Core {
         self.admit_new_context(info.uid)?;
         let id = CtxId(self.next_ctx);
         self.next_ctx += 1;
-        let pid = info.pid;
         self.contexts.insert(
             id,
             Context {
@@ -351,7 +350,6 @@ impl Core {
             },
         );
         self.add_usage(id, crate::limits::Resource::Contexts, 1);
-        self.push_change(CoreChange::ContextOpened { ctx: id, pid });
         Ok(id)
     }
 

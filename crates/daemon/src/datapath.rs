@@ -20,7 +20,7 @@ use softverbs_core::event::EventElement;
 use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::types::{EventType, Mtu, QpType};
 use softverbs_core::{Core, CoreChange};
-use softverbs_memaccess::{ProcessVm, RegionId, SharedMappings};
+use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
 use softverbs_shm::{Consumer, Producer, Region, RingLayout};
 use softverbs_transport::sim::{cq_id, Faults};
 use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, UdDest, WorkCompletion};
@@ -77,7 +77,7 @@ pub struct DataPath {
     /// an edge already reported).
     pub moved_packets: bool,
     devs: Vec<Dev>,
-    mem: SharedMappings<ProcessVm>,
+    mem: SharedMappings<ProcessMem>,
     cqs: HashMap<CqId, CqState>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
@@ -144,7 +144,7 @@ impl DataPath {
         }
         DataPath {
             devs,
-            mem: SharedMappings::with_fallback(ProcessVm::new()),
+            mem: SharedMappings::with_fallback(ProcessMem::new()),
             cqs: HashMap::new(),
             ctx_cqs: HashMap::new(),
             qp_dev: HashMap::new(),
@@ -198,7 +198,6 @@ impl DataPath {
     /// the engines and the data path's tables.
     pub fn apply(&mut self, change: CoreChange) {
         match change {
-            CoreChange::ContextOpened { ctx, pid } => self.context_opened(ctx, pid),
             CoreChange::ContextClosed { ctx } => self.context_closed(ctx),
             CoreChange::CqCreated { ctx, cq, cqe } => self.cq_created(ctx, cq, cqe),
             CoreChange::CqResized { ctx, cq, cqe } => self.cq_resized(ctx, cq, cqe),
@@ -224,9 +223,12 @@ impl DataPath {
         }
     }
 
-    /// A context was opened by process `pid`.
-    fn context_opened(&mut self, ctx: CtxId, pid: u32) {
-        self.mem.fallback_mut().register_process(ctx, pid as i32);
+    /// A context was opened; `memory` is the opener's own `mem` descriptor (none from an
+    /// older client: then only its shared MRs can be reached).
+    pub fn context_opened(&mut self, ctx: CtxId, memory: Option<ProcessMemory>) {
+        if let Some(m) = memory {
+            self.mem.fallback_mut().register_process(ctx, m);
+        }
     }
 
     /// A context was closed (the QPs that went with it came first, as `QpDestroyed`).

@@ -20,6 +20,7 @@ use softverbs_core::qp::QpQuery;
 use softverbs_core::types::{Access, AttrMask, EventType, QpType};
 use softverbs_core::{ContextInfo, Core, Error};
 use softverbs_ipc::PeerCred;
+use softverbs_memaccess::ProcessMemory;
 
 use crate::datapath::{DataPath, NetOptions};
 use zerocopy::little_endian::{U16, U32, U64};
@@ -55,6 +56,12 @@ pub struct Session {
     pub phase: Phase,
     /// The daemon's end of the async-event eventfd.
     pub eventfd: Option<OwnedFd>,
+    /// The process that sent the request being handled (`SCM_CREDENTIALS`), set by the
+    /// server before each [`Dispatcher::handle`]; `None` when the kernel did not say.
+    pub sender_pid: Option<u32>,
+    /// The process that opened the context (sent `Hello`), whose memory the context's
+    /// memory descriptor is. Only it may register memory (see [`Dispatcher::handle`]).
+    pub opener_pid: Option<u32>,
 }
 
 impl Session {
@@ -65,7 +72,14 @@ impl Session {
             comm,
             phase: Phase::New,
             eventfd: None,
+            sender_pid: None,
+            opener_pid: None,
         }
+    }
+
+    /// The sender of the current request: what the kernel said, else the connecting process.
+    fn sender(&self) -> u32 {
+        self.sender_pid.unwrap_or(self.cred.pid)
     }
 
     /// The open context, if any.
@@ -211,8 +225,9 @@ impl Dispatcher {
         woken: &mut Vec<CtxId>,
     ) -> Reply {
         let abi = self.abi;
-        // Only OpenXrcd and RegMr (a memfd of the range) take a descriptor, and only one.
-        if !matches!(req.cmd, Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
+        // Only Hello (the client's memory), OpenXrcd and RegMr (a memfd of the range) take a
+        // descriptor, and only one.
+        if !matches!(req.cmd, Cmd::Hello | Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
             return Err(EINVAL);
         }
         if abi < req.cmd.since_abi() {
@@ -234,6 +249,14 @@ impl Dispatcher {
             _ => {}
         }
         let session_ctx = s.ctx();
+        if session_ctx.is_some() && registers_memory(req) && s.opener_pid != Some(s.sender()) {
+            // The context's memory descriptor is the opener's address space: a process that
+            // inherited or was handed the connection (a fork child) must not get memory of
+            // the opener registered in its name. It opens its own context instead.
+            // (Equal numbers from two processes mean the opener is dead and reaped, and its
+            // descriptor reaches nothing.)
+            return Err(EPERM);
+        }
         let ctx = || session_ctx.ok_or(EINVAL);
         macro_rules! read {
             ($c:ident) => {
@@ -241,7 +264,7 @@ impl Dispatcher {
             };
         }
         match req.cmd {
-            Cmd::Hello => self.hello(s, read!(Hello)),
+            Cmd::Hello => self.hello(s, read!(Hello), req.comp_mask, fds),
             Cmd::QueryDeviceList => self.device_list(read!(QueryDeviceList)),
             Cmd::Status => self.status(),
             Cmd::Resources => self.resources(),
@@ -912,9 +935,19 @@ impl Dispatcher {
 
     // ---- connection-level commands ---------------------------------------------------------
 
-    fn hello(&mut self, s: &mut Session, r: HelloReq) -> Reply {
+    fn hello(
+        &mut self,
+        s: &mut Session,
+        r: HelloReq,
+        comp_mask: u64,
+        mut fds: Vec<OwnedFd>,
+    ) -> Reply {
         if r.abi_version.get() < MIN_ABI_VERSION {
             return Err(EPROTONOSUPPORT);
+        }
+        let with_mem = comp_mask & HELLO_MEM_FD != 0;
+        if fds.len() != usize::from(with_mem) || (with_mem && r.device.get() == NO_DEVICE) {
+            return Err(EINVAL);
         }
         let resp = |ctx_id: u64, n: usize| HelloResp {
             abi_version: U32::new(self.abi),
@@ -928,6 +961,14 @@ impl Dispatcher {
             s.phase = Phase::Introspect;
             return ok::<cmd::Hello>(resp(0, n));
         }
+        let opener = s.sender();
+        let memory = match fds.pop() {
+            Some(fd) => Some(ProcessMemory::validate(fd, opener).map_err(|e| {
+                tracing::info!(pid = opener, "context refused: {e}");
+                e.errno()
+            })?),
+            None => None,
+        };
         // The eventfd first: a context must not exist unless the session records it.
         let efd = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
         let client_end = efd.try_clone().map_err(|_| ENOMEM)?;
@@ -942,6 +983,9 @@ impl Dispatcher {
             .map_err(core_err)?;
         s.eventfd = Some(efd);
         s.phase = Phase::Context(ctx);
+        s.opener_pid = Some(opener);
+        // The memory descriptor is the daemon's, not the core's: the data path gets it here.
+        self.dp.context_opened(ctx, memory);
         with_fds::<cmd::Hello>(resp(ctx.0, n), vec![client_end])
     }
 
@@ -1017,5 +1061,18 @@ impl Dispatcher {
         ok::<cmd::InjectEvent>(InjectEventResp {
             contexts: U32::new(n),
         })
+    }
+}
+
+/// Whether `req` tells the daemon where in the client's address space memory is: `reg_mr`
+/// and `rereg_mr` with a new translation.
+fn registers_memory(req: &Request<'_>) -> bool {
+    match req.cmd {
+        Cmd::RegMr => true,
+        Cmd::ReregMr => <ReregMrReq as zerocopy::FromBytes>::read_from_prefix(req.body)
+            .map_or(true, |(r, _)| {
+                r.flags.get() & REREG_MR_CHANGE_TRANSLATION != 0
+            }),
+        _ => false,
     }
 }
