@@ -90,33 +90,6 @@ pub(crate) fn qp_query(op: &'static str, w: &QueryQpResp) -> Result<QpQuery> {
     })
 }
 
-/// `enum ibv_event_type` from its value.
-pub(crate) fn event_type(v: u32) -> Option<EventType> {
-    use EventType::*;
-    const ALL: [EventType; 19] = [
-        CqErr,
-        QpFatal,
-        QpReqErr,
-        QpAccessErr,
-        CommEst,
-        SqDrained,
-        PathMig,
-        PathMigErr,
-        DeviceFatal,
-        PortActive,
-        PortErr,
-        LidChange,
-        PkeyChange,
-        SmChange,
-        SrqErr,
-        SrqLimitReached,
-        QpLastWqeReached,
-        ClientReregister,
-        GidChange,
-    ];
-    ALL.get(usize::try_from(v).ok()?).copied()
-}
-
 pub(crate) fn async_event(w: &AsyncEventResp) -> AsyncEvent {
     let value = w.element.get();
     let element = match ElementKind::from_u32(w.element_kind.get()) {
@@ -132,7 +105,7 @@ pub(crate) fn async_event(w: &AsyncEventResp) -> AsyncEvent {
         },
     };
     AsyncEvent {
-        event_type: event_type(w.event_type.get()),
+        event_type: EventType::from_raw(w.event_type.get()),
         raw_event_type: w.event_type.get(),
         element,
         legacy_event_type: w.legacy_event_type.get(),
@@ -151,9 +124,9 @@ mod tests {
     #[test]
     fn every_event_type_round_trips_and_unknown_ones_stay_raw() {
         for v in 0..19 {
-            assert_eq!(event_type(v).map(|t| t as u32), Some(v));
+            assert_eq!(EventType::from_raw(v).map(|t| t as u32), Some(v));
         }
-        assert_eq!(event_type(19), None);
+        assert_eq!(EventType::from_raw(19), None);
         let w = AsyncEventResp {
             event_type: U32::new(77),
             element_kind: U32::new(99),

@@ -75,7 +75,7 @@ pub(crate) struct Srq {
     pub(crate) pd: Handle,
     pub(crate) kind: SrqKind,
     pub(crate) attr: SrqAttr,
-    /// QPs attached to this (basic) SRQ. XRC receive QPs never count (xrc-semantics §1.2).
+    /// QPs attached to this (basic) SRQ. XRC receive QPs never count (docs/xrc-semantics.md §1.2).
     pub(crate) usecnt: u32,
     pub(crate) events_reported: u32,
 }
@@ -139,7 +139,7 @@ impl Context {
     }
 }
 
-/// A shared XRC domain (xrc-semantics §1.1). It exists while `opens + srqs + tgt_qps > 0`
+/// A shared XRC domain (docs/xrc-semantics.md §1.1). It exists while `opens + srqs + tgt_qps > 0`
 /// (uverbs `xrcd.usecnt`); the three parts are kept apart for introspection.
 #[derive(Debug)]
 pub(crate) struct Xrcd {

@@ -64,7 +64,7 @@ pub enum QpTarget {
     XrcRecv,
 }
 
-/// Why an XRC request cannot be delivered to the SRQ its XRCETH names (xrc-semantics §5).
+/// Why an XRC request cannot be delivered to the SRQ its XRCETH names (docs/xrc-semantics.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum XrcDeliveryError {
     /// The QP number is not a live XRC receive QP.
@@ -233,8 +233,8 @@ impl Core {
     }
 
     /// Resolves the SRQ number an XRC request names for receive QP `qpn`: the SRQ must exist,
-    /// be an XRC SRQ and belong to the receive QP's domain (xrc-semantics §5; the domain is
-    /// the whole point of XRC: it limits which SRQs a message may target).
+    /// be an XRC SRQ and belong to the receive QP's domain (docs/xrc-semantics.md §5; the
+    /// domain is the whole point of XRC: it limits which SRQs a message may target).
     pub fn resolve_xrc_srq(&self, qpn: u32, srqn: u32) -> Result<XrcSrqTarget, XrcDeliveryError> {
         let tgt = self.tgt_qps.get(&qpn).ok_or(XrcDeliveryError::NotXrcRecv)?;
         let &(ctx, srq) = self

@@ -1,5 +1,5 @@
 //! Typed errors of the object model, and the one place that turns them into errno values
-//! (xrc-semantics.md §6, which follows uverbs and libibverbs).
+//! (docs/xrc-semantics.md §6, which follows uverbs and libibverbs).
 
 use crate::errno;
 use crate::types::{AttrMask, QpState, QpType};
@@ -94,7 +94,7 @@ pub enum Error {
 
 impl Error {
     /// The errno value a C caller of rdma-core sees for this error
-    /// (xrc-semantics.md §6; uverbs_cmd.c and libibverbs cmd*.c).
+    /// (docs/xrc-semantics.md §6; uverbs_cmd.c and libibverbs cmd*.c).
     pub fn errno(&self) -> i32 {
         match self {
             Error::UnknownHandle(_) => errno::ENOENT,

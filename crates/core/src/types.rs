@@ -248,6 +248,33 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// Decodes the rdma-core value.
+    pub fn from_raw(v: u32) -> Option<Self> {
+        use EventType::*;
+        Some(match v {
+            0 => CqErr,
+            1 => QpFatal,
+            2 => QpReqErr,
+            3 => QpAccessErr,
+            4 => CommEst,
+            5 => SqDrained,
+            6 => PathMig,
+            7 => PathMigErr,
+            8 => DeviceFatal,
+            9 => PortActive,
+            10 => PortErr,
+            11 => LidChange,
+            12 => PkeyChange,
+            13 => SmChange,
+            14 => SrqErr,
+            15 => SrqLimitReached,
+            16 => QpLastWqeReached,
+            17 => ClientReregister,
+            18 => GidChange,
+            _ => return None,
+        })
+    }
+
     /// True for the port events of IBA 11.6.3 (unaffiliated; the element names the port).
     pub fn is_port_affiliated(self) -> bool {
         matches!(

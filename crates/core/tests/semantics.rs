@@ -1,4 +1,4 @@
-//! The XRC semantics of xrc-semantics.md, one test per rule: the §6 errno rows the core owns,
+//! The XRC semantics of docs/xrc-semantics.md, one test per rule: the §6 errno rows the core owns,
 //! the three API faces, persistence, event fan-out and teardown. `docs/xrc-design.md` cites
 //! these tests by name.
 

@@ -1026,7 +1026,7 @@ impl Dispatcher {
         if s.cred.uid != 0 && s.cred.uid != self.daemon_uid {
             return Err(EPERM);
         }
-        let t = event_type_from(r.event_type.get()).ok_or(EINVAL)?;
+        let t = EventType::from_raw(r.event_type.get()).ok_or(EINVAL)?;
         if t.is_port_affiliated() {
             // IBA 11.6.3: a port event goes to every context of the device, naming the port.
             let dev = r.device.get() as usize;
@@ -1059,31 +1059,4 @@ impl Dispatcher {
             contexts: U32::new(n),
         })
     }
-}
-
-/// Decodes an `enum ibv_event_type` value.
-pub fn event_type_from(v: u32) -> Option<EventType> {
-    use EventType::*;
-    Some(match v {
-        0 => CqErr,
-        1 => QpFatal,
-        2 => QpReqErr,
-        3 => QpAccessErr,
-        4 => CommEst,
-        5 => SqDrained,
-        6 => PathMig,
-        7 => PathMigErr,
-        8 => DeviceFatal,
-        9 => PortActive,
-        10 => PortErr,
-        11 => LidChange,
-        12 => PkeyChange,
-        13 => SmChange,
-        14 => SrqErr,
-        15 => SrqLimitReached,
-        16 => QpLastWqeReached,
-        17 => ClientReregister,
-        18 => GidChange,
-        _ => return None,
-    })
 }

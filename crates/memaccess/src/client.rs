@@ -1,11 +1,9 @@
 //! The client's side: making its own buffer shareable in place, and letting the daemon in.
 
-use std::ffi::c_void;
 use std::io;
 use std::os::fd::OwnedFd;
 
 use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
-use rustix::mm::{mremap_fixed, MremapFlags};
 use rustix::process::{set_ptracer, PTracer, Pid};
 
 use crate::map::Mapping;
@@ -48,8 +46,8 @@ impl From<rustix::io::Errno> for ShareError {
 /// `MAP_POPULATE`, copy the pages in, seal the file against shrinking and growing (so the
 /// daemon cannot be made to fault by a truncation), and `mremap` the populated mapping over
 /// the original range (one atomic replacement; the page tables move along, so the client
-/// takes no page faults afterwards). This is the technique measured in the reference
-/// (`datapath-measurements.md` §2), with `mremap` instead of a second `mmap(MAP_FIXED)`.
+/// takes no page faults afterwards). This is the technique measured in
+/// `docs/measurements.md` §2, with `mremap` instead of a second `mmap(MAP_FIXED)`.
 ///
 /// Only private anonymous read-write memory is accepted (heap, `mmap(MAP_ANONYMOUS |
 /// MAP_PRIVATE)`, named anonymous mappings); anything else (file-backed, `MAP_SHARED`,
@@ -95,36 +93,8 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
     )?;
     ftruncate(&fd, n as u64)?;
     fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-    let staging = Mapping::shared(&fd, n, true)?;
-    // SAFETY: `lo..hi` is readable memory of this process (checked against /proc/self/maps
-    // just above: private anonymous read-write pages, which nothing but this thread's caller
-    // unmaps, per the documented contract). `staging` is a fresh mapping of `n` bytes that
-    // nothing else refers to, so the ranges do not overlap. Only raw pointers are used; the
-    // source may hold any bytes (`u8` has no invalid values).
-    unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, staging.ptr(), n) };
-    // SAFETY: moves the staging mapping (owned, `n` bytes) onto `lo..hi`, replacing the
-    // private pages there with shared pages holding the same bytes at the same addresses.
-    // Memory the program owns there (the caller's buffer and whatever shares its first and
-    // last page) keeps its contents, so no Rust value observes a change; the documented
-    // contract excludes concurrent writers during the call. The target range is exactly
-    // the checked anonymous range, so no other mapping is replaced.
-    let moved = unsafe {
-        mremap_fixed(
-            staging.ptr().cast::<c_void>(),
-            n,
-            n,
-            MremapFlags::MAYMOVE,
-            lo as *mut c_void,
-        )
-    };
-    match moved {
-        Ok(_) => {
-            // The range now belongs to the caller's allocation again; nothing to unmap.
-            staging.forget();
-            Ok(fd)
-        }
-        Err(e) => Err(e.into()),
-    }
+    Mapping::shared(&fd, n, true)?.copy_and_move_onto(lo)?;
+    Ok(fd)
 }
 
 /// Checks that `lo..hi` (page-aligned) is covered by private anonymous read-write mappings.

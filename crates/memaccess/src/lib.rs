@@ -16,10 +16,12 @@
 //! The daemon stacks them: `SharedMappings::with_fallback(ProcessVm::new())`.
 //!
 //! `unsafe` is confined to the OS boundary (`mmap`, `munmap`, `mremap`, raw copies and the
-//! atomic view of a shared word), each block argued with a `SAFETY:` comment; the public
-//! API is safe.
+//! atomic view of a shared word), all of it in the one module allowed to use it (`map`), each
+//! block argued with a `SAFETY:` comment; the public API is safe.
+#![deny(unsafe_code)]
 
 mod client;
+#[allow(unsafe_code)]
 mod map;
 mod process_vm;
 mod shared;

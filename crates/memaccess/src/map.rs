@@ -1,10 +1,15 @@
-//! An owned `MAP_SHARED` mapping of a file (the one place this crate calls `mmap`/`munmap`).
+//! An owned `MAP_SHARED` mapping of a file, and the crate's only `unsafe` code: `mmap`,
+//! `munmap`, `mremap`, the raw copies in and out of a mapping and the atomic view of a word
+//! in it. Everything else in the crate reaches memory through the safe methods here, which
+//! check their offsets against the mapping they own.
 
 use std::ffi::c_void;
 use std::os::fd::AsFd;
 use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+use rustix::mm::{mmap, mremap_fixed, munmap, MapFlags, MremapFlags, ProtFlags};
+use softverbs_transport::AtomicOp;
 
 /// `len` bytes of a file mapped read-write and shared at `ptr`, unmapped on drop.
 #[derive(Debug)]
@@ -45,19 +50,119 @@ impl Mapping {
         })
     }
 
-    /// First byte.
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
     /// Length in bytes (whole pages).
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Gives up ownership without unmapping (the range was moved elsewhere by `mremap`).
-    pub(crate) fn forget(self) {
-        std::mem::forget(self);
+    /// Copies the `self.len()` bytes at address `lo` of this process into the mapping, then
+    /// moves the mapping onto `lo` (`mremap` with `MREMAP_FIXED`): the pages there become
+    /// shared pages of the file holding the same bytes. On success the range belongs to
+    /// whoever owned `lo..` before, so nothing is unmapped when this returns.
+    ///
+    /// Contract (what [`share_in_place`](crate::share_in_place) checks and documents before
+    /// calling): `lo` is page-aligned, `lo..lo + self.len()` is private anonymous read-write
+    /// memory of this process, and no thread writes or unmaps it during the call.
+    pub(crate) fn copy_and_move_onto(self, lo: usize) -> rustix::io::Result<()> {
+        let n = self.len;
+        // SAFETY: `lo..lo+n` is readable memory of this process (checked against
+        // /proc/self/maps by the caller: private anonymous read-write pages, which nothing
+        // but the caller unmaps, per the documented contract). `self` is a fresh mapping of
+        // `n` bytes that nothing else refers to, so the ranges do not overlap. Only raw
+        // pointers are used; the source may hold any bytes (`u8` has no invalid values).
+        unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, self.ptr, n) };
+        // SAFETY: moves this mapping (owned, `n` bytes) onto `lo..lo+n`, replacing the
+        // private pages there with shared pages holding the same bytes at the same
+        // addresses. Memory the program owns there (the caller's buffer and whatever shares
+        // its first and last page) keeps its contents, so no Rust value observes a change;
+        // the documented contract excludes concurrent writers during the call. The target
+        // range is exactly the checked anonymous range, so no other mapping is replaced.
+        let moved = unsafe {
+            mremap_fixed(
+                self.ptr.cast::<c_void>(),
+                n,
+                n,
+                MremapFlags::MAYMOVE,
+                lo as *mut c_void,
+            )
+        };
+        if moved.is_ok() {
+            // The range now belongs to the caller's allocation again; nothing to unmap.
+            std::mem::forget(self);
+        }
+        moved.map(|_| ())
+    }
+
+    /// Copies `buf.len()` bytes at offset `at` of the mapping into `buf`.
+    ///
+    /// # Panics
+    /// If `at + buf.len()` exceeds the mapping (callers translate within a region first).
+    pub(crate) fn read(&self, at: usize, buf: &mut [u8]) {
+        self.check(at, buf.len());
+        // SAFETY: `at..at+len` lies inside this live read-write mapping (checked above), owned
+        // by `self` and unmapped only on drop, which cannot happen while `&self` is held. The
+        // file behind it holds at least the whole mapping and is sealed against shrinking, so
+        // the access cannot fault. `buf` is a distinct allocation of ours, so the ranges do
+        // not overlap. The client may write these bytes concurrently; no reference to the
+        // mapping is created and `u8` has no invalid values, so a racing write yields
+        // arbitrary but valid bytes (the same as a NIC's DMA racing the CPU).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.add(at).cast_const(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        }
+    }
+
+    /// Copies `data` to offset `at` of the mapping.
+    ///
+    /// # Panics
+    /// If `at + data.len()` exceeds the mapping.
+    pub(crate) fn write(&self, at: usize, data: &[u8]) {
+        self.check(at, data.len());
+        // SAFETY: as in `read`: `at..at+len` is inside a live, writable, non-truncatable
+        // shared mapping owned by `self`; `data` is our own memory and does not overlap it; no
+        // reference into the mapping exists, so writing bytes the client may be reading
+        // concurrently invalidates nothing Rust relies on.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(at), data.len()) }
+    }
+
+    /// Applies `op` as a CPU atomic (`lock cmpxchg`/`lock xadd`) to the 8 bytes at offset
+    /// `at` and returns the old value; `None` if that address is not 8-byte aligned.
+    ///
+    /// # Panics
+    /// If `at + 8` exceeds the mapping.
+    pub(crate) fn atomic(&self, at: usize, op: AtomicOp) -> Option<u64> {
+        self.check(at, 8);
+        let p = self.ptr.wrapping_add(at);
+        if p.align_offset(std::mem::align_of::<AtomicU64>()) != 0 {
+            return None;
+        }
+        // SAFETY: `p` is 8-byte aligned (checked above) and valid for reads and writes of 8
+        // bytes for as long as `self` is borrowed (see `read`), which outlives `a`. Every
+        // access to those bytes from this process goes through raw-pointer copies or this
+        // atomic, never through a Rust reference; the client's concurrent accesses happen in
+        // another address space, and its atomics use the same hardware instructions, so they
+        // are mutually atomic.
+        let a = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
+        Some(match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(old) | Err(old) => old,
+                }
+            }
+            AtomicOp::FetchAdd { add } => a.fetch_add(add, Ordering::SeqCst),
+        })
+    }
+
+    /// The bounds rule that keeps `read`, `write` and `atomic` inside the mapping.
+    fn check(&self, at: usize, len: usize) {
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= self.len),
+            "{len} bytes at offset {at} outside a mapping of {} bytes",
+            self.len
+        );
     }
 }
 

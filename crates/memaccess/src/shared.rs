@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{fcntl_get_seals, fstat, SealFlags};
 use softverbs_core::ids::CtxId;
@@ -237,9 +236,9 @@ impl<F> SharedMappings<F> {
         self.index.len()
     }
 
-    /// The daemon address of client bytes `[addr, addr + len)` of `ctx`, if one region
-    /// covers all of them. The pointer is valid for `len` bytes until the region is removed.
-    fn translate(&self, ctx: CtxId, addr: u64, len: usize) -> Option<*mut u8> {
+    /// The mapping and offset in it of client bytes `[addr, addr + len)` of `ctx`, if one
+    /// region covers all of them.
+    fn translate(&self, ctx: CtxId, addr: u64, len: usize) -> Option<(&Mapping, usize)> {
         let (_, r) = self.regions.get(&ctx)?.range(..=addr).next_back()?;
         let off = addr - r.start; // `range(..=addr)`: `r.start <= addr`.
         if off.checked_add(len as u64)? > r.len {
@@ -247,7 +246,7 @@ impl<F> SharedMappings<F> {
         }
         let at = r.offset + off as usize; // `< r.offset + r.len <= r.map.len()`.
         debug_assert!(at + len <= r.map.len());
-        Some(r.map.ptr().wrapping_add(at))
+        Some((&r.map, at))
     }
 }
 
@@ -257,17 +256,7 @@ impl<F: Memory> Memory for SharedMappings<F> {
             return Ok(());
         }
         match self.translate(ctx, addr, buf.len()) {
-            // SAFETY: `translate` returned a pointer to `buf.len()` bytes inside a live
-            // read-write mapping owned by `self` (it is unmapped only by `remove_region`/drop,
-            // which need `&mut self`, held here until the copy is done). The file behind it
-            // holds at least the whole mapping and is sealed against shrinking, so the access
-            // cannot fault. `buf` is a distinct allocation of ours, so the ranges do not
-            // overlap. The client may write these bytes concurrently; no reference to the
-            // mapping is created and `u8` has no invalid values, so a racing write yields
-            // arbitrary but valid bytes (the same as a NIC's DMA racing the CPU).
-            Some(src) => unsafe {
-                std::ptr::copy_nonoverlapping(src.cast_const(), buf.as_mut_ptr(), buf.len())
-            },
+            Some((map, at)) => map.read(at, buf),
             None => return self.fallback.read(ctx, addr, buf),
         }
         Ok(())
@@ -278,11 +267,7 @@ impl<F: Memory> Memory for SharedMappings<F> {
             return Ok(());
         }
         match self.translate(ctx, addr, data.len()) {
-            // SAFETY: as in `read`: `dst` points to `data.len()` bytes of a live, writable,
-            // non-truncatable shared mapping owned by `self`; `data` is our own memory and
-            // does not overlap it; no reference into the mapping exists, so writing bytes the
-            // client may be reading concurrently invalidates nothing Rust relies on.
-            Some(dst) => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) },
+            Some((map, at)) => map.write(at, data),
             None => return self.fallback.write(ctx, addr, data),
         }
         Ok(())
@@ -294,30 +279,16 @@ impl<F: Memory> Memory for SharedMappings<F> {
     /// read-modify-write on the mapping, atomic only against this daemon. Elsewhere: the
     /// fallback's `atomic`.
     fn atomic(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
-        let Some(p) = self.translate(ctx, addr, 8) else {
+        let Some((map, at)) = self.translate(ctx, addr, 8) else {
             return self.fallback.atomic(ctx, addr, op);
         };
-        if p.align_offset(std::mem::align_of::<AtomicU64>()) != 0 {
-            let mut old = [0u8; 8];
-            self.read(ctx, addr, &mut old)?;
-            let old = u64::from_ne_bytes(old);
-            self.write(ctx, addr, &op.apply(old).to_ne_bytes())?;
+        if let Some(old) = map.atomic(at, op) {
             return Ok(old);
         }
-        // SAFETY: `p` is 8-byte aligned (checked above) and valid for reads and writes of 8
-        // bytes for as long as `self` is borrowed (see `read`), which outlives `a`. Every
-        // access to those bytes from this process goes through raw-pointer copies or this
-        // atomic, never through a Rust reference; the client's concurrent accesses happen in
-        // another address space, and its atomics use the same hardware instructions, so they
-        // are mutually atomic.
-        let a = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
-        Ok(match op {
-            AtomicOp::CompareSwap { compare, swap } => {
-                match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-                    Ok(old) | Err(old) => old,
-                }
-            }
-            AtomicOp::FetchAdd { add } => a.fetch_add(add, Ordering::SeqCst),
-        })
+        let mut old = [0u8; 8];
+        self.read(ctx, addr, &mut old)?;
+        let old = u64::from_ne_bytes(old);
+        self.write(ctx, addr, &op.apply(old).to_ne_bytes())?;
+        Ok(old)
     }
 }

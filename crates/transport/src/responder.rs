@@ -270,7 +270,7 @@ fn abort_uc<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>) {
 }
 
 /// Finds where SENDs for this packet land: the QP's RQ, its SRQ, or (XRC) the SRQ the
-/// XRCETH names, which must be in the receive QP's domain (xrc-semantics.md §5).
+/// XRCETH names, which must be in the receive QP's domain (docs/xrc-semantics.md §5).
 fn target<M: Memory>(qp: &Qp, env: &Env<'_, M>, pkt: &PacketRef<'_>) -> Result<Target, Refusal> {
     if qp.cfg.qp_type == QpType::XrcRecv {
         let srqn = pkt.headers.xrceth.map(|x| x.xrc_srq).ok_or(Refusal::Drop)?;

@@ -1,5 +1,5 @@
 //! RoCE v2 Invariant CRC (IBA 7.8.1 as adapted by RoCE v2 Annex A17;
-//! transport-and-baselines.md §A1.7).
+//! docs/roce-wire.md §6).
 //!
 //! The ICRC is the plain CRC-32 of Ethernet/zlib (reflected 0xEDB88320, init and final
 //! xor all-ones) over
