@@ -17,7 +17,7 @@ use serde_json::Value;
 
 pub use softverbs_testkit::bins::{profile_dir, softverbs_bin};
 pub use softverbs_testkit::process::{finish, finish_within, text};
-pub use softverbs_testkit::resources::{has_pid, SECTIONS};
+pub use softverbs_testkit::resources::{has_pid, holders, SECTIONS};
 pub use softverbs_testkit::WAIT;
 
 /// The drop-in this test was built with.
