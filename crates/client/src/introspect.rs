@@ -6,7 +6,7 @@ use std::path::Path;
 use softverbs_abi::msg::{BlobResp, Cmd, StatusResp, NO_DEVICE};
 use softverbs_ipc as ipc;
 
-use crate::conn::{connect_socket, default_socket_path, hello, Conn};
+use crate::conn::{connect_socket, connect_socket_with, default_socket_path, hello, Conn};
 use crate::context::{list_devices, DeviceInfo};
 use crate::error::{Error, Result};
 
@@ -49,9 +49,17 @@ impl Introspect {
         Introspect::connect_at(&default_socket_path())
     }
 
-    /// Connects to the daemon at `path`.
+    /// Connects to the daemon at `path` (starting it if needed, as [`connect_socket`] does).
     pub fn connect_at(path: &Path) -> Result<Introspect> {
         let (conn, _fds) = hello(connect_socket(path)?, NO_DEVICE)?;
+        Ok(Introspect { conn })
+    }
+
+    /// Connects to a daemon already serving `path`, never starting one: looking inside a
+    /// daemon that is not running must not start it. With none, fails with op `"connect"`
+    /// and `ENOENT` (no socket) or `ECONNREFUSED` (a socket nobody serves).
+    pub fn connect_running(path: &Path) -> Result<Introspect> {
+        let (conn, _fds) = hello(connect_socket_with(path, false)?, NO_DEVICE)?;
         Ok(Introspect { conn })
     }
 

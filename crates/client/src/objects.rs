@@ -90,7 +90,10 @@ impl Context {
         let r: CreateCqResp = self
             .conn
             .call("create_cq", Cmd::CreateCq, mask, req.as_bytes())?;
-        let ring = crate::rings::map_cq(self, r.handle.get());
+        let ring = crate::rings::map_cq(self, r.handle.get()).map_err(|e| {
+            let _ = destroy_events(self, "destroy_cq", Cmd::DestroyCq, r.handle.get());
+            Error::new("create_cq", e.errno())
+        })?;
         Ok(Cq {
             ctx: self,
             handle: r.handle.get(),
@@ -128,7 +131,10 @@ impl Context {
             create_flags: init.create_flags,
         };
         let r = create.send(self, OP)?;
-        let rings = crate::rings::map_qp(self, r.handle.get());
+        let rings = crate::rings::map_qp(self, r.handle.get()).map_err(|e| {
+            let _ = destroy_events(self, "destroy_qp", Cmd::DestroyQp, r.handle.get());
+            Error::new(OP, e.errno())
+        })?;
         let rq_count = rings
             .as_ref()
             .is_some_and(|m| m.lock().unwrap_or_else(|e| e.into_inner()).rq.is_some())
@@ -321,10 +327,14 @@ impl<'c> Pd<'c> {
             .ctx
             .conn
             .call("create_srq", Cmd::CreateSrq, 0, req.as_bytes())?;
+        let ring = crate::rings::map_srq(self.ctx, r.handle.get()).map_err(|e| {
+            let _ = destroy_events(self.ctx, "destroy_srq", Cmd::DestroySrq, r.handle.get());
+            Error::new("create_srq", e.errno())
+        })?;
         Ok(Srq {
             ctx: self.ctx,
             handle: r.handle.get(),
-            ring: crate::rings::map_srq(self.ctx, r.handle.get()),
+            ring,
             max_sge: r.max_sge.get(),
             _deps: PhantomData,
         })

@@ -39,23 +39,40 @@ pub(crate) fn map_doorbell(ctx: &Context) -> Option<Doorbell> {
     Doorbell::from_fd(fds.pop()?).ok()
 }
 
-fn map(ctx: &Context, kind: u32, handle: u32) -> Option<(Arc<Region>, QueuesResp)> {
-    ctx.doorbell.as_ref()?;
+/// Asks the daemon for an object's ring. `Err` only when the daemon refused it for the
+/// context's limits (`ENOMEM`, docs/limits.md): the object is then refused too, as a real
+/// device refuses a CQ whose buffer cannot be pinned. Anything else keeps the command path.
+fn map(ctx: &Context, kind: u32, handle: u32) -> Result<Option<(Arc<Region>, QueuesResp)>> {
+    if ctx.doorbell.is_none() {
+        return Ok(None);
+    }
     let req = MapQueuesReq {
         kind: U32::new(kind),
         handle: U32::new(handle),
     };
-    let (r, mut fds): (QueuesResp, _) = ctx
-        .conn
-        .call_fds("map_queues", Cmd::MapQueues, 0, req.as_bytes(), &[])
-        .ok()?;
-    let region = Region::map(fds.pop()?, r.region_len.get() as usize).ok()?;
-    Some((Arc::new(region), r))
+    let (r, mut fds): (QueuesResp, _) =
+        match ctx
+            .conn
+            .call_fds("map_queues", Cmd::MapQueues, 0, req.as_bytes(), &[])
+        {
+            Ok(got) => got,
+            Err(e) if e.errno() == errno::ENOMEM => return Err(e),
+            Err(_) => return Ok(None),
+        };
+    let Some(fd) = fds.pop() else {
+        return Ok(None);
+    };
+    Ok(Region::map(fd, r.region_len.get() as usize)
+        .ok()
+        .map(|region| (Arc::new(region), r)))
 }
 
 /// Maps a QP's queues; `None` keeps the command path (older daemon, rings disabled).
-pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Option<Mutex<QpRings>> {
-    let (region, r) = map(ctx, QUEUES_QP, handle)?;
+pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Result<Option<Mutex<QpRings>>> {
+    Ok(map(ctx, QUEUES_QP, handle)?.and_then(|(region, r)| qp_rings(region, &r)))
+}
+
+fn qp_rings(region: Arc<Region>, r: &QueuesResp) -> Option<Mutex<QpRings>> {
     let sq_l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
     let sq = Producer::attach(region.clone(), r.a_offset.get() as usize, sq_l).ok()?;
     let rq = if r.b_capacity.get() > 0 {
@@ -73,21 +90,23 @@ pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Option<Mutex<QpRings>> {
 
 /// Maps an SRQ's receive ring; `None` keeps `PostSrqRecv` commands (older daemon, rings
 /// disabled).
-pub(crate) fn map_srq(ctx: &Context, handle: u32) -> Option<Mutex<Producer>> {
-    let (region, r) = map(ctx, QUEUES_SRQ, handle)?;
-    let l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
-    Producer::attach(region, r.a_offset.get() as usize, l)
-        .ok()
-        .map(Mutex::new)
+pub(crate) fn map_srq(ctx: &Context, handle: u32) -> Result<Option<Mutex<Producer>>> {
+    Ok(map(ctx, QUEUES_SRQ, handle)?.and_then(|(region, r)| {
+        let l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
+        Producer::attach(region, r.a_offset.get() as usize, l)
+            .ok()
+            .map(Mutex::new)
+    }))
 }
 
 /// Maps a CQ's completion ring.
-pub(crate) fn map_cq(ctx: &Context, handle: u32) -> Option<Mutex<Consumer>> {
-    let (region, r) = map(ctx, QUEUES_CQ, handle)?;
-    let l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
-    Consumer::attach(region, r.a_offset.get() as usize, l)
-        .ok()
-        .map(Mutex::new)
+pub(crate) fn map_cq(ctx: &Context, handle: u32) -> Result<Option<Mutex<Consumer>>> {
+    Ok(map(ctx, QUEUES_CQ, handle)?.and_then(|(region, r)| {
+        let l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
+        Consumer::attach(region, r.a_offset.get() as usize, l)
+            .ok()
+            .map(Mutex::new)
+    }))
 }
 
 /// Pushes one entry (padded to the ring's entry size) and rings the doorbell if the daemon

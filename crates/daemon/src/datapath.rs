@@ -859,14 +859,15 @@ struct QpRings {
 impl DataPath {
     /// Maps the work queues of QP `qp` into shared memory (ABI 3 `MapQueues`): returns the
     /// layout and the memfd. From then on the client posts by writing ring entries; the
-    /// daemon takes them in [`drive`](Self::drive).
+    /// daemon takes them in [`drive`](Self::drive). `admit` is asked about the region's size
+    /// first (the context's limits); its refusal leaves everything as it was.
     pub fn map_qp(
         &mut self,
-        core: &Core,
+        i: &softverbs_core::datapath::OwnedQpInfo,
         ctx: CtxId,
         qp: Handle,
+        admit: impl FnOnce(u64) -> Result<(), i32>,
     ) -> Result<(QueuesResp, OwnedFd), i32> {
-        let i = core.owned_qp_info(ctx, qp).ok_or(EINVAL)?;
         let sq = RingLayout::new(ring_capacity(i.cap.max_send_wr), entry_size::<SendWrWire>())
             .map_err(|_| EINVAL)?;
         let has_rq = i.srq.is_none() && i.qp_type != QpType::XrcSend;
@@ -892,6 +893,7 @@ impl DataPath {
             .map(|l| Consumer::attach(region.clone(), rq_off, l))
             .transpose()
             .map_err(|_| EINVAL)?;
+        admit(region.len() as u64)?;
         self.qp_rings.insert(
             i.qpn,
             QpRings {
@@ -918,7 +920,12 @@ impl DataPath {
 
     /// Maps the receive queue of SRQ `srq` into shared memory: the owner posts receives by
     /// writing ring entries.
-    pub fn map_srq(&mut self, ctx: CtxId, srq: Handle) -> Result<(QueuesResp, OwnedFd), i32> {
+    pub fn map_srq(
+        &mut self,
+        ctx: CtxId,
+        srq: Handle,
+        admit: impl FnOnce(u64) -> Result<(), i32>,
+    ) -> Result<(QueuesResp, OwnedFd), i32> {
         let key = (ctx, srq);
         let (dev, max_wr) = self
             .devs
@@ -932,6 +939,7 @@ impl DataPath {
         let (region, fd) = Region::create("softverbs-srq", len).map_err(|_| ENOMEM)?;
         l.init(&region, 0).map_err(|_| EINVAL)?;
         let c = Consumer::attach(Arc::new(region), 0, l).map_err(|_| EINVAL)?;
+        admit(len as u64)?;
         self.srq_rings.insert(key, (dev, c));
         let resp = QueuesResp {
             region_len: U64::new(len as u64),
@@ -945,7 +953,12 @@ impl DataPath {
 
     /// Maps CQ `cq` into shared memory: completions go to the ring, which the client reads
     /// without asking the daemon.
-    pub fn map_cq(&mut self, ctx: CtxId, cq: Handle) -> Result<(QueuesResp, OwnedFd), i32> {
+    pub fn map_cq(
+        &mut self,
+        ctx: CtxId,
+        cq: Handle,
+        admit: impl FnOnce(u64) -> Result<(), i32>,
+    ) -> Result<(QueuesResp, OwnedFd), i32> {
         let id = cq_id(ctx, cq);
         let cqe = self.cqs.get(&id).ok_or(EINVAL)?.cqe;
         let l = RingLayout::new(ring_capacity(cqe), entry_size::<WcWire>()).map_err(|_| EINVAL)?;
@@ -954,6 +967,7 @@ impl DataPath {
         l.init(&region, 0).map_err(|_| EINVAL)?;
         let p = Producer::attach(Arc::new(region), 0, l).map_err(|_| EINVAL)?;
         let len = l.size().max(4096);
+        admit(len as u64)?;
         self.cq_rings.insert(id, p);
         let resp = QueuesResp {
             region_len: U64::new(len as u64),

@@ -14,6 +14,7 @@ use softverbs_abi::msg::*;
 use softverbs_abi::MIN_ABI_VERSION;
 use softverbs_core::attr::{AhAttr, QpAttr, QpInitAttr, SrqAttr};
 use softverbs_core::ids::{CtxId, FileId, Handle};
+use softverbs_core::limits::{Resource, Ring};
 use softverbs_core::qp::QpQuery;
 use softverbs_core::types::{Access, AttrMask, EventType, QpType};
 use softverbs_core::{ContextInfo, Core, Error};
@@ -757,6 +758,13 @@ impl Dispatcher {
             Cmd::RegMr => {
                 let q: RegMrReq = req.body(abi).map_err(|e| e.errno())?;
                 let r = RegMrResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
+                // A shared MR is one more mapping of the daemon's, charged to the context.
+                if mr_fd.is_some() {
+                    if let Err(e) = core.set_mr_mapped(ctx, handle_of(r.handle), true) {
+                        let _ = core.dereg_mr(ctx, handle_of(r.handle));
+                        return Err(core_err(e));
+                    }
+                }
                 if let Err(e) = dp.mr_registered(
                     ctx,
                     handle_of(r.handle),
@@ -779,6 +787,7 @@ impl Dispatcher {
                     // The shared mapping of the old range (if any) no longer backs the MR;
                     // the new range is reached the ordinary way.
                     dp.mr_deregistered(ctx, handle_of(r.handle));
+                    let _ = core.set_mr_mapped(ctx, handle_of(r.handle), false);
                 }
             }
             Cmd::CreateQp => {
@@ -833,21 +842,29 @@ impl Dispatcher {
             Cmd::PostSend => self.post_send(ctx, req),
             Cmd::PostRecv | Cmd::PostSrqRecv => self.post_recv(ctx, req),
             Cmd::PollCq => self.poll_cq(ctx, req),
-            Cmd::CreateCompChannel => match self.dp.create_channel(ctx) {
-                Ok((h, fd)) => Ok((
-                    HandleResp {
-                        handle: U32::new(h),
+            // A channel is an eventfd of the daemon's: charged to the context.
+            Cmd::CreateCompChannel => match self.core.charge(ctx, Resource::Channels, 1) {
+                Err(e) => Err(core_err(e)),
+                Ok(()) => match self.dp.create_channel(ctx) {
+                    Ok((h, fd)) => Ok((
+                        HandleResp {
+                            handle: U32::new(h),
+                        }
+                        .as_bytes()
+                        .to_vec(),
+                        vec![fd],
+                    )),
+                    Err(_) => {
+                        self.core.uncharge(ctx, Resource::Channels, 1);
+                        Err(ENOMEM)
                     }
-                    .as_bytes()
-                    .to_vec(),
-                    vec![fd],
-                )),
-                Err(_) => Err(ENOMEM),
+                },
             },
             Cmd::DestroyCompChannel => req
                 .body::<HandleReq>(self.abi)
                 .map_err(|e| e.errno())
                 .and_then(|r| self.dp.destroy_channel(ctx, r.handle.get()))
+                .map(|()| self.core.uncharge(ctx, Resource::Channels, 1))
                 .and_then(|()| empty()),
             Cmd::ReqNotifyCq => req
                 .body::<ReqNotifyCqReq>(self.abi)
@@ -868,17 +885,22 @@ impl Dispatcher {
                 let r: Result<MapQueuesReq, i32> = req.body(self.abi).map_err(|e| e.errno());
                 r.and_then(|r| {
                     let h = handle_of(r.handle);
-                    let (resp, fd) = match r.kind.get() {
-                        QUEUES_QP => self.dp.map_qp(&self.core, ctx, h)?,
-                        QUEUES_SRQ => {
-                            self.core.srq_info(ctx, h).ok_or(EINVAL)?;
-                            self.dp.map_srq(ctx, h)?
-                        }
-                        QUEUES_CQ => {
-                            self.core.cq_attr(ctx, h).map_err(core_err)?;
-                            self.dp.map_cq(ctx, h)?
-                        }
+                    let (core, dp) = (&mut self.core, &mut self.dp);
+                    let qp = match r.kind.get() {
+                        QUEUES_QP => Some(core.owned_qp_info(ctx, h).ok_or(EINVAL)?),
+                        QUEUES_SRQ => core.srq_info(ctx, h).map(|_| None).ok_or(EINVAL)?,
+                        QUEUES_CQ => core.cq_attr(ctx, h).map(|_| None).map_err(core_err)?,
                         _ => return Err(EINVAL),
+                    };
+                    // The ring is charged to the context (ring bytes, one mapping) before the
+                    // data path keeps it; over a limit the client gets ENOMEM.
+                    let admit = |ring: Ring| {
+                        move |len: u64| core.attach_ring(ctx, ring, len).map_err(core_err)
+                    };
+                    let (resp, fd) = match (r.kind.get(), qp) {
+                        (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
+                        (QUEUES_SRQ, _) => dp.map_srq(ctx, h, admit(Ring::Srq(h)))?,
+                        _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
                     };
                     Ok((resp.as_bytes().to_vec(), vec![fd]))
                 })

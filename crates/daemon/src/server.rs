@@ -118,7 +118,8 @@ impl Server {
             waker,
             flag: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
-        let core = Core::new(config.build_devices());
+        let mut core = Core::new(config.build_devices());
+        core.set_limits(config.limits.clone());
         let dispatcher = Dispatcher::new(core, config.abi_version, &config.net);
         for (i, fd) in dispatcher.dp.net_fds() {
             poll.registry().register(

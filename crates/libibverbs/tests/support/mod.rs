@@ -130,6 +130,11 @@ impl Daemon {
         )
     }
 
+    /// [`start`](Self::start) with more `softverbs daemon` arguments (`--limit ...`).
+    pub fn start_with_args(name: &str, args: &[&str]) -> Daemon {
+        Daemon::with_lib(softverbs_testkit::Daemon::options(name).args(args).start())
+    }
+
     fn with_lib(daemon: softverbs_testkit::Daemon) -> Daemon {
         std::fs::create_dir_all(daemon.dir.join("lib")).expect("test dir");
         let lib = daemon.dir.join("lib/libibverbs.so.1");
