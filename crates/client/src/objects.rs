@@ -100,6 +100,8 @@ impl Context {
             cqe: AtomicU32::new(r.cqe.get()),
             ring,
             outgrown: std::sync::atomic::AtomicBool::new(false),
+            channel,
+            flushed: std::sync::Mutex::new(None),
         })
     }
 
@@ -146,6 +148,21 @@ impl Context {
                     .insert(r.qpn.get(), c.clone());
                 c
             });
+        if let Some(rings) = &rings {
+            self.ring_qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(
+                    r.handle.get(),
+                    crate::flush::RingQp {
+                        qpn: r.qpn.get(),
+                        send_cq: create.send_cq,
+                        recv_cq: create.recv_cq,
+                        rings: rings.clone(),
+                        rq_count: rq_count.clone(),
+                    },
+                );
+        }
         Ok(Qp {
             ctx: self,
             handle: r.handle.get(),
@@ -455,6 +472,13 @@ pub struct Cq<'c> {
     pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Consumer>>,
     /// Resized beyond the ring's capacity: after the ring, completions come by command.
     pub(crate) outgrown: std::sync::atomic::AtomicBool,
+    /// The completion channel's handle.
+    pub(crate) channel: Option<u32>,
+    /// After the device went: the flush completions not yet polled (`None` until the first
+    /// poll that found the ring drained collected them).
+    pub(crate) flushed: std::sync::Mutex<
+        Option<std::collections::VecDeque<softverbs_transport::wr::WorkCompletion>>,
+    >,
 }
 
 impl Cq<'_> {
@@ -497,12 +521,24 @@ impl Cq<'_> {
     /// `ibv_destroy_cq`; returns the events reported for it.
     pub fn destroy(self) -> Result<u32> {
         let this = ManuallyDrop::new(self);
+        this.disarm();
         destroy_events(this.ctx, "destroy_cq", Cmd::DestroyCq, this.handle)
+    }
+
+    fn disarm(&self) {
+        if self.channel.is_some() {
+            self.ctx
+                .armed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.handle);
+        }
     }
 }
 
 impl Drop for Cq<'_> {
     fn drop(&mut self) {
+        self.disarm();
         let _ = destroy_events(self.ctx, "destroy_cq", Cmd::DestroyCq, self.handle);
     }
 }
@@ -723,7 +759,7 @@ pub struct Qp<'a> {
     qp_type: QpType,
     cap: QpCap,
     /// The work queues in shared memory, when the daemon mapped them.
-    pub(crate) rings: Option<std::sync::Mutex<crate::rings::QpRings>>,
+    pub(crate) rings: Option<std::sync::Arc<std::sync::Mutex<crate::rings::QpRings>>>,
     /// Receive requests outstanding, when the receive queue is a ring.
     pub(crate) rq_count: Option<crate::context::RqCount>,
     /// Last state set through [`modify`](Qp::modify), for checking posts locally.
@@ -788,6 +824,13 @@ impl Qp<'_> {
     }
 
     fn forget_rq_count(&self) {
+        if self.rings.is_some() {
+            self.ctx
+                .ring_qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.handle);
+        }
         if self.rq_count.is_some() {
             self.ctx
                 .rq_outstanding

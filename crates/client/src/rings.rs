@@ -26,6 +26,10 @@ pub(crate) struct QpRings {
     /// Send requests pushed into `sq` (wrapping); against the daemon's retired count (ABI 4,
     /// the ring's note) it gives the send queue's occupancy.
     pub(crate) sq_posted: u32,
+    /// The device went and the send queue's outstanding requests were flushed (`crate::flush`).
+    pub(crate) sq_flushed: bool,
+    /// Likewise for the receive queue.
+    pub(crate) rq_flushed: bool,
 }
 
 pub(crate) fn map_doorbell(ctx: &Context) -> Option<Doorbell> {
@@ -68,11 +72,11 @@ fn map(ctx: &Context, kind: u32, handle: u32) -> Result<Option<(Arc<Region>, Que
 }
 
 /// Maps a QP's queues; `None` keeps the command path (older daemon, rings disabled).
-pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Result<Option<Mutex<QpRings>>> {
+pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Result<Option<Arc<Mutex<QpRings>>>> {
     Ok(map(ctx, QUEUES_QP, handle)?.and_then(|(region, r)| qp_rings(region, &r)))
 }
 
-fn qp_rings(region: Arc<Region>, r: &QueuesResp) -> Option<Mutex<QpRings>> {
+fn qp_rings(region: Arc<Region>, r: &QueuesResp) -> Option<Arc<Mutex<QpRings>>> {
     let sq_l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
     let sq = Producer::attach(region.clone(), r.a_offset.get() as usize, sq_l).ok()?;
     let rq = if r.b_capacity.get() > 0 {
@@ -81,11 +85,13 @@ fn qp_rings(region: Arc<Region>, r: &QueuesResp) -> Option<Mutex<QpRings>> {
     } else {
         None
     };
-    Some(Mutex::new(QpRings {
+    Some(Arc::new(Mutex::new(QpRings {
         sq,
         rq,
         sq_posted: 0,
-    }))
+        sq_flushed: false,
+        rq_flushed: false,
+    })))
 }
 
 /// Maps an SRQ's receive ring; `None` keeps `PostSrqRecv` commands (older daemon, rings

@@ -3,7 +3,7 @@
 //! client processes it serves. Stopped with SIGTERM on drop, as a user stops it.
 
 use std::ffi::{OsStr, OsString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -65,39 +65,23 @@ impl DaemonOptions {
                 .expect("chmod the daemon's directory");
         }
         let socket = dir.join("sv.sock");
-        let log = std::fs::File::create(dir.join("daemon.log")).expect("the daemon's log");
-        let mut cmd = Command::new(&bin);
-        cmd.arg("daemon").arg("--socket").arg(&socket);
-        match &self.device {
-            Some(spec) => cmd.arg("--device").arg(spec),
-            None => cmd.arg("--no-network"),
-        };
-        let child = cmd
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start the daemon {}: {e}", bin.display()));
+        let mut args: Vec<OsString> =
+            vec!["daemon".into(), "--socket".into(), socket.clone().into()];
+        match self.device {
+            Some(spec) => args.extend(["--device".into(), spec.into()]),
+            None => args.push("--no-network".into()),
+        }
+        args.extend(self.args);
+        let child = spawn(&bin, &args, &dir);
         let mut d = Daemon {
             child,
             dir,
             socket,
             bin,
             name,
+            args,
         };
-        let deadline = Instant::now() + WAIT;
-        while softverbs_ipc::connect_seqpacket(&d.socket).is_err() {
-            if let Ok(Some(st)) = d.child.try_wait() {
-                panic!("daemon {} exited with {st}: {}", d.name, d.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "daemon {} did not come up:\n{}",
-                d.name,
-                d.log()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        d.wait_up();
         d
     }
 }
@@ -114,6 +98,23 @@ pub struct Daemon {
     /// The `softverbs` binary it runs, also used for [`Daemon::cli`].
     pub bin: PathBuf,
     name: String,
+    /// What follows the binary on its command line (for [`Daemon::respawn`]).
+    args: Vec<OsString>,
+}
+
+/// `bin ARGS`, logging to `dir/daemon.log` (appended: a respawned daemon adds to its log).
+fn spawn(bin: &Path, args: &[OsString], dir: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("daemon.log"))
+        .expect("the daemon's log");
+    Command::new(bin)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start the daemon {}: {e}", bin.display()))
 }
 
 impl Daemon {
@@ -131,6 +132,41 @@ impl Daemon {
     /// A `--no-network` daemon with the default binary.
     pub fn start(name: &str) -> Daemon {
         Daemon::options(name).start()
+    }
+
+    /// Returns once the daemon accepts connections; panics if it exits or takes longer than
+    /// [`WAIT`].
+    fn wait_up(&mut self) {
+        let deadline = Instant::now() + WAIT;
+        while softverbs_ipc::connect_seqpacket(&self.socket).is_err() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("daemon {} exited with {st}: {}", self.name, self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon {} did not come up:\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL, as a crash would end it (its socket file stays behind), and reaped.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL the daemon");
+        self.child.wait().expect("reap the daemon");
+    }
+
+    /// A new daemon on the same socket, directory and arguments, after [`Daemon::kill9`] (or
+    /// any other end).
+    pub fn respawn(&mut self) {
+        assert!(
+            self.child.try_wait().expect("try_wait").is_some(),
+            "respawn only a daemon that is gone"
+        );
+        self.child = spawn(&self.bin, &self.args, &self.dir);
+        self.wait_up();
     }
 
     /// What the daemon logged so far.

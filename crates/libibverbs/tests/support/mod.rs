@@ -146,6 +146,16 @@ impl Daemon {
         self.daemon.log()
     }
 
+    /// SIGKILL, as a crash would end it (its socket file stays behind), and reaped.
+    pub fn kill9(&mut self) {
+        self.daemon.kill9();
+    }
+
+    /// A new daemon on the same socket, with the same arguments, after [`Daemon::kill9`].
+    pub fn respawn(&mut self) {
+        self.daemon.respawn();
+    }
+
     /// `softverbs ARGS` against this daemon, whatever it exits with.
     pub fn cli(&self, args: &[&str]) -> Output {
         self.daemon.cli_output(args)
