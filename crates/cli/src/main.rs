@@ -4,7 +4,6 @@
 mod actor;
 mod bench;
 mod demo;
-mod dp_actor;
 mod dropin;
 mod table;
 
@@ -216,11 +215,6 @@ enum BenchWhat {
 
 #[derive(Subcommand)]
 enum ActorRole {
-    /// Holds one object of every kind (and an XRC domain on `file`) until killed.
-    Hoarder {
-        #[arg(long)]
-        file: PathBuf,
-    },
     Creator {
         #[arg(long)]
         file: PathBuf,
@@ -233,9 +227,6 @@ enum ActorRole {
         #[arg(long, value_enum)]
         face: actor::Face,
     },
-    /// The data-path test actors (crates/cli/tests/datapath_processes.rs).
-    #[command(flatten)]
-    Dp(dp_actor::DpRole),
 }
 
 fn socket_path(cli: &Cli) -> PathBuf {
@@ -468,9 +459,7 @@ fn main() -> ExitCode {
         Command::BenchPeer(a) => bench::peer::run(&socket, a),
         Command::DemoActor { role } => match role {
             ActorRole::Creator { file } => actor::creator(&socket, file),
-            ActorRole::Hoarder { file } => actor::hoarder(&socket, file),
             ActorRole::Worker { file, qpn, face } => actor::worker(&socket, file, *qpn, *face),
-            ActorRole::Dp(role) => dp_actor::run(&socket, role),
         },
     }
 }
