@@ -878,6 +878,7 @@ impl Dispatcher {
                             self.core.cq_attr(ctx, h).map_err(core_err)?;
                             self.dp.map_cq(ctx, h)?
                         }
+                        QUEUES_READY if self.abi >= 5 && h.0 == 0 => self.dp.map_ready(ctx)?,
                         _ => return Err(EINVAL),
                     };
                     Ok((resp.as_bytes().to_vec(), vec![fd]))
@@ -994,6 +995,7 @@ impl Dispatcher {
 
     fn status(&self) -> Reply {
         let n = self.core.counts();
+        let dp = self.dp.round_stats();
         ok(StatusResp {
             daemon_pid: U32::new(std::process::id()),
             abi_version: U32::new(self.abi),
@@ -1006,6 +1008,10 @@ impl Dispatcher {
             srqs: U32::new(n.srqs as u32),
             cqs: U32::new(n.cqs as u32),
             mrs: U32::new(n.mrs as u32),
+            dp_rounds: U64::new(dp.rounds),
+            dp_qp_visits: U64::new(dp.qp_visits),
+            dp_max_qp_visits: U32::new(dp.max_qp_visits),
+            dp_queued_qps: U32::new(dp.queued_qps),
         })
     }
 

@@ -376,7 +376,10 @@ mod tests {
         round(&mut s, |_| false);
         s.wake(3);
         assert!(client.is_set());
-        assert!(!client.announce(), "queued by the consumer: no token needed");
+        assert!(
+            !client.announce(),
+            "queued by the consumer: no token needed"
+        );
         assert_eq!(round(&mut s, |_| false), vec![3]);
         assert!(!client.is_set());
         // Woken while being visited: visited again next round.
@@ -397,7 +400,11 @@ mod tests {
         assert!(!s.announced(99));
         s.announced(1);
         s.announced(1);
-        assert_eq!(round(&mut s, |_| false), vec![1], "duplicates are not visited twice");
+        assert_eq!(
+            round(&mut s, |_| false),
+            vec![1],
+            "duplicates are not visited twice"
+        );
         s.remove(1);
         assert!(round(&mut s, |_| false).is_empty());
         assert!(s.is_empty());
