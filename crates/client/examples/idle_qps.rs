@@ -4,7 +4,8 @@
 //! `idle_qps SOCKET N STATE` with STATE `reset`, `init` or `rts` (each QP connected to
 //! itself, so it is a valid RTS QP that never sends). Every QP has its work queues mapped
 //! (what `ibv_create_qp` through the drop-in gives). Prints how long creating (and moving)
-//! the QPs took, then `ready`, and holds them until its standard input closes.
+//! the QPs took and what one more create + destroy costs then, then `ready`, and holds the
+//! QPs until its standard input closes.
 
 use std::io::Read;
 use std::time::Instant;
@@ -106,6 +107,18 @@ fn main() {
     println!(
         "created {n} {state} QPs in {:.1} ms",
         start.elapsed().as_secs_f64() * 1e3
+    );
+    // What one more QP costs now: create (with its rings mapped) and destroy, 200 times.
+    let t = Instant::now();
+    for _ in 0..200 {
+        let qp = ctx
+            .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(cap))
+            .expect("create_qp");
+        drop(qp);
+    }
+    println!(
+        "create+destroy at {n} QPs: {:.1} us",
+        t.elapsed().as_secs_f64() * 1e6 / 200.0
     );
     println!("ready");
     let _ = std::io::stdin().read(&mut [0u8; 1]);

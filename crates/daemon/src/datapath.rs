@@ -87,6 +87,8 @@ pub struct DataPath {
     /// Which QP rings to visit next round (by QPN): those announced through a context's
     /// ready ring, those still holding work, and those of clients without a ready ring.
     qp_sched: ReadySet<u32>,
+    /// QPNs of the QPs with rings, by context.
+    ctx_qp_rings: HashMap<CtxId, HashSet<u32>>,
     /// Ready rings of contexts (ABI 5), with the QPs whose work flag they announce.
     ready: HashMap<CtxId, ReadyRing>,
     /// The QPs of the round being run (scratch, kept across rounds).
@@ -161,6 +163,7 @@ impl DataPath {
             next_channel: 1,
             qp_rings: HashMap::new(),
             qp_sched: ReadySet::new(),
+            ctx_qp_rings: HashMap::new(),
             ready: HashMap::new(),
             visit: Vec::new(),
             stats: RoundStats::default(),
@@ -216,17 +219,19 @@ impl DataPath {
         for &q in qpns {
             self.qp_maybe_gone(core, q);
         }
+        // By the context's own sets, so closing a context costs what it held, not what the
+        // whole daemon holds.
         for cq in self.ctx_cqs.remove(&ctx).unwrap_or_default() {
             self.cqs.remove(&cq);
+            self.cq_rings.remove(&cq);
+            self.cq_rings_outgrown.remove(&cq);
         }
         self.mr_regions.retain(|(c, _), _| *c != ctx);
         self.channels.retain(|(c, _), _| *c != ctx);
-        self.qp_rings.retain(|_, r| r.ctx != ctx);
-        let rings = &self.qp_rings;
-        self.qp_sched.retain(|q| rings.contains_key(q));
+        for qpn in self.ctx_qp_rings.remove(&ctx).unwrap_or_default() {
+            self.forget_qp_rings(qpn);
+        }
         self.ready.remove(&ctx);
-        self.cq_rings.retain(|id, _| CtxId(id >> 32) != ctx);
-        self.cq_rings_outgrown.retain(|id| CtxId(id >> 32) != ctx);
         self.srq_rings.retain(|(c, _), _| *c != ctx);
         self.doorbells.remove(&ctx);
         self.mem.remove_context(ctx);
@@ -1000,6 +1005,7 @@ impl DataPath {
             }
         }
         self.qp_sched.insert(i.qpn, flag);
+        self.ctx_qp_rings.entry(ctx).or_default().insert(i.qpn);
         self.qp_rings.insert(
             i.qpn,
             QpRings {
@@ -1058,6 +1064,9 @@ impl DataPath {
         if let Some(r) = self.qp_rings.remove(&qpn) {
             if let Some(rr) = self.ready.get_mut(&r.ctx) {
                 rr.qps.remove(&r.handle.0);
+            }
+            if let Some(set) = self.ctx_qp_rings.get_mut(&r.ctx) {
+                set.remove(&qpn);
             }
         }
         self.qp_sched.remove(qpn);

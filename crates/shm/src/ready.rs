@@ -171,14 +171,6 @@ impl<K: Copy + Eq + Hash> ReadySet<K> {
         }
     }
 
-    /// Forgets every owner `keep` refuses.
-    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
-        self.owners.retain(|k, _| keep(k));
-        let owners = &self.owners;
-        self.queued
-            .retain(|k| owners.get(k).is_some_and(|o| o.state == State::Queued));
-    }
-
     /// The owner's token came off the ready ring. `false` for an unknown key (a stale or
     /// forged token: ignored).
     pub fn announced(&mut self, key: K) -> bool {
