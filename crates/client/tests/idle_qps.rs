@@ -167,8 +167,19 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
         .unwrap();
     let lkey = mr.lkey();
 
+    // QPs touched by the set-up stay queued for a few rounds (the daemon's idle grace);
+    // status commands run rounds, so poll until only the pair is left (bounded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while status(&d).dp_queued_qps > 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let before = status(&d);
     assert_eq!(before.qps as usize, IDLE + 2);
+    assert!(
+        before.dp_queued_qps <= 2,
+        "{} QPs queued",
+        before.dp_queued_qps
+    );
     pingpong((&qa, &ca), (&qb, &cb), &mut rbuf, lkey, 200);
     let after = status(&d);
     let rounds = after.dp_rounds - before.dp_rounds;
@@ -179,8 +190,10 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
         visits <= 2 * rounds,
         "{visits} QP visits in {rounds} rounds while {IDLE} QPs were idle"
     );
+    // Setting up, a round visits the QPs touched in the last few rounds (the idle grace),
+    // never all of them.
     assert!(
-        after.dp_max_qp_visits <= 8,
+        after.dp_max_qp_visits as usize <= IDLE / 10,
         "a round visited {} QPs (of {})",
         after.dp_max_qp_visits,
         after.qps
@@ -249,7 +262,7 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
     let s = status(&d);
     assert_eq!(s.dp_queued_qps, 0, "QPs left queued with nothing to do");
     assert!(
-        s.dp_max_qp_visits <= 8,
+        s.dp_max_qp_visits as usize <= IDLE / 10,
         "a round visited {} QPs",
         s.dp_max_qp_visits
     );

@@ -162,7 +162,7 @@ impl DataPath {
             channels: HashMap::new(),
             next_channel: 1,
             qp_rings: HashMap::new(),
-            qp_sched: ReadySet::new(),
+            qp_sched: ReadySet::with_grace(IDLE_GRACE_ROUNDS),
             ctx_qp_rings: HashMap::new(),
             ready: HashMap::new(),
             visit: Vec::new(),
@@ -880,6 +880,10 @@ const READY_SLOTS: u32 = 1 << 16;
 const READY_PER_ROUND: usize = 1024;
 
 const EEXIST: i32 = 17;
+
+/// Rounds a QP found idle stays queued before its flag is cleared (`ReadySet::with_grace`):
+/// a ping-pong's QPs post again within a few rounds, and then post without announcing.
+pub const IDLE_GRACE_ROUNDS: u32 = 64;
 
 /// A context's ready ring (the client produces QP handles, the daemon consumes).
 struct ReadyRing {

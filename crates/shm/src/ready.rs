@@ -119,6 +119,8 @@ struct Owner {
     /// A token of this owner is in the ready ring (or about to be): the consumer must not
     /// clear the flag, and need not visit it until the token arrives.
     pending: bool,
+    /// Rounds in a row it was visited and found idle.
+    idle_rounds: u32,
 }
 
 /// The consumer's side: which owners to visit each round.
@@ -129,6 +131,7 @@ struct Owner {
 pub struct ReadySet<K> {
     owners: HashMap<K, Owner>,
     queued: Vec<K>,
+    grace: u32,
 }
 
 impl<K> Default for ReadySet<K> {
@@ -136,25 +139,44 @@ impl<K> Default for ReadySet<K> {
         ReadySet {
             owners: HashMap::new(),
             queued: Vec::new(),
+            grace: 0,
         }
     }
 }
 
 impl<K: Copy + Eq + Hash> ReadySet<K> {
-    /// An empty set.
+    /// An empty set; an owner found idle is dropped (its flag cleared) at once.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Adds an owner, queued for one visit (which settles its flag); `flag: None` for an
-    /// owner visited every round. Replaces an owner of the same key.
+    /// An empty set that keeps an owner found idle queued for `rounds` more rounds before
+    /// dropping it. An owner in a request/response loop (a ping-pong) then stays queued
+    /// between its posts, and its producer, seeing the flag still set, does not announce:
+    /// a few extra visits of recently busy owners instead of a ready-ring push, a flag
+    /// clear and its fence per message.
+    pub fn with_grace(rounds: u32) -> Self {
+        ReadySet {
+            grace: rounds,
+            ..Self::default()
+        }
+    }
+
+    /// Adds an owner, queued for one visit, with its flag set (the visit settles it);
+    /// `flag: None` for an owner visited every round. Replaces an owner of the same key.
     pub fn insert(&mut self, key: K, flag: Option<WorkFlag>) {
+        // Queued means the flag is set (so the producer does not announce an owner that
+        // will be visited anyway, which would put a second token in flight later).
+        if let Some(f) = &flag {
+            f.claim();
+        }
         self.owners.insert(
             key,
             Owner {
                 flag,
                 state: State::Queued,
                 pending: false,
+                idle_rounds: 0,
             },
         );
         self.queued.push(key);
@@ -234,9 +256,14 @@ impl<K: Copy + Eq + Hash> ReadySet<K> {
         let State::Visiting { again } = o.state else {
             return o.state == State::Queued;
         };
+        if again || busy {
+            o.idle_rounds = 0;
+        } else {
+            o.idle_rounds = o.idle_rounds.saturating_add(1);
+        }
         let keep = match &o.flag {
             None => true,
-            Some(_) if again || busy => true,
+            Some(_) if again || busy || o.idle_rounds <= self.grace => true,
             // The producer's token will bring it back; the flag stays set meanwhile.
             Some(_) if o.pending => false,
             Some(f) => {
@@ -245,6 +272,7 @@ impl<K: Copy + Eq + Hash> ReadySet<K> {
                     if !f.claim() {
                         o.pending = true;
                     }
+                    o.idle_rounds = 0;
                     true
                 } else {
                     false
@@ -380,6 +408,32 @@ mod tests {
         s.start_round(&mut v);
         s.wake(3);
         assert!(s.settle(3, false, || false));
+    }
+
+    #[test]
+    fn with_grace_an_idle_owner_stays_queued_and_unannounced_for_that_many_rounds() {
+        let (client, daemon) = flag();
+        let mut s = ReadySet::with_grace(2);
+        s.insert(5u32, Some(daemon));
+        assert_eq!(round(&mut s, |_| false), vec![5]);
+        assert_eq!(round(&mut s, |_| false), vec![5]);
+        assert!(client.is_set(), "still queued: the flag stays set");
+        assert!(!client.announce(), "a post now needs no token");
+        assert_eq!(
+            round(&mut s, |_| true),
+            vec![5],
+            "busy again: the count restarts"
+        );
+        assert_eq!(round(&mut s, |_| false), vec![5]);
+        assert_eq!(round(&mut s, |_| false), vec![5]);
+        assert_eq!(
+            round(&mut s, |_| false),
+            vec![5],
+            "third idle round: dropped"
+        );
+        assert!(!client.is_set());
+        assert!(round(&mut s, |_| false).is_empty());
+        assert!(client.announce());
     }
 
     #[test]

@@ -113,6 +113,16 @@ fn sleeping_consumer_is_always_woken() {
 /// fills; a lost announcement or wake-up would leave entries behind and time out.
 #[test]
 fn announced_rings_lose_nothing_and_the_ready_ring_never_fills() {
+    announced_rings(0);
+}
+
+/// The same with idle owners kept queued for a few rounds (as the daemon does).
+#[test]
+fn announced_rings_with_an_idle_grace_lose_nothing_either() {
+    announced_rings(3);
+}
+
+fn announced_rings(grace: u32) {
     use softverbs_shm::{ReadySet, WorkFlag, CACHE_LINE};
     const RINGS: u32 = 64;
     const N: u64 = 200_000;
@@ -125,7 +135,7 @@ fn announced_rings_lose_nothing_and_the_ready_ring_never_fills() {
     let region = Arc::new(region);
     ready_layout.init(&region, 0).unwrap();
     let mut producers = Vec::new();
-    let mut set = ReadySet::new();
+    let mut set = ReadySet::with_grace(grace);
     let mut consumers = Vec::new();
     for i in 0..RINGS as usize {
         let off = rings_off + i * layout.size();
