@@ -349,6 +349,8 @@ fn main() -> ExitCode {
                             "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
                             "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
                             "limits": limits,
+                            "dp_rounds": s.dp_rounds, "dp_qp_visits": s.dp_qp_visits,
+                            "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
                         })
                     );
                     ExitCode::SUCCESS
@@ -366,6 +368,14 @@ fn main() -> ExitCode {
                     s.devices, s.contexts, s.xrcds, s.xrc_recv_qps, s.qps, s.srqs, s.cqs, s.mrs
                 );
                     print_limits(&limits);
+                    println!(
+                        "data path: {} rounds, {} QP visits ({:.2} per round, at most {}), {} QPs queued",
+                        s.dp_rounds,
+                        s.dp_qp_visits,
+                        s.dp_qp_visits as f64 / s.dp_rounds.max(1) as f64,
+                        s.dp_max_qp_visits,
+                        s.dp_queued_qps
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),

@@ -7,7 +7,7 @@
 //! answers them ([`crate::responder`]), and the completer matches responses to outstanding
 //! requests and completes them in order ([`crate::completer`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::PdRef;
@@ -237,6 +237,10 @@ pub struct Engine {
     pub(crate) qps: HashMap<u32, Qp>,
     pub(crate) srqs: HashMap<SrqKey, Srq>,
     pending: VecDeque<u32>,
+    /// QPs whose requester has a timer running (ACK timeout or RNR wait): the timers are
+    /// looked for only here, so an engine holding thousands of idle QPs spends nothing on
+    /// them per turn (`poll_timeout`, `handle_timeout`).
+    timed: HashSet<u32>,
     out: VecDeque<Output>,
     scratch: Vec<u8>,
 }
@@ -267,6 +271,7 @@ impl Engine {
     /// destroyed it, so nobody polls its CQs for it any more).
     pub fn destroy_qp(&mut self, qpn: u32) {
         self.qps.remove(&qpn);
+        self.timed.remove(&qpn);
     }
 
     /// Mirrors the core's attributes after a successful modify (the core validated them).
@@ -531,12 +536,14 @@ impl Engine {
             };
             let tx = crate::responder::next_packet(qp, &mut env, buf, &mut self.scratch)
                 .or_else(|| crate::requester::next_packet(qp, &mut env, buf, &mut self.scratch));
-            match tx {
-                Some(tx) => {
-                    self.pending.push_back(qpn);
-                    return Some(tx);
-                }
-                None => qp.scheduled = false,
+            let timed = qp.req.deadline().is_some();
+            if tx.is_none() {
+                qp.scheduled = false;
+            }
+            self.note_timer(qpn, timed);
+            if let Some(tx) = tx {
+                self.pending.push_back(qpn);
+                return Some(tx);
             }
         }
         None
@@ -549,17 +556,28 @@ impl Engine {
 
     /// The earliest time [`handle_timeout`](Self::handle_timeout) has work to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(|q| q.req.deadline()).min()
+        self.timed
+            .iter()
+            .filter_map(|n| self.qps.get(n)?.req.deadline())
+            .min()
     }
 
     /// Runs the timers due at `now`: retransmission after an ACK timeout (IBA 9.7.6.1.3)
     /// and the end of an RNR wait (IBA 9.7.5.2.8).
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.timed.is_empty() {
+            return;
+        }
         let due: Vec<u32> = self
-            .qps
+            .timed
             .iter()
-            .filter(|(_, q)| q.req.deadline().is_some_and(|d| d <= now))
-            .map(|(&n, _)| n)
+            .copied()
+            .filter(|n| {
+                self.qps
+                    .get(n)
+                    .and_then(|q| q.req.deadline())
+                    .is_some_and(|d| d <= now)
+            })
             .collect();
         for qpn in due {
             if let Some(qp) = self.qps.get_mut(&qpn) {
@@ -579,13 +597,31 @@ impl Engine {
         self.srqs.get(&key).map_or(0, |s| s.queue.len())
     }
 
+    /// Puts the QP on the transmit list, and re-files its timer: every path that can start
+    /// or stop a requester timer (modify, post, packet, timeout) ends here, and
+    /// [`poll_transmit`](Self::poll_transmit) re-files after each packet it builds.
     fn schedule(&mut self, qpn: u32) {
         if let Some(qp) = self.qps.get_mut(&qpn) {
+            let timed = qp.req.deadline().is_some();
             if !qp.scheduled {
                 qp.scheduled = true;
                 self.pending.push_back(qpn);
             }
+            self.note_timer(qpn, timed);
         }
+    }
+
+    fn note_timer(&mut self, qpn: u32, timed: bool) {
+        if timed {
+            self.timed.insert(qpn);
+        } else {
+            self.timed.remove(&qpn);
+        }
+    }
+
+    /// QPs with a requester timer running (what each turn's timer work is proportional to).
+    pub fn timed_qps(&self) -> usize {
+        self.timed.len()
     }
 }
 
