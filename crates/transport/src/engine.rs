@@ -94,6 +94,16 @@ pub struct RxMeta {
     pub dgid: Gid,
 }
 
+/// Received packets the engine dropped because of who sent them or what PSN they carry
+/// (packets that fail to parse or find no QP are not counted here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropStats {
+    /// Packets for a connected QP (RC, UC, XRC) from an address other than its peer's.
+    pub foreign_source: u64,
+    /// Responses outside the window of outstanding PSNs: duplicates and ghosts.
+    pub outside_window: u64,
+}
+
 /// A packet [`Engine::poll_transmit`] wrote into the caller's buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transmit {
@@ -206,6 +216,16 @@ impl Qp {
         wr.signaled || self.cfg.sq_sig_all
     }
 
+    /// Whether a packet from `sgid` may be for this QP. A connected QP (RC, UC, XRC INI and
+    /// TGT) talks only to the node of the path it was connected with (`ah_attr.dgid` at RTR:
+    /// where it sends, so where its peer is); UD takes datagrams from anyone and checks their
+    /// Q_Key instead (IBA 10.2.5). Comparing IP addresses, not raw GIDs, keeps an IPv4 peer
+    /// equal to itself however its GID was spelled (RoCE v2 GIDs of IPv4 addresses are
+    /// IPv4-mapped IPv6, IBA Annex A17).
+    pub(crate) fn accepts_from(&self, sgid: Gid) -> bool {
+        self.cfg.qp_type == QpType::Ud || sgid.to_ip() == self.attr.ah_attr.dgid.to_ip()
+    }
+
     pub(crate) fn is_reliable(&self) -> bool {
         matches!(
             self.cfg.qp_type,
@@ -243,6 +263,7 @@ pub struct Engine {
     timed: HashSet<u32>,
     out: VecDeque<Output>,
     scratch: Vec<u8>,
+    drops: DropStats,
 }
 
 impl Engine {
@@ -482,7 +503,9 @@ impl Engine {
 
     /// Feeds one received packet (BTH through ICRC; the shell has verified the ICRC). Bad
     /// packets are dropped silently, as a NIC drops them (IBA 9.6: invalid packets are
-    /// discarded).
+    /// discarded), and so are packets for a connected QP from anyone but its peer
+    /// (`meta.sgid` must be the QP's path's destination) and responses outside the window of
+    /// outstanding PSNs (IBA 9.7.5.1); [`drop_stats`](Self::drop_stats) counts the last two.
     pub fn handle_packet<M: Memory>(
         &mut self,
         now: Instant,
@@ -498,6 +521,13 @@ impl Engine {
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return;
         };
+        if !qp.accepts_from(meta.sgid) {
+            // Before RTR there is no path yet, and the QP takes no packets from anyone.
+            if !matches!(qp.attr.qp_state, QpState::Reset | QpState::Init) {
+                self.drops.foreign_source += 1;
+            }
+            return;
+        }
         let mut env = Env {
             now,
             core,
@@ -509,7 +539,11 @@ impl Engine {
             Direction::Request => {
                 crate::responder::receive(qp, &mut env, meta, &pkt, &mut self.scratch)
             }
-            Direction::Response => crate::completer::receive(qp, &mut env, &pkt),
+            Direction::Response => {
+                if !crate::completer::receive(qp, &mut env, &pkt) {
+                    self.drops.outside_window += 1;
+                }
+            }
         }
         self.schedule(qpn);
     }
@@ -585,6 +619,11 @@ impl Engine {
             }
             self.schedule(qpn);
         }
+    }
+
+    /// What [`handle_packet`](Self::handle_packet) dropped for its source or its PSN.
+    pub fn drop_stats(&self) -> DropStats {
+        self.drops
     }
 
     /// Outstanding send work requests of a QP.
