@@ -91,6 +91,9 @@ pub struct Context {
     /// posts add, polled receive completions subtract, so a post beyond `max_recv_wr` is
     /// refused with `ENOMEM` (ibv_post_recv(3)) although the ring itself has room.
     pub(crate) rq_outstanding: Mutex<std::collections::HashMap<u32, RqCount>>,
+    /// Buffers of work requests posted through the owning API, handed back with their
+    /// completions (`crate::wr`).
+    pub(crate) in_flight: crate::wr::InFlight,
 }
 
 /// One QP's count of outstanding receive requests.
@@ -148,6 +151,7 @@ impl Context {
             regs: Mutex::new(RegTable::default()),
             doorbell: None,
             rq_outstanding: Mutex::new(std::collections::HashMap::new()),
+            in_flight: crate::wr::InFlight::default(),
         };
         ctx.doorbell = crate::rings::map_doorbell(&ctx);
         Ok(ctx)

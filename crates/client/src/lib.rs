@@ -31,6 +31,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod buffer;
 mod conn;
 mod context;
 mod convert;
@@ -40,8 +41,10 @@ mod event;
 mod introspect;
 mod objects;
 mod rings;
+mod wr;
 mod xrc;
 
+pub use buffer::{BorrowedMr, Buf, OwnedMr, Remote};
 pub use conn::{connect_socket, connect_socket_with, default_socket_path};
 pub use context::{devices, Context, DeviceInfo, PortInfo};
 pub use datapath::{CompChannel, SendRequest, UdAddress};
@@ -52,6 +55,7 @@ pub use objects::{Ah, Cq, Mr, Pd, Qp, QpInit, QpQuery, Srq};
 pub use softverbs_transport::wr::{
     SendOp, Sge, WcOpcode, WcStatus, WorkCompletion, WC_GRH, WC_WITH_IMM, WC_WITH_INV,
 };
+pub use wr::{Completion, Op, Rejected, SendWork, WrError, WrId};
 pub use xrc::{XrcRecvQp, XrcRegistration, Xrcd};
 
 pub use softverbs_abi::ABI_VERSION;

@@ -149,6 +149,7 @@ impl Context {
             rings,
             rq_count,
             state: std::sync::atomic::AtomicU32::new(QpState::Reset as u32),
+            pd: init.pd.map(|p| p.handle),
             _deps: PhantomData,
         })
     }
@@ -279,7 +280,7 @@ impl<'c> Pd<'c> {
         self.reg_mr_with(addr, len, addr, access, fd)
     }
 
-    fn reg_mr_with(
+    pub(crate) fn reg_mr_with(
         &self,
         addr: u64,
         len: u64,
@@ -326,6 +327,7 @@ impl<'c> Pd<'c> {
             handle: r.handle.get(),
             ring: crate::rings::map_srq(self.ctx, r.handle.get()),
             max_sge: r.max_sge.get(),
+            pd: self.handle,
             _deps: PhantomData,
         })
     }
@@ -506,6 +508,8 @@ pub struct Srq<'a> {
     pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Producer>>,
     /// `max_sge` granted, checked at post (a ring entry has no way to return `EINVAL`).
     pub(crate) max_sge: u32,
+    /// The PD's handle, so posting a buffer of another PD's MR is refused locally.
+    pub(crate) pd: u32,
     pub(crate) _deps: PhantomData<&'a ()>,
 }
 
@@ -718,6 +722,8 @@ pub struct Qp<'a> {
     pub(crate) rq_count: Option<crate::context::RqCount>,
     /// Last state set through [`modify`](Qp::modify), for checking posts locally.
     state: std::sync::atomic::AtomicU32,
+    /// The PD's handle, so posting a buffer of another PD's MR is refused locally.
+    pub(crate) pd: Option<u32>,
     _deps: PhantomData<&'a ()>,
 }
 

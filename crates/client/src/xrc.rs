@@ -209,6 +209,7 @@ impl<'c> Xrcd<'c> {
             handle: r.handle.get(),
             ring: crate::rings::map_srq(self.ctx, r.handle.get()),
             max_sge: r.max_sge.get(),
+            pd: pd.handle,
             _deps: PhantomData,
         })
     }

@@ -14,11 +14,14 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(unsafe_code)]
+mod bytes;
 mod doorbell;
 #[allow(unsafe_code)]
 mod region;
 mod ring;
 
+pub use bytes::atomic_bytes;
 pub use doorbell::Doorbell;
 pub use region::{Atom, Region};
 pub use ring::{
