@@ -85,9 +85,8 @@ pub fn hoarder(socket: &Path, file: &Path) -> ! {
         .open_xrcd(Some(&f), O_CREAT)
         .unwrap_or_else(|e| fail("open xrcd", e));
     let pd = ctx.alloc_pd().unwrap_or_else(|e| fail("alloc_pd", e));
-    let buf = vec![0u8; 4096];
     let _mr = pd
-        .reg_mr(buf.as_ptr() as u64, 4096, Access::LOCAL_WRITE)
+        .alloc_mr(4096, Access::LOCAL_WRITE)
         .unwrap_or_else(|e| fail("reg_mr", e));
     let cq = ctx.create_cq(64).unwrap_or_else(|e| fail("create_cq", e));
     let srq_attr = SrqAttr {

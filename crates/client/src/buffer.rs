@@ -175,13 +175,28 @@ impl<'c> Pd<'c> {
         if buf.is_empty() {
             return Err(Error::new("reg_slice", errno::EINVAL));
         }
-        let bytes = softverbs_shm::atomic_bytes(buf);
-        let addr = bytes.as_ptr() as u64;
-        let mr = self.reg_mr_with(addr, bytes.len() as u64, addr, access, None)?;
-        Ok(BorrowedMr {
-            mr: Some(mr),
-            bytes,
-        })
+        self.reg_view(View::Bytes(softverbs_shm::atomic_bytes(buf)), access)
+    }
+
+    /// `ibv_reg_mr` of atomic words the caller borrows to the MR for its whole life and may
+    /// keep using meanwhile (atomics may change under any observer, so the daemon writing
+    /// them is sound): e.g. a flag word a peer's RDMA WRITE ends with, polled with
+    /// `Acquire` loads.
+    pub fn reg_words<'a>(
+        &'a self,
+        words: &'a [AtomicU64],
+        access: Access,
+    ) -> Result<BorrowedMr<'a>> {
+        if words.is_empty() {
+            return Err(Error::new("reg_words", errno::EINVAL));
+        }
+        self.reg_view(View::Words(words), access)
+    }
+
+    fn reg_view<'a>(&'a self, view: View<'a>, access: Access) -> Result<BorrowedMr<'a>> {
+        let addr = view.addr();
+        let mr = self.reg_mr_with(addr, view.len() as u64, addr, access, None)?;
+        Ok(BorrowedMr { mr: Some(mr), view })
     }
 }
 
@@ -339,6 +354,16 @@ impl Buf {
         Ok(&self.mem.region.atomic_u64s(at, 1)[0])
     }
 
+    /// The whole buffer as 8-byte atomic words (`EINVAL` unless it starts 8-aligned in the
+    /// MR and is a whole number of words), for code that polls a word a peer's WRITE ends
+    /// with.
+    pub fn atomic_words(&self) -> Result<&[AtomicU64]> {
+        if self.offset % 8 != 0 || self.len % 8 != 0 {
+            return Err(Error::new("buffer_range", errno::EINVAL));
+        }
+        Ok(self.mem.region.atomic_u64s(self.offset, self.len / 8))
+    }
+
     /// Splits the buffer at `mid` into `[0, mid)` and `[mid, len)` (`EINVAL` if `mid` is past
     /// the end; the buffer comes back in the error).
     pub fn split_at(self, mid: usize) -> std::result::Result<(Buf, Buf), (Error, Buf)> {
@@ -383,7 +408,52 @@ impl Buf {
 pub struct BorrowedMr<'a> {
     /// `Some` until dropped.
     mr: Option<Mr<'a>>,
-    bytes: &'a [AtomicU8],
+    view: View<'a>,
+}
+
+/// How this process sees borrowed registered memory: always as atomics.
+#[derive(Clone, Copy, Debug)]
+enum View<'a> {
+    /// A `&mut [u8]` the MR borrowed exclusively.
+    Bytes(&'a [AtomicU8]),
+    /// Atomic words the caller keeps reading and writing too (sound: they are atomics).
+    Words(&'a [AtomicU64]),
+}
+
+impl View<'_> {
+    fn addr(&self) -> u64 {
+        match self {
+            View::Bytes(b) => b.as_ptr() as u64,
+            View::Words(w) => w.as_ptr() as u64,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            View::Bytes(b) => b.len(),
+            View::Words(w) => w.len() * 8,
+        }
+    }
+
+    fn load(&self, i: usize) -> u8 {
+        match self {
+            View::Bytes(b) => b[i].load(Ordering::Relaxed),
+            View::Words(w) => w[i / 8].load(Ordering::Relaxed).to_ne_bytes()[i % 8],
+        }
+    }
+
+    fn store(&self, i: usize, v: u8) {
+        match self {
+            View::Bytes(b) => b[i].store(v, Ordering::Relaxed),
+            View::Words(w) => {
+                let _ = w[i / 8].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+                    let mut b = x.to_ne_bytes();
+                    b[i % 8] = v;
+                    Some(u64::from_ne_bytes(b))
+                });
+            }
+        }
+    }
 }
 
 impl<'a> BorrowedMr<'a> {
@@ -404,17 +474,25 @@ impl<'a> BorrowedMr<'a> {
 
     /// Bytes registered.
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        self.view.len()
     }
 
     /// Always `false`: an MR is never empty.
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.view.len() == 0
     }
 
     /// The first byte's address (the iova).
     pub fn addr(&self) -> u64 {
-        self.bytes.as_ptr() as u64
+        self.view.addr()
+    }
+
+    /// The words registered with [`Pd::reg_words`] (`None` for a byte buffer).
+    pub fn words(&self) -> Option<&'a [AtomicU64]> {
+        match self.view {
+            View::Words(w) => Some(w),
+            View::Bytes(_) => None,
+        }
     }
 
     /// The whole region as peers address it.
@@ -441,8 +519,8 @@ impl<'a> BorrowedMr<'a> {
     /// Copies `dst.len()` bytes from `offset` out of the MR (`EINVAL` outside it).
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         inside(offset, dst.len(), self.len())?;
-        for (d, a) in dst.iter_mut().zip(&self.bytes[offset..]) {
-            *d = a.load(Ordering::Relaxed);
+        for (i, d) in dst.iter_mut().enumerate() {
+            *d = self.view.load(offset + i);
         }
         Ok(())
     }
@@ -450,18 +528,15 @@ impl<'a> BorrowedMr<'a> {
     /// Copies `src` into the MR at `offset` (`EINVAL` outside it).
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         inside(offset, src.len(), self.len())?;
-        for (s, a) in src.iter().zip(&self.bytes[offset..]) {
-            a.store(*s, Ordering::Relaxed);
+        for (i, s) in src.iter().enumerate() {
+            self.view.store(offset + i, *s);
         }
         Ok(())
     }
 
     /// The whole MR, copied out.
     pub fn to_vec(&self) -> Vec<u8> {
-        self.bytes
-            .iter()
-            .map(|a| a.load(Ordering::Relaxed))
-            .collect()
+        (0..self.len()).map(|i| self.view.load(i)).collect()
     }
 
     /// `ibv_dereg_mr`, reporting the daemon's answer.

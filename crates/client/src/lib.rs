@@ -23,8 +23,9 @@
 //!
 //! let ctx = Context::open(0)?;
 //! let pd = ctx.alloc_pd()?;
-//! let buf = vec![0u8; 4096];
-//! let mr = pd.reg_mr(buf.as_ptr() as u64, buf.len() as u64, Access::LOCAL_WRITE)?;
+//! let mut mr = pd.alloc_mr(4096, Access::LOCAL_WRITE)?;
+//! let mut buf = mr.take(64)?;
+//! buf.write(0, b"hello")?;
 //! println!("lkey {:#x}", mr.lkey());
 //! # Ok::<(), softverbs::Error>(())
 //! ```
@@ -63,3 +64,4 @@ pub use softverbs_core::attr::{AhAttr, QpAttr, QpCap, QpInitInfo, SrqAttr, SRQ_L
 pub use softverbs_core::device::{DeviceAttr, Gid, PortState};
 pub use softverbs_core::errno::{O_CREAT, O_EXCL};
 pub use softverbs_core::types::{Access, AttrMask, EventType, Mtu, QpState, QpType};
+pub use softverbs_memaccess::RawMemory;

@@ -24,10 +24,13 @@ mod client;
 #[allow(unsafe_code)]
 mod map;
 mod process_vm;
+#[allow(unsafe_code)]
+mod raw;
 mod shared;
 
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
 pub use process_vm::ProcessVm;
+pub use raw::RawMemory;
 pub use shared::{NoFallback, RegionError, RegionId, SharedMappings};
 
 /// The system page size (what registrations are rounded to).
