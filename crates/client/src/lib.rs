@@ -32,6 +32,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "async")]
+mod asynch;
 mod buffer;
 mod conn;
 mod context;
@@ -45,6 +47,8 @@ mod rings;
 mod wr;
 mod xrc;
 
+#[cfg(feature = "async")]
+pub use asynch::{AsyncCq, AsyncEvents, CompletionFuture};
 pub use buffer::{BorrowedMr, Buf, OwnedMr, Remote};
 pub use conn::{connect_socket, connect_socket_with, default_socket_path};
 pub use context::{devices, Context, DeviceInfo, PortInfo};

@@ -17,12 +17,17 @@
 #[allow(unsafe_code)]
 mod bytes;
 mod doorbell;
+#[cfg(feature = "tokio")]
+#[allow(unsafe_code)]
+mod reactor;
 #[allow(unsafe_code)]
 mod region;
 mod ring;
 
 pub use bytes::atomic_bytes;
 pub use doorbell::Doorbell;
+#[cfg(feature = "tokio")]
+pub use reactor::register_readable;
 pub use region::{Atom, Region};
 pub use ring::{
     Consumer, Corrupt, Index, LayoutError, Producer, PushError, RingLayout, CACHE_LINE,
