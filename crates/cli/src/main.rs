@@ -1,5 +1,6 @@
 //! `softverbs`: run the daemon, look inside it, and tell the XRC receive-QP story.
-// One function (dp_actor::raw_memory) names raw memory for the test actors; nothing else may.
+// Two functions name raw memory (dp_actor::raw_memory for the test actors, the bench's
+// in-place comparison in bench::peer); nothing else may.
 #![deny(unsafe_code)]
 
 mod actor;

@@ -571,3 +571,55 @@ impl Drop for BorrowedMr<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_slices_stay_inside_and_round_trip_as_bytes() {
+        let r = Remote {
+            addr: 0x7f00_0000_1000,
+            len: 4096,
+            rkey: 0xabcd,
+        };
+        assert_eq!(
+            r.slice(4000, 96),
+            Some(Remote {
+                addr: 0x7f00_0000_1000 + 4000,
+                len: 96,
+                rkey: 0xabcd
+            })
+        );
+        assert_eq!(r.slice(4000, 97), None);
+        assert_eq!(r.slice(u64::MAX, 2), None, "no overflow");
+        assert_eq!(Remote::from_bytes(r.to_bytes()), r);
+    }
+
+    #[test]
+    fn ranges_are_checked_without_overflow() {
+        assert_eq!(inside(0, 10, 10).unwrap(), 10);
+        assert!(inside(1, 10, 10).is_err());
+        assert!(inside(usize::MAX, 2, 10).is_err());
+    }
+
+    #[test]
+    fn views_of_bytes_and_words_read_and_write_the_same_way() {
+        let mut bytes = [0u8; 16];
+        let words = [AtomicU64::new(0), AtomicU64::new(0)];
+        for v in [
+            View::Bytes(softverbs_shm::atomic_bytes(&mut bytes)),
+            View::Words(&words),
+        ] {
+            assert_eq!(v.len(), 16);
+            for i in 0..16 {
+                v.store(i, i as u8 * 3);
+            }
+            assert_eq!(
+                (0..16).map(|i| v.load(i)).collect::<Vec<_>>(),
+                (0..16).map(|i| i as u8 * 3).collect::<Vec<_>>()
+            );
+        }
+        assert_eq!(words[1].load(Ordering::Relaxed).to_ne_bytes()[0], 24);
+    }
+}

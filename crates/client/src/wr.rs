@@ -403,3 +403,63 @@ impl Cq<'_> {
         Ok(got)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const R: Remote = Remote {
+        addr: 0x1000,
+        len: 64,
+        rkey: 7,
+    };
+
+    #[test]
+    fn local_buffers_must_fit_the_remote_range() {
+        assert!(check_range(&Op::Write(R), 64, Some(R)).is_ok());
+        assert_eq!(
+            check_range(&Op::Read(R), 65, Some(R)),
+            Err(WrError::OutOfRange)
+        );
+        assert!(check_range(&Op::Send, 1 << 20, None).is_ok());
+    }
+
+    #[test]
+    fn atomics_need_8_aligned_bytes_on_both_sides() {
+        let fa = |remote| Op::FetchAdd { remote, add: 1 };
+        assert!(check_range(&fa(R), 8, Some(R)).is_ok());
+        assert_eq!(check_range(&fa(R), 4, Some(R)), Err(WrError::OutOfRange));
+        let odd = R.slice(4, 8).unwrap();
+        assert_eq!(
+            check_range(&fa(odd), 8, Some(odd)),
+            Err(WrError::OutOfRange)
+        );
+        let short = R.slice(0, 4).unwrap();
+        assert_eq!(
+            check_range(&fa(short), 8, Some(short)),
+            Err(WrError::OutOfRange)
+        );
+    }
+
+    #[test]
+    fn library_wr_ids_are_tagged_and_never_repeat() {
+        let (a, b) = (next_wr_id(), next_wr_id());
+        assert_ne!(a, b);
+        assert!(a.0 & WR_ID_TAG != 0 && b.0 & WR_ID_TAG != 0);
+    }
+
+    #[test]
+    fn ops_lower_to_the_wire_operation_with_the_remote_operands() {
+        let (r, op) = Op::WriteWithImm(R, 9).lower();
+        assert_eq!(r, Some(R));
+        assert_eq!(
+            op,
+            SendOp::WriteWithImm {
+                remote_addr: 0x1000,
+                rkey: 7,
+                imm: 9
+            }
+        );
+        assert_eq!(Op::SendWithImm(3).lower(), (None, SendOp::SendWithImm(3)));
+    }
+}

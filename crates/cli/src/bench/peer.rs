@@ -177,6 +177,15 @@ impl Inbox {
     }
 }
 
+/// The bench's words, named for the raw in-place registration (`--memory in-place`).
+#[allow(unsafe_code)]
+fn in_place(words: &[AtomicU64]) -> softverbs::RawMemory {
+    // SAFETY: the words are whole 64 KiB-aligned pages of their own (no other object shares
+    // them), are only ever reached through atomics, outlive the MR (both live in `peer`, the
+    // MR declared after them), and no other thread touches them during the registration.
+    unsafe { softverbs::RawMemory::new_shareable(words.as_ptr() as usize, words.len() * 8) }
+}
+
 /// The peer's entry point: runs until QUIT; any failure is one `ERROR` line and exit 1.
 pub fn run(socket: &Path, a: &PeerArgs) -> ! {
     match peer(socket, a) {
@@ -205,7 +214,7 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
     let skip = storage.as_ptr().align_offset(PAGE);
     // Shared: memory the library allocates as a memfd and hands to the daemon (no system
     // call per access); private: our own words, reached with process_vm_*.
-    let (owned, borrowed, owned_buf);
+    let (owned, borrowed, owned_buf, _raw_mr);
     let (mem, lkey, rkey) = match a.memory {
         super::Memory::Shared => {
             let mut mr = pd.alloc_mr(len, ALL).map_err(e("alloc_mr"))?;
@@ -213,6 +222,15 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
             owned = mr;
             let words = owned_buf.atomic_words().map_err(e("alloc_mr"))?;
             (words, owned.lkey(), owned.rkey())
+        }
+        super::Memory::InPlace => {
+            let words = &storage[skip..skip + len / 8];
+            let mr = pd
+                .reg_mr_shared(in_place(words), ALL)
+                .map_err(e("reg_mr"))?;
+            let (lkey, rkey) = (mr.lkey(), mr.rkey());
+            _raw_mr = mr;
+            (words, lkey, rkey)
         }
         super::Memory::Private => {
             borrowed = pd
