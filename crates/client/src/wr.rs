@@ -223,11 +223,35 @@ fn next_wr_id() -> WrId {
 /// has its own mapping), so forgetting a buffer only loses it.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
-    bufs: Mutex<HashMap<u64, Option<Buf>>>,
+    bufs: Mutex<Table>,
+}
+
+/// Keys are library `wr_id`s, distinct counter values chosen by this process (never by a
+/// peer), so they need no DoS-resistant hash: the value itself spreads well enough.
+type Table = HashMap<u64, Option<Buf>, std::hash::BuildHasherDefault<IdHasher>>;
+
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        // Multiplying spreads the counter's low bits into the high ones hashbrown groups by.
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
 }
 
 impl InFlight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Option<Buf>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         self.bufs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
