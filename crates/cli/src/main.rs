@@ -1,12 +1,11 @@
 //! `softverbs`: run the daemon, look inside it, and tell the XRC receive-QP story.
-// Two functions name raw memory (dp_actor::raw_memory for the test actors, the bench's
-// in-place comparison in bench::peer); nothing else may.
+// One function names raw memory (bench::peer::in_place, the bench's comparison with the
+// raw in-place registration); nothing else may.
 #![deny(unsafe_code)]
 
 mod actor;
 mod bench;
 mod demo;
-mod dp_actor;
 mod dropin;
 mod table;
 
@@ -56,16 +55,26 @@ enum Command {
         /// Inject faults into what the devices send: loss=P,dup=P,reorder=P,corrupt=P.
         #[arg(long, value_parser = parse_faults)]
         faults: Option<softverbs_transport::sim::Faults>,
+        /// A limit, as SCOPE.RESOURCE=N; repeat for several. SCOPE: context, uid, daemon.
+        /// RESOURCE: contexts, pds, mrs, cqs, srqs, qps, ahs, xrcds, channels, ring-bytes,
+        /// registered-bytes, mappings. N: a number with an optional K/M/G/T suffix, or
+        /// unlimited (`--limit uid.mappings=8192 --limit context.ring-bytes=256M`). Defaults
+        /// follow from vm.max_map_count, physical memory and RLIMIT_NOFILE; `softverbs
+        /// status` shows them.
+        #[arg(long = "limit", value_name = "SCOPE.RESOURCE=N")]
+        limits: Vec<String>,
     },
-    /// The daemon's pid, uptime and object counts.
+    /// The daemon's pid, uptime, object counts and limits ("no daemon", exit 3, if none
+    /// runs; never starts one).
     Status {
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
-    /// The devices the daemon offers.
+    /// The devices the daemon offers ("no daemon", exit 3, if none runs).
     Devices,
-    /// Every object the daemon holds, and who holds each XRC receive QP.
+    /// Every object the daemon holds, and who holds each XRC receive QP ("no daemon",
+    /// exit 3, if none runs).
     Resources {
         /// Print JSON.
         #[arg(long)]
@@ -208,11 +217,6 @@ enum BenchWhat {
 
 #[derive(Subcommand)]
 enum ActorRole {
-    /// Holds one object of every kind (and an XRC domain on `file`) until killed.
-    Hoarder {
-        #[arg(long)]
-        file: PathBuf,
-    },
     Creator {
         #[arg(long)]
         file: PathBuf,
@@ -225,9 +229,6 @@ enum ActorRole {
         #[arg(long, value_enum)]
         face: actor::Face,
     },
-    /// The data-path test actors (crates/cli/tests/datapath_processes.rs).
-    #[command(flatten)]
-    Dp(dp_actor::DpRole),
 }
 
 fn socket_path(cli: &Cli) -> PathBuf {
@@ -252,6 +253,50 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Exit status of `status`, `devices` and `resources` when no daemon runs: 3, "program is
+/// not running" in the LSB init-script `status` convention that `systemctl status` follows.
+const NO_DAEMON: u8 = 3;
+
+/// Connects for introspection without starting a daemon; with none running, says so.
+fn introspect(socket: &std::path::Path) -> Result<Introspect, ExitCode> {
+    use softverbs::errno::{ECONNREFUSED, ENOENT};
+    match Introspect::connect_running(socket) {
+        Ok(i) => Ok(i),
+        Err(e) if e.op() == "connect" && matches!(e.errno(), ENOENT | ECONNREFUSED) => {
+            eprintln!("softverbs: no daemon at {}", socket.display());
+            Err(ExitCode::from(NO_DAEMON))
+        }
+        Err(e) => Err(fail(e)),
+    }
+}
+
+/// A limit or an amount for `softverbs status`.
+fn amount(v: Option<u64>, bytes: bool) -> String {
+    match v {
+        None => "unlimited".into(),
+        Some(n) if bytes && n >= 1 << 20 => format!("{:.1} MiB", n as f64 / f64::from(1 << 20)),
+        Some(n) => n.to_string(),
+    }
+}
+
+fn print_limits(rows: &[softverbs_core::limits::LimitRow]) {
+    println!(
+        "{:<18}{:>14}{:>14}{:>14}{:>14}",
+        "limit", "per context", "per uid", "daemon", "used"
+    );
+    for r in rows {
+        let b = r.resource.is_bytes();
+        println!(
+            "{:<18}{:>14}{:>14}{:>14}{:>14}",
+            r.resource.name(),
+            amount(r.context, b),
+            amount(r.uid, b),
+            amount(r.daemon, b),
+            amount(Some(r.used), b)
+        );
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let socket = socket_path(&cli);
@@ -263,9 +308,15 @@ fn main() -> ExitCode {
             port,
             capture,
             faults,
+            limits,
         } => {
             init_tracing();
             let mut config = Config::new(socket);
+            for l in limits {
+                if let Err(e) = config.limits.apply(l) {
+                    return fail(format!("--limit {l}: {e}"));
+                }
+            }
             config.devices = devices.clone();
             config.abi_version = *abi_version;
             config.net.bind = !no_network;
@@ -280,19 +331,33 @@ fn main() -> ExitCode {
             run().map_or_else(fail, |()| ExitCode::SUCCESS)
         }
         Command::Status { json } => {
-            match Introspect::connect_at(&socket).and_then(|i| i.status()) {
-                Ok(s) if *json => {
+            let i = match introspect(&socket) {
+                Ok(i) => i,
+                Err(code) => return code,
+            };
+            let limits = i
+                .resources_json()
+                .and_then(|t| {
+                    serde_json::from_str::<Resources>(&t)
+                        .map_err(|_| softverbs::Error::new("resources", softverbs::errno::EPROTO))
+                })
+                .map(|r| r.limits);
+            match i.status().and_then(|s| limits.map(|l| (s, l))) {
+                Ok((s, limits)) if *json => {
                     println!(
                         "{}",
                         serde_json::json!({
                             "daemon_pid": s.daemon_pid, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
                             "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
                             "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
+                            "limits": limits,
+                            "dp_rounds": s.dp_rounds, "dp_qp_visits": s.dp_qp_visits,
+                            "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
                         })
                     );
                     ExitCode::SUCCESS
                 }
-                Ok(s) => {
+                Ok((s, limits)) => {
                     println!(
                         "daemon pid {} on {} (ABI {}), up {:.1} s",
                         s.daemon_pid,
@@ -304,24 +369,40 @@ fn main() -> ExitCode {
                     "devices {}  contexts {}  xrc domains {}  xrc receive qps {}  qps {}  srqs {}  cqs {}  mrs {}",
                     s.devices, s.contexts, s.xrcds, s.xrc_recv_qps, s.qps, s.srqs, s.cqs, s.mrs
                 );
+                    print_limits(&limits);
+                    println!(
+                        "data path: {} rounds, {} QP visits ({:.2} per round, at most {}), {} QPs queued",
+                        s.dp_rounds,
+                        s.dp_qp_visits,
+                        s.dp_qp_visits as f64 / s.dp_rounds.max(1) as f64,
+                        s.dp_max_qp_visits,
+                        s.dp_queued_qps
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),
             }
         }
-        Command::Devices => match Introspect::connect_at(&socket).and_then(|i| i.devices()) {
-            Ok(list) => {
-                println!("    device          \t   node GUID");
-                println!("    ------          \t----------------");
-                for d in list {
-                    println!("    {:<16}\t{:016x}", d.name, d.node_guid);
+        Command::Devices => match introspect(&socket).map(|i| i.devices()) {
+            Err(code) => code,
+            Ok(r) => match r {
+                Ok(list) => {
+                    println!("    device          \t   node GUID");
+                    println!("    ------          \t----------------");
+                    for d in list {
+                        println!("    {:<16}\t{:016x}", d.name, d.node_guid);
+                    }
+                    ExitCode::SUCCESS
                 }
-                ExitCode::SUCCESS
-            }
-            Err(e) => fail(e),
+                Err(e) => fail(e),
+            },
         },
         Command::Resources { json } => {
-            match Introspect::connect_at(&socket).and_then(|i| i.resources_json()) {
+            let i = match introspect(&socket) {
+                Ok(i) => i,
+                Err(code) => return code,
+            };
+            match i.resources_json() {
                 Ok(text) if *json => {
                     println!("{text}");
                     ExitCode::SUCCESS
@@ -390,9 +471,7 @@ fn main() -> ExitCode {
         Command::BenchPeer(a) => bench::peer::run(&socket, a),
         Command::DemoActor { role } => match role {
             ActorRole::Creator { file } => actor::creator(&socket, file),
-            ActorRole::Hoarder { file } => actor::hoarder(&socket, file),
             ActorRole::Worker { file, qpn, face } => actor::worker(&socket, file, *qpn, *face),
-            ActorRole::Dp(role) => dp_actor::run(&socket, role),
         },
     }
 }

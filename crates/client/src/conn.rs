@@ -7,7 +7,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use softverbs_abi::codec::{decode_response, encode_request};
@@ -18,6 +18,7 @@ use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::error::{errno, Error, Result};
+use crate::fatal::{Fatal, Watch};
 
 /// Where the daemon listens by default: `$SOFTVERBS_SOCKET`, else
 /// `$XDG_RUNTIME_DIR/softverbs/softverbs.sock`, else `/run/softverbs/softverbs.sock`.
@@ -133,6 +134,9 @@ fn start_daemon(path: &Path, bin: &Path) -> std::io::Result<std::process::Child>
 /// A connected, greeted socket. Requests are serialized by the mutex.
 pub(crate) struct Conn {
     sock: Mutex<OwnedFd>,
+    /// A context's connection: whether the daemon is gone (`None` for introspection).
+    fatal: Option<Arc<Fatal>>,
+    watch: Option<Watch>,
     /// The daemon's ABI version from the handshake.
     pub(crate) abi: u32,
     /// Devices the daemon has.
@@ -153,23 +157,56 @@ impl std::fmt::Debug for Conn {
 
 /// Sends `Hello` on a fresh socket; returns the connection and the descriptors that came
 /// with the answer (the async eventfd when a device was opened).
+///
+/// With a device, the request carries this process's own `/proc/self/mem` (ABI 5,
+/// `HELLO_MEM_FD`): the daemon reaches memory that is not shared through it, bound to this
+/// process's address space rather than to its pid (docs/registered-memory.md). A daemon
+/// speaking an ABI older than 5 refuses the bit (`EOPNOTSUPP`); the greeting is then repeated
+/// without it. An older daemon binary then reaches the memory by pid as it always did; a
+/// current daemon started at an older ABI level reaches only shared MRs.
 pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> {
     let req = HelloReq {
         abi_version: U32::new(ABI_VERSION),
         device: U32::new(device),
     };
-    let (resp, fds): (HelloResp, _) =
-        exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[])?;
+    let mem = if device == softverbs_abi::msg::NO_DEVICE {
+        None
+    } else {
+        Some(
+            softverbs_memaccess::open_own_memory()
+                .map_err(|e| Error::new("hello", e.raw_os_error().unwrap_or(errno::EINVAL)))?,
+        )
+    };
+    let first = match &mem {
+        Some(fd) => exchange(
+            sock.as_fd(),
+            "hello",
+            Cmd::Hello,
+            softverbs_abi::msg::HELLO_MEM_FD,
+            req.as_bytes(),
+            &[fd.as_fd()],
+        ),
+        None => exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[]),
+    };
+    let (resp, fds): (HelloResp, _) = match first {
+        Err(Failure::Refused(e)) if mem.is_some() && e.errno == errno::EOPNOTSUPP => {
+            exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[])
+                .map_err(Failure::into_error)?
+        }
+        other => other.map_err(Failure::into_error)?,
+    };
     let conn = Conn {
         sock: Mutex::new(sock),
+        fatal: None,
+        watch: None,
         abi: resp.abi_version.get(),
         num_devices: resp.num_devices.get(),
         ctx_id: resp.ctx_id.get(),
     };
-    // With a context open, let the daemon reach this process's registered memory without
-    // root (Yama's ptrace scope); harmless where Yama is absent.
+    // An older daemon reaches memory with process_vm_*: let it in without root (Yama's
+    // ptrace scope); harmless where Yama is absent. A daemon of ABI 5 needs no such grant.
     let daemon = resp.daemon_pid.get();
-    if device != softverbs_abi::msg::NO_DEVICE && daemon != 0 {
+    if device != softverbs_abi::msg::NO_DEVICE && daemon != 0 && conn.abi < 5 {
         let _ = softverbs_memaccess::authorize_daemon(daemon as i32);
     }
     Ok((conn, fds))
@@ -182,7 +219,20 @@ impl Conn {
         self.sock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One request and its response, with descriptors both ways.
+    /// Makes this a context's connection: the daemon's death becomes `fatal`'s (watched
+    /// from now on, and noticed by any call that finds the connection gone).
+    pub(crate) fn watch(&mut self, fatal: Arc<Fatal>) {
+        let sock = self.sock.get_mut().unwrap_or_else(|e| e.into_inner());
+        self.watch = crate::fatal::watch(sock.as_fd(), &fatal);
+        self.fatal = Some(fatal);
+    }
+
+    /// One request and its response, with descriptors both ways. On a context whose device is
+    /// gone nothing is sent: commands that destroy an object succeed (rdma-core lets a program
+    /// clean up after `IBV_EVENT_DEVICE_FATAL`; the daemon freed everything when it died) and
+    /// answer zeros, every other command fails with [`ErrorKind::DeviceFatal`].
+    ///
+    /// [`ErrorKind::DeviceFatal`]: crate::ErrorKind::DeviceFatal
     pub(crate) fn call_fds<R>(
         &self,
         op: &'static str,
@@ -194,8 +244,21 @@ impl Conn {
     where
         R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
     {
+        if self.fatal.as_ref().is_some_and(|f| f.is_dead()) {
+            return after_death(op, cmd);
+        }
         let sock = self.lock();
-        exchange(sock.as_fd(), op, cmd, comp_mask, body, fds)
+        match exchange(sock.as_fd(), op, cmd, comp_mask, body, fds) {
+            Ok(r) => Ok(r),
+            Err(Failure::Refused(e)) => Err(e),
+            Err(Failure::Lost(e)) => match &self.fatal {
+                Some(f) => {
+                    f.die();
+                    after_death(op, cmd)
+                }
+                None => Err(e),
+            },
+        }
     }
 
     /// One request and its response (descriptors that come back are closed).
@@ -213,6 +276,74 @@ impl Conn {
     }
 }
 
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(w) = self.watch.take() {
+            let sock = self.sock.get_mut().unwrap_or_else(|e| e.into_inner());
+            w.end(sock.as_fd());
+        }
+    }
+}
+
+/// Commands that destroy or release an object.
+fn is_teardown(cmd: Cmd) -> bool {
+    matches!(
+        cmd,
+        Cmd::DeallocPd
+            | Cmd::DeregMr
+            | Cmd::DestroyCq
+            | Cmd::DestroySrq
+            | Cmd::DestroyAh
+            | Cmd::CloseXrcd
+            | Cmd::DestroyQp
+            | Cmd::UnregXrcRcvQp
+            | Cmd::DestroyXrcRcvQp
+            | Cmd::UnregisterXrcRcvQp
+            | Cmd::DestroyCompChannel
+    )
+}
+
+/// What a command gets once the device is gone (see [`Conn::call_fds`]).
+fn after_death<R: FromBytes + IntoBytes + Immutable + KnownLayout + Default>(
+    op: &'static str,
+    cmd: Cmd,
+) -> Result<(R, Vec<OwnedFd>)> {
+    if is_teardown(cmd) {
+        Ok((R::default(), Vec::new()))
+    } else {
+        Err(Error::device_fatal(op))
+    }
+}
+
+/// Why an exchange failed.
+enum Failure {
+    /// The daemon answered with an error (or an answer that broke the ABI).
+    Refused(Error),
+    /// The connection is gone: the daemon closed it or died.
+    Lost(Error),
+}
+
+impl Failure {
+    fn into_error(self) -> Error {
+        match self {
+            Failure::Refused(e) | Failure::Lost(e) => e,
+        }
+    }
+}
+
+/// Socket errors that mean the other end is gone.
+fn lost(op: &'static str, e: ipc::IpcErrno) -> Failure {
+    let err = Error::from_ipc(op, e);
+    if matches!(
+        e,
+        ipc::IpcErrno::PIPE | ipc::IpcErrno::CONNRESET | ipc::IpcErrno::NOTCONN
+    ) {
+        Failure::Lost(err)
+    } else {
+        Failure::Refused(err)
+    }
+}
+
 /// How long a request polls for its reply before blocking.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
@@ -223,7 +354,7 @@ fn exchange<R>(
     comp_mask: u64,
     body: &[u8],
     fds: &[BorrowedFd<'_>],
-) -> Result<(R, Vec<OwnedFd>)>
+) -> std::result::Result<(R, Vec<OwnedFd>), Failure>
 where
     R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
 {
@@ -232,7 +363,7 @@ where
         match ipc::send(sock, &msg, fds) {
             Ok(()) => break,
             Err(ipc::IpcErrno::INTR) => continue,
-            Err(e) => return Err(Error::from_ipc(op, e)),
+            Err(e) => return Err(lost(op, e)),
         }
     }
     let mut buf = [0u8; MAX_MSG];
@@ -256,18 +387,18 @@ where
                 continue;
             }
             Ok(Some(d)) => break d,
-            Ok(None) => return Err(Error::new(op, errno::ECONNRESET)),
+            Ok(None) => return Err(Failure::Lost(Error::new(op, errno::ECONNRESET))),
             Err(ipc::IpcErrno::INTR) => continue,
-            Err(e) => return Err(Error::from_ipc(op, e)),
+            Err(e) => return Err(lost(op, e)),
         }
     };
     if dgram.truncated || dgram.fds_truncated {
-        return Err(Error::proto(op));
+        return Err(Failure::Refused(Error::proto(op)));
     }
     match decode_response::<R>(&buf[..dgram.len], cmd) {
         Ok(Ok(r)) => Ok((r, dgram.fds)),
-        Ok(Err(status)) if status > 0 => Err(Error::new(op, status)),
-        Ok(Err(_)) | Err(_) => Err(Error::proto(op)),
+        Ok(Err(status)) if status > 0 => Err(Failure::Refused(Error::new(op, status))),
+        Ok(Err(_)) | Err(_) => Err(Failure::Refused(Error::proto(op))),
     }
 }
 

@@ -18,7 +18,8 @@ use zerocopy::IntoBytes;
 use crate::conn::{connect_socket, default_socket_path, hello, Conn};
 use crate::convert;
 use crate::error::{errno, Error, Result};
-use crate::event::AsyncEvent;
+use crate::event::{AsyncEvent, Element};
+use crate::fatal::Fatal;
 use crate::xrc::RegTable;
 
 /// One device the daemon offers.
@@ -81,12 +82,23 @@ pub(crate) fn list_devices(conn: &Conn) -> Result<Vec<DeviceInfo>> {
 /// `Context` is `Send + Sync`; requests from several threads are serialized on the socket.
 pub struct Context {
     pub(crate) conn: Conn,
-    async_fd: OwnedFd,
+    async_fd: std::sync::Arc<OwnedFd>,
+    /// Whether the device is gone (the daemon died: `crate::fatal`).
+    pub(crate) fatal: std::sync::Arc<Fatal>,
+    /// QPs whose work queues are rings, by handle: what a flush after the daemon's death
+    /// completes (`crate::flush`).
+    pub(crate) ring_qps: Mutex<std::collections::BTreeMap<u32, crate::flush::RingQp>>,
+    /// CQs armed (`ibv_req_notify_cq`) and not yet reported, with their channel: what a
+    /// channel reports when the device goes.
+    pub(crate) armed: Mutex<std::collections::BTreeMap<u32, u32>>,
     device: u32,
     /// Legacy/minimal XRC registrations held through [`XrcRegistration`](crate::XrcRegistration)s.
     pub(crate) regs: Mutex<RegTable>,
     /// The daemon's doorbell when work queues live in shared memory (ABI 3).
     pub(crate) doorbell: Option<softverbs_shm::Doorbell>,
+    /// The context's ready ring (ABI 6): a QP whose work flag was clear is announced here
+    /// after a post, so the daemon visits only QPs with work (crates/shm/src/ready.rs).
+    pub(crate) ready: Option<Mutex<softverbs_shm::Producer>>,
     /// Receive requests outstanding per QP number, for QPs whose receive queue is a ring:
     /// posts add, polled receive completions subtract, so a post beyond `max_recv_wr` is
     /// refused with `ENOMEM` (ibv_post_recv(3)) although the ring itself has room.
@@ -143,17 +155,25 @@ impl Context {
         if fds.len() != 1 {
             return Err(Error::proto("hello"));
         }
-        let async_fd = fds.pop().expect("one fd");
+        let async_fd = std::sync::Arc::new(fds.pop().expect("one fd"));
+        let fatal = Fatal::new(async_fd.clone());
+        let mut conn = conn;
+        conn.watch(fatal.clone());
         let mut ctx = Context {
             conn,
             async_fd,
+            fatal,
+            ring_qps: Mutex::new(std::collections::BTreeMap::new()),
+            armed: Mutex::new(std::collections::BTreeMap::new()),
             device: index,
             regs: Mutex::new(RegTable::default()),
             doorbell: None,
+            ready: None,
             rq_outstanding: Mutex::new(std::collections::HashMap::new()),
             in_flight: crate::wr::InFlight::default(),
         };
         ctx.doorbell = crate::rings::map_doorbell(&ctx);
+        ctx.ready = crate::rings::map_ready(&ctx);
         Ok(ctx)
     }
 
@@ -212,16 +232,44 @@ impl Context {
         self.async_fd.as_fd()
     }
 
+    /// Whether the device is gone: the daemon died or closed the connection. The async fd
+    /// then yields one [`EventType::DeviceFatal`] event (element [`Element::Device`]), calls
+    /// fail with [`ErrorKind::DeviceFatal`](crate::ErrorKind::DeviceFatal) (`EIO`), destroying
+    /// objects still works, and outstanding work completes with `WR_FLUSH_ERR`.
+    pub fn device_fatal(&self) -> bool {
+        self.fatal.is_dead()
+    }
+
     /// The next pending async event, or `None` (`ibv_get_async_event` on a non-blocking fd).
     pub fn try_get_async_event(&self) -> Result<Option<AsyncEvent>> {
+        if self.fatal.is_dead() {
+            return self.fatal_event();
+        }
         match self
             .conn
             .call::<AsyncEventResp>("get_async_event", Cmd::GetAsyncEvent, 0, &[])
         {
             Ok(r) => Ok(Some(convert::async_event(&r))),
             Err(e) if e.errno == errno::EAGAIN => Ok(None),
+            Err(e) if e.is_device_fatal() => self.fatal_event(),
             Err(e) => Err(e),
         }
+    }
+
+    /// After the device went: `IBV_EVENT_DEVICE_FATAL` once, then `EIO`, as the kernel's
+    /// async event file does after a device is disassociated. The fd stays readable (the
+    /// kernel's stays ready too), so a program that polls it again does not sleep forever.
+    fn fatal_event(&self) -> Result<Option<AsyncEvent>> {
+        ipc::signal_eventfd(self.async_fd.as_fd());
+        if !self.fatal.take_event() {
+            return Err(Error::device_fatal("get_async_event"));
+        }
+        Ok(Some(AsyncEvent {
+            event_type: Some(EventType::DeviceFatal),
+            raw_event_type: EventType::DeviceFatal as u32,
+            element: Element::Device,
+            legacy_event_type: EventType::DeviceFatal as u32,
+        }))
     }
 
     /// The next async event, waiting for one (`ibv_get_async_event`).

@@ -214,6 +214,11 @@ impl Qp<'_> {
             // time, so the caller gets the errno rdma-core gives (ibv_post_send(3)).
             check_send(self, wr).map_err(|e| Error::new(OP, e))?;
             let mut r = rings.lock().unwrap_or_else(|e| e.into_inner());
+            // Checked under the queue's lock, which a flush takes too: a request is either
+            // refused here or posted before the flush that completes it.
+            if self.ctx.fatal.is_dead() {
+                return Err(Error::device_fatal(OP));
+            }
             // ABI 4: the daemon counts what it retired, so the queue's occupancy is exact
             // (ibv_post_send(3): ENOMEM past max_send_wr outstanding requests).
             if self.ctx.conn.abi >= 4
@@ -221,7 +226,14 @@ impl Qp<'_> {
             {
                 return Err(Error::new(OP, errno::ENOMEM));
             }
-            crate::rings::push(self.ctx, &mut r.sq, OP, req.wr.as_bytes())?;
+            let r = &mut *r;
+            crate::rings::push(
+                self.ctx,
+                &mut r.sq,
+                r.announce.as_ref(),
+                OP,
+                req.wr.as_bytes(),
+            )?;
             r.sq_posted = r.sq_posted.wrapping_add(1);
             return Ok(());
         }
@@ -233,7 +245,11 @@ impl Qp<'_> {
     /// `ibv_post_recv` of one work request.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
         if let Some(rings) = &self.rings {
-            let mut r = rings.lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = rings.lock().unwrap_or_else(|e| e.into_inner());
+            let r = &mut *guard;
+            if r.rq.is_some() && self.ctx.fatal.is_dead() {
+                return Err(Error::device_fatal("post_recv"));
+            }
             if let Some(rq) = &mut r.rq {
                 if self.local_state() == softverbs_core::types::QpState::Reset
                     || sges.len() > self.cap().max_recv_sge as usize
@@ -252,7 +268,13 @@ impl Qp<'_> {
                     wr_id: U64::new(wr_id),
                     sg_list: sg,
                 };
-                crate::rings::push(self.ctx, rq, "post_recv", req.as_bytes())?;
+                crate::rings::push(
+                    self.ctx,
+                    rq,
+                    r.announce.as_ref(),
+                    "post_recv",
+                    req.as_bytes(),
+                )?;
                 if let Some(c) = count {
                     c.fetch_add(1, Ordering::AcqRel);
                 }
@@ -286,7 +308,10 @@ impl Srq<'_> {
                 sg_list: sg,
             };
             let mut p = ring.lock().unwrap_or_else(|e| e.into_inner());
-            return crate::rings::push(self.ctx, &mut p, OP, req.as_bytes());
+            if self.ctx.fatal.is_dead() {
+                return Err(Error::device_fatal(OP));
+            }
+            return crate::rings::push(self.ctx, &mut p, None, OP, req.as_bytes());
         }
         post_recv(
             self.ctx,
@@ -350,25 +375,34 @@ impl Cq<'_> {
         let Some(ring) = &self.ring else {
             return self.poll_command(max, &mut each);
         };
-        let mut n = 0;
-        {
-            let mut c = ring.lock().unwrap_or_else(|e| e.into_inner());
-            while n < max {
-                match c.pop_value::<WcWire>() {
-                    Ok(Some(w)) => {
-                        each(&wc_from_wire(&w));
-                        n += 1;
-                    }
-                    Ok(None) => break,
-                    Err(_) => return Err(Error::new("poll_cq", errno::EIO)),
-                }
-            }
+        let mut n = drain(ring, max, &mut each)?;
+        if n == max {
+            return Ok(n);
         }
-        if n == max || !self.outgrown.load(Ordering::Acquire) {
+        if self.ctx.fatal.is_dead() {
+            // The daemon is gone, so the ring holds all it will ever hold: what it wrote
+            // after the drain above is taken now, then the flush of what never completed.
+            n += drain(ring, max - n, &mut each)?;
+            return Ok(n + self.poll_flushed(max - n, &mut each));
+        }
+        if !self.outgrown.load(Ordering::Acquire) {
             return Ok(n);
         }
         // Resized past the ring: the ring is drained, newer completions wait in the daemon.
         Ok(n + self.poll_command(max - n, &mut each)?)
+    }
+
+    /// Hands out up to `max` flush completions (collected on the first call).
+    fn poll_flushed(&self, max: usize, f: &mut impl FnMut(&WorkCompletion)) -> usize {
+        let mut g = self.flushed.lock().unwrap_or_else(|e| e.into_inner());
+        let q = g.get_or_insert_with(|| crate::flush::collect(self.ctx, self.handle));
+        let mut n = 0;
+        while n < max {
+            let Some(wc) = q.pop_front() else { break };
+            f(&wc);
+            n += 1;
+        }
+        n
     }
 
     /// Polls by command (no ring, or a CQ resized past its ring).
@@ -401,13 +435,36 @@ impl Cq<'_> {
     }
 }
 
+/// Pops up to `max` completions from a CQ ring.
+fn drain(
+    ring: &std::sync::Mutex<softverbs_shm::Consumer>,
+    max: usize,
+    f: &mut impl FnMut(&WorkCompletion),
+) -> Result<usize> {
+    let mut c = ring.lock().unwrap_or_else(|e| e.into_inner());
+    let mut n = 0;
+    while n < max {
+        match c.pop_value::<WcWire>() {
+            Ok(Some(w)) => {
+                f(&wc_from_wire(&w));
+                n += 1;
+            }
+            Ok(None) => break,
+            Err(_) => return Err(Error::new("poll_cq", errno::EIO)),
+        }
+    }
+    Ok(n)
+}
+
 /// A completion channel (`ibv_comp_channel`): a pollable fd that becomes readable when an
 /// armed CQ gets a completion.
 #[derive(Debug)]
 pub struct CompChannel<'c> {
     ctx: &'c crate::Context,
     handle: u32,
-    fd: OwnedFd,
+    fd: std::sync::Arc<OwnedFd>,
+    /// After the device went: the armed CQs still to report (`None` until first asked).
+    fatal_events: std::sync::Mutex<Option<std::collections::VecDeque<u32>>>,
 }
 
 impl crate::Context {
@@ -416,13 +473,16 @@ impl crate::Context {
         let (r, mut fds): (HandleResp, _) =
             self.conn
                 .call_fds("create_comp_channel", Cmd::CreateCompChannel, 0, &[], &[])?;
-        let fd = fds
-            .pop()
-            .ok_or(Error::new("create_comp_channel", errno::EPROTO))?;
+        let fd = std::sync::Arc::new(
+            fds.pop()
+                .ok_or(Error::new("create_comp_channel", errno::EPROTO))?,
+        );
+        self.fatal.add_channel(r.handle.get(), fd.clone());
         Ok(CompChannel {
             ctx: self,
             handle: r.handle.get(),
             fd,
+            fatal_events: std::sync::Mutex::new(None),
         })
     }
 
@@ -445,6 +505,9 @@ impl CompChannel<'_> {
     /// The next CQ (its handle) that fired, or `None` (`ibv_get_cq_event` on a non-blocking
     /// channel).
     pub fn try_get_event(&self) -> Result<Option<u32>> {
+        if self.ctx.fatal.is_dead() {
+            return self.fatal_event();
+        }
         let req = HandleReq {
             handle: U32::new(self.handle),
         };
@@ -453,9 +516,41 @@ impl CompChannel<'_> {
             .conn
             .call::<CqEventResp>("get_cq_event", Cmd::GetCqEvent, 0, req.as_bytes())
         {
-            Ok(r) => Ok(Some(r.cq.get())),
+            Ok(r) => {
+                let cq = r.cq.get();
+                self.ctx
+                    .armed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&cq);
+                Ok(Some(cq))
+            }
             Err(e) if e.errno() == errno::EAGAIN => Ok(None),
+            Err(e) if e.is_device_fatal() => self.fatal_event(),
             Err(e) => Err(e),
+        }
+    }
+
+    /// After the device went: one event for each CQ of this channel that was armed, so a
+    /// program waiting for one polls and finds the flush completions; then `EIO`, as the
+    /// kernel's completion event file of a disassociated device answers. The fd stays
+    /// readable so that a program polling it does not sleep forever.
+    fn fatal_event(&self) -> Result<Option<u32>> {
+        softverbs_ipc::signal_eventfd(self.fd.as_fd());
+        let mut g = self.fatal_events.lock().unwrap_or_else(|e| e.into_inner());
+        let q = g.get_or_insert_with(|| {
+            let mut armed = self.ctx.armed.lock().unwrap_or_else(|e| e.into_inner());
+            let mine: std::collections::VecDeque<u32> = armed
+                .iter()
+                .filter(|&(_, &ch)| ch == self.handle)
+                .map(|(&cq, _)| cq)
+                .collect();
+            armed.retain(|_, ch| *ch != self.handle);
+            mine
+        });
+        match q.pop_front() {
+            Some(cq) => Ok(Some(cq)),
+            None => Err(Error::device_fatal("get_cq_event")),
         }
     }
 
@@ -483,6 +578,7 @@ impl CompChannel<'_> {
 
 impl Drop for CompChannel<'_> {
     fn drop(&mut self) {
+        self.ctx.fatal.remove_channel(self.handle);
         let req = HandleReq {
             handle: U32::new(self.handle),
         };
@@ -505,6 +601,14 @@ impl Cq<'_> {
         };
         self.ctx
             .conn
-            .call::<()>("req_notify_cq", Cmd::ReqNotifyCq, 0, req.as_bytes())
+            .call::<()>("req_notify_cq", Cmd::ReqNotifyCq, 0, req.as_bytes())?;
+        if let Some(ch) = self.channel {
+            self.ctx
+                .armed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(self.handle, ch);
+        }
+        Ok(())
     }
 }

@@ -22,20 +22,55 @@ pub mod errno {
     pub const ENODEV: i32 = 19;
 }
 
-/// A failed call: the operation (`"alloc_pd"`, `"connect"`, …) and its errno.
+/// A failed call: the operation (`"alloc_pd"`, `"connect"`, …), its errno, and whether the
+/// device is gone ([`ErrorKind::DeviceFatal`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{op}: {} (errno {errno})", strerror(*.errno))]
+#[error("{op}: {}{} (errno {errno})", kind_text(*.kind), strerror(*.errno))]
 pub struct Error {
     /// The operation that failed.
     pub op: &'static str,
     /// The errno (positive, Linux numbering).
     pub errno: i32,
+    kind: ErrorKind,
+}
+
+/// What kind of failure an [`Error`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The daemon, or the client's own checks, refused the call with the errno.
+    Refused,
+    /// The device is gone: the daemon exited (or closed the connection), the context saw
+    /// `IBV_EVENT_DEVICE_FATAL`, and every verb on it fails with `EIO` except the ones that
+    /// destroy objects, which succeed so the program can clean up (docs/dropin.md, "When the
+    /// daemon dies"). Open a new [`Context`](crate::Context) once a daemon runs again.
+    DeviceFatal,
+}
+
+fn kind_text(k: ErrorKind) -> &'static str {
+    match k {
+        ErrorKind::Refused => "",
+        ErrorKind::DeviceFatal => "device fatal error, the daemon is gone: ",
+    }
 }
 
 impl Error {
     /// An error of `op` with `errno`.
     pub fn new(op: &'static str, errno: i32) -> Error {
-        Error { op, errno }
+        Error {
+            op,
+            errno,
+            kind: ErrorKind::Refused,
+        }
+    }
+
+    /// `op` failed because the device is gone (errno `EIO`).
+    pub fn device_fatal(op: &'static str) -> Error {
+        Error {
+            op,
+            errno: errno::EIO,
+            kind: ErrorKind::DeviceFatal,
+        }
     }
 
     /// The errno.
@@ -46,6 +81,16 @@ impl Error {
     /// The operation that failed.
     pub fn op(&self) -> &'static str {
         self.op
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// Whether the device is gone ([`ErrorKind::DeviceFatal`]).
+    pub fn is_device_fatal(&self) -> bool {
+        self.kind == ErrorKind::DeviceFatal
     }
 
     pub(crate) fn from_io(op: &'static str, e: &std::io::Error) -> Error {
@@ -98,6 +143,13 @@ mod tests {
         let e = Error::new("connect", errno::ECONNREFUSED);
         assert_eq!(e.to_string(), "connect: Connection refused (errno 111)");
         assert_eq!(Error::proto("query_qp").errno(), errno::EPROTO);
+        let e = Error::device_fatal("alloc_pd");
+        assert_eq!((e.errno(), e.kind()), (errno::EIO, ErrorKind::DeviceFatal));
+        assert!(e.is_device_fatal() && !Error::new("alloc_pd", errno::EIO).is_device_fatal());
+        assert_eq!(
+            e.to_string(),
+            "alloc_pd: device fatal error, the daemon is gone: Input/output error (errno 5)"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 use softverbs_abi::msg::{BlobResp, Cmd, StatusResp, NO_DEVICE};
 use softverbs_ipc as ipc;
 
-use crate::conn::{connect_socket, default_socket_path, hello, Conn};
+use crate::conn::{connect_socket, connect_socket_with, default_socket_path, hello, Conn};
 use crate::context::{list_devices, DeviceInfo};
 use crate::error::{Error, Result};
 
@@ -35,6 +35,14 @@ pub struct Status {
     pub cqs: u32,
     /// MRs.
     pub mrs: u32,
+    /// Data-path rounds run (ABI 6; 0 from an older daemon).
+    pub dp_rounds: u64,
+    /// QP ring visits over all rounds (a QP's send and receive ring count once).
+    pub dp_qp_visits: u64,
+    /// The most QPs visited in one round: bounded by the QPs with work, not by all QPs.
+    pub dp_max_qp_visits: u32,
+    /// QPs queued for the next round.
+    pub dp_queued_qps: u32,
 }
 
 /// A connection to the daemon with no device opened: for devices, status and resources.
@@ -49,9 +57,17 @@ impl Introspect {
         Introspect::connect_at(&default_socket_path())
     }
 
-    /// Connects to the daemon at `path`.
+    /// Connects to the daemon at `path` (starting it if needed, as [`connect_socket`] does).
     pub fn connect_at(path: &Path) -> Result<Introspect> {
         let (conn, _fds) = hello(connect_socket(path)?, NO_DEVICE)?;
+        Ok(Introspect { conn })
+    }
+
+    /// Connects to a daemon already serving `path`, never starting one: looking inside a
+    /// daemon that is not running must not start it. With none, fails with op `"connect"`
+    /// and `ENOENT` (no socket) or `ECONNREFUSED` (a socket nobody serves).
+    pub fn connect_running(path: &Path) -> Result<Introspect> {
+        let (conn, _fds) = hello(connect_socket_with(path, false)?, NO_DEVICE)?;
         Ok(Introspect { conn })
     }
 
@@ -80,6 +96,10 @@ impl Introspect {
             srqs: r.srqs.get(),
             cqs: r.cqs.get(),
             mrs: r.mrs.get(),
+            dp_rounds: r.dp_rounds.get(),
+            dp_qp_visits: r.dp_qp_visits.get(),
+            dp_max_qp_visits: r.dp_max_qp_visits.get(),
+            dp_queued_qps: r.dp_queued_qps.get(),
         })
     }
 

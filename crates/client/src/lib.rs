@@ -51,6 +51,13 @@
 //! refused call is an [`Error`] carrying the errno the daemon answered, the same value a C
 //! caller of rdma-core would see.
 //!
+//! When the daemon dies (or closes the connection) the device is gone, as a NIC that fails
+//! is: the context's async events yield one [`EventType::DeviceFatal`], outstanding work on
+//! its ring queues completes with [`WcStatus::WrFlushErr`], calls blocked on its events
+//! return, later calls fail with [`ErrorKind::DeviceFatal`] (`EIO`), and destroying objects
+//! still succeeds; a new [`Context`] works once a daemon serves again (docs/dropin.md, "When
+//! the daemon dies").
+//!
 //! ```no_run
 //! use softverbs::{Access, Context, Op, QpInit, QpType, SendWork};
 //!
@@ -80,6 +87,8 @@ mod convert;
 mod datapath;
 mod error;
 mod event;
+mod fatal;
+mod flush;
 mod introspect;
 mod objects;
 mod rings;
@@ -92,7 +101,7 @@ pub use buffer::{BorrowedMr, Buf, OwnedMr, Remote};
 pub use conn::{connect_socket, connect_socket_with, default_socket_path};
 pub use context::{devices, Context, DeviceInfo, PortInfo};
 pub use datapath::{CompChannel, SendRequest, UdAddress};
-pub use error::{errno, Error, Result};
+pub use error::{errno, Error, ErrorKind, Result};
 pub use event::{AsyncEvent, Element};
 pub use introspect::{resources_json, status, Introspect, Status};
 pub use objects::{Ah, Cq, Mr, Pd, Qp, QpInit, QpQuery, Srq};

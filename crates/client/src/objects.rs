@@ -90,13 +90,18 @@ impl Context {
         let r: CreateCqResp = self
             .conn
             .call("create_cq", Cmd::CreateCq, mask, req.as_bytes())?;
-        let ring = crate::rings::map_cq(self, r.handle.get());
+        let ring = crate::rings::map_cq(self, r.handle.get()).map_err(|e| {
+            let _ = destroy_events(self, "destroy_cq", Cmd::DestroyCq, r.handle.get());
+            Error::new("create_cq", e.errno())
+        })?;
         Ok(Cq {
             ctx: self,
             handle: r.handle.get(),
             cqe: AtomicU32::new(r.cqe.get()),
             ring,
             outgrown: std::sync::atomic::AtomicBool::new(false),
+            channel,
+            flushed: std::sync::Mutex::new(None),
         })
     }
 
@@ -128,7 +133,10 @@ impl Context {
             create_flags: init.create_flags,
         };
         let r = create.send(self, OP)?;
-        let rings = crate::rings::map_qp(self, r.handle.get());
+        let rings = crate::rings::map_qp(self, r.handle.get()).map_err(|e| {
+            let _ = destroy_events(self, "destroy_qp", Cmd::DestroyQp, r.handle.get());
+            Error::new(OP, e.errno())
+        })?;
         let rq_count = rings
             .as_ref()
             .is_some_and(|m| m.lock().unwrap_or_else(|e| e.into_inner()).rq.is_some())
@@ -140,6 +148,21 @@ impl Context {
                     .insert(r.qpn.get(), c.clone());
                 c
             });
+        if let Some(rings) = &rings {
+            self.ring_qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(
+                    r.handle.get(),
+                    crate::flush::RingQp {
+                        qpn: r.qpn.get(),
+                        send_cq: create.send_cq,
+                        recv_cq: create.recv_cq,
+                        rings: rings.clone(),
+                        rq_count: rq_count.clone(),
+                    },
+                );
+        }
         Ok(Qp {
             ctx: self,
             handle: r.handle.get(),
@@ -325,10 +348,14 @@ impl<'c> Pd<'c> {
             .ctx
             .conn
             .call("create_srq", Cmd::CreateSrq, 0, req.as_bytes())?;
+        let ring = crate::rings::map_srq(self.ctx, r.handle.get()).map_err(|e| {
+            let _ = destroy_events(self.ctx, "destroy_srq", Cmd::DestroySrq, r.handle.get());
+            Error::new("create_srq", e.errno())
+        })?;
         Ok(Srq {
             ctx: self.ctx,
             handle: r.handle.get(),
-            ring: crate::rings::map_srq(self.ctx, r.handle.get()),
+            ring,
             max_sge: r.max_sge.get(),
             pd: self.handle,
             _deps: PhantomData,
@@ -453,6 +480,13 @@ pub struct Cq<'c> {
     pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Consumer>>,
     /// Resized beyond the ring's capacity: after the ring, completions come by command.
     pub(crate) outgrown: std::sync::atomic::AtomicBool,
+    /// The completion channel's handle.
+    pub(crate) channel: Option<u32>,
+    /// After the device went: the flush completions not yet polled (`None` until the first
+    /// poll that found the ring drained collected them).
+    pub(crate) flushed: std::sync::Mutex<
+        Option<std::collections::VecDeque<softverbs_transport::wr::WorkCompletion>>,
+    >,
 }
 
 impl Cq<'_> {
@@ -495,12 +529,24 @@ impl Cq<'_> {
     /// `ibv_destroy_cq`; returns the events reported for it.
     pub fn destroy(self) -> Result<u32> {
         let this = ManuallyDrop::new(self);
+        this.disarm();
         destroy_events(this.ctx, "destroy_cq", Cmd::DestroyCq, this.handle)
+    }
+
+    fn disarm(&self) {
+        if self.channel.is_some() {
+            self.ctx
+                .armed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.handle);
+        }
     }
 }
 
 impl Drop for Cq<'_> {
     fn drop(&mut self) {
+        self.disarm();
         let _ = destroy_events(self.ctx, "destroy_cq", Cmd::DestroyCq, self.handle);
     }
 }
@@ -723,7 +769,7 @@ pub struct Qp<'a> {
     qp_type: QpType,
     cap: QpCap,
     /// The work queues in shared memory, when the daemon mapped them.
-    pub(crate) rings: Option<std::sync::Mutex<crate::rings::QpRings>>,
+    pub(crate) rings: Option<std::sync::Arc<std::sync::Mutex<crate::rings::QpRings>>>,
     /// Receive requests outstanding, when the receive queue is a ring.
     pub(crate) rq_count: Option<crate::context::RqCount>,
     /// Last state set through [`modify`](Qp::modify), for checking posts locally.
@@ -790,6 +836,13 @@ impl Qp<'_> {
     }
 
     fn forget_rq_count(&self) {
+        if self.rings.is_some() {
+            self.ctx
+                .ring_qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&self.handle);
+        }
         if self.rq_count.is_some() {
             self.ctx
                 .rq_outstanding

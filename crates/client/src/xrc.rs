@@ -204,10 +204,19 @@ impl<'c> Xrcd<'c> {
             .ctx
             .conn
             .call(OP, Cmd::CreateXrcSrq, 0, req.as_bytes())?;
+        let ring = crate::rings::map_srq(self.ctx, r.handle.get()).map_err(|e| {
+            let _ = crate::objects::destroy_events(
+                self.ctx,
+                "destroy_srq",
+                Cmd::DestroySrq,
+                r.handle.get(),
+            );
+            Error::new(OP, e.errno())
+        })?;
         Ok(Srq {
             ctx: self.ctx,
             handle: r.handle.get(),
-            ring: crate::rings::map_srq(self.ctx, r.handle.get()),
+            ring,
             max_sge: r.max_sge.get(),
             pd: pd.handle,
             _deps: PhantomData,

@@ -5,7 +5,7 @@
 //! rules — an XRC domain by file identity, and an XRC receive QP by number inside a domain
 //! the caller has open. Everything else answers "invalid handle" whatever value is guessed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +14,7 @@ use crate::device::Device;
 use crate::error::{Error, ObjectKind, Result};
 use crate::event::{AsyncEvent, EventElement, EventQueue};
 use crate::ids::{CtxId, FileId, Handle, NumberPool, XrcdId};
+use crate::limits::{Limits, Ring, Usage};
 use crate::types::{Access, MAX_24BIT};
 
 /// Who is on the other end of a context: filled in by the daemon from `SO_PEERCRED` and
@@ -125,6 +126,12 @@ pub(crate) struct Context {
     /// made through. One per QP per context, however often the context registers.
     pub(crate) xrc_regs: HashMap<u32, Handle>,
     pub(crate) events: EventQueue,
+    /// What the context is charged with (docs/limits.md).
+    pub(crate) usage: Usage,
+    /// Rings the daemon made for the context's objects, and their sizes.
+    pub(crate) rings: HashMap<Ring, u64>,
+    /// MRs the daemon reaches through a mapping of their memory (shared MRs).
+    pub(crate) mapped_mrs: HashSet<Handle>,
 }
 
 impl Context {
@@ -269,6 +276,10 @@ pub struct Core {
     pub(crate) srq_routes: HashMap<u32, (CtxId, Handle)>,
     pub(crate) keys: NumberPool,
     pub(crate) key_routes: HashMap<u32, (CtxId, Handle)>,
+    pub(crate) limits: Limits,
+    /// What each uid's contexts use together (uids using nothing have no entry).
+    pub(crate) uid_usage: HashMap<u32, Usage>,
+    pub(crate) daemon_usage: Usage,
 }
 
 /// First QP number handed out: 0 and 1 are the special QPs of IBA 3.5.11 (SMI, GSI).
@@ -295,6 +306,9 @@ impl Core {
             srq_routes: HashMap::new(),
             keys: NumberPool::new(1, u32::MAX),
             key_routes: HashMap::new(),
+            limits: Limits::unlimited(),
+            uid_usage: HashMap::new(),
+            daemon_usage: Usage::default(),
         }
     }
 
@@ -303,11 +317,13 @@ impl Core {
         &self.devices
     }
 
-    /// Opens a context on device `device` for a client (`ibv_open_device`).
+    /// Opens a context on device `device` for a client (`ibv_open_device`). Fails with
+    /// [`Error::OverLimit`] when the client's uid has its limit of contexts open.
     pub fn open_context(&mut self, device: usize, info: ContextInfo) -> Result<CtxId> {
         if device >= self.devices.len() {
             return Err(Error::InvalidHandle(ObjectKind::Device));
         }
+        self.admit_new_context(info.uid)?;
         let id = CtxId(self.next_ctx);
         self.next_ctx += 1;
         self.contexts.insert(
@@ -324,8 +340,12 @@ impl Core {
                 xrcds: HashMap::new(),
                 xrc_regs: HashMap::new(),
                 events: EventQueue::default(),
+                usage: Usage::default(),
+                rings: HashMap::new(),
+                mapped_mrs: HashSet::new(),
             },
         );
+        self.add_usage(id, crate::limits::Resource::Contexts, 1);
         Ok(id)
     }
 
@@ -356,6 +376,7 @@ impl Core {
             .remove(&ctx)
             .ok_or(Error::InvalidHandle(ObjectKind::Context))?;
         let dev = c.device;
+        self.release_context_usage(c.info.uid, &c.usage);
         let mut held: Vec<(u32, HolderRef)> = c
             .xrc_regs
             .keys()

@@ -90,6 +90,14 @@ pub enum Error {
     /// A device limit was reached (`ENOMEM`, as drivers answer when a table is full).
     #[error("out of resources: {0}")]
     NoResources(&'static str),
+    /// The request would take the context, its uid or the daemon past a limit
+    /// (`ENOMEM`, as `ibv_reg_mr` past `RLIMIT_MEMLOCK`; docs/limits.md).
+    #[error("{} limit of {} {} reached", scope.name(), limit, resource.name())]
+    OverLimit {
+        resource: crate::limits::Resource,
+        scope: crate::limits::Scope,
+        limit: u64,
+    },
 }
 
 impl Error {
@@ -112,7 +120,7 @@ impl Error {
             Error::UnknownAttributes(_)
             | Error::UnsupportedCompMask(_)
             | Error::NotSupported(_) => errno::EOPNOTSUPP,
-            Error::NoResources(_) => errno::ENOMEM,
+            Error::NoResources(_) | Error::OverLimit { .. } => errno::ENOMEM,
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod errno;
 pub mod error;
 pub mod event;
 pub mod ids;
+pub mod limits;
 pub mod objects;
 pub mod qp;
 pub mod qp_state;

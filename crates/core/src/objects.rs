@@ -10,6 +10,7 @@ use crate::core::{Ah, Core, Cq, Mr, Pd, Srq, SrqKind};
 use crate::device::Device;
 use crate::error::{Error, ObjectKind, Result};
 use crate::ids::{CtxId, Handle};
+use crate::limits::{Resource, Ring};
 use crate::types::Access;
 
 /// What `reg_mr` returns.
@@ -59,9 +60,11 @@ impl Core {
         if self.usage[dev].pds >= self.devices[dev].attr.max_pd {
             return Err(Error::NoResources("max_pd"));
         }
+        self.admit(ctx, Resource::Pds, 1)?;
         let h = self.new_handle(ctx)?;
         self.ctx_mut(ctx)?.pds.insert(h, Pd::default());
         self.usage[dev].pds += 1;
+        self.add_usage(ctx, Resource::Pds, 1);
         Ok(h)
     }
 
@@ -75,6 +78,7 @@ impl Core {
         c.pds.remove(&pd);
         let dev = c.device;
         self.usage[dev].pds -= 1;
+        self.uncharge(ctx, Resource::Pds, 1);
         Ok(())
     }
 
@@ -101,6 +105,8 @@ impl Core {
         if self.usage[dev].mrs >= self.devices[dev].attr.max_mr {
             return Err(Error::NoResources("max_mr"));
         }
+        self.admit(ctx, Resource::Mrs, 1)?;
+        self.admit(ctx, Resource::RegisteredBytes, length)?;
         let key = self.keys.alloc().ok_or(Error::NoResources("memory keys"))?;
         let h = self.new_handle(ctx)?;
         let c = self.ctx_mut(ctx)?;
@@ -118,6 +124,8 @@ impl Core {
         c.pds.get_mut(&pd).expect("checked above").usecnt += 1;
         self.key_routes.insert(key, (ctx, h));
         self.usage[dev].mrs += 1;
+        self.add_usage(ctx, Resource::Mrs, 1);
+        self.add_usage(ctx, Resource::RegisteredBytes, length);
         Ok(MrKeys {
             handle: h,
             lkey: key,
@@ -145,6 +153,14 @@ impl Core {
         let access = access.unwrap_or(m.access);
         let (addr, length, iova) = range.unwrap_or((m.addr, m.length, m.iova));
         check_mr(&self.devices[c.device], addr, length, iova, access)?;
+        let old_length = m.length;
+        self.admit(
+            ctx,
+            Resource::RegisteredBytes,
+            length.saturating_sub(old_length),
+        )?;
+        self.uncharge(ctx, Resource::RegisteredBytes, old_length);
+        self.add_usage(ctx, Resource::RegisteredBytes, length);
         let c = self.ctx_mut(ctx)?;
         let m = c.mrs.get_mut(&mr).expect("checked above");
         let old_pd = m.pd;
@@ -185,6 +201,11 @@ impl Core {
         self.key_routes.remove(&m.key);
         self.keys.free(m.key);
         self.usage[dev].mrs -= 1;
+        self.uncharge(ctx, Resource::Mrs, 1);
+        self.uncharge(ctx, Resource::RegisteredBytes, m.length);
+        if self.ctx_mut(ctx)?.mapped_mrs.remove(&mr) {
+            self.uncharge(ctx, Resource::Mappings, 1);
+        }
         Ok(())
     }
 
@@ -202,6 +223,7 @@ impl Core {
         if self.usage[dev].cqs >= attr.max_cq {
             return Err(Error::NoResources("max_cq"));
         }
+        self.admit(ctx, Resource::Cqs, 1)?;
         let h = self.new_handle(ctx)?;
         self.ctx_mut(ctx)?.cqs.insert(
             h,
@@ -213,6 +235,7 @@ impl Core {
             },
         );
         self.usage[dev].cqs += 1;
+        self.add_usage(ctx, Resource::Cqs, 1);
         Ok((h, cqe))
     }
 
@@ -254,6 +277,8 @@ impl Core {
         c.events.purge(crate::event::EventElement::Cq(cq));
         let dev = c.device;
         self.usage[dev].cqs -= 1;
+        self.uncharge(ctx, Resource::Cqs, 1);
+        self.detach_ring(ctx, Ring::Cq(cq));
         Ok(q.events_reported)
     }
 
@@ -268,11 +293,13 @@ impl Core {
         if self.usage[dev].ahs >= self.devices[dev].attr.max_ah {
             return Err(Error::NoResources("max_ah"));
         }
+        self.admit(ctx, Resource::Ahs, 1)?;
         let h = self.new_handle(ctx)?;
         let c = self.ctx_mut(ctx)?;
         c.ahs.insert(h, Ah { pd, attr });
         c.pds.get_mut(&pd).expect("checked above").usecnt += 1;
         self.usage[dev].ahs += 1;
+        self.add_usage(ctx, Resource::Ahs, 1);
         Ok(h)
     }
 
@@ -288,6 +315,7 @@ impl Core {
         }
         let dev = c.device;
         self.usage[dev].ahs -= 1;
+        self.uncharge(ctx, Resource::Ahs, 1);
         Ok(())
     }
 
@@ -326,6 +354,7 @@ impl Core {
         if self.usage[dev].srqs >= self.devices[dev].attr.max_srq {
             return Err(Error::NoResources("max_srq"));
         }
+        self.admit(ctx, Resource::Srqs, 1)?;
         let h = self.new_handle(ctx)?;
         let c = self.ctx_mut(ctx)?;
         c.srqs.insert(
@@ -340,6 +369,7 @@ impl Core {
         );
         c.pds.get_mut(&pd).expect("checked above").usecnt += 1;
         self.usage[dev].srqs += 1;
+        self.add_usage(ctx, Resource::Srqs, 1);
         Ok(SrqCreated {
             handle: h,
             attr,
@@ -382,6 +412,7 @@ impl Core {
         if self.usage[dev].srqs >= self.devices[dev].attr.max_srq {
             return Err(Error::NoResources("max_srq"));
         }
+        self.admit(ctx, Resource::Srqs, 1)?;
         let srqn = self
             .srqns
             .alloc()
@@ -412,6 +443,7 @@ impl Core {
             .srqs += 1;
         self.srq_routes.insert(srqn, (ctx, h));
         self.usage[dev].srqs += 1;
+        self.add_usage(ctx, Resource::Srqs, 1);
         Ok(SrqCreated {
             handle: h,
             attr,
@@ -515,6 +547,8 @@ impl Core {
             self.release_xrcd_count(xrcd, |x| x.srqs -= 1);
         }
         self.usage[dev].srqs -= 1;
+        self.uncharge(ctx, Resource::Srqs, 1);
+        self.detach_ring(ctx, Ring::Srq(srq));
         Ok(s.events_reported)
     }
 }

@@ -10,6 +10,7 @@ use crate::device::Device;
 use crate::error::{Error, ObjectKind, Result};
 use crate::event::EventElement;
 use crate::ids::{CtxId, Handle};
+use crate::limits::{Resource, Ring};
 use crate::objects::check_ah;
 use crate::qp_state::{check_transition, strip_for_uverbs};
 use crate::types::{Access, AttrMask as M, QpState, QpType, MAX_24BIT};
@@ -311,6 +312,7 @@ impl Core {
         if self.usage[dev_idx].qps >= dev.attr.max_qp {
             return Err(Error::NoResources("max_qp"));
         }
+        self.admit(ctx, Resource::Qps, 1)?;
         let qpn = self.qpns.alloc().ok_or(Error::NoResources("QP numbers"))?;
         let handle = self.new_handle(ctx)?;
         let c = self.ctx_mut(ctx)?;
@@ -343,6 +345,7 @@ impl Core {
         c.qps.insert(handle, QpEntry::Owned(Box::new(qp)));
         self.qp_routes.insert(qpn, QpRoute::Owned { ctx, handle });
         self.usage[dev_idx].qps += 1;
+        self.add_usage(ctx, Resource::Qps, 1);
         Ok(QpCreated { handle, qpn, cap })
     }
 
@@ -425,6 +428,8 @@ impl Core {
                 self.qp_routes.remove(&q.qpn);
                 self.qpns.free(q.qpn);
                 self.usage[dev].qps -= 1;
+                self.uncharge(ctx, Resource::Qps, 1);
+                self.detach_ring(ctx, Ring::Qp(qp));
                 Ok(q.events_reported)
             }
             QpEntry::XrcRecv { qpn, xrcd_handle } => {

@@ -96,6 +96,9 @@ pub struct Resources {
     pub cqs: Vec<CqRow>,
     pub qps: Vec<QpRow>,
     pub xrc_recv_qps: Vec<XrcRecvRow>,
+    /// Every resource's limits and use (docs/limits.md); empty from older daemons.
+    #[serde(default)]
+    pub limits: Vec<crate::limits::LimitRow>,
 }
 
 impl Core {
@@ -108,6 +111,7 @@ impl Core {
             cqs: Vec::new(),
             qps: Vec::new(),
             xrc_recv_qps: Vec::new(),
+            limits: self.limit_rows(),
         };
         for (&ctx, c) in &self.contexts {
             let pid = c.info.pid;

@@ -23,6 +23,7 @@ use crate::core::{Core, Holder, HolderKey, HolderKind, HolderRef, QpEntry, QpRou
 use crate::error::{Error, Result};
 use crate::event::{AsyncEvent, EventElement};
 use crate::ids::{CtxId, Handle, XrcdId};
+use crate::limits::Resource;
 use crate::qp::{modify_attr, QpQuery};
 use crate::types::{AttrMask, EventType, QpState, QpType};
 
@@ -83,6 +84,8 @@ impl Core {
         if self.usage[dev].qps >= self.devices[dev].attr.max_qp {
             return Err(Error::NoResources("max_qp"));
         }
+        // The creator's first holder is charged as one of its QPs.
+        self.admit(ctx, Resource::Qps, 1)?;
         let qpn = self.qpns.alloc().ok_or(Error::NoResources("QP numbers"))?;
         self.tgt_qps.insert(
             qpn,
@@ -125,6 +128,7 @@ impl Core {
                 c.qps.insert(h, QpEntry::XrcRecv { qpn, xrcd_handle });
             }
         }
+        self.add_usage(ctx, Resource::Qps, 1);
         self.holders.insert(
             HolderKey { qpn, ctx, via },
             Holder {
@@ -162,6 +166,7 @@ impl Core {
                 }
             }
         }
+        self.uncharge(ctx, Resource::Qps, 1);
         self.release_holder(qpn, ctx, via)
     }
 
@@ -223,6 +228,7 @@ impl Core {
             return Err(Error::InvalidArgument("only XRC receive QPs can be opened"));
         }
         self.tgt_in_domain(ctx, xrcd_handle, qpn)?;
+        self.admit(ctx, Resource::Qps, 1)?;
         let h = self.new_handle(ctx)?;
         self.add_holder(
             ctx,
@@ -258,6 +264,7 @@ impl Core {
         if self.ctx(ctx)?.xrc_regs.contains_key(&qpn) {
             return Ok(());
         }
+        self.admit(ctx, Resource::Qps, 1)?;
         self.add_holder(
             ctx,
             qpn,

@@ -7,6 +7,7 @@ use crate::core::{Core, Xrcd, XrcdHandle};
 use crate::errno::{O_CREAT, O_EXCL};
 use crate::error::{Error, ObjectKind, Result};
 use crate::ids::{CtxId, FileId, Handle, XrcdId};
+use crate::limits::Resource;
 
 /// What `open_xrcd` returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +34,7 @@ impl Core {
         oflags: u32,
     ) -> Result<XrcdOpened> {
         let dev = self.ctx(ctx)?.device;
+        self.admit(ctx, Resource::Xrcds, 1)?;
         let existing = file.and_then(|f| self.xrcd_by_file.get(&(dev, f)).copied());
         let (xrcd, created) = match (existing, file) {
             (Some(_), _) if oflags & O_EXCL != 0 => return Err(Error::XrcdExists),
@@ -65,6 +67,7 @@ impl Core {
         self.ctx_mut(ctx)?
             .xrcds
             .insert(handle, XrcdHandle { xrcd, refcnt: 0 });
+        self.add_usage(ctx, Resource::Xrcds, 1);
         Ok(XrcdOpened {
             handle,
             xrcd,
@@ -89,6 +92,7 @@ impl Core {
         }
         let xrcd = h.xrcd;
         c.xrcds.remove(&xrcd_handle);
+        self.uncharge(ctx, Resource::Xrcds, 1);
         self.release_xrcd_count(xrcd, |x| x.opens -= 1);
         Ok(())
     }

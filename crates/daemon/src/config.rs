@@ -1,9 +1,11 @@
-//! Daemon configuration: the socket, the devices it offers and the ABI level it speaks.
+//! Daemon configuration: the socket, the devices it offers, the ABI level it speaks and the
+//! limits it holds clients to.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use softverbs_core::device::Device;
+use softverbs_core::limits::{Budget, Limits};
 use softverbs_core::types::Mtu;
 
 /// One device to offer: a name and the IP addresses whose RoCE v2 GIDs fill its port's table.
@@ -46,6 +48,8 @@ pub struct Config {
     pub abi_version: u32,
     /// The devices' network side (UDP binding, fault injection, capture).
     pub net: crate::datapath::NetOptions,
+    /// What one context, one uid and the daemon may use (docs/limits.md).
+    pub limits: Limits,
 }
 
 impl Config {
@@ -63,6 +67,7 @@ impl Config {
                 faults: None,
                 capture_dir: None,
             },
+            limits: Limits::for_budget(&host_budget()),
         }
     }
 
@@ -89,5 +94,29 @@ impl Config {
                 Device::roce(&d.name, guid, &d.ips, Mtu::M4096)
             })
             .collect()
+    }
+}
+
+/// The budget of a daemon on this host: the kernel's `vm.max_map_count`, physical memory and
+/// this process's `RLIMIT_NOFILE`; a value that cannot be read takes the kernel's default
+/// (65530 mappings, 1024 descriptors) or 1 GiB.
+pub fn host_budget() -> Budget {
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let max_map_count = read("/proc/sys/vm/max_map_count")
+        .trim()
+        .parse()
+        .unwrap_or(65530);
+    let mem_total = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(1 << 30, |kib| kib * 1024);
+    let max_fds = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(1024);
+    Budget {
+        max_map_count,
+        mem_total,
+        max_fds,
     }
 }

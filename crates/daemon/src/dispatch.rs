@@ -14,10 +14,12 @@ use softverbs_abi::msg::*;
 use softverbs_abi::MIN_ABI_VERSION;
 use softverbs_core::attr::{AhAttr, QpAttr, QpInitAttr, SrqAttr};
 use softverbs_core::ids::{CtxId, FileId, Handle};
+use softverbs_core::limits::{Resource, Ring};
 use softverbs_core::qp::QpQuery;
 use softverbs_core::types::{Access, AttrMask, EventType, QpType};
 use softverbs_core::{ContextInfo, Core, Error};
 use softverbs_ipc::PeerCred;
+use softverbs_memaccess::ProcessMemory;
 
 use crate::datapath::{DataPath, NetOptions};
 use zerocopy::little_endian::{U16, U32, U64};
@@ -53,6 +55,12 @@ pub struct Session {
     pub phase: Phase,
     /// The daemon's end of the async-event eventfd.
     pub eventfd: Option<OwnedFd>,
+    /// The process that sent the request being handled (`SCM_CREDENTIALS`), set by the
+    /// server before each [`Dispatcher::handle`]; `None` when the kernel did not say.
+    pub sender_pid: Option<u32>,
+    /// The process that opened the context (sent `Hello`), whose memory the context's
+    /// memory descriptor is. Only it may register memory (see [`Dispatcher::handle`]).
+    pub opener_pid: Option<u32>,
 }
 
 impl Session {
@@ -63,7 +71,14 @@ impl Session {
             comm,
             phase: Phase::New,
             eventfd: None,
+            sender_pid: None,
+            opener_pid: None,
         }
+    }
+
+    /// The sender of the current request: what the kernel said, else the connecting process.
+    fn sender(&self) -> u32 {
+        self.sender_pid.unwrap_or(self.cred.pid)
     }
 
     /// The open context, if any.
@@ -188,8 +203,9 @@ impl Dispatcher {
         woken: &mut Vec<CtxId>,
     ) -> Reply {
         let abi = self.abi;
-        // Only OpenXrcd and RegMr (a memfd of the range) take a descriptor, and only one.
-        if !matches!(req.cmd, Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
+        // Only Hello (the client's memory), OpenXrcd and RegMr (a memfd of the range) take a
+        // descriptor, and only one.
+        if !matches!(req.cmd, Cmd::Hello | Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
             return Err(EINVAL);
         }
         if matches!(
@@ -219,7 +235,8 @@ impl Dispatcher {
         }
         match (req.cmd, s.phase) {
             (Cmd::Hello, Phase::New) => {
-                return self.hello(s, req.body(abi).map_err(|e| e.errno())?)
+                let body = req.body(abi).map_err(|e| e.errno())?;
+                return self.hello(s, body, req.comp_mask, fds);
             }
             (Cmd::Hello, _) => return Err(EINVAL),
             (_, Phase::New) => return Err(EINVAL),
@@ -236,6 +253,14 @@ impl Dispatcher {
             (_, Phase::Context(_)) => {}
         }
         let ctx = s.ctx().expect("phase checked above");
+        if registers_memory(req) && s.opener_pid != Some(s.sender()) {
+            // The context's memory descriptor is the opener's address space: a process that
+            // inherited or was handed the connection (a fork child) must not get memory of
+            // the opener registered in its name. It opens its own context instead.
+            // (Equal numbers from two processes mean the opener is dead and reaped, and its
+            // descriptor reaches nothing.)
+            return Err(EPERM);
+        }
         if let Some(r) = self.data_command(ctx, req, woken) {
             return r;
         }
@@ -757,6 +782,13 @@ impl Dispatcher {
             Cmd::RegMr => {
                 let q: RegMrReq = req.body(abi).map_err(|e| e.errno())?;
                 let r = RegMrResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
+                // A shared MR is one more mapping of the daemon's, charged to the context.
+                if mr_fd.is_some() {
+                    if let Err(e) = core.set_mr_mapped(ctx, handle_of(r.handle), true) {
+                        let _ = core.dereg_mr(ctx, handle_of(r.handle));
+                        return Err(core_err(e));
+                    }
+                }
                 if let Err(e) = dp.mr_registered(
                     ctx,
                     handle_of(r.handle),
@@ -779,6 +811,7 @@ impl Dispatcher {
                     // The shared mapping of the old range (if any) no longer backs the MR;
                     // the new range is reached the ordinary way.
                     dp.mr_deregistered(ctx, handle_of(r.handle));
+                    let _ = core.set_mr_mapped(ctx, handle_of(r.handle), false);
                 }
             }
             Cmd::CreateQp => {
@@ -833,21 +866,29 @@ impl Dispatcher {
             Cmd::PostSend => self.post_send(ctx, req),
             Cmd::PostRecv | Cmd::PostSrqRecv => self.post_recv(ctx, req),
             Cmd::PollCq => self.poll_cq(ctx, req),
-            Cmd::CreateCompChannel => match self.dp.create_channel(ctx) {
-                Ok((h, fd)) => Ok((
-                    HandleResp {
-                        handle: U32::new(h),
+            // A channel is an eventfd of the daemon's: charged to the context.
+            Cmd::CreateCompChannel => match self.core.charge(ctx, Resource::Channels, 1) {
+                Err(e) => Err(core_err(e)),
+                Ok(()) => match self.dp.create_channel(ctx) {
+                    Ok((h, fd)) => Ok((
+                        HandleResp {
+                            handle: U32::new(h),
+                        }
+                        .as_bytes()
+                        .to_vec(),
+                        vec![fd],
+                    )),
+                    Err(_) => {
+                        self.core.uncharge(ctx, Resource::Channels, 1);
+                        Err(ENOMEM)
                     }
-                    .as_bytes()
-                    .to_vec(),
-                    vec![fd],
-                )),
-                Err(_) => Err(ENOMEM),
+                },
             },
             Cmd::DestroyCompChannel => req
                 .body::<HandleReq>(self.abi)
                 .map_err(|e| e.errno())
                 .and_then(|r| self.dp.destroy_channel(ctx, r.handle.get()))
+                .map(|()| self.core.uncharge(ctx, Resource::Channels, 1))
                 .and_then(|()| empty()),
             Cmd::ReqNotifyCq => req
                 .body::<ReqNotifyCqReq>(self.abi)
@@ -868,17 +909,24 @@ impl Dispatcher {
                 let r: Result<MapQueuesReq, i32> = req.body(self.abi).map_err(|e| e.errno());
                 r.and_then(|r| {
                     let h = handle_of(r.handle);
-                    let (resp, fd) = match r.kind.get() {
-                        QUEUES_QP => self.dp.map_qp(&self.core, ctx, h)?,
-                        QUEUES_SRQ => {
-                            self.core.srq_info(ctx, h).ok_or(EINVAL)?;
-                            self.dp.map_srq(ctx, h)?
-                        }
-                        QUEUES_CQ => {
-                            self.core.cq_attr(ctx, h).map_err(core_err)?;
-                            self.dp.map_cq(ctx, h)?
-                        }
+                    let (core, dp) = (&mut self.core, &mut self.dp);
+                    let qp = match r.kind.get() {
+                        QUEUES_QP => Some(core.owned_qp_info(ctx, h).ok_or(EINVAL)?),
+                        QUEUES_SRQ => core.srq_info(ctx, h).map(|_| None).ok_or(EINVAL)?,
+                        QUEUES_CQ => core.cq_attr(ctx, h).map(|_| None).map_err(core_err)?,
+                        QUEUES_READY if self.abi >= 6 && h.0 == 0 => None,
                         _ => return Err(EINVAL),
+                    };
+                    // The ring is charged to the context (ring bytes, one mapping) before the
+                    // data path keeps it; over a limit the client gets ENOMEM.
+                    let admit = |ring: Ring| {
+                        move |len: u64| core.attach_ring(ctx, ring, len).map_err(core_err)
+                    };
+                    let (resp, fd) = match (r.kind.get(), qp) {
+                        (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
+                        (QUEUES_SRQ, _) => dp.map_srq(ctx, h, admit(Ring::Srq(h)))?,
+                        (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready))?,
+                        _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
                     };
                     Ok((resp.as_bytes().to_vec(), vec![fd]))
                 })
@@ -946,9 +994,19 @@ impl Dispatcher {
         ok(resp)
     }
 
-    fn hello(&mut self, s: &mut Session, r: HelloReq) -> Reply {
+    fn hello(
+        &mut self,
+        s: &mut Session,
+        r: HelloReq,
+        comp_mask: u64,
+        mut fds: Vec<OwnedFd>,
+    ) -> Reply {
         if r.abi_version.get() < MIN_ABI_VERSION {
             return Err(EPROTONOSUPPORT);
+        }
+        let with_mem = comp_mask & HELLO_MEM_FD != 0;
+        if fds.len() != usize::from(with_mem) || (with_mem && r.device.get() == NO_DEVICE) {
+            return Err(EINVAL);
         }
         let resp = |ctx_id: u64, n: usize| HelloResp {
             abi_version: U32::new(self.abi),
@@ -962,6 +1020,14 @@ impl Dispatcher {
             s.phase = Phase::Introspect;
             return ok(resp(0, n));
         }
+        let opener = s.sender();
+        let memory = match fds.pop() {
+            Some(fd) => Some(ProcessMemory::validate(fd, opener).map_err(|e| {
+                tracing::info!(pid = opener, "context refused: {e}");
+                e.errno()
+            })?),
+            None => None,
+        };
         // The eventfd first: a context must not exist unless the session records it.
         let efd = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
         let client_end = efd.try_clone().map_err(|_| ENOMEM)?;
@@ -976,7 +1042,8 @@ impl Dispatcher {
             .map_err(core_err)?;
         s.eventfd = Some(efd);
         s.phase = Phase::Context(ctx);
-        self.dp.context_opened(ctx, s.cred.pid);
+        s.opener_pid = Some(opener);
+        self.dp.context_opened(ctx, memory);
         Ok((resp(ctx.0, n).as_bytes().to_vec(), vec![client_end]))
     }
 
@@ -994,6 +1061,7 @@ impl Dispatcher {
 
     fn status(&self) -> Reply {
         let n = self.core.counts();
+        let dp = self.dp.round_stats();
         ok(StatusResp {
             daemon_pid: U32::new(std::process::id()),
             abi_version: U32::new(self.abi),
@@ -1006,6 +1074,10 @@ impl Dispatcher {
             srqs: U32::new(n.srqs as u32),
             cqs: U32::new(n.cqs as u32),
             mrs: U32::new(n.mrs as u32),
+            dp_rounds: U64::new(dp.rounds),
+            dp_qp_visits: U64::new(dp.qp_visits),
+            dp_max_qp_visits: U32::new(dp.max_qp_visits),
+            dp_queued_qps: U32::new(dp.queued_qps),
         })
     }
 
@@ -1058,5 +1130,18 @@ impl Dispatcher {
         ok(InjectEventResp {
             contexts: U32::new(n),
         })
+    }
+}
+
+/// Whether `req` tells the daemon where in the client's address space memory is: `reg_mr`
+/// and `rereg_mr` with a new translation.
+fn registers_memory(req: &Request<'_>) -> bool {
+    match req.cmd {
+        Cmd::RegMr => true,
+        Cmd::ReregMr => <ReregMrReq as zerocopy::FromBytes>::read_from_prefix(req.body)
+            .map_or(true, |(r, _)| {
+                r.flags.get() & REREG_MR_CHANGE_TRANSLATION != 0
+            }),
+        _ => false,
     }
 }

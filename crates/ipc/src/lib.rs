@@ -35,6 +35,9 @@ pub struct Datagram {
     pub fds: Vec<OwnedFd>,
     /// More descriptors were sent than fit (they were closed by the kernel).
     pub fds_truncated: bool,
+    /// The process that sent it (`SCM_CREDENTIALS`, on a socket with [`pass_credentials`];
+    /// `None` otherwise or when the sender is not visible in this pid namespace).
+    pub sender_pid: Option<u32>,
 }
 
 /// Where a daemon listens by default: `$SOFTVERBS_SOCKET`, else
@@ -124,13 +127,23 @@ fn recv_with(
     buf: &mut [u8],
     flags: RecvFlags,
 ) -> Result<Option<Datagram>, Errno> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut space =
+        [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS), ScmCredentials(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg = recvmsg(sock, &mut [IoSliceMut::new(buf)], &mut control, flags)?;
     let mut fds = Vec::new();
+    let mut sender_pid = None;
     for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(rights) = m {
-            fds.extend(rights);
+        match m {
+            RecvAncillaryMessage::ScmRights(rights) => fds.extend(rights),
+            // The kernel fills these in itself for a receiver with SO_PASSCRED (unix(7)); a
+            // sender that sends its own can name only itself, unless it has CAP_SYS_ADMIN
+            // over its pid namespace (then any process of that namespace, all of which it
+            // controls anyway). Pid 0: the sender is not visible in our pid namespace.
+            RecvAncillaryMessage::ScmCredentials(c) => {
+                sender_pid = Some(c.pid.as_raw_nonzero().get() as u32).filter(|&p| p != 0)
+            }
+            _ => {}
         }
     }
     let truncated = msg.flags.contains(ReturnFlags::TRUNC);
@@ -142,7 +155,15 @@ fn recv_with(
         truncated,
         fds,
         fds_truncated: msg.flags.contains(ReturnFlags::CTRUNC),
+        sender_pid,
     }))
+}
+
+/// Asks for the sender's credentials with every message received on `sock` (`SO_PASSCRED`,
+/// unix(7)): [`Datagram::sender_pid`] then names the process that sent each request, which
+/// on a connection inherited across `fork()` need not be the process that connected.
+pub fn pass_credentials(sock: BorrowedFd<'_>) -> std::io::Result<()> {
+    Ok(sockopt::set_socket_passcred(sock, true)?)
 }
 
 /// Credentials of the process at the other end of a Unix socket.
@@ -241,6 +262,55 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout_ms: Option<i32>) -> std::io::Re
     }
 }
 
+/// Sockets watched for their peer going away (`EPOLLRDHUP`/`EPOLLHUP`: closed, or the process
+/// died and the kernel closed its end), each reported once (`EPOLLONESHOT`). Data arriving on
+/// a socket is not an event here, so a watched socket keeps its ordinary request/response use.
+#[derive(Debug)]
+pub struct HangupSet {
+    epoll: OwnedFd,
+}
+
+impl HangupSet {
+    /// An empty set (a close-on-exec epoll instance).
+    pub fn new() -> std::io::Result<HangupSet> {
+        let epoll = rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)?;
+        Ok(HangupSet { epoll })
+    }
+
+    /// Watches `sock`; its hang-up is reported as `key`.
+    pub fn add(&self, sock: BorrowedFd<'_>, key: u64) -> std::io::Result<()> {
+        use rustix::event::epoll::{add, EventData, EventFlags};
+        add(
+            &self.epoll,
+            sock,
+            EventData::new_u64(key),
+            EventFlags::RDHUP | EventFlags::ONESHOT,
+        )?;
+        Ok(())
+    }
+
+    /// Stops watching `sock` (a socket not in the set is no error).
+    pub fn remove(&self, sock: BorrowedFd<'_>) {
+        let _ = rustix::event::epoll::delete(&self.epoll, sock);
+    }
+
+    /// Waits until at least one watched socket hangs up; returns their keys.
+    pub fn wait(&self) -> std::io::Result<Vec<u64>> {
+        let mut events = Vec::with_capacity(16);
+        loop {
+            match rustix::event::epoll::wait(
+                &self.epoll,
+                rustix::buffer::spare_capacity(&mut events),
+                None,
+            ) {
+                Ok(_) => return Ok(events.iter().map(|e| e.data.u64()).collect()),
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +355,34 @@ mod tests {
         assert!(wait_readable(e.as_fd(), Some(0)).unwrap());
         assert!(drain_eventfd(e.as_fd()));
         assert!(!drain_eventfd(e.as_fd()));
+    }
+
+    #[test]
+    fn hangup_set_reports_a_closed_peer_once_and_not_data() {
+        let dir = std::env::temp_dir().join(format!("svipc-hup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        let l = listen_seqpacket(&path).unwrap();
+        let c = connect_seqpacket(&path).unwrap();
+        let s = loop {
+            if let Some(s) = accept(l.as_fd()).unwrap() {
+                break s;
+            }
+        };
+        let set = std::sync::Arc::new(HangupSet::new().unwrap());
+        set.add(c.as_fd(), 7).unwrap();
+        let waiter = {
+            let set = set.clone();
+            std::thread::spawn(move || set.wait().unwrap())
+        };
+        // A datagram for the watched socket is not a hang-up.
+        send(s.as_fd(), b"answer", &[]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!waiter.is_finished(), "data woke the hang-up watch");
+        drop(s);
+        assert_eq!(waiter.join().unwrap(), vec![7]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

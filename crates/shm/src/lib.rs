@@ -6,6 +6,9 @@
 //! ([`RingLayout`], [`Producer`], [`Consumer`]). Posting and polling are plain loads and
 //! stores; a system call happens only when the consumer has gone to sleep and raised the
 //! ring's `need_wakeup` flag, in which case the producer rings a [`Doorbell`] (an eventfd).
+//! A consumer serving many rings visits only those with work: producers announce an owner's
+//! idle → busy transition through its [`WorkFlag`] and a ready ring, which the consumer's
+//! [`ReadySet`] turns into the list of owners to visit.
 //!
 //! Neither side trusts the other: every index read from shared memory is validated, a bad
 //! one is a [`Corrupt`] error, and no value the peer writes can make this side access
@@ -17,6 +20,7 @@
 #[allow(unsafe_code)]
 mod bytes;
 mod doorbell;
+mod ready;
 #[cfg(feature = "tokio")]
 #[allow(unsafe_code)]
 mod reactor;
@@ -26,6 +30,7 @@ mod ring;
 
 pub use bytes::atomic_bytes;
 pub use doorbell::Doorbell;
+pub use ready::{ReadySet, WorkFlag, WORK_FLAG_SIZE};
 #[cfg(feature = "tokio")]
 pub use reactor::register_readable;
 pub use region::{Atom, Region};

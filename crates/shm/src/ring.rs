@@ -344,6 +344,28 @@ impl Producer {
         self.shared.note().load(Ordering::Acquire)
     }
 
+    /// Index of the next entry to write: how many entries this producer has written since the
+    /// ring was initialised (wrapping), staged ones included.
+    pub fn produced(&self) -> u32 {
+        self.tail
+    }
+
+    /// Reads back entry `index`, one this producer wrote and whose slot it has not reused
+    /// since (`produced() - capacity <= index < produced()`); `false` for any other index.
+    /// The bytes are whatever the slot holds now: the consumer only reads slots, so they are
+    /// the entry as written unless the peer scribbled on them.
+    ///
+    /// # Panics
+    /// If `buf.len()` is not the ring's entry size (a caller bug).
+    pub fn read_back(&self, index: u32, buf: &mut [u8]) -> bool {
+        assert_eq!(buf.len(), self.shared.layout.entry_size(), "entry size");
+        if self.tail.wrapping_sub(index).wrapping_sub(1) >= self.capacity() {
+            return false;
+        }
+        self.shared.region.read(self.shared.slot(index), buf);
+        true
+    }
+
     /// Writes one entry into the next slot without making it visible yet; [`publish`]
     /// makes every staged entry visible at once (one release store, one wake-up check).
     ///
@@ -629,6 +651,35 @@ mod tests {
         // The note is not an index: the ring still has all its room and nothing to pop.
         assert_eq!(p.free().unwrap(), 4);
         assert!(!c.pop(&mut buf).unwrap());
+    }
+
+    #[test]
+    fn the_producer_reads_back_what_it_wrote_until_it_reuses_the_slot() {
+        let (mut p, mut c, _r) = ring(4, 16);
+        let mut buf = [0u8; 16];
+        assert_eq!(p.produced(), 0);
+        assert!(!p.read_back(0, &mut buf), "nothing written yet");
+        for i in 0..3 {
+            p.push(&entry(i)).unwrap();
+        }
+        // Consumed or not, an entry stays readable: the consumer only reads slots.
+        assert!(c.pop(&mut buf).unwrap());
+        for i in 0..3u32 {
+            assert!(p.read_back(i, &mut buf));
+            assert_eq!(buf, entry(u64::from(i)));
+        }
+        assert!(!p.read_back(3, &mut buf), "not written yet");
+        // Index 4 reuses slot 0: entry 0 is gone, the last four are readable.
+        assert!(c.pop(&mut buf).unwrap());
+        p.push(&entry(3)).unwrap();
+        p.push(&entry(4)).unwrap();
+        assert_eq!(p.produced(), 5);
+        assert!(!p.read_back(0, &mut buf));
+        assert!(!p.read_back(u32::MAX, &mut buf));
+        for i in 1..5u32 {
+            assert!(p.read_back(i, &mut buf));
+            assert_eq!(buf, entry(u64::from(i)));
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Data-path actors: client processes that move data through the daemon, for the
-//! real-process integration tests (`crates/cli/tests/datapath_processes.rs`).
+//! real-process integration tests (`tests/datapath_processes.rs`).
 //!
 //! Each actor opens its own context, builds its objects, prints a `READY ...` line, and then
 //! follows one command per line on stdin, answering each with one line that starts with `OK`,
@@ -31,7 +31,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// such buffers, read and write them while registered (after the completions they wait
 /// for) and even give one back to the system while its MR lives (`FREE`), to probe the
 /// daemon: they bend the contract of `RawMemory::new` knowingly, in a test process. Moving
-/// them to the owning API (`Pd::alloc_mr`) is left to their move out of this crate.
+/// them to the owning API (`Pd::alloc_mr`) is left to a later change.
 #[allow(unsafe_code)]
 fn raw_memory(addr: u64, len: usize) -> softverbs::RawMemory {
     // SAFETY: not upheld in full, on purpose (see above): the daemon may write these
@@ -40,7 +40,7 @@ fn raw_memory(addr: u64, len: usize) -> softverbs::RawMemory {
     unsafe { softverbs::RawMemory::new(addr as usize, len) }
 }
 
-/// The data-path roles (hidden `softverbs demo-actor` subcommands).
+/// The data-path roles (`softverbs-test-actor` subcommands).
 #[derive(clap::Subcommand)]
 pub enum DpRole {
     /// One RC QP over one registered buffer, driven by commands on stdin.
@@ -67,7 +67,7 @@ pub enum DpRole {
         #[arg(long)]
         file: PathBuf,
         #[arg(long, value_enum, default_value = "upstream")]
-        face: crate::actor::Face,
+        face: crate::Face,
     },
     /// Joins receive QP `qpn` through `face`, owns one XRC SRQ behind it, and receives and
     /// checks messages until told `DONE`.
@@ -78,7 +78,7 @@ pub enum DpRole {
         #[arg(long)]
         qpn: u32,
         #[arg(long, value_enum)]
-        face: crate::actor::Face,
+        face: crate::Face,
         /// Receive buffers kept posted.
         #[arg(long, default_value_t = 32)]
         slots: u32,
@@ -122,7 +122,7 @@ pub fn run(socket: &Path, role: &DpRole) -> ! {
 
 // ---- plumbing ------------------------------------------------------------------------------
 
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
@@ -133,7 +133,7 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ! {
     std::process::exit(1);
 }
 
-trait OrFail<T> {
+pub(crate) trait OrFail<T> {
     fn or_fail(self, what: &str) -> T;
 }
 
@@ -801,15 +801,15 @@ fn stream_recv(
 
 // ---- XRC -----------------------------------------------------------------------------------
 
-fn domain_file(path: &Path) -> std::fs::File {
+pub(crate) fn domain_file(path: &Path) -> std::fs::File {
     std::fs::OpenOptions::new()
         .read(true)
         .open(path)
         .or_fail("open domain file")
 }
 
-fn xrc_creator(socket: &Path, file: &Path, face: crate::actor::Face) -> ! {
-    use crate::actor::Face;
+fn xrc_creator(socket: &Path, file: &Path, face: crate::Face) -> ! {
+    use crate::Face;
     let ctx = Context::open_at(socket, 0).or_fail("open device");
     let f = domain_file(file);
     let xrcd = ctx.open_xrcd(Some(&f), O_CREAT).or_fail("open_xrcd");
@@ -869,15 +869,8 @@ fn xrc_message(slot: &mut [u8], seed: u64, seq: u64, srqn: u32) {
     fill(&mut slot[16..], seed ^ seq, 16);
 }
 
-fn xrc_owner(
-    socket: &Path,
-    file: &Path,
-    qpn: u32,
-    face: crate::actor::Face,
-    slots: u32,
-    size: u32,
-) -> ! {
-    use crate::actor::Face;
+fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32, size: u32) -> ! {
+    use crate::Face;
     let ctx = Context::open_at(socket, 0).or_fail("open device");
     let f = domain_file(file);
     let xrcd = ctx.open_xrcd(Some(&f), O_CREAT).or_fail("open_xrcd");
@@ -1116,8 +1109,20 @@ impl Raw {
             abi_version: U32::new(softverbs::ABI_VERSION),
             device: U32::new(0),
         };
+        // The daemon reaches this process's memory through its own /proc/self/mem (ABI 5).
+        let mem: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/proc/self/mem")
+            .or_fail("open /proc/self/mem")
+            .into();
         let (_, fds) = raw
-            .call_fds::<HelloResp>(Cmd::Hello, 0, req.as_bytes())
+            .call_with::<HelloResp>(
+                Cmd::Hello,
+                softverbs_abi::msg::HELLO_MEM_FD,
+                req.as_bytes(),
+                &[mem.as_fd()],
+            )
             .or_fail("raw hello");
         raw._fds = fds;
         raw
@@ -1127,8 +1132,21 @@ impl Raw {
     where
         R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
     {
+        self.call_with(cmd, comp_mask, body, &[])
+    }
+
+    fn call_with<R>(
+        &self,
+        cmd: Cmd,
+        comp_mask: u64,
+        body: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(R, Vec<OwnedFd>), i32>
+    where
+        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
+    {
         let msg = encode_request(cmd, comp_mask, body, std::mem::size_of::<R>());
-        softverbs_ipc::send(self.sock.as_fd(), &msg, &[]).map_err(|e| e.raw_os_error())?;
+        softverbs_ipc::send(self.sock.as_fd(), &msg, fds).map_err(|e| e.raw_os_error())?;
         let mut buf = vec![0u8; softverbs_abi::MAX_MSG];
         let d = loop {
             match softverbs_ipc::recv(self.sock.as_fd(), &mut buf) {
