@@ -20,19 +20,19 @@
 #[allow(unsafe_code)]
 mod bytes;
 mod doorbell;
-mod ready;
 #[cfg(feature = "tokio")]
 #[allow(unsafe_code)]
 mod reactor;
+mod ready;
 #[allow(unsafe_code)]
 mod region;
 mod ring;
 
 pub use bytes::atomic_bytes;
 pub use doorbell::Doorbell;
-pub use ready::{ReadySet, WorkFlag, WORK_FLAG_SIZE};
 #[cfg(feature = "tokio")]
 pub use reactor::register_readable;
+pub use ready::{ReadySet, WorkFlag, WORK_FLAG_SIZE};
 pub use region::{Atom, Region};
 pub use ring::{
     Consumer, Corrupt, Index, LayoutError, Producer, PushError, RingLayout, CACHE_LINE,
