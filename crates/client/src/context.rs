@@ -102,6 +102,9 @@ pub struct Context {
     /// posts add, polled receive completions subtract, so a post beyond `max_recv_wr` is
     /// refused with `ENOMEM` (ibv_post_recv(3)) although the ring itself has room.
     pub(crate) rq_outstanding: Mutex<std::collections::HashMap<u32, RqCount>>,
+    /// Buffers of work requests posted through the owning API, handed back with their
+    /// completions (`crate::wr`).
+    pub(crate) in_flight: crate::wr::InFlight,
 }
 
 /// One QP's count of outstanding receive requests.
@@ -166,6 +169,7 @@ impl Context {
             doorbell: None,
             ready: None,
             rq_outstanding: Mutex::new(std::collections::HashMap::new()),
+            in_flight: crate::wr::InFlight::default(),
         };
         ctx.doorbell = crate::rings::map_doorbell(&ctx);
         ctx.ready = crate::rings::map_ready(&ctx);

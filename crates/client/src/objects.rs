@@ -170,6 +170,7 @@ impl Context {
             rings,
             rq_count,
             state: std::sync::atomic::AtomicU32::new(QpState::Reset as u32),
+            pd: init.pd.map(|p| p.handle),
             _deps: PhantomData,
         })
     }
@@ -271,34 +272,37 @@ impl<'c> Pd<'c> {
         self.ctx
     }
 
-    /// `ibv_reg_mr` of `len` bytes at `addr` (the iova is `addr`).
-    pub fn reg_mr(&self, addr: u64, len: u64, access: Access) -> Result<Mr<'_>> {
-        self.reg_mr_iova(addr, len, addr, access)
+    /// `ibv_reg_mr` of raw memory (the iova is its address), for FFI callers: safe code
+    /// uses [`Pd::alloc_mr`] or [`Pd::reg_slice`]. The `unsafe` promise is made when the
+    /// [`RawMemory`](crate::RawMemory) is named ([`RawMemory::new`](crate::RawMemory::new)
+    /// states the contract), which keeps this crate free of `unsafe`.
+    pub fn reg_mr(&self, mem: crate::RawMemory, access: Access) -> Result<Mr<'_>> {
+        self.reg_mr_iova(mem, mem.addr() as u64, access)
     }
 
-    /// `ibv_reg_mr_iova2`: `len` bytes at `addr`, addressed by peers as `iova`.
-    pub fn reg_mr_iova(&self, addr: u64, len: u64, iova: u64, access: Access) -> Result<Mr<'_>> {
-        self.reg_mr_with(addr, len, iova, access, None)
+    /// `ibv_reg_mr_iova2`: raw memory addressed by peers as `iova` (see [`Pd::reg_mr`]).
+    pub fn reg_mr_iova(&self, mem: crate::RawMemory, iova: u64, access: Access) -> Result<Mr<'_>> {
+        self.reg_mr_with(mem.addr() as u64, mem.len() as u64, iova, access, None)
     }
 
-    /// `ibv_reg_mr`, first turning the pages of `[addr, addr+len)` into shared memory in
-    /// place, so the daemon reaches them with plain copies instead of a system call per
-    /// access (docs/registered-memory.md: ~20 ns instead of ~1.6 µs for a small access).
-    ///
-    /// The pages are copied while they are converted: no other thread may write any byte
-    /// of the pages the range touches (including bytes of neighbouring objects on the first
-    /// and last page) during this call. After a `fork()`, the child shares these pages
-    /// instead of copying them. Memory that cannot be converted (file-backed, stack,
-    /// already shared) is registered the ordinary way.
-    pub fn reg_mr_shared(&self, addr: u64, len: u64, access: Access) -> Result<Mr<'_>> {
-        let fd = usize::try_from(addr)
-            .ok()
-            .zip(usize::try_from(len).ok())
-            .and_then(|(a, l)| softverbs_memaccess::share_in_place(a, l).ok());
-        self.reg_mr_with(addr, len, addr, access, fd)
+    /// `ibv_reg_mr` of raw memory, first turning its pages into shared memory in place, so
+    /// the daemon reaches them with plain copies instead of a system call per access
+    /// (docs/registered-memory.md: ~20 ns instead of ~1.6 µs for a small access). The
+    /// memory must have been named with
+    /// [`RawMemory::new_shareable`](crate::RawMemory::new_shareable), whose contract covers
+    /// the conversion (`EINVAL` otherwise). Memory that cannot be converted (file-backed,
+    /// stack, already shared) is registered the ordinary way. Safe code gets the same fast
+    /// path with no conversion from [`Pd::alloc_mr`].
+    pub fn reg_mr_shared(&self, mem: crate::RawMemory, access: Access) -> Result<Mr<'_>> {
+        let fd = mem
+            .share_in_place()
+            .ok_or(Error::new("reg_mr", errno::EINVAL))?
+            .ok();
+        let addr = mem.addr() as u64;
+        self.reg_mr_with(addr, mem.len() as u64, addr, access, fd)
     }
 
-    fn reg_mr_with(
+    pub(crate) fn reg_mr_with(
         &self,
         addr: u64,
         len: u64,
@@ -349,6 +353,7 @@ impl<'c> Pd<'c> {
             handle: r.handle.get(),
             ring,
             max_sge: r.max_sge.get(),
+            pd: self.handle,
             _deps: PhantomData,
         })
     }
@@ -406,13 +411,14 @@ impl<'a> Mr<'a> {
         self.rkey
     }
 
-    /// `ibv_rereg_mr`: a new PD, access and/or range `(addr, len, iova)` (`None` keeps the
-    /// current one). The MR keeps its handle and keys; on error it is unchanged.
+    /// `ibv_rereg_mr`: a new PD, access and/or range (raw memory and its iova, under the
+    /// contract of [`RawMemory::new`](crate::RawMemory::new); `None` keeps the current
+    /// one). The MR keeps its handle and keys; on error it is unchanged.
     pub fn rereg(
         &mut self,
         pd: Option<&'a Pd<'a>>,
         access: Option<Access>,
-        range: Option<(u64, u64, u64)>,
+        range: Option<(crate::RawMemory, u64)>,
     ) -> Result<()> {
         use softverbs_abi::msg::{
             ReregMrReq, REREG_MR_CHANGE_ACCESS, REREG_MR_CHANGE_PD, REREG_MR_CHANGE_TRANSLATION,
@@ -420,7 +426,9 @@ impl<'a> Mr<'a> {
         if let Some(p) = pd {
             same_context("rereg_mr", self.ctx, p.ctx)?;
         }
-        let (addr, length, iova) = range.unwrap_or_default();
+        let (addr, length, iova) = range.map_or((0, 0, 0), |(m, iova)| {
+            (m.addr() as u64, m.len() as u64, iova)
+        });
         let flags = pd.map_or(0, |_| REREG_MR_CHANGE_PD)
             | access.map_or(0, |_| REREG_MR_CHANGE_ACCESS)
             | range.map_or(0, |_| REREG_MR_CHANGE_TRANSLATION);
@@ -539,6 +547,8 @@ pub struct Srq<'a> {
     pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Producer>>,
     /// `max_sge` granted, checked at post (a ring entry has no way to return `EINVAL`).
     pub(crate) max_sge: u32,
+    /// The PD's handle, so posting a buffer of another PD's MR is refused locally.
+    pub(crate) pd: u32,
     pub(crate) _deps: PhantomData<&'a ()>,
 }
 
@@ -747,6 +757,8 @@ pub struct Qp<'a> {
     pub(crate) rq_count: Option<crate::context::RqCount>,
     /// Last state set through [`modify`](Qp::modify), for checking posts locally.
     state: std::sync::atomic::AtomicU32,
+    /// The PD's handle, so posting a buffer of another PD's MR is refused locally.
+    pub(crate) pd: Option<u32>,
     _deps: PhantomData<&'a ()>,
 }
 

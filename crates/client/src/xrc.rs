@@ -212,6 +212,7 @@ impl<'c> Xrcd<'c> {
             handle: r.handle.get(),
             ring,
             max_sge: r.max_sge.get(),
+            pd: pd.handle,
             _deps: PhantomData,
         })
     }
