@@ -33,9 +33,12 @@ pub use codec::{
 /// shared memory (`MapQueues`, `MapDoorbell`). 4: a send ring's consumer note counts the
 /// requests the daemon retired, which the client uses to refuse a post past `max_send_wr`.
 /// 5: `Hello` carries the client's `/proc/self/mem` ([`msg::HELLO_MEM_FD`]), the only way
-/// the daemon reaches memory that is not shared. 6: and its `/proc/self/maps`
-/// ([`msg::HELLO_MAPS_FD`]), so that registrations over unmapped or read-only pages fail.
-pub const ABI_VERSION: u32 = 6;
+/// the daemon reaches memory that is not shared.
+/// 6: the context's ready ring (`MapQueues` kind `QUEUES_READY`) and a QP's work flag
+/// (`QueuesResp::flag_offset`), so the daemon visits only the QPs a client posted to.
+/// 7: `Hello` carries the client's `/proc/self/maps` too ([`msg::HELLO_MAPS_FD`]), so that
+/// registrations over unmapped or read-only pages fail.
+pub const ABI_VERSION: u32 = 7;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -163,9 +163,9 @@ impl std::fmt::Debug for Conn {
 /// process's address space rather than to its pid (docs/registered-memory.md). A daemon
 /// speaking an ABI older than 5 refuses the bit (`EOPNOTSUPP`); the greeting is then repeated
 /// without it. An older daemon binary then reaches the memory by pid as it always did; a
-/// current daemon started at an older ABI level reaches only shared MRs. Since ABI 6 the
+/// current daemon started at an older ABI level reaches only shared MRs. Since ABI 7 the
 /// process's own `/proc/self/maps` comes too (`HELLO_MAPS_FD`), by which the daemon refuses
-/// registrations over unmapped or read-only pages; an ABI-5 daemon refuses that bit and is
+/// registrations over unmapped or read-only pages; an ABI-5 or -6 daemon refuses that bit and is
 /// greeted with the `mem` descriptor alone.
 pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> {
     let req = HelloReq {
@@ -187,7 +187,7 @@ pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> 
         exchange(sock.as_fd(), "hello", Cmd::Hello, mask, req.as_bytes(), fds)
     };
     let refused = |r: &std::result::Result<_, Failure>| matches!(r, Err(Failure::Refused(e)) if e.errno == errno::EOPNOTSUPP);
-    // Newest first: mem and maps (ABI 6), then mem alone (ABI 5), then neither.
+    // Newest first: mem and maps (ABI 7), then mem alone (ABI 5, 6), then neither.
     let first = match (&mem, &maps) {
         (Some(m), Some(p)) => {
             let r = hello(

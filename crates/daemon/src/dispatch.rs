@@ -931,6 +931,7 @@ impl Dispatcher {
                         QUEUES_QP => Some(core.owned_qp_info(ctx, h).ok_or(EINVAL)?),
                         QUEUES_SRQ => core.srq_info(ctx, h).map(|_| None).ok_or(EINVAL)?,
                         QUEUES_CQ => core.cq_attr(ctx, h).map(|_| None).map_err(core_err)?,
+                        QUEUES_READY if self.abi >= 6 && h.0 == 0 => None,
                         _ => return Err(EINVAL),
                     };
                     // The ring is charged to the context (ring bytes, one mapping) before the
@@ -941,6 +942,7 @@ impl Dispatcher {
                     let (resp, fd) = match (r.kind.get(), qp) {
                         (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
                         (QUEUES_SRQ, _) => dp.map_srq(ctx, h, admit(Ring::Srq(h)))?,
+                        (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready))?,
                         _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
                     };
                     Ok((resp.as_bytes().to_vec(), vec![fd]))
@@ -1088,6 +1090,7 @@ impl Dispatcher {
 
     fn status(&self) -> Reply {
         let n = self.core.counts();
+        let dp = self.dp.round_stats();
         ok(StatusResp {
             daemon_pid: U32::new(std::process::id()),
             abi_version: U32::new(self.abi),
@@ -1100,6 +1103,10 @@ impl Dispatcher {
             srqs: U32::new(n.srqs as u32),
             cqs: U32::new(n.cqs as u32),
             mrs: U32::new(n.mrs as u32),
+            dp_rounds: U64::new(dp.rounds),
+            dp_qp_visits: U64::new(dp.qp_visits),
+            dp_max_qp_visits: U32::new(dp.max_qp_visits),
+            dp_queued_qps: U32::new(dp.queued_qps),
         })
     }
 

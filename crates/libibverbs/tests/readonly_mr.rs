@@ -38,7 +38,10 @@ fn reg_mr_over_read_only_or_unmapped_pages_is_efault_and_a_write_never_lands() {
     let summary = format!("readonly_mr: {} checks, 0 failed", CHECKS.len());
     assert_eq!(failed, vec![&summary], "{text}");
     assert_eq!(ok, CHECKS, "{text}");
-    assert!(status.success(), "readonly_mr exited with {status}:\n{text}");
+    assert!(
+        status.success(),
+        "readonly_mr exited with {status}:\n{text}"
+    );
     let r = d.wait_until("the program's context is gone", |r| {
         r["contexts"].as_array().is_some_and(Vec::is_empty)
     });

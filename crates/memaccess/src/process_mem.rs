@@ -93,7 +93,7 @@ impl ProcessMemory {
         })
     }
 
-    /// Adds the same process's own `/proc/self/maps` (ABI 6), through which
+    /// Adds the same process's own `/proc/self/maps` (ABI 7), through which
     /// [`ProcessMem::check_range`] judges registrations. Checked like the `mem` file: a procfs
     /// file named `/proc/<pid>/maps`, open for reading. Opened by the client, it is bound to
     /// its address space at `open(2)` as `mem` is (proc(5)), so what it reports is that
@@ -135,7 +135,7 @@ pub fn open_own_memory() -> io::Result<OwnedFd> {
     )?)
 }
 
-/// What the client sends with its `mem` (ABI 6): its own `/proc/self/maps`, read-only and
+/// What the client sends with its `mem` (ABI 7): its own `/proc/self/maps`, read-only and
 /// close-on-exec.
 pub fn open_own_maps() -> io::Result<OwnedFd> {
     use rustix::fs::{open, Mode};
@@ -224,7 +224,7 @@ impl ProcessMem {
     /// `REMOTE_WRITE`, `REMOTE_ATOMIC`, `MW_BIND`: the flags for which `ib_umem_get` pins
     /// with `FOLL_WRITE`). Every page must be mapped readable, and writable if `write`,
     /// else [`RangeError`] (`EFAULT`). Judged from the process's own `maps` descriptor at
-    /// the moment of the call. A context without one (a client older than ABI 6) is not
+    /// the moment of the call. A context without one (a client older than ABI 7) is not
     /// judged: `Ok`. A descriptor that no longer reads (the process exited or `execve`d)
     /// reports no mappings, so the range is `NotMapped`.
     pub fn check_range(

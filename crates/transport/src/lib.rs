@@ -22,7 +22,8 @@ pub mod time;
 pub mod wr;
 
 pub use engine::{
-    CqId, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit, MAX_PACKET,
+    CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit,
+    MAX_PACKET,
 };
 pub use memory::{AtomicOp, Fault, Memory, VecMemory};
 pub use time::Instant;
