@@ -331,6 +331,24 @@ fn fault_at(ctx: CtxId, addr: u64, done: usize) -> Fault {
     }
 }
 
+impl Memory for ProcessMem {
+    fn read(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        let fd = self.target(ctx, addr, buf.len())?.as_fd();
+        let len = buf.len();
+        transfer(ctx, addr, len, |done| {
+            rustix::io::pread(fd, &mut buf[done..], addr + done as u64)
+        })
+    }
+
+    fn write(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        let fd = self.target(ctx, addr, data.len())?.as_fd();
+        let len = data.len();
+        transfer(ctx, addr, len, |done| {
+            rustix::io::pwrite(fd, &data[done..], addr + done as u64)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,23 +383,5 @@ mod tests {
             covered(MAPS, 0x100, 0x200, false),
             Err(RangeError::NotMapped { addr: 0x100 })
         );
-    }
-}
-
-impl Memory for ProcessMem {
-    fn read(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
-        let fd = self.target(ctx, addr, buf.len())?.as_fd();
-        let len = buf.len();
-        transfer(ctx, addr, len, |done| {
-            rustix::io::pread(fd, &mut buf[done..], addr + done as u64)
-        })
-    }
-
-    fn write(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
-        let fd = self.target(ctx, addr, data.len())?.as_fd();
-        let len = data.len();
-        transfer(ctx, addr, len, |done| {
-            rustix::io::pwrite(fd, &data[done..], addr + done as u64)
-        })
     }
 }
