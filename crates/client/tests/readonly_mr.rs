@@ -3,6 +3,10 @@
 //! `ibv_reg_mr` fails with `EFAULT` for write access over read-only pages and for any access
 //! over unmapped ones; read-only access over read-only pages works (docs/registered-memory.md,
 //! "Writes to read-only pages").
+//!
+//! Stays on the raw API (`RawMemory`, `reg_mr`, raw SGEs): the test registers pages it
+//! mapped read-only or not at all, and `mprotect`s or unmaps them under a registration,
+//! which the owning API (memory it allocates or borrows as writable) cannot express.
 
 use std::ffi::c_void;
 use std::ptr;
