@@ -14,8 +14,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    Access, AhAttr, AttrMask as M, Context, Cq, Gid, Mtu, Qp, QpAttr, QpCap, QpInit, QpState,
-    QpType, SendOp, SendRequest, Sge, SrqAttr, WcOpcode, WcStatus, WorkCompletion, O_CREAT,
+    Access, AhAttr, AttrMask as M, Context, Cq, Gid, Mtu, Op, Qp, QpAttr, QpCap, QpInit, QpState,
+    QpType, SendOp, SendRequest, SendWork, Sge, SrqAttr, WcOpcode, WcStatus, WorkCompletion,
+    O_CREAT,
 };
 use softverbs_abi::codec::{decode_response, encode_request};
 use softverbs_abi::msg::{
@@ -895,21 +896,19 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
         )
         .or_fail("create_xrc_srq");
     let srqn = srq.srq_num().or_fail("get_srq_num");
-    let buf = vec![0u8; (slots * size) as usize];
-    let base = buf.as_ptr() as u64;
-    let mr = pd
-        .reg_mr(raw_memory(base, buf.len()), Access::LOCAL_WRITE)
-        .or_fail("reg_mr");
-    let post = |slot: u64| {
-        let s = [Sge {
-            addr: base + slot * u64::from(size),
-            length: size,
-            lkey: mr.lkey(),
-        }];
-        srq.post_recv(slot, &s).or_fail("post_srq_recv");
+    // Library-owned shared memory, one Buf per receive slot: each is handed to the SRQ and
+    // comes back with the completion that filled it, so nothing reads a slot the daemon may
+    // still write.
+    let mut mr = pd
+        .alloc_mr((slots * size) as usize, Access::LOCAL_WRITE)
+        .or_fail("alloc_mr");
+    let post = |b: softverbs::Buf| {
+        srq.post_recv_buf(b)
+            .map_err(|r| r.error)
+            .or_fail("post_srq_recv");
     };
-    for slot in 0..u64::from(slots) {
-        post(slot);
+    for _ in 0..slots {
+        post(mr.take(size as usize).or_fail("take"));
     }
     say(&format!("READY srqn={srqn}"));
     let input = stdin_lines();
@@ -919,13 +918,22 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
     let mut done_at: Option<Instant> = None;
     let mut last = Instant::now();
     loop {
-        let wcs = cq.poll(32).or_fail("poll_cq");
-        if !wcs.is_empty() {
+        let wcs = cq.poll_bufs(32).or_fail("poll_cq");
+        let idle = wcs.is_empty();
+        if !idle {
             last = Instant::now();
         }
-        for w in &wcs {
-            let off = (w.wr_id * u64::from(size)) as usize;
-            let m = &buf[off..off + size as usize];
+        for c in wcs {
+            let w = &c.wc;
+            let Some(b) = c.buf else {
+                bad.push(format!(
+                    "wc-without-buffer:{}",
+                    wc_line(w).replace(' ', ",")
+                ));
+                continue;
+            };
+            let msg = b.to_vec();
+            let m = &msg[..];
             let seq = message_seq(m).unwrap_or(u64::MAX);
             let aimed = u32::from_le_bytes(m[12..16].try_into().expect("4"));
             if w.status != WcStatus::Success
@@ -946,7 +954,7 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
                 seqs.push(seq);
             }
             if w.status == WcStatus::Success {
-                post(w.wr_id);
+                post(b);
             }
         }
         if let Ok(l) = input.try_recv() {
@@ -962,7 +970,7 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
                 break;
             }
         }
-        if wcs.is_empty() {
+        if idle {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
@@ -1014,11 +1022,6 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
         .or_fail("create_qp");
     let gid = ctx.query_gid(1, 0).or_fail("query_gid");
     const MAX_SIZE: usize = 4096;
-    let mut buf = vec![0u8; depth as usize * MAX_SIZE];
-    let base = buf.as_ptr() as u64;
-    let mr = pd
-        .reg_mr(raw_memory(base, buf.len()), Access::LOCAL_WRITE)
-        .or_fail("reg_mr");
     say(&format!("READY qpn={} gid={}", qp.qpn(), gid_hex(gid)));
     let input = stdin_lines();
     while let Ok(line) = input.recv() {
@@ -1035,22 +1038,30 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
                 let srqns: Vec<u32> = a[3].split(',').map(|s| s.parse().or_fail("srqn")).collect();
                 let (mid, pace): (u64, u64) = (num(&a, 4), num(&a, 5));
                 let size = size.min(MAX_SIZE);
+                // One owned buffer per message in flight, of this stream's size: each is
+                // handed to the QP and comes back with its completion before it is refilled.
+                let mut mr = pd
+                    .alloc_mr(depth as usize * size, Access::LOCAL_WRITE)
+                    .or_fail("alloc_mr");
+                let mut free: Vec<softverbs::Buf> =
+                    (0..depth).map(|_| mr.take(size).or_fail("take")).collect();
+                // The library's wr_ids of the messages in flight, in posting order.
+                let mut in_flight = std::collections::VecDeque::new();
+                let mut msg = vec![0u8; size];
                 let (mut posted, mut done) = (0u64, 0u64);
                 let mut result = None;
                 let mut last = Instant::now();
                 while done < n && result.is_none() {
                     while posted < n && posted - done < u64::from(depth) {
-                        let slot = (posted % u64::from(depth)) as usize * MAX_SIZE;
                         let srqn = srqns[(posted % srqns.len() as u64) as usize];
-                        xrc_message(&mut buf[slot..slot + size], 0x5eed, posted, srqn);
-                        let s = [Sge {
-                            addr: base + slot as u64,
-                            length: size as u32,
-                            lkey: mr.lkey(),
-                        }];
-                        let mut wr = SendRequest::new(posted, SendOp::Send, &s);
-                        wr.remote_srqn = srqn;
-                        qp.post_send(&wr).or_fail("post_send");
+                        xrc_message(&mut msg, 0x5eed, posted, srqn);
+                        let mut b = free
+                            .pop()
+                            .unwrap_or_else(|| fail("post_send", "no free buffer"));
+                        b.write(0, &msg).or_fail("write");
+                        let wr = SendWork::new(Op::Send, b).remote_srqn(srqn);
+                        let id = qp.post(wr).map_err(|r| r.error).or_fail("post_send");
+                        in_flight.push_back(id);
                         posted += 1;
                         if posted == mid + 1 {
                             say(&format!("MID {posted}"));
@@ -1060,7 +1071,7 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
                             break;
                         }
                     }
-                    let wcs = cq.poll(32).or_fail("poll_cq");
+                    let wcs = cq.poll_bufs(32).or_fail("poll_cq");
                     if wcs.is_empty() {
                         if last.elapsed() > Duration::from_secs(60) {
                             result = Some(format!("ERR stalled done={done} posted={posted}"));
@@ -1069,14 +1080,17 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
                     } else {
                         last = Instant::now();
                     }
-                    for w in wcs {
-                        if w.status != WcStatus::Success || w.wr_id != done {
+                    for c in wcs {
+                        let w = &c.wc;
+                        let next = in_flight.pop_front();
+                        if w.status != WcStatus::Success || next.map(|i| i.0) != Some(w.wr_id) {
                             result = Some(format!(
                                 "ERR completion {} (want {done} Success)",
-                                wc_line(&w)
+                                wc_line(w)
                             ));
                             break;
                         }
+                        free.extend(c.buf);
                         done += 1;
                     }
                 }
