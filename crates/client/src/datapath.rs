@@ -5,7 +5,7 @@
 //! through a memfd mapping when the region was shared.
 
 use softverbs_abi::msg::*;
-use softverbs_transport::wr::{SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
+use softverbs_core::wr::{SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 

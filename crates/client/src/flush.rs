@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use softverbs_abi::msg::{wr_opcode, PostRecvReq, SendWrWire};
-use softverbs_transport::wr::{WcOpcode, WcStatus, WorkCompletion};
+use softverbs_core::wr::{WcOpcode, WcStatus, WorkCompletion};
 use zerocopy::FromBytes;
 
 use crate::context::RqCount;

@@ -477,7 +477,7 @@ pub struct Cq<'c> {
     /// After the device went: the flush completions not yet polled (`None` until the first
     /// poll that found the ring drained collected them).
     pub(crate) flushed: std::sync::Mutex<
-        Option<std::collections::VecDeque<softverbs_transport::wr::WorkCompletion>>,
+        Option<std::collections::VecDeque<softverbs_core::wr::WorkCompletion>>,
     >,
 }
 

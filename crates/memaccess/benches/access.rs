@@ -14,7 +14,7 @@ use common::{ChildProc, PageBuf};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput};
 use softverbs_core::ids::CtxId;
 use softverbs_memaccess::{share_in_place, ProcessVm, SharedMappings};
-use softverbs_transport::{AtomicOp, Memory};
+use softverbs_core::memory::{AtomicOp, Memory};
 
 const CTX: CtxId = CtxId(1);
 const SIZES: [usize; 5] = [8, 64, 4 << 10, 64 << 10, 1 << 20];

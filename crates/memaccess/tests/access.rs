@@ -9,7 +9,7 @@ use softverbs_core::ids::CtxId;
 use softverbs_memaccess::{
     page_size, share_in_place, NoFallback, ProcessVm, RegionError, ShareError, SharedMappings,
 };
-use softverbs_transport::{AtomicOp, Fault, Memory};
+use softverbs_core::memory::{AtomicOp, Fault, Memory};
 
 const CTX: CtxId = CtxId(7);
 
