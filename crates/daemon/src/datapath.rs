@@ -31,8 +31,7 @@ use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
 
-const EINVAL: i32 = 22;
-const ENOMEM: i32 = 12;
+use softverbs_core::errno::{EBUSY, EINVAL, ENOENT, ENOMEM};
 
 struct Dev {
     engine: Engine,
@@ -100,8 +99,13 @@ pub struct DataPath {
     buf: Vec<u8>,
 }
 
+/// The errno `ibv_post_send(3)` / `ibv_post_recv(3)` return for an engine refusal: a full
+/// queue is `ENOMEM`, anything else `EINVAL`.
 fn post_errno(e: PostError) -> i32 {
-    e.errno()
+    match e {
+        PostError::NoQueue | PostError::BadState | PostError::Invalid => EINVAL,
+        PostError::Full => ENOMEM,
+    }
 }
 
 impl DataPath {
@@ -245,14 +249,14 @@ impl DataPath {
     /// `ibv_destroy_comp_channel`: `EBUSY` while a CQ reports to it.
     pub fn destroy_channel(&mut self, ctx: CtxId, h: u32) -> Result<(), i32> {
         if !self.channels.contains_key(&(ctx, h)) {
-            return Err(2);
+            return Err(ENOENT);
         }
         let used = self.ctx_cqs.get(&ctx).is_some_and(|s| {
             s.iter()
                 .any(|id| self.cqs.get(id).is_some_and(|c| c.channel == Some(h)))
         });
         if used {
-            return Err(16);
+            return Err(EBUSY);
         }
         self.channels.remove(&(ctx, h));
         Ok(())

@@ -24,13 +24,7 @@ use crate::datapath::{DataPath, NetOptions};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
-const EINVAL: i32 = 22;
-const EOPNOTSUPP: i32 = 95;
-const EAGAIN: i32 = 11;
-const EBADF: i32 = 9;
-const EPERM: i32 = 1;
-const EPROTONOSUPPORT: i32 = 93;
-const ENOMEM: i32 = 12;
+use softverbs_core::errno::{EAGAIN, EBADF, EINVAL, ENOMEM, EOPNOTSUPP, EPERM, EPROTONOSUPPORT};
 
 /// What a connection has established so far.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
