@@ -942,22 +942,7 @@ impl Dispatcher {
             ..Default::default()
         };
         for (slot, wc) in resp.wc.iter_mut().zip(&got) {
-            *slot = WcWire {
-                wr_id: U64::new(wc.wr_id),
-                status: U32::new(wc.status as u32),
-                opcode: U32::new(wc.opcode as u32),
-                vendor_err: U32::new(0),
-                byte_len: U32::new(wc.byte_len),
-                imm_data: U32::new(wc.imm_data),
-                qp_num: U32::new(wc.qp_num),
-                src_qp: U32::new(wc.src_qp),
-                wc_flags: U32::new(wc.wc_flags),
-                pkey_index: U16::new(0),
-                slid: U16::new(0),
-                sl: 0,
-                dlid_path_bits: 0,
-                reserved: [0; 2],
-            };
+            *slot = WcWire::from(wc);
         }
         ok(resp)
     }
