@@ -32,7 +32,11 @@ pub use codec::{
 /// The newest ABI this crate speaks. 2: `CreateQpReq.create_flags`. 3: work queues and CQs in
 /// shared memory (`MapQueues`, `MapDoorbell`). 4: a send ring's consumer note counts the
 /// requests the daemon retired, which the client uses to refuse a post past `max_send_wr`.
-pub const ABI_VERSION: u32 = 4;
+/// 5: `Hello` carries the client's `/proc/self/mem` ([`msg::HELLO_MEM_FD`]), the only way
+/// the daemon reaches memory that is not shared.
+/// 6: the context's ready ring (`MapQueues` kind `QUEUES_READY`) and a QP's work flag
+/// (`QueuesResp::flag_offset`), so the daemon visits only the QPs a client posted to.
+pub const ABI_VERSION: u32 = 6;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

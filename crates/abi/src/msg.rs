@@ -173,6 +173,12 @@ pub const QUEUES_CQ: u32 = 1;
 /// [`MapQueuesReq::kind`]: an SRQ's receive queue (ring `a`, entries [`PostRecvReq`]). A
 /// daemon that predates it answers `EINVAL` and the client keeps `PostSrqRecv` commands.
 pub const QUEUES_SRQ: u32 = 2;
+/// [`MapQueuesReq::kind`] (ABI 6; `handle` 0): the context's ready ring (ring `a`, 8-byte
+/// entries, a QP handle in the low 32 bits, little-endian). After posting to a QP whose
+/// work flag ([`QueuesResp::flag_offset`]) it found clear, the client sets the flag and
+/// pushes the QP's handle here (docs/shm-rings.md, "Ready ring"). Mapped at most once per
+/// context (`EEXIST`); a daemon that predates it answers `EINVAL`.
+pub const QUEUES_READY: u32 = 3;
 
 /// `qp_num` meaning "create a new receive QP" in the minimal register call (Roland Dreier's
 /// proposal: "pass in an invalid qp_num (say, -1 aka ffffffff)").
@@ -388,7 +394,9 @@ wire! {
         pub b_offset: U32,
         pub b_capacity: U32,
         pub b_entry: U32,
-        pub reserved: U32,
+        /// ABI 6, QP rings of a context with a ready ring: offset in the memfd of the QP's
+        /// work flag (one `u32`), or 0 when the daemon visits the QP every turn anyway.
+        pub flag_offset: U32,
     }
 
     /// `ibv_resize_cq`.
@@ -618,6 +626,14 @@ wire! {
         pub srqs: U32,
         pub cqs: U32,
         pub mrs: U32,
+        /// ABI 6: rounds the data path has run (each a pass over the QP rings to visit).
+        pub dp_rounds: U64,
+        /// ABI 6: QP ring visits over all rounds (a QP's send and receive ring count once).
+        pub dp_qp_visits: U64,
+        /// ABI 6: the most QPs visited in one round.
+        pub dp_max_qp_visits: U32,
+        /// ABI 6: QPs queued for the next round (those with work).
+        pub dp_queued_qps: U32,
     }
 
     /// The size of a blob passed as a memfd.
@@ -766,6 +782,12 @@ pub const PRESENT_CQ: u32 = 1 << 5;
 pub const CREATE_QP_CREATE_FLAGS: u64 = 1 << 0;
 /// `comp_mask` bit of [`Cmd::CreateCq`] (ABI 3): `channel` is valid.
 pub const CREATE_CQ_CHANNEL: u64 = 1 << 0;
+/// `comp_mask` bit of [`Cmd::Hello`] (ABI 5): one descriptor comes with the request, the
+/// client's own `/proc/self/mem` opened read-write, through which the daemon reaches the
+/// client's memory that is not shared (docs/registered-memory.md). A descriptor that is
+/// not the sender's `mem` is `EINVAL`, one not open read-write `EBADF`. Without it the
+/// context has no process memory: only shared MRs can be accessed.
+pub const HELLO_MEM_FD: u64 = 1 << 0;
 
 /// [`ReregMrReq::flags`]: new `addr`, `length` and `iova` (`IBV_REREG_MR_CHANGE_TRANSLATION`).
 pub const REREG_MR_CHANGE_TRANSLATION: u32 = 1 << 0;
@@ -816,6 +838,7 @@ pub fn request_layout(cmd: Cmd, abi: u32) -> (usize, u64) {
         // ABI 1 ended before `create_flags`.
         Cmd::CreateQp => (size_of::<CreateQpReq>() - 8, 0),
         Cmd::CreateCq if abi >= 3 => (size_of::<CreateCqReq>(), CREATE_CQ_CHANNEL),
+        Cmd::Hello if abi >= 5 => (size_of::<HelloReq>(), HELLO_MEM_FD),
         // Before ABI 3 a CQ had no completion channel.
         Cmd::CreateCq => (size_of::<CreateCqReq>() - 8, 0),
         _ => (request_size(cmd), 0),

@@ -4,7 +4,6 @@
 mod actor;
 mod bench;
 mod demo;
-mod dp_actor;
 mod dropin;
 mod table;
 
@@ -216,11 +215,6 @@ enum BenchWhat {
 
 #[derive(Subcommand)]
 enum ActorRole {
-    /// Holds one object of every kind (and an XRC domain on `file`) until killed.
-    Hoarder {
-        #[arg(long)]
-        file: PathBuf,
-    },
     Creator {
         #[arg(long)]
         file: PathBuf,
@@ -233,9 +227,6 @@ enum ActorRole {
         #[arg(long, value_enum)]
         face: actor::Face,
     },
-    /// The data-path test actors (crates/cli/tests/datapath_processes.rs).
-    #[command(flatten)]
-    Dp(dp_actor::DpRole),
 }
 
 fn socket_path(cli: &Cli) -> PathBuf {
@@ -358,6 +349,8 @@ fn main() -> ExitCode {
                             "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
                             "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
                             "limits": limits,
+                            "dp_rounds": s.dp_rounds, "dp_qp_visits": s.dp_qp_visits,
+                            "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
                         })
                     );
                     ExitCode::SUCCESS
@@ -375,6 +368,14 @@ fn main() -> ExitCode {
                     s.devices, s.contexts, s.xrcds, s.xrc_recv_qps, s.qps, s.srqs, s.cqs, s.mrs
                 );
                     print_limits(&limits);
+                    println!(
+                        "data path: {} rounds, {} QP visits ({:.2} per round, at most {}), {} QPs queued",
+                        s.dp_rounds,
+                        s.dp_qp_visits,
+                        s.dp_qp_visits as f64 / s.dp_rounds.max(1) as f64,
+                        s.dp_max_qp_visits,
+                        s.dp_queued_qps
+                    );
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),
@@ -468,9 +469,7 @@ fn main() -> ExitCode {
         Command::BenchPeer(a) => bench::peer::run(&socket, a),
         Command::DemoActor { role } => match role {
             ActorRole::Creator { file } => actor::creator(&socket, file),
-            ActorRole::Hoarder { file } => actor::hoarder(&socket, file),
             ActorRole::Worker { file, qpn, face } => actor::worker(&socket, file, *qpn, *face),
-            ActorRole::Dp(role) => dp_actor::run(&socket, role),
         },
     }
 }

@@ -3,45 +3,18 @@
 //! benchmarks, not tests.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use serde_json::Value;
+use softverbs_testkit::Daemon;
 
 const BIN: &str = env!("CARGO_BIN_EXE_softverbs");
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A daemon of our own, without network (the bench's two contexts meet inside it).
-/// A daemon of its own for the test `name` (tests of one binary run in parallel in one process).
+/// A daemon of its own for the test `name`, without network (the bench's two contexts meet
+/// inside it).
 fn daemon(name: &str) -> (Daemon, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("sv-bench-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let socket = dir.join("sv.sock");
-    let child = Command::new(BIN)
-        .args(["daemon", "--no-network", "--socket"])
-        .arg(&socket)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let d = Daemon { child, dir };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while softverbs_ipc::connect_seqpacket(&socket).is_err() {
-        assert!(Instant::now() < deadline, "daemon did not come up");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let d = Daemon::options(name).bin(BIN).start();
+    let socket = d.socket.clone();
     (d, socket)
 }
 

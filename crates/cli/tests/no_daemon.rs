@@ -3,8 +3,9 @@
 //! shows the daemon's limits (docs/limits.md).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+
+use softverbs_testkit::Daemon;
 
 const BIN: &str = env!("CARGO_BIN_EXE_softverbs");
 
@@ -94,34 +95,14 @@ fn status_devices_and_resources_without_a_daemon_say_so_and_start_none() {
     }
 }
 
-struct Daemon(Child);
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn status_shows_the_limits_in_text_and_json() {
-    let d = dir("limits");
-    let socket = d.0.join("sv.sock");
-    let _daemon = Daemon(
-        Command::new(BIN)
-            .args(["daemon", "--no-network", "--socket"])
-            .arg(&socket)
-            .args(["--limit", "uid.cqs=7", "--limit", "context.ring-bytes=64K"])
-            .args(["--limit", "daemon.mappings=unlimited"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cli(&socket, &["status"]).status.success() {
-        assert!(Instant::now() < deadline, "the daemon did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let daemon = Daemon::options("limits")
+        .bin(BIN)
+        .args(&["--limit", "uid.cqs=7", "--limit", "context.ring-bytes=64K"])
+        .args(&["--limit", "daemon.mappings=unlimited"])
+        .start();
+    let socket = daemon.socket.clone();
     let o = cli(&socket, &["status"]);
     let text = String::from_utf8_lossy(&o.stdout);
     let line = |name: &str| {

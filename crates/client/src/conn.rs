@@ -157,14 +157,44 @@ impl std::fmt::Debug for Conn {
 
 /// Sends `Hello` on a fresh socket; returns the connection and the descriptors that came
 /// with the answer (the async eventfd when a device was opened).
+///
+/// With a device, the request carries this process's own `/proc/self/mem` (ABI 5,
+/// `HELLO_MEM_FD`): the daemon reaches memory that is not shared through it, bound to this
+/// process's address space rather than to its pid (docs/registered-memory.md). A daemon
+/// speaking an ABI older than 5 refuses the bit (`EOPNOTSUPP`); the greeting is then repeated
+/// without it. An older daemon binary then reaches the memory by pid as it always did; a
+/// current daemon started at an older ABI level reaches only shared MRs.
 pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> {
     let req = HelloReq {
         abi_version: U32::new(ABI_VERSION),
         device: U32::new(device),
     };
-    let (resp, fds): (HelloResp, _) =
-        exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[])
-            .map_err(Failure::into_error)?;
+    let mem = if device == softverbs_abi::msg::NO_DEVICE {
+        None
+    } else {
+        Some(
+            softverbs_memaccess::open_own_memory()
+                .map_err(|e| Error::new("hello", e.raw_os_error().unwrap_or(errno::EINVAL)))?,
+        )
+    };
+    let first = match &mem {
+        Some(fd) => exchange(
+            sock.as_fd(),
+            "hello",
+            Cmd::Hello,
+            softverbs_abi::msg::HELLO_MEM_FD,
+            req.as_bytes(),
+            &[fd.as_fd()],
+        ),
+        None => exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[]),
+    };
+    let (resp, fds): (HelloResp, _) = match first {
+        Err(Failure::Refused(e)) if mem.is_some() && e.errno == errno::EOPNOTSUPP => {
+            exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[])
+                .map_err(Failure::into_error)?
+        }
+        other => other.map_err(Failure::into_error)?,
+    };
     let conn = Conn {
         sock: Mutex::new(sock),
         fatal: None,
@@ -173,10 +203,10 @@ pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> 
         num_devices: resp.num_devices.get(),
         ctx_id: resp.ctx_id.get(),
     };
-    // With a context open, let the daemon reach this process's registered memory without
-    // root (Yama's ptrace scope); harmless where Yama is absent.
+    // An older daemon reaches memory with process_vm_*: let it in without root (Yama's
+    // ptrace scope); harmless where Yama is absent. A daemon of ABI 5 needs no such grant.
     let daemon = resp.daemon_pid.get();
-    if device != softverbs_abi::msg::NO_DEVICE && daemon != 0 {
+    if device != softverbs_abi::msg::NO_DEVICE && daemon != 0 && conn.abi < 5 {
         let _ = softverbs_memaccess::authorize_daemon(daemon as i32);
     }
     Ok((conn, fds))

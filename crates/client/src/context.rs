@@ -96,6 +96,9 @@ pub struct Context {
     pub(crate) regs: Mutex<RegTable>,
     /// The daemon's doorbell when work queues live in shared memory (ABI 3).
     pub(crate) doorbell: Option<softverbs_shm::Doorbell>,
+    /// The context's ready ring (ABI 6): a QP whose work flag was clear is announced here
+    /// after a post, so the daemon visits only QPs with work (crates/shm/src/ready.rs).
+    pub(crate) ready: Option<Mutex<softverbs_shm::Producer>>,
     /// Receive requests outstanding per QP number, for QPs whose receive queue is a ring:
     /// posts add, polled receive completions subtract, so a post beyond `max_recv_wr` is
     /// refused with `ENOMEM` (ibv_post_recv(3)) although the ring itself has room.
@@ -162,9 +165,11 @@ impl Context {
             device: index,
             regs: Mutex::new(RegTable::default()),
             doorbell: None,
+            ready: None,
             rq_outstanding: Mutex::new(std::collections::HashMap::new()),
         };
         ctx.doorbell = crate::rings::map_doorbell(&ctx);
+        ctx.ready = crate::rings::map_ready(&ctx);
         Ok(ctx)
     }
 

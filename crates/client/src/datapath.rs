@@ -146,7 +146,14 @@ impl Qp<'_> {
             {
                 return Err(Error::new(OP, errno::ENOMEM));
             }
-            crate::rings::push(self.ctx, &mut r.sq, OP, req.wr.as_bytes())?;
+            let r = &mut *r;
+            crate::rings::push(
+                self.ctx,
+                &mut r.sq,
+                r.announce.as_ref(),
+                OP,
+                req.wr.as_bytes(),
+            )?;
             r.sq_posted = r.sq_posted.wrapping_add(1);
             return Ok(());
         }
@@ -158,7 +165,8 @@ impl Qp<'_> {
     /// `ibv_post_recv` of one work request.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
         if let Some(rings) = &self.rings {
-            let mut r = rings.lock().unwrap_or_else(|e| e.into_inner());
+            let mut guard = rings.lock().unwrap_or_else(|e| e.into_inner());
+            let r = &mut *guard;
             if r.rq.is_some() && self.ctx.fatal.is_dead() {
                 return Err(Error::device_fatal("post_recv"));
             }
@@ -174,7 +182,13 @@ impl Qp<'_> {
                     // ibv_post_recv(3): the receive queue is full.
                     return Err(Error::new("post_recv", errno::ENOMEM));
                 }
-                crate::rings::push(self.ctx, rq, "post_recv", req.as_bytes())?;
+                crate::rings::push(
+                    self.ctx,
+                    rq,
+                    r.announce.as_ref(),
+                    "post_recv",
+                    req.as_bytes(),
+                )?;
                 if let Some(c) = count {
                     c.fetch_add(1, Ordering::AcqRel);
                 }
@@ -205,7 +219,7 @@ impl Srq<'_> {
             if self.ctx.fatal.is_dead() {
                 return Err(Error::device_fatal(OP));
             }
-            return crate::rings::push(self.ctx, &mut p, OP, req.as_bytes());
+            return crate::rings::push(self.ctx, &mut p, None, OP, req.as_bytes());
         }
         post_recv(
             self.ctx,

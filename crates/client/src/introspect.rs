@@ -35,6 +35,14 @@ pub struct Status {
     pub cqs: u32,
     /// MRs.
     pub mrs: u32,
+    /// Data-path rounds run (ABI 6; 0 from an older daemon).
+    pub dp_rounds: u64,
+    /// QP ring visits over all rounds (a QP's send and receive ring count once).
+    pub dp_qp_visits: u64,
+    /// The most QPs visited in one round: bounded by the QPs with work, not by all QPs.
+    pub dp_max_qp_visits: u32,
+    /// QPs queued for the next round.
+    pub dp_queued_qps: u32,
 }
 
 /// A connection to the daemon with no device opened: for devices, status and resources.
@@ -88,6 +96,10 @@ impl Introspect {
             srqs: r.srqs.get(),
             cqs: r.cqs.get(),
             mrs: r.mrs.get(),
+            dp_rounds: r.dp_rounds.get(),
+            dp_qp_visits: r.dp_qp_visits.get(),
+            dp_max_qp_visits: r.dp_max_qp_visits.get(),
+            dp_queued_qps: r.dp_queued_qps.get(),
         })
     }
 

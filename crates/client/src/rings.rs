@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 
 use softverbs_abi::msg::*;
-use softverbs_shm::{Consumer, Doorbell, Producer, Region, RingLayout};
+use softverbs_shm::{Consumer, Doorbell, Producer, Region, RingLayout, WorkFlag};
 use zerocopy::little_endian::U32;
 use zerocopy::IntoBytes;
 
@@ -30,6 +30,15 @@ pub(crate) struct QpRings {
     pub(crate) sq_flushed: bool,
     /// Likewise for the receive queue.
     pub(crate) rq_flushed: bool,
+    /// The QP's work flag and handle (ABI 6, with the context's ready ring).
+    pub(crate) announce: Option<Announce>,
+}
+
+/// How a QP tells the daemon it has work: its flag, and the token for the ready ring.
+#[derive(Debug)]
+pub(crate) struct Announce {
+    flag: WorkFlag,
+    token: u32,
 }
 
 pub(crate) fn map_doorbell(ctx: &Context) -> Option<Doorbell> {
@@ -71,14 +80,43 @@ fn map(ctx: &Context, kind: u32, handle: u32) -> Result<Option<(Arc<Region>, Que
         .map(|region| (Arc::new(region), r)))
 }
 
-/// Maps a QP's queues; `None` keeps the command path (older daemon, rings disabled).
-pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Result<Option<Arc<Mutex<QpRings>>>> {
-    Ok(map(ctx, QUEUES_QP, handle)?.and_then(|(region, r)| qp_rings(region, &r)))
+/// Maps the context's ready ring (ABI 6); `None` leaves the daemon visiting this context's
+/// QPs every round (older daemon, rings disabled, or refused for the context's limits).
+pub(crate) fn map_ready(ctx: &Context) -> Option<Mutex<Producer>> {
+    if ctx.conn.abi < 6 {
+        return None;
+    }
+    let (region, r) = map(ctx, QUEUES_READY, 0).ok().flatten()?;
+    let l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
+    if l.entry_size() != 8 {
+        return None;
+    }
+    Producer::attach(region, r.a_offset.get() as usize, l)
+        .ok()
+        .map(Mutex::new)
 }
 
-fn qp_rings(region: Arc<Region>, r: &QueuesResp) -> Option<Arc<Mutex<QpRings>>> {
+/// Maps a QP's queues; `None` keeps the command path (older daemon, rings disabled).
+pub(crate) fn map_qp(ctx: &Context, handle: u32) -> Result<Option<Arc<Mutex<QpRings>>>> {
+    Ok(map(ctx, QUEUES_QP, handle)?.and_then(|(region, r)| qp_rings(ctx, handle, region, &r)))
+}
+
+fn qp_rings(
+    ctx: &Context,
+    handle: u32,
+    region: Arc<Region>,
+    r: &QueuesResp,
+) -> Option<Arc<Mutex<QpRings>>> {
     let sq_l = RingLayout::new(r.a_capacity.get(), r.a_entry.get()).ok()?;
     let sq = Producer::attach(region.clone(), r.a_offset.get() as usize, sq_l).ok()?;
+    let announce = match r.flag_offset.get() {
+        0 => None,
+        _ if ctx.ready.is_none() || ctx.conn.abi < 6 => None,
+        off => Some(Announce {
+            flag: WorkFlag::attach(region.clone(), off as usize).ok()?,
+            token: handle,
+        }),
+    };
     let rq = if r.b_capacity.get() > 0 {
         let l = RingLayout::new(r.b_capacity.get(), r.b_entry.get()).ok()?;
         Some(Producer::attach(region, r.b_offset.get() as usize, l).ok()?)
@@ -91,6 +129,7 @@ fn qp_rings(region: Arc<Region>, r: &QueuesResp) -> Option<Arc<Mutex<QpRings>>> 
         sq_posted: 0,
         sq_flushed: false,
         rq_flushed: false,
+        announce,
     })))
 }
 
@@ -115,9 +154,15 @@ pub(crate) fn map_cq(ctx: &Context, handle: u32) -> Result<Option<Mutex<Consumer
     }))
 }
 
-/// Pushes one entry (padded to the ring's entry size) and rings the doorbell if the daemon
-/// asked to be woken.
-pub(crate) fn push(ctx: &Context, p: &mut Producer, op: &'static str, bytes: &[u8]) -> Result<()> {
+/// Pushes one entry (padded to the ring's entry size), announces the QP if it was idle
+/// (`announce`: its work flag), and rings the doorbell if the daemon asked to be woken.
+pub(crate) fn push(
+    ctx: &Context,
+    p: &mut Producer,
+    announce: Option<&Announce>,
+    op: &'static str,
+    bytes: &[u8],
+) -> Result<()> {
     let size = p.layout().entry_size();
     // Posting is the hot path: pad on the stack, and only when the struct is not already a
     // whole number of 8-byte words.
@@ -133,7 +178,13 @@ pub(crate) fn push(ctx: &Context, p: &mut Producer, op: &'static str, bytes: &[u
         p.push(&entry)
     };
     match pushed {
-        Ok(wake) => {
+        Ok(mut wake) => {
+            if let Some(a) = announce {
+                // After the publish (its fence orders our entry before the flag's load).
+                if a.flag.announce() {
+                    wake |= announce_ready(ctx, a.token);
+                }
+            }
             if wake {
                 if let Some(d) = &ctx.doorbell {
                     d.ring();
@@ -144,4 +195,16 @@ pub(crate) fn push(ctx: &Context, p: &mut Producer, op: &'static str, bytes: &[u
         Err(softverbs_shm::PushError::Full) => Err(Error::new(op, errno::ENOMEM)),
         Err(softverbs_shm::PushError::Corrupt(_)) => Err(Error::new(op, errno::EIO)),
     }
+}
+
+/// Pushes a QP's token into the context's ready ring; `true`: ring the doorbell.
+fn announce_ready(ctx: &Context, token: u32) -> bool {
+    let Some(ready) = &ctx.ready else {
+        return true;
+    };
+    let mut p = ready.lock().unwrap_or_else(|e| e.into_inner());
+    // The ring has a slot for every QP with a flag and each has at most one token in flight,
+    // so it fills only if this process scribbled on it; then ring anyway (the daemon finds
+    // the ring corrupt or full and visits this context's QPs every round).
+    p.push(&u64::from(token).to_le_bytes()).unwrap_or(true)
 }

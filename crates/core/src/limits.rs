@@ -362,6 +362,8 @@ pub enum Ring {
     Cq(Handle),
     /// An SRQ's receive queue.
     Srq(Handle),
+    /// The context's ready ring (one per context; its charge goes when the context closes).
+    Ready,
 }
 
 impl Core {
@@ -459,12 +461,13 @@ impl Core {
             Ring::Qp(h) => matches!(c.qps.get(&h), Some(QpEntry::Owned(_))),
             Ring::Cq(h) => c.cqs.contains_key(&h),
             Ring::Srq(h) => c.srqs.contains_key(&h),
+            Ring::Ready => true,
         };
         if !exists {
             return Err(Error::InvalidHandle(match ring {
                 Ring::Qp(_) => ObjectKind::Qp,
                 Ring::Cq(_) => ObjectKind::Cq,
-                Ring::Srq(_) => ObjectKind::Srq,
+                Ring::Srq(_) | Ring::Ready => ObjectKind::Srq,
             }));
         }
         let old = c.rings.get(&ring).copied();

@@ -18,8 +18,8 @@ use softverbs_core::event::EventElement;
 use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::types::{EventType, Mtu, QpType};
 use softverbs_core::Core;
-use softverbs_memaccess::{ProcessVm, RegionId, SharedMappings};
-use softverbs_shm::{Consumer, Producer, Region, RingLayout};
+use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
+use softverbs_shm::{Consumer, Producer, ReadySet, Region, RingLayout, WorkFlag, WORK_FLAG_SIZE};
 use softverbs_transport::sim::{cq_id, Faults};
 use softverbs_transport::wr::{RecvWr, SendWr, WorkCompletion};
 use softverbs_transport::{CqId, Engine, Output, PostError, QpConfig, SrqConfig, MAX_PACKET};
@@ -74,7 +74,7 @@ pub struct DataPath {
     /// an edge already reported).
     pub moved_packets: bool,
     devs: Vec<Dev>,
-    mem: SharedMappings<ProcessVm>,
+    mem: SharedMappings<ProcessMem>,
     cqs: HashMap<CqId, CqState>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
@@ -82,6 +82,17 @@ pub struct DataPath {
     channels: HashMap<(CtxId, u32), Channel>,
     next_channel: u32,
     qp_rings: HashMap<u32, QpRings>,
+    /// Which QP rings to visit next round (by QPN): those announced through a context's
+    /// ready ring, those still holding work, and those of clients without a ready ring.
+    qp_sched: ReadySet<u32>,
+    /// QPNs of the QPs with rings, by context.
+    ctx_qp_rings: HashMap<CtxId, HashSet<u32>>,
+    /// Ready rings of contexts (ABI 6), with the QPs whose work flag they announce.
+    ready: HashMap<CtxId, ReadyRing>,
+    /// The QPs of the round being run (scratch, kept across rounds).
+    visit: Vec<u32>,
+    /// What the rounds cost, in ring visits.
+    stats: RoundStats,
     cq_rings: HashMap<CqId, Producer>,
     /// CQs grown by `resize_cq` beyond their ring: new completions go to the PollCq queue
     /// (the client drains the ring first, then polls by command), the ring only counts.
@@ -146,7 +157,7 @@ impl DataPath {
         }
         DataPath {
             devs,
-            mem: SharedMappings::with_fallback(ProcessVm::new()),
+            mem: SharedMappings::with_fallback(ProcessMem::new()),
             cqs: HashMap::new(),
             ctx_cqs: HashMap::new(),
             qp_dev: HashMap::new(),
@@ -154,6 +165,11 @@ impl DataPath {
             channels: HashMap::new(),
             next_channel: 1,
             qp_rings: HashMap::new(),
+            qp_sched: ReadySet::with_grace(IDLE_GRACE_ROUNDS),
+            ctx_qp_rings: HashMap::new(),
+            ready: HashMap::new(),
+            visit: Vec::new(),
+            stats: RoundStats::default(),
             cq_rings: HashMap::new(),
             cq_rings_outgrown: std::collections::HashSet::new(),
             srq_rings: HashMap::new(),
@@ -196,9 +212,12 @@ impl DataPath {
 
     // ---- mirroring core objects -----------------------------------------------------------
 
-    /// A context was opened by process `pid`.
-    pub fn context_opened(&mut self, ctx: CtxId, pid: u32) {
-        self.mem.fallback_mut().register_process(ctx, pid as i32);
+    /// A context was opened; `memory` is the opener's own `mem` descriptor (none from an
+    /// older client: then only its shared MRs can be reached).
+    pub fn context_opened(&mut self, ctx: CtxId, memory: Option<ProcessMemory>) {
+        if let Some(m) = memory {
+            self.mem.fallback_mut().register_process(ctx, m);
+        }
     }
 
     /// A context was closed; `qpns` are the QPs it touched before the core tore it down.
@@ -206,14 +225,19 @@ impl DataPath {
         for &q in qpns {
             self.qp_maybe_gone(core, q);
         }
+        // By the context's own sets, so closing a context costs what it held, not what the
+        // whole daemon holds.
         for cq in self.ctx_cqs.remove(&ctx).unwrap_or_default() {
             self.cqs.remove(&cq);
+            self.cq_rings.remove(&cq);
+            self.cq_rings_outgrown.remove(&cq);
         }
         self.mr_regions.retain(|(c, _), _| *c != ctx);
         self.channels.retain(|(c, _), _| *c != ctx);
-        self.qp_rings.retain(|_, r| r.ctx != ctx);
-        self.cq_rings.retain(|id, _| CtxId(id >> 32) != ctx);
-        self.cq_rings_outgrown.retain(|id| CtxId(id >> 32) != ctx);
+        for qpn in self.ctx_qp_rings.remove(&ctx).unwrap_or_default() {
+            self.forget_qp_rings(qpn);
+        }
+        self.ready.remove(&ctx);
         self.srq_rings.retain(|(c, _), _| *c != ctx);
         self.doorbells.remove(&ctx);
         self.mem.remove_context(ctx);
@@ -405,6 +429,9 @@ impl DataPath {
             return;
         };
         self.devs[d].engine.modify_qp(qpn, attr);
+        // A transition may retire requests (flush, RESET) without a completion: the next
+        // visit publishes the send ring's retired count.
+        self.qp_sched.wake(qpn);
         if attr.qp_state == softverbs_core::types::QpState::Reset {
             // Entering RESET also drops the QP's completions not yet polled from its own CQs,
             // as mlx4 and mlx5 clean them (a QP brought back from ERR does not meet its old
@@ -420,7 +447,7 @@ impl DataPath {
     /// QP `qpn` may have been destroyed by the core (last holder gone, owner destroyed it).
     pub fn qp_maybe_gone(&mut self, core: &Core, qpn: u32) {
         if core.qp_target(qpn).is_none() {
-            self.qp_rings.remove(&qpn);
+            self.forget_qp_rings(qpn);
             if let Some(d) = self.qp_dev.remove(&qpn) {
                 self.devs[d].engine.destroy_qp(qpn);
             }
@@ -746,6 +773,78 @@ fn publish_sq_retired(r: &QpRings, engine: &softverbs_transport::Engine, qpn: u3
     r.sq.publish_note(r.sq.consumed().wrapping_sub(in_engine));
 }
 
+/// Slots of a context's ready ring: at most this many QPs of one context get a work flag
+/// (each has at most one announcement in flight, so the ring never fills); QPs beyond it are
+/// visited every round.
+const READY_SLOTS: u32 = 1 << 16;
+
+/// Announcements taken from one ready ring per round, so a client flooding its ring with
+/// tokens delays others by a bounded amount (the rest wait for the next round).
+const READY_PER_ROUND: usize = 1024;
+
+const EEXIST: i32 = 17;
+
+/// Rounds a QP found idle stays queued before its flag is cleared (`ReadySet::with_grace`):
+/// a ping-pong's QPs post again within a few rounds, and then post without announcing.
+pub const IDLE_GRACE_ROUNDS: u32 = 64;
+
+/// A context's ready ring (the client produces QP handles, the daemon consumes).
+struct ReadyRing {
+    ring: Consumer,
+    /// QP handle → QPN of the QPs with a work flag.
+    qps: HashMap<u32, u32>,
+}
+
+/// What the data path's rounds cost: one round is one pass over the QP rings to visit, in
+/// [`DataPath::drive`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundStats {
+    /// Rounds run.
+    pub rounds: u64,
+    /// QP ring visits (a QP's send and receive ring count once) over all rounds.
+    pub qp_visits: u64,
+    /// The most QPs visited in one round.
+    pub max_qp_visits: u32,
+    /// QPs queued for the next round now.
+    pub queued_qps: u32,
+}
+
+impl DataPath {
+    /// Takes the announcements of every context's ready ring into the schedule.
+    fn take_announcements(&mut self) {
+        let mut corrupt = Vec::new();
+        for (&ctx, rr) in self.ready.iter_mut() {
+            for _ in 0..READY_PER_ROUND {
+                match rr.ring.pop_value::<U64>() {
+                    Ok(Some(t)) => {
+                        // Unknown handles (a destroyed QP, a forged token) are ignored.
+                        if let Some(&qpn) = rr.qps.get(&(t.get() as u32)) {
+                            self.qp_sched.announced(qpn);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        corrupt.push(ctx);
+                        break;
+                    }
+                }
+            }
+        }
+        for ctx in corrupt {
+            // A client that corrupts its ready ring gets its QPs visited every round.
+            tracing::warn!(
+                ctx = ctx.0,
+                "corrupt ready ring; visiting its QPs every round"
+            );
+            if let Some(rr) = self.ready.remove(&ctx) {
+                for qpn in rr.qps.into_values() {
+                    self.qp_sched.insert(qpn, None);
+                }
+            }
+        }
+    }
+}
+
 /// Shared-memory work queues of one QP (the client produces, the daemon consumes).
 struct QpRings {
     ctx: CtxId,
@@ -781,7 +880,18 @@ impl DataPath {
             .transpose()
             .map_err(|_| EINVAL)?;
         let rq_off = sq.size().next_multiple_of(4096);
-        let len = rq_off + rq.map_or(0, |l| l.size());
+        let mut len = rq_off + rq.map_or(0, |l| l.size());
+        // With a ready ring the QP gets a work flag after its rings (ABI 6), as long as the
+        // ready ring has a slot for every flagged QP (then it never fills; see
+        // crates/shm/src/ready.rs); other QPs are visited every round.
+        let flag_off = self
+            .ready
+            .get(&ctx)
+            .filter(|rr| rr.qps.len() < rr.ring.layout().capacity() as usize)
+            .map(|_| len.next_multiple_of(softverbs_shm::CACHE_LINE));
+        if let Some(off) = flag_off {
+            len = off + WORK_FLAG_SIZE;
+        }
         let (region, fd) = Region::create("softverbs-qp", len.max(4096)).map_err(|_| ENOMEM)?;
         sq.init(&region, 0).map_err(|_| EINVAL)?;
         if let Some(l) = rq {
@@ -793,7 +903,18 @@ impl DataPath {
             .map(|l| Consumer::attach(region.clone(), rq_off, l))
             .transpose()
             .map_err(|_| EINVAL)?;
+        let flag = flag_off
+            .map(|off| WorkFlag::attach(region.clone(), off))
+            .transpose()
+            .map_err(|_| EINVAL)?;
         admit(region.len() as u64)?;
+        if flag.is_some() {
+            if let Some(rr) = self.ready.get_mut(&ctx) {
+                rr.qps.insert(qp.0, i.qpn);
+            }
+        }
+        self.qp_sched.insert(i.qpn, flag);
+        self.ctx_qp_rings.entry(ctx).or_default().insert(i.qpn);
         self.qp_rings.insert(
             i.qpn,
             QpRings {
@@ -813,9 +934,64 @@ impl DataPath {
             b_offset: U32::new(if rq.is_some() { rq_off as u32 } else { 0 }),
             b_capacity: U32::new(rq.map_or(0, |l| l.capacity())),
             b_entry: U32::new(rq.map_or(0, |l| l.entry_size() as u32)),
-            reserved: U32::new(0),
+            flag_offset: U32::new(flag_off.unwrap_or(0) as u32),
         };
         Ok((resp, fd))
+    }
+
+    /// Maps the context's ready ring (ABI 6 `MapQueues` kind `QUEUES_READY`): QPs mapped from
+    /// then on get a work flag, and the daemon visits them only after the client announced
+    /// work here (crates/shm/src/ready.rs). `EEXIST` if the context has one.
+    pub fn map_ready(
+        &mut self,
+        ctx: CtxId,
+        admit: impl FnOnce(u64) -> Result<(), i32>,
+    ) -> Result<(QueuesResp, OwnedFd), i32> {
+        if self.ready.contains_key(&ctx) {
+            return Err(EEXIST);
+        }
+        let l = RingLayout::new(READY_SLOTS, 8).map_err(|_| EINVAL)?;
+        let len = l.size().next_multiple_of(4096);
+        let (region, fd) = Region::create("softverbs-ready", len).map_err(|_| ENOMEM)?;
+        l.init(&region, 0).map_err(|_| EINVAL)?;
+        let ring = Consumer::attach(Arc::new(region), 0, l).map_err(|_| EINVAL)?;
+        admit(len as u64)?;
+        self.ready.insert(
+            ctx,
+            ReadyRing {
+                ring,
+                qps: HashMap::new(),
+            },
+        );
+        let resp = QueuesResp {
+            region_len: U64::new(len as u64),
+            a_offset: U32::new(0),
+            a_capacity: U32::new(l.capacity()),
+            a_entry: U32::new(8),
+            ..Default::default()
+        };
+        Ok((resp, fd))
+    }
+
+    /// Drops a QP's rings (destroyed, or its ring was corrupt).
+    fn forget_qp_rings(&mut self, qpn: u32) {
+        if let Some(r) = self.qp_rings.remove(&qpn) {
+            if let Some(rr) = self.ready.get_mut(&r.ctx) {
+                rr.qps.remove(&r.handle.0);
+            }
+            if let Some(set) = self.ctx_qp_rings.get_mut(&r.ctx) {
+                set.remove(&qpn);
+            }
+        }
+        self.qp_sched.remove(qpn);
+    }
+
+    /// What the data path's rounds have cost so far.
+    pub fn round_stats(&self) -> RoundStats {
+        RoundStats {
+            queued_qps: self.qp_sched.queued().len() as u32,
+            ..self.stats
+        }
     }
 
     /// Maps the receive queue of SRQ `srq` into shared memory: the owner posts receives by
@@ -903,7 +1079,17 @@ impl DataPath {
     /// next post. Returns false if entries arrived meanwhile (then do not block).
     pub fn prepare_sleep(&mut self) -> bool {
         let mut idle = true;
-        for (&qpn, r) in self.qp_rings.iter_mut() {
+        // QPs not queued have a clear work flag: their next post announces itself through
+        // the ready ring, whose own need_wakeup covers it.
+        for rr in self.ready.values_mut() {
+            if !matches!(rr.ring.prepare_sleep(), Ok(true)) {
+                idle = false;
+            }
+        }
+        for &qpn in self.qp_sched.queued() {
+            let Some(r) = self.qp_rings.get_mut(&qpn) else {
+                continue;
+            };
             // Entries the engine has no room for yet are not work: they wait for completions,
             // which come with packets or timers that wake the loop anyway.
             let (sq_room, rq_room) = self.qp_dev.get(&qpn).map_or((0, 0), |&d| {
@@ -924,20 +1110,33 @@ impl DataPath {
                 idle = false;
             }
         }
+        if !idle {
+            // Not sleeping after all: producers need not ring.
+            self.clear_wakeups();
+        }
         idle
     }
 
-    /// After the event loop wakes: producers may stop ringing.
-    pub fn finish_sleep(&mut self) {
-        for r in self.qp_rings.values_mut() {
-            r.sq.finish_sleep();
-            if let Some(rq) = &mut r.rq {
-                rq.finish_sleep();
+    fn clear_wakeups(&mut self) {
+        for rr in self.ready.values_mut() {
+            rr.ring.finish_sleep();
+        }
+        for &qpn in self.qp_sched.queued() {
+            if let Some(r) = self.qp_rings.get_mut(&qpn) {
+                r.sq.finish_sleep();
+                if let Some(rq) = &mut r.rq {
+                    rq.finish_sleep();
+                }
             }
         }
         for (_, c) in self.srq_rings.values_mut() {
             c.finish_sleep();
         }
+    }
+
+    /// After the event loop wakes: producers may stop ringing.
+    pub fn finish_sleep(&mut self) {
+        self.clear_wakeups();
         for d in self.doorbells.values() {
             softverbs_ipc::drain_eventfd(d.as_fd());
         }
@@ -954,8 +1153,15 @@ impl DataPath {
         rbuf.resize(entry_size::<PostRecvReq>() as usize, 0);
         let mut failed = Vec::new();
         let mut errors: Vec<(Option<CqId>, WorkCompletion)> = Vec::new();
-        for (&qpn, r) in self.qp_rings.iter_mut() {
-            let Some(&dev) = self.qp_dev.get(&qpn) else {
+        self.take_announcements();
+        let mut visit = std::mem::take(&mut self.visit);
+        self.qp_sched.start_round(&mut visit);
+        self.stats.rounds += 1;
+        self.stats.qp_visits += visit.len() as u64;
+        self.stats.max_qp_visits = self.stats.max_qp_visits.max(visit.len() as u32);
+        for &qpn in &visit {
+            let (Some(r), Some(&dev)) = (self.qp_rings.get_mut(&qpn), self.qp_dev.get(&qpn)) else {
+                self.qp_sched.settle(qpn, false, || false);
                 continue;
             };
             let engine = &mut self.devs[dev].engine;
@@ -1002,11 +1208,26 @@ impl DataPath {
                     }
                 }
             }
+            // Still busy: entries the engine had no room for, or send requests in the engine
+            // (they retire later, maybe without a completion, and the next visit publishes
+            // the retired count).
+            let mut has_entries = || {
+                let left = |c: &mut Consumer| c.available().map_or(true, |n| n > 0);
+                left(&mut r.sq) || r.rq.as_mut().is_some_and(left)
+            };
+            let busy = engine.send_queued(qpn) > 0 || has_entries();
+            if !self.qp_sched.settle(qpn, busy, has_entries) {
+                r.sq.finish_sleep();
+                if let Some(rq) = &mut r.rq {
+                    rq.finish_sleep();
+                }
+            }
         }
+        self.visit = visit;
         for qpn in failed {
             // A peer that corrupts its ring indices loses the shared-memory queues.
             tracing::warn!(qpn, "corrupt work-queue ring; unmapping it");
-            self.qp_rings.remove(&qpn);
+            self.forget_qp_rings(qpn);
         }
         let mut corrupt = Vec::new();
         for (&key, (dev, c)) in self.srq_rings.iter_mut() {

@@ -19,6 +19,7 @@ use softverbs_core::qp::QpQuery;
 use softverbs_core::types::{Access, AttrMask, EventType, QpType};
 use softverbs_core::{ContextInfo, Core, Error};
 use softverbs_ipc::PeerCred;
+use softverbs_memaccess::ProcessMemory;
 
 use crate::datapath::{DataPath, NetOptions};
 use zerocopy::little_endian::{U16, U32, U64};
@@ -48,6 +49,12 @@ pub struct Session {
     pub phase: Phase,
     /// The daemon's end of the async-event eventfd.
     pub eventfd: Option<OwnedFd>,
+    /// The process that sent the request being handled (`SCM_CREDENTIALS`), set by the
+    /// server before each [`Dispatcher::handle`]; `None` when the kernel did not say.
+    pub sender_pid: Option<u32>,
+    /// The process that opened the context (sent `Hello`), whose memory the context's
+    /// memory descriptor is. Only it may register memory (see [`Dispatcher::handle`]).
+    pub opener_pid: Option<u32>,
 }
 
 impl Session {
@@ -58,7 +65,14 @@ impl Session {
             comm,
             phase: Phase::New,
             eventfd: None,
+            sender_pid: None,
+            opener_pid: None,
         }
+    }
+
+    /// The sender of the current request: what the kernel said, else the connecting process.
+    fn sender(&self) -> u32 {
+        self.sender_pid.unwrap_or(self.cred.pid)
     }
 
     /// The open context, if any.
@@ -183,8 +197,9 @@ impl Dispatcher {
         woken: &mut Vec<CtxId>,
     ) -> Reply {
         let abi = self.abi;
-        // Only OpenXrcd and RegMr (a memfd of the range) take a descriptor, and only one.
-        if !matches!(req.cmd, Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
+        // Only Hello (the client's memory), OpenXrcd and RegMr (a memfd of the range) take a
+        // descriptor, and only one.
+        if !matches!(req.cmd, Cmd::Hello | Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
             return Err(EINVAL);
         }
         if matches!(
@@ -214,7 +229,8 @@ impl Dispatcher {
         }
         match (req.cmd, s.phase) {
             (Cmd::Hello, Phase::New) => {
-                return self.hello(s, req.body(abi).map_err(|e| e.errno())?)
+                let body = req.body(abi).map_err(|e| e.errno())?;
+                return self.hello(s, body, req.comp_mask, fds);
             }
             (Cmd::Hello, _) => return Err(EINVAL),
             (_, Phase::New) => return Err(EINVAL),
@@ -231,6 +247,14 @@ impl Dispatcher {
             (_, Phase::Context(_)) => {}
         }
         let ctx = s.ctx().expect("phase checked above");
+        if registers_memory(req) && s.opener_pid != Some(s.sender()) {
+            // The context's memory descriptor is the opener's address space: a process that
+            // inherited or was handed the connection (a fork child) must not get memory of
+            // the opener registered in its name. It opens its own context instead.
+            // (Equal numbers from two processes mean the opener is dead and reaped, and its
+            // descriptor reaches nothing.)
+            return Err(EPERM);
+        }
         if let Some(r) = self.data_command(ctx, req, woken) {
             return r;
         }
@@ -884,6 +908,7 @@ impl Dispatcher {
                         QUEUES_QP => Some(core.owned_qp_info(ctx, h).ok_or(EINVAL)?),
                         QUEUES_SRQ => core.srq_info(ctx, h).map(|_| None).ok_or(EINVAL)?,
                         QUEUES_CQ => core.cq_attr(ctx, h).map(|_| None).map_err(core_err)?,
+                        QUEUES_READY if self.abi >= 6 && h.0 == 0 => None,
                         _ => return Err(EINVAL),
                     };
                     // The ring is charged to the context (ring bytes, one mapping) before the
@@ -894,6 +919,7 @@ impl Dispatcher {
                     let (resp, fd) = match (r.kind.get(), qp) {
                         (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
                         (QUEUES_SRQ, _) => dp.map_srq(ctx, h, admit(Ring::Srq(h)))?,
+                        (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready))?,
                         _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
                     };
                     Ok((resp.as_bytes().to_vec(), vec![fd]))
@@ -947,9 +973,19 @@ impl Dispatcher {
         ok(resp)
     }
 
-    fn hello(&mut self, s: &mut Session, r: HelloReq) -> Reply {
+    fn hello(
+        &mut self,
+        s: &mut Session,
+        r: HelloReq,
+        comp_mask: u64,
+        mut fds: Vec<OwnedFd>,
+    ) -> Reply {
         if r.abi_version.get() < MIN_ABI_VERSION {
             return Err(EPROTONOSUPPORT);
+        }
+        let with_mem = comp_mask & HELLO_MEM_FD != 0;
+        if fds.len() != usize::from(with_mem) || (with_mem && r.device.get() == NO_DEVICE) {
+            return Err(EINVAL);
         }
         let resp = |ctx_id: u64, n: usize| HelloResp {
             abi_version: U32::new(self.abi),
@@ -963,6 +999,14 @@ impl Dispatcher {
             s.phase = Phase::Introspect;
             return ok(resp(0, n));
         }
+        let opener = s.sender();
+        let memory = match fds.pop() {
+            Some(fd) => Some(ProcessMemory::validate(fd, opener).map_err(|e| {
+                tracing::info!(pid = opener, "context refused: {e}");
+                e.errno()
+            })?),
+            None => None,
+        };
         // The eventfd first: a context must not exist unless the session records it.
         let efd = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
         let client_end = efd.try_clone().map_err(|_| ENOMEM)?;
@@ -977,7 +1021,8 @@ impl Dispatcher {
             .map_err(core_err)?;
         s.eventfd = Some(efd);
         s.phase = Phase::Context(ctx);
-        self.dp.context_opened(ctx, s.cred.pid);
+        s.opener_pid = Some(opener);
+        self.dp.context_opened(ctx, memory);
         Ok((resp(ctx.0, n).as_bytes().to_vec(), vec![client_end]))
     }
 
@@ -995,6 +1040,7 @@ impl Dispatcher {
 
     fn status(&self) -> Reply {
         let n = self.core.counts();
+        let dp = self.dp.round_stats();
         ok(StatusResp {
             daemon_pid: U32::new(std::process::id()),
             abi_version: U32::new(self.abi),
@@ -1007,6 +1053,10 @@ impl Dispatcher {
             srqs: U32::new(n.srqs as u32),
             cqs: U32::new(n.cqs as u32),
             mrs: U32::new(n.mrs as u32),
+            dp_rounds: U64::new(dp.rounds),
+            dp_qp_visits: U64::new(dp.qp_visits),
+            dp_max_qp_visits: U32::new(dp.max_qp_visits),
+            dp_queued_qps: U32::new(dp.queued_qps),
         })
     }
 
@@ -1059,5 +1109,18 @@ impl Dispatcher {
         ok(InjectEventResp {
             contexts: U32::new(n),
         })
+    }
+}
+
+/// Whether `req` tells the daemon where in the client's address space memory is: `reg_mr`
+/// and `rereg_mr` with a new translation.
+fn registers_memory(req: &Request<'_>) -> bool {
+    match req.cmd {
+        Cmd::RegMr => true,
+        Cmd::ReregMr => <ReregMrReq as zerocopy::FromBytes>::read_from_prefix(req.body)
+            .map_or(true, |(r, _)| {
+                r.flags.get() & REREG_MR_CHANGE_TRANSLATION != 0
+            }),
+        _ => false,
     }
 }

@@ -103,6 +103,10 @@ impl Server {
             std::fs::remove_file(path)?;
         }
         let listener = softverbs_ipc::listen_seqpacket(path)?;
+        // Sender credentials on every request (which process sent it: a fork child may share
+        // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
+        // the first request, sent before the accept, carries them.
+        softverbs_ipc::pass_credentials(listener.as_fd())?;
         // The socket is the door to every client's objects, but file permissions on the XRC
         // domain files are the access control, as with uverbs: anyone may connect.
         use std::os::unix::fs::PermissionsExt;
@@ -311,6 +315,7 @@ impl Server {
             if dgram.truncated || dgram.fds_truncated {
                 return self.close_conn(token, "message larger than the protocol allows");
             }
+            conn.session.sender_pid = dgram.sender_pid;
             let outcome =
                 self.dispatcher
                     .handle(&mut conn.session, &self.buf[..dgram.len], dgram.fds);

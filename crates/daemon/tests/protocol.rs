@@ -518,3 +518,87 @@ fn an_o_path_descriptor_does_not_join_a_domain() {
     // The domain and its receive QP are untouched.
     check_xrc_state(&owner, &state);
 }
+
+#[test]
+fn hello_takes_only_the_senders_own_mem_opened_read_write() {
+    let path = sock_path("hello-mem");
+    let _d = spawn_test_daemon(&path).unwrap();
+    let hello = |fds: &[std::os::fd::BorrowedFd<'_>], device: u32| {
+        let raw = Raw {
+            sock: softverbs_ipc::connect_seqpacket(&path).unwrap(),
+            _events: None,
+        };
+        let body = HelloReq {
+            abi_version: U32::new(ABI_VERSION),
+            device: U32::new(device),
+        };
+        raw.call_raw(Cmd::Hello, HELLO_MEM_FD, body.as_bytes(), fds)
+            .0
+    };
+    let rw = |p: &str| -> OwnedFd {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap()
+            .into()
+    };
+    let own = rw("/proc/self/mem");
+    assert_eq!(
+        hello(&[own.as_fd()], 0),
+        0,
+        "the sender's own mem, read-write"
+    );
+    let ro: OwnedFd = std::fs::File::open("/proc/self/mem").unwrap().into();
+    assert_eq!(hello(&[ro.as_fd()], 0), 9, "EBADF: not open for writing");
+    let file = tempfile_in(&path);
+    assert_eq!(
+        hello(&[file.as_fd()], 0),
+        22,
+        "EINVAL: a writable file that is not mem"
+    );
+    let mut other = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let theirs = rw(&format!("/proc/{}/mem", other.id()));
+    assert_eq!(
+        hello(&[theirs.as_fd()], 0),
+        22,
+        "EINVAL: another process's mem"
+    );
+    other.kill().unwrap();
+    other.wait().unwrap();
+    assert_eq!(hello(&[], 0), 22, "EINVAL: the bit without a descriptor");
+    assert_eq!(
+        hello(&[own.as_fd(), own.as_fd()], 0),
+        22,
+        "EINVAL: two descriptors"
+    );
+    assert_eq!(
+        hello(&[own.as_fd()], NO_DEVICE),
+        22,
+        "EINVAL: memory for a connection that opens no context"
+    );
+    // A daemon started at ABI 4 does not know the bit (the client then greets without it).
+    drop(_d);
+    let path = sock_path("hello-mem-old");
+    let mut cfg = Config::new(path.clone());
+    cfg.abi_version = 4;
+    let _d = spawn_daemon_with(cfg).unwrap();
+    let raw = Raw {
+        sock: softverbs_ipc::connect_seqpacket(&path).unwrap(),
+        _events: None,
+    };
+    let body = HelloReq {
+        abi_version: U32::new(ABI_VERSION),
+        device: U32::new(0),
+    };
+    let (status, _, _) = raw.call_raw(Cmd::Hello, HELLO_MEM_FD, body.as_bytes(), &[own.as_fd()]);
+    assert_eq!(status, 95, "EOPNOTSUPP from an ABI 4 daemon");
+    let (status, _, _) = raw.call_raw(Cmd::Hello, 0, body.as_bytes(), &[]);
+    assert_eq!(
+        status, 0,
+        "and the plain greeting works on the same connection"
+    );
+}

@@ -35,6 +35,9 @@ pub struct Datagram {
     pub fds: Vec<OwnedFd>,
     /// More descriptors were sent than fit (they were closed by the kernel).
     pub fds_truncated: bool,
+    /// The process that sent it (`SCM_CREDENTIALS`, on a socket with [`pass_credentials`];
+    /// `None` otherwise or when the sender is not visible in this pid namespace).
+    pub sender_pid: Option<u32>,
 }
 
 /// Where a daemon listens by default: `$SOFTVERBS_SOCKET`, else
@@ -124,13 +127,23 @@ fn recv_with(
     buf: &mut [u8],
     flags: RecvFlags,
 ) -> Result<Option<Datagram>, Errno> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut space =
+        [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS), ScmCredentials(1))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let msg = recvmsg(sock, &mut [IoSliceMut::new(buf)], &mut control, flags)?;
     let mut fds = Vec::new();
+    let mut sender_pid = None;
     for m in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(rights) = m {
-            fds.extend(rights);
+        match m {
+            RecvAncillaryMessage::ScmRights(rights) => fds.extend(rights),
+            // The kernel fills these in itself for a receiver with SO_PASSCRED (unix(7)); a
+            // sender that sends its own can name only itself, unless it has CAP_SYS_ADMIN
+            // over its pid namespace (then any process of that namespace, all of which it
+            // controls anyway). Pid 0: the sender is not visible in our pid namespace.
+            RecvAncillaryMessage::ScmCredentials(c) => {
+                sender_pid = Some(c.pid.as_raw_nonzero().get() as u32).filter(|&p| p != 0)
+            }
+            _ => {}
         }
     }
     let truncated = msg.flags.contains(ReturnFlags::TRUNC);
@@ -142,7 +155,15 @@ fn recv_with(
         truncated,
         fds,
         fds_truncated: msg.flags.contains(ReturnFlags::CTRUNC),
+        sender_pid,
     }))
+}
+
+/// Asks for the sender's credentials with every message received on `sock` (`SO_PASSCRED`,
+/// unix(7)): [`Datagram::sender_pid`] then names the process that sent each request, which
+/// on a connection inherited across `fork()` need not be the process that connected.
+pub fn pass_credentials(sock: BorrowedFd<'_>) -> std::io::Result<()> {
+    Ok(sockopt::set_socket_passcred(sock, true)?)
 }
 
 /// Credentials of the process at the other end of a Unix socket.

@@ -22,24 +22,9 @@ use support::{c_program, has_pid, Proc, SECTIONS};
 /// Messages per worker, sent in two batches of half.
 const COUNT: u32 = 48;
 
-/// The holders of receive QP `qpn` as (pid, kind), or None if there is no such QP.
+/// The holders of receive QP `qpn` as (pid, kind), sorted, or None if there is no such QP.
 fn holders(r: &Value, qpn: u32) -> Option<Vec<(u64, String)>> {
-    let qp = r["xrc_recv_qps"]
-        .as_array()
-        .expect("xrc_recv_qps")
-        .iter()
-        .find(|t| t["qpn"] == qpn)?;
-    let mut h: Vec<(u64, String)> = qp["holders"]
-        .as_array()
-        .expect("holders")
-        .iter()
-        .map(|h| {
-            (
-                h["pid"].as_u64().expect("pid"),
-                h["kind"].as_str().expect("kind").to_string(),
-            )
-        })
-        .collect();
+    let mut h = support::holders(r, qpn)?;
     h.sort();
     Some(h)
 }

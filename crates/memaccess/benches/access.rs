@@ -1,9 +1,11 @@
-//! Per-access cost of the two ways to reach client memory, and the one-time cost of
-//! sharing a buffer in place. `cargo bench -p softverbs-memaccess --bench access`.
+//! Per-access cost of the ways to reach client memory, and the one-time cost of sharing a
+//! buffer in place. `cargo bench -p softverbs-memaccess --bench access`.
 //!
 //! The target is a child process (this binary re-run in a child role) holding a 1 MiB
-//! buffer: a plain one for `process_vm`, one converted with `share_in_place` and mapped by
-//! the bench through `SharedMappings` for `shared`.
+//! buffer: a plain one for `process_mem` (`pread`/`pwrite` on its `/proc/<pid>/mem`, what
+//! the daemon uses) and `process_vm` (`process_vm_readv`/`writev` by pid, the comparison),
+//! one converted with `share_in_place` and mapped by the bench through `SharedMappings`
+//! for `shared`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -13,8 +15,8 @@ use std::time::Duration;
 use common::{ChildProc, PageBuf};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput};
 use softverbs_core::ids::CtxId;
-use softverbs_memaccess::{share_in_place, ProcessVm, SharedMappings};
 use softverbs_core::memory::{AtomicOp, Memory};
+use softverbs_memaccess::{share_in_place, ProcessMem, ProcessMemory, ProcessVm, SharedMappings};
 
 const CTX: CtxId = CtxId(1);
 const SIZES: [usize; 5] = [8, 64, 4 << 10, 64 << 10, 1 << 20];
@@ -31,6 +33,16 @@ fn label(n: usize) -> String {
 fn bench_access(c: &mut Criterion, plain: &ChildProc, shared: &ChildProc) {
     let mut pv = ProcessVm::new();
     pv.register_process(CTX, plain.pid);
+    let mut pm = ProcessMem::new();
+    let mem = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{}/mem", plain.pid))
+        .unwrap();
+    pm.register_process(
+        CTX,
+        ProcessMemory::validate(mem.into(), plain.pid as u32).unwrap(),
+    );
     let mut shm = SharedMappings::new();
     shm.add_region(CTX, shared.addr, BUF as u64, shared.open_memfd())
         .unwrap();
@@ -41,6 +53,15 @@ fn bench_access(c: &mut Criterion, plain: &ChildProc, shared: &ChildProc) {
         let mut g = c.benchmark_group(op);
         for n in SIZES {
             g.throughput(Throughput::Bytes(n as u64));
+            g.bench_function(BenchmarkId::new("process_mem", label(n)), |b| {
+                b.iter(|| {
+                    if is_write {
+                        pm.write(CTX, plain.addr, &data[..n]).unwrap()
+                    } else {
+                        pm.read(CTX, plain.addr, &mut buf[..n]).unwrap()
+                    }
+                })
+            });
             g.bench_function(BenchmarkId::new("process_vm", label(n)), |b| {
                 b.iter(|| {
                     if is_write {
@@ -65,6 +86,9 @@ fn bench_access(c: &mut Criterion, plain: &ChildProc, shared: &ChildProc) {
 
     let mut g = c.benchmark_group("atomic");
     let add = AtomicOp::FetchAdd { add: 1 };
+    g.bench_function("process_mem_rmw", |b| {
+        b.iter(|| pm.atomic(CTX, plain.addr, add).unwrap())
+    });
     g.bench_function("process_vm_rmw", |b| {
         b.iter(|| pv.atomic(CTX, plain.addr, add).unwrap())
     });

@@ -9,11 +9,15 @@
 //!   ([`share_in_place`]) and passed to the daemon, which maps it once at registration and
 //!   then reaches it with `memcpy` and real CPU atomics, no system call per access.
 //!   Unmapped by [`SharedMappings::remove_region`] when the memory region is deregistered.
-//! * [`ProcessVm`]: any other memory, one `process_vm_readv`/`process_vm_writev` per access.
-//!   The client lets the daemon in with [`authorize_daemon`] (Yama `PR_SET_PTRACER`) when
-//!   the daemon is not root.
+//! * [`ProcessMem`]: any other memory, one `pread`/`pwrite` per access on the client's own
+//!   `/proc/self/mem`, which the client opens ([`open_own_memory`]) and passes at context
+//!   open and the daemon checks ([`ProcessMemory::validate`]). The descriptor is bound to
+//!   the client's address space, not to its pid, so a reused pid never leads anywhere.
+//! * [`ProcessVm`]: the same by pid with `process_vm_readv`/`process_vm_writev`. The daemon
+//!   no longer uses it (a pid can be reused by an unrelated process between two accesses);
+//!   it stays as the measured comparison (`benches/access.rs`).
 //!
-//! The daemon stacks them: `SharedMappings::with_fallback(ProcessVm::new())`.
+//! The daemon stacks them: `SharedMappings::with_fallback(ProcessMem::new())`.
 //!
 //! `unsafe` is confined to the OS boundary (`mmap`, `munmap`, `mremap`, raw copies and the
 //! atomic view of a shared word), all of it in the one module allowed to use it (`map`), each
@@ -23,10 +27,12 @@
 mod client;
 #[allow(unsafe_code)]
 mod map;
+mod process_mem;
 mod process_vm;
 mod shared;
 
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
+pub use process_mem::{open_own_memory, MemFdError, ProcessMem, ProcessMemory};
 pub use process_vm::ProcessVm;
 pub use shared::{NoFallback, RegionError, RegionId, SharedMappings};
 

@@ -6,6 +6,9 @@
 //! ([`RingLayout`], [`Producer`], [`Consumer`]). Posting and polling are plain loads and
 //! stores; a system call happens only when the consumer has gone to sleep and raised the
 //! ring's `need_wakeup` flag, in which case the producer rings a [`Doorbell`] (an eventfd).
+//! A consumer serving many rings visits only those with work: producers announce an owner's
+//! idle → busy transition through its [`WorkFlag`] and a ready ring, which the consumer's
+//! [`ReadySet`] turns into the list of owners to visit.
 //!
 //! Neither side trusts the other: every index read from shared memory is validated, a bad
 //! one is a [`Corrupt`] error, and no value the peer writes can make this side access
@@ -15,11 +18,13 @@
 #![warn(missing_docs)]
 
 mod doorbell;
+mod ready;
 #[allow(unsafe_code)]
 mod region;
 mod ring;
 
 pub use doorbell::Doorbell;
+pub use ready::{ReadySet, WorkFlag, WORK_FLAG_SIZE};
 pub use region::{Atom, Region};
 pub use ring::{
     Consumer, Corrupt, Index, LayoutError, Producer, PushError, RingLayout, CACHE_LINE,

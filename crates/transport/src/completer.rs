@@ -1,9 +1,14 @@
 //! The completer (IBA 9.7.5.1, C9-x): matches ACKs, NAKs, READ responses and atomic ACKs to
 //! outstanding requests, places response data, and completes send work requests strictly in
 //! order. A NAK ends the QP with the completion status a NIC reports for it.
+//!
+//! Only responses inside the window of outstanding PSNs act (IBA 9.7.5.1): one for a PSN
+//! already acknowledged is a duplicate, one for a PSN never sent is a ghost, and both are
+//! dropped, whatever they say. RoCE has no authentication, so this is what keeps a stray or
+//! forged ACK, NAK or RNR NAK from completing, failing or rewinding a connection.
 
 use softverbs_core::types::{QpState, QpType};
-use softverbs_wire::psn::{psn_add, psn_diff};
+use softverbs_wire::psn::{psn_add, psn_diff, PSN_MASK};
 use softverbs_wire::{NakCode, Operation, PacketRef, Syndrome};
 
 use crate::engine::{Env, Qp};
@@ -12,24 +17,71 @@ use crate::requester::{complete_error_at, complete_front_error, go_back, index_o
 use crate::time::{ack_timeout, rnr_delay};
 use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 
-/// Handles one response packet arriving at a requester.
-pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'_>) {
+/// The oldest PSN a response may still carry (the oldest unacknowledged PSN): the one after
+/// the highest PSN acknowledged, and never one of a request that has completed (the first
+/// PSN of the oldest outstanding request, or for a READ whose first responses arrived, its
+/// first missing response). With nothing outstanding it is
+/// [`sent_psn`](crate::requester::ReqState::sent_psn), and the window is empty.
+fn oldest_unacked(qp: &Qp) -> u32 {
+    let sent = qp.req.sent_psn;
+    let front = match qp.sq.front() {
+        Some(w) if w.started && !w.done => {
+            if matches!(w.wr.op, SendOp::Read { .. }) {
+                psn_add(w.first_psn, w.resp_pkts)
+            } else {
+                w.first_psn
+            }
+        }
+        _ => return sent,
+    };
+    // A multi-packet request may be acknowledged part of the way.
+    let next = psn_add(qp.req.acked_psn, 1);
+    let len = sent.wrapping_sub(front) & PSN_MASK;
+    if next.wrapping_sub(front) & PSN_MASK <= len {
+        next
+    } else {
+        front
+    }
+}
+
+/// Whether a response for `psn` lies in the window IBA 9.7.5.1 allows: from the oldest
+/// unacknowledged PSN through the newest PSN sent. Distances are taken modulo 2^24, so the
+/// window may straddle the wrap from 0xFFFFFF to 0 and may be as long as a READ's responses.
+pub(crate) fn in_window(qp: &Qp, psn: u32) -> bool {
+    let lo = oldest_unacked(qp);
+    let off = psn.wrapping_sub(lo) & PSN_MASK;
+    let len = qp.req.sent_psn.wrapping_sub(lo) & PSN_MASK;
+    off < len
+}
+
+/// Handles one response packet arriving at a requester. Returns false if it was dropped as
+/// a duplicate or a ghost (outside the window of outstanding PSNs).
+pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'_>) -> bool {
     if !matches!(qp.cfg.qp_type, QpType::Rc | QpType::XrcSend)
         || !matches!(qp.attr.qp_state, QpState::Rts | QpState::Sqd)
     {
-        return;
+        return true;
     }
     let psn = pkt.headers.bth.psn;
+    if !in_window(qp, psn) {
+        return false;
+    }
     match pkt.info.operation {
         Operation::Acknowledge => {
-            let Some(aeth) = pkt.headers.aeth else { return };
+            let Some(aeth) = pkt.headers.aeth else {
+                return true;
+            };
             match aeth.syndrome {
                 Syndrome::Ack { .. } => ack_through(qp, env, psn),
                 Syndrome::RnrNak { timer } => {
-                    ack_through(qp, env, psn_add(psn, 0xFF_FFFF));
+                    // The NAK acknowledges everything before the request it refuses.
+                    ack_through(qp, env, psn_add(psn, PSN_MASK));
+                    let Some(i) = index_of_psn(qp, psn) else {
+                        return true;
+                    };
                     if qp.req.rnr_left == 0 {
-                        let i = index_of_psn(qp, psn);
-                        return complete_error_at(qp, env, i, WcStatus::RnrRetryExcErr);
+                        complete_error_at(qp, env, i, WcStatus::RnrRetryExcErr);
+                        return true;
                     }
                     if qp.req.rnr_left != 7 {
                         qp.req.rnr_left -= 1;
@@ -39,23 +91,25 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
                     qp.req.rnr_until = Some(env.now.after(rnr_delay(timer)));
                 }
                 Syndrome::Nak { code } => {
-                    ack_through(qp, env, psn_add(psn, 0xFF_FFFF));
+                    ack_through(qp, env, psn_add(psn, PSN_MASK));
                     let status = match code {
                         NakCode::PsnSeqErr => {
                             if qp.req.retry_left == 0 {
-                                return complete_front_error(qp, env, WcStatus::RetryExcErr);
+                                complete_front_error(qp, env, WcStatus::RetryExcErr);
+                                return true;
                             }
                             qp.req.retry_left -= 1;
                             go_back(qp, psn);
-                            return;
+                            return true;
                         }
                         NakCode::InvalidRequest => WcStatus::RemInvReqErr,
                         NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                         NakCode::RemoteOperationalError => WcStatus::RemOpErr,
                         NakCode::InvalidRdRequest | NakCode::Reserved(_) => WcStatus::BadRespErr,
                     };
-                    let i = index_of_psn(qp, psn);
-                    complete_error_at(qp, env, i, status);
+                    if let Some(i) = index_of_psn(qp, psn) {
+                        complete_error_at(qp, env, i, status);
+                    }
                 }
             }
         }
@@ -65,59 +119,77 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
         | Operation::RdmaReadResponseOnly => read_response(qp, env, pkt),
         Operation::AtomicAcknowledge => {
             let Some(ack) = pkt.headers.atomic_ack_eth else {
-                return;
+                return true;
             };
             let is_it = |w: &crate::engine::SendWqe| {
                 w.started && !w.done && w.wr.op.is_atomic() && w.first_psn == psn
             };
             if !qp.sq.iter().any(is_it) {
-                return;
+                return true;
             }
             // Everything before it has been executed (responses come in order).
-            ack_through(qp, env, psn_add(psn, 0xFF_FFFF));
+            ack_through(qp, env, psn_add(psn, PSN_MASK));
             let Some(i) = qp.sq.iter().position(is_it) else {
-                return;
+                return true;
             };
             if let Err(status) = place(qp, env, i, 0, &ack.orig.to_ne_bytes()) {
-                return complete_error_at(qp, env, i, status);
+                complete_error_at(qp, env, i, status);
+                return true;
             }
             qp.sq[i].done = true;
+            if i == 0 {
+                // Nothing before it is missing (an earlier READ may still wait for a lost
+                // response, whose PSNs must stay in the window).
+                qp.req.acked_psn = psn;
+            }
             progress(qp, env);
         }
         _ => {}
     }
+    true
 }
 
 /// A positive ACK of every PSN up to and including `psn` (ACKs are cumulative, IBA 9.7.5.1.2).
+/// `psn` is inside the window or the PSN just before it.
 fn ack_through<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, psn: u32) {
-    // Any advance of the acknowledged PSN is progress, even inside a message: the retry
-    // budget counts consecutive failures, not failures per message (IBA C9-140).
-    let mut any = psn_diff(psn, qp.req.acked_psn) > 0 && psn_diff(psn, qp.req.next_psn) < 0;
-    if any {
-        qp.req.acked_psn = psn;
-    }
+    let mut acked = psn;
+    let mut any = false;
     let mut retry_read = None;
     for w in qp.sq.iter_mut() {
-        if !w.started || w.done {
-            if w.done {
-                continue;
-            }
+        if w.done {
+            continue;
+        }
+        if !w.started {
             break;
         }
         let last = psn_add(w.first_psn, w.npkts - 1);
+        if w.wr.op.is_read_or_atomic() {
+            // Its own responses acknowledge a READ or atomic, not an ACK: the PSNs from its
+            // first missing response on stay unacknowledged.
+            let missing = psn_add(
+                w.first_psn,
+                if w.wr.op.is_atomic() { 0 } else { w.resp_pkts },
+            );
+            if psn_diff(psn, missing) >= 0 {
+                acked = psn_add(missing, PSN_MASK);
+                if psn_diff(psn, last) >= 0 {
+                    // An ACK beyond it: its response was lost; ask again (IBA 9.7.5.1.5,
+                    // implied NAK).
+                    retry_read = Some(missing);
+                }
+            }
+            break;
+        }
         if psn_diff(psn, last) < 0 {
             break;
         }
-        if w.wr.op.is_read_or_atomic() {
-            // An ACK beyond a READ or atomic whose response never came: the response was
-            // lost; ask again (IBA 9.7.5.1.5, implied NAK).
-            retry_read = Some(psn_add(
-                w.first_psn,
-                if w.wr.op.is_atomic() { 0 } else { w.resp_pkts },
-            ));
-            break;
-        }
         w.done = true;
+        any = true;
+    }
+    // Any advance of the acknowledged PSN is progress, even inside a message: the retry
+    // budget counts consecutive failures, not failures per message (IBA C9-140).
+    if psn_diff(acked, qp.req.acked_psn) > 0 {
+        qp.req.acked_psn = acked;
         any = true;
     }
     if any {
@@ -217,6 +289,7 @@ fn read_response<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'
             return complete_error_at(qp, env, i, status);
         }
     }
+    qp.req.acked_psn = psn;
     let w = &mut qp.sq[i];
     w.resp_pkts += 1;
     let last = matches!(

@@ -7,7 +7,7 @@
 //! answers them ([`crate::responder`]), and the completer matches responses to outstanding
 //! requests and completes them in order ([`crate::completer`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::PdRef;
@@ -92,6 +92,16 @@ pub struct RxMeta {
     pub sgid: Gid,
     /// The local GID it was sent to.
     pub dgid: Gid,
+}
+
+/// Received packets the engine dropped because of who sent them or what PSN they carry
+/// (packets that fail to parse or find no QP are not counted here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DropStats {
+    /// Packets for a connected QP (RC, UC, XRC) from an address other than its peer's.
+    pub foreign_source: u64,
+    /// Responses outside the window of outstanding PSNs: duplicates and ghosts.
+    pub outside_window: u64,
 }
 
 /// A packet [`Engine::poll_transmit`] wrote into the caller's buffer.
@@ -196,6 +206,16 @@ impl Qp {
         wr.signaled || self.cfg.sq_sig_all
     }
 
+    /// Whether a packet from `sgid` may be for this QP. A connected QP (RC, UC, XRC INI and
+    /// TGT) talks only to the node of the path it was connected with (`ah_attr.dgid` at RTR:
+    /// where it sends, so where its peer is); UD takes datagrams from anyone and checks their
+    /// Q_Key instead (IBA 10.2.5). Comparing IP addresses, not raw GIDs, keeps an IPv4 peer
+    /// equal to itself however its GID was spelled (RoCE v2 GIDs of IPv4 addresses are
+    /// IPv4-mapped IPv6, IBA Annex A17).
+    pub(crate) fn accepts_from(&self, sgid: Gid) -> bool {
+        self.cfg.qp_type == QpType::Ud || sgid.to_ip() == self.attr.ah_attr.dgid.to_ip()
+    }
+
     pub(crate) fn is_reliable(&self) -> bool {
         matches!(
             self.cfg.qp_type,
@@ -227,8 +247,13 @@ pub struct Engine {
     pub(crate) qps: HashMap<u32, Qp>,
     pub(crate) srqs: HashMap<SrqKey, Srq>,
     pending: VecDeque<u32>,
+    /// QPs whose requester has a timer running (ACK timeout or RNR wait): the timers are
+    /// looked for only here, so an engine holding thousands of idle QPs spends nothing on
+    /// them per turn (`poll_timeout`, `handle_timeout`).
+    timed: HashSet<u32>,
     out: VecDeque<Output>,
     scratch: Vec<u8>,
+    drops: DropStats,
 }
 
 impl Engine {
@@ -257,6 +282,7 @@ impl Engine {
     /// destroyed it, so nobody polls its CQs for it any more).
     pub fn destroy_qp(&mut self, qpn: u32) {
         self.qps.remove(&qpn);
+        self.timed.remove(&qpn);
     }
 
     /// Mirrors the core's attributes after a successful modify (the core validated them).
@@ -467,7 +493,9 @@ impl Engine {
 
     /// Feeds one received packet (BTH through ICRC; the shell has verified the ICRC). Bad
     /// packets are dropped silently, as a NIC drops them (IBA 9.6: invalid packets are
-    /// discarded).
+    /// discarded), and so are packets for a connected QP from anyone but its peer
+    /// (`meta.sgid` must be the QP's path's destination) and responses outside the window of
+    /// outstanding PSNs (IBA 9.7.5.1); [`drop_stats`](Self::drop_stats) counts the last two.
     pub fn handle_packet<M: Memory>(
         &mut self,
         now: Instant,
@@ -483,6 +511,13 @@ impl Engine {
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return;
         };
+        if !qp.accepts_from(meta.sgid) {
+            // Before RTR there is no path yet, and the QP takes no packets from anyone.
+            if !matches!(qp.attr.qp_state, QpState::Reset | QpState::Init) {
+                self.drops.foreign_source += 1;
+            }
+            return;
+        }
         let mut env = Env {
             now,
             core,
@@ -494,7 +529,11 @@ impl Engine {
             Direction::Request => {
                 crate::responder::receive(qp, &mut env, meta, &pkt, &mut self.scratch)
             }
-            Direction::Response => crate::completer::receive(qp, &mut env, &pkt),
+            Direction::Response => {
+                if !crate::completer::receive(qp, &mut env, &pkt) {
+                    self.drops.outside_window += 1;
+                }
+            }
         }
         self.schedule(qpn);
     }
@@ -521,12 +560,14 @@ impl Engine {
             };
             let tx = crate::responder::next_packet(qp, &mut env, buf, &mut self.scratch)
                 .or_else(|| crate::requester::next_packet(qp, &mut env, buf, &mut self.scratch));
-            match tx {
-                Some(tx) => {
-                    self.pending.push_back(qpn);
-                    return Some(tx);
-                }
-                None => qp.scheduled = false,
+            let timed = qp.req.deadline().is_some();
+            if tx.is_none() {
+                qp.scheduled = false;
+            }
+            self.note_timer(qpn, timed);
+            if let Some(tx) = tx {
+                self.pending.push_back(qpn);
+                return Some(tx);
             }
         }
         None
@@ -539,17 +580,28 @@ impl Engine {
 
     /// The earliest time [`handle_timeout`](Self::handle_timeout) has work to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(|q| q.req.deadline()).min()
+        self.timed
+            .iter()
+            .filter_map(|n| self.qps.get(n)?.req.deadline())
+            .min()
     }
 
     /// Runs the timers due at `now`: retransmission after an ACK timeout (IBA 9.7.6.1.3)
     /// and the end of an RNR wait (IBA 9.7.5.2.8).
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.timed.is_empty() {
+            return;
+        }
         let due: Vec<u32> = self
-            .qps
+            .timed
             .iter()
-            .filter(|(_, q)| q.req.deadline().is_some_and(|d| d <= now))
-            .map(|(&n, _)| n)
+            .copied()
+            .filter(|n| {
+                self.qps
+                    .get(n)
+                    .and_then(|q| q.req.deadline())
+                    .is_some_and(|d| d <= now)
+            })
             .collect();
         for qpn in due {
             if let Some(qp) = self.qps.get_mut(&qpn) {
@@ -557,6 +609,11 @@ impl Engine {
             }
             self.schedule(qpn);
         }
+    }
+
+    /// What [`handle_packet`](Self::handle_packet) dropped for its source or its PSN.
+    pub fn drop_stats(&self) -> DropStats {
+        self.drops
     }
 
     /// Outstanding send work requests of a QP.
@@ -569,13 +626,31 @@ impl Engine {
         self.srqs.get(&key).map_or(0, |s| s.queue.len())
     }
 
+    /// Puts the QP on the transmit list, and re-files its timer: every path that can start
+    /// or stop a requester timer (modify, post, packet, timeout) ends here, and
+    /// [`poll_transmit`](Self::poll_transmit) re-files after each packet it builds.
     fn schedule(&mut self, qpn: u32) {
         if let Some(qp) = self.qps.get_mut(&qpn) {
+            let timed = qp.req.deadline().is_some();
             if !qp.scheduled {
                 qp.scheduled = true;
                 self.pending.push_back(qpn);
             }
+            self.note_timer(qpn, timed);
         }
+    }
+
+    fn note_timer(&mut self, qpn: u32, timed: bool) {
+        if timed {
+            self.timed.insert(qpn);
+        } else {
+            self.timed.remove(&qpn);
+        }
+    }
+
+    /// QPs with a requester timer running (what each turn's timer work is proportional to).
+    pub fn timed_qps(&self) -> usize {
+        self.timed.len()
     }
 }
 

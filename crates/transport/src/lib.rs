@@ -20,7 +20,8 @@ pub mod sim;
 pub mod time;
 
 pub use engine::{
-    CqId, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit, MAX_PACKET,
+    CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit,
+    MAX_PACKET,
 };
 /// Work requests and completions, and the memory interface, live in the core so the client
 /// can use them without linking the engine; re-exported under their old paths.

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use softverbs_core::attr::QpAttr;
 use softverbs_core::types::{QpState, QpType};
-use softverbs_wire::psn::{psn_add, psn_diff};
+use softverbs_wire::psn::{psn_add, psn_diff, PSN_MASK};
 use softverbs_wire::{
     emit_packet, AtomicEthRepr, BthRepr, DethRepr, Headers, IethRepr, ImmDtRepr, Opcode, Operation,
     RethRepr, Transport, XrcethRepr,
@@ -44,12 +44,17 @@ pub(crate) struct ReqState {
     pub(crate) rnr_until: Option<Instant>,
     /// The highest PSN the responder has acknowledged (explicitly, or implicitly by a NAK).
     pub(crate) acked_psn: u32,
+    /// PSN after the newest PSN sent: the end of the window of PSNs a response may carry
+    /// (see `completer::in_window`). A READ request counts its whole response range as sent.
+    pub(crate) sent_psn: u32,
 }
 
 impl ReqState {
     pub(crate) fn reset_psn(&mut self, sq_psn: u32, attr: &QpAttr) {
         *self = ReqState {
             next_psn: sq_psn,
+            sent_psn: sq_psn,
+            acked_psn: psn_add(sq_psn, PSN_MASK),
             retry_left: attr.retry_cnt,
             rnr_left: attr.rnr_retry,
             ..ReqState::default()
@@ -356,6 +361,16 @@ pub(crate) fn next_packet<M: Memory>(
         udp_sport: qp.udp_sport(),
     };
 
+    // The responses this packet may draw: a READ's whole range, otherwise its own PSN.
+    let sent_end = if matches!(op, SendOp::Read { .. }) {
+        psn_add(w.first_psn, npkts)
+    } else {
+        psn_add(psn, 1)
+    };
+    if psn_diff(sent_end, qp.req.sent_psn) > 0 {
+        qp.req.sent_psn = sent_end;
+    }
+
     // Advance.
     if last {
         qp.sq[idx].sent = true;
@@ -387,16 +402,13 @@ pub(crate) fn complete_front_error<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>,
     complete_error_at(qp, env, 0, status);
 }
 
-/// The send-queue index of the outstanding request that PSN `psn` belongs to (the oldest
-/// if none does).
-pub(crate) fn index_of_psn(qp: &Qp, psn: u32) -> usize {
-    qp.sq
-        .iter()
-        .position(|w| {
-            let off = psn_diff(psn, w.first_psn);
-            w.started && !w.done && off >= 0 && off < w.npkts as i32
-        })
-        .unwrap_or(0)
+/// The send-queue index of the outstanding request that PSN `psn` belongs to, if any. A NAK
+/// names the request it refuses by PSN; one naming none refuses nothing (IBA 9.7.5.1).
+pub(crate) fn index_of_psn(qp: &Qp, psn: u32) -> Option<usize> {
+    qp.sq.iter().position(|w| {
+        let off = psn.wrapping_sub(w.first_psn) & PSN_MASK;
+        w.started && !w.done && off < w.npkts
+    })
 }
 
 /// Completes request `i` with `status` and moves the QP to ERR. Completions keep posting

@@ -505,7 +505,8 @@ struct InFlight {
     seq: u64,
     corrupted: bool,
     to: usize,
-    from: usize,
+    /// The source address, as the receiver's socket reports it.
+    src: Gid,
     bytes: Vec<u8>,
 }
 
@@ -609,7 +610,8 @@ impl Network {
                 let Some(to) = self.hosts.iter().position(|h| h.gid == tx.dgid) else {
                     continue;
                 };
-                self.transmit(i, to, dgram, tx.len);
+                let src = self.hosts[i].gid;
+                self.transmit(src, to, dgram, tx.len);
             }
         }
         while self.queue.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
@@ -630,7 +632,7 @@ impl Network {
                 self.stats.corrupt_accepted += 1;
             }
             let meta = RxMeta {
-                sgid: self.hosts[p.from].gid,
+                sgid: p.src,
                 dgid: self.hosts[p.to].gid,
             };
             let h = &mut self.hosts[p.to];
@@ -643,7 +645,38 @@ impl Network {
         progressed
     }
 
-    fn transmit(&mut self, from: usize, to: usize, bytes: Vec<u8>, ib_len: usize) {
+    /// Puts a forged datagram on the wire, as a host that is not part of the network (or one
+    /// spoofing a member's address) would: `ib` (BTH through the ICRC slot) from `src`, UDP
+    /// source port `sport`, to host `to`, with a correct ICRC. It skips the fault profile and
+    /// arrives after the one-way delay, like any packet sent now.
+    pub fn inject(&mut self, src: IpAddr, sport: u16, to: usize, ib: &[u8]) {
+        let (src, dst) = (Gid::from_ip(src), self.hosts[to].gid);
+        let udp = UdpRepr {
+            src_port: sport,
+            dst_port: ROCE_V2_UDP_PORT,
+        };
+        let mut dgram = vec![0u8; 40 + 8 + ib.len()];
+        let Ok(hl) = emit_ip_udp(&Self::ip_header(src, dst), &udp, ib.len(), &mut dgram) else {
+            return;
+        };
+        dgram.truncate(hl + ib.len());
+        dgram[hl..].copy_from_slice(ib);
+        let (hdr, pkt) = dgram.split_at_mut(hl);
+        if icrc::write(hdr, pkt).is_err() {
+            return;
+        }
+        self.seq += 1;
+        self.queue.push(Reverse(InFlight {
+            at: self.now.after(self.faults.delay),
+            seq: self.seq,
+            corrupted: false,
+            to,
+            src,
+            bytes: dgram,
+        }));
+    }
+
+    fn transmit(&mut self, src: Gid, to: usize, bytes: Vec<u8>, ib_len: usize) {
         let f = self.faults;
         if self.rng.chance(f.loss) {
             self.stats.lost += 1;
@@ -680,7 +713,7 @@ impl Network {
                 seq: self.seq,
                 corrupted,
                 to,
-                from,
+                src,
                 bytes: b,
             }));
         }

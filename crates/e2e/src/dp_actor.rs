@@ -1,5 +1,5 @@
 //! Data-path actors: client processes that move data through the daemon, for the
-//! real-process integration tests (`crates/cli/tests/datapath_processes.rs`).
+//! real-process integration tests (`tests/datapath_processes.rs`).
 //!
 //! Each actor opens its own context, builds its objects, prints a `READY ...` line, and then
 //! follows one command per line on stdin, answering each with one line that starts with `OK`,
@@ -27,7 +27,7 @@ use softverbs_abi::msg::{
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-/// The data-path roles (hidden `softverbs demo-actor` subcommands).
+/// The data-path roles (`softverbs-test-actor` subcommands).
 #[derive(clap::Subcommand)]
 pub enum DpRole {
     /// One RC QP over one registered buffer, driven by commands on stdin.
@@ -54,7 +54,7 @@ pub enum DpRole {
         #[arg(long)]
         file: PathBuf,
         #[arg(long, value_enum, default_value = "upstream")]
-        face: crate::actor::Face,
+        face: crate::Face,
     },
     /// Joins receive QP `qpn` through `face`, owns one XRC SRQ behind it, and receives and
     /// checks messages until told `DONE`.
@@ -65,7 +65,7 @@ pub enum DpRole {
         #[arg(long)]
         qpn: u32,
         #[arg(long, value_enum)]
-        face: crate::actor::Face,
+        face: crate::Face,
         /// Receive buffers kept posted.
         #[arg(long, default_value_t = 32)]
         slots: u32,
@@ -109,7 +109,7 @@ pub fn run(socket: &Path, role: &DpRole) -> ! {
 
 // ---- plumbing ------------------------------------------------------------------------------
 
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
@@ -120,7 +120,7 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ! {
     std::process::exit(1);
 }
 
-trait OrFail<T> {
+pub(crate) trait OrFail<T> {
     fn or_fail(self, what: &str) -> T;
 }
 
@@ -788,15 +788,15 @@ fn stream_recv(
 
 // ---- XRC -----------------------------------------------------------------------------------
 
-fn domain_file(path: &Path) -> std::fs::File {
+pub(crate) fn domain_file(path: &Path) -> std::fs::File {
     std::fs::OpenOptions::new()
         .read(true)
         .open(path)
         .or_fail("open domain file")
 }
 
-fn xrc_creator(socket: &Path, file: &Path, face: crate::actor::Face) -> ! {
-    use crate::actor::Face;
+fn xrc_creator(socket: &Path, file: &Path, face: crate::Face) -> ! {
+    use crate::Face;
     let ctx = Context::open_at(socket, 0).or_fail("open device");
     let f = domain_file(file);
     let xrcd = ctx.open_xrcd(Some(&f), O_CREAT).or_fail("open_xrcd");
@@ -856,15 +856,8 @@ fn xrc_message(slot: &mut [u8], seed: u64, seq: u64, srqn: u32) {
     fill(&mut slot[16..], seed ^ seq, 16);
 }
 
-fn xrc_owner(
-    socket: &Path,
-    file: &Path,
-    qpn: u32,
-    face: crate::actor::Face,
-    slots: u32,
-    size: u32,
-) -> ! {
-    use crate::actor::Face;
+fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32, size: u32) -> ! {
+    use crate::Face;
     let ctx = Context::open_at(socket, 0).or_fail("open device");
     let f = domain_file(file);
     let xrcd = ctx.open_xrcd(Some(&f), O_CREAT).or_fail("open_xrcd");
@@ -1103,8 +1096,20 @@ impl Raw {
             abi_version: U32::new(softverbs::ABI_VERSION),
             device: U32::new(0),
         };
+        // The daemon reaches this process's memory through its own /proc/self/mem (ABI 5).
+        let mem: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/proc/self/mem")
+            .or_fail("open /proc/self/mem")
+            .into();
         let (_, fds) = raw
-            .call_fds::<HelloResp>(Cmd::Hello, 0, req.as_bytes())
+            .call_with::<HelloResp>(
+                Cmd::Hello,
+                softverbs_abi::msg::HELLO_MEM_FD,
+                req.as_bytes(),
+                &[mem.as_fd()],
+            )
             .or_fail("raw hello");
         raw._fds = fds;
         raw
@@ -1114,8 +1119,21 @@ impl Raw {
     where
         R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
     {
+        self.call_with(cmd, comp_mask, body, &[])
+    }
+
+    fn call_with<R>(
+        &self,
+        cmd: Cmd,
+        comp_mask: u64,
+        body: &[u8],
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(R, Vec<OwnedFd>), i32>
+    where
+        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
+    {
         let msg = encode_request(cmd, comp_mask, body, std::mem::size_of::<R>());
-        softverbs_ipc::send(self.sock.as_fd(), &msg, &[]).map_err(|e| e.raw_os_error())?;
+        softverbs_ipc::send(self.sock.as_fd(), &msg, fds).map_err(|e| e.raw_os_error())?;
         let mut buf = vec![0u8; softverbs_abi::MAX_MSG];
         let d = loop {
             match softverbs_ipc::recv(self.sock.as_fd(), &mut buf) {

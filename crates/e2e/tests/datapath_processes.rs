@@ -1,230 +1,45 @@
 //! The data path with real processes: `softverbs daemon` processes (one, or two talking RoCE v2
-//! over UDP on loopback addresses) and `softverbs demo-actor dp-*` client processes that post
+//! over UDP on loopback addresses) and `softverbs-test-actor dp-*` client processes that post
 //! work requests, poll completions and check every byte themselves (they print `OK` lines
-//! with digests; see `crates/cli/src/dp_actor.rs`).
+//! with digests; see `crates/e2e/src/dp_actor.rs`).
 //!
 //! The soak test's length comes from `SOFTVERBS_SOAK_MESSAGES` (default 20,000 messages). The
 //! full run is one million messages:
 //!
 //! ```text
+//! cargo build --release -p softverbs-cli
 //! SOFTVERBS_SOAK_MESSAGES=1000000 CARGO_TARGET_DIR=/work/target-dp \
-//!     cargo test --release -p softverbs-cli --test datapath_processes \
+//!     cargo test --release -p softverbs-e2e --test datapath_processes \
 //!     soak_with_loss_duplication_and_reordering -- --nocapture
 //! ```
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use softverbs_testkit::resources::{has_pid, holders};
+use softverbs_testkit::{Actor, Daemon};
 
-const BIN: &str = env!("CARGO_BIN_EXE_softverbs");
-const WAIT: Duration = Duration::from_secs(30);
+const ACTOR: &str = env!("CARGO_BIN_EXE_softverbs-test-actor");
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
+/// A daemon process; with `ip`, its one device `sv0` has that address and binds UDP.
+fn start(name: &str, ip: Option<&str>, extra: &[&str]) -> Daemon {
+    let mut o = Daemon::options(name).args(extra);
+    if let Some(ip) = ip {
+        o = o.device("sv0", ip);
+    }
+    o.start()
 }
 
-impl Daemon {
-    /// A daemon process; with `ip`, its one device `sv0` has that address and binds UDP.
-    fn start(name: &str, ip: Option<&str>, extra: &[&str]) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("sv-dpp-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let socket = dir.join("sv.sock");
-        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.args(["daemon", "--socket"]).arg(&socket);
-        match ip {
-            Some(ip) => cmd.arg("--device").arg(format!("sv0={ip}")),
-            None => cmd.arg("--no-network"),
-        };
-        let child = cmd.args(extra).stderr(log).spawn().unwrap();
-        let mut d = Daemon { child, dir, socket };
-        let deadline = Instant::now() + WAIT;
-        while softverbs_ipc::connect_seqpacket(&d.socket).is_err() {
-            if let Ok(Some(st)) = d.child.try_wait() {
-                panic!("daemon {name} exited with {st}: {}", d.log());
-            }
-            assert!(Instant::now() < deadline, "daemon {name} did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        d
-    }
+/// The clients these tests start on a daemon.
+trait Clients {
+    /// A `softverbs-test-actor ROLE ...` process.
+    fn actor(&self, args: &[&str]) -> Actor;
+}
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(BIN)
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .env("SOFTVERBS_AUTOSTART", "0")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "softverbs {args:?}: {}\ndaemon log:\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.log()
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn resources(&self) -> Value {
-        serde_json::from_str(&self.cli(&["resources", "--json"])).unwrap()
-    }
-
-    /// The daemon still runs and answers.
-    fn assert_alive(&mut self) {
-        assert!(
-            self.child.try_wait().unwrap().is_none(),
-            "the daemon died: {}",
-            self.log()
-        );
-        let s: Value = serde_json::from_str(&self.cli(&["status", "--json"])).unwrap();
-        assert!(s["daemon_pid"].as_u64().is_some(), "{s}");
-    }
-
-    fn wait_until(&self, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let r = self.resources();
-            if cond(&r) {
-                return r;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting until {what}; last view: {r:#}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
+impl Clients for Daemon {
     fn actor(&self, args: &[&str]) -> Actor {
-        let mut child = Command::new(BIN)
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("demo-actor")
-            .args(args)
-            .env("SOFTVERBS_AUTOSTART", "0")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Actor {
-            child,
-            lines: rx,
-            name: args.first().copied().unwrap_or("actor").to_string(),
-        }
-    }
-
-    /// SIGTERM, and wait for the clean exit.
-    fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + WAIT;
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "the daemon ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = Command::new("kill")
-                .arg(self.child.id().to_string())
-                .status();
-        }
-        let _ = self.child.wait();
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("daemon dir kept: {}", self.dir.display());
-        }
-    }
-}
-
-struct Actor {
-    child: Child,
-    lines: Receiver<String>,
-    name: String,
-}
-
-impl Actor {
-    fn line_within(&self, t: Duration) -> String {
-        self.lines.recv_timeout(t).unwrap_or_else(|_| {
-            panic!(
-                "{} (pid {}) said nothing within {t:?}",
-                self.name,
-                self.child.id()
-            )
-        })
-    }
-
-    fn line(&self) -> String {
-        self.line_within(WAIT)
-    }
-
-    fn expect(&self, prefix: &str) -> String {
-        let l = self.line();
-        assert!(
-            l.starts_with(prefix),
-            "{} (pid {}) said {l:?}, expected {prefix}",
-            self.name,
-            self.child.id()
-        );
-        l
-    }
-
-    fn send(&mut self, cmd: &str) {
-        writeln!(self.child.stdin.as_mut().unwrap(), "{cmd}").unwrap();
-    }
-
-    /// Sends `cmd` and returns the answer.
-    fn cmd(&mut self, cmd: &str) -> String {
-        self.send(cmd);
-        self.line()
-    }
-
-    /// Sends `cmd` and insists on an `OK` answer.
-    fn ok(&mut self, cmd: &str) -> String {
-        let l = self.cmd(cmd);
-        assert!(l.starts_with("OK"), "{}: {cmd} -> {l}", self.name);
-        l
-    }
-
-    fn pid(&self) -> u64 {
-        u64::from(self.child.id())
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Actor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.spawn_actor(ACTOR, args)
     }
 }
 
@@ -327,14 +142,14 @@ fn rc_pair_battery(di: &Daemon, dt: &Daemon) {
 
 #[test]
 fn rc_operations_between_two_processes_on_one_daemon() {
-    let d = Daemon::start("rc-one", None, &[]);
+    let d = start("rc-one", None, &[]);
     rc_pair_battery(&d, &d);
 }
 
 #[test]
 fn rc_operations_between_processes_on_two_daemons_over_udp() {
-    let d1 = Daemon::start("rc-a", Some("127.93.1.1"), &[]);
-    let d2 = Daemon::start("rc-b", Some("127.93.1.2"), &[]);
+    let d1 = start("rc-a", Some("127.93.1.1"), &[]);
+    let d2 = start("rc-b", Some("127.93.1.2"), &[]);
     rc_pair_battery(&d1, &d2);
     // Both directions, on the same daemons.
     rc_pair_battery(&d2, &d1);
@@ -343,19 +158,14 @@ fn rc_operations_between_processes_on_two_daemons_over_udp() {
 // ---- XRC ---------------------------------------------------------------------------------
 
 fn xrc_holders(r: &Value, qpn: u32) -> Option<usize> {
-    r["xrc_recv_qps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["qpn"] == qpn)
-        .map(|t| t["holders"].as_array().unwrap().len())
+    holders(r, qpn).map(|h| h.len())
 }
 
 #[test]
 fn xrc_stream_over_several_srq_owners_survives_the_creators_sigkill() {
     const MESSAGES: u64 = 3000;
     const SIZE: usize = 700;
-    let d = Daemon::start("xrc", None, &[]);
+    let d = start("xrc", None, &[]);
     let file = d.dir.join("domain");
     std::fs::write(&file, b"").unwrap();
     let f = file.to_str().unwrap();
@@ -409,11 +219,7 @@ fn xrc_stream_over_several_srq_owners_survives_the_creators_sigkill() {
     let creator_pid = creator.pid();
     creator.kill9();
     let r = d.wait_until("the creator's context is gone", |r| {
-        !r["contexts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|c| c["pid"] == creator_pid)
+        !has_pid(r, creator_pid)
     });
     assert_eq!(
         xrc_holders(&r, qpn),
@@ -453,13 +259,7 @@ fn xrc_stream_over_several_srq_owners_survives_the_creators_sigkill() {
         o.expect("LEFT");
         o.child.wait().unwrap();
         let pid = o.pid();
-        let r = d.wait_until("the owner is gone", |r| {
-            !r["contexts"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|c| c["pid"] == pid)
-        });
+        let r = d.wait_until("the owner is gone", |r| !has_pid(r, pid));
         let left = n - k - 1;
         assert_eq!(xrc_holders(&r, qpn), (left > 0).then_some(left), "{r:#}");
     }
@@ -486,8 +286,8 @@ fn soak_messages() -> u64 {
 fn soak_with_loss_duplication_and_reordering() {
     let n = soak_messages();
     let faults = ["--faults", "loss=0.05,dup=0.01,reorder=0.01"];
-    let d1 = Daemon::start("soak-a", Some("127.93.3.1"), &faults);
-    let d2 = Daemon::start("soak-b", Some("127.93.3.2"), &faults);
+    let d1 = start("soak-a", Some("127.93.3.1"), &faults);
+    let d2 = start("soak-b", Some("127.93.3.2"), &faults);
     let opts = ["--depth", "64"];
     let mut a = rc(&d1, &opts);
     let mut b = rc(&d2, &opts);
@@ -543,12 +343,12 @@ fn captures_decode_in_tshark_with_good_icrcs() {
         let _ = std::fs::remove_dir_all(c);
         std::fs::create_dir_all(c).unwrap();
     }
-    let mut d1 = Daemon::start(
+    let mut d1 = start(
         "cap-a",
         Some("127.93.4.1"),
         &["--capture", cap1.to_str().unwrap()],
     );
-    let mut d2 = Daemon::start(
+    let mut d2 = start(
         "cap-b",
         Some("127.93.4.2"),
         &["--capture", cap2.to_str().unwrap()],
@@ -610,7 +410,7 @@ fn captures_decode_in_tshark_with_good_icrcs() {
 
 #[test]
 fn garbage_work_requests_get_errors_and_the_daemon_carries_on() {
-    let mut d = Daemon::start("garbage", None, &[]);
+    let mut d = start("garbage", None, &[]);
     let g = d.actor(&["dp-garbage"]);
     let mut cases = BTreeMap::new();
     loop {
@@ -730,7 +530,7 @@ fn garbage_work_requests_get_errors_and_the_daemon_carries_on() {
 
 #[test]
 fn rdma_into_freed_memory_completes_with_an_error_and_others_carry_on() {
-    let mut d = Daemon::start("freed", None, &[]);
+    let mut d = start("freed", None, &[]);
     let mut victim = rc(&d, &["--buf-len", "16777216"]);
     let mut peer = rc(&d, &[]);
     connect(&mut peer, &mut victim);
@@ -769,7 +569,7 @@ fn rdma_into_freed_memory_completes_with_an_error_and_others_carry_on() {
 
 #[test]
 fn a_client_killed_mid_stream_is_cleaned_up_and_its_peer_gets_errors() {
-    let mut d = Daemon::start("midkill", None, &[]);
+    let mut d = start("midkill", None, &[]);
     // The default retry budget: 8 tries of ~17 ms before RETRY_EXC_ERR.
     let opts: [&str; 0] = [];
     let mut a = rc(&d, &opts);
@@ -795,13 +595,7 @@ fn a_client_killed_mid_stream_is_cleaned_up_and_its_peer_gets_errors() {
         "the sender of a dead receiver: {end}"
     );
     assert_eq!(kv(&end, "success_after"), "0", "{end}");
-    let r = d.wait_until("the killed client is gone", |r| {
-        !r["contexts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|c| c["pid"] == bpid)
-    });
+    let r = d.wait_until("the killed client is gone", |r| !has_pid(r, bpid));
     assert_eq!(r["contexts"].as_array().unwrap().len(), 3, "{r:#}");
     // The third client keeps working.
     rc_battery(&mut c1, &mut c2);
@@ -819,13 +613,7 @@ fn a_client_killed_mid_stream_is_cleaned_up_and_its_peer_gets_errors() {
     f.a.expect("PROGRESS 2000");
     let epid = e.a.pid();
     e.a.kill9();
-    d.wait_until("the killed sender is gone", |r| {
-        !r["contexts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|c| c["pid"] == epid)
-    });
+    d.wait_until("the killed sender is gone", |r| !has_pid(r, epid));
     d.assert_alive();
     rc_battery(&mut c2, &mut c1);
 }

@@ -1,186 +1,78 @@
 //! Real processes against a real daemon: the daemon runs as its own process
-//! (`softverbs daemon`), clients are `softverbs demo-actor` processes, and every check goes
-//! through `softverbs resources --json`, as a user would look.
+//! (`softverbs daemon`), clients are the demo's `softverbs demo-actor` processes and the
+//! `softverbs-test-actor hoarder`, and every check goes through `softverbs resources --json`,
+//! as a user would look.
 
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use serde_json::Value;
+use softverbs_testkit::resources::{has_pid, holders};
+use softverbs_testkit::{Actor, Daemon};
 
-const BIN: &str = env!("CARGO_BIN_EXE_softverbs");
-const WAIT: Duration = Duration::from_secs(10);
+const ACTOR: &str = env!("CARGO_BIN_EXE_softverbs-test-actor");
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
+/// A daemon whose directory clients of other uids can reach.
+fn start(name: &str) -> Daemon {
+    Daemon::options(name).open_to_all().start()
 }
 
-impl Daemon {
-    fn start(name: &str) -> Daemon {
-        let dir = std::env::temp_dir().join(format!("sv-proc-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let socket = dir.join("sv.sock");
-        let log = std::fs::File::create(dir.join("daemon.log")).unwrap();
-        let child = Command::new(BIN)
-            .args(["daemon", "--socket"])
-            .arg(&socket)
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + WAIT;
-        while softverbs_ipc::connect_seqpacket(&socket).is_err() {
-            assert!(Instant::now() < deadline, "daemon did not come up");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Daemon { child, dir, socket }
-    }
+/// The clients these tests start on a daemon.
+trait Clients {
+    /// One of the demo's processes (`softverbs demo-actor ROLE ...`), as `softverbs demo`
+    /// runs them.
+    fn actor(&self, args: &[&str]) -> Actor;
+    /// [`Clients::actor`] as user `uid` (and its group).
+    fn actor_as(&self, args: &[&str], uid: Option<u32>) -> Actor;
+    /// A `softverbs-test-actor ROLE ...` process.
+    fn test_actor(&self, args: &[&str]) -> Actor;
+}
 
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(BIN)
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .env("SOFTVERBS_AUTOSTART", "0")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "softverbs {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    fn resources(&self) -> Value {
-        serde_json::from_str(&self.cli(&["resources", "--json"])).unwrap()
-    }
-
-    /// Waits until the daemon's view satisfies `cond` (it learns of deaths asynchronously).
-    fn wait_until(&self, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let r = self.resources();
-            if cond(&r) {
-                return r;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting until {what}; last view: {r:#}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
+impl Clients for Daemon {
     fn actor(&self, args: &[&str]) -> Actor {
         self.actor_as(args, None)
     }
 
     fn actor_as(&self, args: &[&str], uid: Option<u32>) -> Actor {
-        let mut cmd =
-            Command::new(uid.map_or_else(|| PathBuf::from(BIN), |_| self.private_copy_of_bin()));
-        cmd.arg("--socket")
-            .arg(&self.socket)
-            .arg("demo-actor")
-            .args(args)
-            .env("SOFTVERBS_AUTOSTART", "0");
+        let bin = match uid {
+            Some(_) => private_copy_of(self, &self.bin),
+            None => self.bin.clone(),
+        };
+        let mut cmd = self.client(bin);
+        cmd.arg("demo-actor").args(args);
         if let Some(uid) = uid {
             cmd.uid(uid).gid(uid);
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Actor { child, lines: rx }
+        Actor::spawn(args[0], cmd)
     }
 
-    /// A copy of the binary another uid can execute (the build tree may not be reachable).
-    fn private_copy_of_bin(&self) -> PathBuf {
-        let p = self.dir.join("softverbs");
-        if !p.exists() {
-            std::fs::copy(BIN, &p).unwrap();
-        }
-        p
-    }
-
-    fn domain_file(&self, name: &str, mode: u32) -> PathBuf {
-        use std::os::unix::fs::PermissionsExt;
-        let p = self.dir.join(name);
-        std::fs::write(&p, b"").unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-        p
+    fn test_actor(&self, args: &[&str]) -> Actor {
+        self.spawn_actor(ACTOR, args)
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SIGTERM: the daemon shuts down cleanly and removes its socket.
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+/// A copy of `bin` that another uid can execute (the build tree may not be reachable).
+fn private_copy_of(d: &Daemon, bin: &Path) -> PathBuf {
+    let p = d.dir.join(bin.file_name().unwrap());
+    if !p.exists() {
+        std::fs::copy(bin, &p).unwrap();
     }
+    p
 }
 
-struct Actor {
-    child: Child,
-    lines: Receiver<String>,
+/// A worker told to leave.
+trait Leave {
+    /// Sends `LEAVE` and returns the `LEFT` line once the worker has exited.
+    fn leave(&mut self) -> String;
 }
 
-impl Actor {
-    fn line(&self) -> String {
-        self.lines
-            .recv_timeout(WAIT)
-            .unwrap_or_else(|_| panic!("actor {} said nothing", self.child.id()))
-    }
-
-    fn expect(&self, prefix: &str) -> String {
-        let l = self.line();
-        assert!(
-            l.starts_with(prefix),
-            "actor {} said {l:?}, expected {prefix}",
-            self.child.id()
-        );
-        l
-    }
-
-    fn pid(&self) -> u64 {
-        u64::from(self.child.id())
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
+impl Leave for Actor {
     fn leave(&mut self) -> String {
-        writeln!(self.child.stdin.as_mut().unwrap(), "LEAVE").unwrap();
+        self.send("LEAVE");
         let l = self.expect("LEFT");
         self.child.wait().unwrap();
         l
-    }
-}
-
-impl Drop for Actor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -188,38 +80,9 @@ fn qpn_of(line: &str) -> u32 {
     line.rsplit(['=', ' ']).next().unwrap().parse().unwrap()
 }
 
-fn holders(r: &Value, qpn: u32) -> Option<Vec<(u64, String)>> {
-    r["xrc_recv_qps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["qpn"] == qpn)
-        .map(|t| {
-            t["holders"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|h| {
-                    (
-                        h["pid"].as_u64().unwrap(),
-                        h["kind"].as_str().unwrap().to_string(),
-                    )
-                })
-                .collect()
-        })
-}
-
-fn has_pid(r: &Value, pid: u64) -> bool {
-    r["contexts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|c| c["pid"] == pid)
-}
-
 #[test]
 fn the_receive_qp_survives_its_creators_sigkill_and_events_reach_exactly_its_holders() {
-    let d = Daemon::start("persist");
+    let d = start("persist");
     let file = d.domain_file("domain", 0o644);
     let f = file.to_str().unwrap();
     let mut creator = d.actor(&["creator", "--file", f]);
@@ -308,10 +171,12 @@ fn the_receive_qp_survives_its_creators_sigkill_and_events_reach_exactly_its_hol
 
 #[test]
 fn every_object_is_freed_when_every_client_dies() {
-    let d = Daemon::start("cleanup");
+    let d = start("cleanup");
     let file = d.domain_file("domain", 0o644);
     let f = file.to_str().unwrap();
-    let mut hoarders: Vec<Actor> = (0..3).map(|_| d.actor(&["hoarder", "--file", f])).collect();
+    let mut hoarders: Vec<Actor> = (0..3)
+        .map(|_| d.test_actor(&["hoarder", "--file", f]))
+        .collect();
     let qpns: Vec<u32> = hoarders
         .iter()
         .map(|h| qpn_of(&h.expect("READY")))
@@ -366,7 +231,7 @@ fn every_object_is_freed_when_every_client_dies() {
 
 #[test]
 fn workers_leaving_one_by_one_take_the_qp_and_then_the_domain_with_the_last() {
-    let d = Daemon::start("leave");
+    let d = start("leave");
     let file = d.domain_file("domain", 0o644);
     let f = file.to_str().unwrap();
     let mut creator = d.actor(&["creator", "--file", f]);
@@ -411,7 +276,7 @@ fn a_client_of_another_uid_cannot_open_a_domain_whose_file_it_cannot_open() {
         return;
     }
     const NOBODY: u32 = 65534;
-    let d = Daemon::start("uid");
+    let d = start("uid");
     let file = d.domain_file("private-domain", 0o600);
     let f = file.to_str().unwrap();
     let creator = d.actor(&["creator", "--file", f]);
@@ -455,8 +320,8 @@ fn a_client_of_another_uid_cannot_open_a_domain_whose_file_it_cannot_open() {
 
 #[test]
 fn the_demo_tells_the_whole_story_and_exits_zero() {
-    let d = Daemon::start("demo");
-    let out = Command::new(BIN)
+    let d = start("demo");
+    let out = Command::new(&d.bin)
         .arg("--socket")
         .arg(&d.socket)
         .args(["demo", "--workers", "4"])
