@@ -30,7 +30,7 @@ use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
 
-use softverbs_core::errno::{EBUSY, EINVAL, ENOENT, ENOMEM};
+use softverbs_core::errno::{EBUSY, EEXIST, EINVAL, ENOENT, ENOMEM};
 
 struct Dev {
     engine: Engine,
@@ -781,8 +781,6 @@ const READY_SLOTS: u32 = 1 << 16;
 /// Announcements taken from one ready ring per round, so a client flooding its ring with
 /// tokens delays others by a bounded amount (the rest wait for the next round).
 const READY_PER_ROUND: usize = 1024;
-
-const EEXIST: i32 = 17;
 
 /// Rounds a QP found idle stays queued before its flag is cleared (`ReadySet::with_grace`):
 /// a ping-pong's QPs post again within a few rounds, and then post without announcing.

@@ -46,8 +46,8 @@ impl MemFdError {
     /// The errno the daemon answers with.
     pub fn errno(&self) -> i32 {
         match self {
-            MemFdError::NotReadWrite => Errno::BADF.raw_os_error(),
-            MemFdError::NotPeerMem { .. } | MemFdError::Io(_) => Errno::INVAL.raw_os_error(),
+            MemFdError::NotReadWrite => softverbs_core::errno::EBADF,
+            MemFdError::NotPeerMem { .. } | MemFdError::Io(_) => softverbs_core::errno::EINVAL,
         }
     }
 }
