@@ -449,25 +449,23 @@ mod tests {
             Just(SendOp::Send),
             any::<u32>().prop_map(SendOp::SendWithImm),
             any::<u32>().prop_map(SendOp::SendWithInv),
-            (a.clone(), k.clone())
-                .prop_map(|(remote_addr, rkey)| SendOp::Write { remote_addr, rkey }),
-            (a.clone(), k.clone(), any::<u32>()).prop_map(|(remote_addr, rkey, imm)| {
+            (a, k).prop_map(|(remote_addr, rkey)| SendOp::Write { remote_addr, rkey }),
+            (a, k, any::<u32>()).prop_map(|(remote_addr, rkey, imm)| {
                 SendOp::WriteWithImm {
                     remote_addr,
                     rkey,
                     imm,
                 }
             }),
-            (a.clone(), k.clone())
-                .prop_map(|(remote_addr, rkey)| SendOp::Read { remote_addr, rkey }),
-            (a.clone(), k.clone(), any::<u64>(), any::<u64>()).prop_map(
-                |(remote_addr, rkey, compare, swap)| SendOp::CompareSwap {
+            (a, k).prop_map(|(remote_addr, rkey)| SendOp::Read { remote_addr, rkey }),
+            (a, k, any::<u64>(), any::<u64>()).prop_map(|(remote_addr, rkey, compare, swap)| {
+                SendOp::CompareSwap {
                     remote_addr,
                     rkey,
                     compare,
-                    swap
+                    swap,
                 }
-            ),
+            }),
             (a, k, any::<u64>()).prop_map(|(remote_addr, rkey, add)| SendOp::FetchAdd {
                 remote_addr,
                 rkey,
