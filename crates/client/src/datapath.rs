@@ -6,8 +6,8 @@
 
 use softverbs_abi::convert;
 use softverbs_abi::msg::*;
-use softverbs_core::wr::{SendOp, Sge, WcOpcode, WorkCompletion};
 use softverbs_abi::msg::{cmd, Command};
+use softverbs_core::wr::{SendOp, Sge, WcOpcode, WorkCompletion};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 

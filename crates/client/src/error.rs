@@ -7,7 +7,7 @@ use softverbs_ipc::IpcErrno;
 pub mod errno {
     pub use softverbs_core::errno::{
         EAGAIN, EBADF, EBUSY, ECONNREFUSED, ECONNRESET, EEXIST, EINVAL, EIO, ENODEV, ENOENT,
-        ENOMEM, ENOSYS, EOPNOTSUPP, EPROTO,
+        ENOMEM, ENOSYS, ENOTCONN, EOPNOTSUPP, EPIPE, EPROTO,
     };
 }
 

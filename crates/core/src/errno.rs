@@ -25,6 +25,8 @@ pub const EEXIST: i32 = 17;
 pub const ENODEV: i32 = 19;
 /// Invalid argument.
 pub const EINVAL: i32 = 22;
+/// Broken pipe: the daemon's end of the connection is closed.
+pub const EPIPE: i32 = 32;
 /// Function not implemented.
 pub const ENOSYS: i32 = 38;
 /// No data available: an empty GID table entry (`ibv_query_gid_ex(3)`).
@@ -39,6 +41,8 @@ pub const EPROTONOSUPPORT: i32 = 93;
 pub const EOPNOTSUPP: i32 = 95;
 /// Connection reset: the daemon closed the connection.
 pub const ECONNRESET: i32 = 104;
+/// Not connected: the connection to the daemon is gone.
+pub const ENOTCONN: i32 = 107;
 /// Connection refused: nothing listens on the socket.
 pub const ECONNREFUSED: i32 = 111;
 

@@ -287,12 +287,7 @@ impl WorkCompletion {
     }
 
     /// A completion of `wr_id` on `qp_num` with no data, flags or immediate.
-    pub fn new(
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        qp_num: u32,
-    ) -> WorkCompletion {
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
         WorkCompletion {
             wr_id,
             status,

@@ -21,6 +21,7 @@ const _: () = {
         (e::EEXIST, libc::EEXIST),
         (e::ENODEV, libc::ENODEV),
         (e::EINVAL, libc::EINVAL),
+        (e::EPIPE, libc::EPIPE),
         (e::ENOSYS, libc::ENOSYS),
         (e::ENODATA, libc::ENODATA),
         (e::EPROTO, libc::EPROTO),
@@ -28,11 +29,15 @@ const _: () = {
         (e::EPROTONOSUPPORT, libc::EPROTONOSUPPORT),
         (e::EOPNOTSUPP, libc::EOPNOTSUPP),
         (e::ECONNRESET, libc::ECONNRESET),
+        (e::ENOTCONN, libc::ENOTCONN),
         (e::ECONNREFUSED, libc::ECONNREFUSED),
     ];
     let mut i = 0;
     while i < pairs.len() {
-        assert!(pairs[i].0 == pairs[i].1, "softverbs_core::errno differs from libc");
+        assert!(
+            pairs[i].0 == pairs[i].1,
+            "softverbs_core::errno differs from libc"
+        );
         i += 1;
     }
     assert!(e::O_CREAT as i32 == libc::O_CREAT && e::O_EXCL as i32 == libc::O_EXCL);

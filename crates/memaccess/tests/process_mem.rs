@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::{pattern, ChildProc};
 use softverbs_core::ids::CtxId;
-use softverbs_memaccess::{open_own_memory, page_size, MemFdError, ProcessMem, ProcessMemory};
 use softverbs_core::memory::{AtomicOp, Memory};
+use softverbs_memaccess::{open_own_memory, page_size, MemFdError, ProcessMem, ProcessMemory};
 
 const CTX: CtxId = CtxId(9);
 
