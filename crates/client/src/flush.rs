@@ -41,17 +41,7 @@ pub(crate) struct RingQp {
 }
 
 fn flushed(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
-    WorkCompletion {
-        wr_id,
-        status: WcStatus::WrFlushErr,
-        opcode,
-        byte_len: 0,
-        imm_data: 0,
-        qp_num,
-        src_qp: 0,
-        wc_flags: 0,
-        solicited: false,
-    }
+    WorkCompletion::new(wr_id, WcStatus::WrFlushErr, opcode, qp_num)
 }
 
 /// The flush completions CQ `cq` owes, in QP-handle order, each queue taken once. Called
