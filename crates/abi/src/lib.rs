@@ -47,12 +47,7 @@ pub const MIN_ABI_VERSION: u32 = 1;
 /// error: the daemon closes that connection.
 pub const MAX_MSG: usize = 4096;
 
-/// Errno values used by the codec (Linux numbering).
+/// Errno values used by the codec: those of the one table, `softverbs_core::errno`.
 pub mod errno {
-    /// Invalid argument.
-    pub const EINVAL: i32 = 22;
-    /// Operation not supported.
-    pub const EOPNOTSUPP: i32 = 95;
-    /// Message too long.
-    pub const EMSGSIZE: i32 = 90;
+    pub use softverbs_core::errno::{EINVAL, EMSGSIZE, EOPNOTSUPP};
 }

@@ -563,11 +563,16 @@ impl<'a> BorrowedMr<'a> {
 /// failed: a closed connection ends every access, as process exit does) or stopping the
 /// process.
 fn settle(r: Result<()>) -> Result<()> {
-    const EPIPE: i32 = 32;
-    const ENOTCONN: i32 = 107;
     match r {
         Ok(()) => Ok(()),
-        Err(e) if matches!(e.errno(), errno::ECONNRESET | EPIPE | ENOTCONN) => Err(e),
+        Err(e)
+            if matches!(
+                e.errno(),
+                errno::ECONNRESET | errno::EPIPE | errno::ENOTCONN
+            ) =>
+        {
+            Err(e)
+        }
         Err(e) => {
             eprintln!("softverbs: {e} for borrowed memory that is still registered; aborting");
             std::process::abort()

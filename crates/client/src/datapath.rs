@@ -4,9 +4,10 @@
 //! the daemon reaches it with `process_vm_readv/writev` (the same uid or root may), or
 //! through a memfd mapping when the region was shared.
 
+use softverbs_abi::convert;
 use softverbs_abi::msg::*;
 use softverbs_abi::msg::{cmd, Command};
-use softverbs_transport::wr::{SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
+use softverbs_core::wr::{SendOp, Sge, WcOpcode, WorkCompletion};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
 
@@ -89,85 +90,16 @@ fn check_send(qp: &Qp<'_>, wr: &SendRequest<'_>) -> std::result::Result<(), i32>
     Ok(())
 }
 
-fn wc_from_wire(w: &WcWire) -> WorkCompletion {
-    WorkCompletion {
-        wr_id: w.wr_id.get(),
-        status: WcStatus::from_raw(w.status.get()).unwrap_or(WcStatus::GeneralErr),
-        opcode: WcOpcode::from_raw(w.opcode.get()).unwrap_or(WcOpcode::Send),
-        byte_len: w.byte_len.get(),
-        imm_data: w.imm_data.get(),
-        qp_num: w.qp_num.get(),
-        src_qp: w.src_qp.get(),
-        wc_flags: w.wc_flags.get(),
-        solicited: false,
-    }
-}
-
-fn sge_wire(s: &Sge) -> SgeWire {
-    SgeWire {
-        addr: U64::new(s.addr),
-        length: U32::new(s.length),
-        lkey: U32::new(s.lkey),
-    }
-}
-
-fn sg_list(sges: &[Sge], op: &'static str) -> Result<([SgeWire; MAX_WIRE_SGE], u32)> {
-    if sges.len() > MAX_WIRE_SGE {
-        return Err(Error::new(op, errno::EINVAL));
-    }
-    let mut list = [SgeWire::default(); MAX_WIRE_SGE];
-    for (w, s) in list.iter_mut().zip(sges) {
-        *w = sge_wire(s);
-    }
-    Ok((list, sges.len() as u32))
+/// A receive work request for queue `handle`, refused as `op` when the ABI cannot carry it.
+fn recv_wire(op: &'static str, handle: u32, wr_id: u64, sges: &[Sge]) -> Result<PostRecvReq> {
+    convert::recv_wr_to_wire(handle, wr_id, sges).map_err(|e| Error::new(op, e.errno()))
 }
 
 impl Qp<'_> {
     /// `ibv_post_send` of one work request.
     pub fn post_send(&self, wr: &SendRequest<'_>) -> Result<()> {
         const OP: &str = "post_send";
-        let (opcode, addr, rkey, imm, compare_add, swap) = match wr.op {
-            SendOp::Send => (wr_opcode::SEND, 0, 0, 0, 0, 0),
-            SendOp::SendWithImm(imm) => (wr_opcode::SEND_WITH_IMM, 0, 0, imm, 0, 0),
-            SendOp::SendWithInv(rkey) => (wr_opcode::SEND_WITH_INV, 0, 0, rkey, 0, 0),
-            SendOp::Write { remote_addr, rkey } => {
-                (wr_opcode::RDMA_WRITE, remote_addr, rkey, 0, 0, 0)
-            }
-            SendOp::WriteWithImm {
-                remote_addr,
-                rkey,
-                imm,
-            } => (wr_opcode::RDMA_WRITE_WITH_IMM, remote_addr, rkey, imm, 0, 0),
-            SendOp::Read { remote_addr, rkey } => {
-                (wr_opcode::RDMA_READ, remote_addr, rkey, 0, 0, 0)
-            }
-            SendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            } => (
-                wr_opcode::ATOMIC_CMP_AND_SWP,
-                remote_addr,
-                rkey,
-                0,
-                compare,
-                swap,
-            ),
-            SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            } => (
-                wr_opcode::ATOMIC_FETCH_AND_ADD,
-                remote_addr,
-                rkey,
-                0,
-                add,
-                0,
-            ),
-        };
-        let (sg, num_sge) = sg_list(wr.sges, OP)?;
+        let invalid = |e: softverbs_core::Error| Error::new(OP, e.errno());
         let mut flags = 0;
         if wr.signaled {
             flags |= send_flags::SIGNALED;
@@ -175,41 +107,29 @@ impl Qp<'_> {
         if wr.solicited {
             flags |= send_flags::SOLICITED;
         }
-        let mut inline_data = [0u8; MAX_WIRE_INLINE];
-        let mut inline_len = 0;
-        if let Some(b) = wr.inline {
-            if b.len() > MAX_WIRE_INLINE {
-                return Err(Error::new(OP, errno::EINVAL));
-            }
-            inline_data[..b.len()].copy_from_slice(b);
-            inline_len = b.len() as u32;
-            flags |= send_flags::INLINE;
-        }
         let (ah, remote_qpn, remote_qkey) = wr
             .ud
             .map_or((0, 0, 0), |u| (u.ah.handle(), u.remote_qpn, u.remote_qkey));
-        let req = PostSendReq {
+        let (sg_list, num_sge) = convert::sg_list_to_wire(wr.sges).map_err(invalid)?;
+        let mut req = PostSendReq {
             qp: U32::new(self.handle()),
             reserved: U32::new(0),
             wr: SendWrWire {
                 wr_id: U64::new(wr.wr_id),
-                remote_addr: U64::new(addr),
-                compare_add: U64::new(compare_add),
-                swap: U64::new(swap),
-                opcode: U32::new(opcode),
                 send_flags: U32::new(flags),
-                imm_data: U32::new(imm),
-                rkey: U32::new(rkey),
                 remote_srqn: U32::new(wr.remote_srqn),
                 ah: U32::new(ah),
                 remote_qpn: U32::new(remote_qpn),
                 remote_qkey: U32::new(remote_qkey),
                 num_sge: U32::new(num_sge),
-                inline_len: U32::new(inline_len),
-                sg_list: sg,
-                inline_data,
+                sg_list,
+                ..SendWrWire::default()
             },
         };
+        req.wr.set_op(wr.op);
+        if let Some(b) = wr.inline {
+            req.wr.set_inline(b).map_err(invalid)?;
+        }
         if let Some(rings) = &self.rings {
             // A ring has no return path: check here what the daemon would refuse at post
             // time, so the caller gets the errno rdma-core gives (ibv_post_send(3)).
@@ -255,18 +175,12 @@ impl Qp<'_> {
                 {
                     return Err(Error::new("post_recv", errno::EINVAL));
                 }
-                let (sg, n) = sg_list(sges, "post_recv")?;
+                let req = recv_wire("post_recv", self.handle(), wr_id, sges)?;
                 let count = self.rq_count.as_ref();
                 if count.is_some_and(|c| c.load(Ordering::Acquire) >= self.cap().max_recv_wr) {
                     // ibv_post_recv(3): the receive queue is full.
                     return Err(Error::new("post_recv", errno::ENOMEM));
                 }
-                let req = PostRecvReq {
-                    handle: U32::new(self.handle()),
-                    num_sge: U32::new(n),
-                    wr_id: U64::new(wr_id),
-                    sg_list: sg,
-                };
                 crate::rings::push(
                     self.ctx,
                     rq,
@@ -292,13 +206,7 @@ impl Srq<'_> {
             if sges.len() > self.max_sge as usize {
                 return Err(Error::new(OP, errno::EINVAL));
             }
-            let (sg, n) = sg_list(sges, OP)?;
-            let req = PostRecvReq {
-                handle: U32::new(self.handle),
-                num_sge: U32::new(n),
-                wr_id: U64::new(wr_id),
-                sg_list: sg,
-            };
+            let req = recv_wire(OP, self.handle, wr_id, sges)?;
             let mut p = ring.lock().unwrap_or_else(|e| e.into_inner());
             if self.ctx.fatal.is_dead() {
                 return Err(Error::device_fatal(OP));
@@ -316,13 +224,7 @@ fn post_recv<C: Command<Req = PostRecvReq, Resp = ()>>(
     wr_id: u64,
     sges: &[Sge],
 ) -> Result<()> {
-    let (sg, n) = sg_list(sges, op)?;
-    let req = PostRecvReq {
-        handle: U32::new(handle),
-        num_sge: U32::new(n),
-        wr_id: U64::new(wr_id),
-        sg_list: sg,
-    };
+    let req = recv_wire(op, handle, wr_id, sges)?;
     ctx.conn.call::<C>(op, 0, &req)
 }
 
@@ -397,7 +299,7 @@ impl Cq<'_> {
         };
         let r: PollCqResp = self.ctx.conn.call::<cmd::PollCq>("poll_cq", 0, &req)?;
         let n = (r.count.get() as usize).min(MAX_WIRE_WC);
-        r.wc[..n].iter().for_each(|w| f(&wc_from_wire(w)));
+        r.wc[..n].iter().for_each(|w| f(&WorkCompletion::from(w)));
         Ok(n)
     }
 
@@ -427,7 +329,7 @@ fn drain(
     while n < max {
         match c.pop_value::<WcWire>() {
             Ok(Some(w)) => {
-                f(&wc_from_wire(&w));
+                f(&WorkCompletion::from(&w));
                 n += 1;
             }
             Ok(None) => break,

@@ -2,24 +2,13 @@
 
 use softverbs_ipc::IpcErrno;
 
-/// Linux errno values the client reports (the daemon's answers pass through unchanged).
+/// Linux errno values the client reports (the daemon's answers pass through unchanged): those
+/// of the one table, `softverbs_core::errno`.
 pub mod errno {
     pub use softverbs_core::errno::{
-        EAGAIN, EBADF, EBUSY, EINVAL, ENOENT, ENOMEM, ENOSYS, EOPNOTSUPP,
+        EAGAIN, EBADF, EBUSY, ECONNREFUSED, ECONNRESET, EEXIST, EINVAL, EIO, ENODEV, ENOENT,
+        ENOMEM, ENOSYS, ENOTCONN, EOPNOTSUPP, EPIPE, EPROTO,
     };
-
-    /// I/O error: the socket failed in a way that has no better errno.
-    pub const EIO: i32 = 5;
-    /// Protocol error: the daemon's answer did not follow the ABI.
-    pub const EPROTO: i32 = 71;
-    /// Connection reset: the daemon closed the connection.
-    pub const ECONNRESET: i32 = 104;
-    /// Connection refused: nothing listens on the socket.
-    pub const ECONNREFUSED: i32 = 111;
-    /// File exists.
-    pub const EEXIST: i32 = 17;
-    /// No such device.
-    pub const ENODEV: i32 = 19;
 }
 
 /// A failed call: the operation (`"alloc_pd"`, `"connect"`, …), its errno, and whether the

@@ -22,8 +22,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use softverbs_abi::msg::{wr_opcode, PostRecvReq, SendWrWire};
-use softverbs_transport::wr::{WcOpcode, WcStatus, WorkCompletion};
+use softverbs_abi::msg::{PostRecvReq, SendWrWire};
+use softverbs_core::wr::{SendOp, WcOpcode, WcStatus, WorkCompletion};
 use zerocopy::FromBytes;
 
 use crate::context::RqCount;
@@ -41,29 +41,7 @@ pub(crate) struct RingQp {
 }
 
 fn flushed(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
-    WorkCompletion {
-        wr_id,
-        status: WcStatus::WrFlushErr,
-        opcode,
-        byte_len: 0,
-        imm_data: 0,
-        qp_num,
-        src_qp: 0,
-        wc_flags: 0,
-        solicited: false,
-    }
-}
-
-/// The completion opcode of a send request (ibv_poll_cq(3) leaves it undefined for errors;
-/// the engine reports the request's, and so does this).
-fn wc_opcode(op: u32) -> WcOpcode {
-    match op {
-        wr_opcode::RDMA_WRITE | wr_opcode::RDMA_WRITE_WITH_IMM => WcOpcode::RdmaWrite,
-        wr_opcode::RDMA_READ => WcOpcode::RdmaRead,
-        wr_opcode::ATOMIC_CMP_AND_SWP => WcOpcode::CompSwap,
-        wr_opcode::ATOMIC_FETCH_AND_ADD => WcOpcode::FetchAdd,
-        _ => WcOpcode::Send,
-    }
+    WorkCompletion::new(wr_id, WcStatus::WrFlushErr, opcode, qp_num)
 }
 
 /// The flush completions CQ `cq` owes, in QP-handle order, each queue taken once. Called
@@ -87,7 +65,10 @@ pub(crate) fn collect(ctx: &Context, cq: u32) -> VecDeque<WorkCompletion> {
                         .read_back(posted.wrapping_sub(n).wrapping_add(k), &mut buf)
                     {
                         if let Ok((w, _)) = SendWrWire::read_from_prefix(&buf) {
-                            out.push_back(flushed(w.wr_id.get(), wc_opcode(w.opcode.get()), q.qpn));
+                            // ibv_poll_cq(3) leaves the opcode of an error completion undefined;
+                            // the engine reports the request's, and so does this.
+                            let op = w.op().map_or(WcOpcode::Send, SendOp::wc_opcode);
+                            out.push_back(flushed(w.wr_id.get(), op, q.qpn));
                         }
                     }
                 }

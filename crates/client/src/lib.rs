@@ -105,7 +105,7 @@ pub use error::{errno, Error, ErrorKind, Result};
 pub use event::{AsyncEvent, Element};
 pub use introspect::{resources_json, status, Introspect, Status};
 pub use objects::{Ah, Cq, Mr, Pd, Qp, QpInit, QpQuery, Srq};
-pub use softverbs_transport::wr::{
+pub use softverbs_core::wr::{
     SendOp, Sge, WcOpcode, WcStatus, WorkCompletion, WC_GRH, WC_WITH_IMM, WC_WITH_INV,
 };
 pub use wr::{Completion, Op, Rejected, SendWork, WrError, WrId};

@@ -474,9 +474,8 @@ pub struct Cq<'c> {
     pub(crate) channel: Option<u32>,
     /// After the device went: the flush completions not yet polled (`None` until the first
     /// poll that found the ring drained collected them).
-    pub(crate) flushed: std::sync::Mutex<
-        Option<std::collections::VecDeque<softverbs_transport::wr::WorkCompletion>>,
-    >,
+    pub(crate) flushed:
+        std::sync::Mutex<Option<std::collections::VecDeque<softverbs_core::wr::WorkCompletion>>>,
 }
 
 impl Cq<'_> {

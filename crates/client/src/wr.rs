@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use softverbs_transport::wr::{SendOp, Sge, WorkCompletion};
+use softverbs_core::wr::{SendOp, Sge, WorkCompletion};
 
 use crate::buffer::{Buf, Owner, Remote};
 use crate::datapath::{SendRequest, UdAddress};

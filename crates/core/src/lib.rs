@@ -22,11 +22,13 @@ pub mod error;
 pub mod event;
 pub mod ids;
 pub mod limits;
+pub mod memory;
 pub mod objects;
 pub mod qp;
 pub mod qp_state;
 pub mod resources;
 pub mod types;
+pub mod wr;
 pub mod xrc_recv;
 pub mod xrcd;
 

@@ -10,9 +10,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
-use softverbs_abi::msg::{
-    send_flags, wr_opcode, PostRecvReq, QueuesResp, SendWrWire, SgeWire, WcWire,
-};
+use softverbs_abi::convert;
+use softverbs_abi::msg::{PostRecvReq, QueuesResp, SendWrWire, WcWire};
 use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::{OwnedQpInfo, SrqInfo};
 use softverbs_core::device::Gid;
@@ -23,17 +22,16 @@ use softverbs_core::{Core, CoreChange};
 use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
 use softverbs_shm::{Consumer, Producer, ReadySet, Region, RingLayout, WorkFlag, WORK_FLAG_SIZE};
 use softverbs_transport::sim::{cq_id, Faults};
-use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, UdDest, WorkCompletion};
+use softverbs_transport::wr::{RecvWr, SendWr, WorkCompletion};
 use softverbs_transport::{CqId, Engine, Output, PostError, QpConfig, SrqConfig, MAX_PACKET};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::little_endian::{U32, U64};
 use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
 
-const EINVAL: i32 = 22;
-const ENOMEM: i32 = 12;
+use softverbs_core::errno::{EBUSY, EEXIST, EINVAL, ENOENT, ENOMEM};
 
 struct Dev {
     engine: Engine,
@@ -112,8 +110,13 @@ pub struct DataPath {
     buf: Vec<u8>,
 }
 
+/// The errno `ibv_post_send(3)` / `ibv_post_recv(3)` return for an engine refusal: a full
+/// queue is `ENOMEM`, anything else `EINVAL`.
 fn post_errno(e: PostError) -> i32 {
-    e.errno()
+    match e {
+        PostError::NoQueue | PostError::BadState | PostError::Invalid => EINVAL,
+        PostError::Full => ENOMEM,
+    }
 }
 
 impl DataPath {
@@ -313,14 +316,14 @@ impl DataPath {
     /// `ibv_destroy_comp_channel`: `EBUSY` while a CQ reports to it.
     pub fn destroy_channel(&mut self, ctx: CtxId, h: u32) -> Result<(), i32> {
         if !self.channels.contains_key(&(ctx, h)) {
-            return Err(2);
+            return Err(ENOENT);
         }
         let used = self.ctx_cqs.get(&ctx).is_some_and(|s| {
             s.iter()
                 .any(|id| self.cqs.get(id).is_some_and(|c| c.channel == Some(h)))
         });
         if used {
-            return Err(16);
+            return Err(EBUSY);
         }
         self.channels.remove(&(ctx, h));
         Ok(())
@@ -686,7 +689,7 @@ impl DataPath {
                     .get_mut(&cq)
                     .filter(|_| !self.cq_rings_outgrown.contains(&cq));
                 let stored = match ring {
-                    Some(p) => p.push_value(&wc_wire(&wc)).is_ok(),
+                    Some(p) => p.push_value(&WcWire::from(&wc)).is_ok(),
                     None if c.queue.len() < c.cqe as usize => {
                         c.queue.push_back(wc);
                         true
@@ -753,123 +756,20 @@ pub fn send_wr_from_wire(
     qp: Handle,
     w: &SendWrWire,
 ) -> Result<SendWr, i32> {
-    let (addr, rkey, imm) = (w.remote_addr.get(), w.rkey.get(), w.imm_data.get());
-    let op = match w.opcode.get() {
-        wr_opcode::SEND => SendOp::Send,
-        wr_opcode::SEND_WITH_IMM => SendOp::SendWithImm(imm),
-        wr_opcode::SEND_WITH_INV => SendOp::SendWithInv(imm),
-        wr_opcode::RDMA_WRITE => SendOp::Write {
-            remote_addr: addr,
-            rkey,
-        },
-        wr_opcode::RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
-            remote_addr: addr,
-            rkey,
-            imm,
-        },
-        wr_opcode::RDMA_READ => SendOp::Read {
-            remote_addr: addr,
-            rkey,
-        },
-        wr_opcode::ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-            remote_addr: addr,
-            rkey,
-            compare: w.compare_add.get(),
-            swap: w.swap.get(),
-        },
-        wr_opcode::ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-            remote_addr: addr,
-            rkey,
-            add: w.compare_add.get(),
-        },
-        _ => return Err(EINVAL),
-    };
-    let flags = w.send_flags.get();
-    let payload = if flags & send_flags::INLINE != 0 {
-        let n = w.inline_len.get() as usize;
-        Payload::Inline(w.inline_data.get(..n).ok_or(EINVAL)?.to_vec())
-    } else {
-        let n = w.num_sge.get() as usize;
-        Payload::Sges(
-            w.sg_list
-                .get(..n)
-                .ok_or(EINVAL)?
-                .iter()
-                .map(sge_of)
-                .collect(),
-        )
-    };
     let is_ud = core
         .owned_qp_info(ctx, qp)
         .is_some_and(|i| i.qp_type == QpType::Ud);
-    let ud = if is_ud {
-        let ah = core
-            .ah_attr(ctx, Handle(w.ah.get()))
-            .map_err(|e| e.errno())?;
-        Some(UdDest {
-            dgid: ah.dgid,
-            dest_qpn: w.remote_qpn.get(),
-            qkey: w.remote_qkey.get(),
-        })
-    } else {
-        None
-    };
-    Ok(SendWr {
-        wr_id: w.wr_id.get(),
-        op,
-        payload,
-        signaled: flags & send_flags::SIGNALED != 0,
-        solicited: flags & send_flags::SOLICITED != 0,
-        ud,
-        remote_srqn: w.remote_srqn.get(),
+    convert::send_wr_from_wire(w, |ah| {
+        is_ud
+            .then(|| core.ah_attr(ctx, Handle(ah)).map(|a| a.dgid))
+            .transpose()
     })
+    .map_err(|e| e.errno())
 }
 
 /// Turns a posted receive work request into the engine's form.
 pub fn recv_wr_from_wire(r: &PostRecvReq) -> Result<RecvWr, i32> {
-    let n = r.num_sge.get() as usize;
-    Ok(RecvWr {
-        wr_id: r.wr_id.get(),
-        sges: r
-            .sg_list
-            .get(..n)
-            .ok_or(EINVAL)?
-            .iter()
-            .map(sge_of)
-            .collect(),
-    })
-}
-
-fn sge_of(s: &SgeWire) -> softverbs_transport::wr::Sge {
-    softverbs_transport::wr::Sge {
-        addr: s.addr.get(),
-        length: s.length.get(),
-        lkey: s.lkey.get(),
-    }
-}
-
-fn wc_wire(wc: &WorkCompletion) -> WcWire {
-    WcWire {
-        wr_id: U64::new(wc.wr_id),
-        status: U32::new(wc.status as u32),
-        opcode: U32::new(wc.opcode as u32),
-        vendor_err: U32::new(0),
-        byte_len: U32::new(wc.byte_len),
-        imm_data: U32::new(wc.imm_data),
-        qp_num: U32::new(wc.qp_num),
-        src_qp: U32::new(wc.src_qp),
-        wc_flags: U32::new(wc.wc_flags),
-        pkey_index: U16::new(0),
-        slid: U16::new(0),
-        sl: 0,
-        dlid_path_bits: 0,
-        reserved: [0; 2],
-    }
-}
-
-/// The `ibv_wc` wire form of a completion (what PollCq and the CQ ring carry).
-pub fn completion_wire(wc: &WorkCompletion) -> WcWire {
-    wc_wire(wc)
+    convert::recv_wr_from_wire(r).map_err(|e| e.errno())
 }
 
 /// Ring sizes: the work-request entries of the command ABI, rounded to 8 bytes.
@@ -900,8 +800,6 @@ const READY_SLOTS: u32 = 1 << 16;
 /// Announcements taken from one ready ring per round, so a client flooding its ring with
 /// tokens delays others by a bounded amount (the rest wait for the next round).
 const READY_PER_ROUND: usize = 1024;
-
-const EEXIST: i32 = 17;
 
 /// Rounds a QP found idle stays queued before its flag is cleared (`ReadySet::with_grace`):
 /// a ping-pong's QPs post again within a few rounds, and then post without announcing.

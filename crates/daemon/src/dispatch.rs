@@ -26,13 +26,7 @@ use crate::datapath::{DataPath, NetOptions};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::IntoBytes;
 
-const EINVAL: i32 = 22;
-const EOPNOTSUPP: i32 = 95;
-const EAGAIN: i32 = 11;
-const EBADF: i32 = 9;
-const EPERM: i32 = 1;
-const EPROTONOSUPPORT: i32 = 93;
-const ENOMEM: i32 = 12;
+use softverbs_core::errno::{EAGAIN, EBADF, EINVAL, ENOMEM, EOPNOTSUPP, EPERM, EPROTONOSUPPORT};
 
 /// What a connection has established so far.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -934,22 +928,7 @@ impl Dispatcher {
             ..Default::default()
         };
         for (slot, wc) in resp.wc.iter_mut().zip(&got) {
-            *slot = WcWire {
-                wr_id: U64::new(wc.wr_id),
-                status: U32::new(wc.status as u32),
-                opcode: U32::new(wc.opcode as u32),
-                vendor_err: U32::new(0),
-                byte_len: U32::new(wc.byte_len),
-                imm_data: U32::new(wc.imm_data),
-                qp_num: U32::new(wc.qp_num),
-                src_qp: U32::new(wc.src_qp),
-                wc_flags: U32::new(wc.wc_flags),
-                pkey_index: U16::new(0),
-                slid: U16::new(0),
-                sl: 0,
-                dlid_path_bits: 0,
-                reserved: [0; 2],
-            };
+            *slot = WcWire::from(wc);
         }
         ok::<cmd::PollCq>(resp)
     }

@@ -448,7 +448,7 @@ fn open_o_path(p: &std::path::Path) -> std::io::Result<std::fs::File> {
 /// file (uid 65534) opens it `O_PATH` and asks to join the domain another process created.
 #[test]
 fn an_o_path_descriptor_does_not_join_a_domain() {
-    const EBADF: i32 = 9;
+    use softverbs_core::errno::EBADF;
     let path = sock_path("opath");
     let _d = spawn_test_daemon(&path).unwrap();
     let owner = Raw::connect(&path, 0);

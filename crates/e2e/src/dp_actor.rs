@@ -1195,7 +1195,7 @@ impl Raw {
         let d = loop {
             match softverbs_ipc::recv(self.sock.as_fd(), &mut buf) {
                 Ok(Some(d)) => break d,
-                Ok(None) => return Err(104),
+                Ok(None) => return Err(softverbs_core::errno::ECONNRESET),
                 Err(e) if e == softverbs_ipc::IpcErrno::INTR => continue,
                 Err(e) => return Err(e.raw_os_error()),
             }

@@ -459,7 +459,7 @@ fn load_next(o: &mut CqObj) -> c_int {
         }
         None => {
             st.current = None;
-            libc::ENOENT
+            ENOENT
         }
     }
 }

@@ -4,7 +4,44 @@ use std::ffi::{c_int, c_void};
 
 use crate::ffi::Slot;
 
-pub use libc::{EAGAIN, EBUSY, EINVAL, ENODATA, ENOENT, ENOSYS, EOPNOTSUPP};
+pub use softverbs_core::errno::{EAGAIN, EBUSY, EINVAL, ENODATA, ENOENT, ENOSYS, EOPNOTSUPP};
+
+// The one errno table (`softverbs_core::errno`) is written out by hand; this library is where
+// its numbers reach C, so they must be this platform's.
+const _: () = {
+    use softverbs_core::errno as e;
+    let pairs = [
+        (e::EPERM, libc::EPERM),
+        (e::ENOENT, libc::ENOENT),
+        (e::EIO, libc::EIO),
+        (e::EBADF, libc::EBADF),
+        (e::EAGAIN, libc::EAGAIN),
+        (e::ENOMEM, libc::ENOMEM),
+        (e::EBUSY, libc::EBUSY),
+        (e::EEXIST, libc::EEXIST),
+        (e::ENODEV, libc::ENODEV),
+        (e::EINVAL, libc::EINVAL),
+        (e::EPIPE, libc::EPIPE),
+        (e::ENOSYS, libc::ENOSYS),
+        (e::ENODATA, libc::ENODATA),
+        (e::EPROTO, libc::EPROTO),
+        (e::EMSGSIZE, libc::EMSGSIZE),
+        (e::EPROTONOSUPPORT, libc::EPROTONOSUPPORT),
+        (e::EOPNOTSUPP, libc::EOPNOTSUPP),
+        (e::ECONNRESET, libc::ECONNRESET),
+        (e::ENOTCONN, libc::ENOTCONN),
+        (e::ECONNREFUSED, libc::ECONNREFUSED),
+    ];
+    let mut i = 0;
+    while i < pairs.len() {
+        assert!(
+            pairs[i].0 == pairs[i].1,
+            "softverbs_core::errno differs from libc"
+        );
+        i += 1;
+    }
+    assert!(e::O_CREAT as i32 == libc::O_CREAT && e::O_EXCL as i32 == libc::O_EXCL);
+};
 
 /// Whether the program made `fd` non-blocking (then `ibv_get_cq_event` and
 /// `ibv_get_async_event` answer -1/EAGAIN instead of waiting).

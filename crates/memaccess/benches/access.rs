@@ -15,8 +15,8 @@ use std::time::Duration;
 use common::{ChildProc, PageBuf};
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput};
 use softverbs_core::ids::CtxId;
+use softverbs_core::memory::{AtomicOp, Memory};
 use softverbs_memaccess::{share_in_place, ProcessMem, ProcessMemory, ProcessVm, SharedMappings};
-use softverbs_transport::{AtomicOp, Memory};
 
 const CTX: CtxId = CtxId(1);
 const SIZES: [usize; 5] = [8, 64, 4 << 10, 64 << 10, 1 << 20];

@@ -2,7 +2,7 @@
 //! design from measurements).
 //!
 //! The core has already checked key, protection domain, bounds and access flags when the
-//! transport engine calls its [`Memory`](softverbs_transport::Memory); this crate provides
+//! transport engine calls its [`Memory`](softverbs_core::memory::Memory); this crate provides
 //! the byte access behind it:
 //!
 //! * [`SharedMappings`]: memory the client turned into a memfd in place

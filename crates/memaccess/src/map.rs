@@ -9,7 +9,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::mm::{mmap, mremap_fixed, munmap, MapFlags, MremapFlags, ProtFlags};
-use softverbs_transport::AtomicOp;
+use softverbs_core::memory::AtomicOp;
 
 /// `len` bytes of a file mapped read-write and shared at `ptr`, unmapped on drop.
 #[derive(Debug)]

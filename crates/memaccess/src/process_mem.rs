@@ -17,7 +17,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use rustix::fs::{fcntl_getfl, fstatfs, OFlags};
 use rustix::io::Errno;
 use softverbs_core::ids::CtxId;
-use softverbs_transport::{Fault, Memory};
+use softverbs_core::memory::{Fault, Memory};
 
 /// `statfs(2)` `f_type` of procfs (`PROC_SUPER_MAGIC`, linux/magic.h).
 const PROC_SUPER_MAGIC: i64 = 0x9fa0;
@@ -46,8 +46,8 @@ impl MemFdError {
     /// The errno the daemon answers with.
     pub fn errno(&self) -> i32 {
         match self {
-            MemFdError::NotReadWrite => Errno::BADF.raw_os_error(),
-            MemFdError::NotPeerMem { .. } | MemFdError::Io(_) => Errno::INVAL.raw_os_error(),
+            MemFdError::NotReadWrite => softverbs_core::errno::EBADF,
+            MemFdError::NotPeerMem { .. } | MemFdError::Io(_) => softverbs_core::errno::EINVAL,
         }
     }
 }

@@ -7,7 +7,7 @@ use nix::errno::Errno;
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 use softverbs_core::ids::CtxId;
-use softverbs_transport::{Fault, Memory};
+use softverbs_core::memory::{Fault, Memory};
 
 /// Reaches any memory of a client process with one `process_vm_readv`/`process_vm_writev`
 /// per access (plus one more per short transfer).

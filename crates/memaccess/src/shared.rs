@@ -5,7 +5,7 @@ use std::os::fd::AsFd;
 
 use rustix::fs::{fcntl_get_seals, fstat, SealFlags};
 use softverbs_core::ids::CtxId;
-use softverbs_transport::{AtomicOp, Fault, Memory};
+use softverbs_core::memory::{AtomicOp, Fault, Memory};
 
 use crate::map::Mapping;
 use crate::page_size;

@@ -6,10 +6,10 @@ use std::sync::atomic::Ordering;
 
 use common::{pattern, ChildProc, PageBuf};
 use softverbs_core::ids::CtxId;
+use softverbs_core::memory::{AtomicOp, Fault, Memory};
 use softverbs_memaccess::{
     page_size, share_in_place, NoFallback, ProcessVm, RegionError, ShareError, SharedMappings,
 };
-use softverbs_transport::{AtomicOp, Fault, Memory};
 
 const CTX: CtxId = CtxId(7);
 

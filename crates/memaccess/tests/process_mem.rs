@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::{pattern, ChildProc};
 use softverbs_core::ids::CtxId;
+use softverbs_core::memory::{AtomicOp, Memory};
 use softverbs_memaccess::{open_own_memory, page_size, MemFdError, ProcessMem, ProcessMemory};
-use softverbs_transport::{AtomicOp, Memory};
 
 const CTX: CtxId = CtxId(9);
 
@@ -180,6 +180,5 @@ fn after_execve_the_descriptor_reaches_neither_image() {
 
 /// Linux errno values the daemon answers with.
 mod libc_errno {
-    pub const EINVAL: i32 = 22;
-    pub const EBADF: i32 = 9;
+    pub use softverbs_core::errno::{EBADF, EINVAL};
 }

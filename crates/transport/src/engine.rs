@@ -160,16 +160,6 @@ pub enum PostError {
     Full,
 }
 
-impl PostError {
-    /// errno for the C boundary.
-    pub fn errno(self) -> i32 {
-        match self {
-            PostError::NoQueue | PostError::BadState | PostError::Invalid => 22,
-            PostError::Full => 12,
-        }
-    }
-}
-
 /// A send work request with the transport's bookkeeping.
 #[derive(Debug)]
 pub(crate) struct SendWqe {

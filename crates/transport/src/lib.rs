@@ -13,17 +13,18 @@
 
 mod completer;
 pub mod engine;
-pub mod memory;
 mod requester;
 mod responder;
 mod sge;
 pub mod sim;
 pub mod time;
-pub mod wr;
 
 pub use engine::{
     CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit,
     MAX_PACKET,
 };
 pub use memory::{AtomicOp, Fault, Memory, VecMemory};
+/// Work requests and completions, and the memory interface, live in the core so the client
+/// can use them without linking the engine; re-exported under their old paths.
+pub use softverbs_core::{memory, wr};
 pub use time::Instant;

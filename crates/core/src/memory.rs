@@ -1,8 +1,8 @@
 //! How the engine reaches registered memory: key checks are the core's
-//! ([`softverbs_core::Core::check_mem`]: key, PD, bounds, access flags), byte access is a
+//! ([`crate::Core::check_mem`]: key, PD, bounds, access flags), byte access is a
 //! [`Memory`] the shell provides (shared mappings, `process_vm_readv`, or a test buffer).
 
-use softverbs_core::ids::CtxId;
+use crate::ids::CtxId;
 
 /// The memory could not be touched although the key check passed (e.g. the owner unmapped
 /// it). The engine reports it as a protection/operational error, never panics.

@@ -1,7 +1,7 @@
 //! Work requests in and work completions out, shaped like `ibv_send_wr`, `ibv_recv_wr` and
 //! `ibv_wc` (verbs.h), with the completion status and opcode values of rdma-core.
 
-use softverbs_core::device::Gid;
+use crate::device::Gid;
 
 /// One scatter/gather entry (`struct ibv_sge`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -286,12 +286,8 @@ impl WorkCompletion {
         WorkCompletion::new(wr_id, WcStatus::LocQpOpErr, WcOpcode::Send, qp_num)
     }
 
-    pub(crate) fn new(
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        qp_num: u32,
-    ) -> WorkCompletion {
+    /// A completion of `wr_id` on `qp_num` with no data, flags or immediate.
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
         WorkCompletion {
             wr_id,
             status,
