@@ -14,6 +14,7 @@
 mod completer;
 pub mod engine;
 pub mod memory;
+mod qp;
 mod requester;
 mod responder;
 mod sge;

@@ -8,11 +8,8 @@
 //! work request is reused (IBA 9.8.3). UD checks the Q_Key and puts the GRH in the first 40
 //! bytes of the receive buffer, as rdma-core programs expect.
 
-use std::collections::VecDeque;
-
 use softverbs_core::datapath::PdRef;
 use softverbs_core::device::Gid;
-use softverbs_core::ids::CtxId;
 use softverbs_core::types::{Access, EventType, QpState, QpType};
 use softverbs_wire::psn::{psn_add, psn_diff};
 use softverbs_wire::{
@@ -20,102 +17,18 @@ use softverbs_wire::{
     PacketRef, Position, RethRepr, Syndrome,
 };
 
-use crate::engine::{fail_qp, CqId, Env, Qp, RxMeta, SrqKey, Transmit};
 use crate::memory::{AtomicOp, Memory};
-use crate::requester::transport_of;
+use crate::qp::{
+    fail_qp, transport_of, CqId, Env, InMsg, Output, Qp, RecvSource, RespOut, RespState, RxMeta,
+    Transmit,
+};
 use crate::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion, WC_GRH, WC_WITH_IMM, WC_WITH_INV};
 
 /// Atomic results kept for duplicate detection (IBA 9.7.5.2.3 requires at least the number of
 /// responder resources).
 const REPLAY_DEPTH: usize = 64;
 
-/// Where a receive work request came from (so an aborted UC message can put it back).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RecvSource {
-    Own,
-    Srq(SrqKey),
-}
-
-/// A message being received over several packets.
-#[derive(Debug)]
-pub(crate) enum InMsg {
-    Send {
-        wqe: RecvWr,
-        source: RecvSource,
-        offset: u32,
-        cq: Option<CqId>,
-        pd: PdRef,
-    },
-    Write {
-        ctx: CtxId,
-        addr: u64,
-        remaining: u32,
-        total: u32,
-    },
-}
-
-/// Something the responder has to send.
-#[derive(Debug)]
-pub(crate) enum RespOut {
-    Ack {
-        psn: u32,
-        syndrome: Syndrome,
-    },
-    AtomicAck {
-        psn: u32,
-        orig: u64,
-        /// An answer to a duplicate, from the replay cache.
-        replay: bool,
-    },
-    Read {
-        psn: u32,
-        va: u64,
-        rkey: u32,
-        remaining: u32,
-        first: bool,
-        pd: PdRef,
-        /// A duplicate READ executed again.
-        replay: bool,
-    },
-}
-
-/// Responder progress of one QP.
-#[derive(Debug, Default)]
-pub(crate) struct RespState {
-    /// Expected PSN.
-    pub(crate) epsn: u32,
-    /// Message sequence number (IBA 9.7.5.2.7).
-    pub(crate) msn: u32,
-    /// A sequence NAK was sent for the current gap (IBA: send it once).
-    pub(crate) nak_sent: bool,
-    pub(crate) cur: Option<InMsg>,
-    /// UC: dropping the rest of a message whose start was lost or refused.
-    pub(crate) dropping: bool,
-    pub(crate) out: VecDeque<RespOut>,
-    replay: VecDeque<(u32, u64)>,
-}
-
 impl RespState {
-    pub(crate) fn reset_psn(&mut self, rq_psn: u32) {
-        *self = RespState {
-            epsn: rq_psn,
-            ..RespState::default()
-        };
-    }
-
-    /// Abandons a message in progress, returning its receive work request.
-    pub(crate) fn abort_message(&mut self) -> Option<RecvWr> {
-        match self.cur.take() {
-            Some(InMsg::Send { wqe, .. }) => Some(wqe),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn clear_outputs(&mut self) {
-        self.out.clear();
-        self.cur = None;
-    }
-
     fn queue_ack(&mut self, psn: u32) {
         // Coalesce: a newer ACK covers an older one still waiting (ACKs are cumulative).
         if let Some(RespOut::Ack {
@@ -308,8 +221,7 @@ fn take_recv<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, source: RecvSource) -
             let w = s.queue.pop_front()?;
             if s.limit > 0 && (s.queue.len() as u32) < s.limit {
                 s.limit = 0;
-                env.out
-                    .push_back(crate::engine::Output::SrqLimitReached { srq: k });
+                env.out.push_back(Output::SrqLimitReached { srq: k });
             }
             Some(w)
         }
