@@ -199,19 +199,10 @@ pub(crate) fn next_packet<M: Memory>(
     );
     let last = op.is_read_or_atomic() || pkt + 1 == npkts;
     let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| u.dest_qpn);
-    let mut h = Headers::new(BthRepr {
-        opcode: Opcode::new(transport, operation).ok()?,
-        solicited: last && w.wr.solicited,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qp,
-        ack_req: qp.is_reliable() && wants_ack(qp, idx, last, psn),
-        psn,
-    });
+    let mut bth = BthRepr::new(Opcode::new(transport, operation).ok()?, dest_qp, psn);
+    bth.solicited = last && w.wr.solicited;
+    bth.ack_req = qp.is_reliable() && wants_ack(qp, idx, last, psn);
+    let mut h = Headers::new(bth);
     if transport == Transport::Xrc {
         h.xrceth = Some(XrcethRepr {
             xrc_srq: w.wr.remote_srqn & 0xFF_FFFF,
