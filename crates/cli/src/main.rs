@@ -52,7 +52,7 @@ enum Command {
         capture: Option<PathBuf>,
         /// Inject faults into what the devices send: loss=P,dup=P,reorder=P,corrupt=P.
         #[arg(long, value_parser = parse_faults)]
-        faults: Option<softverbs_transport::sim::Faults>,
+        faults: Option<softverbs_transport::Faults>,
         /// A limit, as SCOPE.RESOURCE=N; repeat for several. SCOPE: context, uid, daemon.
         /// RESOURCE: contexts, pds, mrs, cqs, srqs, qps, ahs, xrcds, channels, ring-bytes,
         /// registered-bytes, mappings. N: a number with an optional K/M/G/T suffix, or
@@ -132,8 +132,8 @@ enum Command {
     },
 }
 
-fn parse_faults(s: &str) -> Result<softverbs_transport::sim::Faults, String> {
-    let mut f = softverbs_transport::sim::Faults::NONE;
+fn parse_faults(s: &str) -> Result<softverbs_transport::Faults, String> {
+    let mut f = softverbs_transport::Faults::NONE;
     f.delay = std::time::Duration::ZERO;
     for part in s.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part

@@ -16,8 +16,8 @@ use softverbs_core::Core;
 use softverbs_wire::{Direction, Packet};
 
 use crate::memory::Memory;
+pub use crate::qp::{cq_id, CqId, Output, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit, WINDOW};
 use crate::qp::{flush, Env, Qp, ReqState, RespState, SendWqe, Srq};
-pub use crate::qp::{CqId, Output, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit, WINDOW};
 use crate::time::Instant;
 use crate::wr::{Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 

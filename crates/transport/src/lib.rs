@@ -13,6 +13,7 @@
 
 mod completer;
 pub mod engine;
+pub mod faults;
 pub mod memory;
 mod qp;
 mod requester;
@@ -23,8 +24,9 @@ pub mod time;
 pub mod wr;
 
 pub use engine::{
-    CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit,
-    MAX_PACKET,
+    cq_id, CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey,
+    Transmit, MAX_PACKET,
 };
+pub use faults::{FaultInjector, Faults, NetStats};
 pub use memory::{AtomicOp, Fault, Memory, VecMemory};
 pub use time::Instant;

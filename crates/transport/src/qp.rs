@@ -22,6 +22,12 @@ use crate::wr::{RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 /// A completion queue, named as the shell likes (the daemon packs (context, CQ handle)).
 pub type CqId = u64;
 
+/// The [`CqId`] of a core CQ handle: the context in the high 32 bits, the handle in the low
+/// (how the daemon and the simulator name CQs, so each context's handles stay apart).
+pub fn cq_id(ctx: CtxId, cq: Handle) -> CqId {
+    (ctx.0 << 32) | u64::from(cq.0)
+}
+
 /// An SRQ: its owning context and handle (the same names the core's XRC resolution returns).
 pub type SrqKey = (CtxId, Handle);
 
