@@ -120,6 +120,100 @@ pub(crate) fn gather<M: Memory>(
     }
 }
 
+/// The headers of packet `pkt` (at `psn`) of the request at send-queue index `idx`: the BTH
+/// and, as the operation and position ask (IBA 9.2–9.4), XRCETH, DETH, RETH, AtomicETH,
+/// ImmDt or IETH.
+fn request_headers(qp: &Qp, idx: usize, pkt: u32, psn: u32) -> Option<Headers> {
+    let w = &qp.sq[idx];
+    let (op, npkts, mtu) = (w.wr.op, w.npkts, qp.mtu());
+    let transport = transport_of(qp.cfg.qp_type);
+    let operation = operation(
+        op,
+        if op.is_read_or_atomic() { 0 } else { pkt },
+        if op.is_read_or_atomic() { 1 } else { npkts },
+    );
+    let last = op.is_read_or_atomic() || pkt + 1 == npkts;
+    let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| u.dest_qpn);
+    let mut bth = BthRepr::new(Opcode::new(transport, operation).ok()?, dest_qp, psn);
+    bth.solicited = last && w.wr.solicited;
+    bth.ack_req = qp.is_reliable() && wants_ack(qp, idx, last, psn);
+    let mut h = Headers::new(bth);
+    if transport == Transport::Xrc {
+        h.xrceth = Some(XrcethRepr {
+            xrc_srq: w.wr.remote_srqn & 0xFF_FFFF,
+        });
+    }
+    if let Some(ud) = w.wr.ud {
+        // IBA 10.2.5: a WR Q_Key with the high bit set means "use the QP's Q_Key".
+        let qkey = if ud.qkey & 0x8000_0000 != 0 {
+            qp.attr.qkey
+        } else {
+            ud.qkey
+        };
+        h.deth = Some(DethRepr {
+            qkey,
+            src_qp: qp.cfg.qpn,
+        });
+    }
+    match op {
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } if pkt == 0 => {
+            h.reth = Some(RethRepr {
+                va: remote_addr,
+                rkey,
+                dma_len: w.len,
+            });
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            // A retried READ asks only for what has not arrived (IBA 9.7.5.1.5).
+            let done = (pkt * mtu).min(w.len);
+            h.reth = Some(RethRepr {
+                va: remote_addr + u64::from(done),
+                rkey,
+                dma_len: w.len - done,
+            });
+        }
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            });
+        }
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            });
+        }
+        _ => {}
+    }
+    if last {
+        match op {
+            SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => {
+                h.imm_dt = Some(ImmDtRepr { imm })
+            }
+            SendOp::SendWithInv(rkey) => h.ieth = Some(IethRepr { rkey }),
+            _ => {}
+        }
+    }
+    Some(h)
+}
+
 /// Builds the next request packet of `qp` into `buf`, if one may go now.
 pub(crate) fn next_packet<M: Memory>(
     qp: &mut Qp,
@@ -191,92 +285,9 @@ pub(crate) fn next_packet<M: Memory>(
     let op = w.wr.op;
     let npkts = w.npkts;
     let offset = pkt * mtu;
-    let transport = transport_of(qp.cfg.qp_type);
-    let operation = operation(
-        op,
-        if op.is_read_or_atomic() { 0 } else { pkt },
-        if op.is_read_or_atomic() { 1 } else { npkts },
-    );
     let last = op.is_read_or_atomic() || pkt + 1 == npkts;
-    let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| u.dest_qpn);
-    let mut bth = BthRepr::new(Opcode::new(transport, operation).ok()?, dest_qp, psn);
-    bth.solicited = last && w.wr.solicited;
-    bth.ack_req = qp.is_reliable() && wants_ack(qp, idx, last, psn);
-    let mut h = Headers::new(bth);
-    if transport == Transport::Xrc {
-        h.xrceth = Some(XrcethRepr {
-            xrc_srq: w.wr.remote_srqn & 0xFF_FFFF,
-        });
-    }
-    if let Some(ud) = w.wr.ud {
-        // IBA 10.2.5: a WR Q_Key with the high bit set means "use the QP's Q_Key".
-        let qkey = if ud.qkey & 0x8000_0000 != 0 {
-            qp.attr.qkey
-        } else {
-            ud.qkey
-        };
-        h.deth = Some(DethRepr {
-            qkey,
-            src_qp: qp.cfg.qpn,
-        });
-    }
+    let h = request_headers(qp, idx, pkt, psn)?;
     let mut plen = 0usize;
-    match op {
-        SendOp::Write { remote_addr, rkey }
-        | SendOp::WriteWithImm {
-            remote_addr, rkey, ..
-        } if pkt == 0 => {
-            h.reth = Some(RethRepr {
-                va: remote_addr,
-                rkey,
-                dma_len: w.len,
-            });
-        }
-        SendOp::Read { remote_addr, rkey } => {
-            // A retried READ asks only for what has not arrived (IBA 9.7.5.1.5).
-            let done = (pkt * mtu).min(w.len);
-            h.reth = Some(RethRepr {
-                va: remote_addr + u64::from(done),
-                rkey,
-                dma_len: w.len - done,
-            });
-        }
-        SendOp::CompareSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => {
-            h.atomic_eth = Some(AtomicEthRepr {
-                va: remote_addr,
-                rkey,
-                swap_add: swap,
-                compare,
-            });
-        }
-        SendOp::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => {
-            h.atomic_eth = Some(AtomicEthRepr {
-                va: remote_addr,
-                rkey,
-                swap_add: add,
-                compare: 0,
-            });
-        }
-        _ => {}
-    }
-    if last {
-        match op {
-            SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => {
-                h.imm_dt = Some(ImmDtRepr { imm })
-            }
-            SendOp::SendWithInv(rkey) => h.ieth = Some(IethRepr { rkey }),
-            _ => {}
-        }
-    }
     if !op.is_read_or_atomic() {
         plen = (w.len.saturating_sub(offset)).min(mtu) as usize;
         scratch.resize(plen, 0);
