@@ -351,6 +351,7 @@ fn main() -> ExitCode {
                             "limits": limits,
                             "dp_rounds": s.dp_rounds, "dp_qp_visits": s.dp_qp_visits,
                             "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
+                            "net_foreign_source": s.net_foreign_source, "net_outside_window": s.net_outside_window,
                         })
                     );
                     ExitCode::SUCCESS
@@ -375,6 +376,10 @@ fn main() -> ExitCode {
                         s.dp_qp_visits as f64 / s.dp_rounds.max(1) as f64,
                         s.dp_max_qp_visits,
                         s.dp_queued_qps
+                    );
+                    println!(
+                        "transport drops: {} from a foreign source, {} outside the PSN window",
+                        s.net_foreign_source, s.net_outside_window
                     );
                     ExitCode::SUCCESS
                 }
