@@ -37,7 +37,9 @@ pub use codec::{
 /// the daemon reaches memory that is not shared.
 /// 6: the context's ready ring (`MapQueues` kind `QUEUES_READY`) and a QP's work flag
 /// (`QueuesResp::flag_offset`), so the daemon visits only the QPs a client posted to.
-pub const ABI_VERSION: u32 = 6;
+/// 7: `Hello` carries the client's `/proc/self/maps` too ([`msg::HELLO_MAPS_FD`]), so that
+/// registrations over unmapped or read-only pages fail.
+pub const ABI_VERSION: u32 = 7;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 
