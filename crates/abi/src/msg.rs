@@ -684,6 +684,12 @@ wire! {
         pub dp_max_qp_visits: U32,
         /// ABI 6: QPs queued for the next round (those with work).
         pub dp_queued_qps: U32,
+        /// Packets the transport dropped because they came for a connected QP from an
+        /// address other than its peer's (all devices; an older daemon's reply reads 0).
+        pub net_foreign_source: U64,
+        /// Responses the transport dropped for a PSN outside the window of outstanding PSNs
+        /// (duplicates and ghosts; all devices; an older daemon's reply reads 0).
+        pub net_outside_window: U64,
     }
 
     /// The size of a blob passed as a memfd.

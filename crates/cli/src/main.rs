@@ -54,7 +54,7 @@ enum Command {
         capture: Option<PathBuf>,
         /// Inject faults into what the devices send: loss=P,dup=P,reorder=P,corrupt=P.
         #[arg(long, value_parser = parse_faults)]
-        faults: Option<softverbs_transport::sim::Faults>,
+        faults: Option<softverbs_transport::Faults>,
         /// A limit, as SCOPE.RESOURCE=N; repeat for several. SCOPE: context, uid, daemon.
         /// RESOURCE: contexts, pds, mrs, cqs, srqs, qps, ahs, xrcds, channels, ring-bytes,
         /// registered-bytes, mappings. N: a number with an optional K/M/G/T suffix, or
@@ -134,8 +134,8 @@ enum Command {
     },
 }
 
-fn parse_faults(s: &str) -> Result<softverbs_transport::sim::Faults, String> {
-    let mut f = softverbs_transport::sim::Faults::NONE;
+fn parse_faults(s: &str) -> Result<softverbs_transport::Faults, String> {
+    let mut f = softverbs_transport::Faults::NONE;
     f.delay = std::time::Duration::ZERO;
     for part in s.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part
@@ -353,6 +353,7 @@ fn main() -> ExitCode {
                             "limits": limits,
                             "dp_rounds": s.dp_rounds, "dp_qp_visits": s.dp_qp_visits,
                             "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
+                            "net_foreign_source": s.net_foreign_source, "net_outside_window": s.net_outside_window,
                         })
                     );
                     ExitCode::SUCCESS
@@ -377,6 +378,10 @@ fn main() -> ExitCode {
                         s.dp_qp_visits as f64 / s.dp_rounds.max(1) as f64,
                         s.dp_max_qp_visits,
                         s.dp_queued_qps
+                    );
+                    println!(
+                        "transport drops: {} from a foreign source, {} outside the PSN window",
+                        s.net_foreign_source, s.net_outside_window
                     );
                     ExitCode::SUCCESS
                 }

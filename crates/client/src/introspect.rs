@@ -44,6 +44,10 @@ pub struct Status {
     pub dp_max_qp_visits: u32,
     /// QPs queued for the next round.
     pub dp_queued_qps: u32,
+    /// Packets dropped for coming to a connected QP from an address other than its peer's.
+    pub net_foreign_source: u64,
+    /// Responses dropped for a PSN outside the window of outstanding PSNs.
+    pub net_outside_window: u64,
 }
 
 /// A connection to the daemon with no device opened: for devices, status and resources.
@@ -101,6 +105,8 @@ impl Introspect {
             dp_qp_visits: r.dp_qp_visits.get(),
             dp_max_qp_visits: r.dp_max_qp_visits.get(),
             dp_queued_qps: r.dp_queued_qps.get(),
+            net_foreign_source: r.net_foreign_source.get(),
+            net_outside_window: r.net_outside_window.get(),
         })
     }
 

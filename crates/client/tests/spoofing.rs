@@ -659,3 +659,55 @@ fn udp_fuzz_during_a_transfer() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// `softverbs status` shows what the transport dropped: an ACK for a connected QP from a
+/// stranger counts as a foreign source, one from the peer's address with no request
+/// outstanding counts as outside the PSN window.
+#[test]
+fn status_counts_packets_dropped_for_their_source_and_their_psn() {
+    let ip = Ipv4Addr::new(127, 102, 3, 1);
+    let peer = Ipv4Addr::new(127, 102, 3, 2);
+    let stranger = Ipv4Addr::new(127, 102, 3, 99);
+    let (d, _x) = daemon("drops", ip);
+    let c = Context::open_at(&d.socket, 0).unwrap();
+    let pd = c.alloc_pd().unwrap();
+    let cq = c.create_cq(16).unwrap();
+    let qp = c
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq))
+        .unwrap();
+    connect(&qp, softverbs::Gid::from_ip(IpAddr::V4(peer)), 1);
+    let status = || {
+        softverbs::Introspect::connect_at(&d.socket)
+            .unwrap()
+            .status()
+            .unwrap()
+    };
+    let before = status();
+    assert_eq!(
+        (before.net_foreign_source, before.net_outside_window),
+        (0, 0)
+    );
+    let ack = |psn| {
+        let h = Headers {
+            aeth: Some(AethRepr {
+                syndrome: Syndrome::Ack {
+                    credits: Syndrome::UNLIMITED_CREDITS,
+                },
+                msn: 0,
+            }),
+            ..Headers::new(BthRepr::new(Opcode(0x11), qp.qpn(), psn))
+        };
+        let mut p = vec![0u8; softverbs_wire::packet_len(&h, 0)];
+        emit_packet(&h, &[], &mut p).unwrap();
+        p
+    };
+    Forger::bind(stranger).send(ip, &mut ack(START), true);
+    Forger::bind(peer).send(ip, &mut ack(START), true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut s = status();
+    while (s.net_foreign_source, s.net_outside_window) != (1, 1) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        s = status();
+    }
+    assert_eq!((s.net_foreign_source, s.net_outside_window), (1, 1));
+}

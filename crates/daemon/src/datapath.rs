@@ -21,8 +21,9 @@ use softverbs_core::types::{Access, EventType, Mtu, QpType};
 use softverbs_core::{Core, CoreChange};
 use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
 use softverbs_shm::{Consumer, Producer, ReadySet, Region, RingLayout, WorkFlag, WORK_FLAG_SIZE};
-use softverbs_transport::sim::{cq_id, Faults};
+use softverbs_transport::faults::Faults;
 use softverbs_transport::wr::{RecvWr, SendWr, WorkCompletion};
+use softverbs_transport::{cq_id, DropStats};
 use softverbs_transport::{CqId, Engine, Output, PostError, QpConfig, SrqConfig, MAX_PACKET};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -1001,6 +1002,17 @@ impl DataPath {
             }
         }
         self.qp_sched.remove(qpn);
+    }
+
+    /// What the devices' engines dropped for its source or its PSN, summed over devices.
+    pub fn drop_stats(&self) -> DropStats {
+        self.devs.iter().fold(DropStats::default(), |a, d| {
+            let s = d.engine.drop_stats();
+            DropStats {
+                foreign_source: a.foreign_source + s.foreign_source,
+                outside_window: a.outside_window + s.outside_window,
+            }
+        })
     }
 
     /// What the data path's rounds have cost so far.

@@ -1016,6 +1016,7 @@ impl Dispatcher {
     fn status(&self) -> Reply {
         let n = self.core.counts();
         let dp = self.dp.round_stats();
+        let drops = self.dp.drop_stats();
         ok::<cmd::Status>(StatusResp {
             daemon_pid: U32::new(std::process::id()),
             abi_version: U32::new(self.abi),
@@ -1032,6 +1033,8 @@ impl Dispatcher {
             dp_qp_visits: U64::new(dp.qp_visits),
             dp_max_qp_visits: U32::new(dp.max_qp_visits),
             dp_queued_qps: U32::new(dp.queued_qps),
+            net_foreign_source: U64::new(drops.foreign_source),
+            net_outside_window: U64::new(drops.outside_window),
         })
     }
 

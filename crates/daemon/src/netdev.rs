@@ -15,34 +15,21 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use softverbs_core::device::Gid;
-use softverbs_transport::sim::{Faults, Rng};
+use softverbs_transport::faults::{FaultInjector, Faults, NetStats};
 use softverbs_transport::{RxMeta, Transmit};
 use softverbs_wire::icrc;
 use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCE_V2_UDP_PORT};
 use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
-
-/// Counters of one device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NetStats {
-    /// Datagrams handed to the kernel.
-    pub sent: u64,
-    /// Datagrams received with a good ICRC.
-    pub received: u64,
-    /// Received datagrams dropped for a bad ICRC or a malformed packet.
-    pub rejected: u64,
-    /// Datagrams the fault injector dropped, duplicated, corrupted or held back.
-    pub injected: u64,
-}
 
 /// The UDP side of one device.
 pub struct NetDev {
     sock: UdpSocket,
     local: IpAddr,
     port: u16,
-    faults: Option<(Faults, Rng)>,
+    faults: Option<FaultInjector>,
     held: Option<(Vec<u8>, SocketAddr)>,
     capture: Option<(PcapWriter<std::io::BufWriter<std::fs::File>>, Instant)>,
-    /// Counters.
+    /// Counters (`sent`, `delivered`, `rejected` and the injector's).
     pub stats: NetStats,
     hdr: [u8; 48],
 }
@@ -104,7 +91,7 @@ impl NetDev {
 
     /// Injects `faults` into what this device sends, seeded.
     pub fn inject(&mut self, faults: Faults, seed: u64) {
-        self.faults = Some((faults, Rng::new(seed)));
+        self.faults = Some(FaultInjector::new(faults, seed));
     }
 
     /// Writes every datagram sent and received (good ones) to a pcap file.
@@ -162,43 +149,29 @@ impl NetDev {
         self.record(&ip, &udp, pkt);
         // Every device of a deployment listens on the same port (4791 outside tests).
         let to = SocketAddr::new(dst_ip, self.port);
-        if self.faults.is_none() {
+        let Some(faults) = &mut self.faults else {
             // The common case sends the engine's buffer as it is: no copy per packet.
             return self.raw_send(pkt, to);
+        };
+        // Decide every copy first (the injector's order: copies, then damage and hold per
+        // copy), then send. One packet at most is held back; it goes after the next one.
+        let mut copies = Vec::with_capacity(2);
+        for _ in 0..faults.copies(&mut self.stats) {
+            let mut out = pkt.to_vec();
+            faults.damage(&mut out, &mut self.stats);
+            let can_hold = self.held.is_none() && copies.iter().all(|(_, held)| !held);
+            let hold = can_hold && faults.hold(&mut self.stats).is_some();
+            copies.push((out, hold));
         }
-        let mut out = pkt.to_vec();
-        let (mut drop, mut dup, mut hold) = (false, false, false);
-        if let Some((f, rng)) = &mut self.faults {
-            drop = rng.chance(f.loss);
-            if !drop && rng.chance(f.corrupt) {
-                // Only bytes the ICRC covers (not BTH byte 4, which it masks).
-                let mut at = rng.below(out.len() as u64) as usize;
-                if at == 4 {
-                    at = 5;
-                }
-                out[at] ^= 1 << rng.below(8);
-                self.stats.injected += 1;
+        for (out, hold) in copies {
+            if hold {
+                self.held = Some((out, to));
+                continue;
             }
-            dup = !drop && rng.chance(f.duplicate);
-            hold = !drop && self.held.is_none() && rng.chance(f.reorder);
-        }
-        if drop {
-            self.stats.injected += 1;
-            return Ok(());
-        }
-        if dup {
-            self.stats.injected += 1;
             self.raw_send(&out, to)?;
-        }
-        if hold {
-            // Held back: it goes after the next packet.
-            self.stats.injected += 1;
-            self.held = Some((out, to));
-            return Ok(());
-        }
-        self.raw_send(&out, to)?;
-        if let Some((late, to)) = self.held.take() {
-            self.raw_send(&late, to)?;
+            if let Some((late, to)) = self.held.take() {
+                self.raw_send(&late, to)?;
+            }
         }
         Ok(())
     }
@@ -253,7 +226,7 @@ impl NetDev {
                 self.stats.rejected += 1;
                 continue;
             }
-            self.stats.received += 1;
+            self.stats.delivered += 1;
             if self.capture.is_some() {
                 let pkt = buf[..len].to_vec();
                 self.record(&ip, &udp, &pkt);

@@ -11,9 +11,8 @@ use softverbs_core::types::{QpState, QpType};
 use softverbs_wire::psn::{psn_add, psn_diff, PSN_MASK};
 use softverbs_wire::{NakCode, Operation, PacketRef, Syndrome};
 
-use crate::engine::{Env, Qp};
 use crate::memory::Memory;
-use crate::requester::{complete_error_at, complete_front_error, go_back, index_of_psn};
+use crate::qp::{fail_qp, go_back, Env, Qp, SendWqe};
 use crate::time::{ack_timeout, rnr_delay};
 use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 
@@ -21,7 +20,7 @@ use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 /// the highest PSN acknowledged, and never one of a request that has completed (the first
 /// PSN of the oldest outstanding request, or for a READ whose first responses arrived, its
 /// first missing response). With nothing outstanding it is
-/// [`sent_psn`](crate::requester::ReqState::sent_psn), and the window is empty.
+/// [`sent_psn`](crate::qp::ReqState::sent_psn), and the window is empty.
 fn oldest_unacked(qp: &Qp) -> u32 {
     let sent = qp.req.sent_psn;
     let front = match qp.sq.front() {
@@ -121,9 +120,8 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
             let Some(ack) = pkt.headers.atomic_ack_eth else {
                 return true;
             };
-            let is_it = |w: &crate::engine::SendWqe| {
-                w.started && !w.done && w.wr.op.is_atomic() && w.first_psn == psn
-            };
+            let is_it =
+                |w: &SendWqe| w.started && !w.done && w.wr.op.is_atomic() && w.first_psn == psn;
             if !qp.sq.iter().any(is_it) {
                 return true;
             }
@@ -147,6 +145,49 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
         _ => {}
     }
     true
+}
+
+/// Completes the oldest outstanding request with `status` and moves the QP to ERR.
+pub(crate) fn complete_front_error<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, status: WcStatus) {
+    complete_error_at(qp, env, 0, status);
+}
+
+/// The send-queue index of the outstanding request that PSN `psn` belongs to, if any. A NAK
+/// names the request it refuses by PSN; one naming none refuses nothing (IBA 9.7.5.1).
+pub(crate) fn index_of_psn(qp: &Qp, psn: u32) -> Option<usize> {
+    qp.sq.iter().position(|w| {
+        let off = psn.wrapping_sub(w.first_psn) & PSN_MASK;
+        w.started && !w.done && off < w.npkts
+    })
+}
+
+/// Completes request `i` with `status` and moves the QP to ERR. Completions keep posting
+/// order (IBA 10.8.3): requests before it complete first — successfully if they finished,
+/// flushed otherwise — and the QP flushes those after it.
+pub(crate) fn complete_error_at<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    i: usize,
+    status: WcStatus,
+) {
+    for _ in 0..i.min(qp.sq.len()) {
+        let w = qp.sq.pop_front().expect("counted");
+        let st = if w.done {
+            WcStatus::Success
+        } else {
+            WcStatus::WrFlushErr
+        };
+        if st != WcStatus::Success || qp.signaled(&w.wr) {
+            let mut wc = WorkCompletion::new(w.wr.wr_id, st, w.wr.op.wc_opcode(), qp.cfg.qpn);
+            wc.byte_len = if w.done { w.len } else { 0 };
+            env.complete(qp.cfg.send_cq, wc);
+        }
+    }
+    if let Some(w) = qp.sq.pop_front() {
+        let wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), qp.cfg.qpn);
+        env.complete(qp.cfg.send_cq, wc);
+    }
+    fail_qp(qp, env.out, None);
 }
 
 /// A positive ACK of every PSN up to and including `psn` (ACKs are cumulative, IBA 9.7.5.1.2).

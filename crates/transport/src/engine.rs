@@ -10,89 +10,16 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use softverbs_core::attr::QpAttr;
-use softverbs_core::datapath::PdRef;
-use softverbs_core::device::Gid;
-use softverbs_core::ids::{CtxId, Handle};
-use softverbs_core::types::{EventType, QpState, QpType};
+use softverbs_core::ids::CtxId;
+use softverbs_core::types::{QpState, QpType};
 use softverbs_core::Core;
 use softverbs_wire::{Direction, Packet};
 
 use crate::memory::Memory;
-use crate::requester::ReqState;
-use crate::responder::RespState;
+pub use crate::qp::{cq_id, CqId, Output, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit, WINDOW};
+use crate::qp::{flush, Env, Qp, ReqState, RespState, SendWqe, Srq};
 use crate::time::Instant;
 use crate::wr::{Payload, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
-
-/// A completion queue, named as the shell likes (the daemon packs (context, CQ handle)).
-pub type CqId = u64;
-
-/// An SRQ: its owning context and handle (the same names the core's XRC resolution returns).
-pub type SrqKey = (CtxId, Handle);
-
-/// The largest number of request packets a QP keeps unacknowledged.
-pub const WINDOW: u32 = 128;
-
-/// Creation-time facts of a QP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QpConfig {
-    /// QP number.
-    pub qpn: u32,
-    /// Type.
-    pub qp_type: QpType,
-    /// The PD (owned QPs; an XRC receive QP has none: its SRQs' PDs apply).
-    pub pd: Option<PdRef>,
-    /// Send CQ.
-    pub send_cq: Option<CqId>,
-    /// Receive CQ (unused with an SRQ's own CQ, i.e. XRC).
-    pub recv_cq: Option<CqId>,
-    /// The SRQ replacing the receive queue, if any.
-    pub srq: Option<SrqKey>,
-    /// Every send WR is signaled.
-    pub sq_sig_all: bool,
-    /// Send queue depth.
-    pub max_send_wr: u32,
-    /// Receive queue depth.
-    pub max_recv_wr: u32,
-    /// Gather entries per send WR.
-    pub max_send_sge: u32,
-    /// Scatter entries per receive WR.
-    pub max_recv_sge: u32,
-    /// Largest inline payload.
-    pub max_inline: u32,
-    /// The port's active MTU: the message limit of a UD QP, which has no path MTU.
-    pub port_mtu: softverbs_core::types::Mtu,
-}
-
-/// Creation-time facts of an SRQ.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SrqConfig {
-    /// Owner and handle.
-    pub key: SrqKey,
-    /// PD of its receive buffers (and, for an XRC SRQ, of RDMA aimed at it).
-    pub pd: PdRef,
-    /// The XRC SRQ's own CQ (basic SRQs complete on the QP's receive CQ).
-    pub cq: Option<CqId>,
-    /// Depth.
-    pub max_wr: u32,
-    /// Scatter entries per WR.
-    pub max_sge: u32,
-}
-
-pub(crate) struct Srq {
-    pub(crate) cfg: SrqConfig,
-    pub(crate) queue: VecDeque<RecvWr>,
-    /// Armed limit (`IBV_SRQ_LIMIT`); 0 = disarmed.
-    pub(crate) limit: u32,
-}
-
-/// Where a received packet came from and arrived at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RxMeta {
-    /// The sender's GID (its IP address).
-    pub sgid: Gid,
-    /// The local GID it was sent to.
-    pub dgid: Gid,
-}
 
 /// Received packets the engine dropped because of who sent them or what PSN they carry
 /// (packets that fail to parse or find no QP are not counted here).
@@ -102,45 +29,6 @@ pub struct DropStats {
     pub foreign_source: u64,
     /// Responses outside the window of outstanding PSNs: duplicates and ghosts.
     pub outside_window: u64,
-}
-
-/// A packet [`Engine::poll_transmit`] wrote into the caller's buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transmit {
-    /// Bytes written: BTH through ICRC (the ICRC slot is zero; the shell computes it over
-    /// the IP/UDP headers it adds).
-    pub len: usize,
-    /// Destination GID.
-    pub dgid: Gid,
-    /// Index of the local source GID.
-    pub sgid_index: u8,
-    /// UDP source port: fixed per QP, so one QP's packets are never reordered by ECMP.
-    pub udp_sport: u16,
-}
-
-/// Something the shell must act on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
-    /// A work completion for CQ `cq`.
-    Completion {
-        /// The CQ.
-        cq: CqId,
-        /// The completion.
-        wc: WorkCompletion,
-    },
-    /// The engine moved QP `qpn` to the error state; the shell mirrors it in the core and, if
-    /// `event` is set, raises that async event (to every holder of a receive QP).
-    QpError {
-        /// The QP.
-        qpn: u32,
-        /// The affiliated async event, if the error has one.
-        event: Option<EventType>,
-    },
-    /// An armed SRQ fell below its limit (`SRQ_LIMIT_REACHED`, IBA 10.2.9.3).
-    SrqLimitReached {
-        /// The SRQ.
-        srq: SrqKey,
-    },
 }
 
 /// Why a work request was refused at post time (`ibv_post_send`/`ibv_post_recv` errno).
@@ -158,87 +46,6 @@ pub enum PostError {
     /// The queue is full (`ENOMEM`).
     #[error("queue full")]
     Full,
-}
-
-/// A send work request with the transport's bookkeeping.
-#[derive(Debug)]
-pub(crate) struct SendWqe {
-    pub(crate) wr: SendWr,
-    pub(crate) len: u32,
-    /// PSN of the first packet (valid once `started`).
-    pub(crate) first_psn: u32,
-    /// PSNs the message occupies (request packets, or response packets for a READ).
-    pub(crate) npkts: u32,
-    pub(crate) started: bool,
-    /// All request packets sent at least once.
-    pub(crate) sent: bool,
-    /// READ: response packets placed so far; atomics: 1 once the ACK arrived.
-    pub(crate) resp_pkts: u32,
-    pub(crate) done: bool,
-}
-
-pub(crate) struct Qp {
-    pub(crate) cfg: QpConfig,
-    pub(crate) attr: QpAttr,
-    pub(crate) sq: VecDeque<SendWqe>,
-    pub(crate) rq: VecDeque<RecvWr>,
-    pub(crate) req: ReqState,
-    pub(crate) resp: RespState,
-    pub(crate) scheduled: bool,
-}
-
-impl Qp {
-    pub(crate) fn mtu(&self) -> u32 {
-        if self.cfg.qp_type == QpType::Ud {
-            self.cfg.port_mtu.bytes()
-        } else {
-            self.attr.path_mtu.bytes()
-        }
-    }
-
-    pub(crate) fn udp_sport(&self) -> u16 {
-        // RoCE v2 source-port entropy, fixed per QP (0xC000 + 14 bits of a QPN hash).
-        let h = self.cfg.qpn.wrapping_mul(0x9E37_79B1) >> 18;
-        0xC000 | (h as u16 & 0x3FFF)
-    }
-
-    pub(crate) fn signaled(&self, wr: &SendWr) -> bool {
-        wr.signaled || self.cfg.sq_sig_all
-    }
-
-    /// Whether a packet from `sgid` may be for this QP. A connected QP (RC, UC, XRC INI and
-    /// TGT) talks only to the node of the path it was connected with (`ah_attr.dgid` at RTR:
-    /// where it sends, so where its peer is); UD takes datagrams from anyone and checks their
-    /// Q_Key instead (IBA 10.2.5). Comparing IP addresses, not raw GIDs, keeps an IPv4 peer
-    /// equal to itself however its GID was spelled (RoCE v2 GIDs of IPv4 addresses are
-    /// IPv4-mapped IPv6, IBA Annex A17).
-    pub(crate) fn accepts_from(&self, sgid: Gid) -> bool {
-        self.cfg.qp_type == QpType::Ud || sgid.to_ip() == self.attr.ah_attr.dgid.to_ip()
-    }
-
-    pub(crate) fn is_reliable(&self) -> bool {
-        matches!(
-            self.cfg.qp_type,
-            QpType::Rc | QpType::XrcSend | QpType::XrcRecv
-        )
-    }
-}
-
-/// Borrowed environment of one engine call.
-pub(crate) struct Env<'a, M: Memory> {
-    pub(crate) now: Instant,
-    pub(crate) core: &'a Core,
-    pub(crate) mem: &'a mut M,
-    pub(crate) out: &'a mut VecDeque<Output>,
-    pub(crate) srqs: &'a mut HashMap<SrqKey, Srq>,
-}
-
-impl<M: Memory> Env<'_, M> {
-    pub(crate) fn complete(&mut self, cq: Option<CqId>, wc: WorkCompletion) {
-        if let Some(cq) = cq {
-            self.out.push_back(Output::Completion { cq, wc });
-        }
-    }
 }
 
 /// All QPs and SRQs of one device.
@@ -656,42 +463,3 @@ impl Engine {
 
 /// Largest packet the engine emits: BTH + the largest header set + 4096-byte payload + ICRC.
 pub const MAX_PACKET: usize = 12 + 4 + 28 + 16 + 4 + 4096 + 4;
-
-/// Completes every outstanding work request of `qp` with `WR_FLUSH_ERR` (IBA 10.3.1.9).
-pub(crate) fn flush(qp: &mut Qp, out: &mut VecDeque<Output>) {
-    let qpn = qp.cfg.qpn;
-    for w in qp.sq.drain(..) {
-        if !w.done {
-            let wc =
-                WorkCompletion::new(w.wr.wr_id, WcStatus::WrFlushErr, w.wr.op.wc_opcode(), qpn);
-            if let Some(cq) = qp.cfg.send_cq {
-                out.push_back(Output::Completion { cq, wc });
-            }
-        }
-    }
-    for r in qp.rq.drain(..) {
-        let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
-        if let Some(cq) = qp.cfg.recv_cq {
-            out.push_back(Output::Completion { cq, wc });
-        }
-    }
-    if let Some(r) = qp.resp.abort_message() {
-        let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
-        if let (Some(cq), None) = (qp.cfg.recv_cq, qp.cfg.srq) {
-            out.push_back(Output::Completion { cq, wc });
-        }
-    }
-    qp.req = ReqState::default();
-    qp.resp.clear_outputs();
-}
-
-/// Moves `qp` to ERR after a transport error, flushing its work, and tells the shell.
-pub(crate) fn fail_qp(qp: &mut Qp, out: &mut VecDeque<Output>, event: Option<EventType>) {
-    qp.attr.qp_state = QpState::Err;
-    qp.attr.cur_qp_state = QpState::Err;
-    flush(qp, out);
-    out.push_back(Output::QpError {
-        qpn: qp.cfg.qpn,
-        event,
-    });
-}

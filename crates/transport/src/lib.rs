@@ -13,6 +13,8 @@
 
 mod completer;
 pub mod engine;
+pub mod faults;
+mod qp;
 mod requester;
 mod responder;
 mod sge;
@@ -20,9 +22,10 @@ pub mod sim;
 pub mod time;
 
 pub use engine::{
-    CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit,
-    MAX_PACKET,
+    cq_id, CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey,
+    Transmit, MAX_PACKET,
 };
+pub use faults::{FaultInjector, Faults, NetStats};
 pub use memory::{AtomicOp, Fault, Memory, VecMemory};
 /// Work requests and completions, and the memory interface, live in the core so the client
 /// can use them without linking the engine; re-exported under their old paths.

@@ -1,20 +1,20 @@
 //! The requester (IBA 9.7.1–9.7.4): segments send work requests into request packets of
-//! the path MTU, numbers them with PSNs, keeps at most [`WINDOW`](crate::engine::WINDOW)
+//! the path MTU, numbers them with PSNs, keeps at most [`WINDOW`](crate::qp::WINDOW)
 //! unacknowledged, asks for ACKs, and goes back to retransmit on a timeout, a sequence NAK
 //! or an RNR NAK. Unreliable QPs (UC, UD) complete a request once it has been sent.
 
 use std::collections::VecDeque;
 
-use softverbs_core::attr::QpAttr;
 use softverbs_core::types::{QpState, QpType};
-use softverbs_wire::psn::{psn_add, psn_diff, PSN_MASK};
+use softverbs_wire::psn::{psn_add, psn_diff};
 use softverbs_wire::{
     emit_packet, AtomicEthRepr, BthRepr, DethRepr, Headers, IethRepr, ImmDtRepr, Opcode, Operation,
     RethRepr, Transport, XrcethRepr,
 };
 
-use crate::engine::{fail_qp, Env, Output, Qp, Transmit, WINDOW};
+use crate::completer::complete_error_at;
 use crate::memory::Memory;
+use crate::qp::{fail_qp, go_back, transport_of, Env, Output, Qp, Transmit, WINDOW};
 use crate::time::{ack_timeout, Instant};
 use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 
@@ -24,59 +24,6 @@ use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 /// one and lets the responder coalesce: every 16th PSN keeps the 128-packet window moving,
 /// and the end of a signaled request or of the queued work asks at once (see `wants_ack`).
 const ACK_EVERY: u32 = 16;
-
-/// Requester progress of one QP.
-#[derive(Debug, Default)]
-pub(crate) struct ReqState {
-    /// PSN after the highest PSN ever assigned.
-    pub(crate) next_psn: u32,
-    /// Index in the send queue of the request being (re)sent.
-    pub(crate) send_idx: usize,
-    /// Packet index within it.
-    pub(crate) send_pkt: u32,
-    /// Retries left after a timeout or sequence NAK (reset on progress).
-    pub(crate) retry_left: u8,
-    /// RNR retries left (7 = unlimited, IBA 9.7.5.2.8).
-    pub(crate) rnr_left: u8,
-    /// When to retransmit if nothing is acknowledged.
-    pub(crate) timer: Option<Instant>,
-    /// Until when an RNR NAK holds transmission.
-    pub(crate) rnr_until: Option<Instant>,
-    /// The highest PSN the responder has acknowledged (explicitly, or implicitly by a NAK).
-    pub(crate) acked_psn: u32,
-    /// PSN after the newest PSN sent: the end of the window of PSNs a response may carry
-    /// (see `completer::in_window`). A READ request counts its whole response range as sent.
-    pub(crate) sent_psn: u32,
-}
-
-impl ReqState {
-    pub(crate) fn reset_psn(&mut self, sq_psn: u32, attr: &QpAttr) {
-        *self = ReqState {
-            next_psn: sq_psn,
-            sent_psn: sq_psn,
-            acked_psn: psn_add(sq_psn, PSN_MASK),
-            retry_left: attr.retry_cnt,
-            rnr_left: attr.rnr_retry,
-            ..ReqState::default()
-        };
-    }
-
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        match (self.timer, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
-
-pub(crate) fn transport_of(t: QpType) -> Transport {
-    match t {
-        QpType::Rc => Transport::Rc,
-        QpType::Uc => Transport::Uc,
-        QpType::Ud => Transport::Ud,
-        QpType::XrcSend | QpType::XrcRecv => Transport::Xrc,
-    }
-}
 
 /// Whether the packet at `psn`, of the request at send-queue index `idx`, asks for an ACK.
 ///
@@ -173,6 +120,100 @@ pub(crate) fn gather<M: Memory>(
     }
 }
 
+/// The headers of packet `pkt` (at `psn`) of the request at send-queue index `idx`: the BTH
+/// and, as the operation and position ask (IBA 9.2–9.4), XRCETH, DETH, RETH, AtomicETH,
+/// ImmDt or IETH.
+fn request_headers(qp: &Qp, idx: usize, pkt: u32, psn: u32) -> Option<Headers> {
+    let w = &qp.sq[idx];
+    let (op, npkts, mtu) = (w.wr.op, w.npkts, qp.mtu());
+    let transport = transport_of(qp.cfg.qp_type);
+    let operation = operation(
+        op,
+        if op.is_read_or_atomic() { 0 } else { pkt },
+        if op.is_read_or_atomic() { 1 } else { npkts },
+    );
+    let last = op.is_read_or_atomic() || pkt + 1 == npkts;
+    let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| u.dest_qpn);
+    let mut bth = BthRepr::new(Opcode::new(transport, operation).ok()?, dest_qp, psn);
+    bth.solicited = last && w.wr.solicited;
+    bth.ack_req = qp.is_reliable() && wants_ack(qp, idx, last, psn);
+    let mut h = Headers::new(bth);
+    if transport == Transport::Xrc {
+        h.xrceth = Some(XrcethRepr {
+            xrc_srq: w.wr.remote_srqn & 0xFF_FFFF,
+        });
+    }
+    if let Some(ud) = w.wr.ud {
+        // IBA 10.2.5: a WR Q_Key with the high bit set means "use the QP's Q_Key".
+        let qkey = if ud.qkey & 0x8000_0000 != 0 {
+            qp.attr.qkey
+        } else {
+            ud.qkey
+        };
+        h.deth = Some(DethRepr {
+            qkey,
+            src_qp: qp.cfg.qpn,
+        });
+    }
+    match op {
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } if pkt == 0 => {
+            h.reth = Some(RethRepr {
+                va: remote_addr,
+                rkey,
+                dma_len: w.len,
+            });
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            // A retried READ asks only for what has not arrived (IBA 9.7.5.1.5).
+            let done = (pkt * mtu).min(w.len);
+            h.reth = Some(RethRepr {
+                va: remote_addr + u64::from(done),
+                rkey,
+                dma_len: w.len - done,
+            });
+        }
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            });
+        }
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            h.atomic_eth = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            });
+        }
+        _ => {}
+    }
+    if last {
+        match op {
+            SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => {
+                h.imm_dt = Some(ImmDtRepr { imm })
+            }
+            SendOp::SendWithInv(rkey) => h.ieth = Some(IethRepr { rkey }),
+            _ => {}
+        }
+    }
+    Some(h)
+}
+
 /// Builds the next request packet of `qp` into `buf`, if one may go now.
 pub(crate) fn next_packet<M: Memory>(
     qp: &mut Qp,
@@ -244,101 +285,9 @@ pub(crate) fn next_packet<M: Memory>(
     let op = w.wr.op;
     let npkts = w.npkts;
     let offset = pkt * mtu;
-    let transport = transport_of(qp.cfg.qp_type);
-    let operation = operation(
-        op,
-        if op.is_read_or_atomic() { 0 } else { pkt },
-        if op.is_read_or_atomic() { 1 } else { npkts },
-    );
     let last = op.is_read_or_atomic() || pkt + 1 == npkts;
-    let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| u.dest_qpn);
-    let mut h = Headers::new(BthRepr {
-        opcode: Opcode::new(transport, operation).ok()?,
-        solicited: last && w.wr.solicited,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qp,
-        ack_req: qp.is_reliable() && wants_ack(qp, idx, last, psn),
-        psn,
-    });
-    if transport == Transport::Xrc {
-        h.xrceth = Some(XrcethRepr {
-            xrc_srq: w.wr.remote_srqn & 0xFF_FFFF,
-        });
-    }
-    if let Some(ud) = w.wr.ud {
-        // IBA 10.2.5: a WR Q_Key with the high bit set means "use the QP's Q_Key".
-        let qkey = if ud.qkey & 0x8000_0000 != 0 {
-            qp.attr.qkey
-        } else {
-            ud.qkey
-        };
-        h.deth = Some(DethRepr {
-            qkey,
-            src_qp: qp.cfg.qpn,
-        });
-    }
+    let h = request_headers(qp, idx, pkt, psn)?;
     let mut plen = 0usize;
-    match op {
-        SendOp::Write { remote_addr, rkey }
-        | SendOp::WriteWithImm {
-            remote_addr, rkey, ..
-        } if pkt == 0 => {
-            h.reth = Some(RethRepr {
-                va: remote_addr,
-                rkey,
-                dma_len: w.len,
-            });
-        }
-        SendOp::Read { remote_addr, rkey } => {
-            // A retried READ asks only for what has not arrived (IBA 9.7.5.1.5).
-            let done = (pkt * mtu).min(w.len);
-            h.reth = Some(RethRepr {
-                va: remote_addr + u64::from(done),
-                rkey,
-                dma_len: w.len - done,
-            });
-        }
-        SendOp::CompareSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => {
-            h.atomic_eth = Some(AtomicEthRepr {
-                va: remote_addr,
-                rkey,
-                swap_add: swap,
-                compare,
-            });
-        }
-        SendOp::FetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => {
-            h.atomic_eth = Some(AtomicEthRepr {
-                va: remote_addr,
-                rkey,
-                swap_add: add,
-                compare: 0,
-            });
-        }
-        _ => {}
-    }
-    if last {
-        match op {
-            SendOp::SendWithImm(imm) | SendOp::WriteWithImm { imm, .. } => {
-                h.imm_dt = Some(ImmDtRepr { imm })
-            }
-            SendOp::SendWithInv(rkey) => h.ieth = Some(IethRepr { rkey }),
-            _ => {}
-        }
-    }
     if !op.is_read_or_atomic() {
         plen = (w.len.saturating_sub(offset)).min(mtu) as usize;
         scratch.resize(plen, 0);
@@ -395,77 +344,6 @@ pub(crate) fn next_packet<M: Memory>(
         }
     }
     Some(tx)
-}
-
-/// Completes the oldest outstanding request with `status` and moves the QP to ERR.
-pub(crate) fn complete_front_error<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, status: WcStatus) {
-    complete_error_at(qp, env, 0, status);
-}
-
-/// The send-queue index of the outstanding request that PSN `psn` belongs to, if any. A NAK
-/// names the request it refuses by PSN; one naming none refuses nothing (IBA 9.7.5.1).
-pub(crate) fn index_of_psn(qp: &Qp, psn: u32) -> Option<usize> {
-    qp.sq.iter().position(|w| {
-        let off = psn.wrapping_sub(w.first_psn) & PSN_MASK;
-        w.started && !w.done && off < w.npkts
-    })
-}
-
-/// Completes request `i` with `status` and moves the QP to ERR. Completions keep posting
-/// order (IBA 10.8.3): requests before it complete first — successfully if they finished,
-/// flushed otherwise — and the QP flushes those after it.
-pub(crate) fn complete_error_at<M: Memory>(
-    qp: &mut Qp,
-    env: &mut Env<'_, M>,
-    i: usize,
-    status: WcStatus,
-) {
-    for _ in 0..i.min(qp.sq.len()) {
-        let w = qp.sq.pop_front().expect("counted");
-        let st = if w.done {
-            WcStatus::Success
-        } else {
-            WcStatus::WrFlushErr
-        };
-        if st != WcStatus::Success || qp.signaled(&w.wr) {
-            let mut wc = WorkCompletion::new(w.wr.wr_id, st, w.wr.op.wc_opcode(), qp.cfg.qpn);
-            wc.byte_len = if w.done { w.len } else { 0 };
-            env.complete(qp.cfg.send_cq, wc);
-        }
-    }
-    if let Some(w) = qp.sq.pop_front() {
-        let wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), qp.cfg.qpn);
-        env.complete(qp.cfg.send_cq, wc);
-    }
-    fail_qp(qp, env.out, None);
-}
-
-/// Repositions the requester to retransmit from PSN `psn` (go-back-N, IBA 9.7.5.1.3).
-pub(crate) fn go_back(qp: &mut Qp, psn: u32) {
-    let mtu = qp.mtu();
-    for (i, w) in qp.sq.iter_mut().enumerate() {
-        if !w.started {
-            qp.req.send_idx = i;
-            qp.req.send_pkt = 0;
-            return;
-        }
-        let off = psn_diff(psn, w.first_psn);
-        if off < w.npkts as i32 && !w.done {
-            qp.req.send_idx = i;
-            qp.req.send_pkt = if w.wr.op.is_atomic() {
-                0
-            } else if matches!(w.wr.op, SendOp::Read { .. }) {
-                // Ask again only for the responses that have not arrived.
-                w.resp_pkts.min(w.len.div_ceil(mtu))
-            } else {
-                off.max(0) as u32
-            };
-            w.sent = false;
-            return;
-        }
-    }
-    qp.req.send_idx = qp.sq.len();
-    qp.req.send_pkt = 0;
 }
 
 /// A timer of `qp` fired at `now`.

@@ -8,114 +8,29 @@
 //! work request is reused (IBA 9.8.3). UD checks the Q_Key and puts the GRH in the first 40
 //! bytes of the receive buffer, as rdma-core programs expect.
 
-use std::collections::VecDeque;
+use std::net::Ipv6Addr;
 
 use softverbs_core::datapath::PdRef;
-use softverbs_core::device::Gid;
-use softverbs_core::ids::CtxId;
 use softverbs_core::types::{Access, EventType, QpState, QpType};
+use softverbs_wire::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN, UDP_HEADER_LEN};
 use softverbs_wire::psn::{psn_add, psn_diff};
 use softverbs_wire::{
     emit_packet, AethRepr, AtomicAckEthRepr, BthRepr, Headers, NakCode, Opcode, Operation,
     PacketRef, Position, RethRepr, Syndrome,
 };
 
-use crate::engine::{fail_qp, CqId, Env, Qp, RxMeta, SrqKey, Transmit};
 use crate::memory::{AtomicOp, Memory};
-use crate::requester::transport_of;
+use crate::qp::{
+    fail_qp, transport_of, CqId, Env, InMsg, Output, Qp, RecvSource, RespOut, RespState, RxMeta,
+    Transmit,
+};
 use crate::wr::{RecvWr, WcOpcode, WcStatus, WorkCompletion, WC_GRH, WC_WITH_IMM, WC_WITH_INV};
 
 /// Atomic results kept for duplicate detection (IBA 9.7.5.2.3 requires at least the number of
 /// responder resources).
 const REPLAY_DEPTH: usize = 64;
 
-/// Where a receive work request came from (so an aborted UC message can put it back).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RecvSource {
-    Own,
-    Srq(SrqKey),
-}
-
-/// A message being received over several packets.
-#[derive(Debug)]
-pub(crate) enum InMsg {
-    Send {
-        wqe: RecvWr,
-        source: RecvSource,
-        offset: u32,
-        cq: Option<CqId>,
-        pd: PdRef,
-    },
-    Write {
-        ctx: CtxId,
-        addr: u64,
-        remaining: u32,
-        total: u32,
-    },
-}
-
-/// Something the responder has to send.
-#[derive(Debug)]
-pub(crate) enum RespOut {
-    Ack {
-        psn: u32,
-        syndrome: Syndrome,
-    },
-    AtomicAck {
-        psn: u32,
-        orig: u64,
-        /// An answer to a duplicate, from the replay cache.
-        replay: bool,
-    },
-    Read {
-        psn: u32,
-        va: u64,
-        rkey: u32,
-        remaining: u32,
-        first: bool,
-        pd: PdRef,
-        /// A duplicate READ executed again.
-        replay: bool,
-    },
-}
-
-/// Responder progress of one QP.
-#[derive(Debug, Default)]
-pub(crate) struct RespState {
-    /// Expected PSN.
-    pub(crate) epsn: u32,
-    /// Message sequence number (IBA 9.7.5.2.7).
-    pub(crate) msn: u32,
-    /// A sequence NAK was sent for the current gap (IBA: send it once).
-    pub(crate) nak_sent: bool,
-    pub(crate) cur: Option<InMsg>,
-    /// UC: dropping the rest of a message whose start was lost or refused.
-    pub(crate) dropping: bool,
-    pub(crate) out: VecDeque<RespOut>,
-    replay: VecDeque<(u32, u64)>,
-}
-
 impl RespState {
-    pub(crate) fn reset_psn(&mut self, rq_psn: u32) {
-        *self = RespState {
-            epsn: rq_psn,
-            ..RespState::default()
-        };
-    }
-
-    /// Abandons a message in progress, returning its receive work request.
-    pub(crate) fn abort_message(&mut self) -> Option<RecvWr> {
-        match self.cur.take() {
-            Some(InMsg::Send { wqe, .. }) => Some(wqe),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn clear_outputs(&mut self) {
-        self.out.clear();
-        self.cur = None;
-    }
-
     fn queue_ack(&mut self, psn: u32) {
         // Coalesce: a newer ACK covers an older one still waiting (ACKs are cumulative).
         if let Some(RespOut::Ack {
@@ -171,6 +86,34 @@ enum Refusal {
     Fatal(NakCode, Option<EventType>),
     /// Receiver not ready.
     Rnr,
+}
+
+impl Refusal {
+    /// A request the responder cannot execute as sent: out of sequence, too long, beyond
+    /// its resources (NAK Invalid Request, `QP_REQ_ERR`; IBA 9.7.5.2.2, 9.7.5.2.3).
+    fn invalid_request() -> Refusal {
+        Refusal::Fatal(NakCode::InvalidRequest, Some(EventType::QpReqErr))
+    }
+
+    /// An R_Key, range, access-flag or XRC-domain check failed (NAK Remote Access Error,
+    /// `QP_ACCESS_ERR`; IBA 9.7.5.2.4).
+    fn access_error() -> Refusal {
+        Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
+    }
+
+    /// Checked memory could not be reached (NAK Remote Operational Error, `QP_FATAL`).
+    fn operational_error() -> Refusal {
+        Refusal::Fatal(NakCode::RemoteOperationalError, Some(EventType::QpFatal))
+    }
+
+    /// This refusal on a reliable QP; an unreliable one (UC) drops the packet instead.
+    fn unless_unreliable(self, qp: &Qp) -> Refusal {
+        if qp.is_reliable() {
+            self
+        } else {
+            Refusal::Drop
+        }
+    }
 }
 
 pub(crate) fn receive<M: Memory>(
@@ -274,9 +217,10 @@ fn abort_uc<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>) {
 fn target<M: Memory>(qp: &Qp, env: &Env<'_, M>, pkt: &PacketRef<'_>) -> Result<Target, Refusal> {
     if qp.cfg.qp_type == QpType::XrcRecv {
         let srqn = pkt.headers.xrceth.map(|x| x.xrc_srq).ok_or(Refusal::Drop)?;
-        let t = env.core.resolve_xrc_srq(qp.cfg.qpn, srqn).map_err(|_| {
-            Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
-        })?;
+        let t = env
+            .core
+            .resolve_xrc_srq(qp.cfg.qpn, srqn)
+            .map_err(|_| Refusal::access_error())?;
         let key = (t.ctx, t.srq);
         let cq = env.srqs.get(&key).and_then(|s| s.cfg.cq);
         return Ok(Target {
@@ -308,8 +252,7 @@ fn take_recv<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, source: RecvSource) -
             let w = s.queue.pop_front()?;
             if s.limit > 0 && (s.queue.len() as u32) < s.limit {
                 s.limit = 0;
-                env.out
-                    .push_back(crate::engine::Output::SrqLimitReached { srq: k });
+                env.out.push_back(Output::SrqLimitReached { srq: k });
             }
             Some(w)
         }
@@ -339,287 +282,326 @@ fn recv_completion(
     wc
 }
 
+/// What a request packet asks for, by its opcode (IBA 9.4).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RequestKind {
+    Send,
+    Write,
+    Read,
+    Atomic,
+    /// Not a request this responder executes (dropped after the checks).
+    Other,
+}
+
+fn request_kind(op: Operation) -> RequestKind {
+    use Operation as O;
+    match op {
+        O::SendFirst
+        | O::SendMiddle
+        | O::SendLast
+        | O::SendLastWithImmediate
+        | O::SendOnly
+        | O::SendOnlyWithImmediate
+        | O::SendLastWithInvalidate
+        | O::SendOnlyWithInvalidate => RequestKind::Send,
+        O::RdmaWriteFirst
+        | O::RdmaWriteMiddle
+        | O::RdmaWriteLast
+        | O::RdmaWriteLastWithImmediate
+        | O::RdmaWriteOnly
+        | O::RdmaWriteOnlyWithImmediate => RequestKind::Write,
+        O::RdmaReadRequest => RequestKind::Read,
+        O::CompareSwap | O::FetchAdd => RequestKind::Atomic,
+        _ => RequestKind::Other,
+    }
+}
+
+/// Executes one in-sequence request packet (its PSN is the expected one).
 fn execute<M: Memory>(
     qp: &mut Qp,
     env: &mut Env<'_, M>,
     pkt: &PacketRef<'_>,
 ) -> Result<(), Refusal> {
-    use Operation as O;
-    let psn = pkt.headers.bth.psn;
-    let op = pkt.info.operation;
-    let pos = pkt.info.position;
-    let reliable = qp.is_reliable();
-    if qp.resp.dropping {
-        if matches!(pos, Position::First | Position::Only) {
-            qp.resp.dropping = false;
-        } else {
-            qp.resp.epsn = psn_add(psn, 1);
-            return Ok(());
-        }
+    if skips_dropped_message(qp, pkt) {
+        return Ok(());
     }
-    // Opcode sequence (IBA 9.7.5.2.2): MIDDLE/LAST continue a message of the same kind;
-    // FIRST/ONLY may not interrupt one.
-    let continuing = matches!(pos, Position::Middle | Position::Last);
-    let is_send = matches!(
-        op,
-        O::SendFirst
-            | O::SendMiddle
-            | O::SendLast
-            | O::SendLastWithImmediate
-            | O::SendOnly
-            | O::SendOnlyWithImmediate
-            | O::SendLastWithInvalidate
-            | O::SendOnlyWithInvalidate
-    );
-    let is_write = matches!(
-        op,
-        O::RdmaWriteFirst
-            | O::RdmaWriteMiddle
-            | O::RdmaWriteLast
-            | O::RdmaWriteLastWithImmediate
-            | O::RdmaWriteOnly
-            | O::RdmaWriteOnlyWithImmediate
-    );
-    let seq_ok = match (&qp.resp.cur, continuing) {
-        (None, false) => true,
-        (Some(InMsg::Send { .. }), true) => is_send,
-        (Some(InMsg::Write { .. }), true) => is_write,
-        _ => false,
-    };
-    if !seq_ok {
-        return Err(if reliable {
-            Refusal::Fatal(NakCode::InvalidRequest, Some(EventType::QpReqErr))
-        } else {
-            Refusal::Drop
-        });
-    }
-    let access = qp.attr.qp_access_flags;
+    let kind = check_op_seq(qp, pkt)?;
     let t = target(qp, env, pkt)?;
-    let payload = pkt.payload;
-    if is_send {
-        if !continuing {
-            let wqe = take_recv(qp, env, t.source).ok_or(Refusal::Rnr)?;
-            qp.resp.cur = Some(InMsg::Send {
-                wqe,
-                source: t.source,
-                offset: 0,
-                cq: t.cq,
-                pd: t.pd,
-            });
-        }
-        let Some(InMsg::Send {
-            wqe,
-            offset,
-            cq,
-            pd,
-            ..
-        }) = &mut qp.resp.cur
-        else {
-            unreachable!("set above")
-        };
-        let (cq, pd) = (*cq, *pd);
-        if payload.len() as u32 > qp.attr.path_mtu.bytes() {
-            return Err(Refusal::Fatal(
-                NakCode::InvalidRequest,
-                Some(EventType::QpReqErr),
-            ));
-        }
-        if let Err(status) = scatter(env, pd, wqe, *offset, payload) {
-            let wqe = qp.resp.abort_message().expect("in progress");
-            env.complete(
-                cq,
-                recv_completion(qp.cfg.qpn, &wqe, status, WcOpcode::Recv, 0),
-            );
-            let code = if status == WcStatus::LocLenErr {
-                NakCode::InvalidRequest
-            } else {
-                NakCode::RemoteOperationalError
-            };
-            return Err(if reliable {
-                Refusal::Fatal(code, None)
-            } else {
-                Refusal::Drop
-            });
-        }
-        *offset += payload.len() as u32;
-        if matches!(pos, Position::Last | Position::Only) {
-            let Some(InMsg::Send { wqe, offset, .. }) = qp.resp.cur.take() else {
-                unreachable!("in progress")
-            };
-            let mut wc =
-                recv_completion(qp.cfg.qpn, &wqe, WcStatus::Success, WcOpcode::Recv, offset);
-            if let Some(imm) = pkt.headers.imm_dt {
-                wc.imm_data = imm.imm;
-                wc.wc_flags |= WC_WITH_IMM;
-            }
-            if let Some(ieth) = pkt.headers.ieth {
-                wc.imm_data = ieth.rkey;
-                wc.wc_flags |= WC_WITH_INV;
-            }
-            wc.solicited = pkt.headers.bth.solicited;
-            env.complete(cq, wc);
-            qp.resp.msn = psn_add(qp.resp.msn, 1);
-        }
-    } else if is_write {
-        if !continuing {
-            let reth = pkt.headers.reth.ok_or(Refusal::Drop)?;
-            if !access.contains(Access::REMOTE_WRITE) {
-                return Err(Refusal::Fatal(
-                    NakCode::RemoteAccessError,
-                    Some(EventType::QpAccessErr),
-                ));
-            }
-            let (ctx, addr) = if reth.dma_len == 0 {
-                (t.pd.ctx, 0)
-            } else {
-                let m = env
-                    .core
-                    .check_mem(
-                        t.pd,
-                        reth.rkey,
-                        reth.va,
-                        u64::from(reth.dma_len),
-                        Access::REMOTE_WRITE,
-                    )
-                    .map_err(|_| {
-                        Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
-                    })?;
-                (m.ctx, m.addr)
-            };
-            qp.resp.cur = Some(InMsg::Write {
-                ctx,
-                addr,
-                remaining: reth.dma_len,
-                total: reth.dma_len,
-            });
-        }
-        let Some(InMsg::Write {
-            ctx,
-            addr,
-            remaining,
-            ..
-        }) = &mut qp.resp.cur
-        else {
-            unreachable!("set above")
-        };
-        let last = matches!(pos, Position::Last | Position::Only);
-        if payload.len() as u32 > *remaining || (last && payload.len() as u32 != *remaining) {
-            qp.resp.cur = None;
-            return Err(if reliable {
-                Refusal::Fatal(NakCode::InvalidRequest, Some(EventType::QpReqErr))
-            } else {
-                Refusal::Drop
-            });
-        }
-        if !payload.is_empty() {
-            if env.mem.write(*ctx, *addr, payload).is_err() {
-                qp.resp.cur = None;
-                return Err(if reliable {
-                    Refusal::Fatal(NakCode::RemoteOperationalError, Some(EventType::QpFatal))
-                } else {
-                    Refusal::Drop
-                });
-            }
-            *addr += payload.len() as u64;
-            *remaining -= payload.len() as u32;
-        }
-        if last {
-            if let Some(imm) = pkt.headers.imm_dt {
-                // WRITE with immediate consumes a receive work request at the end (IBA 9.4.3).
-                let Some(wqe) = take_recv(qp, env, t.source) else {
-                    // The data is placed; the retransmitted LAST packet will find a WQE.
-                    if let Some(InMsg::Write {
-                        remaining, addr, ..
-                    }) = &mut qp.resp.cur
-                    {
-                        *addr -= payload.len() as u64;
-                        *remaining += payload.len() as u32;
-                    }
-                    return Err(Refusal::Rnr);
-                };
-                let Some(InMsg::Write { total, .. }) = qp.resp.cur.take() else {
-                    unreachable!("in progress")
-                };
-                let mut wc = recv_completion(
-                    qp.cfg.qpn,
-                    &wqe,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    total,
-                );
-                wc.imm_data = imm.imm;
-                wc.wc_flags |= WC_WITH_IMM;
-                wc.solicited = pkt.headers.bth.solicited;
-                env.complete(t.cq, wc);
-            } else {
-                qp.resp.cur = None;
-            }
-            qp.resp.msn = psn_add(qp.resp.msn, 1);
-        }
-    } else if op == O::RdmaReadRequest {
-        let reth = pkt.headers.reth.ok_or(Refusal::Drop)?;
-        read_request(qp, env, t.pd, psn, reth, false)?;
-        let npkts = reth.dma_len.div_ceil(qp.attr.path_mtu.bytes()).max(1);
-        qp.resp.epsn = psn_add(psn, npkts);
-        qp.resp.msn = psn_add(qp.resp.msn, 1);
-        return Ok(());
-    } else if matches!(op, O::CompareSwap | O::FetchAdd) {
-        let a = pkt.headers.atomic_eth.ok_or(Refusal::Drop)?;
-        if !access.contains(Access::REMOTE_ATOMIC) {
-            return Err(Refusal::Fatal(
-                NakCode::RemoteAccessError,
-                Some(EventType::QpAccessErr),
-            ));
-        }
-        if a.va % 8 != 0 {
-            return Err(Refusal::Fatal(
-                NakCode::InvalidRequest,
-                Some(EventType::QpReqErr),
-            ));
-        }
-        if qp.resp.outstanding_reads() >= usize::from(qp.attr.max_dest_rd_atomic.max(1)) {
-            return Err(Refusal::Fatal(
-                NakCode::InvalidRequest,
-                Some(EventType::QpReqErr),
-            ));
-        }
-        let m = env
-            .core
-            .check_mem(t.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
-            .map_err(|_| {
-                Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
-            })?;
-        let aop = if op == O::CompareSwap {
-            AtomicOp::CompareSwap {
-                compare: a.compare,
-                swap: a.swap_add,
-            }
-        } else {
-            AtomicOp::FetchAdd { add: a.swap_add }
-        };
-        let orig = env.mem.atomic(m.ctx, m.addr, aop).map_err(|_| {
-            Refusal::Fatal(NakCode::RemoteOperationalError, Some(EventType::QpFatal))
-        })?;
-        qp.resp.replay.push_back((psn, orig));
-        if qp.resp.replay.len() > REPLAY_DEPTH {
-            qp.resp.replay.pop_front();
-        }
-        qp.resp.out.push_back(RespOut::AtomicAck {
-            psn,
-            orig,
-            replay: false,
-        });
-        qp.resp.epsn = psn_add(psn, 1);
-        qp.resp.msn = psn_add(qp.resp.msn, 1);
-        return Ok(());
-    } else {
-        return Err(Refusal::Drop);
+    match kind {
+        RequestKind::Send => execute_send(qp, env, pkt, &t)?,
+        RequestKind::Write => execute_write(qp, env, pkt, &t)?,
+        // A READ or atomic is answered by its response, not by an ACK.
+        RequestKind::Read => return execute_read(qp, env, pkt, &t),
+        RequestKind::Atomic => return execute_atomic(qp, env, pkt, &t),
+        RequestKind::Other => return Err(Refusal::Drop),
     }
+    let psn = pkt.headers.bth.psn;
     qp.resp.epsn = psn_add(psn, 1);
     // IBA 9.7.5.1.2: the responder may coalesce; it answers where the requester asks.
-    if reliable && pkt.headers.bth.ack_req {
+    if qp.is_reliable() && pkt.headers.bth.ack_req {
         qp.resp.queue_ack(psn);
     }
+    Ok(())
+}
+
+/// UC: while the rest of a lost or refused message goes by, its packets are consumed
+/// unexecuted; the next FIRST or ONLY starts over (IBA 9.8.3).
+fn skips_dropped_message(qp: &mut Qp, pkt: &PacketRef<'_>) -> bool {
+    if !qp.resp.dropping {
+        return false;
+    }
+    if matches!(pkt.info.position, Position::First | Position::Only) {
+        qp.resp.dropping = false;
+        false
+    } else {
+        qp.resp.epsn = psn_add(pkt.headers.bth.psn, 1);
+        true
+    }
+}
+
+/// Opcode sequence (IBA 9.7.5.2.2): MIDDLE/LAST continue a message of the same kind;
+/// FIRST/ONLY may not interrupt one.
+fn check_op_seq(qp: &Qp, pkt: &PacketRef<'_>) -> Result<RequestKind, Refusal> {
+    let kind = request_kind(pkt.info.operation);
+    let continuing = matches!(pkt.info.position, Position::Middle | Position::Last);
+    let seq_ok = match (&qp.resp.cur, continuing) {
+        (None, false) => true,
+        (Some(InMsg::Send { .. }), true) => kind == RequestKind::Send,
+        (Some(InMsg::Write { .. }), true) => kind == RequestKind::Write,
+        _ => false,
+    };
+    if seq_ok {
+        Ok(kind)
+    } else {
+        Err(Refusal::invalid_request().unless_unreliable(qp))
+    }
+}
+
+/// A SEND packet: the first takes a receive work request, each scatters its payload, the
+/// last completes it (IBA 9.7.5.2.5).
+fn execute_send<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    pkt: &PacketRef<'_>,
+    t: &Target,
+) -> Result<(), Refusal> {
+    let pos = pkt.info.position;
+    let payload = pkt.payload;
+    if !matches!(pos, Position::Middle | Position::Last) {
+        let wqe = take_recv(qp, env, t.source).ok_or(Refusal::Rnr)?;
+        qp.resp.cur = Some(InMsg::Send {
+            wqe,
+            source: t.source,
+            offset: 0,
+            cq: t.cq,
+            pd: t.pd,
+        });
+    }
+    let Some(InMsg::Send {
+        wqe,
+        offset,
+        cq,
+        pd,
+        ..
+    }) = &mut qp.resp.cur
+    else {
+        unreachable!("set above")
+    };
+    let (cq, pd) = (*cq, *pd);
+    if payload.len() as u32 > qp.attr.path_mtu.bytes() {
+        return Err(Refusal::invalid_request());
+    }
+    if let Err(status) = scatter(env, pd, wqe, *offset, payload) {
+        let wqe = qp.resp.abort_message().expect("in progress");
+        env.complete(
+            cq,
+            recv_completion(qp.cfg.qpn, &wqe, status, WcOpcode::Recv, 0),
+        );
+        let code = if status == WcStatus::LocLenErr {
+            NakCode::InvalidRequest
+        } else {
+            NakCode::RemoteOperationalError
+        };
+        return Err(Refusal::Fatal(code, None).unless_unreliable(qp));
+    }
+    *offset += payload.len() as u32;
+    if matches!(pos, Position::Last | Position::Only) {
+        let Some(InMsg::Send { wqe, offset, .. }) = qp.resp.cur.take() else {
+            unreachable!("in progress")
+        };
+        let mut wc = recv_completion(qp.cfg.qpn, &wqe, WcStatus::Success, WcOpcode::Recv, offset);
+        if let Some(imm) = pkt.headers.imm_dt {
+            wc.imm_data = imm.imm;
+            wc.wc_flags |= WC_WITH_IMM;
+        }
+        if let Some(ieth) = pkt.headers.ieth {
+            wc.imm_data = ieth.rkey;
+            wc.wc_flags |= WC_WITH_INV;
+        }
+        wc.solicited = pkt.headers.bth.solicited;
+        env.complete(cq, wc);
+        qp.resp.msn = psn_add(qp.resp.msn, 1);
+    }
+    Ok(())
+}
+
+/// An RDMA WRITE packet: the first checks the RETH's R_Key and range (IBA 9.7.5.2.4), each
+/// places its payload, and a last one with immediate data consumes a receive work request.
+fn execute_write<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    pkt: &PacketRef<'_>,
+    t: &Target,
+) -> Result<(), Refusal> {
+    let pos = pkt.info.position;
+    let payload = pkt.payload;
+    if !matches!(pos, Position::Middle | Position::Last) {
+        let reth = pkt.headers.reth.ok_or(Refusal::Drop)?;
+        if !qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE) {
+            return Err(Refusal::access_error());
+        }
+        let (ctx, addr) = if reth.dma_len == 0 {
+            (t.pd.ctx, 0)
+        } else {
+            let m = env
+                .core
+                .check_mem(
+                    t.pd,
+                    reth.rkey,
+                    reth.va,
+                    u64::from(reth.dma_len),
+                    Access::REMOTE_WRITE,
+                )
+                .map_err(|_| Refusal::access_error())?;
+            (m.ctx, m.addr)
+        };
+        qp.resp.cur = Some(InMsg::Write {
+            ctx,
+            addr,
+            remaining: reth.dma_len,
+            total: reth.dma_len,
+        });
+    }
+    let Some(InMsg::Write {
+        ctx,
+        addr,
+        remaining,
+        ..
+    }) = &mut qp.resp.cur
+    else {
+        unreachable!("set above")
+    };
+    let last = matches!(pos, Position::Last | Position::Only);
+    if payload.len() as u32 > *remaining || (last && payload.len() as u32 != *remaining) {
+        qp.resp.cur = None;
+        return Err(Refusal::invalid_request().unless_unreliable(qp));
+    }
+    if !payload.is_empty() {
+        if env.mem.write(*ctx, *addr, payload).is_err() {
+            qp.resp.cur = None;
+            return Err(Refusal::operational_error().unless_unreliable(qp));
+        }
+        *addr += payload.len() as u64;
+        *remaining -= payload.len() as u32;
+    }
+    if last {
+        if let Some(imm) = pkt.headers.imm_dt {
+            // WRITE with immediate consumes a receive work request at the end (IBA 9.4.3).
+            let Some(wqe) = take_recv(qp, env, t.source) else {
+                // The data is placed; the retransmitted LAST packet will find a WQE.
+                if let Some(InMsg::Write {
+                    remaining, addr, ..
+                }) = &mut qp.resp.cur
+                {
+                    *addr -= payload.len() as u64;
+                    *remaining += payload.len() as u32;
+                }
+                return Err(Refusal::Rnr);
+            };
+            let Some(InMsg::Write { total, .. }) = qp.resp.cur.take() else {
+                unreachable!("in progress")
+            };
+            let mut wc = recv_completion(
+                qp.cfg.qpn,
+                &wqe,
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                total,
+            );
+            wc.imm_data = imm.imm;
+            wc.wc_flags |= WC_WITH_IMM;
+            wc.solicited = pkt.headers.bth.solicited;
+            env.complete(t.cq, wc);
+        } else {
+            qp.resp.cur = None;
+        }
+        qp.resp.msn = psn_add(qp.resp.msn, 1);
+    }
+    Ok(())
+}
+
+/// An RDMA READ request: checked and queued for its responses, which take the PSNs after it.
+fn execute_read<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    pkt: &PacketRef<'_>,
+    t: &Target,
+) -> Result<(), Refusal> {
+    let psn = pkt.headers.bth.psn;
+    let reth = pkt.headers.reth.ok_or(Refusal::Drop)?;
+    read_request(qp, env, t.pd, psn, reth, false)?;
+    let npkts = reth.dma_len.div_ceil(qp.attr.path_mtu.bytes()).max(1);
+    qp.resp.epsn = psn_add(psn, npkts);
+    qp.resp.msn = psn_add(qp.resp.msn, 1);
+    Ok(())
+}
+
+/// An atomic (IBA 9.4.5): checked, applied once, its original value remembered for
+/// duplicates and sent back in an atomic ACK.
+fn execute_atomic<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    pkt: &PacketRef<'_>,
+    t: &Target,
+) -> Result<(), Refusal> {
+    let psn = pkt.headers.bth.psn;
+    let a = pkt.headers.atomic_eth.ok_or(Refusal::Drop)?;
+    if !qp.attr.qp_access_flags.contains(Access::REMOTE_ATOMIC) {
+        return Err(Refusal::access_error());
+    }
+    if a.va % 8 != 0 {
+        return Err(Refusal::invalid_request());
+    }
+    if qp.resp.outstanding_reads() >= usize::from(qp.attr.max_dest_rd_atomic.max(1)) {
+        return Err(Refusal::invalid_request());
+    }
+    let m = env
+        .core
+        .check_mem(t.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+        .map_err(|_| Refusal::access_error())?;
+    let aop = if pkt.info.operation == Operation::CompareSwap {
+        AtomicOp::CompareSwap {
+            compare: a.compare,
+            swap: a.swap_add,
+        }
+    } else {
+        AtomicOp::FetchAdd { add: a.swap_add }
+    };
+    let orig = env
+        .mem
+        .atomic(m.ctx, m.addr, aop)
+        .map_err(|_| Refusal::operational_error())?;
+    qp.resp.replay.push_back((psn, orig));
+    if qp.resp.replay.len() > REPLAY_DEPTH {
+        qp.resp.replay.pop_front();
+    }
+    qp.resp.out.push_back(RespOut::AtomicAck {
+        psn,
+        orig,
+        replay: false,
+    });
+    qp.resp.epsn = psn_add(psn, 1);
+    qp.resp.msn = psn_add(qp.resp.msn, 1);
     Ok(())
 }
 
@@ -637,24 +619,16 @@ fn read_request<M: Memory>(
         dma_len: len,
     } = reth;
     if !qp.attr.qp_access_flags.contains(Access::REMOTE_READ) {
-        return Err(Refusal::Fatal(
-            NakCode::RemoteAccessError,
-            Some(EventType::QpAccessErr),
-        ));
+        return Err(Refusal::access_error());
     }
     // Responder resources (IBA 9.7.5.2.3): at most max_dest_rd_atomic READs/atomics in hand.
     if !replay && qp.resp.outstanding_reads() >= usize::from(qp.attr.max_dest_rd_atomic.max(1)) {
-        return Err(Refusal::Fatal(
-            NakCode::InvalidRequest,
-            Some(EventType::QpReqErr),
-        ));
+        return Err(Refusal::invalid_request());
     }
     if len > 0 {
         env.core
             .check_mem(pd, rkey, va, u64::from(len), Access::REMOTE_READ)
-            .map_err(|_| {
-                Refusal::Fatal(NakCode::RemoteAccessError, Some(EventType::QpAccessErr))
-            })?;
+            .map_err(|_| Refusal::access_error())?;
     }
     qp.resp.out.push_back(RespOut::Read {
         psn,
@@ -749,37 +723,18 @@ fn receive_ud<M: Memory>(
 }
 
 /// The 40 bytes rdma-core programs find before UD data: an IPv6 header for IPv6 GIDs, or for
-/// IPv4 RoCE v2 twenty zero bytes followed by the IPv4 header.
+/// IPv4 RoCE v2 twenty zero bytes followed by the IPv4 header, each as the sender's
+/// defaults would have written it for this packet (`ib_len` bytes, BTH to ICRC).
 fn grh(meta: RxMeta, ib_len: usize) -> [u8; 40] {
     let mut g = [0u8; 40];
-    let v4 = |gid: Gid| gid.0[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff];
-    if v4(meta.sgid) && v4(meta.dgid) {
-        let total = (20 + 8 + ib_len) as u16;
-        let h = &mut g[20..];
-        h[0] = 0x45;
-        h[2..4].copy_from_slice(&total.to_be_bytes());
-        h[6] = 0x40;
-        h[8] = 64;
-        h[9] = 17;
-        h[12..16].copy_from_slice(&meta.sgid.0[12..]);
-        h[16..20].copy_from_slice(&meta.dgid.0[12..]);
-        let mut sum = 0u32;
-        for c in h.chunks(2) {
-            sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
-        }
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    } else {
-        g[0] = 0x60;
-        let plen = (8 + ib_len) as u16;
-        g[4..6].copy_from_slice(&plen.to_be_bytes());
-        g[6] = 17;
-        g[7] = 64;
-        g[8..24].copy_from_slice(&meta.sgid.0);
-        g[24..40].copy_from_slice(&meta.dgid.0);
-    }
+    let udp_len = UDP_HEADER_LEN + ib_len;
+    let (src, dst) = (Ipv6Addr::from(meta.sgid.0), Ipv6Addr::from(meta.dgid.0));
+    // A length too large for the IP header's field cannot have arrived in a UDP datagram;
+    // its GRH would stay zero.
+    let _ = match (src.to_ipv4_mapped(), dst.to_ipv4_mapped()) {
+        (Some(s), Some(d)) => Ipv4Repr::new(s, d).emit(&mut g[40 - IPV4_HEADER_LEN..], udp_len),
+        _ => Ipv6Repr::new(src, dst).emit(&mut g, udp_len),
+    };
     g
 }
 
@@ -794,18 +749,10 @@ pub(crate) fn next_packet<M: Memory>(
     let transport = transport_of(qp.cfg.qp_type);
     let mtu = qp.attr.path_mtu.bytes();
     let msn = qp.resp.msn;
-    let mut bth = BthRepr {
-        opcode: Opcode(0),
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xFFFF,
-        fecn: false,
-        becn: false,
-        dest_qp: qp.attr.dest_qp_num,
-        ack_req: false,
-        psn: 0,
+    let bth = |operation, psn| {
+        Opcode::new(transport, operation)
+            .ok()
+            .map(|opcode| BthRepr::new(opcode, qp.attr.dest_qp_num, psn))
     };
     let ack = |code| AethRepr {
         syndrome: code,
@@ -816,15 +763,11 @@ pub(crate) fn next_packet<M: Memory>(
     let mut done = true;
     match front {
         RespOut::Ack { psn, syndrome } => {
-            bth.opcode = Opcode::new(transport, Operation::Acknowledge).ok()?;
-            bth.psn = *psn;
-            h = Headers::new(bth);
+            h = Headers::new(bth(Operation::Acknowledge, *psn)?);
             h.aeth = Some(ack(*syndrome));
         }
         RespOut::AtomicAck { psn, orig, .. } => {
-            bth.opcode = Opcode::new(transport, Operation::AtomicAcknowledge).ok()?;
-            bth.psn = *psn;
-            h = Headers::new(bth);
+            h = Headers::new(bth(Operation::AtomicAcknowledge, *psn)?);
             h.aeth = Some(ack(Syndrome::Ack {
                 credits: Syndrome::UNLIMITED_CREDITS,
             }));
@@ -866,9 +809,7 @@ pub(crate) fn next_packet<M: Memory>(
                     return next_packet(qp, env, buf, scratch);
                 }
             }
-            bth.opcode = Opcode::new(transport, op).ok()?;
-            bth.psn = *psn;
-            h = Headers::new(bth);
+            h = Headers::new(bth(op, *psn)?);
             if op != Operation::RdmaReadResponseMiddle {
                 h.aeth = Some(ack(Syndrome::Ack {
                     credits: Syndrome::UNLIMITED_CREDITS,

@@ -5,8 +5,8 @@
 use softverbs_core::datapath::PdRef;
 use softverbs_core::types::Access;
 
-use crate::engine::Env;
 use crate::memory::Memory;
+use crate::qp::Env;
 use crate::wr::{Sge, WcStatus};
 
 /// Calls `f(sge, address, range of the message)` for each piece of the message bytes

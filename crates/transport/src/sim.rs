@@ -2,7 +2,8 @@
 //!
 //! Each [`Host`] is what one daemon holds — a [`Core`], an [`Engine`] and client memory —
 //! addressed by one RoCE v2 GID. The [`Network`] wraps every packet in IPv4/IPv6 + UDP with a
-//! real ICRC, and injects the faults of a seeded [`Faults`] profile (loss, duplication,
+//! real ICRC, and injects the faults of a seeded [`Faults`] profile (through the
+//! [`FaultInjector`](crate::faults::FaultInjector) the daemon's UDP devices use too) (loss, duplication,
 //! reordering, delay, corruption); the receiver checks the ICRC as a NIC does, so corrupted
 //! packets are dropped there. Time is simulated: the network jumps to the next delivery or
 //! timer, so a run with seconds of retransmission timeouts takes milliseconds.
@@ -24,87 +25,12 @@ use softverbs_wire::ip::{
 };
 use softverbs_wire::{icrc, Packet};
 
-use crate::engine::{CqId, Engine, Output, QpConfig, RxMeta, SrqConfig, SrqKey, MAX_PACKET};
+use crate::engine::{cq_id, CqId, Engine, Output, QpConfig, RxMeta, SrqConfig, SrqKey, MAX_PACKET};
+use crate::faults::FaultInjector;
+pub use crate::faults::{Faults, NetStats, Rng};
 use crate::memory::VecMemory;
 use crate::time::Instant;
 use crate::wr::WorkCompletion;
-
-/// SplitMix64: a tiny, well-known, seedable generator; enough for fault injection and kept
-/// here so the library needs no RNG dependency.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from `seed`.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        p > 0.0 && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-
-    /// Uniform in `0..n` (`n` > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
-
-/// What the network does to packets.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Faults {
-    /// Probability a packet is lost.
-    pub loss: f64,
-    /// Probability a packet is delivered twice.
-    pub duplicate: f64,
-    /// Probability a packet is held back (delivered after later ones).
-    pub reorder: f64,
-    /// Probability one byte of a packet is flipped (the ICRC must catch it).
-    pub corrupt: f64,
-    /// One-way delay.
-    pub delay: Duration,
-}
-
-impl Faults {
-    /// A perfect network with 1 µs latency.
-    pub const NONE: Faults = Faults {
-        loss: 0.0,
-        duplicate: 0.0,
-        reorder: 0.0,
-        corrupt: 0.0,
-        delay: Duration::from_micros(1),
-    };
-}
-
-/// Counters of what the network did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NetStats {
-    /// Packets hosts transmitted.
-    pub sent: u64,
-    /// Lost by the network.
-    pub lost: u64,
-    /// Extra copies made.
-    pub duplicated: u64,
-    /// Bytes flipped.
-    pub corrupted: u64,
-    /// Dropped at a receiver for a bad ICRC.
-    pub icrc_rejected: u64,
-    /// Corrupted packets a receiver accepted (must stay 0: the ICRC covers every byte the
-    /// corruption may touch).
-    pub corrupt_accepted: u64,
-    /// Handed to an engine.
-    pub delivered: u64,
-}
 
 /// One simulated daemon.
 pub struct Host {
@@ -122,11 +48,6 @@ pub struct Host {
     pub failures: Vec<(u32, Option<EventType>)>,
     /// SRQ limit events.
     pub srq_limits: Vec<SrqKey>,
-}
-
-/// The CQ id the testbed gives a core CQ handle.
-pub fn cq_id(ctx: CtxId, cq: Handle) -> CqId {
-    (ctx.0 << 32) | u64::from(cq.0)
 }
 
 impl Host {
@@ -533,13 +454,11 @@ pub struct Network {
     pub hosts: Vec<Host>,
     /// Simulated time.
     pub now: Instant,
-    /// Fault profile.
-    pub faults: Faults,
     /// What happened.
     pub stats: NetStats,
     /// Every datagram as sent (before faults), with its time, when capturing.
     pub capture: Option<Vec<(Instant, Vec<u8>)>>,
-    rng: Rng,
+    faults: FaultInjector,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
 }
@@ -550,10 +469,9 @@ impl Network {
         Network {
             hosts,
             now: Instant(0),
-            faults,
             stats: NetStats::default(),
             capture: None,
-            rng: Rng::new(seed),
+            faults: FaultInjector::new(faults, seed),
             queue: BinaryHeap::new(),
             seq: 0,
         }
@@ -618,7 +536,7 @@ impl Network {
             let Reverse(p) = self.queue.pop().expect("peeked");
             progressed = true;
             if icrc::verify_datagram(&p.bytes).is_err() {
-                self.stats.icrc_rejected += 1;
+                self.stats.rejected += 1;
                 continue;
             }
             let Ok((_, ib)) = split_ip_udp(&p.bytes) else {
@@ -667,7 +585,7 @@ impl Network {
         }
         self.seq += 1;
         self.queue.push(Reverse(InFlight {
-            at: self.now.after(self.faults.delay),
+            at: self.now.after(self.faults.faults().delay),
             seq: self.seq,
             corrupted: false,
             to,
@@ -677,39 +595,15 @@ impl Network {
     }
 
     fn transmit(&mut self, src: Gid, to: usize, bytes: Vec<u8>, ib_len: usize) {
-        let f = self.faults;
-        if self.rng.chance(f.loss) {
-            self.stats.lost += 1;
-            return;
-        }
-        let copies = if self.rng.chance(f.duplicate) {
-            self.stats.duplicated += 1;
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
+        let delay = self.faults.faults().delay;
+        for _ in 0..self.faults.copies(&mut self.stats) {
             let mut b = bytes.clone();
-            let mut corrupted = false;
-            if self.rng.chance(f.corrupt) {
-                // Flip a bit of the IB packet, BTH through ICRC, except BTH byte 4 (FECN, BECN,
-                // reserved) which the ICRC masks: switches may change it (Annex A17).
-                let ib_start = b.len() - ib_len;
-                let mut at = ib_start + self.rng.below(ib_len as u64) as usize;
-                if at == ib_start + 4 {
-                    at += 1;
-                }
-                b[at] ^= 1 << self.rng.below(8);
-                self.stats.corrupted += 1;
-                corrupted = true;
-            }
-            let mut delay = f.delay;
-            if self.rng.chance(f.reorder) {
-                delay += f.delay * (1 + self.rng.below(8) as u32);
-            }
+            let ib_start = b.len() - ib_len;
+            let corrupted = self.faults.damage(&mut b[ib_start..], &mut self.stats);
+            let late = self.faults.hold(&mut self.stats).unwrap_or(0);
             self.seq += 1;
             self.queue.push(Reverse(InFlight {
-                at: self.now.after(delay),
+                at: self.now.after(delay + delay * late),
                 seq: self.seq,
                 corrupted,
                 to,
