@@ -36,7 +36,10 @@ pub use codec::{
 /// the daemon reaches memory that is not shared.
 /// 6: the context's ready ring (`MapQueues` kind `QUEUES_READY`) and a QP's work flag
 /// (`QueuesResp::flag_offset`), so the daemon visits only the QPs a client posted to.
-pub const ABI_VERSION: u32 = 6;
+/// 7: a send ring's pending pair (the count the daemon is about to publish and the CQ index
+/// of the completion that goes with it), so a client whose daemon died between the two flushes
+/// that request (docs/shm-rings.md).
+pub const ABI_VERSION: u32 = 7;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -22,7 +22,7 @@ use softverbs_core::Core;
 use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
 use softverbs_shm::{Consumer, Producer, ReadySet, Region, RingLayout, WorkFlag, WORK_FLAG_SIZE};
 use softverbs_transport::sim::{cq_id, Faults};
-use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, UdDest, WorkCompletion};
+use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, UdDest, WcStatus, WorkCompletion};
 use softverbs_transport::{CqId, Engine, Output, PostError, QpConfig, SrqConfig, MAX_PACKET};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -30,6 +30,7 @@ use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
+use crate::sq_retire::SqRetire;
 
 const EINVAL: i32 = 22;
 const ENOMEM: i32 = 12;
@@ -93,6 +94,8 @@ pub struct DataPath {
     ready: HashMap<CtxId, ReadyRing>,
     /// The QPs of the round being run (scratch, kept across rounds).
     visit: Vec<u32>,
+    /// QPs whose send completions the round wrote, to settle their retired count at its end.
+    settle: Vec<u32>,
     /// What the rounds cost, in ring visits.
     stats: RoundStats,
     cq_rings: HashMap<CqId, Producer>,
@@ -166,6 +169,7 @@ impl DataPath {
             ctx_qp_rings: HashMap::new(),
             ready: HashMap::new(),
             visit: Vec::new(),
+            settle: Vec::new(),
             stats: RoundStats::default(),
             cq_rings: HashMap::new(),
             cq_rings_outgrown: std::collections::HashSet::new(),
@@ -560,8 +564,8 @@ impl DataPath {
         for _round in 0..64 {
             let now = engine_time(self.epoch, Instant::now());
             let mut progressed = false;
-            for o in self.pump_rings(core) {
-                self.route(core, o, &mut woken);
+            for (o, refused) in self.pump_rings(core) {
+                self.route(core, o, refused, &mut woken);
             }
             for (ctx, srq) in std::mem::take(&mut self.srq_faults) {
                 if core.raise_object_event(ctx, EventElement::Srq(srq), EventType::SrqErr) {
@@ -625,9 +629,12 @@ impl DataPath {
             }
             for d in 0..self.devs.len() {
                 while let Some(o) = self.devs[d].engine.poll_output() {
-                    self.route(core, o, &mut woken);
+                    self.route(core, o, None, &mut woken);
                 }
             }
+            // Every completion of the round is in its CQ: requests that retired without one
+            // may be counted now.
+            self.settle_sq_notes();
             self.moved_packets |= progressed;
             if !progressed {
                 for d in &mut self.devs {
@@ -642,30 +649,47 @@ impl DataPath {
         woken
     }
 
-    fn route(&mut self, core: &mut Core, o: Output, woken: &mut Vec<CtxId>) {
+    /// `refused`: the (QPN, send ring position) of a send request refused at the ring.
+    fn route(
+        &mut self,
+        core: &mut Core,
+        o: Output,
+        refused: Option<(u32, u32)>,
+        woken: &mut Vec<CtxId>,
+    ) {
         match o {
             Output::Completion { cq, wc } => {
                 let Some(c) = self.cqs.get_mut(&cq) else {
                     return;
                 };
+                // A mapped CQ's completions go to its ring, otherwise to the PollCq queue.
+                let mut ring = self
+                    .cq_rings
+                    .get_mut(&cq)
+                    .filter(|_| !self.cq_rings_outgrown.contains(&cq));
                 // The client may post again once it sees this completion: its send queue's
-                // retired count must already say so.
+                // retired count must already cover the request. It must cover no later one
+                // whose completion is not written yet (a client whose daemon died flushes from
+                // it), and the pending pair says whether this one landed (sq_retire.rs).
                 if !matches!(
                     wc.opcode,
                     softverbs_transport::wr::WcOpcode::Recv
                         | softverbs_transport::wr::WcOpcode::RecvRdmaWithImm
                 ) {
-                    if let (Some(r), Some(&d)) =
-                        (self.qp_rings.get(&wc.qp_num), self.qp_dev.get(&wc.qp_num))
-                    {
-                        publish_sq_retired(r, &self.devs[d].engine, wc.qp_num);
+                    if let Some(r) = self.qp_rings.get_mut(&wc.qp_num) {
+                        let note = match refused {
+                            Some((_, pos)) => r.retire.refused(pos),
+                            None => r.retire.completed(wc.wr_id, wc.status == WcStatus::Success),
+                        };
+                        if let Some(n) = note {
+                            if let Some(p) = ring.as_deref_mut() {
+                                r.sq.publish_pending(u64::from(n) | u64::from(p.produced()) << 32);
+                            }
+                            r.sq.publish_note(n);
+                        }
+                        self.settle.push(wc.qp_num);
                     }
                 }
-                // A mapped CQ's completions go to its ring, otherwise to the PollCq queue.
-                let ring = self
-                    .cq_rings
-                    .get_mut(&cq)
-                    .filter(|_| !self.cq_rings_outgrown.contains(&cq));
                 let stored = match ring {
                     Some(p) => p.push_value(&wc_wire(&wc)).is_ok(),
                     None if c.queue.len() < c.cqe as usize => {
@@ -864,13 +888,27 @@ fn ring_capacity(depth: u32) -> u32 {
         .clamp(8, softverbs_shm::MAX_CAPACITY)
 }
 
-/// Publishes in the send ring how many of its requests the QP has retired — taken from the
-/// ring and no longer in the engine (completed, flushed, refused, or dropped at RESET) — so the
-/// client counts the queue's occupancy exactly and refuses a post past `max_send_wr` with
-/// ENOMEM (ibv_post_send(3)); unsignaled requests retire without a completion to count.
-fn publish_sq_retired(r: &QpRings, engine: &softverbs_transport::Engine, qpn: u32) {
-    let in_engine = engine.send_queued(qpn) as u32;
-    r.sq.publish_note(r.sq.consumed().wrapping_sub(in_engine));
+impl DataPath {
+    /// Publishes in the send rings of the QPs of the round how many of their requests the QPs
+    /// retired — taken from the ring and no longer in the engine (completed, flushed, refused,
+    /// or dropped at RESET) — so the client counts the queue's occupancy exactly and refuses
+    /// a post past `max_send_wr` with ENOMEM (ibv_post_send(3)). Called once every completion
+    /// of the round is written: unsignaled requests retire without a completion to count, and
+    /// the count may pass them only then (sq_retire.rs).
+    fn settle_sq_notes(&mut self) {
+        let mut settle = std::mem::take(&mut self.settle);
+        settle.extend_from_slice(&self.visit);
+        for qpn in settle.drain(..) {
+            let (Some(r), Some(&d)) = (self.qp_rings.get_mut(&qpn), self.qp_dev.get(&qpn)) else {
+                continue;
+            };
+            let left = self.devs[d].engine.send_queued(qpn);
+            if let Some(n) = r.retire.settle(left, r.sq.consumed()) {
+                r.sq.publish_note(n);
+            }
+        }
+        self.settle = settle;
+    }
 }
 
 /// Slots of a context's ready ring: at most this many QPs of one context get a work flag
@@ -953,6 +991,10 @@ struct QpRings {
     recv_cq: Option<CqId>,
     sq: Consumer,
     rq: Option<Consumer>,
+    /// The QP signals every send request (`sq_sig_all`).
+    sig_all: bool,
+    /// Which send ring positions may be counted as retired.
+    retire: SqRetire,
 }
 
 impl DataPath {
@@ -1024,6 +1066,8 @@ impl DataPath {
                 recv_cq: i.recv_cq.map(|h| cq_id(ctx, h)),
                 sq: sq_c,
                 rq: rq_c,
+                sig_all: i.sq_sig_all,
+                retire: SqRetire::default(),
             },
         );
         let resp = QueuesResp {
@@ -1246,13 +1290,14 @@ impl DataPath {
     /// for (the rest stay in the ring, which the client then finds full). A request the engine
     /// refuses completes with an error instead of a return code (the client already
     /// returned from its post).
-    fn pump_rings(&mut self, core: &Core) -> Vec<Output> {
+    fn pump_rings(&mut self, core: &Core) -> Vec<(Output, Option<(u32, u32)>)> {
         // Scratch entries kept across calls: this runs in every round of every `drive`.
         let (mut sbuf, mut rbuf) = std::mem::take(&mut self.ring_scratch);
         sbuf.resize(entry_size::<SendWrWire>() as usize, 0);
         rbuf.resize(entry_size::<PostRecvReq>() as usize, 0);
         let mut failed = Vec::new();
-        let mut errors: Vec<(Option<CqId>, WorkCompletion)> = Vec::new();
+        // Completions of refused requests, with the send ring position of a refused send.
+        let mut errors: Vec<(Option<CqId>, WorkCompletion, Option<(u32, u32)>)> = Vec::new();
         self.take_announcements();
         let mut visit = std::mem::take(&mut self.visit);
         self.qp_sched.start_round(&mut visit);
@@ -1274,18 +1319,22 @@ impl DataPath {
                         break;
                     }
                 }
+                let pos = r.sq.consumed().wrapping_sub(1);
                 let Ok((w, _)) = SendWrWire::read_from_prefix(&sbuf) else {
                     continue;
                 };
+                let signaled = r.sig_all || w.send_flags.get() & send_flags::SIGNALED != 0;
                 let res = send_wr_from_wire(core, r.ctx, r.handle, &w)
                     .and_then(|wr| engine.post_send(qpn, wr).map_err(post_errno));
-                if res.is_err() {
-                    let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
-                    wc.opcode = softverbs_transport::wr::WcOpcode::Send;
-                    errors.push((r.send_cq, wc));
+                match res {
+                    Ok(()) => r.retire.taken(pos, w.wr_id.get(), signaled),
+                    Err(_) => {
+                        let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
+                        wc.opcode = softverbs_transport::wr::WcOpcode::Send;
+                        errors.push((r.send_cq, wc, Some((qpn, pos))));
+                    }
                 }
             }
-            publish_sq_retired(r, engine, qpn);
             if let Some(rq) = &mut r.rq {
                 for _ in 0..engine.recv_room(qpn).min(4096) {
                     match rq.pop(&mut rbuf) {
@@ -1304,13 +1353,13 @@ impl DataPath {
                     if res.is_err() {
                         let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
                         wc.opcode = softverbs_transport::wr::WcOpcode::Recv;
-                        errors.push((r.recv_cq, wc));
+                        errors.push((r.recv_cq, wc, None));
                     }
                 }
             }
             // Still busy: entries the engine had no room for, or send requests in the engine
-            // (they retire later, maybe without a completion, and the next visit publishes
-            // the retired count).
+            // (they retire later, maybe without a completion, and the end of the round that
+            // visits the QP next publishes the retired count).
             let mut has_entries = || {
                 let left = |c: &mut Consumer| c.available().map_or(true, |n| n > 0);
                 left(&mut r.sq) || r.rq.as_mut().is_some_and(left)
@@ -1360,7 +1409,7 @@ impl DataPath {
         self.ring_scratch = (sbuf, rbuf);
         errors
             .into_iter()
-            .filter_map(|(cq, wc)| cq.map(|cq| Output::Completion { cq, wc }))
+            .filter_map(|(cq, wc, pos)| cq.map(|cq| (Output::Completion { cq, wc }, pos)))
             .collect()
     }
 }
