@@ -983,6 +983,10 @@ impl DataPath {
     }
 }
 
+/// The completion of a request refused at its ring: its CQ, and for a send request the
+/// (QPN, send ring position).
+type RefusedCompletion = (Option<CqId>, WorkCompletion, Option<(u32, u32)>);
+
 /// Shared-memory work queues of one QP (the client produces, the daemon consumes).
 struct QpRings {
     ctx: CtxId,
@@ -1297,7 +1301,7 @@ impl DataPath {
         rbuf.resize(entry_size::<PostRecvReq>() as usize, 0);
         let mut failed = Vec::new();
         // Completions of refused requests, with the send ring position of a refused send.
-        let mut errors: Vec<(Option<CqId>, WorkCompletion, Option<(u32, u32)>)> = Vec::new();
+        let mut errors: Vec<RefusedCompletion> = Vec::new();
         self.take_announcements();
         let mut visit = std::mem::take(&mut self.visit);
         self.qp_sched.start_round(&mut visit);

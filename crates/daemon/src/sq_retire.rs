@@ -55,7 +55,7 @@ impl SqRetire {
             .taken
             .iter()
             .position(|t| t.wr_id == wr_id && (t.signaled || !success))?;
-        let t = self.taken.drain(..=i).last()?;
+        let t = self.taken.drain(..=i).next_back()?;
         self.advance(t.pos.wrapping_add(1))
     }
 
