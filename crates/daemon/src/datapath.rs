@@ -6,7 +6,7 @@
 //! UDP to others), runs the engines' timers, and turns engine outputs into CQ entries and
 //! async events.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,7 @@ use softverbs_core::types::{EventType, Mtu, QpType};
 use softverbs_core::Core;
 use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
 use softverbs_shm::{Consumer, Producer, ReadySet, Region, RingLayout, WorkFlag, WORK_FLAG_SIZE};
+use softverbs_transport::cq::{CompChannel, CompletionQueue, Delivery};
 use softverbs_transport::sim::{cq_id, Faults};
 use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, UdDest, WcStatus, WorkCompletion};
 use softverbs_transport::{CqId, Engine, Output, PostError, QpConfig, SrqConfig, MAX_PACKET};
@@ -42,19 +43,10 @@ struct Dev {
     port_mtu: Mtu,
 }
 
-struct CqState {
-    queue: VecDeque<WorkCompletion>,
-    cqe: u32,
-    /// The completion channel events go to.
-    channel: Option<u32>,
-    /// Armed by `ibv_req_notify_cq`: `Some(solicited_only)` until the next event.
-    armed: Option<bool>,
-}
-
 /// A completion channel (`ibv_comp_channel`): CQs that fired, and the eventfd that says so.
 struct Channel {
     efd: std::os::fd::OwnedFd,
-    fired: VecDeque<Handle>,
+    fired: CompChannel<Handle>,
 }
 
 /// Network options of the data path.
@@ -78,7 +70,8 @@ pub struct DataPath {
     pub moved_packets: bool,
     devs: Vec<Dev>,
     mem: SharedMappings<ProcessMem>,
-    cqs: HashMap<CqId, CqState>,
+    /// CQ semantics (crates/transport/src/cq.rs); the rings and eventfds stay here.
+    cqs: HashMap<CqId, CompletionQueue>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
@@ -259,7 +252,7 @@ impl DataPath {
             (ctx, h),
             Channel {
                 efd,
-                fired: VecDeque::new(),
+                fired: CompChannel::new(),
             },
         );
         Ok((h, client))
@@ -277,7 +270,7 @@ impl DataPath {
         }
         let used = self.ctx_cqs.get(&ctx).is_some_and(|s| {
             s.iter()
-                .any(|id| self.cqs.get(id).is_some_and(|c| c.channel == Some(h)))
+                .any(|id| self.cqs.get(id).is_some_and(|c| c.channel() == Some(h)))
         });
         if used {
             return Err(16);
@@ -290,29 +283,20 @@ impl DataPath {
     /// `solicited_only`) raises an event on the CQ's channel (IBA 11.4.2.2).
     pub fn req_notify(&mut self, ctx: CtxId, cq: Handle, solicited_only: bool) -> Result<(), i32> {
         let c = self.cqs.get_mut(&cq_id(ctx, cq)).ok_or(EINVAL)?;
-        // Arming for "any" wins over an earlier solicited-only arm.
-        c.armed = Some(c.armed.map_or(solicited_only, |s| s && solicited_only));
+        c.arm(solicited_only);
         Ok(())
     }
 
     /// `ibv_get_cq_event` without blocking: the next CQ that fired on channel `h`.
     pub fn next_cq_event(&mut self, ctx: CtxId, h: u32) -> Result<Option<Handle>, i32> {
         let ch = self.channels.get_mut(&(ctx, h)).ok_or(EINVAL)?;
-        Ok(ch.fired.pop_front())
+        Ok(ch.fired.next_event())
     }
 
     /// A CQ was created, reporting to completion channel `channel` if given.
     pub fn cq_created(&mut self, ctx: CtxId, cq: Handle, cqe: u32, channel: Option<u32>) {
         let id = cq_id(ctx, cq);
-        self.cqs.insert(
-            id,
-            CqState {
-                queue: VecDeque::new(),
-                cqe,
-                channel,
-                armed: None,
-            },
-        );
+        self.cqs.insert(id, CompletionQueue::new(cqe, channel));
         self.ctx_cqs.entry(ctx).or_default().insert(id);
     }
 
@@ -320,7 +304,7 @@ impl DataPath {
     /// unknown CQ.
     pub fn cq_outstanding(&mut self, ctx: CtxId, cq: Handle) -> Option<u32> {
         let id = cq_id(ctx, cq);
-        let queued = self.cqs.get(&id)?.queue.len() as u32;
+        let queued = self.cqs.get(&id)?.queued() as u32;
         let in_ring = match self.cq_rings.get_mut(&id) {
             Some(p) => {
                 let cap = p.layout().capacity();
@@ -338,7 +322,7 @@ impl DataPath {
     pub fn cq_resized(&mut self, ctx: CtxId, cq: Handle, cqe: u32) {
         let id = cq_id(ctx, cq);
         if let Some(c) = self.cqs.get_mut(&id) {
-            c.cqe = cqe;
+            c.resize(cqe);
         }
         if self
             .cq_rings
@@ -439,7 +423,7 @@ impl DataPath {
             // flushes). Completions already in a client's ring are dropped by the client.
             for cq in self.devs[d].engine.qp_cqs(qpn).into_iter().flatten() {
                 if let Some(c) = self.cqs.get_mut(&cq) {
-                    c.queue.retain(|w| w.qp_num != qpn);
+                    c.purge_qp(qpn);
                 }
             }
         }
@@ -545,11 +529,9 @@ impl DataPath {
 
     /// Up to `max` completions of CQ `cq` of `ctx`, oldest first.
     pub fn poll_cq(&mut self, ctx: CtxId, cq: Handle, max: usize) -> Vec<WorkCompletion> {
-        let Some(c) = self.cqs.get_mut(&cq_id(ctx, cq)) else {
-            return Vec::new();
-        };
-        let n = max.min(c.queue.len());
-        c.queue.drain(..n).collect()
+        self.cqs
+            .get_mut(&cq_id(ctx, cq))
+            .map_or_else(Vec::new, |c| c.poll(max))
     }
 
     // ---- moving packets -------------------------------------------------------------------
@@ -690,38 +672,31 @@ impl DataPath {
                         self.settle.push(wc.qp_num);
                     }
                 }
-                let stored = match ring {
-                    Some(p) => p.push_value(&wc_wire(&wc)).is_ok(),
-                    None if c.queue.len() < c.cqe as usize => {
-                        c.queue.push_back(wc);
-                        true
+                let mut push =
+                    ring.map(|p| move |w: &WorkCompletion| p.push_value(&wc_wire(w)).is_ok());
+                let ctx = CtxId(cq >> 32);
+                match c.complete(
+                    wc,
+                    push.as_mut()
+                        .map(|f| f as &mut dyn FnMut(&WorkCompletion) -> bool),
+                ) {
+                    Delivery::Overrun => {
+                        // The completion is lost and the owner hears of it (cq.rs).
+                        if core.raise_object_event(
+                            ctx,
+                            EventElement::Cq(Handle(cq as u32)),
+                            EventType::CqErr,
+                        ) {
+                            woken.push(ctx);
+                        }
                     }
-                    None => false,
-                };
-                if !stored {
-                    // CQ overrun (IBA 11.4.2.1): the completion is lost and the owner hears of it.
-                    let ctx = CtxId(cq >> 32);
-                    if core.raise_object_event(
-                        ctx,
-                        EventElement::Cq(Handle(cq as u32)),
-                        EventType::CqErr,
-                    ) {
-                        woken.push(ctx);
+                    Delivery::Stored { notify: Some(h) } => {
+                        if let Some(ch) = self.channels.get_mut(&(ctx, h)) {
+                            ch.fired.fire(Handle(cq as u32));
+                            softverbs_ipc::signal_eventfd(ch.efd.as_fd());
+                        }
                     }
-                    return;
-                }
-                let fires = c.armed.is_some_and(|solicited_only| {
-                    !solicited_only
-                        || wc.solicited
-                        || wc.status != softverbs_transport::wr::WcStatus::Success
-                });
-                if fires {
-                    c.armed = None;
-                    let ctx = CtxId(cq >> 32);
-                    if let Some(ch) = c.channel.and_then(|h| self.channels.get_mut(&(ctx, h))) {
-                        ch.fired.push_back(Handle(cq as u32));
-                        softverbs_ipc::signal_eventfd(ch.efd.as_fd());
-                    }
+                    Delivery::Stored { notify: None } => {}
                 }
             }
             Output::QpError { qpn, event } => match event {
@@ -1184,7 +1159,7 @@ impl DataPath {
         admit: impl FnOnce(u64) -> Result<(), i32>,
     ) -> Result<(QueuesResp, OwnedFd), i32> {
         let id = cq_id(ctx, cq);
-        let cqe = self.cqs.get(&id).ok_or(EINVAL)?.cqe;
+        let cqe = self.cqs.get(&id).ok_or(EINVAL)?.cqe();
         let l = RingLayout::new(ring_capacity(cqe), entry_size::<WcWire>()).map_err(|_| EINVAL)?;
         let (region, fd) =
             Region::create("softverbs-cq", l.size().max(4096)).map_err(|_| ENOMEM)?;
