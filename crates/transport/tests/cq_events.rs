@@ -34,7 +34,7 @@ fn a_solicited_only_arm_fires_on_the_solicited_send_once() {
     }
     b.req_notify(cqb, true);
     let mut net = Network::new(vec![a, b], Faults::NONE, 7);
-    let mut send = |net: &mut Network, wr_id: u64, solicited: bool| {
+    let send = |net: &mut Network, wr_id: u64, solicited: bool| {
         let payload = Payload::Sges(vec![Sge {
             addr: 0,
             length: 64,
