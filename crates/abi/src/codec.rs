@@ -6,7 +6,7 @@ use zerocopy::little_endian::{I32, U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::errno;
-use crate::msg::{request_layout, Cmd, CmdHeader, RespHeader};
+use crate::msg::{request_layout, Cmd, CmdHeader, Command, RespHeader};
 use crate::MAX_MSG;
 
 /// Why a message could not be decoded. Each carries the errno the daemon answers with.
@@ -67,6 +67,24 @@ impl Request<'_> {
         out.as_mut_bytes()[..n].copy_from_slice(&self.body[..n]);
         Ok(out)
     }
+
+    /// Reads the request struct of command `C` under [`Request::body`]'s rules.
+    pub fn read<C: Command>(&self, abi: u32) -> Result<C::Req, DecodeError> {
+        if self.cmd != C::CMD {
+            return Err(DecodeError::WrongCommand);
+        }
+        self.body(abi)
+    }
+}
+
+/// Builds the request datagram of command `C`, asking for a whole [`Command::Resp`].
+pub fn encode_command<C: Command>(comp_mask: u64, req: &C::Req) -> Vec<u8> {
+    encode_request(C::CMD, comp_mask, req.as_bytes(), size_of::<C::Resp>())
+}
+
+/// Reads the response to command `C` (see [`decode_response`]).
+pub fn decode_reply<C: Command>(msg: &[u8]) -> Result<Result<C::Resp, i32>, DecodeError> {
+    decode_response(msg, C::CMD)
 }
 
 /// Splits a request datagram.
@@ -263,6 +281,44 @@ mod tests {
             decode_response::<SrqResp>(&err, Cmd::QuerySrq).unwrap_err(),
             DecodeError::WrongCommand
         );
+    }
+
+    #[test]
+    fn the_command_table_gives_ids_sizes_and_abi_levels() {
+        for &c in Cmd::ALL {
+            assert_eq!(Cmd::from_u32(c as u32), Some(c));
+            assert_eq!(request_size(c), c.request_size());
+        }
+        let ids: std::collections::HashSet<u32> = Cmd::ALL.iter().map(|&c| c as u32).collect();
+        assert_eq!(ids.len(), Cmd::ALL.len(), "ids are unique");
+        assert_eq!(Cmd::CreateQp.request_size(), size_of::<CreateQpReq>());
+        assert_eq!(Cmd::ResizeCq.response_size(), size_of::<CreateCqResp>());
+        assert_eq!(Cmd::AllocPd.request_size(), 0);
+        assert_eq!(Cmd::ModifyQp.response_size(), 0);
+        assert_eq!((Cmd::ReregMr.since_abi(), Cmd::PollCq.since_abi()), (1, 3));
+        assert_eq!(<cmd::DestroyQp as Command>::CMD, Cmd::DestroyQp);
+    }
+
+    #[test]
+    fn a_typed_command_round_trips_and_names_itself() {
+        let req = HandleReq {
+            handle: U32::new(42),
+        };
+        let msg = encode_command::<cmd::DestroyCq>(0, &req);
+        let got = decode_request(&msg).unwrap();
+        assert_eq!(got.resp_len, size_of::<EventsResp>());
+        assert_eq!(got.read::<cmd::DestroyCq>(ABI).unwrap().handle.get(), 42);
+        assert_eq!(
+            got.read::<cmd::DestroySrq>(ABI).unwrap_err(),
+            DecodeError::WrongCommand,
+            "a request is read only as the command it is"
+        );
+        let resp = EventsResp {
+            events_reported: U32::new(3),
+        };
+        let reply = encode_response(Cmd::DestroyCq as u32, 0, resp.as_bytes(), got.resp_len);
+        let back = decode_reply::<cmd::DestroyCq>(&reply).unwrap().unwrap();
+        assert_eq!(back.events_reported.get(), 3);
     }
 
     proptest::proptest! {

@@ -26,7 +26,8 @@ pub mod convert;
 pub mod msg;
 
 pub use codec::{
-    decode_request, decode_response, encode_request, encode_response, DecodeError, Request,
+    decode_reply, decode_request, decode_response, encode_command, encode_request, encode_response,
+    DecodeError, Request,
 };
 
 /// The newest ABI this crate speaks. 2: `CreateQpReq.create_flags`. 3: work queues and CQs in

@@ -42,8 +42,25 @@ pub struct RespHeader {
     pub reserved2: U32,
 }
 
+/// What a command sends and what it gets back: the request and response structs of one row
+/// of the `commands!` table. Both ends encode and decode through it, so a command's id, its
+/// request and its response cannot drift apart.
+pub trait Command {
+    /// The command id.
+    const CMD: Cmd;
+    /// The request struct (`()`: no body).
+    type Req: FromBytes + IntoBytes + Immutable + KnownLayout + Default + Copy + core::fmt::Debug;
+    /// The response struct (`()`: no body).
+    type Resp: FromBytes + IntoBytes + Immutable + KnownLayout + Default + Copy + core::fmt::Debug;
+}
+
+/// The command table: `Name = id : Request => Response`, optionally `since N` (the ABI level
+/// that introduced it; 1 otherwise). It generates the [`Cmd`] ids, one [`Command`] type per
+/// command in [`cmd`], and the size and ABI queries of [`Cmd`]. Adding a command is one row.
 macro_rules! commands {
-    ($( $(#[$m:meta])* $name:ident = $val:expr, )*) => {
+    (@since) => { 1 };
+    (@since $s:literal) => { $s };
+    ($( $(#[$m:meta])* $name:ident = $val:literal $(since $since:literal)? : $req:ty => $resp:ty, )*) => {
         /// Command ids.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         #[repr(u32)]
@@ -57,113 +74,146 @@ macro_rules! commands {
             pub fn from_u32(v: u32) -> Option<Cmd> {
                 match v { $( $val => Some(Cmd::$name), )* _ => None }
             }
+
+            /// Size of the command's request struct in the newest ABI.
+            pub fn request_size(self) -> usize {
+                match self { $( Cmd::$name => core::mem::size_of::<$req>(), )* }
+            }
+
+            /// Size of the command's response struct in the newest ABI.
+            pub fn response_size(self) -> usize {
+                match self { $( Cmd::$name => core::mem::size_of::<$resp>(), )* }
+            }
+
+            /// The ABI level that introduced the command; a daemon speaking an older level
+            /// answers it with `EOPNOTSUPP`.
+            pub fn since_abi(self) -> u32 {
+                match self { $( Cmd::$name => commands!(@since $($since)?), )* }
+            }
+        }
+
+        /// One type per command, naming its id, request and response ([`Command`]).
+        pub mod cmd {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                $(#[$m])*
+                #[derive(Clone, Copy, Debug)]
+                pub struct $name;
+
+                impl Command for $name {
+                    const CMD: Cmd = Cmd::$name;
+                    type Req = $req;
+                    type Resp = $resp;
+                }
+            )*
         }
     };
 }
 
 commands! {
-    /// Handshake; must be the first message. [`HelloReq`] → [`HelloResp`] (+ async eventfd).
-    Hello = 1,
-    /// [`QueryDeviceListReq`] → [`QueryDeviceListResp`]: one device by index.
-    QueryDeviceList = 2,
-    /// → [`QueryDeviceResp`].
-    QueryDevice = 3,
-    /// [`QueryPortReq`] → [`QueryPortResp`].
-    QueryPort = 4,
-    /// [`QueryGidReq`] → [`QueryGidResp`].
-    QueryGid = 5,
-    /// → [`HandleResp`].
-    AllocPd = 10,
-    /// [`HandleReq`] → empty.
-    DeallocPd = 11,
-    /// [`RegMrReq`] → [`RegMrResp`].
-    RegMr = 12,
-    /// [`HandleReq`] → empty.
-    DeregMr = 13,
-    /// [`CreateCqReq`] → [`CreateCqResp`].
-    CreateCq = 14,
-    /// [`ResizeCqReq`] → [`CreateCqResp`].
-    ResizeCq = 15,
-    /// [`HandleReq`] → [`EventsResp`].
-    DestroyCq = 16,
-    /// [`CreateSrqReq`] → [`SrqResp`].
-    CreateSrq = 17,
-    /// [`CreateXrcSrqReq`] → [`SrqResp`].
-    CreateXrcSrq = 18,
-    /// [`ModifySrqReq`] → [`SrqResp`].
-    ModifySrq = 19,
-    /// [`HandleReq`] → [`SrqResp`].
-    QuerySrq = 20,
-    /// [`HandleReq`] → [`EventsResp`].
-    DestroySrq = 21,
-    /// [`HandleReq`] → [`SrqNumResp`].
-    GetSrqNum = 22,
-    /// [`CreateAhReq`] → [`HandleResp`].
-    CreateAh = 23,
-    /// [`HandleReq`] → empty.
-    DestroyAh = 24,
-    /// [`ReregMrReq`] → [`RegMrResp`] (`ibv_rereg_mr`: the MR keeps its handle and keys).
-    /// A daemon that predates it answers `EINVAL` (unknown command).
-    ReregMr = 25,
-    /// [`OpenXrcdReq`] (+ the file's fd as SCM_RIGHTS, unless private) → [`OpenXrcdResp`].
-    OpenXrcd = 30,
-    /// [`HandleReq`] → empty.
-    CloseXrcd = 31,
-    /// [`CreateQpReq`] → [`CreateQpResp`]. Also creates XRC receive QPs (upstream face).
-    CreateQp = 32,
-    /// [`ModifyQpReq`] → empty.
-    ModifyQp = 33,
-    /// [`HandleReq`] → [`QueryQpResp`].
-    QueryQp = 34,
-    /// [`HandleReq`] → [`EventsResp`].
-    DestroyQp = 35,
-    /// [`OpenQpReq`] → [`CreateQpResp`] (upstream `ibv_open_qp`).
-    OpenQp = 36,
-    /// Legacy: [`XrcdReq`] → [`QpNumResp`].
-    CreateXrcRcvQp = 40,
-    /// Legacy: [`ModifyXrcRcvQpReq`] → empty.
-    ModifyXrcRcvQp = 41,
-    /// Legacy: [`XrcRcvQpReq`] → [`QueryQpResp`].
-    QueryXrcRcvQp = 42,
-    /// Legacy: [`XrcRcvQpReq`] → empty.
-    RegXrcRcvQp = 43,
-    /// Legacy: [`XrcRcvQpReq`] → [`EventsResp`].
-    UnregXrcRcvQp = 44,
-    /// Legacy: [`XrcRcvQpReq`] → [`EventsResp`] (means "unregister me").
-    DestroyXrcRcvQp = 45,
-    /// Minimal: [`XrcRcvQpReq`] with `qp_num` = [`CREATE_NEW_QP`] to create → [`QpNumResp`].
-    RegisterXrcRcvQp = 46,
-    /// Minimal: [`XrcRcvQpReq`] → [`EventsResp`].
-    UnregisterXrcRcvQp = 47,
-    /// → [`AsyncEventResp`], or `EAGAIN` when no event is pending.
-    GetAsyncEvent = 50,
-    /// → [`StatusResp`].
-    Status = 60,
-    /// → [`BlobResp`] + a memfd holding the JSON of the daemon's resources.
-    Resources = 61,
-    /// Administrative: [`InjectEventReq`] → [`InjectEventResp`]. Raises an async event on a
-    /// QP as the NIC would (fault injection); only the daemon's own uid or root may.
-    InjectEvent = 62,
-    /// ABI 3: [`PostSendReq`] → empty (`ibv_post_send` of one work request).
-    PostSend = 70,
-    /// ABI 3: [`PostRecvReq`] → empty (`ibv_post_recv` on a QP).
-    PostRecv = 71,
-    /// ABI 3: [`PostRecvReq`] → empty (`ibv_post_srq_recv`).
-    PostSrqRecv = 72,
-    /// ABI 3: [`PollCqReq`] → [`PollCqResp`] (`ibv_poll_cq`).
-    PollCq = 73,
-    /// ABI 3: → [`HandleResp`] + the channel's eventfd (`ibv_create_comp_channel`).
-    CreateCompChannel = 74,
-    /// ABI 3: [`HandleReq`] → empty; `EBUSY` while CQs use it.
-    DestroyCompChannel = 75,
-    /// ABI 3: [`ReqNotifyCqReq`] → empty (`ibv_req_notify_cq`).
-    ReqNotifyCq = 76,
-    /// ABI 3: [`HandleReq`] (the channel) → [`CqEventResp`], or `EAGAIN` (`ibv_get_cq_event`).
-    GetCqEvent = 77,
-    /// ABI 3: [`MapQueuesReq`] → [`QueuesResp`] + a memfd holding the object's rings.
-    MapQueues = 78,
-    /// ABI 3: → empty + the context's doorbell eventfd.
-    MapDoorbell = 79,
+    /// Handshake; must be the first message. The async eventfd comes with the answer.
+    Hello = 1 : HelloReq => HelloResp,
+    /// One device by index.
+    QueryDeviceList = 2 : QueryDeviceListReq => QueryDeviceListResp,
+    /// `ibv_query_device` of the context's device.
+    QueryDevice = 3 : () => QueryDeviceResp,
+    /// `ibv_query_port`.
+    QueryPort = 4 : QueryPortReq => QueryPortResp,
+    /// `ibv_query_gid`.
+    QueryGid = 5 : QueryGidReq => QueryGidResp,
+    /// `ibv_alloc_pd`.
+    AllocPd = 10 : () => HandleResp,
+    /// `ibv_dealloc_pd`.
+    DeallocPd = 11 : HandleReq => (),
+    /// `ibv_reg_mr` (+ optionally a sealed memfd of the range as SCM_RIGHTS).
+    RegMr = 12 : RegMrReq => RegMrResp,
+    /// `ibv_dereg_mr`.
+    DeregMr = 13 : HandleReq => (),
+    /// `ibv_create_cq`.
+    CreateCq = 14 : CreateCqReq => CreateCqResp,
+    /// `ibv_resize_cq`.
+    ResizeCq = 15 : ResizeCqReq => CreateCqResp,
+    /// `ibv_destroy_cq`.
+    DestroyCq = 16 : HandleReq => EventsResp,
+    /// `ibv_create_srq`.
+    CreateSrq = 17 : CreateSrqReq => SrqResp,
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`.
+    CreateXrcSrq = 18 : CreateXrcSrqReq => SrqResp,
+    /// `ibv_modify_srq`.
+    ModifySrq = 19 : ModifySrqReq => SrqResp,
+    /// `ibv_query_srq`.
+    QuerySrq = 20 : HandleReq => SrqResp,
+    /// `ibv_destroy_srq`.
+    DestroySrq = 21 : HandleReq => EventsResp,
+    /// `ibv_get_srq_num`.
+    GetSrqNum = 22 : HandleReq => SrqNumResp,
+    /// `ibv_create_ah`.
+    CreateAh = 23 : CreateAhReq => HandleResp,
+    /// `ibv_destroy_ah`.
+    DestroyAh = 24 : HandleReq => (),
+    /// `ibv_rereg_mr`: the MR keeps its handle and keys. A daemon that predates it answers
+    /// `EINVAL` (unknown command).
+    ReregMr = 25 : ReregMrReq => RegMrResp,
+    /// `ibv_open_xrcd` (+ the file's fd as SCM_RIGHTS, unless private).
+    OpenXrcd = 30 : OpenXrcdReq => OpenXrcdResp,
+    /// `ibv_close_xrcd`.
+    CloseXrcd = 31 : HandleReq => (),
+    /// `ibv_create_qp`. Also creates XRC receive QPs (upstream face).
+    CreateQp = 32 : CreateQpReq => CreateQpResp,
+    /// `ibv_modify_qp`.
+    ModifyQp = 33 : ModifyQpReq => (),
+    /// `ibv_query_qp`.
+    QueryQp = 34 : HandleReq => QueryQpResp,
+    /// `ibv_destroy_qp`.
+    DestroyQp = 35 : HandleReq => EventsResp,
+    /// Upstream `ibv_open_qp`.
+    OpenQp = 36 : OpenQpReq => CreateQpResp,
+    /// Legacy `ibv_create_xrc_rcv_qp`.
+    CreateXrcRcvQp = 40 : XrcdReq => QpNumResp,
+    /// Legacy `ibv_modify_xrc_rcv_qp`.
+    ModifyXrcRcvQp = 41 : ModifyXrcRcvQpReq => (),
+    /// Legacy `ibv_query_xrc_rcv_qp`.
+    QueryXrcRcvQp = 42 : XrcRcvQpReq => QueryQpResp,
+    /// Legacy `ibv_reg_xrc_rcv_qp`.
+    RegXrcRcvQp = 43 : XrcRcvQpReq => (),
+    /// Legacy `ibv_unreg_xrc_rcv_qp`.
+    UnregXrcRcvQp = 44 : XrcRcvQpReq => EventsResp,
+    /// Legacy `ibv_destroy_xrc_rcv_qp` (means "unregister me").
+    DestroyXrcRcvQp = 45 : XrcRcvQpReq => EventsResp,
+    /// Minimal: `qp_num` = [`CREATE_NEW_QP`] to create, else join.
+    RegisterXrcRcvQp = 46 : XrcRcvQpReq => QpNumResp,
+    /// Minimal: leave.
+    UnregisterXrcRcvQp = 47 : XrcRcvQpReq => EventsResp,
+    /// `ibv_get_async_event` without blocking: `EAGAIN` when no event is pending.
+    GetAsyncEvent = 50 : () => AsyncEventResp,
+    /// Daemon status.
+    Status = 60 : () => StatusResp,
+    /// A memfd holding the JSON of the daemon's resources comes with the answer.
+    Resources = 61 : () => BlobResp,
+    /// Administrative: raises an async event on a QP or port as the NIC would (fault
+    /// injection); only the daemon's own uid or root may.
+    InjectEvent = 62 : InjectEventReq => InjectEventResp,
+    /// `ibv_post_send` of one work request.
+    PostSend = 70 since 3 : PostSendReq => (),
+    /// `ibv_post_recv` on a QP.
+    PostRecv = 71 since 3 : PostRecvReq => (),
+    /// `ibv_post_srq_recv`.
+    PostSrqRecv = 72 since 3 : PostRecvReq => (),
+    /// `ibv_poll_cq`.
+    PollCq = 73 since 3 : PollCqReq => PollCqResp,
+    /// `ibv_create_comp_channel`: the channel's eventfd comes with the answer.
+    CreateCompChannel = 74 since 3 : () => HandleResp,
+    /// `ibv_destroy_comp_channel`: `EBUSY` while CQs use it.
+    DestroyCompChannel = 75 since 3 : HandleReq => (),
+    /// `ibv_req_notify_cq`.
+    ReqNotifyCq = 76 since 3 : ReqNotifyCqReq => (),
+    /// `ibv_get_cq_event` on a channel: `EAGAIN` when none fired.
+    GetCqEvent = 77 since 3 : HandleReq => CqEventResp,
+    /// A memfd holding the object's rings comes with the answer.
+    MapQueues = 78 since 3 : MapQueuesReq => QueuesResp,
+    /// The context's doorbell eventfd comes with the (empty) answer.
+    MapDoorbell = 79 since 3 : () => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -845,55 +895,9 @@ pub fn request_layout(cmd: Cmd, abi: u32) -> (usize, u64) {
     }
 }
 
-/// Size of the request struct of `cmd` in the newest ABI.
+/// Size of the request struct of `cmd` in the newest ABI (from the `commands!` table).
 pub fn request_size(cmd: Cmd) -> usize {
-    use core::mem::size_of;
-    match cmd {
-        Cmd::Hello => size_of::<HelloReq>(),
-        Cmd::QueryDeviceList => size_of::<QueryDeviceListReq>(),
-        Cmd::QueryDevice | Cmd::AllocPd | Cmd::GetAsyncEvent | Cmd::Status | Cmd::Resources => 0,
-        Cmd::QueryPort => size_of::<QueryPortReq>(),
-        Cmd::QueryGid => size_of::<QueryGidReq>(),
-        Cmd::DeallocPd
-        | Cmd::DeregMr
-        | Cmd::DestroyCq
-        | Cmd::QuerySrq
-        | Cmd::DestroySrq
-        | Cmd::GetSrqNum
-        | Cmd::DestroyAh
-        | Cmd::CloseXrcd
-        | Cmd::QueryQp
-        | Cmd::DestroyQp => size_of::<HandleReq>(),
-        Cmd::RegMr => size_of::<RegMrReq>(),
-        Cmd::ReregMr => size_of::<ReregMrReq>(),
-        Cmd::CreateCq => size_of::<CreateCqReq>(),
-        Cmd::ResizeCq => size_of::<ResizeCqReq>(),
-        Cmd::CreateSrq => size_of::<CreateSrqReq>(),
-        Cmd::CreateXrcSrq => size_of::<CreateXrcSrqReq>(),
-        Cmd::ModifySrq => size_of::<ModifySrqReq>(),
-        Cmd::CreateAh => size_of::<CreateAhReq>(),
-        Cmd::OpenXrcd => size_of::<OpenXrcdReq>(),
-        Cmd::CreateQp => size_of::<CreateQpReq>(),
-        Cmd::ModifyQp => size_of::<ModifyQpReq>(),
-        Cmd::OpenQp => size_of::<OpenQpReq>(),
-        Cmd::CreateXrcRcvQp => size_of::<XrcdReq>(),
-        Cmd::ModifyXrcRcvQp => size_of::<ModifyXrcRcvQpReq>(),
-        Cmd::QueryXrcRcvQp
-        | Cmd::RegXrcRcvQp
-        | Cmd::UnregXrcRcvQp
-        | Cmd::DestroyXrcRcvQp
-        | Cmd::RegisterXrcRcvQp
-        | Cmd::UnregisterXrcRcvQp => size_of::<XrcRcvQpReq>(),
-        Cmd::InjectEvent => size_of::<InjectEventReq>(),
-        Cmd::PostSend => size_of::<PostSendReq>(),
-        Cmd::PostRecv | Cmd::PostSrqRecv => size_of::<PostRecvReq>(),
-        Cmd::PollCq => size_of::<PollCqReq>(),
-        Cmd::CreateCompChannel => 0,
-        Cmd::DestroyCompChannel | Cmd::GetCqEvent => size_of::<HandleReq>(),
-        Cmd::ReqNotifyCq => size_of::<ReqNotifyCqReq>(),
-        Cmd::MapQueues => size_of::<MapQueuesReq>(),
-        Cmd::MapDoorbell => 0,
-    }
+    cmd.request_size()
 }
 
 /// Copies a name into a fixed NUL-padded array (truncating).

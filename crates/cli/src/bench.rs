@@ -158,7 +158,12 @@ fn name<T: clap::ValueEnum>(v: T) -> String {
 /// How a bench peer registers its buffer.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Memory {
+    /// Memory the library allocates as a memfd from birth (`Pd::alloc_mr`).
     Shared,
+    /// The peer's own words turned into shared memory at registration (`Pd::reg_mr_shared`,
+    /// the raw path `shared` replaces), for comparison.
+    InPlace,
+    /// The peer's own words, reached with `process_vm_readv/writev` (`Pd::reg_words`).
     Private,
 }
 
@@ -191,9 +196,11 @@ pub struct PerfArgs {
     /// addresses) instead of two contexts on one daemon.
     #[arg(long)]
     pub two_daemons: bool,
-    /// How the peers register their buffers: `shared` turns them into shared memory in
-    /// place (`reg_mr_shared`), so the daemon copies without a system call; `private` keeps
-    /// ordinary pages, reached with `process_vm_readv/writev` (docs/registered-memory.md).
+    /// How the peers register their buffers: `shared` has the library allocate them as
+    /// shared memory (`alloc_mr`), so the daemon copies without a system call; `in-place`
+    /// turns the peer's own pages into shared memory (`reg_mr_shared`, the raw path);
+    /// `private` keeps ordinary pages, reached with `process_vm_readv/writev`
+    /// (docs/registered-memory.md).
     #[arg(long, value_enum, default_value = "shared")]
     pub memory: Memory,
     /// Print JSON.

@@ -227,52 +227,45 @@ impl Conn {
         self.fatal = Some(fatal);
     }
 
-    /// One request and its response, with descriptors both ways. On a context whose device is
-    /// gone nothing is sent: commands that destroy an object succeed (rdma-core lets a program
+    /// One command and its response, with descriptors both ways: the request and response
+    /// types are those of `C`'s row in the command table. On a context whose device is gone
+    /// nothing is sent: commands that destroy an object succeed (rdma-core lets a program
     /// clean up after `IBV_EVENT_DEVICE_FATAL`; the daemon freed everything when it died) and
     /// answer zeros, every other command fails with [`ErrorKind::DeviceFatal`].
     ///
     /// [`ErrorKind::DeviceFatal`]: crate::ErrorKind::DeviceFatal
-    pub(crate) fn call_fds<R>(
+    pub(crate) fn call_fds<C: softverbs_abi::msg::Command>(
         &self,
         op: &'static str,
-        cmd: Cmd,
         comp_mask: u64,
-        body: &[u8],
+        req: &C::Req,
         fds: &[BorrowedFd<'_>],
-    ) -> Result<(R, Vec<OwnedFd>)>
-    where
-        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
-    {
+    ) -> Result<(C::Resp, Vec<OwnedFd>)> {
         if self.fatal.as_ref().is_some_and(|f| f.is_dead()) {
-            return after_death(op, cmd);
+            return after_death(op, C::CMD);
         }
         let sock = self.lock();
-        match exchange(sock.as_fd(), op, cmd, comp_mask, body, fds) {
+        match exchange(sock.as_fd(), op, C::CMD, comp_mask, req.as_bytes(), fds) {
             Ok(r) => Ok(r),
             Err(Failure::Refused(e)) => Err(e),
             Err(Failure::Lost(e)) => match &self.fatal {
                 Some(f) => {
                     f.die();
-                    after_death(op, cmd)
+                    after_death(op, C::CMD)
                 }
                 None => Err(e),
             },
         }
     }
 
-    /// One request and its response (descriptors that come back are closed).
-    pub(crate) fn call<R>(
+    /// One command and its response (descriptors that come back are closed).
+    pub(crate) fn call<C: softverbs_abi::msg::Command>(
         &self,
         op: &'static str,
-        cmd: Cmd,
         comp_mask: u64,
-        body: &[u8],
-    ) -> Result<R>
-    where
-        R: FromBytes + IntoBytes + Immutable + KnownLayout + Default,
-    {
-        self.call_fds(op, cmd, comp_mask, body, &[]).map(|(r, _)| r)
+        req: &C::Req,
+    ) -> Result<C::Resp> {
+        self.call_fds::<C>(op, comp_mask, req, &[]).map(|(r, _)| r)
     }
 }
 

@@ -4,16 +4,15 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Mutex;
 
+use softverbs_abi::msg::cmd;
 use softverbs_abi::msg::{
-    name_str, AsyncEventResp, Cmd, InjectEventReq, InjectEventResp, QueryDeviceListReq,
-    QueryDeviceListResp, QueryDeviceResp, QueryGidReq, QueryGidResp, QueryPortReq, QueryPortResp,
-    NO_DEVICE,
+    name_str, InjectEventReq, InjectEventResp, QueryDeviceListReq, QueryDeviceListResp,
+    QueryDeviceResp, QueryGidReq, QueryGidResp, QueryPortReq, QueryPortResp, NO_DEVICE,
 };
 use softverbs_core::device::{DeviceAttr, Gid, PortState};
 use softverbs_core::types::{EventType, Mtu};
 use softverbs_ipc as ipc;
 use zerocopy::little_endian::U32;
-use zerocopy::IntoBytes;
 
 use crate::conn::{connect_socket, default_socket_path, hello, Conn};
 use crate::convert;
@@ -65,7 +64,7 @@ pub(crate) fn list_devices(conn: &Conn) -> Result<Vec<DeviceInfo>> {
                 index: U32::new(index),
             };
             let r: QueryDeviceListResp =
-                conn.call("query_device_list", Cmd::QueryDeviceList, 0, req.as_bytes())?;
+                conn.call::<cmd::QueryDeviceList>("query_device_list", 0, &req)?;
             Ok(DeviceInfo {
                 index,
                 name: name_str(&r.name),
@@ -103,6 +102,9 @@ pub struct Context {
     /// posts add, polled receive completions subtract, so a post beyond `max_recv_wr` is
     /// refused with `ENOMEM` (ibv_post_recv(3)) although the ring itself has room.
     pub(crate) rq_outstanding: Mutex<std::collections::HashMap<u32, RqCount>>,
+    /// Buffers of work requests posted through the owning API, handed back with their
+    /// completions (`crate::wr`).
+    pub(crate) in_flight: crate::wr::InFlight,
 }
 
 /// One QP's count of outstanding receive requests.
@@ -167,6 +169,7 @@ impl Context {
             doorbell: None,
             ready: None,
             rq_outstanding: Mutex::new(std::collections::HashMap::new()),
+            in_flight: crate::wr::InFlight::default(),
         };
         ctx.doorbell = crate::rings::map_doorbell(&ctx);
         ctx.ready = crate::rings::map_ready(&ctx);
@@ -195,7 +198,7 @@ impl Context {
 
     /// `ibv_query_device`.
     pub fn query_device(&self) -> Result<DeviceAttr> {
-        let r: QueryDeviceResp = self.conn.call("query_device", Cmd::QueryDevice, 0, &[])?;
+        let r: QueryDeviceResp = self.conn.call::<cmd::QueryDevice>("query_device", 0, &())?;
         Ok(convert::device_attr(&r))
     }
 
@@ -204,9 +207,7 @@ impl Context {
         let req = QueryPortReq {
             port: U32::new(u32::from(port)),
         };
-        let r: QueryPortResp = self
-            .conn
-            .call("query_port", Cmd::QueryPort, 0, req.as_bytes())?;
+        let r: QueryPortResp = self.conn.call::<cmd::QueryPort>("query_port", 0, &req)?;
         convert::port_info("query_port", &r)
     }
 
@@ -216,9 +217,7 @@ impl Context {
             port: U32::new(u32::from(port)),
             index: U32::new(index),
         };
-        let r: QueryGidResp = self
-            .conn
-            .call("query_gid", Cmd::QueryGid, 0, req.as_bytes())?;
+        let r: QueryGidResp = self.conn.call::<cmd::QueryGid>("query_gid", 0, &req)?;
         Ok(Gid(r.gid))
     }
 
@@ -243,7 +242,7 @@ impl Context {
         }
         match self
             .conn
-            .call::<AsyncEventResp>("get_async_event", Cmd::GetAsyncEvent, 0, &[])
+            .call::<cmd::GetAsyncEvent>("get_async_event", 0, &())
         {
             Ok(r) => Ok(Some(convert::async_event(&r))),
             Err(e) if e.errno == errno::EAGAIN => Ok(None),
@@ -314,9 +313,9 @@ impl Context {
             port: U32::new(0),
             device: U32::new(0),
         };
-        let r: InjectEventResp =
-            self.conn
-                .call("inject_event", Cmd::InjectEvent, 0, req.as_bytes())?;
+        let r: InjectEventResp = self
+            .conn
+            .call::<cmd::InjectEvent>("inject_event", 0, &req)?;
         Ok(r.contexts.get())
     }
 
@@ -330,9 +329,9 @@ impl Context {
             port: U32::new(u32::from(port)),
             device: U32::new(device),
         };
-        let r: InjectEventResp =
-            self.conn
-                .call("inject_event", Cmd::InjectEvent, 0, req.as_bytes())?;
+        let r: InjectEventResp = self
+            .conn
+            .call::<cmd::InjectEvent>("inject_event", 0, &req)?;
         Ok(r.contexts.get())
     }
 }

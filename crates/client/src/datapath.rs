@@ -5,6 +5,7 @@
 //! through a memfd mapping when the region was shared.
 
 use softverbs_abi::msg::*;
+use softverbs_abi::msg::{cmd, Command};
 use softverbs_transport::wr::{SendOp, Sge, WcOpcode, WcStatus, WorkCompletion};
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::IntoBytes;
@@ -237,9 +238,7 @@ impl Qp<'_> {
             r.sq_posted = r.sq_posted.wrapping_add(1);
             return Ok(());
         }
-        self.ctx
-            .conn
-            .call::<()>(OP, Cmd::PostSend, 0, req.as_bytes())
+        self.ctx.conn.call::<cmd::PostSend>(OP, 0, &req)
     }
 
     /// `ibv_post_recv` of one work request.
@@ -281,14 +280,7 @@ impl Qp<'_> {
                 return Ok(());
             }
         }
-        post_recv(
-            self.ctx,
-            "post_recv",
-            Cmd::PostRecv,
-            self.handle(),
-            wr_id,
-            sges,
-        )
+        post_recv::<cmd::PostRecv>(self.ctx, "post_recv", self.handle(), wr_id, sges)
     }
 }
 
@@ -313,21 +305,13 @@ impl Srq<'_> {
             }
             return crate::rings::push(self.ctx, &mut p, None, OP, req.as_bytes());
         }
-        post_recv(
-            self.ctx,
-            "post_srq_recv",
-            Cmd::PostSrqRecv,
-            self.handle,
-            wr_id,
-            sges,
-        )
+        post_recv::<cmd::PostSrqRecv>(self.ctx, "post_srq_recv", self.handle, wr_id, sges)
     }
 }
 
-fn post_recv(
+fn post_recv<C: Command<Req = PostRecvReq, Resp = ()>>(
     ctx: &crate::Context,
     op: &'static str,
-    cmd: Cmd,
     handle: u32,
     wr_id: u64,
     sges: &[Sge],
@@ -339,7 +323,7 @@ fn post_recv(
         wr_id: U64::new(wr_id),
         sg_list: sg,
     };
-    ctx.conn.call::<()>(op, cmd, 0, req.as_bytes())
+    ctx.conn.call::<C>(op, 0, &req)
 }
 
 impl Cq<'_> {
@@ -415,10 +399,7 @@ impl Cq<'_> {
             cq: U32::new(self.handle),
             max: U32::new(max.min(MAX_WIRE_WC) as u32),
         };
-        let r: PollCqResp = self
-            .ctx
-            .conn
-            .call("poll_cq", Cmd::PollCq, 0, req.as_bytes())?;
+        let r: PollCqResp = self.ctx.conn.call::<cmd::PollCq>("poll_cq", 0, &req)?;
         let n = (r.count.get() as usize).min(MAX_WIRE_WC);
         r.wc[..n].iter().for_each(|w| f(&wc_from_wire(w)));
         Ok(n)
@@ -476,7 +457,7 @@ impl crate::Context {
     pub fn create_comp_channel(&self) -> Result<CompChannel<'_>> {
         let (r, mut fds): (HandleResp, _) =
             self.conn
-                .call_fds("create_comp_channel", Cmd::CreateCompChannel, 0, &[], &[])?;
+                .call_fds::<cmd::CreateCompChannel>("create_comp_channel", 0, &(), &[])?;
         let fd = std::sync::Arc::new(
             fds.pop()
                 .ok_or(Error::new("create_comp_channel", errno::EPROTO))?,
@@ -518,7 +499,7 @@ impl CompChannel<'_> {
         match self
             .ctx
             .conn
-            .call::<CqEventResp>("get_cq_event", Cmd::GetCqEvent, 0, req.as_bytes())
+            .call::<cmd::GetCqEvent>("get_cq_event", 0, &req)
         {
             Ok(r) => {
                 let cq = r.cq.get();
@@ -586,12 +567,10 @@ impl Drop for CompChannel<'_> {
         let req = HandleReq {
             handle: U32::new(self.handle),
         };
-        let _ = self.ctx.conn.call::<()>(
-            "destroy_comp_channel",
-            Cmd::DestroyCompChannel,
-            0,
-            req.as_bytes(),
-        );
+        let _ = self
+            .ctx
+            .conn
+            .call::<cmd::DestroyCompChannel>("destroy_comp_channel", 0, &req);
     }
 }
 
@@ -605,7 +584,7 @@ impl Cq<'_> {
         };
         self.ctx
             .conn
-            .call::<()>("req_notify_cq", Cmd::ReqNotifyCq, 0, req.as_bytes())?;
+            .call::<cmd::ReqNotifyCq>("req_notify_cq", 0, &req)?;
         if let Some(ch) = self.channel {
             self.ctx
                 .armed

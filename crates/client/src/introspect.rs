@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use softverbs_abi::msg::{BlobResp, Cmd, StatusResp, NO_DEVICE};
+use softverbs_abi::msg::cmd;
+use softverbs_abi::msg::{BlobResp, StatusResp, NO_DEVICE};
 use softverbs_ipc as ipc;
 
 use crate::conn::{connect_socket, connect_socket_with, default_socket_path, hello, Conn};
@@ -83,7 +84,7 @@ impl Introspect {
 
     /// The daemon's status.
     pub fn status(&self) -> Result<Status> {
-        let r: StatusResp = self.conn.call("status", Cmd::Status, 0, &[])?;
+        let r: StatusResp = self.conn.call::<cmd::Status>("status", 0, &())?;
         Ok(Status {
             daemon_pid: r.daemon_pid.get(),
             abi_version: r.abi_version.get(),
@@ -106,7 +107,7 @@ impl Introspect {
     /// The daemon's resources as JSON text (every context, domain, receive QP and holder).
     pub fn resources_json(&self) -> Result<String> {
         const OP: &str = "resources";
-        let (r, mut fds): (BlobResp, _) = self.conn.call_fds(OP, Cmd::Resources, 0, &[], &[])?;
+        let (r, mut fds): (BlobResp, _) = self.conn.call_fds::<cmd::Resources>(OP, 0, &(), &[])?;
         let (Some(fd), true) = (fds.pop(), fds.is_empty()) else {
             return Err(Error::proto(OP));
         };

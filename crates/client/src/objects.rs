@@ -4,16 +4,16 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use softverbs_abi::msg::{cmd, Command};
 use softverbs_abi::msg::{
-    Cmd, CreateAhReq, CreateCqReq, CreateCqResp, CreateQpReq, CreateQpResp, CreateSrqReq,
-    EventsResp, HandleReq, HandleResp, ModifyQpReq, ModifySrqReq, QpAttrWire, QueryQpResp,
-    RegMrReq, RegMrResp, SrqNumResp, SrqResp, CREATE_QP_CREATE_FLAGS, PRESENT_PD, PRESENT_RECV_CQ,
-    PRESENT_SEND_CQ, PRESENT_SRQ, PRESENT_XRCD,
+    CreateAhReq, CreateCqReq, CreateCqResp, CreateQpReq, CreateQpResp, CreateSrqReq, EventsResp,
+    HandleReq, HandleResp, ModifyQpReq, ModifySrqReq, QpAttrWire, QueryQpResp, RegMrReq, RegMrResp,
+    SrqNumResp, SrqResp, CREATE_QP_CREATE_FLAGS, PRESENT_PD, PRESENT_RECV_CQ, PRESENT_SEND_CQ,
+    PRESENT_SRQ, PRESENT_XRCD,
 };
 use softverbs_core::attr::{AhAttr, QpAttr, QpCap, QpInitInfo, SrqAttr};
 use softverbs_core::types::{Access, AttrMask, QpState, QpType};
 use zerocopy::little_endian::{U32, U64};
-use zerocopy::IntoBytes;
 
 use crate::context::Context;
 use crate::convert;
@@ -26,19 +26,19 @@ pub(crate) fn handle_req(handle: u32) -> HandleReq {
 }
 
 /// Sends a destroy-style command that answers nothing.
-pub(crate) fn destroy_plain(ctx: &Context, op: &'static str, cmd: Cmd, handle: u32) -> Result<()> {
-    ctx.conn
-        .call::<()>(op, cmd, 0, handle_req(handle).as_bytes())
+pub(crate) fn destroy_plain<C>(ctx: &Context, op: &'static str, handle: u32) -> Result<()>
+where
+    C: Command<Req = HandleReq, Resp = ()>,
+{
+    ctx.conn.call::<C>(op, 0, &handle_req(handle))
 }
 
 /// Sends a destroy-style command that answers `events_reported`.
-pub(crate) fn destroy_events(
-    ctx: &Context,
-    op: &'static str,
-    cmd: Cmd,
-    handle: u32,
-) -> Result<u32> {
-    let r: EventsResp = ctx.conn.call(op, cmd, 0, handle_req(handle).as_bytes())?;
+pub(crate) fn destroy_events<C>(ctx: &Context, op: &'static str, handle: u32) -> Result<u32>
+where
+    C: Command<Req = HandleReq, Resp = EventsResp>,
+{
+    let r = ctx.conn.call::<C>(op, 0, &handle_req(handle))?;
     Ok(r.events_reported.get())
 }
 
@@ -53,7 +53,7 @@ fn same_context(op: &'static str, a: &Context, b: &Context) -> Result<()> {
 impl Context {
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<Pd<'_>> {
-        let r: HandleResp = self.conn.call("alloc_pd", Cmd::AllocPd, 0, &[])?;
+        let r: HandleResp = self.conn.call::<cmd::AllocPd>("alloc_pd", 0, &())?;
         Ok(Pd {
             ctx: self,
             handle: r.handle.get(),
@@ -87,11 +87,9 @@ impl Context {
         } else {
             0
         };
-        let r: CreateCqResp = self
-            .conn
-            .call("create_cq", Cmd::CreateCq, mask, req.as_bytes())?;
+        let r: CreateCqResp = self.conn.call::<cmd::CreateCq>("create_cq", mask, &req)?;
         let ring = crate::rings::map_cq(self, r.handle.get()).map_err(|e| {
-            let _ = destroy_events(self, "destroy_cq", Cmd::DestroyCq, r.handle.get());
+            let _ = destroy_events::<cmd::DestroyCq>(self, "destroy_cq", r.handle.get());
             Error::new("create_cq", e.errno())
         })?;
         Ok(Cq {
@@ -134,7 +132,7 @@ impl Context {
         };
         let r = create.send(self, OP)?;
         let rings = crate::rings::map_qp(self, r.handle.get()).map_err(|e| {
-            let _ = destroy_events(self, "destroy_qp", Cmd::DestroyQp, r.handle.get());
+            let _ = destroy_events::<cmd::DestroyQp>(self, "destroy_qp", r.handle.get());
             Error::new(OP, e.errno())
         })?;
         let rq_count = rings
@@ -172,6 +170,7 @@ impl Context {
             rings,
             rq_count,
             state: std::sync::atomic::AtomicU32::new(QpState::Reset as u32),
+            pd: init.pd.map(|p| p.handle),
             _deps: PhantomData,
         })
     }
@@ -231,7 +230,7 @@ impl QpCreate {
 
     pub(crate) fn send(&self, ctx: &Context, op: &'static str) -> Result<CreateQpResp> {
         let (comp_mask, req) = self.encode(ctx.conn.abi);
-        ctx.conn.call(op, Cmd::CreateQp, comp_mask, req.as_bytes())
+        ctx.conn.call::<cmd::CreateQp>(op, comp_mask, &req)
     }
 }
 
@@ -247,13 +246,11 @@ pub(crate) fn modify_qp(
         attr_mask: U32::new(mask.0),
         attr: QpAttrWire::from(attr),
     };
-    ctx.conn.call::<()>(op, Cmd::ModifyQp, 0, req.as_bytes())
+    ctx.conn.call::<cmd::ModifyQp>(op, 0, &req)
 }
 
 pub(crate) fn query_qp(ctx: &Context, op: &'static str, handle: u32) -> Result<QpQuery> {
-    let r: QueryQpResp = ctx
-        .conn
-        .call(op, Cmd::QueryQp, 0, handle_req(handle).as_bytes())?;
+    let r: QueryQpResp = ctx.conn.call::<cmd::QueryQp>(op, 0, &handle_req(handle))?;
     convert::qp_query(op, &r)
 }
 
@@ -275,34 +272,37 @@ impl<'c> Pd<'c> {
         self.ctx
     }
 
-    /// `ibv_reg_mr` of `len` bytes at `addr` (the iova is `addr`).
-    pub fn reg_mr(&self, addr: u64, len: u64, access: Access) -> Result<Mr<'_>> {
-        self.reg_mr_iova(addr, len, addr, access)
+    /// `ibv_reg_mr` of raw memory (the iova is its address), for FFI callers: safe code
+    /// uses [`Pd::alloc_mr`] or [`Pd::reg_slice`]. The `unsafe` promise is made when the
+    /// [`RawMemory`](crate::RawMemory) is named ([`RawMemory::new`](crate::RawMemory::new)
+    /// states the contract), which keeps this crate free of `unsafe`.
+    pub fn reg_mr(&self, mem: crate::RawMemory, access: Access) -> Result<Mr<'_>> {
+        self.reg_mr_iova(mem, mem.addr() as u64, access)
     }
 
-    /// `ibv_reg_mr_iova2`: `len` bytes at `addr`, addressed by peers as `iova`.
-    pub fn reg_mr_iova(&self, addr: u64, len: u64, iova: u64, access: Access) -> Result<Mr<'_>> {
-        self.reg_mr_with(addr, len, iova, access, None)
+    /// `ibv_reg_mr_iova2`: raw memory addressed by peers as `iova` (see [`Pd::reg_mr`]).
+    pub fn reg_mr_iova(&self, mem: crate::RawMemory, iova: u64, access: Access) -> Result<Mr<'_>> {
+        self.reg_mr_with(mem.addr() as u64, mem.len() as u64, iova, access, None)
     }
 
-    /// `ibv_reg_mr`, first turning the pages of `[addr, addr+len)` into shared memory in
-    /// place, so the daemon reaches them with plain copies instead of a system call per
-    /// access (docs/registered-memory.md: ~20 ns instead of ~1.6 µs for a small access).
-    ///
-    /// The pages are copied while they are converted: no other thread may write any byte
-    /// of the pages the range touches (including bytes of neighbouring objects on the first
-    /// and last page) during this call. After a `fork()`, the child shares these pages
-    /// instead of copying them. Memory that cannot be converted (file-backed, stack,
-    /// already shared) is registered the ordinary way.
-    pub fn reg_mr_shared(&self, addr: u64, len: u64, access: Access) -> Result<Mr<'_>> {
-        let fd = usize::try_from(addr)
-            .ok()
-            .zip(usize::try_from(len).ok())
-            .and_then(|(a, l)| softverbs_memaccess::share_in_place(a, l).ok());
-        self.reg_mr_with(addr, len, addr, access, fd)
+    /// `ibv_reg_mr` of raw memory, first turning its pages into shared memory in place, so
+    /// the daemon reaches them with plain copies instead of a system call per access
+    /// (docs/registered-memory.md: ~20 ns instead of ~1.6 µs for a small access). The
+    /// memory must have been named with
+    /// [`RawMemory::new_shareable`](crate::RawMemory::new_shareable), whose contract covers
+    /// the conversion (`EINVAL` otherwise). Memory that cannot be converted (file-backed,
+    /// stack, already shared) is registered the ordinary way. Safe code gets the same fast
+    /// path with no conversion from [`Pd::alloc_mr`].
+    pub fn reg_mr_shared(&self, mem: crate::RawMemory, access: Access) -> Result<Mr<'_>> {
+        let fd = mem
+            .share_in_place()
+            .ok_or(Error::new("reg_mr", errno::EINVAL))?
+            .ok();
+        let addr = mem.addr() as u64;
+        self.reg_mr_with(addr, mem.len() as u64, addr, access, fd)
     }
 
-    fn reg_mr_with(
+    pub(crate) fn reg_mr_with(
         &self,
         addr: u64,
         len: u64,
@@ -319,10 +319,10 @@ impl<'c> Pd<'c> {
         };
         let fds: Vec<std::os::fd::BorrowedFd<'_>> =
             fd.iter().map(std::os::fd::AsFd::as_fd).collect();
-        let (r, _): (RegMrResp, _) =
-            self.ctx
-                .conn
-                .call_fds("reg_mr", Cmd::RegMr, 0, req.as_bytes(), &fds)?;
+        let (r, _): (RegMrResp, _) = self
+            .ctx
+            .conn
+            .call_fds::<cmd::RegMr>("reg_mr", 0, &req, &fds)?;
         Ok(Mr {
             ctx: self.ctx,
             handle: r.handle.get(),
@@ -343,9 +343,9 @@ impl<'c> Pd<'c> {
         let r: SrqResp = self
             .ctx
             .conn
-            .call("create_srq", Cmd::CreateSrq, 0, req.as_bytes())?;
+            .call::<cmd::CreateSrq>("create_srq", 0, &req)?;
         let ring = crate::rings::map_srq(self.ctx, r.handle.get()).map_err(|e| {
-            let _ = destroy_events(self.ctx, "destroy_srq", Cmd::DestroySrq, r.handle.get());
+            let _ = destroy_events::<cmd::DestroySrq>(self.ctx, "destroy_srq", r.handle.get());
             Error::new("create_srq", e.errno())
         })?;
         Ok(Srq {
@@ -353,6 +353,7 @@ impl<'c> Pd<'c> {
             handle: r.handle.get(),
             ring,
             max_sge: r.max_sge.get(),
+            pd: self.handle,
             _deps: PhantomData,
         })
     }
@@ -363,10 +364,7 @@ impl<'c> Pd<'c> {
             pd: U32::new(self.handle),
             attr: attr.into(),
         };
-        let r: HandleResp = self
-            .ctx
-            .conn
-            .call("create_ah", Cmd::CreateAh, 0, req.as_bytes())?;
+        let r: HandleResp = self.ctx.conn.call::<cmd::CreateAh>("create_ah", 0, &req)?;
         Ok(Ah {
             ctx: self.ctx,
             handle: r.handle.get(),
@@ -377,13 +375,13 @@ impl<'c> Pd<'c> {
     /// `ibv_dealloc_pd` (`EBUSY` while objects use it).
     pub fn dealloc(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
-        destroy_plain(this.ctx, "dealloc_pd", Cmd::DeallocPd, this.handle)
+        destroy_plain::<cmd::DeallocPd>(this.ctx, "dealloc_pd", this.handle)
     }
 }
 
 impl Drop for Pd<'_> {
     fn drop(&mut self) {
-        let _ = destroy_plain(self.ctx, "dealloc_pd", Cmd::DeallocPd, self.handle);
+        let _ = destroy_plain::<cmd::DeallocPd>(self.ctx, "dealloc_pd", self.handle);
     }
 }
 
@@ -413,13 +411,14 @@ impl<'a> Mr<'a> {
         self.rkey
     }
 
-    /// `ibv_rereg_mr`: a new PD, access and/or range `(addr, len, iova)` (`None` keeps the
-    /// current one). The MR keeps its handle and keys; on error it is unchanged.
+    /// `ibv_rereg_mr`: a new PD, access and/or range (raw memory and its iova, under the
+    /// contract of [`RawMemory::new`](crate::RawMemory::new); `None` keeps the current
+    /// one). The MR keeps its handle and keys; on error it is unchanged.
     pub fn rereg(
         &mut self,
         pd: Option<&'a Pd<'a>>,
         access: Option<Access>,
-        range: Option<(u64, u64, u64)>,
+        range: Option<(crate::RawMemory, u64)>,
     ) -> Result<()> {
         use softverbs_abi::msg::{
             ReregMrReq, REREG_MR_CHANGE_ACCESS, REREG_MR_CHANGE_PD, REREG_MR_CHANGE_TRANSLATION,
@@ -427,7 +426,9 @@ impl<'a> Mr<'a> {
         if let Some(p) = pd {
             same_context("rereg_mr", self.ctx, p.ctx)?;
         }
-        let (addr, length, iova) = range.unwrap_or_default();
+        let (addr, length, iova) = range.map_or((0, 0, 0), |(m, iova)| {
+            (m.addr() as u64, m.len() as u64, iova)
+        });
         let flags = pd.map_or(0, |_| REREG_MR_CHANGE_PD)
             | access.map_or(0, |_| REREG_MR_CHANGE_ACCESS)
             | range.map_or(0, |_| REREG_MR_CHANGE_TRANSLATION);
@@ -440,10 +441,7 @@ impl<'a> Mr<'a> {
             length: U64::new(length),
             iova: U64::new(iova),
         };
-        let r: RegMrResp = self
-            .ctx
-            .conn
-            .call("rereg_mr", Cmd::ReregMr, 0, req.as_bytes())?;
+        let r: RegMrResp = self.ctx.conn.call::<cmd::ReregMr>("rereg_mr", 0, &req)?;
         self.lkey = r.lkey.get();
         self.rkey = r.rkey.get();
         Ok(())
@@ -452,13 +450,13 @@ impl<'a> Mr<'a> {
     /// `ibv_dereg_mr`.
     pub fn dereg(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
-        destroy_plain(this.ctx, "dereg_mr", Cmd::DeregMr, this.handle)
+        destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle)
     }
 }
 
 impl Drop for Mr<'_> {
     fn drop(&mut self) {
-        let _ = destroy_plain(self.ctx, "dereg_mr", Cmd::DeregMr, self.handle);
+        let _ = destroy_plain::<cmd::DeregMr>(self.ctx, "dereg_mr", self.handle);
     }
 }
 
@@ -498,10 +496,7 @@ impl Cq<'_> {
             handle: U32::new(self.handle),
             cqe: U32::new(cqe),
         };
-        let r: CreateCqResp = self
-            .ctx
-            .conn
-            .call("resize_cq", Cmd::ResizeCq, 0, req.as_bytes())?;
+        let r: CreateCqResp = self.ctx.conn.call::<cmd::ResizeCq>("resize_cq", 0, &req)?;
         self.cqe.store(r.cqe.get(), Ordering::Relaxed);
         // The daemon's rule (DataPath::cq_resized): rings are not remapped, so a CQ grown past
         // its ring gets its newer completions by PollCq.
@@ -522,7 +517,7 @@ impl Cq<'_> {
     pub fn destroy(self) -> Result<u32> {
         let this = ManuallyDrop::new(self);
         this.disarm();
-        destroy_events(this.ctx, "destroy_cq", Cmd::DestroyCq, this.handle)
+        destroy_events::<cmd::DestroyCq>(this.ctx, "destroy_cq", this.handle)
     }
 
     fn disarm(&self) {
@@ -539,7 +534,7 @@ impl Cq<'_> {
 impl Drop for Cq<'_> {
     fn drop(&mut self) {
         self.disarm();
-        let _ = destroy_events(self.ctx, "destroy_cq", Cmd::DestroyCq, self.handle);
+        let _ = destroy_events::<cmd::DestroyCq>(self.ctx, "destroy_cq", self.handle);
     }
 }
 
@@ -552,6 +547,8 @@ pub struct Srq<'a> {
     pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Producer>>,
     /// `max_sge` granted, checked at post (a ring entry has no way to return `EINVAL`).
     pub(crate) max_sge: u32,
+    /// The PD's handle, so posting a buffer of another PD's MR is refused locally.
+    pub(crate) pd: u32,
     pub(crate) _deps: PhantomData<&'a ()>,
 }
 
@@ -581,42 +578,38 @@ impl Srq<'_> {
         let r: SrqResp = self
             .ctx
             .conn
-            .call("modify_srq", Cmd::ModifySrq, 0, req.as_bytes())?;
+            .call::<cmd::ModifySrq>("modify_srq", 0, &req)?;
         Ok(srq_attr(&r))
     }
 
     /// `ibv_query_srq`.
     pub fn query(&self) -> Result<SrqAttr> {
-        let r: SrqResp = self.ctx.conn.call(
-            "query_srq",
-            Cmd::QuerySrq,
-            0,
-            handle_req(self.handle).as_bytes(),
-        )?;
+        let r: SrqResp =
+            self.ctx
+                .conn
+                .call::<cmd::QuerySrq>("query_srq", 0, &handle_req(self.handle))?;
         Ok(srq_attr(&r))
     }
 
     /// `ibv_get_srq_num`: the number peers put in the XRCETH (XRC SRQs only).
     pub fn srq_num(&self) -> Result<u32> {
-        let r: SrqNumResp = self.ctx.conn.call(
-            "get_srq_num",
-            Cmd::GetSrqNum,
-            0,
-            handle_req(self.handle).as_bytes(),
-        )?;
+        let r: SrqNumResp =
+            self.ctx
+                .conn
+                .call::<cmd::GetSrqNum>("get_srq_num", 0, &handle_req(self.handle))?;
         Ok(r.srqn.get())
     }
 
     /// `ibv_destroy_srq`; returns the events reported for it.
     pub fn destroy(self) -> Result<u32> {
         let this = ManuallyDrop::new(self);
-        destroy_events(this.ctx, "destroy_srq", Cmd::DestroySrq, this.handle)
+        destroy_events::<cmd::DestroySrq>(this.ctx, "destroy_srq", this.handle)
     }
 }
 
 impl Drop for Srq<'_> {
     fn drop(&mut self) {
-        let _ = destroy_events(self.ctx, "destroy_srq", Cmd::DestroySrq, self.handle);
+        let _ = destroy_events::<cmd::DestroySrq>(self.ctx, "destroy_srq", self.handle);
     }
 }
 
@@ -637,13 +630,13 @@ impl Ah<'_> {
     /// `ibv_destroy_ah`.
     pub fn destroy(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
-        destroy_plain(this.ctx, "destroy_ah", Cmd::DestroyAh, this.handle)
+        destroy_plain::<cmd::DestroyAh>(this.ctx, "destroy_ah", this.handle)
     }
 }
 
 impl Drop for Ah<'_> {
     fn drop(&mut self) {
-        let _ = destroy_plain(self.ctx, "destroy_ah", Cmd::DestroyAh, self.handle);
+        let _ = destroy_plain::<cmd::DestroyAh>(self.ctx, "destroy_ah", self.handle);
     }
 }
 
@@ -764,6 +757,8 @@ pub struct Qp<'a> {
     pub(crate) rq_count: Option<crate::context::RqCount>,
     /// Last state set through [`modify`](Qp::modify), for checking posts locally.
     state: std::sync::atomic::AtomicU32,
+    /// The PD's handle, so posting a buffer of another PD's MR is refused locally.
+    pub(crate) pd: Option<u32>,
     _deps: PhantomData<&'a ()>,
 }
 
@@ -820,7 +815,7 @@ impl Qp<'_> {
     pub fn destroy(self) -> Result<u32> {
         let this = ManuallyDrop::new(self);
         this.forget_rq_count();
-        destroy_events(this.ctx, "destroy_qp", Cmd::DestroyQp, this.handle)
+        destroy_events::<cmd::DestroyQp>(this.ctx, "destroy_qp", this.handle)
     }
 
     fn forget_rq_count(&self) {
@@ -844,7 +839,7 @@ impl Qp<'_> {
 impl Drop for Qp<'_> {
     fn drop(&mut self) {
         self.forget_rq_count();
-        let _ = destroy_events(self.ctx, "destroy_qp", Cmd::DestroyQp, self.handle);
+        let _ = destroy_events::<cmd::DestroyQp>(self.ctx, "destroy_qp", self.handle);
     }
 }
 
@@ -852,6 +847,8 @@ impl Drop for Qp<'_> {
 mod tests {
     use super::*;
     use softverbs_abi::codec::{decode_request, encode_request, DecodeError};
+    use softverbs_abi::msg::Cmd;
+    use zerocopy::IntoBytes;
 
     fn rc() -> QpCreate {
         QpCreate {

@@ -6,10 +6,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use softverbs_abi::msg::cmd;
 use softverbs_abi::msg::*;
 use softverbs_shm::{Consumer, Doorbell, Producer, Region, RingLayout, WorkFlag};
 use zerocopy::little_endian::U32;
-use zerocopy::IntoBytes;
 
 use crate::error::{errno, Error, Result};
 use crate::Context;
@@ -47,7 +47,7 @@ pub(crate) fn map_doorbell(ctx: &Context) -> Option<Doorbell> {
     }
     let (_, mut fds): ((), _) = ctx
         .conn
-        .call_fds("map_doorbell", Cmd::MapDoorbell, 0, &[], &[])
+        .call_fds::<cmd::MapDoorbell>("map_doorbell", 0, &(), &[])
         .ok()?;
     Doorbell::from_fd(fds.pop()?).ok()
 }
@@ -66,7 +66,7 @@ fn map(ctx: &Context, kind: u32, handle: u32) -> Result<Option<(Arc<Region>, Que
     let (r, mut fds): (QueuesResp, _) =
         match ctx
             .conn
-            .call_fds("map_queues", Cmd::MapQueues, 0, req.as_bytes(), &[])
+            .call_fds::<cmd::MapQueues>("map_queues", 0, &req, &[])
         {
             Ok(got) => got,
             Err(e) if e.errno() == errno::ENOMEM => return Err(e),

@@ -18,15 +18,15 @@ use std::mem::ManuallyDrop;
 use std::os::fd::AsFd;
 use std::sync::MutexGuard;
 
+use softverbs_abi::msg::cmd;
 use softverbs_abi::msg::{
-    Cmd, CreateXrcSrqReq, EventsResp, ModifyXrcRcvQpReq, OpenQpReq, OpenXrcdReq, OpenXrcdResp,
+    CreateXrcSrqReq, EventsResp, ModifyXrcRcvQpReq, OpenQpReq, OpenXrcdReq, OpenXrcdResp,
     QpAttrWire, QpNumResp, QueryQpResp, SrqResp, XrcRcvQpReq, XrcdReq, CREATE_NEW_QP, PRESENT_CQ,
     PRESENT_PD, PRESENT_XRCD,
 };
 use softverbs_core::attr::{QpAttr, SrqAttr};
 use softverbs_core::types::{AttrMask, QpType};
 use zerocopy::little_endian::U32;
-use zerocopy::IntoBytes;
 
 use crate::context::Context;
 use crate::convert;
@@ -122,9 +122,7 @@ impl Context {
             has_fd: U32::new(u32::from(file.is_some())),
         };
         let fds: Vec<_> = file.iter().map(|f| f.as_fd()).collect();
-        let (r, _): (OpenXrcdResp, _) =
-            self.conn
-                .call_fds(OP, Cmd::OpenXrcd, 0, req.as_bytes(), &fds)?;
+        let (r, _): (OpenXrcdResp, _) = self.conn.call_fds::<cmd::OpenXrcd>(OP, 0, &req, &fds)?;
         Ok(Xrcd {
             ctx: self,
             handle: r.handle.get(),
@@ -177,7 +175,7 @@ impl<'c> Xrcd<'c> {
     /// context closes).
     pub fn close(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
-        destroy_plain(this.ctx, "close_xrcd", Cmd::CloseXrcd, this.handle)
+        destroy_plain::<cmd::CloseXrcd>(this.ctx, "close_xrcd", this.handle)
     }
 
     /// `ibv_create_srq_ex` of type XRC: an SRQ in this domain, completing to `cq`.
@@ -200,15 +198,11 @@ impl<'c> Xrcd<'c> {
             srq_limit: U32::new(attr.srq_limit),
             present: U32::new(PRESENT_PD | PRESENT_XRCD | PRESENT_CQ),
         };
-        let r: SrqResp = self
-            .ctx
-            .conn
-            .call(OP, Cmd::CreateXrcSrq, 0, req.as_bytes())?;
+        let r: SrqResp = self.ctx.conn.call::<cmd::CreateXrcSrq>(OP, 0, &req)?;
         let ring = crate::rings::map_srq(self.ctx, r.handle.get()).map_err(|e| {
-            let _ = crate::objects::destroy_events(
+            let _ = crate::objects::destroy_events::<cmd::DestroySrq>(
                 self.ctx,
                 "destroy_srq",
-                Cmd::DestroySrq,
                 r.handle.get(),
             );
             Error::new(OP, e.errno())
@@ -218,6 +212,7 @@ impl<'c> Xrcd<'c> {
             handle: r.handle.get(),
             ring,
             max_sge: r.max_sge.get(),
+            pd: pd.handle,
             _deps: PhantomData,
         })
     }
@@ -250,9 +245,7 @@ impl<'c> Xrcd<'c> {
             qp_type: U32::new(QpType::XrcRecv as u32),
         };
         let r: softverbs_abi::msg::CreateQpResp =
-            self.ctx
-                .conn
-                .call("open_qp", Cmd::OpenQp, 0, req.as_bytes())?;
+            self.ctx.conn.call::<cmd::OpenQp>("open_qp", 0, &req)?;
         Ok(XrcRecvQp {
             ctx: self.ctx,
             handle: r.handle.get(),
@@ -291,7 +284,7 @@ impl<'c> Xrcd<'c> {
             let r: QpNumResp =
                 self.ctx
                     .conn
-                    .call("create_xrc_rcv_qp", Cmd::CreateXrcRcvQp, 0, req.as_bytes())?;
+                    .call::<cmd::CreateXrcRcvQp>("create_xrc_rcv_qp", 0, &req)?;
             Ok(r.qpn.get())
         })
     }
@@ -303,7 +296,7 @@ impl<'c> Xrcd<'c> {
             let req = rcv_req(self.handle, qpn);
             self.ctx
                 .conn
-                .call::<()>("reg_xrc_rcv_qp", Cmd::RegXrcRcvQp, 0, req.as_bytes())?;
+                .call::<cmd::RegXrcRcvQp>("reg_xrc_rcv_qp", 0, &req)?;
             Ok(qpn)
         })
     }
@@ -318,18 +311,16 @@ impl<'c> Xrcd<'c> {
         };
         self.ctx
             .conn
-            .call::<()>("modify_xrc_rcv_qp", Cmd::ModifyXrcRcvQp, 0, req.as_bytes())
+            .call::<cmd::ModifyXrcRcvQp>("modify_xrc_rcv_qp", 0, &req)
     }
 
     /// Legacy `ibv_query_xrc_rcv_qp`: any holder of the QP may query it.
     pub fn query_xrc_rcv_qp(&self, qpn: u32) -> Result<QpQuery> {
         const OP: &str = "query_xrc_rcv_qp";
-        let r: QueryQpResp = self.ctx.conn.call(
-            OP,
-            Cmd::QueryXrcRcvQp,
-            0,
-            rcv_req(self.handle, qpn).as_bytes(),
-        )?;
+        let r: QueryQpResp =
+            self.ctx
+                .conn
+                .call::<cmd::QueryXrcRcvQp>(OP, 0, &rcv_req(self.handle, qpn))?;
         convert::qp_query(OP, &r)
     }
 
@@ -340,12 +331,10 @@ impl<'c> Xrcd<'c> {
     pub fn destroy_xrc_rcv_qp(&self, qpn: u32) -> Result<u32> {
         let mut regs = lock_regs(self.ctx);
         let req = rcv_req(self.handle, qpn);
-        let r: EventsResp = self.ctx.conn.call(
-            "destroy_xrc_rcv_qp",
-            Cmd::DestroyXrcRcvQp,
-            0,
-            req.as_bytes(),
-        )?;
+        let r: EventsResp =
+            self.ctx
+                .conn
+                .call::<cmd::DestroyXrcRcvQp>("destroy_xrc_rcv_qp", 0, &req)?;
         regs.forget(qpn);
         Ok(r.events_reported.get())
     }
@@ -355,12 +344,10 @@ impl<'c> Xrcd<'c> {
     pub fn register_xrc_rcv_qp(&self, qpn: Option<u32>) -> Result<XrcRegistration<'_>> {
         self.registered(Face::Minimal, || {
             let req = register_req(self.handle, qpn);
-            let r: QpNumResp = self.ctx.conn.call(
-                "register_xrc_rcv_qp",
-                Cmd::RegisterXrcRcvQp,
-                0,
-                req.as_bytes(),
-            )?;
+            let r: QpNumResp =
+                self.ctx
+                    .conn
+                    .call::<cmd::RegisterXrcRcvQp>("register_xrc_rcv_qp", 0, &req)?;
             Ok(r.qpn.get())
         })
     }
@@ -373,7 +360,7 @@ impl<'c> Xrcd<'c> {
 
 impl Drop for Xrcd<'_> {
     fn drop(&mut self) {
-        let _ = destroy_plain(self.ctx, "close_xrcd", Cmd::CloseXrcd, self.handle);
+        let _ = destroy_plain::<cmd::CloseXrcd>(self.ctx, "close_xrcd", self.handle);
     }
 }
 
@@ -411,13 +398,13 @@ impl XrcRecvQp<'_> {
     /// `ibv_destroy_qp` of this handle; returns its events reported.
     pub fn destroy(self) -> Result<u32> {
         let this = ManuallyDrop::new(self);
-        destroy_events(this.ctx, "destroy_qp", Cmd::DestroyQp, this.handle)
+        destroy_events::<cmd::DestroyQp>(this.ctx, "destroy_qp", this.handle)
     }
 }
 
 impl Drop for XrcRecvQp<'_> {
     fn drop(&mut self) {
-        let _ = destroy_events(self.ctx, "destroy_qp", Cmd::DestroyQp, self.handle);
+        let _ = destroy_events::<cmd::DestroyQp>(self.ctx, "destroy_qp", self.handle);
     }
 }
 
@@ -453,13 +440,16 @@ impl XrcRegistration<'_> {
         if regs.release(self.qpn, self.gen) != Release::Last {
             return Ok(0);
         }
-        let (op, cmd) = match self.face {
-            Face::Legacy => ("unreg_xrc_rcv_qp", Cmd::UnregXrcRcvQp),
-            Face::Minimal => ("unregister_xrc_rcv_qp", Cmd::UnregisterXrcRcvQp),
+        let req = rcv_req(self.xrcd.handle, self.qpn);
+        let r = match self.face {
+            Face::Legacy => ctx
+                .conn
+                .call::<cmd::UnregXrcRcvQp>("unreg_xrc_rcv_qp", 0, &req)?,
+            Face::Minimal => {
+                ctx.conn
+                    .call::<cmd::UnregisterXrcRcvQp>("unregister_xrc_rcv_qp", 0, &req)?
+            }
         };
-        let r: EventsResp =
-            ctx.conn
-                .call(op, cmd, 0, rcv_req(self.xrcd.handle, self.qpn).as_bytes())?;
         drop(regs);
         Ok(r.events_reported.get())
     }

@@ -120,23 +120,20 @@ fn pd_mr_cq_srq_ah_qp_lifecycle() {
     let (d, _dir) = daemon("objects");
     let ctx = open(&d);
     let pd = ctx.alloc_pd().unwrap();
-    let buf = vec![0u8; 8192];
     let mr = pd
-        .reg_mr(
-            buf.as_ptr() as u64,
-            buf.len() as u64,
-            Access::LOCAL_WRITE | Access::REMOTE_READ,
-        )
+        .alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_READ)
         .unwrap();
     assert_ne!(mr.lkey(), 0);
-    let mr2 = pd
-        .reg_mr_iova(buf.as_ptr() as u64, 4096, 0x1000, Access::LOCAL_WRITE)
-        .unwrap();
-    assert_ne!(mr2.handle(), mr.handle());
+    let mut buf = vec![0u8; 4096];
+    let mr2 = pd.reg_slice(&mut buf, Access::LOCAL_WRITE).unwrap();
+    assert_ne!(mr2.mr().handle(), mr.mr().handle());
     mr2.dereg().unwrap();
-    let e = pd
-        .reg_mr(buf.as_ptr() as u64, 4096, Access(1 << 30))
-        .unwrap_err();
+    // The raw form with an iova other than the address, for FFI callers.
+    // SAFETY: `buf` outlives the MR, which has no write access to it, and nothing posts.
+    let raw = unsafe { softverbs::RawMemory::new(buf.as_ptr() as usize, 4096) };
+    let mr3 = pd.reg_mr_iova(raw, 0x1000, Access(0)).unwrap();
+    mr3.dereg().unwrap();
+    let e = pd.alloc_mr(4096, Access(1 << 30)).unwrap_err();
     assert_eq!((e.op(), e.errno()), ("reg_mr", errno::EINVAL));
 
     let cq = ctx.create_cq(16).unwrap();

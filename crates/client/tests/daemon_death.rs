@@ -15,6 +15,24 @@ use softverbs::{
     QpCap, QpInit, QpState, QpType, SendOp, SendRequest, Sge, WcOpcode, WcStatus,
 };
 
+/// Names a test buffer (or a deliberately foreign address) for the raw registration these
+/// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
+/// reading their buffers only after the completions of the requests that write them, or
+/// bend on purpose where they probe what the daemon does with memory that is not theirs.
+#[allow(dead_code)]
+fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: see above; test buffers outlive their MRs.
+    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
+}
+
+/// [`raw`], for the in-place conversion (no other thread touches the test's buffers while
+/// they are registered).
+#[allow(dead_code)]
+fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
+    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
+}
+
 /// How long any one step may take (debug builds on a loaded machine). Only a hang reaches it.
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -154,7 +172,7 @@ fn a_killed_daemon_is_a_device_fatal_error_and_a_new_one_serves_again() {
     let pd = ctx.alloc_pd().unwrap();
     let buf = vec![7u8; 4096];
     let mr = pd
-        .reg_mr(buf.as_ptr() as u64, buf.len() as u64, ALL)
+        .reg_mr(raw(buf.as_ptr() as u64, buf.len() as u64), ALL)
         .unwrap();
     let sge = |off: u64| Sge {
         addr: buf.as_ptr() as u64 + off,
@@ -278,7 +296,7 @@ fn a_killed_daemon_is_a_device_fatal_error_and_a_new_one_serves_again() {
     fatal(ctx.alloc_pd().map(drop));
     fatal(ctx.create_cq(4).map(drop));
     fatal(ctx.query_port(1).map(drop));
-    fatal(pd.reg_mr(buf.as_ptr() as u64, 64, ALL).map(drop));
+    fatal(pd.reg_mr(raw(buf.as_ptr() as u64, 64), ALL).map(drop));
     fatal(qb.post_send(&SendRequest::new(9, SendOp::Send, &[sge(0)])));
     fatal(qb.post_recv(9, &[sge(0)]));
     fatal(send_cq.req_notify(false));

@@ -101,15 +101,24 @@ fn cap() -> QpCap {
     }
 }
 
+/// The raw registration the drop-in uses (the owning API's version of these tests is
+/// `tests/owned_api.rs`).
 fn reg<'a>(
     pd: &'a softverbs::Pd<'a>,
     buf: &[u8],
     shared: bool,
 ) -> softverbs::Result<softverbs::Mr<'a>> {
-    if shared {
-        pd.reg_mr_shared(buf.as_ptr() as u64, buf.len() as u64, ALL)
-    } else {
-        pd.reg_mr(buf.as_ptr() as u64, buf.len() as u64, ALL)
+    let (addr, len) = (buf.as_ptr() as usize, buf.len());
+    // SAFETY: a test: each buffer outlives its MR, and the test reads it only after the
+    // completions of the requests that write it (a peer's WRITE included). Shared: no
+    // other thread of the test touches the buffers; the 2 MiB ones have pages of their own,
+    // the 64 KiB ones share their first and last heap page, a risk these tests took before.
+    unsafe {
+        if shared {
+            pd.reg_mr_shared(softverbs::RawMemory::new_shareable(addr, len), ALL)
+        } else {
+            pd.reg_mr(softverbs::RawMemory::new(addr, len), ALL)
+        }
     }
 }
 
@@ -295,7 +304,7 @@ fn completion_channels_fire_on_armed_cqs_and_honour_solicited_only() {
     connect(&qa, g, qb.qpn());
     connect(&qb, g, qa.qpn());
     let bbuf = vec![0u8; 4096];
-    let mb = pb.reg_mr(bbuf.as_ptr() as u64, 4096, ALL).unwrap();
+    let mb = reg(&pb, &bbuf, false).unwrap();
     let recv = |id| {
         qb.post_recv(
             id,
@@ -598,10 +607,10 @@ fn rereg_keeps_the_keys_and_a_cq_does_not_shrink_below_its_completions() {
     // The daemon writes it: its address escapes as a mutable pointer.
     let mut dst = vec![0u8; 4096];
     let dst_addr = dst.as_mut_ptr() as u64;
-    let ms = pd
-        .reg_mr(src.as_ptr() as u64, 4096, Access::LOCAL_WRITE)
-        .unwrap();
-    let mut md = pd.reg_mr(dst_addr, 4096, Access::LOCAL_WRITE).unwrap();
+    let ms = reg(&pd, &src, false).unwrap();
+    // SAFETY: `dst` outlives the MR and is read only after the WRITEs completed.
+    let raw = unsafe { softverbs::RawMemory::new(dst_addr as usize, 4096) };
+    let mut md = pd.reg_mr(raw, Access::LOCAL_WRITE).unwrap();
     let (lkey, rkey) = (md.lkey(), md.rkey());
     md.rereg(None, Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE), None)
         .unwrap();

@@ -10,6 +10,24 @@ use softverbs::{
 };
 use softverbs_daemon::{spawn_test_daemon, TestDaemon};
 
+/// Names a test buffer (or a deliberately foreign address) for the raw registration these
+/// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
+/// reading their buffers only after the completions of the requests that write them, or
+/// bend on purpose where they probe what the daemon does with memory that is not theirs.
+#[allow(dead_code)]
+fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: see above; test buffers outlive their MRs.
+    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
+}
+
+/// [`raw`], for the in-place conversion (no other thread touches the test's buffers while
+/// they are registered).
+#[allow(dead_code)]
+fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
+    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
+}
+
 const IDLE: usize = 2000;
 
 struct Dir(std::path::PathBuf);
@@ -163,7 +181,7 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
     }
     let mut rbuf = vec![0u8; 4096];
     let mr = pd
-        .reg_mr(rbuf.as_ptr() as u64, rbuf.len() as u64, Access(0x0f))
+        .reg_mr(raw(rbuf.as_ptr() as u64, rbuf.len() as u64), Access(0x0f))
         .unwrap();
     let lkey = mr.lkey();
 
@@ -210,7 +228,7 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
     connect(&qc, gid, sleeper.qpn());
     let ibuf = vec![0u8; 4096];
     let imr = ipd
-        .reg_mr(ibuf.as_ptr() as u64, ibuf.len() as u64, Access(0x0f))
+        .reg_mr(raw(ibuf.as_ptr() as u64, ibuf.len() as u64), Access(0x0f))
         .unwrap();
     let ikey = imr.lkey();
     // Post from each side in turn, with the receive on the other side.

@@ -22,6 +22,24 @@ use softverbs::{
 use softverbs::{SendOp, SendRequest, Sge, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config};
 
+/// Names a test buffer (or a deliberately foreign address) for the raw registration these
+/// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
+/// reading their buffers only after the completions of the requests that write them, or
+/// bend on purpose where they probe what the daemon does with memory that is not theirs.
+#[allow(dead_code)]
+fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: see above; test buffers outlive their MRs.
+    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
+}
+
+/// [`raw`], for the in-place conversion (no other thread touches the test's buffers while
+/// they are registered).
+#[allow(dead_code)]
+fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
+    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
+}
+
 const ROLE: &str = "SOFTVERBS_STORM_ROLE";
 const SOCKET: &str = "SOFTVERBS_STORM_SOCKET";
 const DOMAIN: &str = "SOFTVERBS_STORM_DOMAIN";
@@ -150,9 +168,9 @@ fn storm_client_role() {
         let pd = Box::leak(Box::new(pd));
         let buf = &bufs[round % bufs.len()];
         let mr = if rng.below(2) == 0 {
-            pd.reg_mr(buf.as_ptr() as u64, buf.len() as u64, ALL)
+            pd.reg_mr(raw(buf.as_ptr() as u64, buf.len() as u64), ALL)
         } else {
-            pd.reg_mr_shared(buf.as_ptr() as u64, buf.len() as u64, ALL)
+            pd.reg_mr_shared(raw_shareable(buf.as_ptr() as u64, buf.len() as u64), ALL)
         };
         let Ok(cq) = ctx.create_cq(64) else { continue };
         let cq = Box::leak(Box::new(cq));
@@ -221,9 +239,9 @@ fn transfer(socket: std::path::PathBuf, stop: Arc<AtomicBool>, rounds: Arc<Atomi
     let src = vec![0u8; N];
     let back = vec![0u8; N];
     let dst = vec![0u8; N];
-    let ms = pa.reg_mr(src.as_ptr() as u64, N as u64, ALL).unwrap();
-    let mback = pa.reg_mr(back.as_ptr() as u64, N as u64, ALL).unwrap();
-    let md = pb.reg_mr(dst.as_ptr() as u64, N as u64, ALL).unwrap();
+    let ms = pa.reg_mr(raw(src.as_ptr() as u64, N as u64), ALL).unwrap();
+    let mback = pa.reg_mr(raw(back.as_ptr() as u64, N as u64), ALL).unwrap();
+    let md = pb.reg_mr(raw(dst.as_ptr() as u64, N as u64), ALL).unwrap();
     let mut round = 0u64;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
@@ -402,7 +420,7 @@ fn kill_storm_leaves_the_daemon_healthy_and_nothing_of_the_killed() {
         let late = Context::open_at(&socket, 0).unwrap();
         let pd = late.alloc_pd().unwrap();
         let buf = vec![0u8; 4096];
-        pd.reg_mr(buf.as_ptr() as u64, 4096, ALL).unwrap();
+        pd.reg_mr(raw(buf.as_ptr() as u64, 4096), ALL).unwrap();
     }
     drop(recv_qp);
     drop(xrcd);

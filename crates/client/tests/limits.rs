@@ -129,7 +129,7 @@ fn transfer_works(ctx: &Context) {
         *x = (i * 7 % 253) as u8;
     }
     let mr = pd
-        .reg_mr(buf.as_ptr() as u64, buf.len() as u64, ALL)
+        .reg_mr(raw(buf.as_ptr() as u64, buf.len() as u64), ALL)
         .unwrap();
     let base = buf.as_ptr() as u64;
     b.post_recv(
@@ -193,6 +193,21 @@ fn other_uid_client_works(socket: &Path) {
 
 use std::os::unix::process::CommandExt;
 
+/// Names a test buffer for the raw registration these tests exercise (the drop-in's path):
+/// the buffers outlive their MRs and nothing reads them while the daemon may write.
+#[allow(dead_code)]
+fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: see above.
+    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
+}
+
+/// [`raw`], for the in-place conversion (no other thread touches the buffers meanwhile).
+#[allow(dead_code)]
+fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
+    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
+}
+
 /// The other uid's client: opens a context and moves data. A no-op in a normal test run.
 #[test]
 fn other_uid_client() {
@@ -239,10 +254,13 @@ fn a_context_over_its_limit_of_each_object_kind_gets_enomem_and_another_context_
     let cqs: Vec<_> = (0..3).map(|_| greedy.create_cq(4).unwrap()).collect();
     assert_eq!(errno_of(greedy.create_cq(4)), errno::ENOMEM, "a 4th CQ");
     let mrs: Vec<_> = (0..3)
-        .map(|i| pd.reg_mr(buf.as_ptr() as u64 + i * 64, 64, ALL).unwrap())
+        .map(|i| {
+            pd.reg_mr(raw(buf.as_ptr() as u64 + i * 64, 64), ALL)
+                .unwrap()
+        })
         .collect();
     assert_eq!(
-        errno_of(pd.reg_mr(buf.as_ptr() as u64, 64, ALL)),
+        errno_of(pd.reg_mr(raw(buf.as_ptr() as u64, 64), ALL)),
         errno::ENOMEM,
         "a 4th MR"
     );
@@ -369,7 +387,7 @@ fn ring_bytes_and_mappings_over_the_limit_get_enomem_and_others_still_work() {
     let pd = a.alloc_pd().unwrap();
     let (buf1, buf2) = (vec![0u8; 33 << 20], vec![0u8; 33 << 20]);
     let m1 = pd
-        .reg_mr_shared(buf1.as_ptr() as u64, 1 << 20, ALL)
+        .reg_mr_shared(raw_shareable(buf1.as_ptr() as u64, 1 << 20), ALL)
         .expect("a 5th mapping");
     let r = Introspect::connect_at(&d.socket)
         .unwrap()
@@ -387,12 +405,12 @@ fn ring_bytes_and_mappings_over_the_limit_get_enomem_and_others_still_work() {
         "the shared MR is mapped (not a silent fallback)"
     );
     assert_eq!(
-        errno_of(pd.reg_mr_shared(buf2.as_ptr() as u64, 1 << 20, ALL)),
+        errno_of(pd.reg_mr_shared(raw_shareable(buf2.as_ptr() as u64, 1 << 20), ALL)),
         errno::ENOMEM,
         "a shared MR past the context's mappings"
     );
     assert!(
-        pd.reg_mr(buf2.as_ptr() as u64, 1 << 20, ALL).is_ok(),
+        pd.reg_mr(raw(buf2.as_ptr() as u64, 1 << 20), ALL).is_ok(),
         "an ordinary MR needs no mapping"
     );
 
@@ -418,21 +436,21 @@ fn registered_bytes_over_the_limit_get_enomem_and_others_still_work() {
     let pd = a.alloc_pd().unwrap();
     let buf = vec![0u8; 2 << 20];
     let at = buf.as_ptr() as u64;
-    let m1 = pd.reg_mr(at, 512 << 10, ALL).unwrap();
+    let m1 = pd.reg_mr(raw(at, 512 << 10), ALL).unwrap();
     assert_eq!(
-        errno_of(pd.reg_mr(at + (512 << 10), 600 << 10, ALL)),
+        errno_of(pd.reg_mr(raw(at + (512 << 10), 600 << 10), ALL)),
         errno::ENOMEM,
         "600 KiB more than the 1 MiB left room for"
     );
-    let mut m2 = pd.reg_mr(at + (512 << 10), 512 << 10, ALL).unwrap();
+    let mut m2 = pd.reg_mr(raw(at + (512 << 10), 512 << 10), ALL).unwrap();
     assert_eq!(
-        errno_of(m2.rereg(None, None, Some((at, 600 << 10, at)))),
+        errno_of(m2.rereg(None, None, Some((raw(at, 600 << 10), at)))),
         errno::ENOMEM,
         "growing an MR past the limit"
     );
     drop(m1);
     assert!(
-        pd.reg_mr(at + (1 << 20), 512 << 10, ALL).is_ok(),
+        pd.reg_mr(raw(at + (1 << 20), 512 << 10), ALL).is_ok(),
         "deregistering gives the bytes back"
     );
     // Another context still registers and moves data.

@@ -20,6 +20,24 @@ use softverbs::{
 use softverbs::{SendOp, SendRequest, Sge, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config};
 
+/// Names a test buffer (or a deliberately foreign address) for the raw registration these
+/// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
+/// reading their buffers only after the completions of the requests that write them, or
+/// bend on purpose where they probe what the daemon does with memory that is not theirs.
+#[allow(dead_code)]
+fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: see above; test buffers outlive their MRs.
+    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
+}
+
+/// [`raw`], for the in-place conversion (no other thread touches the test's buffers while
+/// they are registered).
+#[allow(dead_code)]
+fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
+    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
+}
+
 const ROLE: &str = "SOFTVERBS_PID_REUSE_ROLE";
 const SOCKET: &str = "SOFTVERBS_PID_REUSE_SOCKET";
 /// Where the client's buffer and the victim's bytes live (both map it with
@@ -131,7 +149,7 @@ fn client_role() {
             .unwrap()
     });
     map_fixed(CLIENT_BYTE);
-    let mr = pd.reg_mr(ADDR as u64, LEN as u64, ALL).unwrap();
+    let mr = pd.reg_mr(raw(ADDR as u64, LEN as u64), ALL).unwrap();
     let mut out = std::io::stdout().lock();
     writeln!(out, "READY {} {} {}", mr.rkey(), qps[0].qpn(), qps[1].qpn()).unwrap();
     out.flush().unwrap();
@@ -157,7 +175,7 @@ fn client_role() {
     assert!(pid >= 0, "fork");
     if pid == 0 {
         let own = vec![0u8; 2 * LEN];
-        let errno = match pd.reg_mr(own.as_ptr() as u64, own.len() as u64, ALL) {
+        let errno = match pd.reg_mr(raw(own.as_ptr() as u64, own.len() as u64), ALL) {
             Ok(_) => 0,
             Err(e) => e.errno(),
         };
@@ -306,7 +324,7 @@ fn a_reused_pid_reaches_nothing_of_the_new_process() {
 
     let local = vec![0u8; 2 * LEN];
     let lmr = pd
-        .reg_mr(local.as_ptr() as u64, local.len() as u64, ALL)
+        .reg_mr(raw(local.as_ptr() as u64, local.len() as u64), ALL)
         .unwrap();
     let read = |wr_id: u64, at: usize| {
         let sge = [Sge {
@@ -346,7 +364,7 @@ fn a_reused_pid_reaches_nothing_of_the_new_process() {
     let read_status = read(2, LEN);
     let attack = vec![ATTACK_BYTE; LEN];
     let amr = pd
-        .reg_mr(attack.as_ptr() as u64, attack.len() as u64, ALL)
+        .reg_mr(raw(attack.as_ptr() as u64, attack.len() as u64), ALL)
         .unwrap();
     let sge = [Sge {
         addr: attack.as_ptr() as u64,

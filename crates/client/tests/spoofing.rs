@@ -36,6 +36,24 @@ use softverbs_wire::{
     XrcethRepr,
 };
 
+/// Names a test buffer (or a deliberately foreign address) for the raw registration these
+/// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
+/// reading their buffers only after the completions of the requests that write them, or
+/// bend on purpose where they probe what the daemon does with memory that is not theirs.
+#[allow(dead_code)]
+fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: see above; test buffers outlive their MRs.
+    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
+}
+
+/// [`raw`], for the in-place conversion (no other thread touches the test's buffers while
+/// they are registered).
+#[allow(dead_code)]
+fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
+    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
+    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
+}
+
 const ALL: Access = Access(0x0f);
 /// Both QPs start their PSNs here; the transfer stays within a few 10,000 PSNs of it.
 const START: u32 = 0x10_0000;
@@ -169,10 +187,10 @@ fn transfer_under(
     let mut abuf = vec![0u8; 2 * SLOTS * SLOT + 8192];
     let mut bbuf = vec![0u8; 2 * SLOTS * SLOT + 8192];
     let ma = pa
-        .reg_mr(abuf.as_ptr() as u64, abuf.len() as u64, ALL)
+        .reg_mr(raw(abuf.as_ptr() as u64, abuf.len() as u64), ALL)
         .unwrap();
     let mb = pb
-        .reg_mr(bbuf.as_ptr() as u64, bbuf.len() as u64, ALL)
+        .reg_mr(raw(bbuf.as_ptr() as u64, bbuf.len() as u64), ALL)
         .unwrap();
     let (a0, b0) = (abuf.as_ptr() as u64, bbuf.as_ptr() as u64);
     let target = Target {

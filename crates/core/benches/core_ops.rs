@@ -109,7 +109,10 @@ fn per_op(c: &mut Criterion) {
         g.bench_function(BenchmarkId::from_parameter(label(n)), |b| {
             b.iter(|| {
                 let q = f.core.create_qp(ctx, black_box(&init)).unwrap();
-                f.core.destroy_qp(ctx, q.handle).unwrap()
+                let n = f.core.destroy_qp(ctx, q.handle).unwrap();
+                // The data-path changes are drained, as the daemon does after each command.
+                while f.core.poll_change().is_some() {}
+                n
             })
         });
         g.finish();
@@ -151,7 +154,9 @@ fn per_op(c: &mut Criterion) {
         g.bench_function(BenchmarkId::from_parameter(label(n)), |b| {
             b.iter(|| {
                 let qpn = f.core.create_xrc_rcv_qp(ctx, xh).unwrap();
-                f.core.unreg_xrc_rcv_qp(ctx, xh, black_box(qpn)).unwrap()
+                let n = f.core.unreg_xrc_rcv_qp(ctx, xh, black_box(qpn)).unwrap();
+                while f.core.poll_change().is_some() {}
+                n
             })
         });
         g.finish();

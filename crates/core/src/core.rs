@@ -5,11 +5,12 @@
 //! rules — an XRC domain by file identity, and an XRC receive QP by number inside a domain
 //! the caller has open. Everything else answers "invalid handle" whatever value is guessed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use crate::attr::{AhAttr, QpAttr, QpInitInfo, SrqAttr};
+use crate::change::CoreChange;
 use crate::device::Device;
 use crate::error::{Error, ObjectKind, Result};
 use crate::event::{AsyncEvent, EventElement, EventQueue};
@@ -280,6 +281,8 @@ pub struct Core {
     /// What each uid's contexts use together (uids using nothing have no entry).
     pub(crate) uid_usage: HashMap<u32, Usage>,
     pub(crate) daemon_usage: Usage,
+    /// Changes the data path has not taken yet ([`Core::poll_change`]).
+    pub(crate) changes: VecDeque<CoreChange>,
 }
 
 /// First QP number handed out: 0 and 1 are the special QPs of IBA 3.5.11 (SMI, GSI).
@@ -309,6 +312,7 @@ impl Core {
             limits: Limits::unlimited(),
             uid_usage: HashMap::new(),
             daemon_usage: Usage::default(),
+            changes: VecDeque::new(),
         }
     }
 
@@ -388,6 +392,7 @@ impl Core {
                     self.qp_routes.remove(&q.qpn);
                     self.qpns.free(q.qpn);
                     self.usage[dev].qps -= 1;
+                    self.push_change(CoreChange::QpDestroyed { qpn: q.qpn });
                 }
                 QpEntry::XrcRecv { qpn, .. } => held.push((*qpn, HolderRef::Handle(h))),
             }
@@ -418,6 +423,7 @@ impl Core {
         for x in c.xrcds.values() {
             self.release_xrcd_count(x.xrcd, |d| d.opens -= 1);
         }
+        self.push_change(CoreChange::ContextClosed { ctx });
         Ok(())
     }
 

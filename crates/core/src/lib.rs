@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod attr;
+pub mod change;
 mod core;
 pub mod datapath;
 pub mod device;
@@ -29,5 +30,6 @@ pub mod types;
 pub mod xrc_recv;
 pub mod xrcd;
 
+pub use crate::change::CoreChange;
 pub use crate::core::{ContextInfo, Core, Counts, HolderKind, HolderRef, FIRST_QPN};
 pub use error::{Error, ObjectKind, Result};

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::attr::{AhAttr, SrqAttr, SRQ_LIMIT, SRQ_MAX_WR};
+use crate::change::CoreChange;
 use crate::core::{Ah, Core, Cq, Mr, Pd, Srq, SrqKind};
 use crate::device::Device;
 use crate::error::{Error, ObjectKind, Result};
@@ -179,6 +180,14 @@ impl Core {
             }
             c.pds.get_mut(&new_pd).expect("checked above").usecnt += 1;
         }
+        if range.is_some() {
+            // A mapping the daemon made of the old range no longer backs the MR: the new
+            // range is reached the ordinary way, and the mapping is no longer counted.
+            if self.ctx_mut(ctx)?.mapped_mrs.remove(&mr) {
+                self.uncharge(ctx, Resource::Mappings, 1);
+            }
+            self.push_change(CoreChange::MrRangeChanged { ctx, mr });
+        }
         Ok(MrKeys {
             handle: mr,
             lkey: key,
@@ -206,6 +215,7 @@ impl Core {
         if self.ctx_mut(ctx)?.mapped_mrs.remove(&mr) {
             self.uncharge(ctx, Resource::Mappings, 1);
         }
+        self.push_change(CoreChange::MrDeregistered { ctx, mr });
         Ok(())
     }
 
@@ -236,6 +246,7 @@ impl Core {
         );
         self.usage[dev].cqs += 1;
         self.add_usage(ctx, Resource::Cqs, 1);
+        self.push_change(CoreChange::CqCreated { ctx, cq: h, cqe });
         Ok((h, cqe))
     }
 
@@ -252,6 +263,7 @@ impl Core {
             .get_mut(&cq)
             .ok_or(Error::InvalidHandle(ObjectKind::Cq))?;
         q.cqe = cqe;
+        self.push_change(CoreChange::CqResized { ctx, cq, cqe });
         Ok(cqe)
     }
 
@@ -279,6 +291,7 @@ impl Core {
         self.usage[dev].cqs -= 1;
         self.uncharge(ctx, Resource::Cqs, 1);
         self.detach_ring(ctx, Ring::Cq(cq));
+        self.push_change(CoreChange::CqDestroyed { ctx, cq });
         Ok(q.events_reported)
     }
 
@@ -370,6 +383,7 @@ impl Core {
         c.pds.get_mut(&pd).expect("checked above").usecnt += 1;
         self.usage[dev].srqs += 1;
         self.add_usage(ctx, Resource::Srqs, 1);
+        self.srq_created(ctx, h, dev);
         Ok(SrqCreated {
             handle: h,
             attr,
@@ -444,11 +458,22 @@ impl Core {
         self.srq_routes.insert(srqn, (ctx, h));
         self.usage[dev].srqs += 1;
         self.add_usage(ctx, Resource::Srqs, 1);
+        self.srq_created(ctx, h, dev);
         Ok(SrqCreated {
             handle: h,
             attr,
             srqn: Some(srqn),
         })
+    }
+
+    fn srq_created(&mut self, ctx: CtxId, srq: Handle, device: usize) {
+        let info = self.srq_info(ctx, srq).expect("created by the caller");
+        self.push_change(CoreChange::SrqCreated {
+            ctx,
+            srq,
+            device,
+            info,
+        });
     }
 
     /// `ibv_get_srq_num`: the SRQ number of an XRC SRQ; `EOPNOTSUPP` for a basic SRQ, as the
@@ -498,6 +523,13 @@ impl Core {
             return Err(Error::InvalidArgument("SRQ limit above max_wr"));
         }
         s.attr = next;
+        if mask & SRQ_LIMIT != 0 {
+            self.push_change(CoreChange::SrqLimitArmed {
+                ctx,
+                srq,
+                limit: next.srq_limit,
+            });
+        }
         Ok(next)
     }
 
@@ -549,6 +581,7 @@ impl Core {
         self.usage[dev].srqs -= 1;
         self.uncharge(ctx, Resource::Srqs, 1);
         self.detach_ring(ctx, Ring::Srq(srq));
+        self.push_change(CoreChange::SrqDestroyed { ctx, srq });
         Ok(s.events_reported)
     }
 }

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::attr::{QpAttr, QpCap, QpInitAttr, QpInitInfo};
+use crate::change::CoreChange;
 use crate::core::{Core, HolderRef, OwnedQp, QpEntry, QpRoute, SrqKind};
 use crate::device::Device;
 use crate::error::{Error, ObjectKind, Result};
@@ -346,6 +347,13 @@ impl Core {
         self.qp_routes.insert(qpn, QpRoute::Owned { ctx, handle });
         self.usage[dev_idx].qps += 1;
         self.add_usage(ctx, Resource::Qps, 1);
+        let info = self.owned_qp_info(ctx, handle).expect("inserted above");
+        self.push_change(CoreChange::QpCreated {
+            ctx,
+            qp: handle,
+            device: dev_idx,
+            info,
+        });
         Ok(QpCreated { handle, qpn, cap })
     }
 
@@ -361,10 +369,14 @@ impl Core {
         match c.qps.get(&qp).ok_or(Error::InvalidHandle(ObjectKind::Qp))? {
             QpEntry::Owned(q) => {
                 let next = modify_attr(dev, q.init.qp_type, &q.attr, req, mask)?;
-                match self.ctx_mut(ctx)?.qps.get_mut(&qp) {
-                    Some(QpEntry::Owned(q)) => q.attr = next,
+                let qpn = match self.ctx_mut(ctx)?.qps.get_mut(&qp) {
+                    Some(QpEntry::Owned(q)) => {
+                        q.attr = next;
+                        q.qpn
+                    }
                     _ => unreachable!("looked up above"),
-                }
+                };
+                self.push_change(CoreChange::QpModified { qpn, attr: next });
                 Ok(())
             }
             QpEntry::XrcRecv { qpn, .. } => {
@@ -430,6 +442,7 @@ impl Core {
                 self.usage[dev].qps -= 1;
                 self.uncharge(ctx, Resource::Qps, 1);
                 self.detach_ring(ctx, Ring::Qp(qp));
+                self.push_change(CoreChange::QpDestroyed { qpn: q.qpn });
                 Ok(q.events_reported)
             }
             QpEntry::XrcRecv { qpn, xrcd_handle } => {

@@ -19,6 +19,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::attr::{QpAttr, QpCap, QpInitInfo};
+use crate::change::CoreChange;
 use crate::core::{Core, Holder, HolderKey, HolderKind, HolderRef, QpEntry, QpRoute, TgtQp};
 use crate::error::{Error, Result};
 use crate::event::{AsyncEvent, EventElement};
@@ -101,6 +102,7 @@ impl Core {
             .expect("handle implies domain")
             .tgt_qps += 1;
         self.usage[dev].qps += 1;
+        self.push_change(CoreChange::XrcRecvQpCreated { device: dev, qpn });
         Ok(qpn)
     }
 
@@ -189,6 +191,7 @@ impl Core {
                 .device;
             self.usage[dev].qps -= 1;
             self.release_xrcd_count(t.xrcd, |x| x.tgt_qps -= 1);
+            self.push_change(CoreChange::QpDestroyed { qpn });
         }
         holder.events_reported
     }
@@ -375,6 +378,7 @@ impl Core {
         let dev = &self.devices[self.xrcds[&t.xrcd].device];
         let next = modify_attr(dev, QpType::XrcRecv, &t.attr, req, mask)?;
         self.tgt_qps.get_mut(&qpn).expect("present above").attr = next;
+        self.push_change(CoreChange::QpModified { qpn, attr: next });
         Ok(())
     }
 

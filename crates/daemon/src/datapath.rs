@@ -14,11 +14,12 @@ use softverbs_abi::msg::{
     send_flags, wr_opcode, PostRecvReq, QueuesResp, SendWrWire, SgeWire, WcWire,
 };
 use softverbs_core::attr::QpAttr;
+use softverbs_core::datapath::{OwnedQpInfo, SrqInfo};
 use softverbs_core::device::Gid;
 use softverbs_core::event::EventElement;
 use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::types::{EventType, Mtu, QpType};
-use softverbs_core::Core;
+use softverbs_core::{Core, CoreChange};
 use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
 use softverbs_shm::{Consumer, Producer, ReadySet, Region, RingLayout, WorkFlag, WORK_FLAG_SIZE};
 use softverbs_transport::cq::{CompChannel, CompletionQueue, Delivery};
@@ -206,6 +207,35 @@ impl DataPath {
 
     // ---- mirroring core objects -----------------------------------------------------------
 
+    /// Applies one change the core made ([`Core::poll_change`]): the one way objects reach
+    /// the engines and the data path's tables.
+    pub fn apply(&mut self, change: CoreChange) {
+        match change {
+            CoreChange::ContextClosed { ctx } => self.context_closed(ctx),
+            CoreChange::CqCreated { ctx, cq, cqe } => self.cq_created(ctx, cq, cqe),
+            CoreChange::CqResized { ctx, cq, cqe } => self.cq_resized(ctx, cq, cqe),
+            CoreChange::CqDestroyed { ctx, cq } => self.cq_destroyed(ctx, cq),
+            CoreChange::QpCreated {
+                ctx, device, info, ..
+            } => self.qp_created(ctx, device, &info),
+            CoreChange::XrcRecvQpCreated { device, qpn } => self.xrc_recv_created(device, qpn),
+            CoreChange::QpModified { qpn, attr } => self.qp_modified(qpn, &attr),
+            CoreChange::QpDestroyed { qpn } => self.qp_destroyed(qpn),
+            CoreChange::SrqCreated {
+                ctx,
+                srq,
+                device,
+                info,
+            } => self.srq_created(ctx, srq, device, &info),
+            CoreChange::SrqLimitArmed { ctx, srq, limit } => self.srq_limit(ctx, srq, limit),
+            CoreChange::SrqDestroyed { ctx, srq } => self.srq_destroyed(ctx, srq),
+            // Either way the shared mapping (if any) no longer backs the MR.
+            CoreChange::MrDeregistered { ctx, mr } | CoreChange::MrRangeChanged { ctx, mr } => {
+                self.mr_deregistered(ctx, mr)
+            }
+        }
+    }
+
     /// A context was opened; `memory` is the opener's own `mem` descriptor (none from an
     /// older client: then only its shared MRs can be reached).
     pub fn context_opened(&mut self, ctx: CtxId, memory: Option<ProcessMemory>) {
@@ -214,11 +244,8 @@ impl DataPath {
         }
     }
 
-    /// A context was closed; `qpns` are the QPs it touched before the core tore it down.
-    pub fn context_closed(&mut self, core: &Core, ctx: CtxId, qpns: &[u32]) {
-        for &q in qpns {
-            self.qp_maybe_gone(core, q);
-        }
+    /// A context was closed (the QPs that went with it came first, as `QpDestroyed`).
+    fn context_closed(&mut self, ctx: CtxId) {
         // By the context's own sets, so closing a context costs what it held, not what the
         // whole daemon holds.
         for cq in self.ctx_cqs.remove(&ctx).unwrap_or_default() {
@@ -293,11 +320,19 @@ impl DataPath {
         Ok(ch.fired.next_event())
     }
 
-    /// A CQ was created, reporting to completion channel `channel` if given.
-    pub fn cq_created(&mut self, ctx: CtxId, cq: Handle, cqe: u32, channel: Option<u32>) {
+    /// A CQ was created.
+    fn cq_created(&mut self, ctx: CtxId, cq: Handle, cqe: u32) {
         let id = cq_id(ctx, cq);
-        self.cqs.insert(id, CompletionQueue::new(cqe, channel));
+        self.cqs.insert(id, CompletionQueue::new(cqe, None));
         self.ctx_cqs.entry(ctx).or_default().insert(id);
+    }
+
+    /// The new CQ `cq` reports to completion channel `channel` (checked by
+    /// [`has_channel`](Self::has_channel)); the channel is the data path's, not the core's.
+    pub fn set_cq_channel(&mut self, ctx: CtxId, cq: Handle, channel: u32) {
+        if let Some(c) = self.cqs.get_mut(&cq_id(ctx, cq)) {
+            c.set_channel(Some(channel));
+        }
     }
 
     /// Completions of a CQ not yet polled (its PollCq queue and its ring), or `None` for an
@@ -319,7 +354,7 @@ impl DataPath {
     /// the completions already in it and queues the rest for PollCq, which the client switches
     /// to by the same rule (`Cq::resize` in the client), so no completion is lost and order
     /// holds (everything in the ring is older than anything queued).
-    pub fn cq_resized(&mut self, ctx: CtxId, cq: Handle, cqe: u32) {
+    fn cq_resized(&mut self, ctx: CtxId, cq: Handle, cqe: u32) {
         let id = cq_id(ctx, cq);
         if let Some(c) = self.cqs.get_mut(&id) {
             c.resize(cqe);
@@ -334,7 +369,7 @@ impl DataPath {
     }
 
     /// A CQ was destroyed.
-    pub fn cq_destroyed(&mut self, ctx: CtxId, cq: Handle) {
+    fn cq_destroyed(&mut self, ctx: CtxId, cq: Handle) {
         let id = cq_id(ctx, cq);
         self.cqs.remove(&id);
         self.cq_rings.remove(&id);
@@ -344,17 +379,8 @@ impl DataPath {
         }
     }
 
-    /// An owned QP was created.
-    pub fn qp_created(&mut self, core: &Core, ctx: CtxId, qp: Handle) {
-        let Some(i) = core.owned_qp_info(ctx, qp) else {
-            return;
-        };
-        let Ok(dev) = core
-            .context_device(ctx)
-            .map(|d| self.dev_index(&d.name, core))
-        else {
-            return;
-        };
+    /// An owned QP was created on device `dev`.
+    fn qp_created(&mut self, ctx: CtxId, dev: usize, i: &OwnedQpInfo) {
         let cfg = QpConfig {
             qpn: i.qpn,
             qp_type: i.qp_type,
@@ -374,14 +400,8 @@ impl DataPath {
         self.qp_dev.insert(i.qpn, dev);
     }
 
-    /// An XRC receive QP `qpn` was created by a context of device `dev_name`.
-    pub fn xrc_recv_created(&mut self, core: &Core, ctx: CtxId, qpn: u32) {
-        let Ok(dev) = core
-            .context_device(ctx)
-            .map(|d| self.dev_index(&d.name, core))
-        else {
-            return;
-        };
+    /// An XRC receive QP `qpn` was created on device `dev`.
+    fn xrc_recv_created(&mut self, dev: usize, qpn: u32) {
         let cfg = QpConfig {
             qpn,
             qp_type: QpType::XrcRecv,
@@ -401,15 +421,8 @@ impl DataPath {
         self.qp_dev.insert(qpn, dev);
     }
 
-    fn dev_index(&self, name: &str, core: &Core) -> usize {
-        core.devices()
-            .iter()
-            .position(|d| d.name == name)
-            .unwrap_or(0)
-    }
-
     /// QP `qpn` was modified; `attr` is what the core now holds.
-    pub fn qp_modified(&mut self, qpn: u32, attr: &QpAttr) {
+    fn qp_modified(&mut self, qpn: u32, attr: &QpAttr) {
         let Some(&d) = self.qp_dev.get(&qpn) else {
             return;
         };
@@ -429,27 +442,16 @@ impl DataPath {
         }
     }
 
-    /// QP `qpn` may have been destroyed by the core (last holder gone, owner destroyed it).
-    pub fn qp_maybe_gone(&mut self, core: &Core, qpn: u32) {
-        if core.qp_target(qpn).is_none() {
-            self.forget_qp_rings(qpn);
-            if let Some(d) = self.qp_dev.remove(&qpn) {
-                self.devs[d].engine.destroy_qp(qpn);
-            }
+    /// QP `qpn` is gone from the core (its owner destroyed it, or its last holder left).
+    fn qp_destroyed(&mut self, qpn: u32) {
+        self.forget_qp_rings(qpn);
+        if let Some(d) = self.qp_dev.remove(&qpn) {
+            self.devs[d].engine.destroy_qp(qpn);
         }
     }
 
-    /// An SRQ was created.
-    pub fn srq_created(&mut self, core: &Core, ctx: CtxId, srq: Handle) {
-        let Some(i) = core.srq_info(ctx, srq) else {
-            return;
-        };
-        let Ok(dev) = core
-            .context_device(ctx)
-            .map(|d| self.dev_index(&d.name, core))
-        else {
-            return;
-        };
+    /// An SRQ was created on device `dev`.
+    fn srq_created(&mut self, ctx: CtxId, srq: Handle, dev: usize, i: &SrqInfo) {
         self.devs[dev].engine.create_srq(SrqConfig {
             key: (ctx, srq),
             pd: i.pd,
@@ -460,14 +462,14 @@ impl DataPath {
     }
 
     /// An SRQ's limit was (re)armed.
-    pub fn srq_limit(&mut self, ctx: CtxId, srq: Handle, limit: u32) {
+    fn srq_limit(&mut self, ctx: CtxId, srq: Handle, limit: u32) {
         for d in &mut self.devs {
             d.engine.set_srq_limit((ctx, srq), limit);
         }
     }
 
     /// An SRQ was destroyed.
-    pub fn srq_destroyed(&mut self, ctx: CtxId, srq: Handle) {
+    fn srq_destroyed(&mut self, ctx: CtxId, srq: Handle) {
         self.srq_rings.remove(&(ctx, srq));
         for d in &mut self.devs {
             d.engine.destroy_srq((ctx, srq));
@@ -495,8 +497,8 @@ impl DataPath {
         Ok(())
     }
 
-    /// An MR was deregistered: after this, nothing touches its mapping.
-    pub fn mr_deregistered(&mut self, ctx: CtxId, mr: Handle) {
+    /// An MR was deregistered (or got a new range): after this, nothing touches its mapping.
+    fn mr_deregistered(&mut self, ctx: CtxId, mr: Handle) {
         if let Some(id) = self.mr_regions.remove(&(ctx, mr)) {
             self.mem.remove_region(id);
         }

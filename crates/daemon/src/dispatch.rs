@@ -11,8 +11,9 @@ use std::time::Instant;
 use softverbs_abi::codec::{decode_request, encode_response, peek_cmd, Request};
 use softverbs_abi::convert::qp_attr_from_wire;
 use softverbs_abi::msg::*;
+use softverbs_abi::msg::{cmd, Command};
 use softverbs_abi::MIN_ABI_VERSION;
-use softverbs_core::attr::{AhAttr, QpAttr, QpInitAttr, SrqAttr};
+use softverbs_core::attr::{AhAttr, QpInitAttr, SrqAttr};
 use softverbs_core::ids::{CtxId, FileId, Handle};
 use softverbs_core::limits::{Resource, Ring};
 use softverbs_core::qp::QpQuery;
@@ -115,12 +116,14 @@ pub struct Dispatcher {
 
 type Reply = Result<(Vec<u8>, Vec<OwnedFd>), i32>;
 
-fn ok<T: IntoBytes + zerocopy::Immutable>(v: T) -> Reply {
+/// The reply of command `C`: its response struct, as the command table types it.
+fn ok<C: Command>(v: C::Resp) -> Reply {
     Ok((v.as_bytes().to_vec(), Vec::new()))
 }
 
-fn empty() -> Reply {
-    Ok((Vec::new(), Vec::new()))
+/// The reply of command `C` with descriptors.
+fn with_fds<C: Command>(v: C::Resp, fds: Vec<OwnedFd>) -> Reply {
+    Ok((v.as_bytes().to_vec(), fds))
 }
 
 fn core_err(e: Error) -> i32 {
@@ -131,44 +134,52 @@ fn handle_of(v: U32) -> Handle {
     Handle(v.get())
 }
 
-fn events(n: u32) -> Reply {
-    ok(EventsResp {
+fn events(n: u32) -> EventsResp {
+    EventsResp {
         events_reported: U32::new(n),
-    })
+    }
 }
 
-fn query_resp(q: &QpQuery, qpn: u32) -> Reply {
-    ok(QueryQpResp {
+fn handle_resp(h: Handle) -> HandleResp {
+    HandleResp {
+        handle: U32::new(h.0),
+    }
+}
+
+fn query_resp(q: &QpQuery, qpn: u32) -> QueryQpResp {
+    QueryQpResp {
         attr: (&q.attr).into(),
         qp_type: U32::new(q.init.qp_type as u32),
         sq_sig_all: U32::new(u32::from(q.init.sq_sig_all)),
         create_flags: U32::new(q.init.create_flags),
         qpn: U32::new(qpn),
         init_cap: (&q.init.cap).into(),
-    })
+    }
 }
 
-fn srq_resp(handle: Handle, a: SrqAttr, srqn: Option<u32>) -> Reply {
-    ok(SrqResp {
+fn srq_resp(handle: Handle, a: SrqAttr, srqn: Option<u32>) -> SrqResp {
+    SrqResp {
         handle: U32::new(handle.0),
         max_wr: U32::new(a.max_wr),
         max_sge: U32::new(a.max_sge),
         srq_limit: U32::new(a.srq_limit),
         srqn: U32::new(srqn.unwrap_or(0)),
-    })
+    }
 }
 
 impl Dispatcher {
     /// A dispatcher over `core`, speaking ABI `abi`.
     pub fn new(core: Core, abi: u32, net: &NetOptions) -> Dispatcher {
         let dp = DataPath::new(&core, net);
-        Dispatcher {
+        let mut d = Dispatcher {
             core,
             dp,
             abi,
             started: Instant::now(),
             daemon_uid: rustix::process::geteuid().as_raw(),
-        }
+        };
+        d.apply_changes();
+        d
     }
 
     /// Handles one request datagram with the descriptors that came with it. Descriptors the
@@ -179,6 +190,8 @@ impl Dispatcher {
             Err(e) => Err(e.errno()),
             Ok(req) => self.command(session, &req, fds, &mut woken),
         };
+        // Whatever the command changed reaches the data path before the client hears back.
+        self.apply_changes();
         let cmd = peek_cmd(msg);
         let resp_len = decode_request(msg).map_or(0, |r| r.resp_len);
         match result {
@@ -195,6 +208,15 @@ impl Dispatcher {
         }
     }
 
+    /// Drains the core's changes into the data path (`Core::poll_change` →
+    /// `DataPath::apply`): the one way objects reach the engines.
+    fn apply_changes(&mut self) {
+        while let Some(c) = self.core.poll_change() {
+            self.dp.apply(c);
+        }
+    }
+
+    /// Checks what the connection may send, then dispatches: the one `match` on the command.
     fn command(
         &mut self,
         s: &mut Session,
@@ -208,21 +230,7 @@ impl Dispatcher {
         if !matches!(req.cmd, Cmd::Hello | Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
             return Err(EINVAL);
         }
-        if matches!(
-            req.cmd,
-            Cmd::PostSend
-                | Cmd::PostRecv
-                | Cmd::PostSrqRecv
-                | Cmd::PollCq
-                | Cmd::CreateCompChannel
-                | Cmd::DestroyCompChannel
-                | Cmd::ReqNotifyCq
-                | Cmd::GetCqEvent
-                | Cmd::MapQueues
-                | Cmd::MapDoorbell
-        ) && abi < 3
-        {
-            // The data-path commands arrived in ABI 3.
+        if abi < req.cmd.since_abi() {
             return Err(EOPNOTSUPP);
         }
         let mr_fd = if req.cmd == Cmd::RegMr {
@@ -233,27 +241,15 @@ impl Dispatcher {
         if !fds.is_empty() && req.cmd == Cmd::RegMr {
             return Err(EINVAL);
         }
+        // Hello opens the connection and nothing else may come first; the commands that need
+        // a context refuse a connection without one (`ctx()?` below, before reading a body).
         match (req.cmd, s.phase) {
-            (Cmd::Hello, Phase::New) => {
-                let body = req.body(abi).map_err(|e| e.errno())?;
-                return self.hello(s, body, req.comp_mask, fds);
-            }
-            (Cmd::Hello, _) => return Err(EINVAL),
-            (_, Phase::New) => return Err(EINVAL),
-            (Cmd::QueryDeviceList, _) => {
-                return self.device_list(req.body(abi).map_err(|e| e.errno())?)
-            }
-            (Cmd::Status, _) => return self.status(),
-            (Cmd::Resources, _) => return self.resources(),
-            (Cmd::InjectEvent, _) => {
-                let r: InjectEventReq = req.body(abi).map_err(|e| e.errno())?;
-                return self.inject(s, r, woken);
-            }
-            (_, Phase::Introspect) => return Err(EINVAL),
-            (_, Phase::Context(_)) => {}
+            (Cmd::Hello, Phase::New) => {}
+            (Cmd::Hello, _) | (_, Phase::New) => return Err(EINVAL),
+            _ => {}
         }
-        let ctx = s.ctx().expect("phase checked above");
-        if registers_memory(req) && s.opener_pid != Some(s.sender()) {
+        let session_ctx = s.ctx();
+        if session_ctx.is_some() && registers_memory(req) && s.opener_pid != Some(s.sender()) {
             // The context's memory descriptor is the opener's address space: a process that
             // inherited or was handed the connection (a fork child) must not get memory of
             // the opener registered in its name. It opens its own context instead.
@@ -261,692 +257,637 @@ impl Dispatcher {
             // descriptor reaches nothing.)
             return Err(EPERM);
         }
-        if let Some(r) = self.data_command(ctx, req, woken) {
-            return r;
-        }
-        let gone = self.qpn_before(ctx, req);
-        let result = self.object_command(ctx, req, fds, woken);
-        if let Ok((body, _)) = &result {
-            self.mirror(ctx, req, body, gone, mr_fd)?;
-        }
-        result
-    }
-
-    fn object_command(
-        &mut self,
-        ctx: CtxId,
-        req: &Request<'_>,
-        mut fds: Vec<OwnedFd>,
-        woken: &mut Vec<CtxId>,
-    ) -> Reply {
-        let abi = self.abi;
-        let core = &mut self.core;
-        macro_rules! body {
-            () => {
-                req.body(abi).map_err(|e| e.errno())?
+        let ctx = || session_ctx.ok_or(EINVAL);
+        macro_rules! read {
+            ($c:ident) => {
+                req.read::<cmd::$c>(abi).map_err(|e| e.errno())?
             };
         }
         match req.cmd {
-            Cmd::QueryDevice => {
-                let d = core.context_device(ctx).map_err(core_err)?;
-                let a = &d.attr;
-                ok(QueryDeviceResp {
-                    fw_ver: name_bytes(&a.fw_ver),
-                    node_guid: U64::new(a.node_guid),
-                    sys_image_guid: U64::new(a.sys_image_guid),
-                    max_mr_size: U64::new(a.max_mr_size),
-                    page_size_cap: U64::new(a.page_size_cap),
-                    device_cap_flags: U64::new(a.device_cap_flags),
-                    vendor_id: U32::new(a.vendor_id),
-                    vendor_part_id: U32::new(a.vendor_part_id),
-                    hw_ver: U32::new(a.hw_ver),
-                    max_qp: U32::new(a.max_qp),
-                    max_qp_wr: U32::new(a.max_qp_wr),
-                    max_sge: U32::new(a.max_sge),
-                    max_sge_rd: U32::new(a.max_sge_rd),
-                    max_cq: U32::new(a.max_cq),
-                    max_cqe: U32::new(a.max_cqe),
-                    max_mr: U32::new(a.max_mr),
-                    max_pd: U32::new(a.max_pd),
-                    max_qp_rd_atom: U32::new(a.max_qp_rd_atom),
-                    max_ee_rd_atom: U32::new(a.max_ee_rd_atom),
-                    max_res_rd_atom: U32::new(a.max_res_rd_atom),
-                    max_qp_init_rd_atom: U32::new(a.max_qp_init_rd_atom),
-                    max_ee_init_rd_atom: U32::new(a.max_ee_init_rd_atom),
-                    atomic_cap: U32::new(a.atomic_cap),
-                    max_ah: U32::new(a.max_ah),
-                    max_srq: U32::new(a.max_srq),
-                    max_srq_wr: U32::new(a.max_srq_wr),
-                    max_srq_sge: U32::new(a.max_srq_sge),
-                    max_inline_data: U32::new(a.max_inline_data),
-                    num_comp_vectors: U32::new(a.num_comp_vectors),
-                    max_pkeys: U16::new(a.max_pkeys),
-                    local_ca_ack_delay: a.local_ca_ack_delay,
-                    phys_port_cnt: a.phys_port_cnt,
-                })
-            }
-            Cmd::QueryPort => {
-                let r: QueryPortReq = body!();
-                let d = core.context_device(ctx).map_err(core_err)?;
-                let port = u8::try_from(r.port.get())
-                    .ok()
-                    .and_then(|p| d.port(p))
-                    .ok_or(EINVAL)?;
-                ok(QueryPortResp {
-                    state: U32::new(port.state as u32),
-                    max_mtu: U32::new(port.max_mtu as u32),
-                    active_mtu: U32::new(port.active_mtu as u32),
-                    gid_tbl_len: U32::new(port.gids.len() as u32),
-                    max_msg_sz: U32::new(port.max_msg_sz),
-                    pkey_tbl_len: U16::new(port.pkey_tbl_len),
-                    link_layer: port.link_layer,
-                    reserved: 0,
-                })
-            }
-            Cmd::QueryGid => {
-                let r: QueryGidReq = body!();
-                let d = core.context_device(ctx).map_err(core_err)?;
-                let port = u8::try_from(r.port.get())
-                    .ok()
-                    .and_then(|p| d.port(p))
-                    .ok_or(EINVAL)?;
-                let gid = port.gids.get(r.index.get() as usize).ok_or(EINVAL)?;
-                ok(QueryGidResp { gid: gid.0 })
-            }
-            Cmd::AllocPd => {
-                let h = core.alloc_pd(ctx).map_err(core_err)?;
-                ok(HandleResp {
-                    handle: U32::new(h.0),
-                })
-            }
-            Cmd::DeallocPd => {
-                let r: HandleReq = body!();
-                core.dealloc_pd(ctx, handle_of(r.handle))
-                    .map_err(core_err)?;
-                empty()
-            }
-            Cmd::RegMr => {
-                let r: RegMrReq = body!();
-                let k = core
-                    .reg_mr(
-                        ctx,
-                        handle_of(r.pd),
-                        r.addr.get(),
-                        r.length.get(),
-                        r.iova.get(),
-                        Access(r.access.get()),
-                    )
-                    .map_err(core_err)?;
-                ok(RegMrResp {
-                    handle: U32::new(k.handle.0),
-                    lkey: U32::new(k.lkey),
-                    rkey: U32::new(k.rkey),
-                })
-            }
-            Cmd::DeregMr => {
-                let r: HandleReq = body!();
-                core.dereg_mr(ctx, handle_of(r.handle)).map_err(core_err)?;
-                empty()
-            }
-            Cmd::ReregMr => {
-                let r: ReregMrReq = body!();
-                let f = r.flags.get();
-                let all = REREG_MR_CHANGE_TRANSLATION | REREG_MR_CHANGE_PD | REREG_MR_CHANGE_ACCESS;
-                // uverbs rereg_mr: no flag, or an unknown one, is EINVAL.
-                if f == 0 || f & !all != 0 {
-                    return Err(EINVAL);
-                }
-                let k = core
-                    .rereg_mr(
-                        ctx,
-                        handle_of(r.handle),
-                        (f & REREG_MR_CHANGE_PD != 0).then(|| handle_of(r.pd)),
-                        (f & REREG_MR_CHANGE_ACCESS != 0).then(|| Access(r.access.get())),
-                        (f & REREG_MR_CHANGE_TRANSLATION != 0)
-                            .then(|| (r.addr.get(), r.length.get(), r.iova.get())),
-                    )
-                    .map_err(core_err)?;
-                ok(RegMrResp {
-                    handle: U32::new(k.handle.0),
-                    lkey: U32::new(k.lkey),
-                    rkey: U32::new(k.rkey),
-                })
-            }
-            Cmd::CreateCq => {
-                let r: CreateCqReq = body!();
-                if req.comp_mask & CREATE_CQ_CHANNEL != 0
-                    && !self.dp.has_channel(ctx, r.channel.get())
-                {
-                    return Err(EINVAL);
-                }
-                let (h, cqe) = core
-                    .create_cq(ctx, r.cqe.get(), r.comp_vector.get())
-                    .map_err(core_err)?;
-                ok(CreateCqResp {
-                    handle: U32::new(h.0),
-                    cqe: U32::new(cqe),
-                })
-            }
-            Cmd::ResizeCq => {
-                let r: ResizeCqReq = body!();
-                // A CQ cannot shrink below the completions it still holds (rxe and mlx5
-                // answer EINVAL; rdma-core's test_resize_cq checks it). Work posted before
-                // this call completes first, as it would have on a NIC by now.
-                woken.extend(self.dp.drive(core));
-                if self
-                    .dp
-                    .cq_outstanding(ctx, handle_of(r.handle))
-                    .is_some_and(|n| r.cqe.get() < n)
-                {
-                    return Err(EINVAL);
-                }
-                let cqe = core
-                    .resize_cq(ctx, handle_of(r.handle), r.cqe.get())
-                    .map_err(core_err)?;
-                ok(CreateCqResp {
-                    handle: r.handle,
-                    cqe: U32::new(cqe),
-                })
-            }
-            Cmd::DestroyCq => {
-                let r: HandleReq = body!();
-                events(
-                    core.destroy_cq(ctx, handle_of(r.handle))
-                        .map_err(core_err)?,
-                )
-            }
-            Cmd::CreateSrq => {
-                let r: CreateSrqReq = body!();
-                let a = SrqAttr {
-                    max_wr: r.max_wr.get(),
-                    max_sge: r.max_sge.get(),
-                    srq_limit: r.srq_limit.get(),
-                };
-                let c = core.create_srq(ctx, handle_of(r.pd), a).map_err(core_err)?;
-                srq_resp(c.handle, c.attr, c.srqn)
-            }
-            Cmd::CreateXrcSrq => {
-                let r: CreateXrcSrqReq = body!();
-                let p = r.present.get();
-                let opt = |bit: u32, v: U32| (p & bit != 0).then(|| handle_of(v));
-                let a = SrqAttr {
-                    max_wr: r.max_wr.get(),
-                    max_sge: r.max_sge.get(),
-                    srq_limit: r.srq_limit.get(),
-                };
-                let c = core
-                    .create_xrc_srq(
-                        ctx,
-                        opt(PRESENT_PD, r.pd),
-                        opt(PRESENT_XRCD, r.xrcd),
-                        opt(PRESENT_CQ, r.cq),
-                        a,
-                    )
-                    .map_err(core_err)?;
-                srq_resp(c.handle, c.attr, c.srqn)
-            }
-            Cmd::ModifySrq => {
-                let r: ModifySrqReq = body!();
-                let a = SrqAttr {
-                    max_wr: r.max_wr.get(),
-                    max_sge: 0,
-                    srq_limit: r.srq_limit.get(),
-                };
-                let got = core
-                    .modify_srq(ctx, handle_of(r.handle), a, r.attr_mask.get())
-                    .map_err(core_err)?;
-                srq_resp(
-                    handle_of(r.handle),
-                    got,
-                    core.srq_num(ctx, handle_of(r.handle)).ok(),
-                )
-            }
-            Cmd::QuerySrq => {
-                let r: HandleReq = body!();
-                let a = core.query_srq(ctx, handle_of(r.handle)).map_err(core_err)?;
-                srq_resp(
-                    handle_of(r.handle),
-                    a,
-                    core.srq_num(ctx, handle_of(r.handle)).ok(),
-                )
-            }
-            Cmd::DestroySrq => {
-                let r: HandleReq = body!();
-                events(
-                    core.destroy_srq(ctx, handle_of(r.handle))
-                        .map_err(core_err)?,
-                )
-            }
-            Cmd::GetSrqNum => {
-                let r: HandleReq = body!();
-                ok(SrqNumResp {
-                    srqn: U32::new(core.srq_num(ctx, handle_of(r.handle)).map_err(core_err)?),
-                })
-            }
-            Cmd::CreateAh => {
-                let r: CreateAhReq = body!();
-                let h = core
-                    .create_ah(ctx, handle_of(r.pd), AhAttr::from(&r.attr))
-                    .map_err(core_err)?;
-                ok(HandleResp {
-                    handle: U32::new(h.0),
-                })
-            }
-            Cmd::DestroyAh => {
-                let r: HandleReq = body!();
-                core.destroy_ah(ctx, handle_of(r.handle))
-                    .map_err(core_err)?;
-                empty()
-            }
-            Cmd::OpenXrcd => {
-                let r: OpenXrcdReq = body!();
-                let file = match (r.has_fd.get(), fds.len()) {
-                    (0, 0) => None,
-                    (1, 1) => {
-                        let fd = fds.pop().expect("one fd");
-                        let (dev, ino) =
-                            softverbs_ipc::file_identity(fd.as_fd()).map_err(|_| EBADF)?;
-                        // The domain is keyed on the file's identity; the descriptor itself is
-                        // not kept (uverbs keeps an inode reference instead).
-                        Some(FileId { dev, ino })
-                    }
-                    (1, 0) => return Err(EBADF),
-                    _ => return Err(EINVAL),
-                };
-                let o = core
-                    .open_xrcd(ctx, file, r.oflags.get())
-                    .map_err(core_err)?;
-                ok(OpenXrcdResp {
-                    handle: U32::new(o.handle.0),
-                    created: U32::new(u32::from(o.created)),
-                    xrcd_id: U64::new(o.xrcd.0),
-                })
-            }
-            Cmd::CloseXrcd => {
-                let r: HandleReq = body!();
-                core.close_xrcd(ctx, handle_of(r.handle))
-                    .map_err(core_err)?;
-                empty()
-            }
-            Cmd::CreateQp => {
-                let r: CreateQpReq = body!();
-                let qp_type = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
-                let p = r.present.get();
-                let opt = |bit: u32, v: U32| (p & bit != 0).then(|| handle_of(v));
-                let init = QpInitAttr {
-                    qp_type,
-                    pd: opt(PRESENT_PD, r.pd),
-                    send_cq: opt(PRESENT_SEND_CQ, r.send_cq),
-                    recv_cq: opt(PRESENT_RECV_CQ, r.recv_cq),
-                    srq: opt(PRESENT_SRQ, r.srq),
-                    xrcd: opt(PRESENT_XRCD, r.xrcd),
-                    cap: (&r.cap).into(),
-                    sq_sig_all: r.sq_sig_all.get() != 0,
-                    create_flags: r.create_flags.get(),
-                };
-                let c = core.create_qp(ctx, &init).map_err(core_err)?;
-                ok(CreateQpResp {
-                    handle: U32::new(c.handle.0),
-                    qpn: U32::new(c.qpn),
-                    cap: (&c.cap).into(),
-                })
-            }
-            Cmd::ModifyQp => {
-                let r: ModifyQpReq = body!();
-                let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
-                core.modify_qp(ctx, handle_of(r.handle), &attr, AttrMask(r.attr_mask.get()))
-                    .map_err(core_err)?;
-                empty()
-            }
-            Cmd::QueryQp => {
-                let r: HandleReq = body!();
-                let q = core.query_qp(ctx, handle_of(r.handle)).map_err(core_err)?;
-                query_resp(&q, core.qp_num(ctx, handle_of(r.handle)).map_err(core_err)?)
-            }
-            Cmd::DestroyQp => {
-                let r: HandleReq = body!();
-                events(
-                    core.destroy_qp(ctx, handle_of(r.handle))
-                        .map_err(core_err)?,
-                )
-            }
-            Cmd::OpenQp => {
-                let r: OpenQpReq = body!();
-                let t = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
-                let h = core
-                    .open_qp(ctx, handle_of(r.xrcd), r.qp_num.get(), t)
-                    .map_err(core_err)?;
-                ok(CreateQpResp {
-                    handle: U32::new(h.0),
-                    qpn: r.qp_num,
-                    cap: QpCapWire::default(),
-                })
-            }
-            Cmd::CreateXrcRcvQp => {
-                let r: XrcdReq = body!();
-                ok(QpNumResp {
-                    qpn: U32::new(
-                        core.create_xrc_rcv_qp(ctx, handle_of(r.xrcd))
-                            .map_err(core_err)?,
-                    ),
-                })
-            }
-            Cmd::ModifyXrcRcvQp => {
-                let r: ModifyXrcRcvQpReq = body!();
-                let attr: QpAttr =
-                    qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
-                core.modify_xrc_rcv_qp(
-                    ctx,
-                    handle_of(r.xrcd),
-                    r.qp_num.get(),
-                    &attr,
-                    AttrMask(r.attr_mask.get()),
-                )
-                .map_err(core_err)?;
-                empty()
-            }
-            Cmd::QueryXrcRcvQp => {
-                let r: XrcRcvQpReq = body!();
-                let q = core
-                    .query_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
-                    .map_err(core_err)?;
-                query_resp(&q, r.qp_num.get())
-            }
-            Cmd::RegXrcRcvQp => {
-                let r: XrcRcvQpReq = body!();
-                core.reg_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
-                    .map_err(core_err)?;
-                empty()
-            }
-            Cmd::UnregXrcRcvQp => {
-                let r: XrcRcvQpReq = body!();
-                events(
-                    core.unreg_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
-                        .map_err(core_err)?,
-                )
-            }
-            Cmd::DestroyXrcRcvQp => {
-                let r: XrcRcvQpReq = body!();
-                events(
-                    core.destroy_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
-                        .map_err(core_err)?,
-                )
-            }
-            Cmd::RegisterXrcRcvQp => {
-                let r: XrcRcvQpReq = body!();
-                let want = (r.qp_num.get() != CREATE_NEW_QP).then(|| r.qp_num.get());
-                let qpn = core
-                    .register_xrc_rcv_qp(ctx, handle_of(r.xrcd), want)
-                    .map_err(core_err)?;
-                ok(QpNumResp { qpn: U32::new(qpn) })
-            }
+            Cmd::Hello => self.hello(s, read!(Hello), req.comp_mask, fds),
+            Cmd::QueryDeviceList => self.device_list(read!(QueryDeviceList)),
+            Cmd::Status => self.status(),
+            Cmd::Resources => self.resources(),
+            Cmd::InjectEvent => self.inject(s, read!(InjectEvent), woken),
+            Cmd::QueryDevice => self.query_device(ctx()?),
+            Cmd::QueryPort => self.query_port(ctx()?, read!(QueryPort)),
+            Cmd::QueryGid => self.query_gid(ctx()?, read!(QueryGid)),
+            Cmd::GetAsyncEvent => self.get_async_event(ctx()?),
+            Cmd::AllocPd => self.alloc_pd(ctx()?),
+            Cmd::DeallocPd => self.dealloc_pd(ctx()?, read!(DeallocPd)),
+            Cmd::RegMr => self.reg_mr(ctx()?, read!(RegMr), mr_fd),
+            Cmd::ReregMr => self.rereg_mr(ctx()?, read!(ReregMr)),
+            Cmd::DeregMr => self.dereg_mr(ctx()?, read!(DeregMr)),
+            Cmd::CreateCq => self.create_cq(ctx()?, req.comp_mask, read!(CreateCq)),
+            Cmd::ResizeCq => self.resize_cq(ctx()?, read!(ResizeCq), woken),
+            Cmd::DestroyCq => self.destroy_cq(ctx()?, read!(DestroyCq)),
+            Cmd::CreateSrq => self.create_srq(ctx()?, read!(CreateSrq)),
+            Cmd::CreateXrcSrq => self.create_xrc_srq(ctx()?, read!(CreateXrcSrq)),
+            Cmd::ModifySrq => self.modify_srq(ctx()?, read!(ModifySrq)),
+            Cmd::QuerySrq => self.query_srq(ctx()?, read!(QuerySrq)),
+            Cmd::DestroySrq => self.destroy_srq(ctx()?, read!(DestroySrq)),
+            Cmd::GetSrqNum => self.get_srq_num(ctx()?, read!(GetSrqNum)),
+            Cmd::CreateAh => self.create_ah(ctx()?, read!(CreateAh)),
+            Cmd::DestroyAh => self.destroy_ah(ctx()?, read!(DestroyAh)),
+            Cmd::OpenXrcd => self.open_xrcd(ctx()?, read!(OpenXrcd), fds),
+            Cmd::CloseXrcd => self.close_xrcd(ctx()?, read!(CloseXrcd)),
+            Cmd::CreateQp => self.create_qp(ctx()?, read!(CreateQp)),
+            Cmd::ModifyQp => self.modify_qp(ctx()?, read!(ModifyQp)),
+            Cmd::QueryQp => self.query_qp(ctx()?, read!(QueryQp)),
+            Cmd::DestroyQp => self.destroy_qp(ctx()?, read!(DestroyQp)),
+            Cmd::OpenQp => self.open_qp(ctx()?, read!(OpenQp)),
+            Cmd::CreateXrcRcvQp => self.create_xrc_rcv_qp(ctx()?, read!(CreateXrcRcvQp)),
+            Cmd::ModifyXrcRcvQp => self.modify_xrc_rcv_qp(ctx()?, read!(ModifyXrcRcvQp)),
+            Cmd::QueryXrcRcvQp => self.query_xrc_rcv_qp(ctx()?, read!(QueryXrcRcvQp)),
+            Cmd::RegXrcRcvQp => self.reg_xrc_rcv_qp(ctx()?, read!(RegXrcRcvQp)),
+            Cmd::UnregXrcRcvQp => self.unreg_xrc_rcv_qp(ctx()?, read!(UnregXrcRcvQp)),
+            Cmd::DestroyXrcRcvQp => self.destroy_xrc_rcv_qp(ctx()?, read!(DestroyXrcRcvQp)),
+            Cmd::RegisterXrcRcvQp => self.register_xrc_rcv_qp(ctx()?, read!(RegisterXrcRcvQp)),
             Cmd::UnregisterXrcRcvQp => {
-                let r: XrcRcvQpReq = body!();
-                events(
-                    core.unregister_xrc_rcv_qp(ctx, handle_of(r.xrcd), r.qp_num.get())
-                        .map_err(core_err)?,
-                )
+                self.unregister_xrc_rcv_qp(ctx()?, read!(UnregisterXrcRcvQp))
             }
-            Cmd::GetAsyncEvent => match core.next_event(ctx).map_err(core_err)? {
-                Some(ev) => ok(AsyncEventResp::from(&ev)),
-                None => Err(EAGAIN),
-            },
-            Cmd::Hello
-            | Cmd::QueryDeviceList
-            | Cmd::Status
-            | Cmd::Resources
-            | Cmd::InjectEvent
-            | Cmd::PostSend
-            | Cmd::PostRecv
-            | Cmd::PostSrqRecv
-            | Cmd::PollCq
-            | Cmd::CreateCompChannel
-            | Cmd::DestroyCompChannel
-            | Cmd::ReqNotifyCq
-            | Cmd::GetCqEvent
-            | Cmd::MapQueues
-            | Cmd::MapDoorbell => unreachable!("handled before the object commands"),
+            // The data-path commands (ABI 3) run the engines after them, whatever they answer.
+            Cmd::PostSend => self.driven(ctx()?, woken, |d, c| d.post_send(c, req)),
+            Cmd::PostRecv | Cmd::PostSrqRecv => {
+                self.driven(ctx()?, woken, |d, c| d.post_recv(c, req))
+            }
+            Cmd::PollCq => self.driven(ctx()?, woken, |d, c| d.poll_cq(c, req)),
+            Cmd::CreateCompChannel => self.driven(ctx()?, woken, |d, c| d.create_channel(c)),
+            Cmd::DestroyCompChannel => {
+                self.driven(ctx()?, woken, |d, c| d.destroy_comp_channel(c, req))
+            }
+            Cmd::ReqNotifyCq => self.driven(ctx()?, woken, |d, c| d.req_notify_cq(c, req)),
+            Cmd::GetCqEvent => self.driven(ctx()?, woken, |d, c| d.get_cq_event(c, req)),
+            Cmd::MapQueues => self.driven(ctx()?, woken, |d, c| d.map_queues(c, req)),
+            Cmd::MapDoorbell => self.driven(ctx()?, woken, |d, c| d.map_doorbell(c)),
         }
     }
 
     /// Tears a context down (its connection closed) in the core and the data path.
     pub fn close_context(&mut self, ctx: CtxId) -> Result<(), Error> {
-        let qpns = self.core.context_qpns(ctx);
-        self.core.close_context(ctx)?;
-        self.dp.context_closed(&self.core, ctx, &qpns);
-        Ok(())
+        let r = self.core.close_context(ctx);
+        self.apply_changes();
+        r
     }
 
     /// Runs the engines; returns the contexts that got async events.
     pub fn drive(&mut self) -> Vec<CtxId> {
-        self.dp.drive(&mut self.core)
+        let woken = self.dp.drive(&mut self.core);
+        self.apply_changes();
+        woken
     }
 
-    /// The QP a destroy-like command may take with it, named before the command runs (the
-    /// handle is gone after).
-    fn qpn_before(&self, ctx: CtxId, req: &Request<'_>) -> Option<u32> {
-        match req.cmd {
-            Cmd::DestroyQp => {
-                let r: HandleReq = req.body(self.abi).ok()?;
-                self.core.qp_num(ctx, handle_of(r.handle)).ok()
-            }
-            Cmd::UnregXrcRcvQp | Cmd::DestroyXrcRcvQp | Cmd::UnregisterXrcRcvQp => {
-                let r: XrcRcvQpReq = req.body(self.abi).ok()?;
-                Some(r.qp_num.get())
-            }
-            _ => None,
-        }
-    }
-
-    /// Mirrors a successful object command into the data path.
-    fn mirror(
+    /// A data-path command on `ctx`, then the engines run (it may have made work for them),
+    /// whatever it answered.
+    fn driven(
         &mut self,
         ctx: CtxId,
-        req: &Request<'_>,
-        body: &[u8],
-        gone: Option<u32>,
-        mr_fd: Option<OwnedFd>,
-    ) -> Result<(), i32> {
-        use zerocopy::FromBytes;
-        let abi = self.abi;
-        let (core, dp) = (&mut self.core, &mut self.dp);
-        match req.cmd {
-            Cmd::CreateCq | Cmd::ResizeCq => {
-                let r = CreateCqResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
-                if req.cmd == Cmd::CreateCq {
-                    let q: CreateCqReq = req.body(abi).map_err(|e| e.errno())?;
-                    let channel = (req.comp_mask & CREATE_CQ_CHANNEL != 0).then(|| q.channel.get());
-                    dp.cq_created(ctx, handle_of(r.handle), r.cqe.get(), channel);
-                } else {
-                    dp.cq_resized(ctx, handle_of(r.handle), r.cqe.get());
-                }
-            }
-            Cmd::DestroyCq => {
-                let r: HandleReq = req.body(abi).map_err(|e| e.errno())?;
-                dp.cq_destroyed(ctx, handle_of(r.handle));
-            }
-            Cmd::CreateSrq | Cmd::CreateXrcSrq => {
-                let r = SrqResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
-                dp.srq_created(core, ctx, handle_of(r.handle));
-            }
-            Cmd::ModifySrq => {
-                let r: ModifySrqReq = req.body(abi).map_err(|e| e.errno())?;
-                if r.attr_mask.get() & softverbs_core::attr::SRQ_LIMIT != 0 {
-                    dp.srq_limit(ctx, handle_of(r.handle), r.srq_limit.get());
-                }
-            }
-            Cmd::DestroySrq => {
-                let r: HandleReq = req.body(abi).map_err(|e| e.errno())?;
-                dp.srq_destroyed(ctx, handle_of(r.handle));
-            }
-            Cmd::RegMr => {
-                let q: RegMrReq = req.body(abi).map_err(|e| e.errno())?;
-                let r = RegMrResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
-                // A shared MR is one more mapping of the daemon's, charged to the context.
-                if mr_fd.is_some() {
-                    if let Err(e) = core.set_mr_mapped(ctx, handle_of(r.handle), true) {
-                        let _ = core.dereg_mr(ctx, handle_of(r.handle));
-                        return Err(core_err(e));
-                    }
-                }
-                if let Err(e) = dp.mr_registered(
-                    ctx,
-                    handle_of(r.handle),
-                    q.addr.get(),
-                    q.length.get(),
-                    mr_fd,
-                ) {
-                    // The memory cannot be reached: undo the registration.
-                    let _ = core.dereg_mr(ctx, handle_of(r.handle));
-                    return Err(e);
-                }
-            }
-            Cmd::DeregMr => {
-                let r: HandleReq = req.body(abi).map_err(|e| e.errno())?;
-                dp.mr_deregistered(ctx, handle_of(r.handle));
-            }
-            Cmd::ReregMr => {
-                let r: ReregMrReq = req.body(abi).map_err(|e| e.errno())?;
-                if r.flags.get() & REREG_MR_CHANGE_TRANSLATION != 0 {
-                    // The shared mapping of the old range (if any) no longer backs the MR;
-                    // the new range is reached the ordinary way.
-                    dp.mr_deregistered(ctx, handle_of(r.handle));
-                    let _ = core.set_mr_mapped(ctx, handle_of(r.handle), false);
-                }
-            }
-            Cmd::CreateQp => {
-                let q: CreateQpReq = req.body(abi).map_err(|e| e.errno())?;
-                let r = CreateQpResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
-                if q.qp_type.get() == QpType::XrcRecv as u32 {
-                    dp.xrc_recv_created(core, ctx, r.qpn.get());
-                } else {
-                    dp.qp_created(core, ctx, handle_of(r.handle));
-                }
-            }
-            Cmd::CreateXrcRcvQp => {
-                let r = QpNumResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
-                dp.xrc_recv_created(core, ctx, r.qpn.get());
-            }
-            Cmd::RegisterXrcRcvQp => {
-                let q: XrcRcvQpReq = req.body(abi).map_err(|e| e.errno())?;
-                if q.qp_num.get() == CREATE_NEW_QP {
-                    let r = QpNumResp::read_from_prefix(body).map_err(|_| EINVAL)?.0;
-                    dp.xrc_recv_created(core, ctx, r.qpn.get());
-                }
-            }
-            Cmd::ModifyQp => {
-                let q: ModifyQpReq = req.body(abi).map_err(|e| e.errno())?;
-                let h = handle_of(q.handle);
-                if let (Ok(qpn), Ok(now)) = (core.qp_num(ctx, h), core.query_qp(ctx, h)) {
-                    dp.qp_modified(qpn, &now.attr);
-                }
-            }
-            Cmd::ModifyXrcRcvQp => {
-                let q: ModifyXrcRcvQpReq = req.body(abi).map_err(|e| e.errno())?;
-                if let Ok(now) = core.query_xrc_rcv_qp(ctx, handle_of(q.xrcd), q.qp_num.get()) {
-                    dp.qp_modified(q.qp_num.get(), &now.attr);
-                }
-            }
-            _ => {}
-        }
-        if let Some(q) = gone {
-            dp.qp_maybe_gone(core, q);
-        }
-        Ok(())
-    }
-
-    /// The data-path commands (ABI 3): posting work requests and polling completions.
-    fn data_command(
-        &mut self,
-        ctx: CtxId,
-        req: &Request<'_>,
         woken: &mut Vec<CtxId>,
-    ) -> Option<Reply> {
-        let r = match req.cmd {
-            Cmd::PostSend => self.post_send(ctx, req),
-            Cmd::PostRecv | Cmd::PostSrqRecv => self.post_recv(ctx, req),
-            Cmd::PollCq => self.poll_cq(ctx, req),
-            // A channel is an eventfd of the daemon's: charged to the context.
-            Cmd::CreateCompChannel => match self.core.charge(ctx, Resource::Channels, 1) {
-                Err(e) => Err(core_err(e)),
-                Ok(()) => match self.dp.create_channel(ctx) {
-                    Ok((h, fd)) => Ok((
-                        HandleResp {
-                            handle: U32::new(h),
-                        }
-                        .as_bytes()
-                        .to_vec(),
-                        vec![fd],
-                    )),
-                    Err(_) => {
-                        self.core.uncharge(ctx, Resource::Channels, 1);
-                        Err(ENOMEM)
-                    }
-                },
-            },
-            Cmd::DestroyCompChannel => req
-                .body::<HandleReq>(self.abi)
-                .map_err(|e| e.errno())
-                .and_then(|r| self.dp.destroy_channel(ctx, r.handle.get()))
-                .map(|()| self.core.uncharge(ctx, Resource::Channels, 1))
-                .and_then(|()| empty()),
-            Cmd::ReqNotifyCq => req
-                .body::<ReqNotifyCqReq>(self.abi)
-                .map_err(|e| e.errno())
-                .and_then(|r| {
-                    self.dp
-                        .req_notify(ctx, handle_of(r.cq), r.solicited_only.get() != 0)
-                })
-                .and_then(|()| empty()),
-            Cmd::GetCqEvent => {
-                let r: Result<HandleReq, i32> = req.body(self.abi).map_err(|e| e.errno());
-                r.and_then(|r| match self.dp.next_cq_event(ctx, r.handle.get())? {
-                    Some(cq) => ok(CqEventResp { cq: U32::new(cq.0) }),
-                    None => Err(EAGAIN),
-                })
-            }
-            Cmd::MapQueues => {
-                let r: Result<MapQueuesReq, i32> = req.body(self.abi).map_err(|e| e.errno());
-                r.and_then(|r| {
-                    let h = handle_of(r.handle);
-                    let (core, dp) = (&mut self.core, &mut self.dp);
-                    let qp = match r.kind.get() {
-                        QUEUES_QP => Some(core.owned_qp_info(ctx, h).ok_or(EINVAL)?),
-                        QUEUES_SRQ => core.srq_info(ctx, h).map(|_| None).ok_or(EINVAL)?,
-                        QUEUES_CQ => core.cq_attr(ctx, h).map(|_| None).map_err(core_err)?,
-                        QUEUES_READY if self.abi >= 6 && h.0 == 0 => None,
-                        _ => return Err(EINVAL),
-                    };
-                    // The ring is charged to the context (ring bytes, one mapping) before the
-                    // data path keeps it; over a limit the client gets ENOMEM.
-                    let admit = |ring: Ring| {
-                        move |len: u64| core.attach_ring(ctx, ring, len).map_err(core_err)
-                    };
-                    let (resp, fd) = match (r.kind.get(), qp) {
-                        (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
-                        (QUEUES_SRQ, _) => dp.map_srq(ctx, h, admit(Ring::Srq(h)))?,
-                        (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready))?,
-                        _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
-                    };
-                    Ok((resp.as_bytes().to_vec(), vec![fd]))
-                })
-            }
-            Cmd::MapDoorbell => self.dp.doorbell(ctx).map(|fd| (Vec::new(), vec![fd])),
-            _ => return None,
-        };
+        f: impl FnOnce(&mut Self, CtxId) -> Reply,
+    ) -> Reply {
+        let r = f(self, ctx);
         woken.extend(self.drive());
-        Some(r)
+        r
+    }
+
+    // ---- objects ---------------------------------------------------------------------------
+
+    fn get_async_event(&mut self, c: CtxId) -> Reply {
+        match self.core.next_event(c).map_err(core_err)? {
+            Some(ev) => ok::<cmd::GetAsyncEvent>(AsyncEventResp::from(&ev)),
+            None => Err(EAGAIN),
+        }
+    }
+
+    fn alloc_pd(&mut self, c: CtxId) -> Reply {
+        let h = self.core.alloc_pd(c).map_err(core_err)?;
+        ok::<cmd::AllocPd>(handle_resp(h))
+    }
+
+    fn dealloc_pd(&mut self, c: CtxId, r: <cmd::DeallocPd as Command>::Req) -> Reply {
+        self.core
+            .dealloc_pd(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DeallocPd>(())
+    }
+
+    fn dereg_mr(&mut self, c: CtxId, r: <cmd::DeregMr as Command>::Req) -> Reply {
+        self.core
+            .dereg_mr(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DeregMr>(())
+    }
+
+    fn destroy_cq(&mut self, c: CtxId, r: <cmd::DestroyCq as Command>::Req) -> Reply {
+        let n = self
+            .core
+            .destroy_cq(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DestroyCq>(events(n))
+    }
+
+    fn query_srq(&mut self, c: CtxId, r: <cmd::QuerySrq as Command>::Req) -> Reply {
+        let h = handle_of(r.handle);
+        let a = self.core.query_srq(c, h).map_err(core_err)?;
+        ok::<cmd::QuerySrq>(srq_resp(h, a, self.core.srq_num(c, h).ok()))
+    }
+
+    fn destroy_srq(&mut self, c: CtxId, r: <cmd::DestroySrq as Command>::Req) -> Reply {
+        let n = self
+            .core
+            .destroy_srq(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DestroySrq>(events(n))
+    }
+
+    fn get_srq_num(&mut self, c: CtxId, r: <cmd::GetSrqNum as Command>::Req) -> Reply {
+        let srqn = self
+            .core
+            .srq_num(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::GetSrqNum>(SrqNumResp {
+            srqn: U32::new(srqn),
+        })
+    }
+
+    fn create_ah(&mut self, c: CtxId, r: <cmd::CreateAh as Command>::Req) -> Reply {
+        let attr = AhAttr::from(&r.attr);
+        let h = self
+            .core
+            .create_ah(c, handle_of(r.pd), attr)
+            .map_err(core_err)?;
+        ok::<cmd::CreateAh>(handle_resp(h))
+    }
+
+    fn destroy_ah(&mut self, c: CtxId, r: <cmd::DestroyAh as Command>::Req) -> Reply {
+        self.core
+            .destroy_ah(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DestroyAh>(())
+    }
+
+    fn close_xrcd(&mut self, c: CtxId, r: <cmd::CloseXrcd as Command>::Req) -> Reply {
+        self.core
+            .close_xrcd(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::CloseXrcd>(())
+    }
+
+    fn modify_qp(&mut self, c: CtxId, r: <cmd::ModifyQp as Command>::Req) -> Reply {
+        let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
+        let mask = AttrMask(r.attr_mask.get());
+        self.core
+            .modify_qp(c, handle_of(r.handle), &attr, mask)
+            .map_err(core_err)?;
+        ok::<cmd::ModifyQp>(())
+    }
+
+    fn query_qp(&mut self, c: CtxId, r: <cmd::QueryQp as Command>::Req) -> Reply {
+        let q = self
+            .core
+            .query_qp(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        let qpn = self.core.qp_num(c, handle_of(r.handle)).map_err(core_err)?;
+        ok::<cmd::QueryQp>(query_resp(&q, qpn))
+    }
+
+    fn destroy_qp(&mut self, c: CtxId, r: <cmd::DestroyQp as Command>::Req) -> Reply {
+        let n = self
+            .core
+            .destroy_qp(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DestroyQp>(events(n))
+    }
+
+    fn open_qp(&mut self, c: CtxId, r: <cmd::OpenQp as Command>::Req) -> Reply {
+        let t = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
+        let h = self
+            .core
+            .open_qp(c, handle_of(r.xrcd), r.qp_num.get(), t)
+            .map_err(core_err)?;
+        ok::<cmd::OpenQp>(CreateQpResp {
+            handle: U32::new(h.0),
+            qpn: r.qp_num,
+            cap: QpCapWire::default(),
+        })
+    }
+
+    fn create_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::CreateXrcRcvQp as Command>::Req) -> Reply {
+        let qpn = self
+            .core
+            .create_xrc_rcv_qp(c, handle_of(r.xrcd))
+            .map_err(core_err)?;
+        ok::<cmd::CreateXrcRcvQp>(QpNumResp { qpn: U32::new(qpn) })
+    }
+
+    fn modify_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::ModifyXrcRcvQp as Command>::Req) -> Reply {
+        let attr = qp_attr_from_wire(&r.attr, r.attr_mask.get()).map_err(core_err)?;
+        let mask = AttrMask(r.attr_mask.get());
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        self.core
+            .modify_xrc_rcv_qp(c, x, qpn, &attr, mask)
+            .map_err(core_err)?;
+        ok::<cmd::ModifyXrcRcvQp>(())
+    }
+
+    fn query_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::QueryXrcRcvQp as Command>::Req) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        let q = self.core.query_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
+        ok::<cmd::QueryXrcRcvQp>(query_resp(&q, qpn))
+    }
+
+    fn reg_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::RegXrcRcvQp as Command>::Req) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        self.core.reg_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
+        ok::<cmd::RegXrcRcvQp>(())
+    }
+
+    fn unreg_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::UnregXrcRcvQp as Command>::Req) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        let n = self.core.unreg_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
+        ok::<cmd::UnregXrcRcvQp>(events(n))
+    }
+
+    fn destroy_xrc_rcv_qp(&mut self, c: CtxId, r: <cmd::DestroyXrcRcvQp as Command>::Req) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        let n = self.core.destroy_xrc_rcv_qp(c, x, qpn).map_err(core_err)?;
+        ok::<cmd::DestroyXrcRcvQp>(events(n))
+    }
+
+    fn register_xrc_rcv_qp(
+        &mut self,
+        c: CtxId,
+        r: <cmd::RegisterXrcRcvQp as Command>::Req,
+    ) -> Reply {
+        let want = (r.qp_num.get() != CREATE_NEW_QP).then(|| r.qp_num.get());
+        let qpn = self
+            .core
+            .register_xrc_rcv_qp(c, handle_of(r.xrcd), want)
+            .map_err(core_err)?;
+        ok::<cmd::RegisterXrcRcvQp>(QpNumResp { qpn: U32::new(qpn) })
+    }
+
+    fn unregister_xrc_rcv_qp(
+        &mut self,
+        c: CtxId,
+        r: <cmd::UnregisterXrcRcvQp as Command>::Req,
+    ) -> Reply {
+        let (x, qpn) = (handle_of(r.xrcd), r.qp_num.get());
+        let n = self
+            .core
+            .unregister_xrc_rcv_qp(c, x, qpn)
+            .map_err(core_err)?;
+        ok::<cmd::UnregisterXrcRcvQp>(events(n))
+    }
+
+    // ---- devices ---------------------------------------------------------------------------
+
+    fn query_device(&self, ctx: CtxId) -> Reply {
+        let d = self.core.context_device(ctx).map_err(core_err)?;
+        let a = &d.attr;
+        ok::<cmd::QueryDevice>(QueryDeviceResp {
+            fw_ver: name_bytes(&a.fw_ver),
+            node_guid: U64::new(a.node_guid),
+            sys_image_guid: U64::new(a.sys_image_guid),
+            max_mr_size: U64::new(a.max_mr_size),
+            page_size_cap: U64::new(a.page_size_cap),
+            device_cap_flags: U64::new(a.device_cap_flags),
+            vendor_id: U32::new(a.vendor_id),
+            vendor_part_id: U32::new(a.vendor_part_id),
+            hw_ver: U32::new(a.hw_ver),
+            max_qp: U32::new(a.max_qp),
+            max_qp_wr: U32::new(a.max_qp_wr),
+            max_sge: U32::new(a.max_sge),
+            max_sge_rd: U32::new(a.max_sge_rd),
+            max_cq: U32::new(a.max_cq),
+            max_cqe: U32::new(a.max_cqe),
+            max_mr: U32::new(a.max_mr),
+            max_pd: U32::new(a.max_pd),
+            max_qp_rd_atom: U32::new(a.max_qp_rd_atom),
+            max_ee_rd_atom: U32::new(a.max_ee_rd_atom),
+            max_res_rd_atom: U32::new(a.max_res_rd_atom),
+            max_qp_init_rd_atom: U32::new(a.max_qp_init_rd_atom),
+            max_ee_init_rd_atom: U32::new(a.max_ee_init_rd_atom),
+            atomic_cap: U32::new(a.atomic_cap),
+            max_ah: U32::new(a.max_ah),
+            max_srq: U32::new(a.max_srq),
+            max_srq_wr: U32::new(a.max_srq_wr),
+            max_srq_sge: U32::new(a.max_srq_sge),
+            max_inline_data: U32::new(a.max_inline_data),
+            num_comp_vectors: U32::new(a.num_comp_vectors),
+            max_pkeys: U16::new(a.max_pkeys),
+            local_ca_ack_delay: a.local_ca_ack_delay,
+            phys_port_cnt: a.phys_port_cnt,
+        })
+    }
+
+    fn port_of(&self, ctx: CtxId, port: U32) -> Result<&softverbs_core::device::PortAttr, i32> {
+        let d = self.core.context_device(ctx).map_err(core_err)?;
+        u8::try_from(port.get())
+            .ok()
+            .and_then(|p| d.port(p))
+            .ok_or(EINVAL)
+    }
+
+    fn query_port(&self, ctx: CtxId, r: QueryPortReq) -> Reply {
+        let port = self.port_of(ctx, r.port)?;
+        ok::<cmd::QueryPort>(QueryPortResp {
+            state: U32::new(port.state as u32),
+            max_mtu: U32::new(port.max_mtu as u32),
+            active_mtu: U32::new(port.active_mtu as u32),
+            gid_tbl_len: U32::new(port.gids.len() as u32),
+            max_msg_sz: U32::new(port.max_msg_sz),
+            pkey_tbl_len: U16::new(port.pkey_tbl_len),
+            link_layer: port.link_layer,
+            reserved: 0,
+        })
+    }
+
+    fn query_gid(&self, ctx: CtxId, r: QueryGidReq) -> Reply {
+        let port = self.port_of(ctx, r.port)?;
+        let gid = port.gids.get(r.index.get() as usize).ok_or(EINVAL)?;
+        ok::<cmd::QueryGid>(QueryGidResp { gid: gid.0 })
+    }
+
+    // ---- memory regions --------------------------------------------------------------------
+
+    fn reg_mr(&mut self, ctx: CtxId, r: RegMrReq, fd: Option<OwnedFd>) -> Reply {
+        let access = Access(r.access.get());
+        let (addr, len) = (r.addr.get(), r.length.get());
+        let k = self
+            .core
+            .reg_mr(ctx, handle_of(r.pd), addr, len, r.iova.get(), access)
+            .map_err(core_err)?;
+        if let Some(fd) = fd {
+            // A shared MR is one more mapping of the daemon's, charged to the context; if it
+            // cannot be had, or the memory cannot be reached, the registration is undone.
+            if let Err(e) = self.core.set_mr_mapped(ctx, k.handle, true) {
+                let _ = self.core.dereg_mr(ctx, k.handle);
+                return Err(core_err(e));
+            }
+            if let Err(e) = self.dp.mr_registered(ctx, k.handle, addr, len, Some(fd)) {
+                let _ = self.core.dereg_mr(ctx, k.handle);
+                return Err(e);
+            }
+        }
+        ok::<cmd::RegMr>(RegMrResp {
+            handle: U32::new(k.handle.0),
+            lkey: U32::new(k.lkey),
+            rkey: U32::new(k.rkey),
+        })
+    }
+
+    fn rereg_mr(&mut self, ctx: CtxId, r: ReregMrReq) -> Reply {
+        let f = r.flags.get();
+        let all = REREG_MR_CHANGE_TRANSLATION | REREG_MR_CHANGE_PD | REREG_MR_CHANGE_ACCESS;
+        // uverbs rereg_mr: no flag, or an unknown one, is EINVAL.
+        if f == 0 || f & !all != 0 {
+            return Err(EINVAL);
+        }
+        let k = self
+            .core
+            .rereg_mr(
+                ctx,
+                handle_of(r.handle),
+                (f & REREG_MR_CHANGE_PD != 0).then(|| handle_of(r.pd)),
+                (f & REREG_MR_CHANGE_ACCESS != 0).then(|| Access(r.access.get())),
+                (f & REREG_MR_CHANGE_TRANSLATION != 0)
+                    .then(|| (r.addr.get(), r.length.get(), r.iova.get())),
+            )
+            .map_err(core_err)?;
+        ok::<cmd::ReregMr>(RegMrResp {
+            handle: U32::new(k.handle.0),
+            lkey: U32::new(k.lkey),
+            rkey: U32::new(k.rkey),
+        })
+    }
+
+    // ---- CQs and SRQs ----------------------------------------------------------------------
+
+    fn create_cq(&mut self, ctx: CtxId, comp_mask: u64, r: CreateCqReq) -> Reply {
+        let channel = (comp_mask & CREATE_CQ_CHANNEL != 0).then(|| r.channel.get());
+        if channel.is_some_and(|ch| !self.dp.has_channel(ctx, ch)) {
+            return Err(EINVAL);
+        }
+        let (h, cqe) = self
+            .core
+            .create_cq(ctx, r.cqe.get(), r.comp_vector.get())
+            .map_err(core_err)?;
+        if let Some(ch) = channel {
+            // The channel is the data path's, not the core's: the CQ reaches the data path
+            // first, then learns where its events go.
+            self.apply_changes();
+            self.dp.set_cq_channel(ctx, h, ch);
+        }
+        ok::<cmd::CreateCq>(CreateCqResp {
+            handle: U32::new(h.0),
+            cqe: U32::new(cqe),
+        })
+    }
+
+    fn resize_cq(&mut self, ctx: CtxId, r: ResizeCqReq, woken: &mut Vec<CtxId>) -> Reply {
+        // A CQ cannot shrink below the completions it still holds (rxe and mlx5 answer
+        // EINVAL; rdma-core's test_resize_cq checks it). Work posted before this call
+        // completes first, as it would have on a NIC by now.
+        woken.extend(self.drive());
+        if self
+            .dp
+            .cq_outstanding(ctx, handle_of(r.handle))
+            .is_some_and(|n| r.cqe.get() < n)
+        {
+            return Err(EINVAL);
+        }
+        let cqe = self
+            .core
+            .resize_cq(ctx, handle_of(r.handle), r.cqe.get())
+            .map_err(core_err)?;
+        ok::<cmd::ResizeCq>(CreateCqResp {
+            handle: r.handle,
+            cqe: U32::new(cqe),
+        })
+    }
+
+    fn create_srq(&mut self, ctx: CtxId, r: CreateSrqReq) -> Reply {
+        let a = SrqAttr {
+            max_wr: r.max_wr.get(),
+            max_sge: r.max_sge.get(),
+            srq_limit: r.srq_limit.get(),
+        };
+        let c = self
+            .core
+            .create_srq(ctx, handle_of(r.pd), a)
+            .map_err(core_err)?;
+        ok::<cmd::CreateSrq>(srq_resp(c.handle, c.attr, c.srqn))
+    }
+
+    fn create_xrc_srq(&mut self, ctx: CtxId, r: CreateXrcSrqReq) -> Reply {
+        let p = r.present.get();
+        let opt = |bit: u32, v: U32| (p & bit != 0).then(|| handle_of(v));
+        let a = SrqAttr {
+            max_wr: r.max_wr.get(),
+            max_sge: r.max_sge.get(),
+            srq_limit: r.srq_limit.get(),
+        };
+        let c = self
+            .core
+            .create_xrc_srq(
+                ctx,
+                opt(PRESENT_PD, r.pd),
+                opt(PRESENT_XRCD, r.xrcd),
+                opt(PRESENT_CQ, r.cq),
+                a,
+            )
+            .map_err(core_err)?;
+        ok::<cmd::CreateXrcSrq>(srq_resp(c.handle, c.attr, c.srqn))
+    }
+
+    fn modify_srq(&mut self, ctx: CtxId, r: ModifySrqReq) -> Reply {
+        let a = SrqAttr {
+            max_wr: r.max_wr.get(),
+            max_sge: 0,
+            srq_limit: r.srq_limit.get(),
+        };
+        let h = handle_of(r.handle);
+        let got = self
+            .core
+            .modify_srq(ctx, h, a, r.attr_mask.get())
+            .map_err(core_err)?;
+        ok::<cmd::ModifySrq>(srq_resp(h, got, self.core.srq_num(ctx, h).ok()))
+    }
+
+    // ---- XRC domains and QPs ---------------------------------------------------------------
+
+    fn open_xrcd(&mut self, ctx: CtxId, r: OpenXrcdReq, mut fds: Vec<OwnedFd>) -> Reply {
+        let file = match (r.has_fd.get(), fds.len()) {
+            (0, 0) => None,
+            (1, 1) => {
+                let fd = fds.pop().expect("one fd");
+                let (dev, ino) = softverbs_ipc::file_identity(fd.as_fd()).map_err(|_| EBADF)?;
+                // The domain is keyed on the file's identity; the descriptor itself is not
+                // kept (uverbs keeps an inode reference instead).
+                Some(FileId { dev, ino })
+            }
+            (1, 0) => return Err(EBADF),
+            _ => return Err(EINVAL),
+        };
+        let o = self
+            .core
+            .open_xrcd(ctx, file, r.oflags.get())
+            .map_err(core_err)?;
+        ok::<cmd::OpenXrcd>(OpenXrcdResp {
+            handle: U32::new(o.handle.0),
+            created: U32::new(u32::from(o.created)),
+            xrcd_id: U64::new(o.xrcd.0),
+        })
+    }
+
+    fn create_qp(&mut self, ctx: CtxId, r: CreateQpReq) -> Reply {
+        let qp_type = QpType::from_raw(r.qp_type.get()).ok_or(EINVAL)?;
+        let p = r.present.get();
+        let opt = |bit: u32, v: U32| (p & bit != 0).then(|| handle_of(v));
+        let init = QpInitAttr {
+            qp_type,
+            pd: opt(PRESENT_PD, r.pd),
+            send_cq: opt(PRESENT_SEND_CQ, r.send_cq),
+            recv_cq: opt(PRESENT_RECV_CQ, r.recv_cq),
+            srq: opt(PRESENT_SRQ, r.srq),
+            xrcd: opt(PRESENT_XRCD, r.xrcd),
+            cap: (&r.cap).into(),
+            sq_sig_all: r.sq_sig_all.get() != 0,
+            create_flags: r.create_flags.get(),
+        };
+        let c = self.core.create_qp(ctx, &init).map_err(core_err)?;
+        ok::<cmd::CreateQp>(CreateQpResp {
+            handle: U32::new(c.handle.0),
+            qpn: U32::new(c.qpn),
+            cap: (&c.cap).into(),
+        })
+    }
+
+    // ---- the data path (ABI 3) -------------------------------------------------------------
+
+    fn destroy_comp_channel(&mut self, c: CtxId, req: &Request<'_>) -> Reply {
+        let r = req
+            .read::<cmd::DestroyCompChannel>(self.abi)
+            .map_err(|e| e.errno())?;
+        self.dp.destroy_channel(c, r.handle.get())?;
+        self.core.uncharge(c, Resource::Channels, 1);
+        ok::<cmd::DestroyCompChannel>(())
+    }
+
+    fn req_notify_cq(&mut self, c: CtxId, req: &Request<'_>) -> Reply {
+        let r = req
+            .read::<cmd::ReqNotifyCq>(self.abi)
+            .map_err(|e| e.errno())?;
+        let solicited_only = r.solicited_only.get() != 0;
+        self.dp.req_notify(c, handle_of(r.cq), solicited_only)?;
+        ok::<cmd::ReqNotifyCq>(())
+    }
+
+    fn get_cq_event(&mut self, c: CtxId, req: &Request<'_>) -> Reply {
+        let r = req
+            .read::<cmd::GetCqEvent>(self.abi)
+            .map_err(|e| e.errno())?;
+        match self.dp.next_cq_event(c, r.handle.get())? {
+            Some(cq) => ok::<cmd::GetCqEvent>(CqEventResp { cq: U32::new(cq.0) }),
+            None => Err(EAGAIN),
+        }
+    }
+
+    fn map_doorbell(&mut self, c: CtxId) -> Reply {
+        let fd = self.dp.doorbell(c)?;
+        with_fds::<cmd::MapDoorbell>((), vec![fd])
+    }
+
+    /// A channel is an eventfd of the daemon's: charged to the context.
+    fn create_channel(&mut self, ctx: CtxId) -> Reply {
+        self.core
+            .charge(ctx, Resource::Channels, 1)
+            .map_err(core_err)?;
+        match self.dp.create_channel(ctx) {
+            Ok((h, fd)) => with_fds::<cmd::CreateCompChannel>(handle_resp(Handle(h)), vec![fd]),
+            Err(_) => {
+                self.core.uncharge(ctx, Resource::Channels, 1);
+                Err(ENOMEM)
+            }
+        }
+    }
+
+    fn map_queues(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
+        let r = req
+            .read::<cmd::MapQueues>(self.abi)
+            .map_err(|e| e.errno())?;
+        let h = handle_of(r.handle);
+        let (core, dp) = (&mut self.core, &mut self.dp);
+        let qp = match r.kind.get() {
+            QUEUES_QP => Some(core.owned_qp_info(ctx, h).ok_or(EINVAL)?),
+            QUEUES_SRQ => core.srq_info(ctx, h).map(|_| None).ok_or(EINVAL)?,
+            QUEUES_CQ => core.cq_attr(ctx, h).map(|_| None).map_err(core_err)?,
+            QUEUES_READY if self.abi >= 6 && h.0 == 0 => None,
+            _ => return Err(EINVAL),
+        };
+        // The ring is charged to the context (ring bytes, one mapping) before the data path
+        // keeps it; over a limit the client gets ENOMEM.
+        let admit = |ring: Ring| move |len: u64| core.attach_ring(ctx, ring, len).map_err(core_err);
+        let (resp, fd) = match (r.kind.get(), qp) {
+            (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
+            (QUEUES_SRQ, _) => dp.map_srq(ctx, h, admit(Ring::Srq(h)))?,
+            (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready))?,
+            _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
+        };
+        with_fds::<cmd::MapQueues>(resp, vec![fd])
     }
 
     fn post_send(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
-        let r: PostSendReq = req.body(self.abi).map_err(|e| e.errno())?;
+        let r = req.read::<cmd::PostSend>(self.abi).map_err(|e| e.errno())?;
         let qpn = self.core.qp_num(ctx, handle_of(r.qp)).map_err(core_err)?;
         let wr = crate::datapath::send_wr_from_wire(&self.core, ctx, handle_of(r.qp), &r.wr)?;
         self.dp.post_send(qpn, wr)?;
-        empty()
+        ok::<cmd::PostSend>(())
     }
 
     fn post_recv(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
+        // PostRecv and PostSrqRecv share their request struct.
         let r: PostRecvReq = req.body(self.abi).map_err(|e| e.errno())?;
         let wr = crate::datapath::recv_wr_from_wire(&r)?;
         if req.cmd == Cmd::PostRecv {
@@ -961,11 +902,11 @@ impl Dispatcher {
                 .map_err(core_err)?;
             self.dp.post_srq_recv(ctx, handle_of(r.handle), wr)?;
         }
-        empty()
+        ok::<cmd::PostRecv>(())
     }
 
     fn poll_cq(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
-        let r: PollCqReq = req.body(self.abi).map_err(|e| e.errno())?;
+        let r = req.read::<cmd::PollCq>(self.abi).map_err(|e| e.errno())?;
         self.core.cq_attr(ctx, handle_of(r.cq)).map_err(core_err)?;
         let max = (r.max.get() as usize).min(MAX_WIRE_WC);
         let got = self.dp.poll_cq(ctx, handle_of(r.cq), max);
@@ -991,8 +932,10 @@ impl Dispatcher {
                 reserved: [0; 2],
             };
         }
-        ok(resp)
+        ok::<cmd::PollCq>(resp)
     }
+
+    // ---- connection-level commands ---------------------------------------------------------
 
     fn hello(
         &mut self,
@@ -1018,7 +961,7 @@ impl Dispatcher {
         let n = self.core.devices().len();
         if r.device.get() == NO_DEVICE {
             s.phase = Phase::Introspect;
-            return ok(resp(0, n));
+            return ok::<cmd::Hello>(resp(0, n));
         }
         let opener = s.sender();
         let memory = match fds.pop() {
@@ -1043,8 +986,9 @@ impl Dispatcher {
         s.eventfd = Some(efd);
         s.phase = Phase::Context(ctx);
         s.opener_pid = Some(opener);
+        // The memory descriptor is the daemon's, not the core's: the data path gets it here.
         self.dp.context_opened(ctx, memory);
-        Ok((resp(ctx.0, n).as_bytes().to_vec(), vec![client_end]))
+        with_fds::<cmd::Hello>(resp(ctx.0, n), vec![client_end])
     }
 
     fn device_list(&self, r: QueryDeviceListReq) -> Reply {
@@ -1053,7 +997,7 @@ impl Dispatcher {
             .devices()
             .get(r.index.get() as usize)
             .ok_or(EINVAL)?;
-        ok(QueryDeviceListResp {
+        ok::<cmd::QueryDeviceList>(QueryDeviceListResp {
             name: name_bytes(&d.name),
             node_guid: U64::new(d.attr.node_guid),
         })
@@ -1062,7 +1006,7 @@ impl Dispatcher {
     fn status(&self) -> Reply {
         let n = self.core.counts();
         let dp = self.dp.round_stats();
-        ok(StatusResp {
+        ok::<cmd::Status>(StatusResp {
             daemon_pid: U32::new(std::process::id()),
             abi_version: U32::new(self.abi),
             uptime_ms: U64::new(self.started.elapsed().as_millis() as u64),
@@ -1084,14 +1028,8 @@ impl Dispatcher {
     fn resources(&self) -> Reply {
         let json = serde_json::to_vec(&self.core.resources()).map_err(|_| ENOMEM)?;
         let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
-        Ok((
-            BlobResp {
-                len: U64::new(json.len() as u64),
-            }
-            .as_bytes()
-            .to_vec(),
-            vec![fd],
-        ))
+        let len = U64::new(json.len() as u64);
+        with_fds::<cmd::Resources>(BlobResp { len }, vec![fd])
     }
 
     fn inject(&mut self, s: &Session, r: InjectEventReq, woken: &mut Vec<CtxId>) -> Reply {
@@ -1114,7 +1052,7 @@ impl Dispatcher {
             );
             let n = got.len() as u32;
             woken.extend(got);
-            return ok(InjectEventResp {
+            return ok::<cmd::InjectEvent>(InjectEventResp {
                 contexts: U32::new(n),
             });
         }
@@ -1127,7 +1065,7 @@ impl Dispatcher {
         }
         let n = got.len() as u32;
         woken.extend(got);
-        ok(InjectEventResp {
+        ok::<cmd::InjectEvent>(InjectEventResp {
             contexts: U32::new(n),
         })
     }

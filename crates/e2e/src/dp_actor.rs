@@ -27,6 +27,19 @@ use softverbs_abi::msg::{
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+/// Names a plain `Vec` of this actor for the raw registration. The process tests register
+/// such buffers, read and write them while registered (after the completions they wait
+/// for) and even give one back to the system while its MR lives (`FREE`), to probe the
+/// daemon: they bend the contract of `RawMemory::new` knowingly, in a test process. Moving
+/// them to the owning API (`Pd::alloc_mr`) is left to a later change.
+#[allow(unsafe_code)]
+fn raw_memory(addr: u64, len: usize) -> softverbs::RawMemory {
+    // SAFETY: not upheld in full, on purpose (see above): the daemon may write these
+    // buffers while the actor holds plain references to them, which only a test actor that
+    // checks bytes after completions may accept.
+    unsafe { softverbs::RawMemory::new(addr as usize, len) }
+}
+
 /// The data-path roles (`softverbs-test-actor` subcommands).
 #[derive(clap::Subcommand)]
 pub enum DpRole {
@@ -312,7 +325,7 @@ fn rc(socket: &Path, buf_len: usize, depth: u32, timeout: u8, retry: u8) -> ! {
     // Big enough that malloc maps it on its own, so dropping it unmaps it (FREE).
     let mut buf = Some(vec![0u8; buf_len]);
     let base = buf.as_ref().map_or(0, |b| b.as_ptr() as u64);
-    let mr = pd.reg_mr(base, buf_len as u64, ALL).or_fail("reg_mr");
+    let mr = pd.reg_mr(raw_memory(base, buf_len), ALL).or_fail("reg_mr");
     let gid = ctx.query_gid(1, 0).or_fail("query_gid");
     say(&format!(
         "READY qpn={} gid={} addr={base} rkey={} len={buf_len} pid={}",
@@ -885,7 +898,7 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
     let buf = vec![0u8; (slots * size) as usize];
     let base = buf.as_ptr() as u64;
     let mr = pd
-        .reg_mr(base, buf.len() as u64, Access::LOCAL_WRITE)
+        .reg_mr(raw_memory(base, buf.len()), Access::LOCAL_WRITE)
         .or_fail("reg_mr");
     let post = |slot: u64| {
         let s = [Sge {
@@ -1004,7 +1017,7 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
     let mut buf = vec![0u8; depth as usize * MAX_SIZE];
     let base = buf.as_ptr() as u64;
     let mr = pd
-        .reg_mr(base, buf.len() as u64, Access::LOCAL_WRITE)
+        .reg_mr(raw_memory(base, buf.len()), Access::LOCAL_WRITE)
         .or_fail("reg_mr");
     say(&format!("READY qpn={} gid={}", qp.qpn(), gid_hex(gid)));
     let input = stdin_lines();
@@ -1186,7 +1199,9 @@ fn garbage(socket: &Path) -> ! {
     let gid = ctx.query_gid(1, 0).or_fail("query_gid");
     let buf = vec![0u8; 1 << 16];
     let base = buf.as_ptr() as u64;
-    let mr = pd.reg_mr(base, buf.len() as u64, ALL).or_fail("reg_mr");
+    let mr = pd
+        .reg_mr(raw_memory(base, buf.len()), ALL)
+        .or_fail("reg_mr");
     let (lkey, rkey) = (mr.lkey(), mr.rkey());
     let bad_key = |k: u32| k ^ 0x00ab_cd00;
     let cap = QpCap {
@@ -1655,7 +1670,7 @@ fn garbage(socket: &Path) -> ! {
         fill(&mut data, 99, 0);
         let dpd = &pd;
         let dmr = dpd
-            .reg_mr(data.as_ptr() as u64, 4096, ALL)
+            .reg_mr(raw_memory(data.as_ptr() as u64, 4096), ALL)
             .or_fail("reg_mr");
         b.post_recv(1, &s1(0x4000, 4096, lkey)).or_fail("post_recv");
         let s = [Sge {

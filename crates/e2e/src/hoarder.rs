@@ -18,10 +18,7 @@ pub fn run(socket: &Path, file: &Path) -> ! {
     let f = domain_file(file);
     let xrcd = ctx.open_xrcd(Some(&f), O_CREAT).or_fail("open xrcd");
     let pd = ctx.alloc_pd().or_fail("alloc_pd");
-    let buf = vec![0u8; 4096];
-    let _mr = pd
-        .reg_mr(buf.as_ptr() as u64, 4096, Access::LOCAL_WRITE)
-        .or_fail("reg_mr");
+    let _mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).or_fail("reg_mr");
     let cq = ctx.create_cq(64).or_fail("create_cq");
     let srq_attr = SrqAttr {
         max_wr: 16,

@@ -76,9 +76,17 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint
     };
     let access = Access(access & !ACCESS_OPTIONAL_RANGE);
     let made = if share_in_place() && iova == addr as u64 {
-        p.reg_mr_shared(addr as u64, len as u64, access)
+        // SAFETY: ibv_reg_mr(3)'s caller keeps `[addr, addr+len)` allocated until
+        // ibv_dereg_mr and reaches it from C only (no Rust references); with
+        // SOFTVERBS_SHARED_MR=1 it opted into the in-place conversion and its rule that no
+        // thread touches those pages during the call (docs/dropin.md).
+        let mem = unsafe { softverbs::RawMemory::new_shareable(addr as usize, len) };
+        p.reg_mr_shared(mem, access)
     } else {
-        p.reg_mr_iova(addr as u64, len as u64, iova, access)
+        // SAFETY: as above: the C caller owns the range until ibv_dereg_mr, as a NIC's DMA
+        // target, and no Rust reference reaches it.
+        let mem = unsafe { softverbs::RawMemory::new(addr as usize, len) };
+        p.reg_mr_iova(mem, iova, access)
     };
     let mr = match made {
         Ok(m) => m,
@@ -217,7 +225,12 @@ unsafe extern "C" fn rereg_mr(
     };
     let acc = (flags & REREG_MR_CHANGE_ACCESS != 0)
         .then_some(Access(access as c_uint & !ACCESS_OPTIONAL_RANGE));
-    let range = translate.then_some((addr as u64, len as u64, addr as u64));
+    let range = translate.then(|| {
+        // SAFETY: ibv_rereg_mr(3)'s caller hands over the new range on the same terms as
+        // ibv_reg_mr's: allocated until deregistration, reached from C only.
+        let mem = unsafe { softverbs::RawMemory::new(addr as usize, len) };
+        (mem, addr as u64)
+    });
     // Posts from this MR take the daemon's path from now on (no local copy of a stale range).
     o.pd.forget_mr(o.base.lkey);
     let Some(inner) = o.mr.as_mut() else {

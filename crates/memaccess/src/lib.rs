@@ -29,11 +29,14 @@ mod client;
 mod map;
 mod process_mem;
 mod process_vm;
+#[allow(unsafe_code)]
+mod raw;
 mod shared;
 
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
 pub use process_mem::{open_own_memory, MemFdError, ProcessMem, ProcessMemory};
 pub use process_vm::ProcessVm;
+pub use raw::RawMemory;
 pub use shared::{NoFallback, RegionError, RegionId, SharedMappings};
 
 /// The system page size (what registrations are rounded to).

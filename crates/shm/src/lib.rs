@@ -17,13 +17,21 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[allow(unsafe_code)]
+mod bytes;
 mod doorbell;
+#[cfg(feature = "tokio")]
+#[allow(unsafe_code)]
+mod reactor;
 mod ready;
 #[allow(unsafe_code)]
 mod region;
 mod ring;
 
+pub use bytes::atomic_bytes;
 pub use doorbell::Doorbell;
+#[cfg(feature = "tokio")]
+pub use reactor::register_readable;
 pub use ready::{ReadySet, WorkFlag, WORK_FLAG_SIZE};
 pub use region::{Atom, Region};
 pub use ring::{

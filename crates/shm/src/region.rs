@@ -107,6 +107,13 @@ impl Region {
         Ok(Region { ptr, len })
     }
 
+    /// The address of the mapping's first byte in this process (page-aligned): what a
+    /// memory registration names. An integer, not a pointer: the bytes are reached only
+    /// through the accessors.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
     /// Size of the mapping in bytes.
     pub fn len(&self) -> usize {
         self.len

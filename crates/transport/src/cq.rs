@@ -58,6 +58,11 @@ impl CompletionQueue {
         self.channel
     }
 
+    /// Makes the CQ report to `channel` (the shell checked the channel exists).
+    pub fn set_channel(&mut self, channel: Option<u32>) {
+        self.channel = channel;
+    }
+
     /// `ibv_resize_cq`: the new depth (the core checked it holds what is outstanding).
     pub fn resize(&mut self, cqe: u32) {
         self.cqe = cqe;

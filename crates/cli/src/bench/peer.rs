@@ -177,6 +177,15 @@ impl Inbox {
     }
 }
 
+/// The bench's words, named for the raw in-place registration (`--memory in-place`).
+#[allow(unsafe_code)]
+fn in_place(words: &[AtomicU64]) -> softverbs::RawMemory {
+    // SAFETY: the words are whole 64 KiB-aligned pages of their own (no other object shares
+    // them), are only ever reached through atomics, outlive the MR (both live in `peer`, the
+    // MR declared after them), and no other thread touches them during the registration.
+    unsafe { softverbs::RawMemory::new_shareable(words.as_ptr() as usize, words.len() * 8) }
+}
+
 /// The peer's entry point: runs until QUIT; any failure is one `ERROR` line and exit 1.
 pub fn run(socket: &Path, a: &PeerArgs) -> ! {
     match peer(socket, a) {
@@ -203,13 +212,35 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
     let len = (2 * area).next_multiple_of(PAGE);
     let storage: Vec<AtomicU64> = (0..(len + PAGE) / 8).map(|_| AtomicU64::new(0)).collect();
     let skip = storage.as_ptr().align_offset(PAGE);
-    let mem = &storage[skip..skip + len / 8];
+    // Shared: memory the library allocates as a memfd and hands to the daemon (no system
+    // call per access); private: our own words, reached with process_vm_*.
+    let (owned, borrowed, owned_buf, _raw_mr);
+    let (mem, lkey, rkey) = match a.memory {
+        super::Memory::Shared => {
+            let mut mr = pd.alloc_mr(len, ALL).map_err(e("alloc_mr"))?;
+            owned_buf = mr.take_rest();
+            owned = mr;
+            let words = owned_buf.atomic_words().map_err(e("alloc_mr"))?;
+            (words, owned.lkey(), owned.rkey())
+        }
+        super::Memory::InPlace => {
+            let words = &storage[skip..skip + len / 8];
+            let mr = pd
+                .reg_mr_shared(in_place(words), ALL)
+                .map_err(e("reg_mr"))?;
+            let (lkey, rkey) = (mr.lkey(), mr.rkey());
+            _raw_mr = mr;
+            (words, lkey, rkey)
+        }
+        super::Memory::Private => {
+            borrowed = pd
+                .reg_words(&storage[skip..skip + len / 8], ALL)
+                .map_err(e("reg_mr"))?;
+            let words = borrowed.words().expect("registered as words");
+            (words, borrowed.lkey(), borrowed.rkey())
+        }
+    };
     let base = mem.as_ptr() as u64;
-    let mr = match a.memory {
-        super::Memory::Shared => pd.reg_mr_shared(base, len as u64, ALL),
-        super::Memory::Private => pd.reg_mr(base, len as u64, ALL),
-    }
-    .map_err(e("reg_mr"))?;
 
     let cap = QpCap {
         max_send_wr: SEND_WR,
@@ -262,7 +293,7 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
         "send_qpn": qp.qpn(),
         "srqn": srqn,
         "addr": base + area as u64,
-        "rkey": mr.rkey(),
+        "rkey": rkey,
         "mtu": port.active_mtu as u32,
     });
     say(&format!("INFO {info}"));
@@ -375,7 +406,7 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
         mem,
         base,
         area,
-        lkey: mr.lkey(),
+        lkey,
         inline_max: qp.cap().max_inline_data as usize,
         ud: ah.as_ref().map(|ah| UdAddress {
             ah,

@@ -1,0 +1,92 @@
+//! Helpers shared by the owning-API tests: a daemon in a temporary directory and an RC
+//! connection.
+#![allow(dead_code)]
+
+use softverbs::{AhAttr, AttrMask as M, Gid, Mtu, QpAttr, QpCap, QpState};
+use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
+
+pub struct Dir(std::path::PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn daemon(name: &str, ip: Option<&str>) -> (TestDaemon, Dir) {
+    let dir = std::env::temp_dir().join(format!("svown-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = Config::new(dir.join("sv.sock"));
+    if let Some(ip) = ip {
+        c.devices = vec![DeviceSpec {
+            name: format!("sv-{name}"),
+            ips: vec![ip.parse().unwrap()],
+        }];
+        c.net.bind = true;
+    }
+    (spawn_daemon_with(c).unwrap(), Dir(dir))
+}
+
+pub const ALL: softverbs::Access = softverbs::Access(0x0f);
+
+pub fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+/// RESET->INIT->RTR->RTS towards `remote`.
+pub fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: ALL,
+        ..QpAttr::default()
+    };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .unwrap();
+    let av = AhAttr {
+        dgid: remote_gid,
+        is_global: true,
+        port_num: 1,
+        hop_limit: 64,
+        ..AhAttr::default()
+    };
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: av,
+        path_mtu: Mtu::M1024,
+        dest_qp_num: remote_qpn,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ..init
+    };
+    qp.modify(
+        &rtr,
+        M::STATE
+            | M::AV
+            | M::PATH_MTU
+            | M::DEST_QPN
+            | M::RQ_PSN
+            | M::MAX_DEST_RD_ATOMIC
+            | M::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 12,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 4,
+        ..rtr
+    };
+    qp.modify(
+        &rts,
+        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
