@@ -838,6 +838,11 @@ pub const CREATE_CQ_CHANNEL: u64 = 1 << 0;
 /// not the sender's `mem` is `EINVAL`, one not open read-write `EBADF`. Without it the
 /// context has no process memory: only shared MRs can be accessed.
 pub const HELLO_MEM_FD: u64 = 1 << 0;
+/// `comp_mask` bit of [`Cmd::Hello`] (ABI 7, only with [`HELLO_MEM_FD`]): a second
+/// descriptor follows the `mem` one, the client's own `/proc/self/maps`, through which the
+/// daemon refuses `reg_mr`/`rereg_mr` over unmapped pages, and write access over pages that
+/// are not writable, with `EFAULT` as `ibv_reg_mr` does (docs/registered-memory.md).
+pub const HELLO_MAPS_FD: u64 = 1 << 1;
 
 /// [`ReregMrReq::flags`]: new `addr`, `length` and `iova` (`IBV_REREG_MR_CHANGE_TRANSLATION`).
 pub const REREG_MR_CHANGE_TRANSLATION: u32 = 1 << 0;
@@ -888,6 +893,7 @@ pub fn request_layout(cmd: Cmd, abi: u32) -> (usize, u64) {
         // ABI 1 ended before `create_flags`.
         Cmd::CreateQp => (size_of::<CreateQpReq>() - 8, 0),
         Cmd::CreateCq if abi >= 3 => (size_of::<CreateCqReq>(), CREATE_CQ_CHANNEL),
+        Cmd::Hello if abi >= 7 => (size_of::<HelloReq>(), HELLO_MEM_FD | HELLO_MAPS_FD),
         Cmd::Hello if abi >= 5 => (size_of::<HelloReq>(), HELLO_MEM_FD),
         // Before ABI 3 a CQ had no completion channel.
         Cmd::CreateCq => (size_of::<CreateCqReq>() - 8, 0),

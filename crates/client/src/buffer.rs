@@ -539,6 +539,17 @@ impl<'a> BorrowedMr<'a> {
         (0..self.len()).map(|i| self.view.load(i)).collect()
     }
 
+    /// `ibv_rereg_mr` of the access flags only (`IBV_REREG_MR_CHANGE_ACCESS`): the MR keeps
+    /// its memory, PD, handle and keys, so keys a peer already holds see the new access. Sound
+    /// for any access: this process reaches the memory only through atomics, whoever else
+    /// may write it. On error the MR is unchanged.
+    pub fn rereg_access(&mut self, access: Access) -> Result<()> {
+        self.mr
+            .as_mut()
+            .expect("registered until dropped")
+            .rereg(None, Some(access), None)
+    }
+
     /// `ibv_dereg_mr`, reporting the daemon's answer.
     pub fn dereg(mut self) -> Result<()> {
         let mr = self.mr.take().expect("registered until dropped");

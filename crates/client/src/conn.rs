@@ -163,36 +163,47 @@ impl std::fmt::Debug for Conn {
 /// process's address space rather than to its pid (docs/registered-memory.md). A daemon
 /// speaking an ABI older than 5 refuses the bit (`EOPNOTSUPP`); the greeting is then repeated
 /// without it. An older daemon binary then reaches the memory by pid as it always did; a
-/// current daemon started at an older ABI level reaches only shared MRs.
+/// current daemon started at an older ABI level reaches only shared MRs. Since ABI 7 the
+/// process's own `/proc/self/maps` comes too (`HELLO_MAPS_FD`), by which the daemon refuses
+/// registrations over unmapped or read-only pages; an ABI-5 or -6 daemon refuses that bit and is
+/// greeted with the `mem` descriptor alone.
 pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> {
     let req = HelloReq {
         abi_version: U32::new(ABI_VERSION),
         device: U32::new(device),
     };
-    let mem = if device == softverbs_abi::msg::NO_DEVICE {
-        None
+    let own = |open: fn() -> std::io::Result<OwnedFd>| {
+        open().map_err(|e| Error::new("hello", e.raw_os_error().unwrap_or(errno::EINVAL)))
+    };
+    let (mem, maps) = if device == softverbs_abi::msg::NO_DEVICE {
+        (None, None)
     } else {
-        Some(
-            softverbs_memaccess::open_own_memory()
-                .map_err(|e| Error::new("hello", e.raw_os_error().unwrap_or(errno::EINVAL)))?,
+        (
+            Some(own(softverbs_memaccess::open_own_memory)?),
+            Some(own(softverbs_memaccess::open_own_maps)?),
         )
     };
-    let first = match &mem {
-        Some(fd) => exchange(
-            sock.as_fd(),
-            "hello",
-            Cmd::Hello,
-            softverbs_abi::msg::HELLO_MEM_FD,
-            req.as_bytes(),
-            &[fd.as_fd()],
-        ),
-        None => exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[]),
+    let hello = |mask: u64, fds: &[BorrowedFd<'_>]| {
+        exchange(sock.as_fd(), "hello", Cmd::Hello, mask, req.as_bytes(), fds)
+    };
+    let refused = |r: &std::result::Result<_, Failure>| matches!(r, Err(Failure::Refused(e)) if e.errno == errno::EOPNOTSUPP);
+    // Newest first: mem and maps (ABI 7), then mem alone (ABI 5, 6), then neither.
+    let first = match (&mem, &maps) {
+        (Some(m), Some(p)) => {
+            let r = hello(
+                softverbs_abi::msg::HELLO_MEM_FD | softverbs_abi::msg::HELLO_MAPS_FD,
+                &[m.as_fd(), p.as_fd()],
+            );
+            if refused(&r) {
+                hello(softverbs_abi::msg::HELLO_MEM_FD, &[m.as_fd()])
+            } else {
+                r
+            }
+        }
+        _ => hello(0, &[]),
     };
     let (resp, fds): (HelloResp, _) = match first {
-        Err(Failure::Refused(e)) if mem.is_some() && e.errno == errno::EOPNOTSUPP => {
-            exchange(sock.as_fd(), "hello", Cmd::Hello, 0, req.as_bytes(), &[])
-                .map_err(Failure::into_error)?
-        }
+        r if mem.is_some() && refused(&r) => hello(0, &[]).map_err(Failure::into_error)?,
         other => other.map_err(Failure::into_error)?,
     };
     let conn = Conn {

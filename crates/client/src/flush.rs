@@ -10,7 +10,7 @@
 //! * on a send queue, the daemon's retired count (the ring's note, ABI 4, docs/shm-rings.md)
 //!   says how many of them left its engine: requests `[retired, posted)` are outstanding.
 //!   The daemon moves the count past a request right before it pushes the request's
-//!   completion; its pending pair (ABI 7) says whether a daemon that died in between pushed
+//!   completion; its pending pair (ABI 8) says whether a daemon that died in between pushed
 //!   it: if not, the last request counted is outstanding too;
 //! * on a receive queue, receive requests complete in the order posted, and the context
 //!   counts those still outstanding (posts add, polled receive completions subtract): once the
@@ -126,7 +126,7 @@ pub(crate) fn collect(ctx: &Context, cq: u32, cq_written: Option<u32>) -> VecDeq
 fn sq_retired(note: u32, pending: u64, cq_written: Option<u32>, abi: u32) -> u32 {
     let (count, cq_index) = (pending as u32, (pending >> 32) as u32);
     let landed = |written: u32| (written.wrapping_sub(cq_index) as i32) > 0;
-    if abi >= 7 && count == note && cq_written.is_some_and(|w| !landed(w)) {
+    if abi >= 8 && count == note && cq_written.is_some_and(|w| !landed(w)) {
         note.wrapping_sub(1)
     } else {
         note
@@ -140,19 +140,19 @@ mod tests {
     #[test]
     fn a_count_whose_completion_never_landed_leaves_its_request_outstanding() {
         // Counted 5 (request 4), its completion was to take CQ index 9: 9 entries written.
-        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(9), 7), 4);
+        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(9), 8), 4);
         // Written: the count stands.
-        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(10), 7), 5);
+        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(10), 8), 5);
         // A pair of an older count (or one not yet published): the count stands.
-        assert_eq!(sq_retired(6, 5 | 9 << 32, Some(9), 7), 6);
-        assert_eq!(sq_retired(4, 5 | 9 << 32, Some(9), 7), 4);
+        assert_eq!(sq_retired(6, 5 | 9 << 32, Some(9), 8), 6);
+        assert_eq!(sq_retired(4, 5 | 9 << 32, Some(9), 8), 4);
         // No CQ ring (the completion went to the daemon's queue), or an older daemon.
-        assert_eq!(sq_retired(5, 5 | 9 << 32, None, 7), 5);
-        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(9), 6), 5);
+        assert_eq!(sq_retired(5, 5 | 9 << 32, None, 8), 5);
+        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(9), 7), 5);
         // Indices wrap.
-        assert_eq!(sq_retired(5, 5 | u64::from(u32::MAX) << 32, Some(0), 7), 5);
+        assert_eq!(sq_retired(5, 5 | u64::from(u32::MAX) << 32, Some(0), 8), 5);
         assert_eq!(
-            sq_retired(5, 5 | u64::from(u32::MAX) << 32, Some(u32::MAX), 7),
+            sq_retired(5, 5 | u64::from(u32::MAX) << 32, Some(u32::MAX), 8),
             4
         );
     }

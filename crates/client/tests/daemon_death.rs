@@ -5,6 +5,9 @@
 //! the completions the daemon already wrote, its later verbs fail with
 //! `ErrorKind::DeviceFatal`, its objects still destroy, and a new context on a new daemon
 //! works.
+//!
+//! The test's buffer is lent to its MR with `reg_slice` and posted through the MR's
+//! range-checked SGEs (application `wr_id`s, one range posted several times).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -14,24 +17,6 @@ use softverbs::{
     errno, Access, AhAttr, AttrMask as M, Context, Element, ErrorKind, EventType, Gid, Mtu, QpAttr,
     QpCap, QpInit, QpState, QpType, SendOp, SendRequest, Sge, WcOpcode, WcStatus,
 };
-
-/// Names a test buffer (or a deliberately foreign address) for the raw registration these
-/// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
-/// reading their buffers only after the completions of the requests that write them, or
-/// bend on purpose where they probe what the daemon does with memory that is not theirs.
-#[allow(dead_code)]
-fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
-    // SAFETY: see above; test buffers outlive their MRs.
-    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
-}
-
-/// [`raw`], for the in-place conversion (no other thread touches the test's buffers while
-/// they are registered).
-#[allow(dead_code)]
-fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
-    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
-    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
-}
 
 /// How long any one step may take (debug builds on a loaded machine). Only a hang reaches it.
 const WAIT: Duration = Duration::from_secs(60);
@@ -170,15 +155,9 @@ fn a_killed_daemon_is_a_device_fatal_error_and_a_new_one_serves_again() {
     let other = Context::open_at(&socket, 0).unwrap();
     drop(Context::open_at(&socket, 0).unwrap());
     let pd = ctx.alloc_pd().unwrap();
-    let buf = vec![7u8; 4096];
-    let mr = pd
-        .reg_mr(raw(buf.as_ptr() as u64, buf.len() as u64), ALL)
-        .unwrap();
-    let sge = |off: u64| Sge {
-        addr: buf.as_ptr() as u64 + off,
-        length: 64,
-        lkey: mr.lkey(),
-    };
+    let mut buf = vec![7u8; 4096];
+    let mr = pd.reg_slice(&mut buf, ALL).unwrap();
+    let sge = |off: u64| -> Sge { mr.sge(off as usize, 64).unwrap() };
     let channel = ctx.create_comp_channel().unwrap();
     let send_cq = ctx.create_cq_with_channel(16, &channel).unwrap();
     let recv_cq = ctx.create_cq(16).unwrap();
@@ -296,7 +275,7 @@ fn a_killed_daemon_is_a_device_fatal_error_and_a_new_one_serves_again() {
     fatal(ctx.alloc_pd().map(drop));
     fatal(ctx.create_cq(4).map(drop));
     fatal(ctx.query_port(1).map(drop));
-    fatal(pd.reg_mr(raw(buf.as_ptr() as u64, 64), ALL).map(drop));
+    fatal(pd.alloc_mr(64, ALL).map(drop));
     fatal(qb.post_send(&SendRequest::new(9, SendOp::Send, &[sge(0)])));
     fatal(qb.post_recv(9, &[sge(0)]));
     fatal(send_cq.req_notify(false));

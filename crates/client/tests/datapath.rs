@@ -1,13 +1,22 @@
 //! Moving data through the daemon: RC SEND/RECV, RDMA WRITE, RDMA READ and atomics between
 //! two contexts on one daemon (the engine delivers in-process) and between two daemons on
 //! different loopback addresses (RoCE v2 over UDP).
+//!
+//! Memory is registered through the borrowing API ([`Pd::reg_slice`]: the buffer is lent to
+//! the MR for its whole life, read back through it, and posted with its range-checked
+//! [`BorrowedMr::sge`]), except in `rc_operations_on_memory_shared_in_place`, which is about
+//! the raw `reg_mr_shared` (converting the caller's pages to shared memory in place, the
+//! drop-in's path) and so stays raw. These tests post one region many times and use inline
+//! data and application `wr_id`s, so they post with `post_send`/`post_recv`; the owning
+//! API's version of the RC operations is `tests/owned_api.rs`.
 
 use std::time::Duration;
 
 use softverbs::{
-    Access, AhAttr, AttrMask as M, Context, Gid, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
+    Access, AhAttr, AttrMask as M, BorrowedMr, Context, Gid, Mtu, QpAttr, QpCap, QpInit, QpState,
+    QpType,
 };
-use softverbs::{SendOp, SendRequest, Sge, SrqAttr, WcOpcode, WcStatus};
+use softverbs::{Pd, SendOp, SendRequest, Sge, SrqAttr, WcOpcode, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
 
 struct Dir(std::path::PathBuf);
@@ -101,29 +110,77 @@ fn cap() -> QpCap {
     }
 }
 
-/// The raw registration the drop-in uses (the owning API's version of these tests is
-/// `tests/owned_api.rs`).
-fn reg<'a>(
-    pd: &'a softverbs::Pd<'a>,
-    buf: &[u8],
-    shared: bool,
-) -> softverbs::Result<softverbs::Mr<'a>> {
-    let (addr, len) = (buf.as_ptr() as usize, buf.len());
-    // SAFETY: a test: each buffer outlives its MR, and the test reads it only after the
-    // completions of the requests that write it (a peer's WRITE included). Shared: no
-    // other thread of the test touches the buffers; the 2 MiB ones have pages of their own,
-    // the 64 KiB ones share their first and last heap page, a risk these tests took before.
-    unsafe {
-        if shared {
+/// `buf` lent to a new MR with every access.
+fn lend<'a>(pd: &'a Pd<'a>, buf: &'a mut [u8]) -> BorrowedMr<'a> {
+    pd.reg_slice(buf, ALL).unwrap()
+}
+
+/// The range-checked SGE `[offset, offset + len)` of `mr`.
+fn sge(mr: &BorrowedMr<'_>, offset: u64, len: u32) -> [Sge; 1] {
+    [mr.sge(offset as usize, len as usize).unwrap()]
+}
+
+/// Registered memory of the RC operations: borrowed, or the caller's pages shared in place
+/// through the raw API.
+enum Mem<'a> {
+    Borrowed(BorrowedMr<'a>),
+    SharedInPlace(softverbs::Mr<'a>, &'a [u8]),
+}
+
+impl<'a> Mem<'a> {
+    fn new(pd: &'a Pd<'a>, buf: &'a mut [u8], shared: bool) -> Mem<'a> {
+        if !shared {
+            return Mem::Borrowed(lend(pd, buf));
+        }
+        let (addr, len) = (buf.as_ptr() as usize, buf.len());
+        // SAFETY: a test: the buffer outlives its MR (both borrow it), and the test reads it
+        // only after the completions of the requests that write it (a peer's WRITE
+        // included). No other thread of the test touches it, and at 2 MiB it has pages of
+        // its own, so converting them in place races with no other heap object.
+        let mr = unsafe {
             pd.reg_mr_shared(softverbs::RawMemory::new_shareable(addr, len), ALL)
-        } else {
-            pd.reg_mr(softverbs::RawMemory::new(addr, len), ALL)
+                .unwrap()
+        };
+        Mem::SharedInPlace(mr, buf)
+    }
+
+    fn lkey(&self) -> u32 {
+        match self {
+            Mem::Borrowed(m) => m.lkey(),
+            Mem::SharedInPlace(m, _) => m.lkey(),
+        }
+    }
+
+    fn rkey(&self) -> u32 {
+        match self {
+            Mem::Borrowed(m) => m.rkey(),
+            Mem::SharedInPlace(m, _) => m.rkey(),
+        }
+    }
+
+    fn addr(&self) -> u64 {
+        match self {
+            Mem::Borrowed(m) => m.addr(),
+            Mem::SharedInPlace(_, b) => b.as_ptr() as u64,
+        }
+    }
+
+    /// `len` bytes at `offset`, copied out.
+    fn bytes(&self, offset: usize, len: usize) -> Vec<u8> {
+        match self {
+            Mem::Borrowed(m) => {
+                let mut v = vec![0u8; len];
+                m.read(offset, &mut v).unwrap();
+                v
+            }
+            Mem::SharedInPlace(_, b) => b[offset..offset + len].to_vec(),
         }
     }
 }
 
 /// Runs every RC operation between a context on `da` and one on `db`; with `shared`, the
-/// memory is registered with `reg_mr_shared` (the daemon then copies through a mapping).
+/// memory is registered with the raw `reg_mr_shared` (the daemon then copies through a
+/// mapping), else lent with `reg_slice`.
 fn rc_operations(da: &TestDaemon, db: &TestDaemon, shared: bool) {
     let a = Context::open_at(&da.socket, 0).unwrap();
     let b = Context::open_at(&db.socket, 0).unwrap();
@@ -143,17 +200,15 @@ fn rc_operations(da: &TestDaemon, db: &TestDaemon, shared: bool) {
     // them in place cannot race with other threads' heap objects.
     let mut abuf = vec![0u8; 2 << 20];
     let mut bbuf = vec![0u8; 2 << 20];
-    for (i, x) in abuf[..6000].iter_mut().enumerate() {
-        *x = (i * 31 % 251) as u8;
-    }
+    let pattern: Vec<u8> = (0..6000).map(|i| (i * 31 % 251) as u8).collect();
+    abuf[..6000].copy_from_slice(&pattern);
     bbuf[0x8000..0x8008].copy_from_slice(&40u64.to_ne_bytes());
-    let ma = reg(&pa, &abuf, shared).unwrap();
-    let mb = reg(&pb, &bbuf, shared).unwrap();
+    let ma = Mem::new(&pa, &mut abuf, shared);
+    let mb = Mem::new(&pb, &mut bbuf, shared);
     if shared {
         // The buffers really became memfd mappings (the fast path), not a silent fallback.
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        for buf in [&abuf, &bbuf] {
-            let at = buf.as_ptr() as u64;
+        for at in [ma.addr(), mb.addr()] {
             let covered = maps.lines().any(|l| {
                 let (range, rest) = l.split_once(' ').unwrap();
                 let (lo, hi) = range.split_once('-').unwrap();
@@ -166,7 +221,7 @@ fn rc_operations(da: &TestDaemon, db: &TestDaemon, shared: bool) {
             assert!(covered, "buffer at {at:#x} is not memfd-backed:\n{maps}");
         }
     }
-    let (a0, b0) = (abuf.as_ptr() as u64, bbuf.as_ptr() as u64);
+    let (a0, b0) = (ma.addr(), mb.addr());
     let sge = |addr: u64, length: u32, lkey: u32| [Sge { addr, length, lkey }];
 
     qb.post_recv(1, &sge(b0 + 0x1000, 8192, mb.lkey())).unwrap();
@@ -245,25 +300,21 @@ fn rc_operations(da: &TestDaemon, db: &TestDaemon, shared: bool) {
         (wb[1].wr_id, wb[1].byte_len, wb[1].imm_data),
         (2, inline.len() as u32, 0xabcd)
     );
-    assert_eq!(&bbuf[0x1000..0x1000 + 6000], &abuf[..6000], "SEND landed");
-    assert_eq!(&bbuf[0x4000..0x4000 + 3000], &abuf[..3000], "WRITE landed");
+    assert_eq!(mb.bytes(0x1000, 6000), pattern, "SEND landed");
+    assert_eq!(mb.bytes(0x4000, 3000), pattern[..3000], "WRITE landed");
+    assert_eq!(ma.bytes(0x6000, 3000), pattern[..3000], "READ came back");
     assert_eq!(
-        &abuf[0x6000..0x6000 + 3000],
-        &abuf[..3000],
-        "READ came back"
-    );
-    assert_eq!(
-        abuf[0x9000..0x9008],
+        ma.bytes(0x9000, 8),
         40u64.to_ne_bytes(),
         "FETCH_ADD returned the old value"
     );
     assert_eq!(
-        abuf[0x9008..0x9010],
+        ma.bytes(0x9008, 8),
         42u64.to_ne_bytes(),
         "CMP_SWAP saw the added value"
     );
-    assert_eq!(bbuf[0x8000..0x8008], 7u64.to_ne_bytes(), "and swapped");
-    assert_eq!(&bbuf[0x3000..0x3000 + inline.len()], inline);
+    assert_eq!(mb.bytes(0x8000, 8), 7u64.to_ne_bytes(), "and swapped");
+    assert_eq!(mb.bytes(0x3000, inline.len()), inline);
 }
 
 #[test]
@@ -303,19 +354,9 @@ fn completion_channels_fire_on_armed_cqs_and_honour_solicited_only() {
     let g = a.query_gid(1, 0).unwrap();
     connect(&qa, g, qb.qpn());
     connect(&qb, g, qa.qpn());
-    let bbuf = vec![0u8; 4096];
-    let mb = reg(&pb, &bbuf, false).unwrap();
-    let recv = |id| {
-        qb.post_recv(
-            id,
-            &[Sge {
-                addr: bbuf.as_ptr() as u64,
-                length: 64,
-                lkey: mb.lkey(),
-            }],
-        )
-        .unwrap()
-    };
+    let mut bbuf = vec![0u8; 4096];
+    let mb = lend(&pb, &mut bbuf);
+    let recv = |id| qb.post_recv(id, &sge(&mb, 0, 64)).unwrap();
     let send = |id, solicited| {
         let mut w = SendRequest::new(id, SendOp::Send, &[]);
         w.inline = Some(b"x");
@@ -376,13 +417,9 @@ fn a_full_send_queue_refuses_posts_with_enomem_and_loses_nothing() {
         .unwrap();
     // Nobody answers at this QPN, so requests stay outstanding for their 4.3 s ACK timeout.
     connect_with_timeout(&qp, a.query_gid(1, 0).unwrap(), 0xFF_FF00, 20);
-    let buf = vec![0u8; 2 << 20];
-    let mr = reg(&pd, &buf, true).unwrap();
-    let s = [Sge {
-        addr: buf.as_ptr() as u64,
-        length: 64,
-        lkey: mr.lkey(),
-    }];
+    let mut buf = vec![0u8; 2 << 20];
+    let mr = lend(&pd, &mut buf);
+    let s = sge(&mr, 0, 64);
     let mut posted = 0u64;
     let err = loop {
         match qp.post_send(&SendRequest::new(posted, SendOp::Send, &s)) {
@@ -454,13 +491,9 @@ fn an_overrun_cq_raises_cq_err_and_the_rest_carries_on() {
     let gid = a.query_gid(1, 0).unwrap();
     connect(&qs, gid, qr.qpn());
     connect(&qr, gid, qs.qpn());
-    let buf = vec![0u8; 2 << 20];
-    let mr = reg(&pd, &buf, true).unwrap();
-    let s = [Sge {
-        addr: buf.as_ptr() as u64,
-        length: 16,
-        lkey: mr.lkey(),
-    }];
+    let mut buf = vec![0u8; 2 << 20];
+    let mr = lend(&pd, &mut buf);
+    let s = sge(&mr, 0, 16);
     let n = 8 * small.cqe().max(4) as u64;
     for i in 0..n {
         qr.post_recv(1000 + i, &s).unwrap();
@@ -526,21 +559,9 @@ fn srq_receives_posted_through_the_ring_are_used_in_order() {
     let gid = a.query_gid(1, 0).unwrap();
     connect(&qs, gid, qr.qpn());
     connect(&qr, gid, qs.qpn());
-    let buf = vec![0u8; 2 << 20];
-    let mr = reg(&pd, &buf, true).unwrap();
-    let base = buf.as_ptr() as u64;
-    let two = [
-        Sge {
-            addr: base,
-            length: 8,
-            lkey: mr.lkey(),
-        },
-        Sge {
-            addr: base + 8,
-            length: 8,
-            lkey: mr.lkey(),
-        },
-    ];
+    let mut buf = vec![0u8; 2 << 20];
+    let mr = lend(&pd, &mut buf);
+    let two = [mr.sge(0, 8).unwrap(), mr.sge(8, 8).unwrap()];
     assert_eq!(
         srq.post_recv(1, &two).unwrap_err().errno(),
         22,
@@ -548,11 +569,7 @@ fn srq_receives_posted_through_the_ring_are_used_in_order() {
     );
     let mut posted = 0u64;
     let err = loop {
-        let s = [Sge {
-            addr: base + 0x1000 + posted * 64,
-            length: 64,
-            lkey: mr.lkey(),
-        }];
+        let s = sge(&mr, 0x1000 + posted * 64, 64);
         match srq.post_recv(100 + posted, &s) {
             Ok(()) => posted += 1,
             Err(e) => break e,
@@ -567,11 +584,7 @@ fn srq_receives_posted_through_the_ring_are_used_in_order() {
         "the send queue (64) takes one send per receive"
     );
     for i in 0..posted {
-        let s = [Sge {
-            addr: base + 0x10_0000,
-            length: 8,
-            lkey: mr.lkey(),
-        }];
+        let s = sge(&mr, 0x10_0000, 8);
         qs.post_send(&SendRequest::new(i, SendOp::Send, &s))
             .unwrap();
     }
@@ -603,23 +616,15 @@ fn rereg_keeps_the_keys_and_a_cq_does_not_shrink_below_its_completions() {
     let g = a.query_gid(1, 0).unwrap();
     connect(&qa, g, qb.qpn());
     connect(&qb, g, qa.qpn());
-    let src = vec![7u8; 4096];
-    // The daemon writes it: its address escapes as a mutable pointer.
+    let mut src = vec![7u8; 4096];
     let mut dst = vec![0u8; 4096];
-    let dst_addr = dst.as_mut_ptr() as u64;
-    let ms = reg(&pd, &src, false).unwrap();
-    // SAFETY: `dst` outlives the MR and is read only after the WRITEs completed.
-    let raw = unsafe { softverbs::RawMemory::new(dst_addr as usize, 4096) };
-    let mut md = pd.reg_mr(raw, Access::LOCAL_WRITE).unwrap();
-    let (lkey, rkey) = (md.lkey(), md.rkey());
-    md.rereg(None, Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE), None)
+    let ms = lend(&pd, &mut src);
+    let mut md = pd.reg_slice(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (dst_addr, lkey, rkey) = (md.addr(), md.lkey(), md.rkey());
+    md.rereg_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
     assert_eq!((md.lkey(), md.rkey()), (lkey, rkey), "rereg keeps the keys");
-    let s = [Sge {
-        addr: src.as_ptr() as u64,
-        length: 64,
-        lkey: ms.lkey(),
-    }];
+    let s = sge(&ms, 0, 64);
     let write = |id| {
         qa.post_send(&SendRequest::new(
             id,
@@ -637,7 +642,11 @@ fn rereg_keeps_the_keys_and_a_cq_does_not_shrink_below_its_completions() {
     assert_eq!(cq.resize(2).unwrap_err().errno(), 22, "3 completions held");
     let got = cq.wait(3, Duration::from_secs(20)).unwrap();
     assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
-    assert_eq!(&dst[..64], &src[..64], "the old rkey reached the MR");
+    assert_eq!(
+        md.to_vec()[..64],
+        ms.to_vec()[..64],
+        "the old rkey reached the MR"
+    );
     assert!(cq.resize(2).unwrap() >= 2);
 }
 
@@ -664,15 +673,9 @@ fn a_full_receive_queue_refuses_posts_until_a_receive_completes() {
     let gid = a.query_gid(1, 0).unwrap();
     connect(&tx, gid, rx.qpn());
     connect(&rx, gid, tx.qpn());
-    let buf = vec![0u8; 1 << 16];
-    let mr = reg(&pd, &buf, true).unwrap();
-    let s = |i: u64| {
-        [Sge {
-            addr: buf.as_ptr() as u64 + i * 64,
-            length: 64,
-            lkey: mr.lkey(),
-        }]
-    };
+    let mut buf = vec![0u8; 1 << 16];
+    let mr = lend(&pd, &mut buf);
+    let s = |i: u64| sge(&mr, i * 64, 64);
     for i in 0..u64::from(depth) {
         rx.post_recv(i, &s(i)).unwrap();
     }
@@ -727,17 +730,13 @@ fn a_cq_grown_past_its_ring_keeps_every_completion_in_order() {
     let gid = a.query_gid(1, 0).unwrap();
     connect(&tx, gid, rx.qpn());
     connect(&rx, gid, tx.qpn());
-    let buf = vec![0u8; 1 << 16];
-    let mr = reg(&pd, &buf, true).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mr = lend(&pd, &mut buf);
     let n = 200u64;
     for i in 0..n {
-        let s = [Sge {
-            addr: buf.as_ptr() as u64,
-            length: 8,
-            lkey: mr.lkey(),
-        }];
+        let s = sge(&mr, 0, 8);
         let op = SendOp::Write {
-            remote_addr: buf.as_ptr() as u64 + 4096,
+            remote_addr: mr.addr() + 4096,
             rkey: mr.rkey(),
         };
         tx.post_send(&SendRequest::new(i, op, &s)).unwrap();

@@ -1,32 +1,17 @@
 //! Another client's idle QPs cost the daemon nothing per round (issue 10, item 5): the daemon
 //! visits the rings of QPs with work only. Counted in ring visits (`softverbs status`'s data
 //! path figures), never timed.
+//!
+//! Receive buffers are lent to their MRs with `reg_slice`, posted through the MRs'
+//! range-checked SGEs and read back through the MRs; the sends are inline.
 
 use std::time::Duration;
 
 use softverbs::{
     Access, AhAttr, AttrMask as M, Context, Gid, Introspect, Mtu, QpAttr, QpCap, QpInit, QpState,
-    QpType, SendOp, SendRequest, Sge, WcStatus,
+    QpType, SendOp, SendRequest, WcStatus,
 };
 use softverbs_daemon::{spawn_test_daemon, TestDaemon};
-
-/// Names a test buffer (or a deliberately foreign address) for the raw registration these
-/// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
-/// reading their buffers only after the completions of the requests that write them, or
-/// bend on purpose where they probe what the daemon does with memory that is not theirs.
-#[allow(dead_code)]
-fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
-    // SAFETY: see above; test buffers outlive their MRs.
-    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
-}
-
-/// [`raw`], for the in-place conversion (no other thread touches the test's buffers while
-/// they are registered).
-#[allow(dead_code)]
-fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
-    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
-    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
-}
 
 const IDLE: usize = 2000;
 
@@ -117,22 +102,13 @@ fn cap() -> QpCap {
 fn pingpong(
     a: (&softverbs::Qp<'_>, &softverbs::Cq<'_>),
     b: (&softverbs::Qp<'_>, &softverbs::Cq<'_>),
-    rbuf: &mut [u8],
-    lkey: u32,
+    rmr: &softverbs::BorrowedMr<'_>,
     n: u32,
 ) {
-    let base = rbuf.as_ptr() as u64;
     for i in 0..n {
         for (k, (tx, rx)) in [(a, b), (b, a)].into_iter().enumerate() {
-            rx.0.post_recv(
-                u64::from(i),
-                &[Sge {
-                    addr: base + 64 * k as u64,
-                    length: 64,
-                    lkey,
-                }],
-            )
-            .unwrap();
+            rx.0.post_recv(u64::from(i), &[rmr.sge(64 * k, 64).unwrap()])
+                .unwrap();
             let msg = [(i % 251) as u8 ^ k as u8; 8];
             let mut w = SendRequest::new(u64::from(i), SendOp::Send, &[]);
             w.inline = Some(&msg);
@@ -142,7 +118,11 @@ fn pingpong(
             assert_eq!(s[0].status, WcStatus::Success);
             let r = rx.1.wait(1, Duration::from_secs(20)).unwrap();
             assert_eq!((r[0].status, r[0].byte_len), (WcStatus::Success, 8));
-            assert_eq!(&rbuf[64 * k..64 * k + 8], &msg, "round trip {i}, leg {k}");
+            assert_eq!(
+                rmr.to_vec()[64 * k..64 * k + 8],
+                msg,
+                "round trip {i}, leg {k}"
+            );
         }
     }
 }
@@ -180,10 +160,7 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
         connect(q, gid, r);
     }
     let mut rbuf = vec![0u8; 4096];
-    let mr = pd
-        .reg_mr(raw(rbuf.as_ptr() as u64, rbuf.len() as u64), Access(0x0f))
-        .unwrap();
-    let lkey = mr.lkey();
+    let mr = pd.reg_slice(&mut rbuf, Access(0x0f)).unwrap();
 
     // QPs touched by the set-up stay queued for a few rounds (the daemon's idle grace);
     // status commands run rounds, so poll until only the pair is left (bounded).
@@ -198,7 +175,7 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
         "{} QPs queued",
         before.dp_queued_qps
     );
-    pingpong((&qa, &ca), (&qb, &cb), &mut rbuf, lkey, 200);
+    pingpong((&qa, &ca), (&qb, &cb), &mr, 200);
     let after = status(&d);
     let rounds = after.dp_rounds - before.dp_rounds;
     let visits = after.dp_qp_visits - before.dp_qp_visits;
@@ -226,22 +203,12 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
     init(&qc);
     connect(sleeper, gid, qc.qpn());
     connect(&qc, gid, sleeper.qpn());
-    let ibuf = vec![0u8; 4096];
-    let imr = ipd
-        .reg_mr(raw(ibuf.as_ptr() as u64, ibuf.len() as u64), Access(0x0f))
-        .unwrap();
-    let ikey = imr.lkey();
+    let mut ibuf = vec![0u8; 4096];
+    let imr = ipd.reg_slice(&mut ibuf, Access(0x0f)).unwrap();
     // Post from each side in turn, with the receive on the other side.
     for i in 0..20u32 {
         sleeper
-            .post_recv(
-                u64::from(i),
-                &[Sge {
-                    addr: ibuf.as_ptr() as u64,
-                    length: 64,
-                    lkey: ikey,
-                }],
-            )
+            .post_recv(u64::from(i), &[imr.sge(0, 64).unwrap()])
             .unwrap();
         let msg = [i as u8; 8];
         let mut w = SendRequest::new(u64::from(i), SendOp::Send, &[]);
@@ -254,23 +221,16 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
         );
         let r = icq.wait(1, Duration::from_secs(20)).unwrap();
         assert_eq!((r[0].status, r[0].byte_len), (WcStatus::Success, 8));
-        assert_eq!(&ibuf[..8], &msg);
-        qc.post_recv(
-            u64::from(i),
-            &[Sge {
-                addr: rbuf.as_ptr() as u64 + 256,
-                length: 64,
-                lkey,
-            }],
-        )
-        .unwrap();
+        assert_eq!(imr.to_vec()[..8], msg);
+        qc.post_recv(u64::from(i), &[mr.sge(256, 64).unwrap()])
+            .unwrap();
         sleeper.post_send(&w).unwrap();
         assert_eq!(
             icq.wait(1, Duration::from_secs(20)).unwrap()[0].status,
             WcStatus::Success
         );
         assert_eq!(cb.wait(1, Duration::from_secs(20)).unwrap()[0].byte_len, 8);
-        assert_eq!(&rbuf[256..264], &msg);
+        assert_eq!(mr.to_vec()[256..264], msg);
     }
     // Once quiet, nothing stays queued (bounded wait: the last visits settle).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

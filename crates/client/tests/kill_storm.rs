@@ -8,6 +8,11 @@
 //! `SOFTVERBS_STORM_CLIENTS` (default 200) and `SOFTVERBS_STORM_PARALLEL` (default 8) size
 //! the storm; `SOFTVERBS_STORM_SEED` replays one. `scripts/kill-storm.sh` runs the long
 //! version (docs/fuzzing.md).
+//!
+//! The storm's clients register through the raw API on purpose (`raw`, `raw_shareable`):
+//! what is killed mid-way includes the drop-in's registrations, plain and converted in
+//! place, whose cleanup the daemon must get right. The survivor and the newcomer use the
+//! owning API (`alloc_mr`, buffers posted with `SendWork` and handed back by `wait_bufs`).
 
 use std::fs::File;
 use std::process::{Child, Command, Stdio};
@@ -19,7 +24,7 @@ use softverbs::{
     Access, AhAttr, AttrMask as M, Context, Gid, Introspect, Mtu, QpAttr, QpCap, QpInit, QpState,
     QpType, O_CREAT,
 };
-use softverbs::{SendOp, SendRequest, Sge, WcStatus};
+use softverbs::{Buf, Op, SendOp, SendRequest, SendWork, Sge, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config};
 
 /// Names a test buffer (or a deliberately foreign address) for the raw registration these
@@ -236,52 +241,27 @@ fn transfer(socket: std::path::PathBuf, stop: Arc<AtomicBool>, rounds: Arc<Atomi
     connect(&qa, gid, qb.qpn());
     connect(&qb, gid, qa.qpn());
     const N: usize = 64 << 10;
-    let src = vec![0u8; N];
-    let back = vec![0u8; N];
-    let dst = vec![0u8; N];
-    let ms = pa.reg_mr(raw(src.as_ptr() as u64, N as u64), ALL).unwrap();
-    let mback = pa.reg_mr(raw(back.as_ptr() as u64, N as u64), ALL).unwrap();
-    let md = pb.reg_mr(raw(dst.as_ptr() as u64, N as u64), ALL).unwrap();
+    // Three MRs, as the resources check counts; each lives as long as its buffer.
+    let (mut ms, mut mback) = (pa.alloc_mr(N, ALL).unwrap(), pa.alloc_mr(N, ALL).unwrap());
+    let mut md = pb.alloc_mr(N, ALL).unwrap();
+    let (mut src, mut back, dst) = (ms.take_rest(), mback.take_rest(), md.take_rest());
     let mut round = 0u64;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
         let fill = |i: usize| (i as u64).wrapping_mul(round | 1).wrapping_add(round) as u8;
-        // SAFETY: `src` is this thread's buffer; the daemon reads it only while a WRITE
-        // is outstanding, and none is now.
-        unsafe {
-            let p = src.as_ptr().cast_mut();
-            for i in 0..N {
-                p.add(i).write_volatile(fill(i));
-            }
-        }
-        let op = |wr_id, op, sge_addr, lkey| {
-            let sge = [Sge {
-                addr: sge_addr,
-                length: N as u32,
-                lkey,
-            }];
-            qa.post_send(&SendRequest::new(wr_id, op, &sge)).unwrap();
-            let wc = cqa.wait(1, WAIT).unwrap();
+        src.write(0, &(0..N).map(fill).collect::<Vec<u8>>())
+            .unwrap();
+        let op = |work: SendWork<'_>| -> Buf {
+            qa.post(work).unwrap();
+            let mut wc = cqa.wait_bufs(1, WAIT).unwrap();
             assert_eq!(wc.len(), 1, "survivor completion within {WAIT:?}");
-            assert_eq!(wc[0].status, WcStatus::Success, "survivor round {round}");
+            let c = wc.pop().unwrap();
+            assert_eq!(c.wc.status, WcStatus::Success, "survivor round {round}");
+            c.buf.expect("the buffer came back")
         };
-        let remote = SendOp::Write {
-            remote_addr: dst.as_ptr() as u64,
-            rkey: md.rkey(),
-        };
-        op(1, remote, src.as_ptr() as u64, ms.lkey());
-        let read = SendOp::Read {
-            remote_addr: dst.as_ptr() as u64,
-            rkey: md.rkey(),
-        };
-        op(2, read, back.as_ptr() as u64, mback.lkey());
-        // SAFETY: no operation on these buffers is outstanding.
-        let (d, r) = unsafe {
-            (
-                std::slice::from_raw_parts(dst.as_ptr(), N).to_vec(),
-                std::slice::from_raw_parts(back.as_ptr(), N).to_vec(),
-            )
-        };
+        src = op(SendWork::new(Op::Write(dst.remote()), src));
+        back = op(SendWork::new(Op::Read(dst.remote()), back));
+        let (d, r) = (dst.to_vec(), back.to_vec());
         for i in 0..N {
             assert_eq!(d[i], fill(i), "WRITE byte {i} of round {round}");
             assert_eq!(r[i], fill(i), "READ byte {i} of round {round}");
@@ -419,8 +399,7 @@ fn kill_storm_leaves_the_daemon_healthy_and_nothing_of_the_killed() {
     {
         let late = Context::open_at(&socket, 0).unwrap();
         let pd = late.alloc_pd().unwrap();
-        let buf = vec![0u8; 4096];
-        pd.reg_mr(raw(buf.as_ptr() as u64, 4096), ALL).unwrap();
+        pd.alloc_mr(4096, ALL).unwrap();
     }
     drop(recv_qp);
     drop(xrcd);

@@ -2,6 +2,11 @@
 //! per context or per uid, ring bytes, registered bytes, mappings — gets ENOMEM, and another
 //! client (another context, or another uid where the limit is per uid) still creates objects
 //! and moves data. The other uid is a child process of this test binary run as `nobody`.
+//!
+//! Memory is lent to MRs with `reg_slice` (posted through their range-checked SGEs) except
+//! where a test is about the raw registrations: shared MRs converted in place counting as
+//! mappings (`reg_mr_shared`), and registered bytes, whose test grows an MR's range with
+//! `rereg` (a raw range: a borrowed MR cannot grow past what it borrowed).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use softverbs::{
     errno, Access, AhAttr, AttrMask as M, Context, Gid, Introspect, Mtu, QpAttr, QpCap, QpInit,
-    QpState, QpType, SendOp, SendRequest, Sge, SrqAttr, WcStatus, O_CREAT,
+    QpState, QpType, SendOp, SendRequest, SrqAttr, WcStatus, O_CREAT,
 };
 use softverbs_daemon::{spawn_daemon_with, Config, TestDaemon};
 
@@ -128,33 +133,19 @@ fn transfer_works(ctx: &Context) {
     for (i, x) in buf[..4096].iter_mut().enumerate() {
         *x = (i * 7 % 253) as u8;
     }
-    let mr = pd
-        .reg_mr(raw(buf.as_ptr() as u64, buf.len() as u64), ALL)
-        .unwrap();
-    let base = buf.as_ptr() as u64;
-    b.post_recv(
-        1,
-        &[Sge {
-            addr: base + 4096,
-            length: 4096,
-            lkey: mr.lkey(),
-        }],
-    )
-    .unwrap();
+    let mr = pd.reg_slice(&mut buf, ALL).unwrap();
+    b.post_recv(1, &[mr.sge(4096, 4096).unwrap()]).unwrap();
     a.post_send(&SendRequest::new(
         2,
         SendOp::Send,
-        &[Sge {
-            addr: base,
-            length: 4096,
-            lkey: mr.lkey(),
-        }],
+        &[mr.sge(0, 4096).unwrap()],
     ))
     .unwrap();
     let wc = cq.wait(2, Duration::from_secs(20)).unwrap();
     assert_eq!(wc.len(), 2, "both completions arrive");
     assert!(wc.iter().all(|w| w.status == WcStatus::Success), "{wc:?}");
-    assert_eq!(buf[..4096], buf[4096..], "the data arrived intact");
+    let got = mr.to_vec();
+    assert_eq!(got[..4096], got[4096..], "the data arrived intact");
 }
 
 /// Runs this binary's `other_uid_client` as uid `nobody` against the daemon at `socket`,
@@ -234,7 +225,8 @@ fn a_context_over_its_limit_of_each_object_kind_gets_enomem_and_another_context_
     ];
     let (d, _dir) = daemon("objects", &limits);
     let greedy = open(&d);
-    let buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; 4096];
+    let mut chunks = buf.chunks_mut(64);
     let gid = greedy.query_gid(1, 0).unwrap();
     let ah = AhAttr {
         dgid: gid,
@@ -254,13 +246,10 @@ fn a_context_over_its_limit_of_each_object_kind_gets_enomem_and_another_context_
     let cqs: Vec<_> = (0..3).map(|_| greedy.create_cq(4).unwrap()).collect();
     assert_eq!(errno_of(greedy.create_cq(4)), errno::ENOMEM, "a 4th CQ");
     let mrs: Vec<_> = (0..3)
-        .map(|i| {
-            pd.reg_mr(raw(buf.as_ptr() as u64 + i * 64, 64), ALL)
-                .unwrap()
-        })
+        .map(|_| pd.reg_slice(chunks.next().unwrap(), ALL).unwrap())
         .collect();
     assert_eq!(
-        errno_of(pd.reg_mr(raw(buf.as_ptr() as u64, 64), ALL)),
+        errno_of(pd.reg_slice(chunks.next().unwrap(), ALL)),
         errno::ENOMEM,
         "a 4th MR"
     );
@@ -385,7 +374,7 @@ fn ring_bytes_and_mappings_over_the_limit_get_enomem_and_others_still_work() {
     // Buffers above malloc's largest mmap threshold (32 MiB): pages of their own, which
     // turn into shared memory in place.
     let pd = a.alloc_pd().unwrap();
-    let (buf1, buf2) = (vec![0u8; 33 << 20], vec![0u8; 33 << 20]);
+    let (buf1, mut buf2) = (vec![0u8; 33 << 20], vec![0u8; 33 << 20]);
     let m1 = pd
         .reg_mr_shared(raw_shareable(buf1.as_ptr() as u64, 1 << 20), ALL)
         .expect("a 5th mapping");
@@ -410,7 +399,7 @@ fn ring_bytes_and_mappings_over_the_limit_get_enomem_and_others_still_work() {
         "a shared MR past the context's mappings"
     );
     assert!(
-        pd.reg_mr(raw(buf2.as_ptr() as u64, 1 << 20), ALL).is_ok(),
+        pd.reg_slice(&mut buf2[..1 << 20], ALL).is_ok(),
         "an ordinary MR needs no mapping"
     );
 

@@ -8,6 +8,11 @@
 //! at the MR's address. An RDMA WRITE and an RDMA READ on the dead client's MR must then end
 //! in error completions, the victim's memory must be unchanged, and nothing of it may come
 //! back. The forked child's own `reg_mr` on the inherited context is refused (`EPERM`).
+//!
+//! Stays on the raw API (`RawMemory`, `reg_mr`, raw SGEs): the test is about the plain,
+//! address-based registration (the drop-in's path, reached with `process_vm_*` by pid) and
+//! what happens when that address later belongs to another process, which the owning API
+//! rules out by construction.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, OwnedFd};

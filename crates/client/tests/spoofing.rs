@@ -15,6 +15,10 @@
 //!
 //! `udp_fuzz_during_a_transfer` sends `SOFTVERBS_UDP_FUZZ_PACKETS` packets (default 20,000);
 //! `scripts/udp-fuzz.sh` runs the long version.
+//!
+//! The transfer's buffers are lent to their MRs with `reg_slice`, filled and checked
+//! through the MRs, and posted through their range-checked SGEs (application `wr_id`s, the
+//! same slots posted every round).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +28,7 @@ use std::time::{Duration, Instant};
 use softverbs::{
     Access, AhAttr, AttrMask as M, Context, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
 };
-use softverbs::{SendOp, SendRequest, Sge, WcStatus};
+use softverbs::{SendOp, SendRequest, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
 use softverbs_transport::sim::Rng;
 use softverbs_wire::icrc;
@@ -35,24 +39,6 @@ use softverbs_wire::{
     HeaderKind, Headers, IethRepr, ImmDtRepr, NakCode, Opcode, Packet, RethRepr, Syndrome,
     XrcethRepr,
 };
-
-/// Names a test buffer (or a deliberately foreign address) for the raw registration these
-/// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
-/// reading their buffers only after the completions of the requests that write them, or
-/// bend on purpose where they probe what the daemon does with memory that is not theirs.
-#[allow(dead_code)]
-fn raw(addr: u64, len: u64) -> softverbs::RawMemory {
-    // SAFETY: see above; test buffers outlive their MRs.
-    unsafe { softverbs::RawMemory::new(addr as usize, len as usize) }
-}
-
-/// [`raw`], for the in-place conversion (no other thread touches the test's buffers while
-/// they are registered).
-#[allow(dead_code)]
-fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
-    // SAFETY: as for `raw`; and nothing else writes the pages during the registration.
-    unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
-}
 
 const ALL: Access = Access(0x0f);
 /// Both QPs start their PSNs here; the transfer stays within a few 10,000 PSNs of it.
@@ -186,13 +172,10 @@ fn transfer_under(
     // Above malloc's mmap threshold, so each buffer has its own pages.
     let mut abuf = vec![0u8; 2 * SLOTS * SLOT + 8192];
     let mut bbuf = vec![0u8; 2 * SLOTS * SLOT + 8192];
-    let ma = pa
-        .reg_mr(raw(abuf.as_ptr() as u64, abuf.len() as u64), ALL)
-        .unwrap();
-    let mb = pb
-        .reg_mr(raw(bbuf.as_ptr() as u64, bbuf.len() as u64), ALL)
-        .unwrap();
-    let (a0, b0) = (abuf.as_ptr() as u64, bbuf.as_ptr() as u64);
+    let blen = bbuf.len();
+    let ma = pa.reg_slice(&mut abuf, ALL).unwrap();
+    let mb = pb.reg_slice(&mut bbuf, ALL).unwrap();
+    let b0 = mb.addr();
     let target = Target {
         ip_a,
         ip_b,
@@ -222,34 +205,25 @@ fn transfer_under(
     // The READ lands after the WRITE and SEND slots of A.
     let read_at = 2 * SLOTS * SLOT;
     while rounds < min_rounds || !forger.is_finished() {
-        for x in abuf[..2 * SLOTS * SLOT].iter_mut() {
-            *x = rng.next_u64() as u8;
-        }
-        for x in bbuf[2 * SLOTS * SLOT..].iter_mut() {
-            *x = rng.next_u64() as u8;
-        }
+        let fresh: Vec<u8> = (0..2 * SLOTS * SLOT)
+            .map(|_| rng.next_u64() as u8)
+            .collect();
+        ma.write(0, &fresh).unwrap();
+        let fresh: Vec<u8> = (2 * SLOTS * SLOT..blen)
+            .map(|_| rng.next_u64() as u8)
+            .collect();
+        mb.write(2 * SLOTS * SLOT, &fresh).unwrap();
         let lens: Vec<u32> = (0..2 * SLOTS)
             .map(|_| 1 + rng.below(SLOT as u64) as u32)
             .collect();
         for i in 0..SLOTS {
-            let at = b0 + ((SLOTS + i) * SLOT) as u64;
-            qb.post_recv(
-                i as u64,
-                &[Sge {
-                    addr: at,
-                    length: SLOT as u32,
-                    lkey: mb.lkey(),
-                }],
-            )
-            .unwrap();
+            let at = (SLOTS + i) * SLOT;
+            qb.post_recv(i as u64, &[mb.sge(at, SLOT).unwrap()])
+                .unwrap();
         }
         let mut posted = 0;
         for (i, &len) in lens.iter().enumerate() {
-            let sge = [Sge {
-                addr: a0 + (i * SLOT) as u64,
-                length: len,
-                lkey: ma.lkey(),
-            }];
+            let sge = [ma.sge(i * SLOT, len as usize).unwrap()];
             let op = if i % 2 == 0 {
                 SendOp::Write {
                     remote_addr: b0 + (i / 2 * SLOT) as u64,
@@ -261,11 +235,7 @@ fn transfer_under(
             qa.post_send(&SendRequest::new(i as u64, op, &sge)).unwrap();
             posted += 1;
         }
-        let rsge = [Sge {
-            addr: a0 + read_at as u64,
-            length: READ_LEN,
-            lkey: ma.lkey(),
-        }];
+        let rsge = [ma.sge(read_at, READ_LEN as usize).unwrap()];
         let read = SendOp::Read {
             remote_addr: b0 + (2 * SLOTS * SLOT) as u64,
             rkey: mb.rkey(),
@@ -282,6 +252,7 @@ fn transfer_under(
         assert_eq!(got, want, "round {rounds}: A's completions");
         let wb = cqb.wait(SLOTS, wait).unwrap();
         assert_eq!(wb.len(), SLOTS, "round {rounds}: B's receives");
+        let (abuf, bbuf) = (ma.to_vec(), mb.to_vec());
         for (k, w) in wb.iter().enumerate() {
             let i = 2 * k + 1;
             assert_eq!(
@@ -321,21 +292,9 @@ fn transfer_under(
         c.alloc_pd().unwrap();
     }
     std::thread::sleep(Duration::from_millis(50));
-    qb.post_recv(
-        7,
-        &[Sge {
-            addr: b0,
-            length: 64,
-            lkey: mb.lkey(),
-        }],
-    )
-    .unwrap();
+    qb.post_recv(7, &[mb.sge(0, 64).unwrap()]).unwrap();
     let mut last = SendRequest::new(8, SendOp::Send, &[]);
-    let sge = [Sge {
-        addr: a0,
-        length: 64,
-        lkey: ma.lkey(),
-    }];
+    let sge = [ma.sge(0, 64).unwrap()];
     last.sges = &sge;
     qa.post_send(&last).unwrap();
     let w = cqa.wait(1, wait).unwrap();

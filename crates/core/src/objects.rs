@@ -195,6 +195,17 @@ impl Core {
         })
     }
 
+    /// MR `mr`'s current `(addr, length, access)`, which `rereg_mr` keeps for what it
+    /// does not change.
+    pub fn mr_range(&self, ctx: CtxId, mr: Handle) -> Result<(u64, u64, Access)> {
+        let m = self
+            .ctx(ctx)?
+            .mrs
+            .get(&mr)
+            .ok_or(Error::InvalidHandle(ObjectKind::Mr))?;
+        Ok((m.addr, m.length, m.access))
+    }
+
     /// `ibv_dereg_mr`. Once this returns, the key resolves to nothing, so the data path can no
     /// longer reach the memory.
     pub fn dereg_mr(&mut self, ctx: CtxId, mr: Handle) -> Result<()> {

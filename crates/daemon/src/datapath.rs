@@ -18,7 +18,7 @@ use softverbs_core::datapath::{OwnedQpInfo, SrqInfo};
 use softverbs_core::device::Gid;
 use softverbs_core::event::EventElement;
 use softverbs_core::ids::{CtxId, Handle};
-use softverbs_core::types::{EventType, Mtu, QpType};
+use softverbs_core::types::{Access, EventType, Mtu, QpType};
 use softverbs_core::{Core, CoreChange};
 use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
 use softverbs_shm::{Consumer, Producer, ReadySet, Region, RingLayout, WorkFlag, WORK_FLAG_SIZE};
@@ -242,6 +242,23 @@ impl DataPath {
         if let Some(m) = memory {
             self.mem.fallback_mut().register_process(ctx, m);
         }
+    }
+
+    /// `reg_mr`/`rereg_mr` of `len` bytes at `addr` with `access`: `EFAULT` if some page is
+    /// not mapped readable, or not writable while `access` lets the MR be written (the
+    /// flags for which `ib_umem_get` pins with `FOLL_WRITE`), judged through the opener's
+    /// own `maps` descriptor (docs/registered-memory.md, "Writes to read-only pages").
+    pub fn check_range(&self, ctx: CtxId, addr: u64, len: u64, access: Access) -> Result<(), i32> {
+        let write = access.intersects(
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND,
+        );
+        self.mem
+            .fallback()
+            .check_range(ctx, addr, len, write)
+            .map_err(|e| {
+                tracing::debug!(ctx = ctx.0, "reg_mr refused: {e}");
+                e.errno()
+            })
     }
 
     /// A context was closed (the QPs that went with it came first, as `QpDestroyed`).

@@ -614,6 +614,7 @@ impl Dispatcher {
     fn reg_mr(&mut self, ctx: CtxId, r: RegMrReq, fd: Option<OwnedFd>) -> Reply {
         let access = Access(r.access.get());
         let (addr, len) = (r.addr.get(), r.length.get());
+        self.dp.check_range(ctx, addr, len, access)?;
         let k = self
             .core
             .reg_mr(ctx, handle_of(r.pd), addr, len, r.iova.get(), access)
@@ -643,6 +644,24 @@ impl Dispatcher {
         // uverbs rereg_mr: no flag, or an unknown one, is EINVAL.
         if f == 0 || f & !all != 0 {
             return Err(EINVAL);
+        }
+        if f & (REREG_MR_CHANGE_TRANSLATION | REREG_MR_CHANGE_ACCESS) != 0 {
+            // The range and access the MR will have, judged as reg_mr judges them.
+            let (addr, length, access) = self
+                .core
+                .mr_range(ctx, handle_of(r.handle))
+                .map_err(core_err)?;
+            let (addr, length) = if f & REREG_MR_CHANGE_TRANSLATION != 0 {
+                (r.addr.get(), r.length.get())
+            } else {
+                (addr, length)
+            };
+            let access = if f & REREG_MR_CHANGE_ACCESS != 0 {
+                Access(r.access.get())
+            } else {
+                access
+            };
+            self.dp.check_range(ctx, addr, length, access)?;
         }
         let k = self
             .core
@@ -948,7 +967,11 @@ impl Dispatcher {
             return Err(EPROTONOSUPPORT);
         }
         let with_mem = comp_mask & HELLO_MEM_FD != 0;
-        if fds.len() != usize::from(with_mem) || (with_mem && r.device.get() == NO_DEVICE) {
+        let with_maps = comp_mask & HELLO_MAPS_FD != 0;
+        if fds.len() != usize::from(with_mem) + usize::from(with_maps)
+            || (with_maps && !with_mem)
+            || (with_mem && r.device.get() == NO_DEVICE)
+        {
             return Err(EINVAL);
         }
         let resp = |ctx_id: u64, n: usize| HelloResp {
@@ -964,11 +987,19 @@ impl Dispatcher {
             return ok::<cmd::Hello>(resp(0, n));
         }
         let opener = s.sender();
+        let maps = if with_maps { fds.pop() } else { None };
+        let refuse = |e: softverbs_memaccess::MemFdError| {
+            tracing::info!(pid = opener, "context refused: {e}");
+            e.errno()
+        };
         let memory = match fds.pop() {
-            Some(fd) => Some(ProcessMemory::validate(fd, opener).map_err(|e| {
-                tracing::info!(pid = opener, "context refused: {e}");
-                e.errno()
-            })?),
+            Some(fd) => {
+                let m = ProcessMemory::validate(fd, opener).map_err(refuse)?;
+                Some(match maps {
+                    Some(maps) => m.with_maps(maps).map_err(refuse)?,
+                    None => m,
+                })
+            }
             None => None,
         };
         // The eventfd first: a context must not exist unless the session records it.

@@ -602,3 +602,69 @@ fn hello_takes_only_the_senders_own_mem_opened_read_write() {
         "and the plain greeting works on the same connection"
     );
 }
+
+/// ABI 7: `HELLO_MAPS_FD` adds the sender's own `/proc/self/maps` after its `mem`; anything
+/// else in that place, or the bit without `mem`, is refused. An ABI 6 daemon refuses the bit.
+#[test]
+fn hello_takes_the_senders_own_maps_only_with_its_mem() {
+    let path = sock_path("hello-maps");
+    let d = spawn_test_daemon(&path).unwrap();
+    let hello = |path: &std::path::Path, mask: u64, fds: &[std::os::fd::BorrowedFd<'_>]| {
+        let raw = Raw {
+            sock: softverbs_ipc::connect_seqpacket(path).unwrap(),
+            _events: None,
+        };
+        let body = HelloReq {
+            abi_version: U32::new(ABI_VERSION),
+            device: U32::new(0),
+        };
+        raw.call_raw(Cmd::Hello, mask, body.as_bytes(), fds).0
+    };
+    let open = |p: &str, write: bool| -> OwnedFd {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .open(p)
+            .unwrap()
+            .into()
+    };
+    let mem = open("/proc/self/mem", true);
+    let maps = open("/proc/self/maps", false);
+    let status = open("/proc/self/status", false);
+    let both = HELLO_MEM_FD | HELLO_MAPS_FD;
+    assert_eq!(
+        hello(&path, both, &[mem.as_fd(), maps.as_fd()]),
+        0,
+        "mem and maps"
+    );
+    assert_eq!(
+        hello(&path, both, &[mem.as_fd(), status.as_fd()]),
+        22,
+        "EINVAL: another procfs file in the place of maps"
+    );
+    assert_eq!(
+        hello(&path, both, &[mem.as_fd()]),
+        22,
+        "EINVAL: the bit without its descriptor"
+    );
+    assert_eq!(
+        hello(&path, HELLO_MAPS_FD, &[maps.as_fd()]),
+        22,
+        "EINVAL: maps without mem"
+    );
+    drop(d);
+    let path = sock_path("hello-maps-old");
+    let mut cfg = Config::new(path.clone());
+    cfg.abi_version = 6;
+    let _d = spawn_daemon_with(cfg).unwrap();
+    assert_eq!(
+        hello(&path, both, &[mem.as_fd(), maps.as_fd()]),
+        95,
+        "EOPNOTSUPP from an ABI 6 daemon"
+    );
+    assert_eq!(
+        hello(&path, HELLO_MEM_FD, &[mem.as_fd()]),
+        0,
+        "which takes mem alone"
+    );
+}

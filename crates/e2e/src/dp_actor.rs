@@ -14,8 +14,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    Access, AhAttr, AttrMask as M, Context, Cq, Gid, Mtu, Qp, QpAttr, QpCap, QpInit, QpState,
-    QpType, SendOp, SendRequest, Sge, SrqAttr, WcOpcode, WcStatus, WorkCompletion, O_CREAT,
+    Access, AhAttr, AttrMask as M, Context, Cq, Gid, Mtu, Op, Qp, QpAttr, QpCap, QpInit, QpState,
+    QpType, SendOp, SendRequest, SendWork, Sge, SrqAttr, WcOpcode, WcStatus, WorkCompletion,
+    O_CREAT,
 };
 use softverbs_abi::codec::{decode_response, encode_request};
 use softverbs_abi::msg::{
@@ -27,11 +28,24 @@ use softverbs_abi::msg::{
 use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
-/// Names a plain `Vec` of this actor for the raw registration. The process tests register
-/// such buffers, read and write them while registered (after the completions they wait
-/// for) and even give one back to the system while its MR lives (`FREE`), to probe the
-/// daemon: they bend the contract of `RawMemory::new` knowingly, in a test process. Moving
-/// them to the owning API (`Pd::alloc_mr`) is left to a later change.
+/// Names a plain `Vec` of this actor for the raw registration, where an actor probes the
+/// raw path on purpose; everything else uses the owning API (`Pd::alloc_mr`, `Buf`,
+/// `SendWork`, `post_recv_buf`, `poll_bufs`: the streams of `dp-rc` and both XRC roles).
+/// What stays raw, and why:
+///
+/// * `dp-rc`'s main buffer (the `addr`/`rkey` of its `READY` line): `FREE` gives it back to
+///   the system while its MR lives, to show that RDMA into freed private memory completes
+///   with an error and harms nobody else — memory only `RawMemory` can register (an owned
+///   MR cannot be freed under its registration, a borrowed one cannot be dropped). The
+///   same buffer is the target peers address in `OPS`/`WRITE`/`READ`, and the commands over
+///   it need what owned `Buf`s do not offer: `POSTRECV n` posts n receives of one region at
+///   peer-chosen offsets, `OPS` READs into two SGEs, and `WRITE`/`READ` after `FREE` stand
+///   a spare `Vec` in under the freed MR's lkey.
+/// * `dp-garbage`'s buffers: it is a raw protocol client on purpose (keys and SGEs the
+///   typed API would refuse).
+///
+/// Those buffers are read and written while registered (after the completions the actor
+/// waits for): they bend the contract of `RawMemory::new` knowingly, in a test process.
 #[allow(unsafe_code)]
 fn raw_memory(addr: u64, len: usize) -> softverbs::RawMemory {
     // SAFETY: not upheld in full, on purpose (see above): the daemon may write these
@@ -335,6 +349,7 @@ fn rc(socket: &Path, buf_len: usize, depth: u32, timeout: u8, retry: u8) -> ! {
         std::process::id()
     ));
     let input = stdin_lines();
+    let mut stream_mrs = Vec::new();
     let lkey = mr.lkey();
     let sge = |off: u64, len: u32| {
         [Sge {
@@ -418,34 +433,15 @@ fn rc(socket: &Path, buf_len: usize, depth: u32, timeout: u8, retry: u8) -> ! {
             // STREAM-SEND n size seed: n messages, RC in order; at most `depth` in flight.
             "STREAM-SEND" => {
                 let (n, size, seed): (u64, u32, u64) = (num(&a, 1), num(&a, 2), num(&a, 3));
-                stream_send(
-                    &qp,
-                    &cq,
-                    buf.as_mut().expect("checked"),
-                    base,
-                    lkey,
-                    depth,
-                    n,
-                    size,
-                    seed,
-                );
+                stream_send(&qp, &cq, &pd, buf_len, depth, n, size, seed);
             }
             // STREAM-RECV n size seed [progress_at]: receives and checks n messages.
             "STREAM-RECV" => {
                 let (n, size, seed): (u64, u32, u64) = (num(&a, 1), num(&a, 2), num(&a, 3));
                 let progress_at: u64 = if a.len() > 4 { num(&a, 4) } else { u64::MAX };
-                stream_recv(
-                    &qp,
-                    &cq,
-                    buf.as_mut().expect("checked"),
-                    base,
-                    lkey,
-                    depth,
-                    n,
-                    size,
-                    seed,
-                    progress_at,
-                );
+                // Its last receive may stay posted: its memory stays registered.
+                let mr = stream_recv(&qp, &cq, &pd, buf_len, depth, n, size, seed, progress_at);
+                stream_mrs.push(mr);
             }
             // WRITE/READ raddr rkey off len: one RDMA op, its completion.
             "WRITE" | "READ" => {
@@ -645,41 +641,64 @@ fn message_seq(m: &[u8]) -> Option<u64> {
     (m.get(..4)? == MAGIC).then(|| u64::from_le_bytes(m[4..12].try_into().expect("8")))
 }
 
+/// Library-owned buffers for a stream: as many `size`-byte slots as the actor's registered
+/// buffer would hold, at most `depth`. Streams only SEND and RECV, so their slots need not
+/// be the buffer peers address; each slot is handed to the QP and comes back with its
+/// completion before this process touches it again.
+fn stream_bufs<'p>(
+    pd: &'p softverbs::Pd<'_>,
+    buf_len: usize,
+    depth: u32,
+    size: u32,
+) -> (softverbs::OwnedMr<'p>, Vec<softverbs::Buf>) {
+    let slots = u64::from(depth).min(buf_len as u64 / u64::from(size)) as usize;
+    let mut mr = pd
+        .alloc_mr((slots * size as usize).max(1), Access::LOCAL_WRITE)
+        .or_fail("alloc_mr");
+    let bufs = (0..slots)
+        .map(|_| mr.take(size as usize).or_fail("take"))
+        .collect();
+    (mr, bufs)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn stream_send(
     qp: &Qp<'_>,
     cq: &Cq<'_>,
-    buf: &mut [u8],
-    base: u64,
-    lkey: u32,
+    pd: &softverbs::Pd<'_>,
+    buf_len: usize,
     depth: u32,
     n: u64,
     size: u32,
     seed: u64,
 ) {
-    let slots = u64::from(depth).min(buf.len() as u64 / u64::from(size));
+    let (_mr, mut free) = stream_bufs(pd, buf_len, depth, size);
+    let slots = free.len() as u64;
+    // (library wr_id, message number) of the messages in flight, in posting order.
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut msg = vec![0u8; size as usize];
     let (mut posted, mut done, mut digest) = (0u64, 0u64, FNV0);
     let mut first_err: Option<(u64, WcStatus)> = None;
     let (mut flushed, mut after_err_ok) = (0u64, 0u64);
     let mut last_progress = Instant::now();
     while done < posted || (posted < n && first_err.is_none()) {
         while first_err.is_none() && posted < n && posted - done < slots {
-            let off = (posted % slots) * u64::from(size);
-            let slot = &mut buf[off as usize..(off + u64::from(size)) as usize];
-            message(slot, seed, posted);
-            digest = fnv(digest, slot);
-            let s = [Sge {
-                addr: base + off,
-                length: size,
-                lkey,
-            }];
-            if let Err(e) = qp.post_send(&SendRequest::new(posted, SendOp::Send, &s)) {
-                say(&format!("ERR post_send {posted}: {e}"));
-                std::process::exit(1);
+            message(&mut msg, seed, posted);
+            digest = fnv(digest, &msg);
+            let mut b = free
+                .pop()
+                .unwrap_or_else(|| fail("post_send", "no free buffer"));
+            b.write(0, &msg).or_fail("write");
+            match qp.post(SendWork::new(Op::Send, b)) {
+                Ok(id) => in_flight.push_back((id.0, posted)),
+                Err(r) => {
+                    say(&format!("ERR post_send {posted}: {}", r.error));
+                    std::process::exit(1);
+                }
             }
             posted += 1;
         }
-        let got = cq.poll(32).or_fail("poll_cq");
+        let got = cq.poll_bufs(32).or_fail("poll_cq");
         if got.is_empty() {
             if last_progress.elapsed() > Duration::from_secs(60) {
                 say(&format!("ERR stalled sent={done} posted={posted}"));
@@ -689,22 +708,24 @@ fn stream_send(
             continue;
         }
         last_progress = Instant::now();
-        for w in got {
-            if w.wr_id != done {
+        for c in got {
+            let w = &c.wc;
+            let Some((_, seq)) = in_flight.pop_front().filter(|&(id, _)| id == w.wr_id) else {
                 say(&format!(
                     "BAD completion out of order: {} want {done}",
-                    wc_line(&w)
+                    wc_line(w)
                 ));
                 return;
-            }
+            };
+            free.extend(c.buf);
             done += 1;
             match (w.status, first_err) {
                 (WcStatus::Success, None) => {}
                 (WcStatus::Success, Some(_)) => after_err_ok += 1,
-                (s, None) => first_err = Some((w.wr_id, s)),
+                (s, None) => first_err = Some((seq, s)),
                 (WcStatus::WrFlushErr, Some(_)) => flushed += 1,
                 (s, Some(_)) => {
-                    say(&format!("BAD second error {s:?} at {}", w.wr_id));
+                    say(&format!("BAD second error {s:?} at {seq}"));
                     return;
                 }
             }
@@ -719,84 +740,94 @@ fn stream_send(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn stream_recv(
+fn stream_recv<'p>(
     qp: &Qp<'_>,
     cq: &Cq<'_>,
-    buf: &mut [u8],
-    base: u64,
-    lkey: u32,
+    pd: &'p softverbs::Pd<'_>,
+    buf_len: usize,
     depth: u32,
     n: u64,
     size: u32,
     seed: u64,
     progress_at: u64,
-) {
-    let slots = u64::from(depth).min(buf.len() as u64 / u64::from(size));
-    let post = |slot: u64| {
-        let s = [Sge {
-            addr: base + slot * u64::from(size),
-            length: size,
-            lkey,
-        }];
-        qp.post_recv(slot, &s).or_fail("post_recv");
+) -> softverbs::OwnedMr<'p> {
+    let (mr, mut spare) = stream_bufs(pd, buf_len, depth, size);
+    let post = |b: softverbs::Buf| {
+        qp.post_recv_buf(b)
+            .map_err(|r| r.error)
+            .or_fail("post_recv");
     };
-    for slot in 0..slots.min(n) {
-        post(slot);
+    let mut posted = 0u64;
+    while posted < n {
+        let Some(b) = spare.pop() else { break };
+        post(b);
+        posted += 1;
     }
-    let (mut got, mut digest, mut posted) = (0u64, FNV0, slots.min(n));
+    let (mut got, mut digest) = (0u64, FNV0);
+    let mut m = vec![0u8; size as usize];
     let mut last_progress = Instant::now();
     while got < n {
-        let wcs = cq.poll(32).or_fail("poll_cq");
-        dma_settled(buf);
+        let wcs = cq.poll_bufs(32).or_fail("poll_cq");
         if wcs.is_empty() {
             if last_progress.elapsed() > Duration::from_secs(60) {
                 say(&format!("ERR stalled received={got}"));
-                return;
+                return mr;
             }
             std::thread::yield_now();
             continue;
         }
         last_progress = Instant::now();
-        for w in wcs {
-            if w.status != WcStatus::Success || w.opcode != WcOpcode::Recv || w.byte_len != size {
-                say(&format!("BAD receive {got}: {}", wc_line(&w)));
-                return;
-            }
-            let slot = w.wr_id;
-            let off = (slot * u64::from(size)) as usize;
-            let m = &buf[off..off + size as usize];
-            let Some(seq) = message_seq(m) else {
+        for c in wcs {
+            let w = &c.wc;
+            let b = match c.buf {
+                Some(b)
+                    if w.status == WcStatus::Success
+                        && w.opcode == WcOpcode::Recv
+                        && w.byte_len == size =>
+                {
+                    b
+                }
+                _ => {
+                    say(&format!("BAD receive {got}: {}", wc_line(w)));
+                    return mr;
+                }
+            };
+            b.read(0, &mut m).or_fail("read");
+            let Some(seq) = message_seq(&m) else {
                 say(&format!("BAD message number {got} has no magic"));
-                return;
+                return mr;
             };
             if seq != got {
                 say(&format!("BAD message {seq} arrived as number {got}"));
-                return;
+                return mr;
             }
             if let Some(i) = mismatch(&m[12..], seed ^ seq, 12) {
                 say(&format!("BAD message {seq} corrupt at byte {}", 12 + i));
-                return;
+                return mr;
             }
-            digest = fnv(digest, m);
+            digest = fnv(digest, &m);
             got += 1;
             if got == progress_at {
                 say(&format!("PROGRESS {got}"));
             }
             if posted < n {
-                post(slot);
+                post(b);
                 posted += 1;
+            } else {
+                spare.push(b);
             }
         }
     }
     // Nothing more may arrive (no duplicates): a short quiet period with a spare receive.
-    if posted == n {
-        post(0);
+    if let Some(b) = spare.pop() {
+        post(b);
     }
     if let Some(w) = wait_one(cq, Duration::from_millis(200)) {
         say(&format!("BAD extra completion after {n}: {}", wc_line(&w)));
-        return;
+        return mr;
     }
     say(&format!("OK received={got} digest={digest:016x}"));
+    mr
 }
 
 // ---- XRC -----------------------------------------------------------------------------------
@@ -895,21 +926,19 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
         )
         .or_fail("create_xrc_srq");
     let srqn = srq.srq_num().or_fail("get_srq_num");
-    let buf = vec![0u8; (slots * size) as usize];
-    let base = buf.as_ptr() as u64;
-    let mr = pd
-        .reg_mr(raw_memory(base, buf.len()), Access::LOCAL_WRITE)
-        .or_fail("reg_mr");
-    let post = |slot: u64| {
-        let s = [Sge {
-            addr: base + slot * u64::from(size),
-            length: size,
-            lkey: mr.lkey(),
-        }];
-        srq.post_recv(slot, &s).or_fail("post_srq_recv");
+    // Library-owned shared memory, one Buf per receive slot: each is handed to the SRQ and
+    // comes back with the completion that filled it, so nothing reads a slot the daemon may
+    // still write.
+    let mut mr = pd
+        .alloc_mr((slots * size) as usize, Access::LOCAL_WRITE)
+        .or_fail("alloc_mr");
+    let post = |b: softverbs::Buf| {
+        srq.post_recv_buf(b)
+            .map_err(|r| r.error)
+            .or_fail("post_srq_recv");
     };
-    for slot in 0..u64::from(slots) {
-        post(slot);
+    for _ in 0..slots {
+        post(mr.take(size as usize).or_fail("take"));
     }
     say(&format!("READY srqn={srqn}"));
     let input = stdin_lines();
@@ -919,13 +948,22 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
     let mut done_at: Option<Instant> = None;
     let mut last = Instant::now();
     loop {
-        let wcs = cq.poll(32).or_fail("poll_cq");
-        if !wcs.is_empty() {
+        let wcs = cq.poll_bufs(32).or_fail("poll_cq");
+        let idle = wcs.is_empty();
+        if !idle {
             last = Instant::now();
         }
-        for w in &wcs {
-            let off = (w.wr_id * u64::from(size)) as usize;
-            let m = &buf[off..off + size as usize];
+        for c in wcs {
+            let w = &c.wc;
+            let Some(b) = c.buf else {
+                bad.push(format!(
+                    "wc-without-buffer:{}",
+                    wc_line(w).replace(' ', ",")
+                ));
+                continue;
+            };
+            let msg = b.to_vec();
+            let m = &msg[..];
             let seq = message_seq(m).unwrap_or(u64::MAX);
             let aimed = u32::from_le_bytes(m[12..16].try_into().expect("4"));
             if w.status != WcStatus::Success
@@ -946,7 +984,7 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
                 seqs.push(seq);
             }
             if w.status == WcStatus::Success {
-                post(w.wr_id);
+                post(b);
             }
         }
         if let Ok(l) = input.try_recv() {
@@ -962,7 +1000,7 @@ fn xrc_owner(socket: &Path, file: &Path, qpn: u32, face: crate::Face, slots: u32
                 break;
             }
         }
-        if wcs.is_empty() {
+        if idle {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
@@ -1014,11 +1052,6 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
         .or_fail("create_qp");
     let gid = ctx.query_gid(1, 0).or_fail("query_gid");
     const MAX_SIZE: usize = 4096;
-    let mut buf = vec![0u8; depth as usize * MAX_SIZE];
-    let base = buf.as_ptr() as u64;
-    let mr = pd
-        .reg_mr(raw_memory(base, buf.len()), Access::LOCAL_WRITE)
-        .or_fail("reg_mr");
     say(&format!("READY qpn={} gid={}", qp.qpn(), gid_hex(gid)));
     let input = stdin_lines();
     while let Ok(line) = input.recv() {
@@ -1035,22 +1068,30 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
                 let srqns: Vec<u32> = a[3].split(',').map(|s| s.parse().or_fail("srqn")).collect();
                 let (mid, pace): (u64, u64) = (num(&a, 4), num(&a, 5));
                 let size = size.min(MAX_SIZE);
+                // One owned buffer per message in flight, of this stream's size: each is
+                // handed to the QP and comes back with its completion before it is refilled.
+                let mut mr = pd
+                    .alloc_mr(depth as usize * size, Access::LOCAL_WRITE)
+                    .or_fail("alloc_mr");
+                let mut free: Vec<softverbs::Buf> =
+                    (0..depth).map(|_| mr.take(size).or_fail("take")).collect();
+                // The library's wr_ids of the messages in flight, in posting order.
+                let mut in_flight = std::collections::VecDeque::new();
+                let mut msg = vec![0u8; size];
                 let (mut posted, mut done) = (0u64, 0u64);
                 let mut result = None;
                 let mut last = Instant::now();
                 while done < n && result.is_none() {
                     while posted < n && posted - done < u64::from(depth) {
-                        let slot = (posted % u64::from(depth)) as usize * MAX_SIZE;
                         let srqn = srqns[(posted % srqns.len() as u64) as usize];
-                        xrc_message(&mut buf[slot..slot + size], 0x5eed, posted, srqn);
-                        let s = [Sge {
-                            addr: base + slot as u64,
-                            length: size as u32,
-                            lkey: mr.lkey(),
-                        }];
-                        let mut wr = SendRequest::new(posted, SendOp::Send, &s);
-                        wr.remote_srqn = srqn;
-                        qp.post_send(&wr).or_fail("post_send");
+                        xrc_message(&mut msg, 0x5eed, posted, srqn);
+                        let mut b = free
+                            .pop()
+                            .unwrap_or_else(|| fail("post_send", "no free buffer"));
+                        b.write(0, &msg).or_fail("write");
+                        let wr = SendWork::new(Op::Send, b).remote_srqn(srqn);
+                        let id = qp.post(wr).map_err(|r| r.error).or_fail("post_send");
+                        in_flight.push_back(id);
                         posted += 1;
                         if posted == mid + 1 {
                             say(&format!("MID {posted}"));
@@ -1060,7 +1101,7 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
                             break;
                         }
                     }
-                    let wcs = cq.poll(32).or_fail("poll_cq");
+                    let wcs = cq.poll_bufs(32).or_fail("poll_cq");
                     if wcs.is_empty() {
                         if last.elapsed() > Duration::from_secs(60) {
                             result = Some(format!("ERR stalled done={done} posted={posted}"));
@@ -1069,14 +1110,17 @@ fn xrc_sender(socket: &Path, depth: u32) -> ! {
                     } else {
                         last = Instant::now();
                     }
-                    for w in wcs {
-                        if w.status != WcStatus::Success || w.wr_id != done {
+                    for c in wcs {
+                        let w = &c.wc;
+                        let next = in_flight.pop_front();
+                        if w.status != WcStatus::Success || next.map(|i| i.0) != Some(w.wr_id) {
                             result = Some(format!(
                                 "ERR completion {} (want {done} Success)",
-                                wc_line(&w)
+                                wc_line(w)
                             ));
                             break;
                         }
+                        free.extend(c.buf);
                         done += 1;
                     }
                 }

@@ -34,7 +34,9 @@ mod raw;
 mod shared;
 
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
-pub use process_mem::{open_own_memory, MemFdError, ProcessMem, ProcessMemory};
+pub use process_mem::{
+    open_own_maps, open_own_memory, MemFdError, ProcessMem, ProcessMemory, RangeError,
+};
 pub use process_vm::ProcessVm;
 pub use raw::RawMemory;
 pub use shared::{NoFallback, RegionError, RegionId, SharedMappings};

@@ -58,6 +58,7 @@ impl MemFdError {
 pub struct ProcessMemory {
     fd: OwnedFd,
     pid: u32,
+    maps: Option<OwnedFd>,
 }
 
 impl ProcessMemory {
@@ -85,7 +86,34 @@ impl ProcessMemory {
         if mode != OFlags::RDWR {
             return Err(MemFdError::NotReadWrite);
         }
-        Ok(ProcessMemory { fd, pid })
+        Ok(ProcessMemory {
+            fd,
+            pid,
+            maps: None,
+        })
+    }
+
+    /// Adds the same process's own `/proc/self/maps` (ABI 7), through which
+    /// [`ProcessMem::check_range`] judges registrations. Checked like the `mem` file: a procfs
+    /// file named `/proc/<pid>/maps`, open for reading. Opened by the client, it is bound to
+    /// its address space at `open(2)` as `mem` is (proc(5)), so what it reports is that
+    /// address space, never whatever process later has the pid.
+    pub fn with_maps(mut self, fd: OwnedFd) -> Result<ProcessMemory, MemFdError> {
+        let mode = fcntl_getfl(&fd).map_err(io::Error::from)? & OFlags::RWMODE;
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        let found = link.to_string_lossy().into_owned();
+        let on_procfs = fstatfs(&fd).map_err(io::Error::from)?.f_type as i64 == PROC_SUPER_MAGIC;
+        if !on_procfs || found != format!("/proc/{}/maps", self.pid) {
+            return Err(MemFdError::NotPeerMem {
+                expected: self.pid,
+                found,
+            });
+        }
+        if mode == OFlags::WRONLY {
+            return Err(MemFdError::NotReadWrite);
+        }
+        self.maps = Some(fd);
+        Ok(self)
     }
 
     /// The pid the memory belonged to when it was validated (for logs; the descriptor, not
@@ -107,6 +135,42 @@ pub fn open_own_memory() -> io::Result<OwnedFd> {
     )?)
 }
 
+/// What the client sends with its `mem` (ABI 7): its own `/proc/self/maps`, read-only and
+/// close-on-exec.
+pub fn open_own_maps() -> io::Result<OwnedFd> {
+    use rustix::fs::{open, Mode};
+    Ok(open(
+        "/proc/self/maps",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Why [`ProcessMem::check_range`] refused a registration (both are `EFAULT`, as
+/// `ibv_reg_mr` answers when `ib_umem_get` cannot pin the pages).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RangeError {
+    /// Some page of the range is not mapped, or not readable.
+    #[error("{addr:#x} is not mapped readable")]
+    NotMapped {
+        /// The first address found wanting.
+        addr: u64,
+    },
+    /// Write access was asked for and some page of the range is not writable.
+    #[error("{addr:#x} is not writable")]
+    NotWritable {
+        /// The first address found wanting.
+        addr: u64,
+    },
+}
+
+impl RangeError {
+    /// `EFAULT`, the errno the daemon answers with.
+    pub fn errno(&self) -> i32 {
+        Errno::FAULT.raw_os_error()
+    }
+}
+
 /// Reaches the memory of each context's process with one `pread`/`pwrite` on its `mem`
 /// descriptor per access (plus one more per short transfer).
 ///
@@ -118,10 +182,11 @@ pub fn open_own_memory() -> io::Result<OwnedFd> {
 /// # Writes to read-only pages
 ///
 /// The kernel writes through `/proc/pid/mem` as a debugger does (`FOLL_FORCE`, unless
-/// `proc_mem.force_override=` says otherwise), so a remote write into an MR registered
-/// with `IBV_ACCESS_REMOTE_WRITE` over read-only pages of the client lands (in a private
-/// copy of the page) where a NIC would fault. Only the client's own registration allows
-/// that, and the client could write those pages the same way itself.
+/// `proc_mem.force_override=` says otherwise), so it would write read-only pages. The
+/// daemon therefore refuses, at `reg_mr`/`rereg_mr`, write access over pages that are not
+/// writable, as `ib_umem_get` does by pinning with `FOLL_WRITE` ([`ProcessMem::check_range`],
+/// docs/registered-memory.md). A later `mprotect` by the program does not stop the writes,
+/// as it does not stop a NIC's DMA into pinned pages.
 ///
 /// # Atomics
 ///
@@ -154,6 +219,32 @@ impl ProcessMem {
         self.spaces.get(&ctx).map(|m| m.pid)
     }
 
+    /// Whether `len` bytes at `addr` of `ctx`'s process may be registered, `write` saying
+    /// whether the access flags let the MR be written (`IBV_ACCESS_LOCAL_WRITE`,
+    /// `REMOTE_WRITE`, `REMOTE_ATOMIC`, `MW_BIND`: the flags for which `ib_umem_get` pins
+    /// with `FOLL_WRITE`). Every page must be mapped readable, and writable if `write`,
+    /// else [`RangeError`] (`EFAULT`). Judged from the process's own `maps` descriptor at
+    /// the moment of the call. A context without one (a client older than ABI 7) is not
+    /// judged: `Ok`. A descriptor that no longer reads (the process exited or `execve`d)
+    /// reports no mappings, so the range is `NotMapped`.
+    pub fn check_range(
+        &self,
+        ctx: CtxId,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(), RangeError> {
+        let Some(maps) = self.spaces.get(&ctx).and_then(|m| m.maps.as_ref()) else {
+            return Ok(());
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let text = read_all(maps).map_err(|_| RangeError::NotMapped { addr })?;
+        let end = addr.saturating_add(len);
+        covered(&text, addr, end, write)
+    }
+
     fn target(&self, ctx: CtxId, addr: u64, len: usize) -> Result<&OwnedFd, Fault> {
         let m = self.spaces.get(&ctx).ok_or(Fault { ctx, addr })?;
         // File offsets are signed: the whole range must fit below i64::MAX.
@@ -163,6 +254,53 @@ impl ProcessMem {
         }
         Ok(&m.fd)
     }
+}
+
+/// The whole of a procfs text file, read with `pread` from offset 0 (the descriptor's own
+/// offset is left alone: the client may hold the same open file).
+fn read_all(fd: &OwnedFd) -> rustix::io::Result<String> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rustix::io::pread(fd, &mut buf, out.len() as u64) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Whether `maps` text (`start-end perms ...` lines, ascending) covers `[lo, hi)` with
+/// readable mappings, writable too if `write`.
+fn covered(maps: &str, lo: u64, hi: u64, write: bool) -> Result<(), RangeError> {
+    let mut at = lo;
+    for line in maps.lines() {
+        let mut f = line.split_ascii_whitespace();
+        let Some((start, end)) = f.next().and_then(|r| r.split_once('-')) else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+        else {
+            continue;
+        };
+        let perms = f.next().unwrap_or("");
+        if end <= at {
+            continue;
+        }
+        if start > at || !perms.starts_with('r') {
+            return Err(RangeError::NotMapped { addr: at });
+        }
+        if write && perms.as_bytes().get(1) != Some(&b'w') {
+            return Err(RangeError::NotWritable { addr: at });
+        }
+        at = end;
+        if at >= hi {
+            return Ok(());
+        }
+    }
+    Err(RangeError::NotMapped { addr: at })
 }
 
 /// Runs `step(done)` until `len` bytes are transferred. `EINTR` is retried; a zero-byte
@@ -208,5 +346,42 @@ impl Memory for ProcessMem {
         transfer(ctx, addr, len, |done| {
             rustix::io::pwrite(fd, &data[done..], addr + done as u64)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "1000-3000 rw-p 00000000 00:00 0\n\
+3000-4000 r--p 00000000 00:00 0\n\
+5000-6000 ---p 00000000 00:00 0\n\
+6000-7000 rw-s 00000000 00:01 7 /memfd:x (deleted)\n";
+
+    #[test]
+    fn writable_readable_holes() {
+        assert_eq!(covered(MAPS, 0x1000, 0x3000, true), Ok(()));
+        assert_eq!(covered(MAPS, 0x2000, 0x4000, false), Ok(()));
+        assert_eq!(
+            covered(MAPS, 0x2000, 0x4000, true),
+            Err(RangeError::NotWritable { addr: 0x3000 })
+        );
+        assert_eq!(
+            covered(MAPS, 0x3800, 0x4800, false),
+            Err(RangeError::NotMapped { addr: 0x4000 })
+        );
+        assert_eq!(
+            covered(MAPS, 0x5000, 0x5001, false),
+            Err(RangeError::NotMapped { addr: 0x5000 })
+        );
+        assert_eq!(covered(MAPS, 0x6000, 0x7000, true), Ok(()));
+        assert_eq!(
+            covered(MAPS, 0x6800, 0x8000, true),
+            Err(RangeError::NotMapped { addr: 0x7000 })
+        );
+        assert_eq!(
+            covered(MAPS, 0x100, 0x200, false),
+            Err(RangeError::NotMapped { addr: 0x100 })
+        );
     }
 }
