@@ -39,7 +39,10 @@ pub use codec::{
 /// (`QueuesResp::flag_offset`), so the daemon visits only the QPs a client posted to.
 /// 7: `Hello` carries the client's `/proc/self/maps` too ([`msg::HELLO_MAPS_FD`]), so that
 /// registrations over unmapped or read-only pages fail.
-pub const ABI_VERSION: u32 = 7;
+/// 8: a send ring's pending pair (the count the daemon is about to publish and the CQ index
+/// of the completion that goes with it), so a client whose daemon died between the two flushes
+/// that request (docs/shm-rings.md).
+pub const ABI_VERSION: u32 = 8;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

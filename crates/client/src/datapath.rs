@@ -281,7 +281,11 @@ impl Cq<'_> {
     /// Hands out up to `max` flush completions (collected on the first call).
     fn poll_flushed(&self, max: usize, f: &mut impl FnMut(&WorkCompletion)) -> usize {
         let mut g = self.flushed.lock().unwrap_or_else(|e| e.into_inner());
-        let q = g.get_or_insert_with(|| crate::flush::collect(self.ctx, self.handle));
+        let written = self.ring.as_ref().map(|r| {
+            let mut c = r.lock().unwrap_or_else(|e| e.into_inner());
+            c.consumed().wrapping_add(c.available().unwrap_or(0))
+        });
+        let q = g.get_or_insert_with(|| crate::flush::collect(self.ctx, self.handle, written));
         let mut n = 0;
         while n < max {
             let Some(wc) = q.pop_front() else { break };

@@ -8,7 +8,10 @@
 //! request it posted that the ring has not reused, and
 //!
 //! * on a send queue, the daemon's retired count (the ring's note, ABI 4, docs/shm-rings.md)
-//!   says how many of them left its engine: requests `[retired, posted)` are outstanding;
+//!   says how many of them left its engine: requests `[retired, posted)` are outstanding.
+//!   The daemon moves the count past a request right before it pushes the request's
+//!   completion; its pending pair (ABI 8) says whether a daemon that died in between pushed
+//!   it: if not, the last request counted is outstanding too;
 //! * on a receive queue, receive requests complete in the order posted, and the context
 //!   counts those still outstanding (posts add, polled receive completions subtract): once the
 //!   CQ's ring is drained the last `count` requests posted are outstanding.
@@ -45,8 +48,9 @@ fn flushed(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
 }
 
 /// The flush completions CQ `cq` owes, in QP-handle order, each queue taken once. Called
-/// once per CQ, after the device went and the CQ's ring was drained.
-pub(crate) fn collect(ctx: &Context, cq: u32) -> VecDeque<WorkCompletion> {
+/// once per CQ, after the device went; `cq_written` is how many entries the daemon wrote into
+/// the CQ's ring (its producer index), if it has one.
+pub(crate) fn collect(ctx: &Context, cq: u32, cq_written: Option<u32>) -> VecDeque<WorkCompletion> {
     let mut out = VecDeque::new();
     let qps = ctx.ring_qps.lock().unwrap_or_else(|e| e.into_inner());
     for q in qps.values() {
@@ -56,9 +60,8 @@ pub(crate) fn collect(ctx: &Context, cq: u32) -> VecDeque<WorkCompletion> {
             // Without the retired count (ABI < 4) nothing says what is outstanding.
             if ctx.conn.abi >= 4 {
                 let posted = r.sq.produced();
-                let n = posted
-                    .wrapping_sub(r.sq.note())
-                    .min(r.sq.layout().capacity());
+                let retired = sq_retired(r.sq.note(), r.sq.pending(), cq_written, ctx.conn.abi);
+                let n = posted.wrapping_sub(retired).min(r.sq.layout().capacity());
                 let mut buf = vec![0u8; r.sq.layout().entry_size()];
                 for k in 0..n {
                     if r.sq
@@ -93,4 +96,45 @@ pub(crate) fn collect(ctx: &Context, cq: u32) -> VecDeque<WorkCompletion> {
         }
     }
     out
+}
+
+/// How many send requests of a ring completed (or retired without a completion), from the
+/// daemon's retired count `note` and pending pair `pending` (low half: a count the daemon was
+/// about to publish; high half: the index in the QP's send CQ ring the completion of the last
+/// request it counts would take). When the pair belongs to the count (same value) and that
+/// index was never written (`cq_written`, wrapping), the daemon died between counting the
+/// request and pushing its completion: that request is outstanding.
+fn sq_retired(note: u32, pending: u64, cq_written: Option<u32>, abi: u32) -> u32 {
+    let (count, cq_index) = (pending as u32, (pending >> 32) as u32);
+    let landed = |written: u32| (written.wrapping_sub(cq_index) as i32) > 0;
+    if abi >= 8 && count == note && cq_written.is_some_and(|w| !landed(w)) {
+        note.wrapping_sub(1)
+    } else {
+        note
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sq_retired;
+
+    #[test]
+    fn a_count_whose_completion_never_landed_leaves_its_request_outstanding() {
+        // Counted 5 (request 4), its completion was to take CQ index 9: 9 entries written.
+        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(9), 8), 4);
+        // Written: the count stands.
+        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(10), 8), 5);
+        // A pair of an older count (or one not yet published): the count stands.
+        assert_eq!(sq_retired(6, 5 | 9 << 32, Some(9), 8), 6);
+        assert_eq!(sq_retired(4, 5 | 9 << 32, Some(9), 8), 4);
+        // No CQ ring (the completion went to the daemon's queue), or an older daemon.
+        assert_eq!(sq_retired(5, 5 | 9 << 32, None, 8), 5);
+        assert_eq!(sq_retired(5, 5 | 9 << 32, Some(9), 7), 5);
+        // Indices wrap.
+        assert_eq!(sq_retired(5, 5 | u64::from(u32::MAX) << 32, Some(0), 8), 5);
+        assert_eq!(
+            sq_retired(5, 5 | u64::from(u32::MAX) << 32, Some(u32::MAX), 8),
+            4
+        );
+    }
 }

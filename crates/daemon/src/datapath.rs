@@ -6,12 +6,12 @@
 //! UDP to others), runs the engines' timers, and turns engine outputs into CQ entries and
 //! async events.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use softverbs_abi::convert;
-use softverbs_abi::msg::{PostRecvReq, QueuesResp, SendWrWire, WcWire};
+use softverbs_abi::msg::{send_flags, PostRecvReq, QueuesResp, SendWrWire, WcWire};
 use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::{OwnedQpInfo, SrqInfo};
 use softverbs_core::device::Gid;
@@ -21,8 +21,9 @@ use softverbs_core::types::{Access, EventType, Mtu, QpType};
 use softverbs_core::{Core, CoreChange};
 use softverbs_memaccess::{ProcessMem, ProcessMemory, RegionId, SharedMappings};
 use softverbs_shm::{Consumer, Producer, ReadySet, Region, RingLayout, WorkFlag, WORK_FLAG_SIZE};
+use softverbs_transport::cq::{CompChannel, CompletionQueue, Delivery};
 use softverbs_transport::faults::Faults;
-use softverbs_transport::wr::{RecvWr, SendWr, WorkCompletion};
+use softverbs_transport::wr::{RecvWr, SendWr, WcStatus, WorkCompletion};
 use softverbs_transport::{cq_id, DropStats};
 use softverbs_transport::{CqId, Engine, Output, PostError, QpConfig, SrqConfig, MAX_PACKET};
 use std::os::fd::OwnedFd;
@@ -31,6 +32,7 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
+use crate::sq_retire::SqRetire;
 
 use softverbs_core::errno::{EBUSY, EEXIST, EINVAL, ENOENT, ENOMEM};
 
@@ -41,19 +43,10 @@ struct Dev {
     port_mtu: Mtu,
 }
 
-struct CqState {
-    queue: VecDeque<WorkCompletion>,
-    cqe: u32,
-    /// The completion channel events go to.
-    channel: Option<u32>,
-    /// Armed by `ibv_req_notify_cq`: `Some(solicited_only)` until the next event.
-    armed: Option<bool>,
-}
-
 /// A completion channel (`ibv_comp_channel`): CQs that fired, and the eventfd that says so.
 struct Channel {
     efd: std::os::fd::OwnedFd,
-    fired: VecDeque<Handle>,
+    fired: CompChannel<Handle>,
 }
 
 /// Network options of the data path.
@@ -77,7 +70,8 @@ pub struct DataPath {
     pub moved_packets: bool,
     devs: Vec<Dev>,
     mem: SharedMappings<ProcessMem>,
-    cqs: HashMap<CqId, CqState>,
+    /// CQ semantics (crates/transport/src/cq.rs); the rings and eventfds stay here.
+    cqs: HashMap<CqId, CompletionQueue>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
@@ -93,6 +87,8 @@ pub struct DataPath {
     ready: HashMap<CtxId, ReadyRing>,
     /// The QPs of the round being run (scratch, kept across rounds).
     visit: Vec<u32>,
+    /// QPs whose send completions the round wrote, to settle their retired count at its end.
+    settle: Vec<u32>,
     /// What the rounds cost, in ring visits.
     stats: RoundStats,
     cq_rings: HashMap<CqId, Producer>,
@@ -171,6 +167,7 @@ impl DataPath {
             ctx_qp_rings: HashMap::new(),
             ready: HashMap::new(),
             visit: Vec::new(),
+            settle: Vec::new(),
             stats: RoundStats::default(),
             cq_rings: HashMap::new(),
             cq_rings_outgrown: std::collections::HashSet::new(),
@@ -303,7 +300,7 @@ impl DataPath {
             (ctx, h),
             Channel {
                 efd,
-                fired: VecDeque::new(),
+                fired: CompChannel::new(),
             },
         );
         Ok((h, client))
@@ -321,7 +318,7 @@ impl DataPath {
         }
         let used = self.ctx_cqs.get(&ctx).is_some_and(|s| {
             s.iter()
-                .any(|id| self.cqs.get(id).is_some_and(|c| c.channel == Some(h)))
+                .any(|id| self.cqs.get(id).is_some_and(|c| c.channel() == Some(h)))
         });
         if used {
             return Err(EBUSY);
@@ -334,29 +331,20 @@ impl DataPath {
     /// `solicited_only`) raises an event on the CQ's channel (IBA 11.4.2.2).
     pub fn req_notify(&mut self, ctx: CtxId, cq: Handle, solicited_only: bool) -> Result<(), i32> {
         let c = self.cqs.get_mut(&cq_id(ctx, cq)).ok_or(EINVAL)?;
-        // Arming for "any" wins over an earlier solicited-only arm.
-        c.armed = Some(c.armed.map_or(solicited_only, |s| s && solicited_only));
+        c.arm(solicited_only);
         Ok(())
     }
 
     /// `ibv_get_cq_event` without blocking: the next CQ that fired on channel `h`.
     pub fn next_cq_event(&mut self, ctx: CtxId, h: u32) -> Result<Option<Handle>, i32> {
         let ch = self.channels.get_mut(&(ctx, h)).ok_or(EINVAL)?;
-        Ok(ch.fired.pop_front())
+        Ok(ch.fired.next_event())
     }
 
     /// A CQ was created.
     fn cq_created(&mut self, ctx: CtxId, cq: Handle, cqe: u32) {
         let id = cq_id(ctx, cq);
-        self.cqs.insert(
-            id,
-            CqState {
-                queue: VecDeque::new(),
-                cqe,
-                channel: None,
-                armed: None,
-            },
-        );
+        self.cqs.insert(id, CompletionQueue::new(cqe, None));
         self.ctx_cqs.entry(ctx).or_default().insert(id);
     }
 
@@ -364,7 +352,7 @@ impl DataPath {
     /// [`has_channel`](Self::has_channel)); the channel is the data path's, not the core's.
     pub fn set_cq_channel(&mut self, ctx: CtxId, cq: Handle, channel: u32) {
         if let Some(c) = self.cqs.get_mut(&cq_id(ctx, cq)) {
-            c.channel = Some(channel);
+            c.set_channel(Some(channel));
         }
     }
 
@@ -372,7 +360,7 @@ impl DataPath {
     /// unknown CQ.
     pub fn cq_outstanding(&mut self, ctx: CtxId, cq: Handle) -> Option<u32> {
         let id = cq_id(ctx, cq);
-        let queued = self.cqs.get(&id)?.queue.len() as u32;
+        let queued = self.cqs.get(&id)?.queued() as u32;
         let in_ring = match self.cq_rings.get_mut(&id) {
             Some(p) => {
                 let cap = p.layout().capacity();
@@ -390,7 +378,7 @@ impl DataPath {
     fn cq_resized(&mut self, ctx: CtxId, cq: Handle, cqe: u32) {
         let id = cq_id(ctx, cq);
         if let Some(c) = self.cqs.get_mut(&id) {
-            c.cqe = cqe;
+            c.resize(cqe);
         }
         if self
             .cq_rings
@@ -469,7 +457,7 @@ impl DataPath {
             // flushes). Completions already in a client's ring are dropped by the client.
             for cq in self.devs[d].engine.qp_cqs(qpn).into_iter().flatten() {
                 if let Some(c) = self.cqs.get_mut(&cq) {
-                    c.queue.retain(|w| w.qp_num != qpn);
+                    c.purge_qp(qpn);
                 }
             }
         }
@@ -564,11 +552,9 @@ impl DataPath {
 
     /// Up to `max` completions of CQ `cq` of `ctx`, oldest first.
     pub fn poll_cq(&mut self, ctx: CtxId, cq: Handle, max: usize) -> Vec<WorkCompletion> {
-        let Some(c) = self.cqs.get_mut(&cq_id(ctx, cq)) else {
-            return Vec::new();
-        };
-        let n = max.min(c.queue.len());
-        c.queue.drain(..n).collect()
+        self.cqs
+            .get_mut(&cq_id(ctx, cq))
+            .map_or_else(Vec::new, |c| c.poll(max))
     }
 
     // ---- moving packets -------------------------------------------------------------------
@@ -583,8 +569,8 @@ impl DataPath {
         for _round in 0..64 {
             let now = engine_time(self.epoch, Instant::now());
             let mut progressed = false;
-            for o in self.pump_rings(core) {
-                self.route(core, o, &mut woken);
+            for (o, refused) in self.pump_rings(core) {
+                self.route(core, o, refused, &mut woken);
             }
             for (ctx, srq) in std::mem::take(&mut self.srq_faults) {
                 if core.raise_object_event(ctx, EventElement::Srq(srq), EventType::SrqErr) {
@@ -648,9 +634,12 @@ impl DataPath {
             }
             for d in 0..self.devs.len() {
                 while let Some(o) = self.devs[d].engine.poll_output() {
-                    self.route(core, o, &mut woken);
+                    self.route(core, o, None, &mut woken);
                 }
             }
+            // Every completion of the round is in its CQ: requests that retired without one
+            // may be counted now.
+            self.settle_sq_notes();
             self.moved_packets |= progressed;
             if !progressed {
                 for d in &mut self.devs {
@@ -665,62 +654,72 @@ impl DataPath {
         woken
     }
 
-    fn route(&mut self, core: &mut Core, o: Output, woken: &mut Vec<CtxId>) {
+    /// `refused`: the (QPN, send ring position) of a send request refused at the ring.
+    fn route(
+        &mut self,
+        core: &mut Core,
+        o: Output,
+        refused: Option<(u32, u32)>,
+        woken: &mut Vec<CtxId>,
+    ) {
         match o {
             Output::Completion { cq, wc } => {
                 let Some(c) = self.cqs.get_mut(&cq) else {
                     return;
                 };
+                // A mapped CQ's completions go to its ring, otherwise to the PollCq queue.
+                let mut ring = self
+                    .cq_rings
+                    .get_mut(&cq)
+                    .filter(|_| !self.cq_rings_outgrown.contains(&cq));
                 // The client may post again once it sees this completion: its send queue's
-                // retired count must already say so.
+                // retired count must already cover the request. It must cover no later one
+                // whose completion is not written yet (a client whose daemon died flushes from
+                // it), and the pending pair says whether this one landed (sq_retire.rs).
                 if !matches!(
                     wc.opcode,
                     softverbs_transport::wr::WcOpcode::Recv
                         | softverbs_transport::wr::WcOpcode::RecvRdmaWithImm
                 ) {
-                    if let (Some(r), Some(&d)) =
-                        (self.qp_rings.get(&wc.qp_num), self.qp_dev.get(&wc.qp_num))
-                    {
-                        publish_sq_retired(r, &self.devs[d].engine, wc.qp_num);
+                    if let Some(r) = self.qp_rings.get_mut(&wc.qp_num) {
+                        let note = match refused {
+                            Some((_, pos)) => r.retire.refused(pos),
+                            None => r.retire.completed(wc.wr_id, wc.status == WcStatus::Success),
+                        };
+                        if let Some(n) = note {
+                            if let Some(p) = ring.as_deref_mut() {
+                                r.sq.publish_pending(u64::from(n) | u64::from(p.produced()) << 32);
+                            }
+                            r.sq.publish_note(n);
+                        }
+                        self.settle.push(wc.qp_num);
                     }
                 }
-                // A mapped CQ's completions go to its ring, otherwise to the PollCq queue.
-                let ring = self
-                    .cq_rings
-                    .get_mut(&cq)
-                    .filter(|_| !self.cq_rings_outgrown.contains(&cq));
-                let stored = match ring {
-                    Some(p) => p.push_value(&WcWire::from(&wc)).is_ok(),
-                    None if c.queue.len() < c.cqe as usize => {
-                        c.queue.push_back(wc);
-                        true
+                let mut push =
+                    ring.map(|p| move |w: &WorkCompletion| p.push_value(&WcWire::from(w)).is_ok());
+                let ctx = CtxId(cq >> 32);
+                match c.complete(
+                    wc,
+                    push.as_mut()
+                        .map(|f| f as &mut dyn FnMut(&WorkCompletion) -> bool),
+                ) {
+                    Delivery::Overrun => {
+                        // The completion is lost and the owner hears of it (cq.rs).
+                        if core.raise_object_event(
+                            ctx,
+                            EventElement::Cq(Handle(cq as u32)),
+                            EventType::CqErr,
+                        ) {
+                            woken.push(ctx);
+                        }
                     }
-                    None => false,
-                };
-                if !stored {
-                    // CQ overrun (IBA 11.4.2.1): the completion is lost and the owner hears of it.
-                    let ctx = CtxId(cq >> 32);
-                    if core.raise_object_event(
-                        ctx,
-                        EventElement::Cq(Handle(cq as u32)),
-                        EventType::CqErr,
-                    ) {
-                        woken.push(ctx);
+                    Delivery::Stored { notify: Some(h) } => {
+                        if let Some(ch) = self.channels.get_mut(&(ctx, h)) {
+                            ch.fired.fire(Handle(cq as u32));
+                            softverbs_ipc::signal_eventfd(ch.efd.as_fd());
+                        }
                     }
-                    return;
-                }
-                let fires = c.armed.is_some_and(|solicited_only| {
-                    !solicited_only
-                        || wc.solicited
-                        || wc.status != softverbs_transport::wr::WcStatus::Success
-                });
-                if fires {
-                    c.armed = None;
-                    let ctx = CtxId(cq >> 32);
-                    if let Some(ch) = c.channel.and_then(|h| self.channels.get_mut(&(ctx, h))) {
-                        ch.fired.push_back(Handle(cq as u32));
-                        softverbs_ipc::signal_eventfd(ch.efd.as_fd());
-                    }
+                    Delivery::Stored { notify: None } => {}
                 }
             }
             Output::QpError { qpn, event } => match event {
@@ -784,13 +783,27 @@ fn ring_capacity(depth: u32) -> u32 {
         .clamp(8, softverbs_shm::MAX_CAPACITY)
 }
 
-/// Publishes in the send ring how many of its requests the QP has retired — taken from the
-/// ring and no longer in the engine (completed, flushed, refused, or dropped at RESET) — so the
-/// client counts the queue's occupancy exactly and refuses a post past `max_send_wr` with
-/// ENOMEM (ibv_post_send(3)); unsignaled requests retire without a completion to count.
-fn publish_sq_retired(r: &QpRings, engine: &softverbs_transport::Engine, qpn: u32) {
-    let in_engine = engine.send_queued(qpn) as u32;
-    r.sq.publish_note(r.sq.consumed().wrapping_sub(in_engine));
+impl DataPath {
+    /// Publishes in the send rings of the QPs of the round how many of their requests the QPs
+    /// retired — taken from the ring and no longer in the engine (completed, flushed, refused,
+    /// or dropped at RESET) — so the client counts the queue's occupancy exactly and refuses
+    /// a post past `max_send_wr` with ENOMEM (ibv_post_send(3)). Called once every completion
+    /// of the round is written: unsignaled requests retire without a completion to count, and
+    /// the count may pass them only then (sq_retire.rs).
+    fn settle_sq_notes(&mut self) {
+        let mut settle = std::mem::take(&mut self.settle);
+        settle.extend_from_slice(&self.visit);
+        for qpn in settle.drain(..) {
+            let (Some(r), Some(&d)) = (self.qp_rings.get_mut(&qpn), self.qp_dev.get(&qpn)) else {
+                continue;
+            };
+            let left = self.devs[d].engine.send_queued(qpn);
+            if let Some(n) = r.retire.settle(left, r.sq.consumed()) {
+                r.sq.publish_note(n);
+            }
+        }
+        self.settle = settle;
+    }
 }
 
 /// Slots of a context's ready ring: at most this many QPs of one context get a work flag
@@ -863,6 +876,10 @@ impl DataPath {
     }
 }
 
+/// The completion of a request refused at its ring: its CQ, and for a send request the
+/// (QPN, send ring position).
+type RefusedCompletion = (Option<CqId>, WorkCompletion, Option<(u32, u32)>);
+
 /// Shared-memory work queues of one QP (the client produces, the daemon consumes).
 struct QpRings {
     ctx: CtxId,
@@ -871,6 +888,10 @@ struct QpRings {
     recv_cq: Option<CqId>,
     sq: Consumer,
     rq: Option<Consumer>,
+    /// The QP signals every send request (`sq_sig_all`).
+    sig_all: bool,
+    /// Which send ring positions may be counted as retired.
+    retire: SqRetire,
 }
 
 impl DataPath {
@@ -942,6 +963,8 @@ impl DataPath {
                 recv_cq: i.recv_cq.map(|h| cq_id(ctx, h)),
                 sq: sq_c,
                 rq: rq_c,
+                sig_all: i.sq_sig_all,
+                retire: SqRetire::default(),
             },
         );
         let resp = QueuesResp {
@@ -1065,7 +1088,7 @@ impl DataPath {
         admit: impl FnOnce(u64) -> Result<(), i32>,
     ) -> Result<(QueuesResp, OwnedFd), i32> {
         let id = cq_id(ctx, cq);
-        let cqe = self.cqs.get(&id).ok_or(EINVAL)?.cqe;
+        let cqe = self.cqs.get(&id).ok_or(EINVAL)?.cqe();
         let l = RingLayout::new(ring_capacity(cqe), entry_size::<WcWire>()).map_err(|_| EINVAL)?;
         let (region, fd) =
             Region::create("softverbs-cq", l.size().max(4096)).map_err(|_| ENOMEM)?;
@@ -1175,13 +1198,14 @@ impl DataPath {
     /// for (the rest stay in the ring, which the client then finds full). A request the engine
     /// refuses completes with an error instead of a return code (the client already
     /// returned from its post).
-    fn pump_rings(&mut self, core: &Core) -> Vec<Output> {
+    fn pump_rings(&mut self, core: &Core) -> Vec<(Output, Option<(u32, u32)>)> {
         // Scratch entries kept across calls: this runs in every round of every `drive`.
         let (mut sbuf, mut rbuf) = std::mem::take(&mut self.ring_scratch);
         sbuf.resize(entry_size::<SendWrWire>() as usize, 0);
         rbuf.resize(entry_size::<PostRecvReq>() as usize, 0);
         let mut failed = Vec::new();
-        let mut errors: Vec<(Option<CqId>, WorkCompletion)> = Vec::new();
+        // Completions of refused requests, with the send ring position of a refused send.
+        let mut errors: Vec<RefusedCompletion> = Vec::new();
         self.take_announcements();
         let mut visit = std::mem::take(&mut self.visit);
         self.qp_sched.start_round(&mut visit);
@@ -1203,18 +1227,22 @@ impl DataPath {
                         break;
                     }
                 }
+                let pos = r.sq.consumed().wrapping_sub(1);
                 let Ok((w, _)) = SendWrWire::read_from_prefix(&sbuf) else {
                     continue;
                 };
+                let signaled = r.sig_all || w.send_flags.get() & send_flags::SIGNALED != 0;
                 let res = send_wr_from_wire(core, r.ctx, r.handle, &w)
                     .and_then(|wr| engine.post_send(qpn, wr).map_err(post_errno));
-                if res.is_err() {
-                    let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
-                    wc.opcode = softverbs_transport::wr::WcOpcode::Send;
-                    errors.push((r.send_cq, wc));
+                match res {
+                    Ok(()) => r.retire.taken(pos, w.wr_id.get(), signaled),
+                    Err(_) => {
+                        let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
+                        wc.opcode = softverbs_transport::wr::WcOpcode::Send;
+                        errors.push((r.send_cq, wc, Some((qpn, pos))));
+                    }
                 }
             }
-            publish_sq_retired(r, engine, qpn);
             if let Some(rq) = &mut r.rq {
                 for _ in 0..engine.recv_room(qpn).min(4096) {
                     match rq.pop(&mut rbuf) {
@@ -1233,13 +1261,13 @@ impl DataPath {
                     if res.is_err() {
                         let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
                         wc.opcode = softverbs_transport::wr::WcOpcode::Recv;
-                        errors.push((r.recv_cq, wc));
+                        errors.push((r.recv_cq, wc, None));
                     }
                 }
             }
             // Still busy: entries the engine had no room for, or send requests in the engine
-            // (they retire later, maybe without a completion, and the next visit publishes
-            // the retired count).
+            // (they retire later, maybe without a completion, and the end of the round that
+            // visits the QP next publishes the retired count).
             let mut has_entries = || {
                 let left = |c: &mut Consumer| c.available().map_or(true, |n| n > 0);
                 left(&mut r.sq) || r.rq.as_mut().is_some_and(left)
@@ -1289,7 +1317,7 @@ impl DataPath {
         self.ring_scratch = (sbuf, rbuf);
         errors
             .into_iter()
-            .filter_map(|(cq, wc)| cq.map(|cq| Output::Completion { cq, wc }))
+            .filter_map(|(cq, wc, pos)| cq.map(|cq| (Output::Completion { cq, wc }, pos)))
             .collect()
     }
 }

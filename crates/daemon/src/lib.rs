@@ -14,6 +14,7 @@ pub mod datapath;
 pub mod dispatch;
 pub mod netdev;
 pub mod server;
+mod sq_retire;
 
 pub use config::{Config, DeviceSpec};
 pub use server::{Server, StopHandle};

@@ -17,7 +17,7 @@
 //! other's, validating it every time, so a peer that writes garbage into the header can
 //! make this side see a protocol error but never read or write outside the ring.
 
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +38,9 @@ const OFF_ENTRY_SIZE: usize = 8;
 const OFF_PRODUCER: usize = CACHE_LINE;
 const OFF_CONSUMER: usize = 2 * CACHE_LINE;
 const OFF_NOTE: usize = 2 * CACHE_LINE + 64;
+/// The consumer's pending pair (u64, 8-aligned), next to its note: see
+/// [`Consumer::publish_pending`].
+const OFF_PENDING: usize = 2 * CACHE_LINE + 72;
 const OFF_NEED_WAKEUP: usize = 3 * CACHE_LINE;
 const HEADER: usize = 4 * CACHE_LINE;
 
@@ -201,6 +204,7 @@ impl RingLayout {
         ] {
             region.atomic_u32(offset + off).store(v, Ordering::Relaxed);
         }
+        region.atomic_u64s(offset + OFF_PENDING, 1)[0].store(0, Ordering::Relaxed);
         region
             .atomic_u32(offset + OFF_MAGIC)
             .store(RING_MAGIC, Ordering::Release);
@@ -259,6 +263,9 @@ impl Shared {
     }
     fn note(&self) -> &AtomicU32 {
         self.word(OFF_NOTE)
+    }
+    fn pending(&self) -> &AtomicU64 {
+        &self.region.atomic_u64s(self.base + OFF_PENDING, 1)[0]
     }
     fn slot(&self, i: u32) -> usize {
         self.base + self.layout.slot(i)
@@ -342,6 +349,12 @@ impl Producer {
     pub fn note(&self) -> u32 {
         // Acquire: pairs with the consumer's release in `publish_note`.
         self.shared.note().load(Ordering::Acquire)
+    }
+
+    /// The consumer's pending pair ([`Consumer::publish_pending`]); 0 until it publishes one.
+    /// A peer's word, like the note.
+    pub fn pending(&self) -> u64 {
+        self.shared.pending().load(Ordering::Acquire)
     }
 
     /// Index of the next entry to write: how many entries this producer has written since the
@@ -495,6 +508,15 @@ impl Consumer {
         // Release: what led to the value (completions pushed elsewhere) happens before a
         // producer's acquire load sees it.
         self.shared.note().store(value, Ordering::Release);
+    }
+
+    /// Publishes a pair of words in one store, which the producer reads with
+    /// [`Producer::pending`]: what the consumer is about to do, so a producer that outlives
+    /// the consumer can tell whether it was done (a QP's send ring: the note it is about to
+    /// publish and where in a CQ ring the completion that goes with it will land,
+    /// docs/shm-rings.md).
+    pub fn publish_pending(&self, value: u64) {
+        self.shared.pending().store(value, Ordering::Release);
     }
 
     /// Copies the oldest entry into `buf` and frees its slot. `Ok(false)` when empty.
@@ -651,6 +673,11 @@ mod tests {
         // The note is not an index: the ring still has all its room and nothing to pop.
         assert_eq!(p.free().unwrap(), 4);
         assert!(!c.pop(&mut buf).unwrap());
+        // The pending pair is its own word: it moves both halves at once, and not the note.
+        assert_eq!(p.pending(), 0, "a fresh ring's pending pair");
+        c.publish_pending(0x0000_0007_0000_0003);
+        assert_eq!(p.pending(), 0x0000_0007_0000_0003);
+        assert_eq!(p.note(), 0xdead_beef);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod completer;
+pub mod cq;
 pub mod engine;
 pub mod faults;
 mod qp;

@@ -9,7 +9,7 @@
 //! timer, so a run with seconds of retransmission timeouts takes milliseconds.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ use softverbs_wire::ip::{
 };
 use softverbs_wire::{icrc, Packet};
 
+use crate::cq::{CompChannel, CompletionQueue, Delivery};
 use crate::engine::{cq_id, CqId, Engine, Output, QpConfig, RxMeta, SrqConfig, SrqKey, MAX_PACKET};
 use crate::faults::FaultInjector;
 pub use crate::faults::{Faults, NetStats, Rng};
@@ -42,13 +43,22 @@ pub struct Host {
     pub mem: VecMemory,
     /// Its GID.
     pub gid: Gid,
-    /// Completions, in order.
+    /// Completions, in order: the host's CQ "rings" (never full), which its CQs
+    /// ([`cqs`](Host::cqs)) store into.
     pub completions: Vec<(CqId, WorkCompletion)>,
+    /// The CQ semantics of each CQ made by [`cq`](Host::cq) (crates/transport/src/cq.rs),
+    /// run as the daemon runs them: arming and notification over the simulated network.
+    pub cqs: HashMap<CqId, CompletionQueue>,
+    /// The host's one completion channel (every CQ of [`cq`](Host::cq) reports to it).
+    pub channel: CompChannel<CqId>,
     /// QPs the engine failed, with the async event raised.
     pub failures: Vec<(u32, Option<EventType>)>,
     /// SRQ limit events.
     pub srq_limits: Vec<SrqKey>,
 }
+
+/// The channel handle of a host's one completion channel.
+const SIM_CHANNEL: u32 = 1;
 
 impl Host {
     /// A host with one RoCE device on `ip` (path MTU `mtu`).
@@ -60,6 +70,8 @@ impl Host {
             mem: VecMemory::default(),
             gid: Gid::from_ip(ip),
             completions: Vec::new(),
+            cqs: HashMap::new(),
+            channel: CompChannel::new(),
             failures: Vec::new(),
             srq_limits: Vec::new(),
         }
@@ -104,8 +116,19 @@ impl Host {
 
     /// A CQ.
     pub fn cq(&mut self, ctx: CtxId) -> CqId {
-        let (h, _) = self.core.create_cq(ctx, 4096, 0).expect("cq");
-        cq_id(ctx, h)
+        let (h, cqe) = self.core.create_cq(ctx, 4096, 0).expect("cq");
+        let id = cq_id(ctx, h);
+        self.cqs
+            .insert(id, CompletionQueue::new(cqe, Some(SIM_CHANNEL)));
+        id
+    }
+
+    /// `ibv_req_notify_cq` on `cq`: its next completion (with `solicited_only`, the next
+    /// solicited or failed one) raises an event on [`channel`](Host::channel).
+    pub fn req_notify(&mut self, cq: CqId, solicited_only: bool) {
+        if let Some(c) = self.cqs.get_mut(&cq) {
+            c.arm(solicited_only);
+        }
     }
 
     fn cq_handle(cq: CqId) -> Handle {
@@ -352,7 +375,20 @@ impl Host {
     pub fn pump(&mut self) {
         while let Some(o) = self.engine.poll_output() {
             match o {
-                Output::Completion { cq, wc } => self.completions.push((cq, wc)),
+                Output::Completion { cq, wc } => {
+                    let record = &mut self.completions;
+                    let Some(c) = self.cqs.get_mut(&cq) else {
+                        record.push((cq, wc));
+                        continue;
+                    };
+                    let mut push = |w: &WorkCompletion| {
+                        record.push((cq, *w));
+                        true
+                    };
+                    if let Delivery::Stored { notify: Some(_) } = c.complete(wc, Some(&mut push)) {
+                        self.channel.fire(cq);
+                    }
+                }
                 Output::QpError { qpn, event } => {
                     match event {
                         Some(e) => {
