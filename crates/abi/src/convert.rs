@@ -387,7 +387,8 @@ pub fn recv_wr_from_wire(r: &PostRecvReq) -> Result<RecvWr, Error> {
 }
 
 /// The `ibv_wc` wire form of a completion (what `PollCq` and the CQ ring carry). softverbs
-/// has no vendor errors, P_Keys or LIDs on RoCE: those fields are 0.
+/// has no vendor errors, P_Keys or LIDs on RoCE: those fields are 0; `sl` carries a UD
+/// receive's network header type as mlx5 reports it (docs/roce-wire.md).
 impl From<&WorkCompletion> for WcWire {
     fn from(wc: &WorkCompletion) -> Self {
         WcWire {
@@ -402,7 +403,7 @@ impl From<&WorkCompletion> for WcWire {
             wc_flags: U32::new(wc.wc_flags),
             pkey_index: U16::new(0),
             slid: U16::new(0),
-            sl: 0,
+            sl: wc.sl,
             dlid_path_bits: 0,
             reserved: [0; 2],
         }
@@ -423,6 +424,7 @@ impl From<&WcWire> for WorkCompletion {
             qp_num: w.qp_num.get(),
             src_qp: w.src_qp.get(),
             wc_flags: w.wc_flags.get(),
+            sl: w.sl,
             solicited: false,
         }
     }
@@ -571,10 +573,11 @@ mod tests {
                 WcOpcode::FetchAdd, WcOpcode::Recv, WcOpcode::RecvRdmaWithImm,
             ]),
             fields in any::<(u32, u32, u32, u32, u32)>(),
+            sl in any::<u8>(),
         ) {
             let (byte_len, imm_data, qp_num, src_qp, wc_flags) = fields;
             let wc = WorkCompletion {
-                wr_id, status, opcode, byte_len, imm_data, qp_num, src_qp, wc_flags,
+                wr_id, status, opcode, byte_len, imm_data, qp_num, src_qp, wc_flags, sl,
                 solicited: false,
             };
             prop_assert_eq!(WorkCompletion::from(&WcWire::from(&wc)), wc);

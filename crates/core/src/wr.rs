@@ -274,6 +274,10 @@ pub struct WorkCompletion {
     pub src_qp: u32,
     /// `WC_*` flags.
     pub wc_flags: u32,
+    /// `ibv_wc.sl`. RoCE has no service level on the wire; for UD receives this carries the
+    /// network header type as mlx5 reports it (2 = IPv4, 1 = IPv6; `docs/roce-wire.md`), and 0
+    /// otherwise.
+    pub sl: u8,
     /// The message was solicited (its last packet had the SE bit): what solicited-only CQ
     /// notification looks for (IBA 10.7.3.4, C10-104). Not part of `ibv_wc`.
     pub solicited: bool,
@@ -297,6 +301,7 @@ impl WorkCompletion {
             qp_num,
             src_qp: 0,
             wc_flags: 0,
+            sl: 0,
             solicited: false,
         }
     }

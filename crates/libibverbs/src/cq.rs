@@ -171,7 +171,7 @@ fn make_cq(
     base.read_src_qp = read_src_qp as *const c_void;
     base.read_wc_flags = read_wc_flags as *const c_void;
     base.read_slid = read_zero32 as *const c_void;
-    base.read_sl = read_zero8 as *const c_void;
+    base.read_sl = read_sl as *const c_void;
     base.read_dlid_path_bits = read_zero8 as *const c_void;
     base.read_completion_ts = read_completion_ts as *const c_void;
     base.read_cvlan = read_zero16 as *const c_void;
@@ -323,7 +323,7 @@ fn write_wc(dst: &mut ibv_wc, wc: &WorkCompletion) {
     dst.wc_flags = wc.wc_flags;
     dst.pkey_index = 0;
     dst.slid = 0;
-    dst.sl = 0;
+    dst.sl = wc.sl;
     dst.dlid_path_bits = 0;
 }
 
@@ -523,6 +523,9 @@ unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
 }
 unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> u32 {
     current(cq, |w, _| w.wc_flags, 0)
+}
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    current(cq, |w, _| w.sl, 0)
 }
 unsafe extern "C" fn read_zero32(_cq: *mut ibv_cq_ex) -> u32 {
     0

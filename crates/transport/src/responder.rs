@@ -714,12 +714,28 @@ fn receive_ud<M: Memory>(
     let mut wc = recv_completion(qp.cfg.qpn, &wqe, status, WcOpcode::Recv, len);
     wc.src_qp = deth.src_qp;
     wc.wc_flags |= WC_GRH;
+    wc.sl = if is_ipv4(meta) {
+        SL_L3_IPV4
+    } else {
+        SL_L3_IPV6
+    };
     if let Some(imm) = pkt.headers.imm_dt {
         wc.imm_data = imm.imm;
         wc.wc_flags |= WC_WITH_IMM;
     }
     wc.solicited = pkt.headers.bth.solicited;
     env.complete(t.cq, wc);
+}
+
+/// `wc.sl` of a UD receive carried over IPv4 / IPv6: mlx5's L3 header type for RoCE
+/// responders, which UCX reads to locate the DGID in the GRH area (`docs/roce-wire.md`).
+const SL_L3_IPV4: u8 = 2;
+const SL_L3_IPV6: u8 = 1;
+
+/// Whether the datagram travelled over IPv4 (both GIDs IPv4-mapped, RFC 4291 2.5.5.2).
+fn is_ipv4(meta: RxMeta) -> bool {
+    Ipv6Addr::from(meta.sgid.0).to_ipv4_mapped().is_some()
+        && Ipv6Addr::from(meta.dgid.0).to_ipv4_mapped().is_some()
 }
 
 /// The 40 bytes rdma-core programs find before UD data: an IPv6 header for IPv6 GIDs, or for

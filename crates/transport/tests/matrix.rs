@@ -602,6 +602,11 @@ fn check_send(ctx: &str, bed: &mut Bed, op: Op, src: &[u8], expect_b: &mut [u8])
     }
     if ud {
         assert_eq!(r.src_qp, bed.qa, "{ctx}: src_qp of {r:?}");
+        // mlx5's L3 header type for an IPv4 RoCE v2 datagram (docs/roce-wire.md).
+        let v4 = bed.net.hosts[0].gid.to_ip().is_ipv4();
+        assert_eq!(r.sl, if v4 { 2 } else { 1 }, "{ctx}: sl of {r:?}");
+    } else {
+        assert_eq!(r.sl, 0, "{ctx}: sl of {r:?}");
     }
     let cb = bed.cb;
     let got = gather(bed.b().mem.space(cb), &recv_sges(), (hdr + len) as usize);
@@ -856,6 +861,7 @@ fn ud_ipv6_grh() {
         (r[0].status, r[0].byte_len, r[0].wc_flags, r[0].src_qp),
         (WcStatus::Success, 340, WC_GRH, qa)
     );
+    assert_eq!(r[0].sl, 1, "IPv6: mlx5's L3 header type 1");
     let cb = bed.cb;
     let got = gather(bed.b().mem.space(cb), &recv_sges(), 340);
     let (ga, gb) = (bed.net.hosts[0].gid, bed.net.hosts[1].gid);

@@ -1,0 +1,127 @@
+//! What real stacks read from a UD receive completion and from the device:
+//! `tests/c/ud_completion.c`, compiled against the real `<infiniband/verbs.h>` and run on the
+//! drop-in with `softverbs run`. A datagram between two processes, on one daemon and across
+//! two daemons over UDP, must complete with `wc.sl` = mlx5's L3 header type (UCX's UD check
+//! reads it; `docs/roce-wire.md`), `IBV_WC_GRH` and rxe's GRH-area layout, the sender's QPN in
+//! `src_qp` and P_Key index 0; every `ibv_device_attr_ex` field must be truthful or zero
+//! (`docs/dropin.md`).
+//!
+//! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing. Run the
+//! daemon tests inside `unshare -n` (they bind UDP 4791 on 127.x addresses).
+
+mod support;
+
+use support::{c_toolchain_missing, compile, Daemon, Proc};
+
+const RECV_CHECKS_V4: &[&str] = &[
+    "ud_recv_completes",
+    "ud_recv_sl_is_l3_type",
+    "ud_recv_wc_grh",
+    "ud_recv_src_qp",
+    "ud_recv_qp_num",
+    "ud_recv_pkey_index",
+    "ud_recv_slid_path_bits",
+    "ud_recv_grh_ipv4_layout",
+    "ud_recv_payload",
+];
+
+const DEVICE_CHECKS: &[&str] = &[
+    "query_device_ex",
+    "dx_comp_mask_zero",
+    "dx_odp_off",
+    "dx_timestamp_clock",
+    "dx_cap_flags_ex",
+    "dx_no_tso",
+    "dx_no_rss",
+    "dx_no_wq",
+    "dx_no_pacing",
+    "dx_no_raw_packet",
+    "dx_no_tag_matching",
+    "dx_no_cq_moderation",
+    "dx_no_device_memory",
+    "dx_no_pci_atomics",
+    "dx_phys_port_cnt_ex",
+    "dx_modify_cq_unsupported",
+    "dx_alloc_dm_unsupported",
+];
+
+/// A loopback address of this test process's own: `127.<pid-derived>.<n>`.
+fn addr(host: u8) -> String {
+    let pid = std::process::id();
+    format!(
+        "127.{}.{}.{}",
+        128 + (pid >> 8) % 100,
+        pid & 0xff,
+        200 + host
+    )
+}
+
+fn program(d: &Daemon) -> Option<std::path::PathBuf> {
+    if let Some(why) = c_toolchain_missing() {
+        eprintln!("SKIP: {why}");
+        return None;
+    }
+    let prog = d.dir.join("ud_completion");
+    compile("tests/c/ud_completion.c", &prog);
+    Some(prog)
+}
+
+fn oks(said: &[String]) -> Vec<&str> {
+    said.iter().filter_map(|l| l.strip_prefix("ok ")).collect()
+}
+
+/// One datagram from a process on `ds` to one on `dr`; the receiver's checks.
+fn one_datagram(dr: &Daemon, ds: &Daemon, prog: &std::path::Path) {
+    let mut r: Proc = dr.run("recv", prog, &["recv"]);
+    let rq = r.expect("qp ");
+    r.expect("posted");
+    let mut s: Proc = ds.run("send", prog, &["send"]);
+    let sq = s.expect("qp ");
+    s.tell(&format!("peer {rq}"));
+    let (s_said, s_status) = s.finish();
+    assert!(
+        oks(&s_said) == ["ud_send_completes"] && s_status.success(),
+        "sender:\n{}\nlogs:\n{}\n{}",
+        s_said.join("\n"),
+        ds.log(),
+        dr.log()
+    );
+    r.tell(&format!("peer {sq}"));
+    let (said, status) = r.finish();
+    let summary = format!("ud_completion: {} checks, 0 failed", RECV_CHECKS_V4.len());
+    assert!(
+        oks(&said) == RECV_CHECKS_V4 && said.last() == Some(&summary) && status.success(),
+        "receiver:\n{}\nlogs:\n{}\n{}",
+        said.join("\n"),
+        dr.log(),
+        ds.log()
+    );
+}
+
+#[test]
+fn ud_receive_completion_fields_between_two_processes_on_one_daemon() {
+    let d = Daemon::start_with_ip("ud-one", &addr(1));
+    let Some(prog) = program(&d) else { return };
+    one_datagram(&d, &d, &prog);
+}
+
+#[test]
+fn ud_receive_completion_fields_across_two_daemons() {
+    let a = Daemon::start_with_ip("ud-a", &addr(2));
+    let b = Daemon::start_with_ip("ud-b", &addr(3));
+    let Some(prog) = program(&a) else { return };
+    one_datagram(&a, &b, &prog);
+}
+
+#[test]
+fn query_device_ex_fields_are_truthful_or_zero() {
+    let d = Daemon::start("ud-device");
+    let Some(prog) = program(&d) else { return };
+    let (said, status) = d.run("device", &prog, &["device"]).finish();
+    let summary = format!("ud_completion: {} checks, 0 failed", DEVICE_CHECKS.len());
+    assert!(
+        oks(&said) == DEVICE_CHECKS && said.last() == Some(&summary) && status.success(),
+        "{}",
+        said.join("\n")
+    );
+}
