@@ -272,10 +272,10 @@ mod tests {
             (got.handle.get(), got.max_wr.get(), got.srqn.get()),
             (1, 2, 0)
         );
-        let err = encode_response(Cmd::CreateSrq as u32, 22, r.as_bytes(), 64);
+        let err = encode_response(Cmd::CreateSrq as u32, errno::EINVAL, r.as_bytes(), 64);
         assert_eq!(
             decode_response::<SrqResp>(&err, Cmd::CreateSrq).unwrap(),
-            Err(22)
+            Err(errno::EINVAL)
         );
         assert_eq!(
             decode_response::<SrqResp>(&err, Cmd::QuerySrq).unwrap_err(),
