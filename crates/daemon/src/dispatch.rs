@@ -243,14 +243,6 @@ impl Dispatcher {
             _ => {}
         }
         let session_ctx = s.ctx();
-        if session_ctx.is_some() && registers_memory(req) && s.opener_pid != Some(s.sender()) {
-            // The context's memory descriptor is the opener's address space: a process that
-            // inherited or was handed the connection (a fork child) must not get memory of
-            // the opener registered in its name. It opens its own context instead.
-            // (Equal numbers from two processes mean the opener is dead and reaped, and its
-            // descriptor reaches nothing.)
-            return Err(EPERM);
-        }
         let ctx = || session_ctx.ok_or(EINVAL);
         macro_rules! read {
             ($c:ident) => {
@@ -269,8 +261,19 @@ impl Dispatcher {
             Cmd::GetAsyncEvent => self.get_async_event(ctx()?),
             Cmd::AllocPd => self.alloc_pd(ctx()?),
             Cmd::DeallocPd => self.dealloc_pd(ctx()?, read!(DeallocPd)),
-            Cmd::RegMr => self.reg_mr(ctx()?, read!(RegMr), mr_fd),
-            Cmd::ReregMr => self.rereg_mr(ctx()?, read!(ReregMr)),
+            Cmd::RegMr => {
+                let c = ctx()?;
+                opener_only(s)?;
+                self.reg_mr(c, read!(RegMr), mr_fd)
+            }
+            Cmd::ReregMr => {
+                let c = ctx()?;
+                let r = read!(ReregMr);
+                if r.flags.get() & REREG_MR_CHANGE_TRANSLATION != 0 {
+                    opener_only(s)?;
+                }
+                self.rereg_mr(c, r)
+            }
             Cmd::DeregMr => self.dereg_mr(ctx()?, read!(DeregMr)),
             Cmd::CreateCq => self.create_cq(ctx()?, req.comp_mask, read!(CreateCq)),
             Cmd::ResizeCq => self.resize_cq(ctx()?, read!(ResizeCq), woken),
@@ -1084,15 +1087,16 @@ impl Dispatcher {
     }
 }
 
-/// Whether `req` tells the daemon where in the client's address space memory is: `reg_mr`
-/// and `rereg_mr` with a new translation.
-fn registers_memory(req: &Request<'_>) -> bool {
-    match req.cmd {
-        Cmd::RegMr => true,
-        Cmd::ReregMr => <ReregMrReq as zerocopy::FromBytes>::read_from_prefix(req.body)
-            .map_or(true, |(r, _)| {
-                r.flags.get() & REREG_MR_CHANGE_TRANSLATION != 0
-            }),
-        _ => false,
+/// `reg_mr`, and `rereg_mr` with a new translation, tell the daemon where in the client's
+/// address space memory is; the context's memory descriptor is the opener's address space, so
+/// a process that inherited or was handed the connection (a fork child) must not get memory of
+/// the opener registered in its name: `EPERM`, it opens its own context instead. (Equal
+/// numbers from two processes mean the opener is dead and reaped, and its descriptor reaches
+/// nothing.)
+fn opener_only(s: &Session) -> Result<(), i32> {
+    if s.opener_pid == Some(s.sender()) {
+        Ok(())
+    } else {
+        Err(EPERM)
     }
 }
