@@ -14,9 +14,12 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    errno, Access, AhAttr, AttrMask as M, Context, Element, ErrorKind, EventType, Gid, Mtu, QpAttr,
-    QpCap, QpInit, QpState, QpType, SendOp, SendRequest, Sge, WcOpcode, WcStatus,
+    errno, Access, AttrMask as M, Context, Element, ErrorKind, EventType, QpAttr, QpCap, QpInit,
+    QpState, QpType, SendOp, SendRequest, Sge, WcOpcode, WcStatus,
 };
+
+mod common;
+use common::{connect_with, RcPath};
 
 /// How long any one step may take (debug builds on a loaded machine). Only a hang reaches it.
 const WAIT: Duration = Duration::from_secs(60);
@@ -79,57 +82,6 @@ impl Drop for Dir {
 }
 
 const ALL: Access = Access(0x0f);
-
-/// RESET->INIT->RTR->RTS towards `remote`; RNR NAKs are retried forever (rnr_retry 7).
-fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: ALL,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: remote_gid,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: remote_qpn,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..rtr
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
-}
 
 fn cap() -> QpCap {
     QpCap {
@@ -307,4 +259,17 @@ fn a_killed_daemon_is_a_device_fatal_error_and_a_new_one_serves_again() {
         .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(cap()))
         .unwrap();
     assert!(qp.qpn() > 0);
+}
+
+/// RESET->INIT->RTR->RTS towards `remote_qpn` on `gid` (this file's path: common::RcPath).
+fn connect(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn: u32) {
+    connect_with(
+        qp,
+        gid,
+        remote_qpn,
+        RcPath {
+            timeout: 14,
+            ..RcPath::default()
+        },
+    );
 }

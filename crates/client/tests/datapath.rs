@@ -13,11 +13,13 @@
 use std::time::Duration;
 
 use softverbs::{
-    Access, AhAttr, AttrMask as M, BorrowedMr, Context, Gid, Mtu, QpAttr, QpCap, QpInit, QpState,
-    QpType,
+    Access, AttrMask as M, BorrowedMr, Context, QpAttr, QpCap, QpInit, QpState, QpType,
 };
 use softverbs::{Pd, SendOp, SendRequest, Sge, SrqAttr, WcOpcode, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
+
+mod common;
+use common::{connect, connect_with, RcPath};
 
 struct Dir(std::path::PathBuf);
 impl Drop for Dir {
@@ -42,63 +44,6 @@ fn daemon(name: &str, ip: Option<&str>) -> (TestDaemon, Dir) {
 }
 
 const ALL: Access = Access(0x0f);
-
-/// RESET->INIT->RTR->RTS towards `remote`.
-fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
-    connect_with_timeout(qp, remote_gid, remote_qpn, 12);
-}
-
-/// [`connect`] with local ACK timeout exponent `timeout` (4.096 µs · 2^timeout).
-fn connect_with_timeout(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32, timeout: u8) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: ALL,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let av = AhAttr {
-        dgid: remote_gid,
-        is_global: true,
-        port_num: 1,
-        hop_limit: 64,
-        ..AhAttr::default()
-    };
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: av,
-        path_mtu: Mtu::M1024,
-        dest_qp_num: remote_qpn,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..rtr
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
-}
 
 fn cap() -> QpCap {
     QpCap {
@@ -758,5 +703,18 @@ fn a_cq_grown_past_its_ring_keeps_every_completion_in_order() {
     assert!(
         a.try_get_async_event().unwrap().is_none(),
         "the grown CQ reported an overrun"
+    );
+}
+
+/// [`connect`] with local ACK timeout exponent `timeout` (4.096 µs · 2^timeout).
+fn connect_with_timeout(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, timeout: u8) {
+    connect_with(
+        qp,
+        gid,
+        remote_qpn,
+        RcPath {
+            timeout,
+            ..RcPath::default()
+        },
     );
 }

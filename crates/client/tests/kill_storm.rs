@@ -21,11 +21,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    Access, AhAttr, AttrMask as M, Context, Gid, Introspect, Mtu, QpAttr, QpCap, QpInit, QpState,
-    QpType, O_CREAT,
+    Access, AttrMask as M, Context, Introspect, QpAttr, QpCap, QpInit, QpState, QpType, O_CREAT,
 };
 use softverbs::{Buf, Op, SendOp, SendRequest, SendWork, Sge, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config};
+
+mod common;
+use common::connect;
 
 /// Names a test buffer (or a deliberately foreign address) for the raw registration these
 /// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
@@ -91,52 +93,6 @@ fn init_attr() -> QpAttr {
         qp_access_flags: ALL,
         ..QpAttr::default()
     }
-}
-
-/// RESET->INIT->RTR->RTS towards `qpn` on `gid`.
-fn connect(qp: &softverbs::Qp<'_>, gid: Gid, qpn: u32) {
-    let init = init_attr();
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: gid,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: qpn,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 12,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..rtr
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
 }
 
 /// Not a test: a storm client's entry point (does nothing in a normal run). It builds

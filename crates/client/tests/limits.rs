@@ -13,8 +13,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    errno, Access, AhAttr, AttrMask as M, Context, Gid, Introspect, Mtu, QpAttr, QpCap, QpInit,
-    QpState, QpType, SendOp, SendRequest, SrqAttr, WcStatus, O_CREAT,
+    errno, Access, AhAttr, Context, Introspect, QpCap, QpInit, QpType, SendOp, SendRequest,
+    SrqAttr, WcStatus, O_CREAT,
 };
 use softverbs_daemon::{spawn_daemon_with, Config, TestDaemon};
 
@@ -67,56 +67,6 @@ fn cap() -> QpCap {
         max_recv_sge: 1,
         max_inline_data: 0,
     }
-}
-
-fn connect(qp: &softverbs::Qp<'_>, gid: Gid, remote_qpn: u32) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: ALL,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: gid,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: remote_qpn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 12,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 1,
-        ..rtr
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
 }
 
 /// Creates a PD, a CQ, an MR and two RC QPs connected to each other in `ctx`, sends 4 KiB
@@ -183,6 +133,9 @@ fn other_uid_client_works(socket: &Path) {
 }
 
 use std::os::unix::process::CommandExt;
+
+mod common;
+use common::{connect_with, RcPath};
 
 /// Names a test buffer for the raw registration these tests exercise (the drop-in's path):
 /// the buffers outlive their MRs and nothing reads them while the daemon may write.
@@ -444,4 +397,17 @@ fn registered_bytes_over_the_limit_get_enomem_and_others_still_work() {
     );
     // Another context still registers and moves data.
     transfer_works(&open(&d));
+}
+
+/// RESET->INIT->RTR->RTS towards `remote_qpn` on `gid` (this file's path: common::RcPath).
+fn connect(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn: u32) {
+    connect_with(
+        qp,
+        gid,
+        remote_qpn,
+        RcPath {
+            rd_atomic: 1,
+            ..RcPath::default()
+        },
+    );
 }

@@ -19,11 +19,12 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use softverbs::{
-    Access, AhAttr, AttrMask as M, Context, Gid, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
-};
+use softverbs::{Access, Context, QpCap, QpInit, QpType};
 use softverbs::{SendOp, SendRequest, Sge, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config};
+
+mod common;
+use common::connect;
 
 /// Names a test buffer (or a deliberately foreign address) for the raw registration these
 /// tests exercise: the drop-in's path, whose promise (`RawMemory::new`) the tests keep by
@@ -64,57 +65,6 @@ fn cap() -> QpCap {
         max_recv_sge: 1,
         max_inline_data: 0,
     }
-}
-
-/// RESET->INIT->RTR->RTS towards `qpn` on `gid`.
-fn connect(qp: &softverbs::Qp<'_>, gid: Gid, qpn: u32) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: ALL,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: gid,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: qpn,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 12,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..rtr
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
 }
 
 /// `LEN` bytes of `byte` at `ADDR`, mapped fresh (never over an existing mapping).

@@ -13,11 +13,12 @@ use std::ptr;
 use std::time::Duration;
 
 use rustix::mm::{mmap_anonymous, mprotect, munmap, MapFlags, MprotectFlags, ProtFlags};
-use softverbs::{
-    Access, AhAttr, AttrMask as M, Context, Gid, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
-};
+use softverbs::{Access, Context, QpCap, QpInit, QpType};
 use softverbs::{SendOp, SendRequest, Sge, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config, TestDaemon};
+
+mod common;
+use common::connect;
 
 const EFAULT: i32 = 14;
 const PAGE: usize = 4096;
@@ -91,58 +92,6 @@ impl Drop for ReadOnlyPage {
 /// A page that is never mapped: below `vm.mmap_min_addr` (65536 by default), where no
 /// process without `CAP_SYS_RAWIO` can map anything, so no other test thread can either.
 const HOLE: u64 = 0x1000;
-
-const ALL: Access = Access(0x0f);
-
-fn connect(qp: &softverbs::Qp<'_>, gid: Gid, remote_qpn: u32) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: ALL,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: gid,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: remote_qpn,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 12,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..rtr
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
-}
 
 fn cap() -> QpCap {
     QpCap {

@@ -25,9 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use softverbs::{
-    Access, AhAttr, AttrMask as M, Context, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
-};
+use softverbs::{Access, Context, QpCap, QpInit, QpType};
 use softverbs::{SendOp, SendRequest, WcStatus};
 use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
 use softverbs_transport::sim::Rng;
@@ -39,6 +37,9 @@ use softverbs_wire::{
     HeaderKind, Headers, IethRepr, ImmDtRepr, NakCode, Opcode, Packet, RethRepr, Syndrome,
     XrcethRepr,
 };
+
+mod common;
+use common::{connect_with, RcPath};
 
 const ALL: Access = Access(0x0f);
 /// Both QPs start their PSNs here; the transfer stays within a few 10,000 PSNs of it.
@@ -67,59 +68,6 @@ fn daemon(name: &str, ip: Ipv4Addr) -> (TestDaemon, Dir) {
     }];
     c.net.bind = true;
     (spawn_daemon_with(c).unwrap(), Dir(dir))
-}
-
-fn connect(qp: &softverbs::Qp<'_>, remote: softverbs::Gid, remote_qpn: u32) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: ALL,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: remote,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: remote_qpn,
-        rq_psn: START,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: START,
-        // 4.096 µs · 2^14 ≈ 67 ms: retransmissions stay rare on a busy machine.
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..rtr
-    };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
 }
 
 /// What a forger needs to know of the connection: the addresses, the QP numbers (small and
@@ -710,4 +658,18 @@ fn status_counts_packets_dropped_for_their_source_and_their_psn() {
         s = status();
     }
     assert_eq!((s.net_foreign_source, s.net_outside_window), (1, 1));
+}
+
+/// RESET->INIT->RTR->RTS towards `remote_qpn` on `gid` (this file's path: common::RcPath).
+fn connect(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn: u32) {
+    connect_with(
+        qp,
+        gid,
+        remote_qpn,
+        RcPath {
+            timeout: 14,
+            psn: START,
+            ..RcPath::default()
+        },
+    );
 }

@@ -39,8 +39,32 @@ pub fn cap() -> QpCap {
     }
 }
 
-/// RESET->INIT->RTR->RTS towards `remote`.
+/// How a test connects an RC QP: local ACK timeout exponent (4.096 µs · 2^timeout), READ and
+/// atomic depth each way, and the starting PSN of both directions.
+#[derive(Clone, Copy)]
+pub struct RcPath {
+    pub timeout: u8,
+    pub rd_atomic: u8,
+    pub psn: u32,
+}
+
+impl Default for RcPath {
+    fn default() -> RcPath {
+        RcPath {
+            timeout: 12,
+            rd_atomic: 4,
+            psn: 0,
+        }
+    }
+}
+
+/// RESET->INIT->RTR->RTS towards `remote` with the default [`RcPath`].
 pub fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
+    connect_with(qp, remote_gid, remote_qpn, RcPath::default());
+}
+
+/// RESET->INIT->RTR->RTS towards `remote` along `path`.
+pub fn connect_with(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32, path: RcPath) {
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -61,7 +85,8 @@ pub fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
         ah_attr: av,
         path_mtu: Mtu::M1024,
         dest_qp_num: remote_qpn,
-        max_dest_rd_atomic: 4,
+        max_dest_rd_atomic: path.rd_atomic,
+        rq_psn: path.psn,
         min_rnr_timer: 1,
         ..init
     };
@@ -78,10 +103,11 @@ pub fn connect(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32) {
     .unwrap();
     let rts = QpAttr {
         qp_state: QpState::Rts,
-        timeout: 12,
+        timeout: path.timeout,
+        sq_psn: path.psn,
         retry_cnt: 7,
         rnr_retry: 7,
-        max_rd_atomic: 4,
+        max_rd_atomic: path.rd_atomic,
         ..rtr
     };
     qp.modify(
