@@ -13,6 +13,8 @@ use std::process::{Command, ExitCode};
 
 use softverbs::Introspect;
 
+use crate::devnode;
+
 /// The legacy XRC header users compile against.
 const XRC_LEGACY_H: &str = include_str!("../../libibverbs/include/softverbs/xrc_legacy.h");
 
@@ -57,7 +59,7 @@ pub fn find_library() -> Result<PathBuf, String> {
 
 /// A directory whose `libibverbs.so.1` is `lib`: the library's own directory when it already
 /// has that name, else a per-user directory with a symlink (replaced atomically).
-fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
+pub fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
     if lib.file_name().is_some_and(|n| n == "libibverbs.so.1") {
         return Ok(lib.parent().unwrap_or(Path::new(".")).to_path_buf());
     }
@@ -99,21 +101,55 @@ pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("softverbs"));
     // Start the daemon now (the client library's autostart), so its start-up is not charged
     // to the program's first verbs call and a failure is reported here, clearly.
-    if let Err(e) = Introspect::connect_at(socket) {
-        return fail(format!("no daemon at {}: {e}", socket.display()));
-    }
+    let devices = match Introspect::connect_at(socket).and_then(|i| i.devices()) {
+        Ok(d) => d.len() as u32,
+        Err(e) => return fail(format!("no daemon at {}: {e}", socket.display())),
+    };
     let mut path = OsString::from(dir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
         path.push(":");
         path.push(old);
     }
-    let err = Command::new(prog)
-        .args(args)
+    // UCX needs a device node (devnode.rs). Making one takes a single-threaded process, and
+    // this one may have started a daemon (and a thread reaping it): a fresh image of this
+    // binary makes the node and then execs the program.
+    let mut cmd = if (0..devices).all(|i| devnode::usable(&devnode::node_path(i))) {
+        let mut c = Command::new(prog);
+        c.args(args);
+        c
+    } else {
+        let mut c = Command::new(&exe);
+        c.arg("with-device-nodes")
+            .arg(devices.to_string())
+            .arg(prog)
+            .args(args);
+        c
+    };
+    let err = cmd
         .env("LD_LIBRARY_PATH", path)
         .env("SOFTVERBS_SOCKET", socket)
         .env("SOFTVERBS_DAEMON_BIN", &exe)
         .exec();
     fail(format!("{}: {err}", prog.to_string_lossy()))
+}
+
+/// `softverbs with-device-nodes COUNT PROGRAM ARGS...` (from [`run`]): makes the device nodes
+/// in a mount namespace of this process, then execs the program. Without them the program
+/// still runs (only UCX needs them), after a warning that says why and what to do.
+pub fn with_device_nodes(count: u32, cmd: &[OsString]) -> ExitCode {
+    let Some((prog, args)) = cmd.split_first() else {
+        eprintln!("softverbs run: nothing to run");
+        return ExitCode::from(127);
+    };
+    if let Err(e) = devnode::provide(count, false) {
+        eprintln!(
+            "softverbs run: warning: no {} for UCX: {e}",
+            devnode::node_path(0).display()
+        );
+    }
+    let err = Command::new(prog).args(args).exec();
+    eprintln!("softverbs run: {}: {err}", prog.to_string_lossy());
+    ExitCode::from(127)
 }
 
 /// `softverbs install --prefix DIR`: bin/softverbs, lib/softverbs/libibverbs.so.1 and

@@ -5,11 +5,13 @@
 
 mod actor;
 mod bench;
+mod cluster;
 mod demo;
+mod devnode;
 mod dropin;
 mod table;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -116,12 +118,25 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<std::ffi::OsString>,
     },
+    /// A virtual RDMA cluster on this machine: hosts in network namespaces, one daemon each,
+    /// and the remote shell MPI launchers use to start ranks on them (docs/mpi.md).
+    Cluster {
+        #[command(subcommand)]
+        what: cluster::ClusterCmd,
+    },
     /// Copy the softverbs binary, the drop-in library and the legacy XRC header into a prefix
     /// (bin/, lib/softverbs/, include/softverbs/).
     Install {
         /// Where to install.
         #[arg(long)]
         prefix: PathBuf,
+    },
+    /// Make the UCX device nodes, then exec the program (used by `run`).
+    #[command(hide = true)]
+    WithDeviceNodes {
+        count: u32,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        cmd: Vec<std::ffi::OsString>,
     },
     /// One side of `bench lat|bw` (used by `bench`).
     #[command(hide = true)]
@@ -298,6 +313,17 @@ fn print_limits(rows: &[softverbs_core::limits::LimitRow]) {
 }
 
 fn main() -> ExitCode {
+    // Invoked through the link `cluster up` makes, this is an MPI launcher's remote shell:
+    // `softverbs-rsh [ssh options] HOST COMMAND...` is `softverbs cluster exec ...`.
+    let mut argv = std::env::args_os();
+    if argv.next().is_some_and(|a0| {
+        Path::new(&a0)
+            .file_name()
+            .is_some_and(|n| n == "softverbs-rsh")
+    }) {
+        let rest: Vec<std::ffi::OsString> = argv.collect();
+        return cluster::run(&cluster::ClusterCmd::Exec { args: rest });
+    }
     let cli = Cli::parse();
     let socket = socket_path(&cli);
     match &cli.cmd {
@@ -470,6 +496,8 @@ fn main() -> ExitCode {
         }
         .map_or_else(fail, |()| ExitCode::SUCCESS),
         Command::Run { cmd } => dropin::run(&socket, cmd),
+        Command::WithDeviceNodes { count, cmd } => dropin::with_device_nodes(*count, cmd),
+        Command::Cluster { what } => cluster::run(what),
         Command::Install { prefix } => {
             dropin::install(prefix).map_or_else(fail, |()| ExitCode::SUCCESS)
         }

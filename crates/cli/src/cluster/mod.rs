@@ -1,0 +1,489 @@
+//! `softverbs cluster`: N RDMA hosts on one machine (docs/mpi.md).
+//!
+//! `up` makes a bridge, one network namespace per host with a veth on it (net.rs), and one
+//! daemon per host whose device `softverbs0` has the host's address, so the hosts talk RoCE v2
+//! over UDP 4791 across the bridge as machines on one Ethernet segment do. `exec` runs a
+//! command on a host (enter.rs) and doubles as an MPI launcher's remote shell (agent.rs);
+//! `status` shows the hosts, their daemons and their objects; `down` removes everything `up`
+//! made, found by name (state.rs), so it also cleans up after a crash.
+//!
+//! Connection managers and other per-host services plug in as more processes per host: `up`
+//! starts each host's processes in `spawn_host_services`, `down` stops every process in the
+//! host's namespace, and `status` asks each host's daemon.
+
+mod agent;
+mod enter;
+mod net;
+mod state;
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use nix::sched::{setns, CloneFlags};
+use softverbs::Introspect;
+pub use state::Cluster;
+
+/// How long a new daemon may take to accept connections.
+const DAEMON_START: Duration = Duration::from_secs(10);
+/// How long `down` waits for a process to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// Exit status of `down`, `status` and `exec` when there is no such cluster: 3, "not
+/// running", as for `softverbs status` without a daemon.
+const NOT_UP: u8 = 3;
+
+#[derive(Subcommand)]
+pub enum ClusterCmd {
+    /// Build N hosts (root): network namespaces NAME-1..NAME-N on bridge NAME-br, addresses
+    /// 198.18.x.1..N/24 (RFC 2544's benchmarking range), one daemon per host.
+    Up {
+        /// How many hosts.
+        #[arg(long, default_value_t = 2)]
+        hosts: usize,
+        /// The cluster's name: the prefix of its hosts, links and state directory.
+        #[arg(long, default_value = "sv", env = "SOFTVERBS_CLUSTER")]
+        name: String,
+    },
+    /// Stop every process on the hosts and remove the namespaces, links and state.
+    Down {
+        #[arg(long, default_value = "sv", env = "SOFTVERBS_CLUSTER")]
+        name: String,
+    },
+    /// The hosts, their daemons and the objects each daemon holds.
+    Status {
+        #[arg(long, default_value = "sv", env = "SOFTVERBS_CLUSTER")]
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command on a host: `exec HOST -- PROGRAM ARGS...`, or ssh's shape
+    /// `exec [ssh options] HOST COMMAND...` (the words run by /bin/sh, with a login's
+    /// environment), so it serves as `mpirun --mca plm_rsh_agent` and hydra's
+    /// `-launcher-exec` (the link STATE/softverbs-rsh that `up` prints).
+    Exec {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        args: Vec<OsString>,
+    },
+}
+
+pub fn run(cmd: &ClusterCmd) -> ExitCode {
+    let r = match cmd {
+        ClusterCmd::Up { hosts, name } => up(name, *hosts),
+        ClusterCmd::Down { name } => down(name),
+        ClusterCmd::Status { name, json } => status(name, *json),
+        ClusterCmd::Exec { args } => exec(args),
+    };
+    r.unwrap_or_else(|(code, e)| {
+        eprintln!("softverbs cluster: {e}");
+        ExitCode::from(code)
+    })
+}
+
+type Outcome = Result<ExitCode, (u8, String)>;
+
+fn err(e: impl Into<String>) -> (u8, String) {
+    (1, e.into())
+}
+
+fn need_root(what: &str) -> Result<(), (u8, String)> {
+    if rustix::process::geteuid().is_root() {
+        Ok(())
+    } else {
+        Err(err(format!(
+            "{what} needs root (network namespaces, veth links and mounts need CAP_SYS_ADMIN and CAP_NET_ADMIN): run it with sudo"
+        )))
+    }
+}
+
+fn namespaces_available() -> Result<(), (u8, String)> {
+    if Path::new("/proc/self/ns/net").exists() {
+        Ok(())
+    } else {
+        Err(err(
+            "network namespaces are unavailable (no /proc/self/ns/net: a kernel without CONFIG_NET_NS, or /proc not mounted)",
+        ))
+    }
+}
+
+/// Whether a daemon answers at `socket`.
+fn answers(socket: &Path) -> bool {
+    Introspect::connect_running(socket).is_ok()
+}
+
+fn up(name: &str, hosts: usize) -> Outcome {
+    need_root("cluster up")?;
+    namespaces_available()?;
+    state::check_name(name).map_err(err)?;
+    if !(1..=state::MAX_HOSTS).contains(&hosts) {
+        return Err(err(format!("--hosts {hosts}: 1 to {}", state::MAX_HOSTS)));
+    }
+    if let Some(old) = Cluster::load(name) {
+        let alive = (1..=old.hosts).filter(|&i| answers(&old.socket(i))).count();
+        if alive > 0 {
+            return Err(err(format!(
+                "cluster {name} is already up ({} hosts, {alive} daemons answering): `softverbs cluster down --name {name}` first",
+                old.hosts
+            )));
+        }
+    }
+    if !leftovers(name).is_empty() || Cluster::load(name).is_some() {
+        eprintln!("softverbs cluster: cleaning up what a previous cluster {name} left behind");
+        let removed = remove(name);
+        eprint!("{removed}");
+    }
+    let c = Cluster {
+        name: name.to_string(),
+        subnet: Cluster::free_subnet().map_err(err)?,
+        hosts,
+    };
+    // The state comes first: if anything below fails or the machine crashes, `down` and the
+    // next `up` know what to look for.
+    c.save().map_err(err)?;
+    if let Err(e) = build(&c) {
+        let _ = remove(name);
+        return Err(err(e));
+    }
+    println!(
+        "cluster {name}: {hosts} hosts on {} (bridge {}, {})",
+        net::subnet_addr(c.subnet, 0),
+        c.bridge(),
+        c.bridge_addr()
+    );
+    for i in 1..=hosts {
+        println!(
+            "  {}  {}  daemon {}",
+            c.host(i),
+            c.addr(i),
+            c.socket(i).display()
+        );
+    }
+    println!("remote-shell agent: {}", c.agent().display());
+    println!(
+        "hostfiles: {} (Open MPI), {} (MPICH)",
+        c.dir().join("hostfile").display(),
+        c.dir().join("machinefile").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn build(c: &Cluster) -> Result<(), String> {
+    net::add_bridge(&c.bridge(), c.bridge_addr())?;
+    for i in 1..=c.hosts {
+        net::add_host(&c.host(i), &c.veth(i), &c.bridge(), c.addr(i))?;
+    }
+    let hostname = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    let mut hosts =
+        String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+    // The machine itself, as the hosts reach it: launchers running outside the hosts publish
+    // its host name.
+    if !hostname.is_empty() {
+        let _ = writeln!(hosts, "{}\t{hostname}", c.bridge_addr());
+    }
+    let (mut ompi, mut mpich) = (String::new(), String::new());
+    for i in 1..=c.hosts {
+        let _ = writeln!(hosts, "{}\t{}", c.addr(i), c.host(i));
+        let _ = writeln!(ompi, "{} slots=64", c.host(i));
+        let _ = writeln!(mpich, "{}", c.host(i));
+    }
+    let write = |file: &str, text: &str| {
+        let p = c.dir().join(file);
+        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    write("hosts", &hosts)?;
+    write("hostfile", &ompi)?;
+    write("machinefile", &mpich)?;
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let _ = std::fs::remove_file(c.agent());
+    std::os::unix::fs::symlink(&exe, c.agent())
+        .map_err(|e| format!("{}: {e}", c.agent().display()))?;
+    for i in 1..=c.hosts {
+        spawn_host_services(c, i, &exe)?;
+    }
+    let deadline = Instant::now() + DAEMON_START;
+    for i in 1..=c.hosts {
+        while !answers(&c.socket(i)) {
+            if Instant::now() >= deadline {
+                let log = std::fs::read_to_string(c.log(i)).unwrap_or_default();
+                return Err(format!(
+                    "the daemon of {} did not come up within {DAEMON_START:?}; its log:\n{log}",
+                    c.host(i)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
+/// Starts host `i`'s processes inside its network namespace: its daemon (and, once they
+/// exist, the host's other services, e.g. a connection manager, the same way).
+fn spawn_host_services(c: &Cluster, i: usize, exe: &Path) -> Result<(), String> {
+    let host = c.host(i);
+    let ns = std::fs::File::open(Path::new("/run/netns").join(&host))
+        .map_err(|e| format!("/run/netns/{host}: {e}"))?;
+    let home = std::fs::File::open("/proc/thread-self/ns/net")
+        .map_err(|e| format!("/proc/thread-self/ns/net: {e}"))?;
+    let log =
+        std::fs::File::create(c.log(i)).map_err(|e| format!("{}: {e}", c.log(i).display()))?;
+    // A child is born in its parent thread's network namespace.
+    setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {host}: {e}"))?;
+    let spawned = std::process::Command::new(exe)
+        .arg("--socket")
+        .arg(c.socket(i))
+        .arg("daemon")
+        .arg("--device")
+        .arg(format!("softverbs0={}", c.addr(i)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .process_group(0)
+        .spawn();
+    setns(&home, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns back: {e}"))?;
+    spawned
+        .map(|_| ())
+        .map_err(|e| format!("start the daemon of {host}: {e}"))
+}
+
+/// The namespaces and links of this machine named as cluster `name`'s.
+fn leftovers(name: &str) -> Vec<String> {
+    net::namespaces()
+        .into_iter()
+        .chain(net::links())
+        .filter(|n| state::is_member(name, n))
+        .collect()
+}
+
+/// Stops every process in cluster `name`'s namespaces and every daemon on its sockets,
+/// removes its namespaces and links and its state directory; returns what it did.
+fn remove(name: &str) -> String {
+    let mut report = String::new();
+    let dir = Cluster::dir_of(name);
+    let namespaces: Vec<String> = net::namespaces()
+        .into_iter()
+        .filter(|n| state::is_member(name, n))
+        .collect();
+    let mut pids: Vec<i32> = namespaces.iter().flat_map(|n| net::pids_in(n)).collect();
+    // Daemons whose namespace is already gone (found by their socket path).
+    pids.extend(processes_mentioning(&dir));
+    pids.sort_unstable();
+    pids.dedup();
+    pids.retain(|&p| p != std::process::id() as i32);
+    let stopped = stop(&pids);
+    if stopped > 0 {
+        let _ = writeln!(report, "  stopped {stopped} processes");
+    }
+    // The links first: deleting a veth end deletes its pair at once, while a deleted
+    // namespace frees its devices later, in the kernel's cleanup work.
+    for l in net::links()
+        .into_iter()
+        .filter(|l| state::is_member(name, l))
+    {
+        match net::del_link(&l) {
+            Ok(()) => {
+                let _ = writeln!(report, "  removed link {l}");
+            }
+            Err(e) if net::links().contains(&l) => {
+                let _ = writeln!(report, "  {e}");
+            }
+            Err(_) => {}
+        }
+    }
+    for n in &namespaces {
+        match net::del_namespace(n) {
+            Ok(()) => {
+                let _ = writeln!(report, "  removed namespace {n}");
+            }
+            Err(e) => {
+                let _ = writeln!(report, "  {e}");
+            }
+        }
+    }
+    if dir.exists() {
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                let _ = writeln!(report, "  removed {}", dir.display());
+            }
+            Err(e) => {
+                let _ = writeln!(report, "  {}: {e}", dir.display());
+            }
+        }
+    }
+    report
+}
+
+/// Pids whose command line names a path under `dir` (the host daemons: `--socket DIR/...`).
+fn processes_mentioning(dir: &Path) -> Vec<i32> {
+    let needle = format!("{}/", dir.display());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .filter_map(|e| {
+            let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            text.contains(&needle).then_some(pid)
+        })
+        .collect()
+}
+
+/// SIGTERM, then SIGKILL for whoever is still there after [`STOP_GRACE`]; returns how many
+/// processes there were.
+fn stop(pids: &[i32]) -> usize {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let alive = |p: i32| kill(Pid::from_raw(p), None).is_ok() && !is_zombie(p);
+    let pids: Vec<i32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    for &p in &pids {
+        let _ = kill(Pid::from_raw(p), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    while pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for &p in pids.iter().filter(|&&p| alive(p)) {
+        let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+    }
+    pids.len()
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('Z')))
+        .unwrap_or(true)
+}
+
+fn down(name: &str) -> Outcome {
+    need_root("cluster down")?;
+    state::check_name(name).map_err(err)?;
+    if Cluster::load(name).is_none() && leftovers(name).is_empty() {
+        return Err((
+            NOT_UP,
+            format!("no cluster {name} is up (nothing to take down)"),
+        ));
+    }
+    print!("cluster {name} down:\n{}", remove(name));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status(name: &str, json: bool) -> Outcome {
+    let Some(c) = Cluster::load(name) else {
+        return Err((NOT_UP, format!("no cluster {name} is up")));
+    };
+    let namespaces = net::namespaces();
+    let mut rows = Vec::new();
+    for i in 1..=c.hosts {
+        let host = c.host(i);
+        let st = Introspect::connect_running(&c.socket(i)).and_then(|x| x.status());
+        let mut row = serde_json::json!({
+            "host": host, "addr": c.addr(i).to_string(), "socket": c.socket(i),
+            "namespace": namespaces.contains(&host),
+            "daemon": st.is_ok(),
+        });
+        if let Ok(s) = &st {
+            row["daemon_pid"] = s.daemon_pid.into();
+            row["objects"] = serde_json::json!({
+                "contexts": s.contexts, "qps": s.qps, "srqs": s.srqs,
+                "cqs": s.cqs, "mrs": s.mrs, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
+            });
+        }
+        rows.push(row);
+    }
+    let healthy = rows
+        .iter()
+        .all(|r| r["daemon"] == true && r["namespace"] == true);
+    if json {
+        let mut v = c.to_json();
+        v["hosts"] = rows.into();
+        v["agent"] = c.agent().display().to_string().into();
+        println!("{v}");
+    } else {
+        println!(
+            "cluster {} ({} hosts, {}/24, agent {})",
+            c.name,
+            c.hosts,
+            net::subnet_addr(c.subnet, 0),
+            c.agent().display()
+        );
+        println!(
+            "{:<14}{:<16}{:<16}{:>9}{:>6}{:>6}{:>6}{:>6}{:>7}",
+            "host", "address", "daemon", "contexts", "qps", "srqs", "cqs", "mrs", "xrc-rq"
+        );
+        for r in &rows {
+            let daemon = if r["daemon"] == true {
+                format!("pid {}", r["daemon_pid"])
+            } else if r["namespace"] == true {
+                "DEAD".to_string()
+            } else {
+                "NO NAMESPACE".to_string()
+            };
+            let o = &r["objects"];
+            let n = |k: &str| o[k].as_u64().map_or("-".to_string(), |v| v.to_string());
+            println!(
+                "{:<14}{:<16}{:<16}{:>9}{:>6}{:>6}{:>6}{:>6}{:>7}",
+                r["host"].as_str().unwrap_or(""),
+                r["addr"].as_str().unwrap_or(""),
+                daemon,
+                n("contexts"),
+                n("qps"),
+                n("srqs"),
+                n("cqs"),
+                n("mrs"),
+                n("xrc_recv_qps")
+            );
+        }
+    }
+    Ok(if healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `cluster exec ARGS` (also `softverbs-rsh ARGS`).
+pub fn exec(args: &[OsString]) -> Outcome {
+    let inv = agent::parse(args).map_err(err)?;
+    need_root("cluster exec")?;
+    let Some((c, i)) = Cluster::of_host(&inv.host) else {
+        let known: Vec<String> = Cluster::all()
+            .iter()
+            .flat_map(|c| (1..=c.hosts).map(|i| c.host(i)).collect::<Vec<_>>())
+            .collect();
+        return Err((
+            NOT_UP,
+            if known.is_empty() {
+                format!(
+                    "unknown host {}: no cluster is up (`softverbs cluster up`)",
+                    inv.host
+                )
+            } else {
+                format!(
+                    "unknown host {}: the hosts are {}",
+                    inv.host,
+                    known.join(", ")
+                )
+            },
+        ));
+    };
+    if !answers(&c.socket(i)) {
+        return Err(err(format!(
+            "the daemon of {} does not answer at {} (it died; its log is {}): `softverbs cluster down --name {}`, then `up` again",
+            inv.host,
+            c.socket(i).display(),
+            c.log(i).display(),
+            c.name
+        )));
+    }
+    let ssh_like = !matches!(inv.command, agent::Command::Argv(_));
+    Err((126, enter::exec(&c, i, inv.command, ssh_like)))
+}
