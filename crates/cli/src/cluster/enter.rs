@@ -5,7 +5,8 @@
 //! names resolve on every host, as a launcher's hostfile needs) and a sysfs that shows the
 //! host's own interfaces (as `ip netns exec` remounts it: UCX and hwloc read
 //! /sys/class/net), and a UTS namespace whose host name is the host's (so launchers recognise
-//! their own host, and UCX's machine id, which hashes the host name, tells hosts apart).
+//! their own host, and UCX's machine id, which hashes the host name, tells hosts apart), and
+//! the host's daemon directory at the one path every host uses (state.rs, `this_host_dir`).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -86,6 +87,20 @@ fn prepare(c: &Cluster, i: usize) -> Result<Vec<(String, OsString)>, String> {
         None::<&str>,
     )
     .map_err(|e| format!("bind {} on /etc/hosts: {e}", c.hosts_file().display()))?;
+    mount(
+        Some(&c.host_dir(i)),
+        &c.this_host_dir(),
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        format!(
+            "bind {} on {}: {e}",
+            c.host_dir(i).display(),
+            c.this_host_dir().display()
+        )
+    })?;
     devnode::provide(1, true)?;
     let mut path = OsString::from(libdir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
@@ -94,9 +109,8 @@ fn prepare(c: &Cluster, i: usize) -> Result<Vec<(String, OsString)>, String> {
     }
     Ok(vec![
         ("LD_LIBRARY_PATH".into(), path),
-        ("SOFTVERBS_SOCKET".into(), c.socket(i).into()),
+        ("SOFTVERBS_SOCKET".into(), c.this_host_socket().into()),
         // The host's daemon or none: a client must not quietly start one of its own.
         ("SOFTVERBS_AUTOSTART".into(), "0".into()),
-        ("SOFTVERBS_CLUSTER_HOST".into(), host.into()),
     ])
 }

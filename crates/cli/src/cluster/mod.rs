@@ -123,6 +123,8 @@ fn up(name: &str, hosts: usize) -> Outcome {
     if !(1..=state::MAX_HOSTS).contains(&hosts) {
         return Err(err(format!("--hosts {hosts}: 1 to {}", state::MAX_HOSTS)));
     }
+    // One `up` at a time on this machine, so two clusters never pick the same subnet.
+    let _lock = state::lock().map_err(err)?;
     if let Some(old) = Cluster::load(name) {
         let alive = (1..=old.hosts).filter(|&i| answers(&old.socket(i))).count();
         if alive > 0 {
@@ -198,6 +200,12 @@ fn build(c: &Cluster) -> Result<(), String> {
         let p = c.dir().join(file);
         std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
     };
+    for d in (1..=c.hosts)
+        .map(|i| c.host_dir(i))
+        .chain([c.this_host_dir()])
+    {
+        std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
     write("hosts", &hosts)?;
     write("hostfile", &ompi)?;
     write("machinefile", &mpich)?;
@@ -366,6 +374,7 @@ fn is_zombie(pid: i32) -> bool {
 fn down(name: &str) -> Outcome {
     need_root("cluster down")?;
     state::check_name(name).map_err(err)?;
+    let _lock = state::lock().map_err(err)?;
     if Cluster::load(name).is_none() && leftovers(name).is_empty() {
         return Err((
             NOT_UP,

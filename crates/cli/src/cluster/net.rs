@@ -23,6 +23,13 @@ pub fn subnet_addr(subnet: u8, last: u8) -> Ipv4Addr {
 /// reached from them.
 pub const BRIDGE_HOST: u8 = 254;
 
+/// The MTU of the cluster's links. A softverbs device reports an active MTU of 4096
+/// (crates/daemon/src/config.rs) and sends each RoCE packet as one UDP datagram with DF set
+/// (crates/daemon/src/netdev.rs), so a packet of a 4096-byte path MTU needs an IP MTU of
+/// 4096 + BTH/RETH/ICRC + UDP + IP headers: Ethernet's 1500 would drop every full packet
+/// (EMSGSIZE) and RC would end in retry-exceeded errors. Jumbo frames fit with room to spare.
+pub const LINK_MTU: u32 = 9000;
+
 /// Runs `ip ARGS`, returning its stdout or its stderr as the error.
 pub fn ip(args: &[&str]) -> Result<String, String> {
     let out = Command::new("ip").args(args).output().map_err(|e| {
@@ -80,6 +87,9 @@ pub fn add_host(ns: &str, veth: &str, br: &str, addr: Ipv4Addr) -> Result<(), St
     ip(&[
         "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns,
     ])?;
+    let mtu = LINK_MTU.to_string();
+    ip(&["link", "set", veth, "mtu", &mtu])?;
+    ip(&["-n", ns, "link", "set", "eth0", "mtu", &mtu])?;
     ip(&["link", "set", veth, "master", br, "up"])?;
     ip(&[
         "-n",

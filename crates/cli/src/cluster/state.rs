@@ -3,7 +3,7 @@
 //! Every object a cluster `NAME` creates is named from `NAME`, so that `down` (and `up`, after
 //! a crash) finds all of them again even when the state file was never written: network
 //! namespaces and hosts `NAME-1 .. NAME-N`, veths `NAME-v1 ..` on the bridge `NAME-br`,
-//! daemons listening on `STATE/NAME-i.sock`. The state directory
+//! daemons listening on `STATE/NAME-i/softverbs.sock`. The state directory
 //! `/run/softverbs/cluster/NAME/` (tmpfs: a reboot, which also removes every namespace and
 //! link, clears it) holds `state.json`, the sockets, the daemons' logs, `/etc/hosts` for the
 //! hosts, hostfiles for Open MPI and MPICH and the remote-shell agent link.
@@ -75,11 +75,25 @@ impl Cluster {
     pub fn bridge_addr(&self) -> Ipv4Addr {
         net::subnet_addr(self.subnet, net::BRIDGE_HOST)
     }
+    /// Host `i`'s own directory: its daemon's socket and log.
+    pub fn host_dir(&self, i: usize) -> PathBuf {
+        self.dir().join(self.host(i))
+    }
     pub fn socket(&self, i: usize) -> PathBuf {
-        self.dir().join(format!("{}.sock", self.host(i)))
+        self.host_dir(i).join("softverbs.sock")
     }
     pub fn log(&self, i: usize) -> PathBuf {
-        self.dir().join(format!("{}.log", self.host(i)))
+        self.host_dir(i).join("daemon.log")
+    }
+    /// The directory that is, inside each host's mount namespace, that host's [`Self::host_dir`]
+    /// (cluster/enter.rs). Commands on every host find their daemon at the same path, so a
+    /// launcher that copies its environment to every rank (hydra does) still leaves each
+    /// rank with its own host's daemon.
+    pub fn this_host_dir(&self) -> PathBuf {
+        self.dir().join("this-host")
+    }
+    pub fn this_host_socket(&self) -> PathBuf {
+        self.this_host_dir().join("softverbs.sock")
     }
     /// The link through which launchers call `softverbs cluster exec` (main.rs: a binary
     /// invoked as `softverbs-rsh` is the agent), one path for Open MPI's `plm_rsh_agent` and
@@ -145,6 +159,17 @@ impl Cluster {
             .find(|s| !used.contains(s))
             .ok_or_else(|| "every 198.18.x.0/24 is taken by another cluster".to_string())
     }
+}
+
+/// An exclusive lock on [`ROOT`] (held while the returned file is open): `up` and `down` of
+/// different clusters take turns, so subnets are chosen one at a time.
+pub fn lock() -> Result<std::fs::File, String> {
+    std::fs::create_dir_all(ROOT).map_err(|e| format!("{ROOT}: {e}"))?;
+    let p = Path::new(ROOT).join(".lock");
+    let f = std::fs::File::create(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| format!("lock {}: {e}", p.display()))?;
+    Ok(f)
 }
 
 /// Whether `name` is a host, veth or bridge of cluster `cluster`: `cluster-N`, `cluster-vN`,
