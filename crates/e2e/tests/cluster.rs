@@ -246,6 +246,21 @@ fn assert_check_passed(c: &Cluster, out: &Output) {
 
 /// `mpirun` of Open MPI 4.1 with `pml ucx`, on host 1, as docs/mpi.md gives it.
 fn open_mpi(c: &Cluster, program: &[&str]) -> Output {
+    let ucx = [
+        "--mca",
+        "pml",
+        "ucx",
+        "--mca",
+        "osc",
+        "ucx",
+        "-x",
+        "UCX_NET_DEVICES=softverbs0:1",
+    ];
+    open_mpi_with(c, &ucx, program)
+}
+
+/// `mpirun` of Open MPI 4.1 on host 1 with the component choices `mca`.
+fn open_mpi_with(c: &Cluster, mca: &[&str], program: &[&str]) -> Output {
     let dir = c.dir();
     let hostfile = dir.join("hostfile");
     let agent = dir.join("softverbs-rsh");
@@ -261,15 +276,8 @@ fn open_mpi(c: &Cluster, program: &[&str]) -> Output {
         "--mca",
         "plm_rsh_agent",
         agent.to_str().unwrap(),
-        "--mca",
-        "pml",
-        "ucx",
-        "--mca",
-        "osc",
-        "ucx",
-        "-x",
-        "UCX_NET_DEVICES=softverbs0:1",
     ];
+    args.extend(mca);
     args.extend(program);
     c.exec(1, &args)
 }
@@ -360,6 +368,42 @@ fn mpich_ch4_ucx_runs_our_checks_across_two_hosts() {
     let c = Cluster::up("sv5p", 2);
     let before = qp_visits(&c, 2);
     let out = mpich(&c, &[exe.to_str().unwrap()]);
+    assert_check_passed(&c, &out);
+    let after = qp_visits(&c, 2);
+    for h in 0..2 {
+        assert!(
+            after[h] > before[h],
+            "daemon of host {}: QP visits {before:?} -> {after:?}",
+            h + 1
+        );
+    }
+    c.down();
+}
+
+/// Open MPI's `mtl ofi` over libfabric's `verbs;ofi_rxd` (RDM over UD: no connection manager
+/// needed), with `osc pt2pt` for the one-sided checks.
+#[test]
+fn open_mpi_mtl_ofi_verbs_rxd_runs_our_checks_across_two_hosts() {
+    skip_unless!("mpirun", "mpicc.openmpi", "fi_info");
+    let _one = JOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = build_check("mpicc.openmpi", "mpi_check_openmpi");
+    let c = Cluster::up("sv5f", 2);
+    let before = qp_visits(&c, 2);
+    let ofi = [
+        "--mca",
+        "pml",
+        "cm",
+        "--mca",
+        "mtl",
+        "ofi",
+        "--mca",
+        "mtl_ofi_provider_include",
+        "verbs;ofi_rxd",
+        "--mca",
+        "osc",
+        "pt2pt",
+    ];
+    let out = open_mpi_with(&c, &ofi, &[exe.to_str().unwrap()]);
     assert_check_passed(&c, &out);
     let after = qp_visits(&c, 2);
     for h in 0..2 {
