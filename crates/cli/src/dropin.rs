@@ -113,7 +113,9 @@ pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
     // UCX needs a device node (devnode.rs). Making one takes a single-threaded process, and
     // this one may have started a daemon (and a thread reaping it): a fresh image of this
     // binary makes the node and then execs the program.
-    let mut cmd = if (0..devices).all(|i| devnode::usable(&devnode::node_path(i))) {
+    // `SOFTVERBS_DEVICE_NODES=0` leaves the program in this mount namespace (no UCX then).
+    let skip_nodes = std::env::var_os("SOFTVERBS_DEVICE_NODES").is_some_and(|v| v == "0");
+    let mut cmd = if skip_nodes || (0..devices).all(|i| devnode::usable(&devnode::node_path(i))) {
         let mut c = Command::new(prog);
         c.args(args);
         c

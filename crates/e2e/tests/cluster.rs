@@ -313,6 +313,22 @@ fn open_mpi_pml_ucx_runs_mpi4py_and_our_checks_across_two_hosts() {
     let _one = JOBS.lock().unwrap_or_else(|e| e.into_inner());
     let exe = build_check("mpicc.openmpi", "mpi_check_openmpi");
     let c = Cluster::up("sv5o", 2);
+    // UCX sees the host's softverbs device by itself (the device node cluster exec makes).
+    let out = c.exec(2, &["ucx_info", "-d"]);
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ucx_info -d on host 2: {}",
+        text(&out)
+    );
+    let md = t
+        .split("# Memory domain:")
+        .find(|s| s.trim_start().starts_with("softverbs0"))
+        .unwrap_or_default();
+    assert!(
+        md.contains("Transport: rc_verbs") && md.contains("Transport: ud_verbs"),
+        "{t}"
+    );
     let before = qp_visits(&c, 2);
 
     let out = open_mpi(&c, &[exe.to_str().unwrap()]);
