@@ -190,11 +190,14 @@ fn build(c: &Cluster) -> Result<(), String> {
     if !hostname.is_empty() {
         let _ = writeln!(hosts, "{}\t{hostname}", c.bridge_addr());
     }
+    // Each host offers as many slots as the machine has CPUs, as a real node would: `-np`
+    // up to that fills host 1 first, as on a real cluster.
+    let slots = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (mut ompi, mut mpich) = (String::new(), String::new());
     for i in 1..=c.hosts {
         let _ = writeln!(hosts, "{}\t{}", c.addr(i), c.host(i));
-        let _ = writeln!(ompi, "{} slots=64", c.host(i));
-        let _ = writeln!(mpich, "{}", c.host(i));
+        let _ = writeln!(ompi, "{} slots={slots}", c.host(i));
+        let _ = writeln!(mpich, "{}:{slots}", c.host(i));
     }
     let write = |file: &str, text: &str| {
         let p = c.dir().join(file);
