@@ -267,6 +267,8 @@ fn open_mpi_with(c: &Cluster, mca: &[&str], program: &[&str]) -> Output {
     let mut args = vec![
         "mpirun",
         "--allow-run-as-root",
+        // Hosts offer as many slots as the machine has CPUs; CI may have fewer than 2.
+        "--oversubscribe",
         "--hostfile",
         hostfile.to_str().unwrap(),
         "-np",
@@ -450,6 +452,7 @@ fn a_host_daemon_killed_during_a_job_fails_the_job_and_down_still_cleans_up() {
                 "--",
                 "mpirun",
                 "--allow-run-as-root",
+                "--oversubscribe",
             ])
             .arg("--hostfile")
             .arg(dir.join("hostfile"))
