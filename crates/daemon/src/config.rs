@@ -6,7 +6,6 @@ use std::path::PathBuf;
 
 use softverbs_core::device::Device;
 use softverbs_core::limits::{Budget, Limits};
-use softverbs_core::types::Mtu;
 
 /// One device to offer: a name and the IP addresses whose RoCE v2 GIDs fill its port's table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,7 +90,7 @@ impl Config {
                     IpAddr::V6(v6) => (u128::from(*v6) & u128::from(u64::MAX)) as u64,
                 });
                 let guid = 0x0200_5eff_fe00_0000 ^ (seed << 8) ^ i as u64;
-                Device::roce(&d.name, guid, &d.ips, Mtu::M4096)
+                Device::roce(&d.name, guid, &d.ips, crate::link_mtu::active_mtu(&d.ips))
             })
             .collect()
     }

@@ -12,6 +12,7 @@ pub mod config;
 mod conn;
 pub mod datapath;
 pub mod dispatch;
+pub mod link_mtu;
 pub mod netdev;
 pub mod server;
 mod sq_retire;
