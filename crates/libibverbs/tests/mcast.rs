@@ -15,6 +15,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use support::{c_toolchain_missing, compile, have, Daemon, Proc};
 
@@ -145,6 +146,259 @@ fn every_attached_qp_of_one_daemon_gets_every_datagram_once() {
     }
     let rep = stop(gone);
     assert!(rep.counts.is_empty(), "a detached QP receives nothing");
+    s.close_stdin();
+    s.exits_zero();
+}
+
+// ---- two daemons in two network namespaces on a bridge (root) ------------------------------
+
+/// Two namespaces (`sv2<t>a`, `sv2<t>b`), each with a veth whose peer is on a bridge in a
+/// third (`sv2<t>h`): two hosts on one Ethernet segment. Removed on drop, whatever happened;
+/// a stale set from an earlier crashed run is removed first.
+struct Segment {
+    tag: char,
+    dir: PathBuf,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr)
+        ))
+    }
+}
+
+impl Segment {
+    fn ns(&self, host: char) -> String {
+        format!("sv2{}{host}", self.tag)
+    }
+
+    fn dev(&self, host: char) -> String {
+        format!("sv2{}{host}0", self.tag)
+    }
+
+    fn addr(host: char) -> String {
+        format!("10.92.0.{}", if host == 'a' { 1 } else { 2 })
+    }
+
+    /// The segment, or None after saying `SKIP` and why (not root, no `ip`).
+    fn new(tag: char) -> Option<Segment> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIP: network namespaces need root (CI runs as root)");
+            return None;
+        }
+        if !have("ip", "iproute2") {
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("sv2-mcast-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("segment dir");
+        let seg = Segment { tag, dir };
+        seg.remove();
+        seg.build().unwrap_or_else(|e| panic!("building the segment: {e}"));
+        Some(seg)
+    }
+
+    fn build(&self) -> Result<(), String> {
+        let hub = self.ns('h');
+        let br = format!("sv2{}br", self.tag);
+        for h in ['a', 'b', 'h'] {
+            ip(&["netns", "add", &self.ns(h)])?;
+            ip(&["-n", &self.ns(h), "link", "set", "lo", "up"])?;
+        }
+        // No IGMP snooping: the bridge floods the group to both ports, as a small switch.
+        ip(&["-n", &hub, "link", "add", &br, "type", "bridge", "mcast_snooping", "0"])?;
+        ip(&["-n", &hub, "link", "set", &br, "up"])?;
+        for h in ['a', 'b'] {
+            let (ns, dev) = (self.ns(h), self.dev(h));
+            let peer = format!("sv2{}{h}1", self.tag);
+            ip(&[
+                "link", "add", &dev, "netns", &ns, "type", "veth", "peer", "name", &peer,
+                "netns", &hub,
+            ])?;
+            ip(&["-n", &hub, "link", "set", &peer, "master", &br, "up"])?;
+            ip(&["-n", &ns, "addr", "add", &format!("{}/24", Self::addr(h)), "dev", &dev])?;
+            ip(&["-n", &ns, "link", "set", &dev, "up"])?;
+            ip(&["-n", &ns, "route", "add", "224.0.0.0/4", "dev", &dev])?;
+        }
+        Ok(())
+    }
+
+    fn remove(&self) {
+        for h in ['a', 'b', 'h'] {
+            let _ = ip(&["netns", "del", &self.ns(h)]);
+        }
+    }
+
+    /// A daemon whose device `softverbs0` is host `h`'s veth address, running in `h`'s
+    /// namespace (clients reach it by its Unix socket, which namespaces do not separate).
+    fn daemon(&self, h: char, args: &[&str]) -> Daemon {
+        let wrapper = self.dir.join(format!("softverbs-in-{h}"));
+        let script = format!(
+            "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
+            self.ns(h),
+            support::softverbs_bin().display()
+        );
+        std::fs::write(&wrapper, script).expect("wrapper");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod wrapper");
+        let name = format!("mc-{}{h}", self.tag);
+        Daemon::start_with_options(
+            softverbs_testkit::Daemon::options(&name)
+                .bin(&wrapper)
+                .device("softverbs0", &Self::addr(h))
+                .args(args),
+        )
+    }
+
+    /// The multicast addresses host `h`'s interface has joined (`ip maddr`).
+    fn joined(&self, h: char) -> String {
+        let o = Command::new("ip")
+            .args(["-n", &self.ns(h), "maddr", "show", "dev", &self.dev(h)])
+            .output()
+            .expect("ip maddr");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn wait_joined(&self, h: char, want: bool) {
+        let deadline = Instant::now() + support::WAIT;
+        while self.joined(h).contains(GROUP) != want {
+            assert!(
+                Instant::now() < deadline,
+                "host {h} {} {GROUP}:\n{}",
+                if want { "never joined" } else { "never left" },
+                self.joined(h)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        self.remove();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn receiver(d: &Daemon, prog: &Path, name: &str) -> Proc {
+    let r = d.run(name, prog, &["recv", GROUP]);
+    r.expect("qp ");
+    r.expect("ready");
+    r
+}
+
+#[test]
+fn across_two_daemons_on_a_bridge_every_attached_qp_gets_every_datagram_once() {
+    let Some(seg) = Segment::new('e') else { return };
+    let a = seg.daemon('a', &[]);
+    let b = seg.daemon('b', &[]);
+    let Some(prog) = program(&seg.dir) else { return };
+    let mut s = a.run("send", &prog, &["send", GROUP]);
+    let sq = s.expect("qp ");
+    let r1 = receiver(&a, &prog, "r1");
+    let r2 = receiver(&b, &prog, "r2");
+    let mut r3 = receiver(&b, &prog, "r3");
+    let mut gone = receiver(&b, &prog, "gone");
+    gone.tell("detach");
+    gone.expect("detached");
+    // The devices joined the group on their own interfaces with their first QP.
+    seg.wait_joined('a', true);
+    seg.wait_joined('b', true);
+    send(&mut s, 0, 40);
+    r3.tell("detach");
+    r3.expect("detached");
+    send(&mut s, 40, 40);
+    let logs = || format!("daemon a:\n{}\ndaemon b:\n{}", a.log(), b.log());
+    for (r, want, who) in [
+        (r1, once(0..80), "r1 (the sender's daemon)"),
+        (r2, once(0..80), "r2 (the other daemon)"),
+        (r3, once(0..40), "r3 (detached after 40)"),
+    ] {
+        let rep = stop(r);
+        assert_eq!(rep.counts, want, "{who}\n{}", logs());
+        assert_eq!((rep.bad, rep.src), (0, format!("1 {sq}")), "{who}");
+    }
+    assert!(stop(gone).counts.is_empty(), "a detached QP gets nothing");
+    // Its last QP gone, daemon b's device left the group.
+    seg.wait_joined('b', false);
+    s.close_stdin();
+    s.exits_zero();
+}
+
+/// Datagram id → frames in a pcap file that carry it (payload "mc" + 5 digits).
+fn pcap_counts(path: &Path) -> BTreeMap<u32, u32> {
+    let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(data.len() >= 24, "pcap header");
+    let mut counts = BTreeMap::new();
+    let mut at = 24;
+    while at + 16 <= data.len() {
+        let len = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &data[at + 16..(at + 16 + len).min(data.len())];
+        at += 16 + len;
+        if let Some(p) = frame.windows(7).position(|w| {
+            w.starts_with(b"mc") && w[2..].iter().all(u8::is_ascii_digit)
+        }) {
+            let id = std::str::from_utf8(&frame[p + 2..p + 7]).unwrap().parse().unwrap();
+            *counts.entry(id).or_default() += 1;
+        }
+    }
+    counts
+}
+
+/// UD is unreliable: the sending device's injected faults (loss 20 %, duplication 20 %)
+/// lose some datagrams and put some on the wire twice, and nothing above the link removes
+/// or restores any. What the test asserts, per receiving QP on the other daemon and per
+/// datagram id: the QP completed it exactly as many times as that daemon's device received
+/// it from the link (its capture), so never more; the receiver on the sender's own daemon,
+/// reached without the link, completed each exactly once; and the capture shows at least one
+/// loss and one duplicate, so the comparison is not vacuous.
+#[test]
+fn with_loss_and_duplication_no_receiver_sees_a_datagram_more_often_than_the_link_gave_it() {
+    let Some(seg) = Segment::new('f') else { return };
+    let a = seg.daemon('a', &["--faults", "loss=0.2,dup=0.2"]);
+    let cap = seg.dir.join("capture-b");
+    std::fs::create_dir_all(&cap).unwrap();
+    let mut b = seg.daemon('b', &["--capture", cap.to_str().unwrap()]);
+    let Some(prog) = program(&seg.dir) else { return };
+    let mut s = a.run("send", &prog, &["send", GROUP]);
+    let sq = s.expect("qp ");
+    let local = receiver(&a, &prog, "local");
+    let r2 = receiver(&b, &prog, "r2");
+    let r3 = receiver(&b, &prog, "r3");
+    seg.wait_joined('b', true);
+    send(&mut s, 0, 200);
+    let rl = stop(local);
+    let (rep2, rep3) = (stop(r2), stop(r3));
+    b.stop();
+    let link = pcap_counts(&cap.join("softverbs0.pcap"));
+    assert_eq!(rl.counts, once(0..200), "in-process delivery sees no link faults");
+    for (rep, who) in [(&rep2, "r2"), (&rep3, "r3")] {
+        assert_eq!((rep.bad, rep.src.as_str()), (0, format!("1 {sq}").as_str()), "{who}");
+        for id in 0..200 {
+            let (got, wire) = (
+                rep.counts.get(&id).copied().unwrap_or(0),
+                link.get(&id).copied().unwrap_or(0),
+            );
+            assert!(got <= wire, "{who}: datagram {id} completed {got}x, the link gave {wire}");
+            assert_eq!(got, wire, "{who}: datagram {id} (receives to spare)");
+        }
+    }
+    assert!(
+        (0..200).any(|id| !link.contains_key(&id)),
+        "no datagram was lost: {link:?}"
+    );
+    assert!(link.values().any(|&n| n >= 2), "no datagram was duplicated");
     s.close_stdin();
     s.exits_zero();
 }
