@@ -13,8 +13,8 @@
 
 use crate::attr::QpAttr;
 use crate::core::Core;
-use crate::device::Gid;
 use crate::datapath::{OwnedQpInfo, SrqInfo};
+use crate::device::Gid;
 use crate::ids::{CtxId, Handle};
 
 /// One change to a mirrored object.

@@ -111,7 +111,9 @@ impl Core {
         let q = match c.qps.get(&qp) {
             Some(QpEntry::Owned(q)) => q,
             Some(QpEntry::XrcRecv { .. }) => {
-                return Err(Error::InvalidArgument("only UD QPs attach to multicast groups"))
+                return Err(Error::InvalidArgument(
+                    "only UD QPs attach to multicast groups",
+                ))
             }
             None => return Err(Error::InvalidHandle(ObjectKind::Qp)),
         };
@@ -146,7 +148,9 @@ impl Core {
         let (device, qpn) = self.mcast_qp(ctx, qp, mgid)?;
         let last = self.mcast[device]
             .detach(mgid, qpn)
-            .ok_or(Error::InvalidArgument("the QP is not attached to that group"))?;
+            .ok_or(Error::InvalidArgument(
+                "the QP is not attached to that group",
+            ))?;
         self.push_change(CoreChange::McastDetached {
             device,
             mgid,

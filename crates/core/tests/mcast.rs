@@ -119,7 +119,11 @@ fn attaching_twice_succeeds_once_and_detaching_what_is_not_attached_is_einval() 
     );
     assert_eq!(errno(core.detach_mcast(c, a, v4(239, 9, 9, 9))), EINVAL);
     core.detach_mcast(c, a, g).unwrap();
-    assert_eq!(errno(core.detach_mcast(c, a, g)), EINVAL, "already detached");
+    assert_eq!(
+        errno(core.detach_mcast(c, a, g)),
+        EINVAL,
+        "already detached"
+    );
     core.detach_mcast(c, b, g).unwrap();
     assert_eq!(core.mcast_group_count(0), 0);
     assert_eq!(

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use support::{c_toolchain_missing, compile, have, Daemon, Proc};
 
 const GROUP: &str = "239.1.2.3";
+/// An IPv6 group of organisation-local scope (RFC 4291 2.7).
+const GROUP6: &str = "ff08::1:2:3";
 
 const ERRNO_CHECKS: &[&str] = &[
     "query_device",
@@ -66,14 +68,20 @@ fn attach_and_detach_refusals_carry_the_kernels_errnos_and_the_limits_are_advert
         d.log()
     );
     if have("ibv_devinfo", "ibverbs-utils") {
-        let o = d.command("ibv_devinfo", &["-v"]).output().expect("ibv_devinfo");
+        let o = d
+            .command("ibv_devinfo", &["-v"])
+            .output()
+            .expect("ibv_devinfo");
         let text = String::from_utf8_lossy(&o.stdout);
         for want in [
             "max_mcast_grp:\t\t\t8192",
             "max_mcast_qp_attach:\t\t56",
             "max_total_mcast_qp_attach:\t458752",
         ] {
-            assert!(text.contains(want), "ibv_devinfo -v lacks {want:?}:\n{text}");
+            assert!(
+                text.contains(want),
+                "ibv_devinfo -v lacks {want:?}:\n{text}"
+            );
         }
     }
 }
@@ -94,7 +102,10 @@ fn stop(mut r: Proc) -> Report {
         let l = r.line();
         if let Some(rest) = l.strip_prefix("got ") {
             let (id, n) = rest.split_once(' ').expect("got ID COUNT");
-            counts.insert(id.parse().unwrap(), n.parse().unwrap());
+            let id: u32 = id.parse().unwrap();
+            if id < MARKERS {
+                counts.insert(id, n.parse().unwrap());
+            }
         } else if let Some(b) = l.strip_prefix("bad ") {
             bad = b.parse().unwrap();
         } else if let Some(s) = l.strip_prefix("src ") {
@@ -113,10 +124,44 @@ fn once(ids: std::ops::Range<u32>) -> BTreeMap<u32, u32> {
     ids.map(|i| (i, 1)).collect()
 }
 
+/// Marker datagrams (ids from `first`, one more each round) until every receiver has one:
+/// the path from the sender to each receiver keeps the order of datagrams (one socket,
+/// one link, no reordering fault), so a receiver holding a marker holds every datagram sent
+/// before it that will ever arrive. Bounded by the harness's wait.
+fn settle(s: &mut Proc, receivers: &mut [&mut Proc], first: u32) {
+    let deadline = Instant::now() + support::WAIT;
+    let mut id = first;
+    loop {
+        s.tell(&format!("mark {id}"));
+        assert_eq!(s.expect("marked "), "self 0", "rxe: no copy to the sender");
+        let mut all = true;
+        for r in receivers.iter_mut() {
+            r.tell(&format!("seen {id}"));
+            all &= r.expect("seen ") == "1";
+        }
+        if all {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "marker {id} never reached every receiver"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        id += 1;
+    }
+}
+
+/// Ids below the markers' (`settle`).
+const MARKERS: u32 = 90_000;
+
 /// Sends `first..first+count` from `s`; the sender must not have received its own datagrams.
 fn send(s: &mut Proc, first: u32, count: u32) {
     s.tell(&format!("send {first} {count}"));
-    assert_eq!(s.expect("sent "), format!("{count} self 0"), "rxe: no copy to the sender");
+    assert_eq!(
+        s.expect("sent "),
+        format!("{count} self 0"),
+        "rxe: no copy to the sender"
+    );
 }
 
 #[test]
@@ -125,7 +170,7 @@ fn every_attached_qp_of_one_daemon_gets_every_datagram_once() {
     let Some(prog) = program(&d.dir) else { return };
     let mut s = d.run("send", &prog, &["send", GROUP]);
     let sq = s.expect("qp ");
-    let receivers: Vec<Proc> = (0..2)
+    let mut receivers: Vec<Proc> = (0..2)
         .map(|i| {
             let r = d.run(&format!("recv{i}"), &prog, &["recv", GROUP]);
             r.expect("qp ");
@@ -139,6 +184,10 @@ fn every_attached_qp_of_one_daemon_gets_every_datagram_once() {
     gone.tell("detach");
     gone.expect("detached");
     send(&mut s, 0, 30);
+    {
+        let mut rs: Vec<&mut Proc> = receivers.iter_mut().collect();
+        settle(&mut s, &mut rs, MARKERS);
+    }
     for r in receivers {
         let rep = stop(r);
         assert_eq!(rep.counts, once(0..30), "{}", d.log());
@@ -157,6 +206,7 @@ fn every_attached_qp_of_one_daemon_gets_every_datagram_once() {
 /// a stale set from an earlier crashed run is removed first.
 struct Segment {
     tag: char,
+    v6: bool,
     dir: PathBuf,
 }
 
@@ -185,12 +235,25 @@ impl Segment {
         format!("sv2{}{host}0", self.tag)
     }
 
-    fn addr(host: char) -> String {
-        format!("10.92.0.{}", if host == 'a' { 1 } else { 2 })
+    fn addr(&self, host: char) -> String {
+        let n = if host == 'a' { 1 } else { 2 };
+        if self.v6 {
+            format!("fd92::{n}")
+        } else {
+            format!("10.92.0.{n}")
+        }
+    }
+
+    fn group(&self) -> &'static str {
+        if self.v6 {
+            GROUP6
+        } else {
+            GROUP
+        }
     }
 
     /// The segment, or None after saying `SKIP` and why (not root, no `ip`).
-    fn new(tag: char) -> Option<Segment> {
+    fn new(tag: char, v6: bool) -> Option<Segment> {
         // SAFETY: geteuid has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("SKIP: network namespaces need root (CI runs as root)");
@@ -202,9 +265,10 @@ impl Segment {
         let dir = std::env::temp_dir().join(format!("sv2-mcast-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("segment dir");
-        let seg = Segment { tag, dir };
+        let seg = Segment { tag, v6, dir };
         seg.remove();
-        seg.build().unwrap_or_else(|e| panic!("building the segment: {e}"));
+        seg.build()
+            .unwrap_or_else(|e| panic!("building the segment: {e}"));
         Some(seg)
     }
 
@@ -216,19 +280,41 @@ impl Segment {
             ip(&["-n", &self.ns(h), "link", "set", "lo", "up"])?;
         }
         // No IGMP snooping: the bridge floods the group to both ports, as a small switch.
-        ip(&["-n", &hub, "link", "add", &br, "type", "bridge", "mcast_snooping", "0"])?;
+        ip(&[
+            "-n",
+            &hub,
+            "link",
+            "add",
+            &br,
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ])?;
         ip(&["-n", &hub, "link", "set", &br, "up"])?;
         for h in ['a', 'b'] {
             let (ns, dev) = (self.ns(h), self.dev(h));
             let peer = format!("sv2{}{h}1", self.tag);
             ip(&[
-                "link", "add", &dev, "netns", &ns, "type", "veth", "peer", "name", &peer,
-                "netns", &hub,
+                "link", "add", &dev, "netns", &ns, "type", "veth", "peer", "name", &peer, "netns",
+                &hub,
             ])?;
             ip(&["-n", &hub, "link", "set", &peer, "master", &br, "up"])?;
-            ip(&["-n", &ns, "addr", "add", &format!("{}/24", Self::addr(h)), "dev", &dev])?;
-            ip(&["-n", &ns, "link", "set", &dev, "up"])?;
-            ip(&["-n", &ns, "route", "add", "224.0.0.0/4", "dev", &dev])?;
+            if self.v6 {
+                // nodad: the address is usable at once, not tentative for a second.
+                let a = format!("{}/64", self.addr(h));
+                ip(&["-n", &ns, "addr", "add", &a, "dev", &dev, "nodad"])?;
+                ip(&["-n", &ns, "link", "set", &dev, "up"])?;
+                ip(&[
+                    "-n", &ns, "-6", "route", "add", "ff00::/8", "dev", &dev, "table", "local",
+                ])
+                .or_else(|_| Ok::<(), String>(()))?;
+            } else {
+                let a = format!("{}/24", self.addr(h));
+                ip(&["-n", &ns, "addr", "add", &a, "dev", &dev])?;
+                ip(&["-n", &ns, "link", "set", &dev, "up"])?;
+                ip(&["-n", &ns, "route", "add", "224.0.0.0/4", "dev", &dev])?;
+            }
         }
         Ok(())
     }
@@ -256,7 +342,7 @@ impl Segment {
         Daemon::start_with_options(
             softverbs_testkit::Daemon::options(&name)
                 .bin(&wrapper)
-                .device("softverbs0", &Self::addr(h))
+                .device("softverbs0", &self.addr(h))
                 .args(args),
         )
     }
@@ -272,10 +358,11 @@ impl Segment {
 
     fn wait_joined(&self, h: char, want: bool) {
         let deadline = Instant::now() + support::WAIT;
-        while self.joined(h).contains(GROUP) != want {
+        let group = self.group();
+        while self.joined(h).contains(group) != want {
             assert!(
                 Instant::now() < deadline,
-                "host {h} {} {GROUP}:\n{}",
+                "host {h} {} {group}:\n{}",
                 if want { "never joined" } else { "never left" },
                 self.joined(h)
             );
@@ -291,8 +378,8 @@ impl Drop for Segment {
     }
 }
 
-fn receiver(d: &Daemon, prog: &Path, name: &str) -> Proc {
-    let r = d.run(name, prog, &["recv", GROUP]);
+fn receiver(d: &Daemon, prog: &Path, name: &str, group: &str) -> Proc {
+    let r = d.run(name, prog, &["recv", group]);
     r.expect("qp ");
     r.expect("ready");
     r
@@ -300,25 +387,43 @@ fn receiver(d: &Daemon, prog: &Path, name: &str) -> Proc {
 
 #[test]
 fn across_two_daemons_on_a_bridge_every_attached_qp_gets_every_datagram_once() {
-    let Some(seg) = Segment::new('e') else { return };
+    across_two_daemons('e', false);
+}
+
+#[test]
+fn ipv6_multicast_across_two_daemons_on_a_bridge() {
+    across_two_daemons('6', true);
+}
+
+fn across_two_daemons(tag: char, v6: bool) {
+    let Some(seg) = Segment::new(tag, v6) else {
+        return;
+    };
+    let g = seg.group();
     let a = seg.daemon('a', &[]);
     let b = seg.daemon('b', &[]);
-    let Some(prog) = program(&seg.dir) else { return };
-    let mut s = a.run("send", &prog, &["send", GROUP]);
+    let Some(prog) = program(&seg.dir) else {
+        return;
+    };
+    let mut s = a.run("send", &prog, &["send", g]);
     let sq = s.expect("qp ");
-    let r1 = receiver(&a, &prog, "r1");
-    let r2 = receiver(&b, &prog, "r2");
-    let mut r3 = receiver(&b, &prog, "r3");
-    let mut gone = receiver(&b, &prog, "gone");
+    let mut r1 = receiver(&a, &prog, "r1", g);
+    let mut r2 = receiver(&b, &prog, "r2", g);
+    let mut r3 = receiver(&b, &prog, "r3", g);
+    let mut gone = receiver(&b, &prog, "gone", g);
     gone.tell("detach");
     gone.expect("detached");
     // The devices joined the group on their own interfaces with their first QP.
     seg.wait_joined('a', true);
     seg.wait_joined('b', true);
     send(&mut s, 0, 40);
+    // A detach takes effect at once, also for datagrams still in daemon b's socket: detach
+    // once r3 has everything before the marker.
+    settle(&mut s, &mut [&mut r1, &mut r2, &mut r3], 90_000);
     r3.tell("detach");
     r3.expect("detached");
     send(&mut s, 40, 40);
+    settle(&mut s, &mut [&mut r1, &mut r2], 91_000);
     let logs = || format!("daemon a:\n{}\ndaemon b:\n{}", a.log(), b.log());
     for (r, want, who) in [
         (r1, once(0..80), "r1 (the sender's daemon)"),
@@ -336,7 +441,8 @@ fn across_two_daemons_on_a_bridge_every_attached_qp_gets_every_datagram_once() {
     s.exits_zero();
 }
 
-/// Datagram id → frames in a pcap file that carry it (payload "mc" + 5 digits).
+/// Datagram id → frames in a pcap file that carry it (payload "mc" + 5 digits), markers
+/// left out.
 fn pcap_counts(path: &Path) -> BTreeMap<u32, u32> {
     let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert!(data.len() >= 24, "pcap header");
@@ -346,11 +452,17 @@ fn pcap_counts(path: &Path) -> BTreeMap<u32, u32> {
         let len = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
         let frame = &data[at + 16..(at + 16 + len).min(data.len())];
         at += 16 + len;
-        if let Some(p) = frame.windows(7).position(|w| {
-            w.starts_with(b"mc") && w[2..].iter().all(u8::is_ascii_digit)
-        }) {
-            let id = std::str::from_utf8(&frame[p + 2..p + 7]).unwrap().parse().unwrap();
-            *counts.entry(id).or_default() += 1;
+        if let Some(p) = frame
+            .windows(7)
+            .position(|w| w.starts_with(b"mc") && w[2..].iter().all(u8::is_ascii_digit))
+        {
+            let id: u32 = std::str::from_utf8(&frame[p + 2..p + 7])
+                .unwrap()
+                .parse()
+                .unwrap();
+            if id < MARKERS {
+                *counts.entry(id).or_default() += 1;
+            }
         }
     }
     counts
@@ -365,32 +477,49 @@ fn pcap_counts(path: &Path) -> BTreeMap<u32, u32> {
 /// loss and one duplicate, so the comparison is not vacuous.
 #[test]
 fn with_loss_and_duplication_no_receiver_sees_a_datagram_more_often_than_the_link_gave_it() {
-    let Some(seg) = Segment::new('f') else { return };
+    let Some(seg) = Segment::new('f', false) else {
+        return;
+    };
     let a = seg.daemon('a', &["--faults", "loss=0.2,dup=0.2"]);
     let cap = seg.dir.join("capture-b");
     std::fs::create_dir_all(&cap).unwrap();
     let mut b = seg.daemon('b', &["--capture", cap.to_str().unwrap()]);
-    let Some(prog) = program(&seg.dir) else { return };
+    let Some(prog) = program(&seg.dir) else {
+        return;
+    };
     let mut s = a.run("send", &prog, &["send", GROUP]);
     let sq = s.expect("qp ");
-    let local = receiver(&a, &prog, "local");
-    let r2 = receiver(&b, &prog, "r2");
-    let r3 = receiver(&b, &prog, "r3");
+    let mut local = receiver(&a, &prog, "local", GROUP);
+    let mut r2 = receiver(&b, &prog, "r2", GROUP);
+    let mut r3 = receiver(&b, &prog, "r3", GROUP);
     seg.wait_joined('b', true);
     send(&mut s, 0, 200);
+    // Lost markers are sent again; the capture's count of 0..200 is final once one arrived.
+    settle(&mut s, &mut [&mut local, &mut r2, &mut r3], MARKERS);
     let rl = stop(local);
     let (rep2, rep3) = (stop(r2), stop(r3));
     b.stop();
     let link = pcap_counts(&cap.join("softverbs0.pcap"));
-    assert_eq!(rl.counts, once(0..200), "in-process delivery sees no link faults");
+    assert_eq!(
+        rl.counts,
+        once(0..200),
+        "in-process delivery sees no link faults"
+    );
     for (rep, who) in [(&rep2, "r2"), (&rep3, "r3")] {
-        assert_eq!((rep.bad, rep.src.as_str()), (0, format!("1 {sq}").as_str()), "{who}");
+        assert_eq!(
+            (rep.bad, rep.src.as_str()),
+            (0, format!("1 {sq}").as_str()),
+            "{who}"
+        );
         for id in 0..200 {
             let (got, wire) = (
                 rep.counts.get(&id).copied().unwrap_or(0),
                 link.get(&id).copied().unwrap_or(0),
             );
-            assert!(got <= wire, "{who}: datagram {id} completed {got}x, the link gave {wire}");
+            assert!(
+                got <= wire,
+                "{who}: datagram {id} completed {got}x, the link gave {wire}"
+            );
             assert_eq!(got, wire, "{who}: datagram {id} (receives to spare)");
         }
     }

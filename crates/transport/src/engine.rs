@@ -10,11 +10,11 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use softverbs_core::attr::QpAttr;
+use softverbs_core::device::Gid;
 use softverbs_core::ids::CtxId;
+use softverbs_core::mcast::MULTICAST_QPN;
 use softverbs_core::types::{QpState, QpType};
 use softverbs_core::Core;
-use softverbs_core::device::Gid;
-use softverbs_core::mcast::MULTICAST_QPN;
 use softverbs_wire::{Direction, Packet, PacketRef, Transport};
 
 use crate::memory::Memory;

@@ -273,7 +273,9 @@ impl Host {
     pub fn attach_mcast(&mut self, qpn: u32, mgid: Gid) -> softverbs_core::Result<()> {
         let (ctx, h) = self
             .owner_of(qpn)
-            .ok_or(softverbs_core::Error::InvalidHandle(softverbs_core::ObjectKind::Qp))?;
+            .ok_or(softverbs_core::Error::InvalidHandle(
+                softverbs_core::ObjectKind::Qp,
+            ))?;
         self.core.attach_mcast(ctx, h, mgid)?;
         self.engine.attach_mcast(mgid, qpn);
         Ok(())
@@ -283,7 +285,9 @@ impl Host {
     pub fn detach_mcast(&mut self, qpn: u32, mgid: Gid) -> softverbs_core::Result<()> {
         let (ctx, h) = self
             .owner_of(qpn)
-            .ok_or(softverbs_core::Error::InvalidHandle(softverbs_core::ObjectKind::Qp))?;
+            .ok_or(softverbs_core::Error::InvalidHandle(
+                softverbs_core::ObjectKind::Qp,
+            ))?;
         self.core.detach_mcast(ctx, h, mgid)?;
         self.engine.detach_mcast(mgid, qpn);
         Ok(())

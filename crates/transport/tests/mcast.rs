@@ -191,7 +191,10 @@ fn every_attached_qp_gets_every_datagram_once_and_nothing_else_does() {
     assert_eq!(cap.len(), 20, "one datagram per send: the wire copies it");
     for (_, d) in cap {
         let (_, ib) = softverbs_wire::ip::split_ip_udp(d).unwrap();
-        assert_eq!(Packet::parse(ib).unwrap().headers.bth.dest_qp, MULTICAST_QPN);
+        assert_eq!(
+            Packet::parse(ib).unwrap().headers.bth.dest_qp,
+            MULTICAST_QPN
+        );
     }
 }
 
@@ -215,7 +218,10 @@ fn detach_and_destroy_stop_delivery_and_the_last_qp_leaving_stops_the_wire_copy(
     net.deliveries = Some(Vec::new());
     net.run_until(Duration::from_secs(5), |_| false);
     let rb = received(&mut net, 1, cb, sender);
-    assert_eq!(rb, BTreeMap::from([(b1, once_each(0..10)), (b2, once_each(0..10))]));
+    assert_eq!(
+        rb,
+        BTreeMap::from([(b1, once_each(0..10)), (b2, once_each(0..10))])
+    );
     assert_eq!(received(&mut net, 2, cc, sender).len(), 1);
 
     net.hosts[1].detach_mcast(b2, group()).unwrap();
@@ -263,11 +269,18 @@ fn with_loss_and_duplication_no_qp_completes_more_copies_than_the_wire_delivered
     let mut net = Network::new(vec![a.host, b.host, c.host], faults, 7);
     net.deliveries = Some(Vec::new());
     net.run_until(Duration::from_secs(5), |_| false);
-    assert!(net.stats.lost > 0 && net.stats.duplicated > 0, "{:?}", net.stats);
+    assert!(
+        net.stats.lost > 0 && net.stats.duplicated > 0,
+        "{:?}",
+        net.stats
+    );
     let mut wire: BTreeMap<(usize, u32), u32> = BTreeMap::new();
     for (to, ib) in net.deliveries.as_ref().unwrap() {
         let p = Packet::parse(ib).unwrap();
-        let id: u32 = std::str::from_utf8(&p.payload[2..7]).unwrap().parse().unwrap();
+        let id: u32 = std::str::from_utf8(&p.payload[2..7])
+            .unwrap()
+            .parse()
+            .unwrap();
         *wire.entry((*to, id)).or_default() += 1;
     }
     let mut compared = 0;
@@ -278,7 +291,10 @@ fn with_loss_and_duplication_no_qp_completes_more_copies_than_the_wire_delivered
             for id in 0..150 {
                 let w = wire.get(&(host, id)).copied().unwrap_or(0);
                 let r = mine.get(&id).copied().unwrap_or(0);
-                assert!(r <= w, "QP {q:#x} completed datagram {id} {r}x, the wire gave {w}");
+                assert!(
+                    r <= w,
+                    "QP {q:#x} completed datagram {id} {r}x, the wire gave {w}"
+                );
                 assert_eq!(r, w, "QP {q:#x}, datagram {id}: receives to spare");
                 compared += 1;
             }

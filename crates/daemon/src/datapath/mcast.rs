@@ -96,7 +96,11 @@ impl DataPath {
 /// why other hosts' datagrams will not arrive.
 fn join(n: &mut NetDev, mgid: Gid) {
     match n.join(mgid) {
-        Ok(()) => tracing::debug!(group = %mgid.to_ip(), addr = %n.local(), "joined multicast group"),
-        Err(e) => tracing::warn!(group = %mgid.to_ip(), addr = %n.local(), "cannot join multicast group: {e}"),
+        Ok(()) => {
+            tracing::debug!(group = %mgid.to_ip(), addr = %n.local(), "joined multicast group")
+        }
+        Err(e) => {
+            tracing::warn!(group = %mgid.to_ip(), addr = %n.local(), "cannot join multicast group: {e}")
+        }
     }
 }

@@ -4,12 +4,16 @@
  *
  *   mcast errnos         the refusals rdma-core and the kernel (uverbs + rxe) give, the limits
  *   mcast send GROUP     prints "qp QPN"; on "send FIRST COUNT" sends COUNT datagrams to the
- *                        group (payload "mc" + 5-digit id), prints "sent COUNT"; on EOF quits
+ *                        group (payload "mc" + 5-digit id), prints "sent COUNT self N" (N:
+ *                        datagrams that came back to the sender); "mark ID" sends datagram ID
+ *                        ("marked self N"); on EOF quits
  *   mcast recv GROUP     attaches a UD QP, prints "qp QPN" and "ready"; receives until "stop",
  *                        then prints "got ID COUNT" per datagram id, "bad N" (completions
- *                        with a wrong field) and "done"; "detach" detaches it ("detached")
+ *                        with a wrong field) and "done"; "detach" detaches it ("detached");
+ *                        "seen ID" prints "seen 1" once datagram ID has arrived, else "seen 0"
  *
- * GROUP is an IPv4 multicast address (its GID is ::ffff:GROUP). Port 1, GID index 0. */
+ * GROUP is an IPv4 (GID ::ffff:GROUP) or IPv6 multicast address. Port 1, GID index 0. In
+ * both GRH layouts the last 4 bytes of the 40 are the destination's last 4. */
 #include "check.h"
 
 #include <arpa/inet.h>
@@ -83,9 +87,15 @@ static struct ibv_qp *new_qp(enum ibv_qp_type t, int rts)
 	return qp;
 }
 
+/* The RoCE v2 GID of an IPv4 address (::ffff:a.b.c.d) or of an IPv6 address. */
 static void v4_gid(union ibv_gid *g, const char *ip)
 {
 	memset(g, 0, sizeof(*g));
+	if (strchr(ip, ':')) {
+		if (inet_pton(AF_INET6, ip, g->raw) != 1)
+			fatal("group address");
+		return;
+	}
 	g->raw[10] = 0xff;
 	g->raw[11] = 0xff;
 	if (inet_pton(AF_INET, ip, g->raw + 12) != 1)
@@ -194,11 +204,15 @@ static int role_send(void)
 	printf("qp %u\n", qp->qp_num);
 	fflush(stdout);
 	while (fgets(line, sizeof(line), stdin)) {
-		unsigned first, count, i, done = 0, got_self = 0;
+		unsigned first, count, i, done = 0, got_self = 0, mark = 0;
 		struct timespec t0, t;
 
-		if (sscanf(line, "send %u %u", &first, &count) != 2)
+		if (sscanf(line, "mark %u", &first) == 1) {
+			count = 1;
+			mark = 1;
+		} else if (sscanf(line, "send %u %u", &first, &count) != 2) {
 			continue;
+		}
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		for (i = 0; i < count; i++) {
 			char *p = bufs + (size_t)(i % 64) * SLOT;
@@ -237,7 +251,10 @@ static int role_send(void)
 			}
 			usleep(500);
 		}
-		printf("sent %u self %u\n", count, got_self);
+		if (mark)
+			printf("marked self %u\n", got_self);
+		else
+			printf("sent %u self %u\n", count, got_self);
 		fflush(stdout);
 	}
 	return 0;
@@ -294,6 +311,10 @@ static int role_recv(void)
 		if (n == 0 && poll(&in, 1, 1) > 0) {
 			if (!fgets(line, sizeof(line), stdin) || strncmp(line, "stop", 4) == 0)
 				break;
+			if (sscanf(line, "seen %u", &i) == 1 && i < 100000) {
+				printf("seen %u\n", counts[i] ? 1 : 0);
+				fflush(stdout);
+			}
 			if (strncmp(line, "detach", 6) == 0) {
 				if (ibv_detach_mcast(qp, &group, 0))
 					fatal("ibv_detach_mcast");
