@@ -16,7 +16,11 @@ fn attach_rules_and_limits_through_the_safe_api() {
     let ctx = Context::open_at(&d.socket, 0).unwrap();
     let a = ctx.query_device().unwrap();
     assert_eq!(
-        (a.max_mcast_grp, a.max_mcast_qp_attach, a.max_total_mcast_qp_attach),
+        (
+            a.max_mcast_grp,
+            a.max_mcast_qp_attach,
+            a.max_total_mcast_qp_attach
+        ),
         (8192, 56, 0x70000)
     );
     let pd = ctx.alloc_pd().unwrap();

@@ -305,10 +305,7 @@ impl Segment {
                 let a = format!("{}/64", self.addr(h));
                 ip(&["-n", &ns, "addr", "add", &a, "dev", &dev, "nodad"])?;
                 ip(&["-n", &ns, "link", "set", &dev, "up"])?;
-                ip(&[
-                    "-n", &ns, "-6", "route", "add", "ff00::/8", "dev", &dev, "table", "local",
-                ])
-                .or_else(|_| Ok::<(), String>(()))?;
+                // The kernel routes ff00::/8 on every IPv6 interface by itself.
             } else {
                 let a = format!("{}/24", self.addr(h));
                 ip(&["-n", &ns, "addr", "add", &a, "dev", &dev])?;
