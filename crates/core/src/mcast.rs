@@ -1,4 +1,4 @@
-//! UD multicast groups (IBA 10.5.2; `ibv_attach_mcast(3)`): which QPs of each device are
+//! UD multicast groups (`ibv_attach_mcast(3)`): which QPs of each device are
 //! attached to which multicast GID, with the device's three limits.
 //!
 //! The rules are the kernel's, as rdma-core programs meet them through uverbs and rxe
@@ -8,8 +8,8 @@
 //!   `::ffff:224.0.0.0/4` or an IPv6 `ff00::/8` address (`ib_attach_mcast` in the kernel's
 //!   `verbs.c`, `rdma_is_multicast_addr`): anything else is `EINVAL`. The LID is ignored on
 //!   an Ethernet port.
-//! - Attaching a QP to a group it is already attached to succeeds and changes nothing
-//!   (uverbs `ib_uverbs_attach_mcast` finds it in the QP's list; rxe's `rxe_attach_mcg`
+//! - Attaching a QP to a group it is already attached to succeeds and changes nothing: "the
+//!   QP will still receive a single copy" (`ibv_attach_mcast(3)`; uverbs `ib_uverbs_attach_mcast` finds it in the QP's list; rxe's `rxe_attach_mcg`
 //!   finds it in the group), so one QP receives one copy of each datagram.
 //! - Detaching from a group the QP is not attached to is `EINVAL` (uverbs
 //!   `ib_uverbs_detach_mcast`, rxe `rxe_detach_mcg`).
@@ -33,7 +33,8 @@ use crate::error::{Error, ObjectKind, Result};
 use crate::ids::{CtxId, Handle};
 use crate::types::QpType;
 
-/// The destination QP number of every multicast datagram (IBA 10.5.2.1: DQPN `0xFFFFFF`).
+/// The destination QP number of every multicast datagram: `0xFFFFFF`, the kernel's
+/// `IB_MULTICAST_QPN`, which rxe puts in the BTH of a datagram to a multicast GID.
 pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
 
 impl Gid {

@@ -183,6 +183,15 @@ fn every_attached_qp_of_one_daemon_gets_every_datagram_once() {
     gone.expect("ready");
     gone.tell("detach");
     gone.expect("detached");
+    // What a user sees: the sender and the two receivers attached, the detached QP not.
+    d.wait_until("three QPs attached", |v| {
+        v["qps"].as_array().is_some_and(|qps| {
+            qps.iter()
+                .filter(|q| q["mcast_groups"] == serde_json::json!([GROUP]))
+                .count()
+                == 3
+        })
+    });
     send(&mut s, 0, 30);
     {
         let mut rs: Vec<&mut Proc> = receivers.iter_mut().collect();

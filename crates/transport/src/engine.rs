@@ -144,7 +144,7 @@ impl Engine {
         skip: Option<u32>,
     ) {
         // RoCE v2 multicast only exists for UD: anything else addressed to 0xFFFFFF is
-        // dropped (IBA 10.5.2.1).
+        // dropped (rxe `hdr_check`).
         if pkt.info.transport != Transport::Ud {
             return;
         }

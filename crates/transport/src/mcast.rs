@@ -1,4 +1,4 @@
-//! UD multicast delivery (IBA 10.5.2): the engine's mirror of the core's groups
+//! UD multicast delivery (`ibv_attach_mcast(3)`): the engine's mirror of the core's groups
 //! (`softverbs_core::mcast`) and the fan-out of one datagram addressed to DQPN `0xFFFFFF`
 //! to every QP of this device attached to its destination GID.
 //!

@@ -134,7 +134,7 @@ fn request_headers(qp: &Qp, idx: usize, pkt: u32, psn: u32) -> Option<Headers> {
         if op.is_read_or_atomic() { 1 } else { npkts },
     );
     let last = op.is_read_or_atomic() || pkt + 1 == npkts;
-    // IBA 10.5.2.1: a datagram to a multicast GID carries DQPN 0xFFFFFF, whatever the work
+    // A datagram to a multicast GID carries the multicast DQPN 0xFFFFFF, whatever the work
     // request named (rxe sets it from the address vector the same way).
     let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| {
         if u.dgid.is_multicast() {
