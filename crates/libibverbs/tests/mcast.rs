@@ -59,6 +59,13 @@ fn attach_and_detach_refusals_carry_the_kernels_errnos_and_the_limits_are_advert
     let d = Daemon::start("mc-errnos");
     let Some(prog) = program(&d.dir) else { return };
     let (said, status) = d.run("errnos", &prog, &["errnos"]).finish();
+    let groups = expected_groups().to_string();
+    assert!(
+        said.iter()
+            .any(|l| l.strip_prefix("max_mcast_grp ") == Some(&groups)),
+        "max_mcast_grp is not min(8192, RLIMIT_NOFILE / 8) = {groups}:\n{}",
+        said.join("\n")
+    );
     let oks: Vec<&str> = said.iter().filter_map(|l| l.strip_prefix("ok ")).collect();
     let summary = format!("mcast: {} checks, 0 failed", ERRNO_CHECKS.len());
     assert!(
@@ -74,7 +81,7 @@ fn attach_and_detach_refusals_carry_the_kernels_errnos_and_the_limits_are_advert
             .expect("ibv_devinfo");
         let text = String::from_utf8_lossy(&o.stdout);
         for want in [
-            "max_mcast_grp:\t\t\t8192",
+            &format!("max_mcast_grp:\t\t\t{groups}") as &str,
             "max_mcast_qp_attach:\t\t56",
             "max_total_mcast_qp_attach:\t458752",
         ] {
@@ -84,6 +91,18 @@ fn attach_and_detach_refusals_carry_the_kernels_errnos_and_the_limits_are_advert
             );
         }
     }
+}
+
+/// The daemon's `max_mcast_grp` with one device: rxe's 8192, at most an eighth of its
+/// `RLIMIT_NOFILE` (which it inherits from this test).
+fn expected_groups() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").expect("/proc/self/limits");
+    let soft: u64 = limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .expect("Max open files");
+    (soft / 8).clamp(1, 8192)
 }
 
 /// A receiver's report after "stop": datagram id → copies, and its bad-completion count.

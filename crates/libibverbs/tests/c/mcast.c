@@ -122,8 +122,12 @@ static int role_errnos(void)
 	v6uc.raw[15] = 1;
 
 	check("query_device", ibv_query_device(ctx, &da) == 0, "ibv_query_device failed");
-	/* Advertised as rxe does (rxe_param.h), and enforced. */
-	check("max_mcast_grp", da.max_mcast_grp == 8192, "max_mcast_grp is not 8192");
+	/* Advertised as rxe does (rxe_param.h), and enforced; the group table is at most
+	 * RLIMIT_NOFILE / 8 of the daemon (one socket per joined group): the Rust side checks
+	 * the value printed here. */
+	printf("max_mcast_grp %d\n", da.max_mcast_grp);
+	check("max_mcast_grp", da.max_mcast_grp > 0 && da.max_mcast_grp <= 8192,
+	      "max_mcast_grp is not in 1..8192");
 	check("max_mcast_qp_attach", da.max_mcast_qp_attach == 56,
 	      "max_mcast_qp_attach is not 56");
 	check("max_total_mcast_qp_attach", da.max_total_mcast_qp_attach == 0x70000,
