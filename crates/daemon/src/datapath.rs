@@ -240,11 +240,8 @@ impl DataPath {
                 self.mr_deregistered(ctx, mr)
             }
             CoreChange::McastAttached {
-                device,
-                mgid,
-                qpn,
-                first,
-            } => self.mcast_attached(device, mgid, qpn, first),
+                device, mgid, qpn, ..
+            } => self.mcast_attached(device, mgid, qpn),
             CoreChange::McastDetached {
                 device,
                 mgid,

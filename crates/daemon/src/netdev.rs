@@ -192,9 +192,9 @@ impl NetDev {
         self.groups.remove(&mgid.to_ip());
     }
 
-    /// The groups this device has joined.
-    pub fn joined(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.groups.keys().copied()
+    /// Whether this device has joined group `mgid`.
+    pub fn has_joined(&self, mgid: Gid) -> bool {
+        self.groups.contains_key(&mgid.to_ip())
     }
 
     /// Sockets made by [`join`](Self::join) since the last call, for the event loop to

@@ -18,12 +18,14 @@ use super::{DataPath, NetDev};
 
 impl DataPath {
     /// `CoreChange::McastAttached`.
-    pub(super) fn mcast_attached(&mut self, device: usize, mgid: Gid, qpn: u32, first: bool) {
+    pub(super) fn mcast_attached(&mut self, device: usize, mgid: Gid, qpn: u32) {
         let Some(d) = self.devs.get_mut(device) else {
             return;
         };
         d.engine.attach_mcast(mgid, qpn);
-        if let (true, Some(n)) = (first, d.net.as_mut()) {
+        // Joined with the device's first QP; a later attach retries a join that failed
+        // then (a route or address added since).
+        if let Some(n) = d.net.as_mut() {
             join(n, mgid);
         }
     }
@@ -79,15 +81,6 @@ impl DataPath {
             .iter_mut()
             .filter_map(|d| d.net.as_mut())
             .flat_map(|n| n.take_new_fds())
-            .collect()
-    }
-
-    /// The multicast groups each device's socket has joined, by device index.
-    pub fn joined_groups(&self) -> Vec<(usize, Vec<std::net::IpAddr>)> {
-        self.devs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.net.as_ref().map(|n| (i, n.joined().collect())))
             .collect()
     }
 }
