@@ -307,7 +307,8 @@ impl Core {
             xrcd_by_file: HashMap::new(),
             tgt_qps: HashMap::new(),
             holders: BTreeMap::new(),
-            qpns: NumberPool::new(FIRST_QPN, MAX_24BIT),
+            // 0xFFFFFF is the multicast destination QPN (`crate::mcast`), never a QP's.
+            qpns: NumberPool::new(FIRST_QPN, crate::mcast::MULTICAST_QPN - 1),
             qp_routes: HashMap::new(),
             srqns: NumberPool::new(1, MAX_24BIT),
             srq_routes: HashMap::new(),
