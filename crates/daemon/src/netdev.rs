@@ -114,10 +114,24 @@ fn group_socket(group: IpAddr, local: IpAddr, port: u16) -> io::Result<UdpSocket
     Ok(sock)
 }
 
+/// The IP header the kernel puts on a datagram from `src` to `dst` (multicast: TTL / hop
+/// limit 1, the sockets' default; the ICRC masks it, the capture shows it).
 fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
     match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => Some(IpRepr::V4(Ipv4Repr::new(s, d))),
-        (IpAddr::V6(s), IpAddr::V6(d)) => Some(IpRepr::V6(Ipv6Repr::new(s, d))),
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip = Ipv4Repr::new(s, d);
+            if d.is_multicast() {
+                ip.ttl = 1;
+            }
+            Some(IpRepr::V4(ip))
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let mut ip = Ipv6Repr::new(s, d);
+            if d.is_multicast() {
+                ip.hop_limit = 1;
+            }
+            Some(IpRepr::V6(ip))
+        }
         _ => None,
     }
 }

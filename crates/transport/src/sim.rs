@@ -553,14 +553,26 @@ impl Network {
     }
 
     fn ip_header(src: Gid, dst: Gid) -> IpRepr {
+        // Multicast leaves with TTL / hop limit 1, as the daemon's sockets send it.
+        let mc = dst.is_multicast();
         match (src.to_ip(), dst.to_ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(Ipv4Repr::new(s, d)),
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let mut ip = Ipv4Repr::new(s, d);
+                if mc {
+                    ip.ttl = 1;
+                }
+                IpRepr::V4(ip)
+            }
             (s, d) => {
                 let v6 = |ip: IpAddr| match ip {
                     IpAddr::V6(v) => v,
                     IpAddr::V4(v) => v.to_ipv6_mapped(),
                 };
-                IpRepr::V6(Ipv6Repr::new(v6(s), v6(d)))
+                let mut ip = Ipv6Repr::new(v6(s), v6(d));
+                if mc {
+                    ip.hop_limit = 1;
+                }
+                IpRepr::V6(ip)
             }
         }
     }

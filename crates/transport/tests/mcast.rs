@@ -127,6 +127,7 @@ fn received(net: &mut Network, host: usize, cq: CqId, sender: (Gid, u32)) -> Rec
         let ip = |o: usize| Ipv4Addr::new(buf[o], buf[o + 1], buf[o + 2], buf[o + 3]);
         assert_eq!(Gid::from(ip(32)), sender.0, "GRH source is the sender");
         assert_eq!(ip(36), GROUP, "GRH destination is the group");
+        assert_eq!(buf[28], 1, "GRH TTL: multicast leaves with TTL 1");
         let id: u32 = std::str::from_utf8(&buf[42..47]).unwrap().parse().unwrap();
         *got.entry(wc.qp_num).or_default().entry(id).or_default() += 1;
     }

@@ -269,6 +269,7 @@ static int role_recv(void)
 	struct ibv_qp *qp = new_qp(IBV_QPT_UD, 1);
 	static unsigned counts[100000];
 	unsigned bad = 0, i, src = 0, srcs = 0;
+	int v6 = !(group.raw[10] == 0xff && group.raw[11] == 0xff && group.raw[0] == 0);
 	char line[128];
 	struct pollfd in = { .fd = 0, .events = POLLIN };
 
@@ -294,6 +295,7 @@ static int role_recv(void)
 			if (wc[k].status != IBV_WC_SUCCESS || wc[k].opcode != IBV_WC_RECV ||
 			    !(wc[k].wc_flags & IBV_WC_GRH) || wc[k].byte_len != 40 + 7 ||
 			    wc[k].qp_num != qp->qp_num || memcmp(g + 36, group.raw + 12, 4) != 0 ||
+			    g[v6 ? 7 : 28] != 1 /* multicast TTL / hop limit */ ||
 			    sscanf((const char *)g + 42, "%5u", &id) != 1 || id >= 100000) {
 				bad++;
 			} else {
