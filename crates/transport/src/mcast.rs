@@ -10,9 +10,12 @@
 //! group's address (`docs/roce-wire.md` §8).
 //!
 //! A datagram a device sent itself comes back to its own attached QPs without the wire, but
-//! not to the QP that sent it: rxe skips the sending QP for a locally sent multicast packet
-//! (linux-rdma, "RDMA/rxe: Fix sending of mcast packets", 2023). mlx5 would loop it back
-//! unless the QP was created with `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB`; softverbs follows rxe.
+//! not to the QP that sent it. That is rxe's rule as its maintainers wrote it down (the
+//! linux-rdma series "RDMA/rxe: Fix sending of mcast packets", Nov 2023: the receive side
+//! skips the QP whose number is the DETH's source QP for a locally sent multicast packet).
+//! mlx5 loops it back to the sender unless the QP was created with
+//! `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB`, so a program that needs its own copies cannot rely
+//! on them across devices; softverbs follows rxe (`docs/roce-wire.md` §8).
 
 use std::collections::HashMap;
 
