@@ -214,6 +214,10 @@ commands! {
     MapQueues = 78 since 3 : MapQueuesReq => QueuesResp,
     /// The context's doorbell eventfd comes with the (empty) answer.
     MapDoorbell = 79 since 3 : () => (),
+    /// `ibv_attach_mcast`: a UD QP joins a multicast group (`softverbs_core::mcast`).
+    AttachMcast = 90 since 10 : McastReq => (),
+    /// `ibv_detach_mcast`.
+    DetachMcast = 91 since 10 : McastReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -345,6 +349,24 @@ wire! {
         pub max_pkeys: U16,
         pub local_ca_ack_delay: u8,
         pub phys_port_cnt: u8,
+        /// ABI 10 (a daemon before it sends none: read as 0, no multicast).
+        pub max_mcast_grp: U32,
+        /// ABI 10.
+        pub max_mcast_qp_attach: U32,
+        /// ABI 10.
+        pub max_total_mcast_qp_attach: U32,
+    }
+
+    /// `ibv_attach_mcast` / `ibv_detach_mcast` (ABI 10).
+    pub struct McastReq {
+        /// The QP handle.
+        pub qp: U32,
+        /// The MLID (ignored on a RoCE port, as the kernel ignores it).
+        pub lid: U16,
+        /// Reserved, zero.
+        pub reserved: U16,
+        /// The multicast GID.
+        pub gid: [u8; 16],
     }
 
     /// `ibv_query_port`.

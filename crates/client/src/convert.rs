@@ -47,6 +47,9 @@ pub(crate) fn device_attr(w: &QueryDeviceResp) -> DeviceAttr {
         phys_port_cnt: w.phys_port_cnt,
         max_inline_data: w.max_inline_data.get(),
         num_comp_vectors: w.num_comp_vectors.get(),
+        max_mcast_grp: w.max_mcast_grp.get(),
+        max_mcast_qp_attach: w.max_mcast_qp_attach.get(),
+        max_total_mcast_qp_attach: w.max_total_mcast_qp_attach.get(),
     }
 }
 

@@ -782,6 +782,34 @@ impl Qp<'_> {
         self.cap
     }
 
+    /// `ibv_attach_mcast(3)`: datagrams sent to multicast group `gid` (an IPv4-mapped
+    /// `224.0.0.0/4` or an IPv6 `ff00::/8` GID) reach this UD QP, from this daemon and from
+    /// hosts on the device's network, one copy each; the QP needs a Q_Key matching the
+    /// senders'. Attaching again changes nothing. `EINVAL` for a QP that is not UD or a GID
+    /// that is not multicast, `ENOMEM` past the device's `max_mcast_*` limits.
+    pub fn attach_mcast(&self, gid: softverbs_core::device::Gid) -> Result<()> {
+        self.mcast::<cmd::AttachMcast>("attach_mcast", gid)
+    }
+
+    /// `ibv_detach_mcast(3)`: `EINVAL` if the QP is not attached to `gid`. Destroying the
+    /// QP detaches it from every group.
+    pub fn detach_mcast(&self, gid: softverbs_core::device::Gid) -> Result<()> {
+        self.mcast::<cmd::DetachMcast>("detach_mcast", gid)
+    }
+
+    fn mcast<C: Command<Req = softverbs_abi::msg::McastReq, Resp = ()>>(
+        &self,
+        op: &'static str,
+        gid: softverbs_core::device::Gid,
+    ) -> Result<()> {
+        let req = softverbs_abi::msg::McastReq {
+            qp: U32::new(self.handle),
+            gid: gid.0,
+            ..Default::default()
+        };
+        self.ctx.conn.call::<C>(op, 0, &req)
+    }
+
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         modify_qp(self.ctx, "modify_qp", self.handle, attr, mask)?;

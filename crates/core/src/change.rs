@@ -14,6 +14,7 @@
 use crate::attr::QpAttr;
 use crate::core::Core;
 use crate::datapath::{OwnedQpInfo, SrqInfo};
+use crate::device::Gid;
 use crate::ids::{CtxId, Handle};
 
 /// One change to a mirrored object.
@@ -114,6 +115,30 @@ pub enum CoreChange {
         ctx: CtxId,
         /// The MR handle.
         mr: Handle,
+    },
+    /// UD QP `qpn` of device `device` was attached to multicast group `mgid`; `first`: no
+    /// other QP of the device was (the device joins the IP group).
+    McastAttached {
+        /// Index of the device.
+        device: usize,
+        /// The group.
+        mgid: Gid,
+        /// The QP number.
+        qpn: u32,
+        /// The device's first QP in the group.
+        first: bool,
+    },
+    /// QP `qpn` left group `mgid` (detached, or destroyed: then before its `QpDestroyed`);
+    /// `last`: no QP of the device is left in it (the device leaves the IP group).
+    McastDetached {
+        /// Index of the device.
+        device: usize,
+        /// The group.
+        mgid: Gid,
+        /// The QP number.
+        qpn: u32,
+        /// The device's last QP in the group.
+        last: bool,
     },
     /// An MR was given a new range (`ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_TRANSLATION`): a
     /// mapping of the old range no longer backs it, and the core no longer counts one.

@@ -16,6 +16,7 @@ use crate::error::{Error, ObjectKind, Result};
 use crate::event::{AsyncEvent, EventElement, EventQueue};
 use crate::ids::{CtxId, FileId, Handle, NumberPool, XrcdId};
 use crate::limits::{Limits, Ring, Usage};
+use crate::mcast::McastTable;
 use crate::types::{Access, MAX_24BIT};
 
 /// Who is on the other end of a context: filled in by the daemon from `SO_PEERCRED` and
@@ -283,6 +284,8 @@ pub struct Core {
     pub(crate) daemon_usage: Usage,
     /// Changes the data path has not taken yet ([`Core::poll_change`]).
     pub(crate) changes: VecDeque<CoreChange>,
+    /// Multicast groups, per device (`crate::mcast`).
+    pub(crate) mcast: Vec<McastTable>,
 }
 
 /// First QP number handed out: 0 and 1 are the special QPs of IBA 3.5.11 (SMI, GSI).
@@ -292,6 +295,7 @@ impl Core {
     /// A core serving `devices`.
     pub fn new(devices: Vec<Device>) -> Core {
         let usage = vec![DeviceUsage::default(); devices.len()];
+        let mcast = devices.iter().map(|_| McastTable::default()).collect();
         Core {
             devices,
             usage,
@@ -303,7 +307,8 @@ impl Core {
             xrcd_by_file: HashMap::new(),
             tgt_qps: HashMap::new(),
             holders: BTreeMap::new(),
-            qpns: NumberPool::new(FIRST_QPN, MAX_24BIT),
+            // 0xFFFFFF is the multicast destination QPN (`crate::mcast`), never a QP's.
+            qpns: NumberPool::new(FIRST_QPN, crate::mcast::MULTICAST_QPN - 1),
             qp_routes: HashMap::new(),
             srqns: NumberPool::new(1, MAX_24BIT),
             srq_routes: HashMap::new(),
@@ -313,6 +318,7 @@ impl Core {
             uid_usage: HashMap::new(),
             daemon_usage: Usage::default(),
             changes: VecDeque::new(),
+            mcast,
         }
     }
 
@@ -392,6 +398,7 @@ impl Core {
                     self.qp_routes.remove(&q.qpn);
                     self.qpns.free(q.qpn);
                     self.usage[dev].qps -= 1;
+                    self.leave_mcast_groups(dev, q.qpn);
                     self.push_change(CoreChange::QpDestroyed { qpn: q.qpn });
                 }
                 QpEntry::XrcRecv { qpn, .. } => held.push((*qpn, HolderRef::Handle(h))),

@@ -146,6 +146,12 @@ pub struct DeviceAttr {
     pub phys_port_cnt: u8,
     pub max_inline_data: u32,
     pub num_comp_vectors: u32,
+    /// Multicast groups with at least one QP attached (`crate::mcast`).
+    pub max_mcast_grp: u32,
+    /// QPs attached to one group.
+    pub max_mcast_qp_attach: u32,
+    /// Attachments over all groups of the device.
+    pub max_total_mcast_qp_attach: u32,
 }
 
 impl DeviceAttr {
@@ -190,6 +196,10 @@ impl DeviceAttr {
             phys_port_cnt: ports,
             max_inline_data: 256,
             num_comp_vectors: 1,
+            // rxe's values (rxe_param.h), enforced by `crate::mcast`.
+            max_mcast_grp: 8192,
+            max_mcast_qp_attach: 56,
+            max_total_mcast_qp_attach: 0x70000,
         }
     }
 }

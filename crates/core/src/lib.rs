@@ -22,6 +22,7 @@ pub mod error;
 pub mod event;
 pub mod ids;
 pub mod limits;
+pub mod mcast;
 pub mod memory;
 pub mod objects;
 pub mod qp;

@@ -442,6 +442,7 @@ impl Core {
                 self.usage[dev].qps -= 1;
                 self.uncharge(ctx, Resource::Qps, 1);
                 self.detach_ring(ctx, Ring::Qp(qp));
+                self.leave_mcast_groups(dev, q.qpn);
                 self.push_change(CoreChange::QpDestroyed { qpn: q.qpn });
                 Ok(q.events_reported)
             }

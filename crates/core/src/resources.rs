@@ -74,6 +74,9 @@ pub struct QpRow {
     pub qpn: u32,
     pub qp_type: QpType,
     pub state: QpState,
+    /// The multicast groups a UD QP is attached to (their IP addresses).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcast_groups: Vec<std::net::IpAddr>,
 }
 
 /// One shared XRC receive QP and its holders.
@@ -162,6 +165,12 @@ impl Core {
                         qpn: q.qpn,
                         qp_type: q.init.qp_type,
                         state: q.attr.qp_state,
+                        mcast_groups: self
+                            .qp_mcast_groups(ctx, handle)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|g| g.to_ip())
+                            .collect(),
                     });
                 }
             }

@@ -81,6 +81,7 @@ impl Config {
         } else {
             self.devices.clone()
         };
+        let groups = mcast_groups_per_device(&host_budget(), specs.len());
         specs
             .iter()
             .enumerate()
@@ -90,10 +91,20 @@ impl Config {
                     IpAddr::V6(v6) => (u128::from(*v6) & u128::from(u64::MAX)) as u64,
                 });
                 let guid = 0x0200_5eff_fe00_0000 ^ (seed << 8) ^ i as u64;
-                Device::roce(&d.name, guid, &d.ips, crate::link_mtu::active_mtu(&d.ips))
+                let mut dev = Device::roce(&d.name, guid, &d.ips, crate::link_mtu::active_mtu(&d.ips));
+                dev.attr.max_mcast_grp = dev.attr.max_mcast_grp.min(groups);
+                dev
             })
             .collect()
     }
+}
+
+/// `max_mcast_grp` of each of `devices` devices: rxe's 8192, but no more than an eighth of
+/// the daemon's descriptors over all devices, since a device holds one socket per group it
+/// joined (`netdev.rs`) and groups must not starve the clients' connections (docs/limits.md).
+pub fn mcast_groups_per_device(budget: &Budget, devices: usize) -> u32 {
+    let share = budget.max_fds / 8 / devices.max(1) as u64;
+    share.clamp(1, 8192) as u32
 }
 
 /// The budget of a daemon on this host: the kernel's `vm.max_map_count`, physical memory and

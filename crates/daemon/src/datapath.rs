@@ -32,6 +32,8 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
+
+mod mcast;
 use crate::sq_retire::SqRetire;
 
 use softverbs_core::errno::{EBUSY, EEXIST, EINVAL, ENOENT, ENOMEM};
@@ -237,6 +239,15 @@ impl DataPath {
             CoreChange::MrDeregistered { ctx, mr } | CoreChange::MrRangeChanged { ctx, mr } => {
                 self.mr_deregistered(ctx, mr)
             }
+            CoreChange::McastAttached {
+                device, mgid, qpn, ..
+            } => self.mcast_attached(device, mgid, qpn),
+            CoreChange::McastDetached {
+                device,
+                mgid,
+                qpn,
+                last,
+            } => self.mcast_detached(device, mgid, qpn, last),
         }
     }
 
@@ -587,7 +598,14 @@ impl DataPath {
                         break;
                     };
                     progressed = true;
-                    if let Some(t) = self.devs.iter().position(|x| x.gid == tx.dgid) {
+                    if tx.dgid.is_multicast() {
+                        self.deliver_multicast_locally(now, core, d, tx.dgid, &buf[..tx.len]);
+                        if let Some(n) = &mut self.devs[d].net {
+                            if let Err(e) = n.send(&tx, &mut buf[..tx.len]) {
+                                tracing::warn!("multicast send failed: {e}");
+                            }
+                        }
+                    } else if let Some(t) = self.devs.iter().position(|x| x.gid == tx.dgid) {
                         // Our own device: no socket (the ICRC protects wires, and there is none).
                         let meta = softverbs_transport::RxMeta {
                             sgid: self.devs[d].gid,
@@ -613,6 +631,9 @@ impl DataPath {
                         break;
                     };
                     match n.recv(&mut buf) {
+                        Ok(Some((meta, _))) if self.is_own_multicast(&meta) => {
+                            progressed = true;
+                        }
                         Ok(Some((meta, len))) => {
                             progressed = true;
                             self.devs[d].engine.handle_packet(

@@ -317,6 +317,8 @@ impl Dispatcher {
             Cmd::GetCqEvent => self.driven(ctx()?, woken, |d, c| d.get_cq_event(c, req)),
             Cmd::MapQueues => self.driven(ctx()?, woken, |d, c| d.map_queues(c, req)),
             Cmd::MapDoorbell => self.driven(ctx()?, woken, |d, c| d.map_doorbell(c)),
+            Cmd::AttachMcast => self.attach_mcast(ctx()?, read!(AttachMcast)),
+            Cmd::DetachMcast => self.detach_mcast(ctx()?, read!(DetachMcast)),
         }
     }
 
@@ -421,6 +423,20 @@ impl Dispatcher {
             .destroy_ah(c, handle_of(r.handle))
             .map_err(core_err)?;
         ok::<cmd::DestroyAh>(())
+    }
+
+    fn attach_mcast(&mut self, c: CtxId, r: <cmd::AttachMcast as Command>::Req) -> Reply {
+        self.core
+            .attach_mcast(c, handle_of(r.qp), softverbs_core::device::Gid(r.gid))
+            .map_err(core_err)?;
+        ok::<cmd::AttachMcast>(())
+    }
+
+    fn detach_mcast(&mut self, c: CtxId, r: <cmd::DetachMcast as Command>::Req) -> Reply {
+        self.core
+            .detach_mcast(c, handle_of(r.qp), softverbs_core::device::Gid(r.gid))
+            .map_err(core_err)?;
+        ok::<cmd::DetachMcast>(())
     }
 
     fn close_xrcd(&mut self, c: CtxId, r: <cmd::CloseXrcd as Command>::Req) -> Reply {
@@ -575,6 +591,9 @@ impl Dispatcher {
             max_pkeys: U16::new(a.max_pkeys),
             local_ca_ack_delay: a.local_ca_ack_delay,
             phys_port_cnt: a.phys_port_cnt,
+            max_mcast_grp: U32::new(a.max_mcast_grp),
+            max_mcast_qp_attach: U32::new(a.max_mcast_qp_attach),
+            max_total_mcast_qp_attach: U32::new(a.max_total_mcast_qp_attach),
         })
     }
 

@@ -3,15 +3,26 @@
 //! headers the kernel puts on the wire, optional fault injection (this machine has no netem)
 //! and an optional pcap capture.
 //!
+//! Multicast (`crate::mcast`, `docs/roce-wire.md` §8): a device sends a datagram for a
+//! multicast GID to the group's address from its unicast socket, out of its own interface
+//! (`IP_MULTICAST_IF` / `IPV6_MULTICAST_IF`) and looped back to this host
+//! (`IP_MULTICAST_LOOP`), so another daemon on the same host sees it as a NIC on the same
+//! segment would. It receives a group on a socket of its own per group, bound to the
+//! group's address and port 4791 with `SO_REUSEADDR` (every daemon of the host may bind it),
+//! joined on the device's interface (`IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP`) and taking
+//! only the groups it joined itself (`IP_MULTICAST_ALL` off): [`NetDev::join`] when the
+//! device's first QP attaches, [`NetDev::leave`] (the socket closes) when its last detaches.
+//!
 //! The kernel builds the IP/UDP headers, so the ICRC must be computed over what it will
 //! emit. With an unconnected socket and `IP_PMTUDISC_DO`, Linux sends IPv4 with DF set and
 //! identification 0 (`ip_select_ident_segs`); TOS, TTL and the checksums are masked out of
 //! the ICRC. So both ends can rebuild the header exactly. The UDP source port is the bound
 //! port (4791) for every QP: one socket cannot vary it, so there is no per-QP ECMP entropy.
 
+use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use softverbs_core::device::Gid;
@@ -32,12 +43,95 @@ pub struct NetDev {
     /// Counters (`sent`, `delivered`, `rejected` and the injector's).
     pub stats: NetStats,
     hdr: [u8; 48],
+    /// One socket per multicast group the device joined, by group address.
+    groups: HashMap<IpAddr, UdpSocket>,
+    /// Group sockets made since the event loop last asked ([`NetDev::take_new_fds`]).
+    new_fds: Vec<RawFd>,
 }
 
+/// The index of the interface that holds IPv6 address `ip`, from `/proc/net/if_inet6`
+/// (IPv6 multicast options name interfaces by index, not by address).
+fn ipv6_ifindex(ip: Ipv6Addr) -> io::Result<u32> {
+    let want: String = ip.octets().iter().map(|b| format!("{b:02x}")).collect();
+    let table = std::fs::read_to_string("/proc/net/if_inet6")?;
+    table
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((f.next()?, f.next()?))
+        })
+        .find(|(addr, _)| *addr == want)
+        .and_then(|(_, idx)| u32::from_str_radix(idx, 16).ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface has {ip}")))
+}
+
+/// Sends multicast out of the device's own interface and back to this host's other sockets.
+fn set_multicast_send(sock: &UdpSocket, ip: IpAddr) -> io::Result<()> {
+    let s = socket2::SockRef::from(sock);
+    match ip {
+        IpAddr::V4(v4) => {
+            s.set_multicast_if_v4(&v4)?;
+            s.set_multicast_loop_v4(true)
+        }
+        IpAddr::V6(v6) => {
+            s.set_multicast_if_v6(ipv6_ifindex(v6)?)?;
+            s.set_multicast_loop_v6(true)
+        }
+    }
+}
+
+/// A socket receiving group `group` on the interface of `local`, port `port`.
+fn group_socket(group: IpAddr, local: IpAddr, port: u16) -> io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if group.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_address(true)?;
+    match (group, local) {
+        (IpAddr::V4(g), IpAddr::V4(l)) => {
+            s.join_multicast_v4(&g, &l)?;
+            s.set_multicast_all_v4(false)?;
+        }
+        (IpAddr::V6(g), IpAddr::V6(l)) => {
+            s.set_only_v6(true)?;
+            s.join_multicast_v6(&g, ipv6_ifindex(l)?)?;
+            s.set_multicast_all_v6(false)?;
+        }
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "group and device address of different families",
+            ))
+        }
+    }
+    s.bind(&SocketAddr::new(group, port).into())?;
+    s.set_nonblocking(true)?;
+    let sock: UdpSocket = s.into();
+    size_socket_buffers(&sock);
+    Ok(sock)
+}
+
+/// The IP header the kernel puts on a datagram from `src` to `dst` (multicast: TTL / hop
+/// limit 1, the sockets' default; the ICRC masks it, the capture shows it).
 fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
     match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => Some(IpRepr::V4(Ipv4Repr::new(s, d))),
-        (IpAddr::V6(s), IpAddr::V6(d)) => Some(IpRepr::V6(Ipv6Repr::new(s, d))),
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip = Ipv4Repr::new(s, d);
+            if d.is_multicast() {
+                ip.ttl = 1;
+            }
+            Some(IpRepr::V4(ip))
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let mut ip = Ipv6Repr::new(s, d);
+            if d.is_multicast() {
+                ip.hop_limit = 1;
+            }
+            Some(IpRepr::V6(ip))
+        }
         _ => None,
     }
 }
@@ -76,6 +170,10 @@ impl NetDev {
             )?;
         }
         size_socket_buffers(&sock);
+        if let Err(e) = set_multicast_send(&sock, ip) {
+            // Unicast is unaffected; multicast then leaves by the routing table's choice.
+            tracing::warn!(addr = %ip, "multicast send options: {e}");
+        }
         let port = sock.local_addr()?.port();
         Ok(NetDev {
             sock,
@@ -86,7 +184,37 @@ impl NetDev {
             capture: None,
             stats: NetStats::default(),
             hdr: [0; 48],
+            groups: HashMap::new(),
+            new_fds: Vec::new(),
         })
+    }
+
+    /// Joins multicast group `mgid` on the device's interface (its first QP attached).
+    pub fn join(&mut self, mgid: Gid) -> io::Result<()> {
+        let group = mgid.to_ip();
+        if self.groups.contains_key(&group) {
+            return Ok(());
+        }
+        let sock = group_socket(group, self.local, self.port)?;
+        self.new_fds.push(sock.as_raw_fd());
+        self.groups.insert(group, sock);
+        Ok(())
+    }
+
+    /// Leaves group `mgid` (its last QP detached): closing the socket drops the membership.
+    pub fn leave(&mut self, mgid: Gid) {
+        self.groups.remove(&mgid.to_ip());
+    }
+
+    /// Whether this device has joined group `mgid`.
+    pub fn has_joined(&self, mgid: Gid) -> bool {
+        self.groups.contains_key(&mgid.to_ip())
+    }
+
+    /// Sockets made by [`join`](Self::join) since the last call, for the event loop to
+    /// watch (a closed socket leaves the loop's epoll set by itself).
+    pub fn take_new_fds(&mut self) -> Vec<RawFd> {
+        std::mem::take(&mut self.new_fds)
     }
 
     /// Injects `faults` into what this device sends, seeded.
@@ -200,17 +328,43 @@ impl NetDev {
     }
 
     /// Receives one packet into `buf`: `Some((meta, len))` with `buf[..len]` the IB packet
-    /// (BTH through ICRC) whose ICRC checked out; `None` when nothing is waiting. Bad
+    /// (BTH through ICRC) whose ICRC checked out, from the device's own socket or one of its
+    /// group sockets (then `meta.dgid` is the group); `None` when nothing is waiting. Bad
     /// datagrams are counted and skipped.
     pub fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<(RxMeta, usize)>> {
+        if let Some(r) = self.recv_from_socket(None, buf)? {
+            return Ok(Some(r));
+        }
+        let groups: Vec<IpAddr> = self.groups.keys().copied().collect();
+        for g in groups {
+            if let Some(r) = self.recv_from_socket(Some(g), buf)? {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    fn recv_from_socket(
+        &mut self,
+        group: Option<IpAddr>,
+        buf: &mut [u8],
+    ) -> io::Result<Option<(RxMeta, usize)>> {
+        let dst = group.unwrap_or(self.local);
         loop {
-            let (len, from) = match self.sock.recv_from(buf) {
+            let sock = match group {
+                Some(g) => match self.groups.get(&g) {
+                    Some(s) => s,
+                    None => return Ok(None),
+                },
+                None => &self.sock,
+            };
+            let (len, from) = match sock.recv_from(buf) {
                 Ok(r) => r,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(e) => return Err(e),
             };
-            let Some(ip) = ip_repr(from.ip(), self.local) else {
+            let Some(ip) = ip_repr(from.ip(), dst) else {
                 self.stats.rejected += 1;
                 continue;
             };
@@ -234,7 +388,7 @@ impl NetDev {
             return Ok(Some((
                 RxMeta {
                     sgid: Gid::from_ip(from.ip()),
-                    dgid: Gid::from_ip(self.local),
+                    dgid: Gid::from_ip(dst),
                 },
                 len,
             )));

@@ -246,6 +246,15 @@ impl Server {
                 );
                 self.doorbells.insert(ctx, d);
             }
+            // Multicast group sockets the last commands joined are watched from now on (one
+            // token for all: `drive` reads every socket).
+            for fd in self.dispatcher.dp.take_new_net_fds() {
+                let _ = self.poll.registry().register(
+                    &mut SourceFd(&fd),
+                    Token(NET_BASE),
+                    Interest::READABLE,
+                );
+            }
             // Packets in and out, timers, completions; every wake-up also moves the data path.
             let woken = self.dispatcher.drive();
             if !woken.is_empty() || self.dispatcher.dp.moved_packets {

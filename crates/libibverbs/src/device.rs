@@ -282,6 +282,9 @@ fn device_attr(o: &CtxObj) -> Result<ibv_device_attr, c_int> {
     r.max_pkeys = a.max_pkeys;
     r.local_ca_ack_delay = a.local_ca_ack_delay;
     r.phys_port_cnt = a.phys_port_cnt;
+    r.max_mcast_grp = a.max_mcast_grp as c_int;
+    r.max_mcast_qp_attach = a.max_mcast_qp_attach as c_int;
+    r.max_total_mcast_qp_attach = a.max_total_mcast_qp_attach as c_int;
     Ok(r)
 }
 

@@ -24,6 +24,7 @@ mod device;
 mod events;
 pub mod ffi;
 mod legacy_xrc;
+mod mcast;
 mod objects;
 mod pd;
 mod qp;

@@ -6,7 +6,7 @@
 //!   perftest and pyverbs load) import them and everything is bound at load time; no
 //!   provider is ever driven through them here. `verbs_register_driver_34` is called by
 //!   those libraries' constructors and must be a harmless no-op.
-//! - Multicast (`max_mcast_grp` is 0), import/unimport of shared objects (no
+//! - Import/unimport of shared objects (no
 //!   `ibv_import_device`), dma-buf MRs and ECE: `EOPNOTSUPP`, or NULL with that errno.
 //! - The `@IBVERBS_1.0` compat entries take libibverbs 1.0's structs; no program built in
 //!   the last fifteen years references them: `ENOSYS`.
@@ -60,7 +60,6 @@ export!(default "execute_ioctl", "IBVERBS_PRIVATE_34", unsupported_int);
 export!(compat "ibv_ack_async_event", "IBVERBS_1.0", nothing);
 export!(compat "ibv_ack_cq_events", "IBVERBS_1.0", nothing);
 export!(compat "ibv_alloc_pd", "IBVERBS_1.0", compat_ptr);
-export!(default "ibv_attach_mcast", "IBVERBS_1.1", unsupported_int);
 export!(compat "ibv_attach_mcast", "IBVERBS_1.0", compat_int);
 export!(compat "ibv_close_device", "IBVERBS_1.0", compat_int);
 export!(default "ibv_cmd_advise_mr", "IBVERBS_PRIVATE_34", unsupported_int);
@@ -136,7 +135,6 @@ export!(compat "ibv_destroy_ah", "IBVERBS_1.0", compat_int);
 export!(compat "ibv_destroy_cq", "IBVERBS_1.0", compat_int);
 export!(compat "ibv_destroy_qp", "IBVERBS_1.0", compat_int);
 export!(compat "ibv_destroy_srq", "IBVERBS_1.0", compat_int);
-export!(default "ibv_detach_mcast", "IBVERBS_1.1", unsupported_int);
 export!(compat "ibv_detach_mcast", "IBVERBS_1.0", compat_int);
 export!(compat "ibv_free_device_list", "IBVERBS_1.0", nothing);
 export!(compat "ibv_get_async_event", "IBVERBS_1.0", compat_int);

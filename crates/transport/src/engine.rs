@@ -10,10 +10,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use softverbs_core::attr::QpAttr;
+use softverbs_core::device::Gid;
 use softverbs_core::ids::CtxId;
+use softverbs_core::mcast::MULTICAST_QPN;
 use softverbs_core::types::{QpState, QpType};
 use softverbs_core::Core;
-use softverbs_wire::{Direction, Packet};
+use softverbs_wire::{Direction, Packet, PacketRef, Transport};
 
 use crate::memory::Memory;
 pub use crate::qp::{cq_id, CqId, Output, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit, WINDOW};
@@ -61,6 +63,8 @@ pub struct Engine {
     out: VecDeque<Output>,
     scratch: Vec<u8>,
     drops: DropStats,
+    /// Multicast groups of this device's QPs (`crate::mcast`).
+    mcast: crate::mcast::Groups,
 }
 
 impl Engine {
@@ -90,6 +94,76 @@ impl Engine {
     pub fn destroy_qp(&mut self, qpn: u32) {
         self.qps.remove(&qpn);
         self.timed.remove(&qpn);
+        self.mcast.forget_qp(qpn);
+    }
+
+    /// Mirrors the core's `attach_mcast`: datagrams to `mgid` reach QP `qpn` from now on.
+    pub fn attach_mcast(&mut self, mgid: Gid, qpn: u32) {
+        self.mcast.attach(mgid, qpn);
+    }
+
+    /// Mirrors the core's `detach_mcast` (or a destroyed QP leaving its groups).
+    pub fn detach_mcast(&mut self, mgid: Gid, qpn: u32) {
+        self.mcast.detach(mgid, qpn);
+    }
+
+    /// Whether any QP of this device is attached to `mgid`.
+    pub fn in_mcast_group(&self, mgid: Gid) -> bool {
+        self.mcast.has(mgid)
+    }
+
+    /// Feeds a multicast datagram this device sent itself (no wire, no ICRC): every QP of
+    /// the device attached to `meta.dgid` gets a copy except the QP that sent it
+    /// (`crate::mcast`).
+    pub fn handle_own_multicast<M: Memory>(
+        &mut self,
+        now: Instant,
+        core: &Core,
+        mem: &mut M,
+        meta: RxMeta,
+        bytes: &[u8],
+    ) {
+        let Ok(pkt) = Packet::parse(bytes) else {
+            return;
+        };
+        if pkt.headers.bth.dest_qp != MULTICAST_QPN {
+            return;
+        }
+        let sender = pkt.headers.deth.map(|d| d.src_qp);
+        self.fan_out(now, core, mem, meta, &pkt, sender);
+    }
+
+    /// Delivers a copy of multicast datagram `pkt` to every attached QP but `skip`.
+    fn fan_out<M: Memory>(
+        &mut self,
+        now: Instant,
+        core: &Core,
+        mem: &mut M,
+        meta: RxMeta,
+        pkt: &PacketRef<'_>,
+        skip: Option<u32>,
+    ) {
+        // RoCE v2 multicast only exists for UD: anything else addressed to 0xFFFFFF is
+        // dropped (rxe `hdr_check`).
+        if pkt.info.transport != Transport::Ud {
+            return;
+        }
+        for &qpn in self.mcast.members(meta.dgid) {
+            if Some(qpn) == skip {
+                continue;
+            }
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            let mut env = Env {
+                now,
+                core,
+                mem,
+                out: &mut self.out,
+                srqs: &mut self.srqs,
+            };
+            crate::responder::receive(qp, &mut env, meta, pkt, &mut self.scratch);
+        }
     }
 
     /// Mirrors the core's attributes after a successful modify (the core validated them).
@@ -315,6 +389,9 @@ impl Engine {
             return;
         };
         let qpn = pkt.headers.bth.dest_qp;
+        if qpn == MULTICAST_QPN {
+            return self.fan_out(now, core, mem, meta, &pkt, None);
+        }
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return;
         };

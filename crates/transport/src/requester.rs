@@ -3,6 +3,7 @@
 //! unacknowledged, asks for ACKs, and goes back to retransmit on a timeout, a sequence NAK
 //! or an RNR NAK. Unreliable QPs (UC, UD) complete a request once it has been sent.
 
+use softverbs_core::mcast::MULTICAST_QPN;
 use std::collections::VecDeque;
 
 use softverbs_core::types::{QpState, QpType};
@@ -133,7 +134,15 @@ fn request_headers(qp: &Qp, idx: usize, pkt: u32, psn: u32) -> Option<Headers> {
         if op.is_read_or_atomic() { 1 } else { npkts },
     );
     let last = op.is_read_or_atomic() || pkt + 1 == npkts;
-    let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| u.dest_qpn);
+    // A datagram to a multicast GID carries the multicast DQPN 0xFFFFFF, whatever the work
+    // request named (rxe sets it from the address vector the same way).
+    let dest_qp = w.wr.ud.map_or(qp.attr.dest_qp_num, |u| {
+        if u.dgid.is_multicast() {
+            MULTICAST_QPN
+        } else {
+            u.dest_qpn
+        }
+    });
     let mut bth = BthRepr::new(Opcode::new(transport, operation).ok()?, dest_qp, psn);
     bth.solicited = last && w.wr.solicited;
     bth.ack_req = qp.is_reliable() && wants_ack(qp, idx, last, psn);

@@ -747,9 +747,24 @@ fn grh(meta: RxMeta, ib_len: usize) -> [u8; 40] {
     let (src, dst) = (Ipv6Addr::from(meta.sgid.0), Ipv6Addr::from(meta.dgid.0));
     // A length too large for the IP header's field cannot have arrived in a UDP datagram;
     // its GRH would stay zero.
+    // A multicast datagram left its sender with the sockets' multicast TTL / hop limit, 1
+    // (ip(7), ipv6(7): the segment).
+    let hops = if meta.dgid.is_multicast() {
+        Some(1)
+    } else {
+        None
+    };
     let _ = match (src.to_ipv4_mapped(), dst.to_ipv4_mapped()) {
-        (Some(s), Some(d)) => Ipv4Repr::new(s, d).emit(&mut g[40 - IPV4_HEADER_LEN..], udp_len),
-        _ => Ipv6Repr::new(src, dst).emit(&mut g, udp_len),
+        (Some(s), Some(d)) => {
+            let mut ip = Ipv4Repr::new(s, d);
+            ip.ttl = hops.unwrap_or(ip.ttl);
+            ip.emit(&mut g[40 - IPV4_HEADER_LEN..], udp_len)
+        }
+        _ => {
+            let mut ip = Ipv6Repr::new(src, dst);
+            ip.hop_limit = hops.unwrap_or(ip.hop_limit);
+            ip.emit(&mut g, udp_len)
+        }
     };
     g
 }

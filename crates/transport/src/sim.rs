@@ -269,6 +269,39 @@ impl Host {
         }
     }
 
+    /// `ibv_attach_mcast` through the core (validated), mirrored into the engine.
+    pub fn attach_mcast(&mut self, qpn: u32, mgid: Gid) -> softverbs_core::Result<()> {
+        let (ctx, h) = self
+            .owner_of(qpn)
+            .ok_or(softverbs_core::Error::InvalidHandle(
+                softverbs_core::ObjectKind::Qp,
+            ))?;
+        self.core.attach_mcast(ctx, h, mgid)?;
+        self.engine.attach_mcast(mgid, qpn);
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast` through the core, mirrored into the engine.
+    pub fn detach_mcast(&mut self, qpn: u32, mgid: Gid) -> softverbs_core::Result<()> {
+        let (ctx, h) = self
+            .owner_of(qpn)
+            .ok_or(softverbs_core::Error::InvalidHandle(
+                softverbs_core::ObjectKind::Qp,
+            ))?;
+        self.core.detach_mcast(ctx, h, mgid)?;
+        self.engine.detach_mcast(mgid, qpn);
+        Ok(())
+    }
+
+    /// `ibv_destroy_qp` of an owned QP: the core forgets it (and takes it out of its
+    /// multicast groups), and so does the engine.
+    pub fn destroy_qp(&mut self, qpn: u32) {
+        if let Some((ctx, h)) = self.owner_of(qpn) {
+            self.core.destroy_qp(ctx, h).expect("destroy_qp");
+        }
+        self.engine.destroy_qp(qpn);
+    }
+
     /// Applies a modify through the core (validated) and mirrors it into the engine.
     pub fn modify(
         &mut self,
@@ -464,6 +497,8 @@ struct InFlight {
     to: usize,
     /// The source address, as the receiver's socket reports it.
     src: Gid,
+    /// The destination address: the receiver's, or a multicast group's.
+    dst: Gid,
     bytes: Vec<u8>,
 }
 
@@ -494,6 +529,9 @@ pub struct Network {
     pub stats: NetStats,
     /// Every datagram as sent (before faults), with its time, when capturing.
     pub capture: Option<Vec<(Instant, Vec<u8>)>>,
+    /// Every datagram the wire delivered (after faults, ICRC good): receiving host and IB
+    /// bytes, when `Some` — what a receiver may be checked against.
+    pub deliveries: Option<Vec<(usize, Vec<u8>)>>,
     faults: FaultInjector,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
@@ -507,6 +545,7 @@ impl Network {
             now: Instant(0),
             stats: NetStats::default(),
             capture: None,
+            deliveries: None,
             faults: FaultInjector::new(faults, seed),
             queue: BinaryHeap::new(),
             seq: 0,
@@ -514,14 +553,26 @@ impl Network {
     }
 
     fn ip_header(src: Gid, dst: Gid) -> IpRepr {
+        // Multicast leaves with TTL / hop limit 1, as the daemon's sockets send it.
+        let mc = dst.is_multicast();
         match (src.to_ip(), dst.to_ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => IpRepr::V4(Ipv4Repr::new(s, d)),
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let mut ip = Ipv4Repr::new(s, d);
+                if mc {
+                    ip.ttl = 1;
+                }
+                IpRepr::V4(ip)
+            }
             (s, d) => {
                 let v6 = |ip: IpAddr| match ip {
                     IpAddr::V6(v) => v,
                     IpAddr::V4(v) => v.to_ipv6_mapped(),
                 };
-                IpRepr::V6(Ipv6Repr::new(v6(s), v6(d)))
+                let mut ip = Ipv6Repr::new(v6(s), v6(d));
+                if mc {
+                    ip.hop_limit = 1;
+                }
+                IpRepr::V6(ip)
             }
         }
     }
@@ -561,11 +612,34 @@ impl Network {
                 if let Some(c) = &mut self.capture {
                     c.push((self.now, dgram.clone()));
                 }
+                let src = self.hosts[i].gid;
+                if tx.dgid.is_multicast() {
+                    // The sender's own QPs get it without the wire (as the daemon does); every
+                    // other host that joined the group gets its own copy over the wire, each
+                    // copy faulted independently, as on a switched segment.
+                    let meta = RxMeta {
+                        sgid: src,
+                        dgid: tx.dgid,
+                    };
+                    let h = &mut self.hosts[i];
+                    h.engine.handle_own_multicast(
+                        self.now,
+                        &h.core,
+                        &mut h.mem,
+                        meta,
+                        &buf[..tx.len],
+                    );
+                    for to in 0..self.hosts.len() {
+                        if to != i && self.hosts[to].engine.in_mcast_group(tx.dgid) {
+                            self.transmit(src, tx.dgid, to, dgram.clone(), tx.len);
+                        }
+                    }
+                    continue;
+                }
                 let Some(to) = self.hosts.iter().position(|h| h.gid == tx.dgid) else {
                     continue;
                 };
-                let src = self.hosts[i].gid;
-                self.transmit(src, to, dgram, tx.len);
+                self.transmit(src, tx.dgid, to, dgram, tx.len);
             }
         }
         while self.queue.peek().is_some_and(|Reverse(p)| p.at <= self.now) {
@@ -585,9 +659,12 @@ impl Network {
             if p.corrupted {
                 self.stats.corrupt_accepted += 1;
             }
+            if let Some(d) = &mut self.deliveries {
+                d.push((p.to, ib.to_vec()));
+            }
             let meta = RxMeta {
                 sgid: p.src,
-                dgid: self.hosts[p.to].gid,
+                dgid: p.dst,
             };
             let h = &mut self.hosts[p.to];
             h.engine
@@ -626,11 +703,12 @@ impl Network {
             corrupted: false,
             to,
             src,
+            dst,
             bytes: dgram,
         }));
     }
 
-    fn transmit(&mut self, src: Gid, to: usize, bytes: Vec<u8>, ib_len: usize) {
+    fn transmit(&mut self, src: Gid, dst: Gid, to: usize, bytes: Vec<u8>, ib_len: usize) {
         let delay = self.faults.faults().delay;
         for _ in 0..self.faults.copies(&mut self.stats) {
             let mut b = bytes.clone();
@@ -644,6 +722,7 @@ impl Network {
                 corrupted,
                 to,
                 src,
+                dst,
                 bytes: b,
             }));
         }

@@ -130,6 +130,11 @@ impl Daemon {
         )
     }
 
+    /// A daemon started from `options` (its own binary, device and flags).
+    pub fn start_with_options(options: softverbs_testkit::DaemonOptions) -> Daemon {
+        Daemon::with_lib(options.start())
+    }
+
     /// [`start`](Self::start) with more `softverbs daemon` arguments (`--limit ...`).
     pub fn start_with_args(name: &str, args: &[&str]) -> Daemon {
         Daemon::with_lib(softverbs_testkit::Daemon::options(name).args(args).start())
