@@ -24,6 +24,7 @@ pub mod ids;
 pub mod limits;
 pub mod memory;
 pub mod objects;
+pub mod odp;
 pub mod qp;
 pub mod qp_state;
 pub mod resources;

@@ -13,6 +13,7 @@ mod conn;
 pub mod datapath;
 pub mod dispatch;
 pub mod netdev;
+mod odp;
 pub mod server;
 mod sq_retire;
 

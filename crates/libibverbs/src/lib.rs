@@ -25,6 +25,7 @@ mod events;
 pub mod ffi;
 mod legacy_xrc;
 mod objects;
+mod odp;
 mod pd;
 mod qp;
 mod qp_ex;
