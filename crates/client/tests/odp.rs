@@ -14,6 +14,7 @@ use std::time::Duration;
 use rustix::mm::{mmap_anonymous, mprotect, munmap, MapFlags, MprotectFlags, ProtFlags};
 use softverbs::{Access, Advice, Context, Cq, Pd, Qp, QpInit, QpType, ADVISE_MR_FLAG_FLUSH};
 use softverbs::{SendOp, SendRequest, Sge, WcStatus};
+use softverbs_daemon::{spawn_daemon_with, Config};
 
 mod common;
 use common::{cap, connect, daemon};
@@ -461,4 +462,34 @@ fn advise_mr_prefetches_and_answers_the_kernels_errnos() {
     assert_eq!(errno(pd.advise_mr(Advice::Prefetch, 0, &all)), None);
     assert_eq!(errno(pd.advise_mr(Advice::PrefetchNoFault, f, &all)), None);
     unmap(pages, 1);
+}
+
+/// An ODP MR pins nothing, so the `registered-bytes` quota (which counts pinned bytes, as
+/// `RLIMIT_MEMLOCK` does) does not hold it back, while a pinned MR of the same range is
+/// refused (docs/limits.md).
+#[test]
+fn odp_mrs_do_not_count_against_registered_bytes() {
+    let dir = std::env::temp_dir().join(format!("svodp-{}-limit", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = Config::new(dir.join("sv.sock"));
+    c.limits.apply("context.registered-bytes=8K").unwrap();
+    let d = spawn_daemon_with(c).unwrap();
+    let ctx = Context::open_at(&d.socket, 0).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let pages = map_pages(4, 0);
+    let range = raw(pages as u64, 4 * PAGE as u64);
+    let e = pd.reg_mr(range, Access::LOCAL_WRITE).unwrap_err();
+    assert_eq!(e.errno(), 12, "16 KiB pinned over an 8 KiB quota: ENOMEM");
+    let _odp = pd.reg_mr_on_demand(range, Access::LOCAL_WRITE).unwrap();
+    let _implicit = pd
+        .reg_mr_on_demand(whole_space(), Access::LOCAL_WRITE)
+        .unwrap();
+    // The quota is still all there for pinned memory.
+    let _pinned = pd
+        .reg_mr(raw(pages as u64, 2 * PAGE as u64), Access::LOCAL_WRITE)
+        .unwrap();
+    drop(d);
+    unmap(pages, 4);
+    let _ = std::fs::remove_dir_all(&dir);
 }
