@@ -493,3 +493,55 @@ fn odp_mrs_do_not_count_against_registered_bytes() {
     unmap(pages, 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A SEND into a receive buffer of an ODP MR whose page was unmapped: the receive completes
+/// with `LOC_PROT_ERR` and the sender gets `REM_OP_ERR` (a remote operational error NAK),
+/// as for any receive buffer the responder cannot write.
+#[test]
+fn a_send_into_an_unmapped_odp_receive_buffer_fails_on_both_sides() {
+    let (d, _dir) = daemon("odprecv", None);
+    let (cs, cr) = (
+        Context::open_at(&d.socket, 0).unwrap(),
+        Context::open_at(&d.socket, 0).unwrap(),
+    );
+    let (ps, pr) = (cs.alloc_pd().unwrap(), cr.alloc_pd().unwrap());
+    let (cqs, cqr) = (cs.create_cq(8).unwrap(), cr.create_cq(8).unwrap());
+    let page = map_pages(1, 0);
+    let recv_mr = pr
+        .reg_mr_on_demand(raw(page as u64, PAGE as u64), Access::LOCAL_WRITE)
+        .unwrap();
+    let mut src = vec![0x77u8; 64];
+    let send_mr = ps
+        .reg_mr(raw(src.as_mut_ptr() as u64, 64), Access::LOCAL_WRITE)
+        .unwrap();
+    let qr = cr
+        .create_qp(&QpInit::new(QpType::Rc, &pr).cqs(&cqr, &cqr).cap(cap()))
+        .unwrap();
+    let l = {
+        let qs = cs
+            .create_qp(&QpInit::new(QpType::Rc, &ps).cqs(&cqs, &cqs).cap(cap()))
+            .unwrap();
+        connect(&qs, cr.query_gid(1, 0).unwrap(), qr.qpn());
+        connect(&qr, cs.query_gid(1, 0).unwrap(), qs.qpn());
+        qs
+    };
+    unmap(page, 1);
+    qr.post_recv(
+        1,
+        &[Sge {
+            addr: page as u64,
+            length: 64,
+            lkey: recv_mr.lkey(),
+        }],
+    )
+    .unwrap();
+    let sge = [Sge {
+        addr: src.as_mut_ptr() as u64,
+        length: 64,
+        lkey: send_mr.lkey(),
+    }];
+    l.post_send(&SendRequest::new(2, SendOp::Send, &sge))
+        .unwrap();
+    assert_eq!(cqr.wait(1, WAIT).unwrap()[0].status, WcStatus::LocProtErr);
+    assert_eq!(cqs.wait(1, WAIT).unwrap()[0].status, WcStatus::RemOpErr);
+}
