@@ -61,19 +61,20 @@ fn map_pages(n: usize, fill: u8) -> *mut u8 {
     p
 }
 
-/// Maps a fresh page filled with `fill` exactly at `at` (which the test unmapped before).
+/// Maps a fresh page filled with `fill` exactly at `at` (which the test unmapped before);
+/// never over anything that took the hole meanwhile (`MAP_FIXED_NOREPLACE`: `EEXIST`).
 fn map_page_at(at: *mut u8, fill: u8) {
-    // SAFETY: `at` is a page this test mapped and unmapped itself; MAP_FIXED there replaces
-    // nothing anyone else uses.
+    // SAFETY: `at` is a page this test mapped and unmapped itself; NOREPLACE maps there only
+    // if nothing else did since.
     let p = unsafe {
         mmap_anonymous(
             at.cast(),
             PAGE,
             ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::PRIVATE | MapFlags::FIXED,
+            MapFlags::PRIVATE | MapFlags::FIXED_NOREPLACE,
         )
     }
-    .unwrap()
+    .expect("the unmapped page is still a hole")
     .cast::<u8>();
     assert_eq!(p, at);
     // SAFETY: as in `map_pages`.
@@ -90,6 +91,15 @@ fn bytes(p: *const u8, n: usize) -> Vec<u8> {
     // SAFETY: `p..p+n` is mapped and readable (the caller's own page); a raw copy.
     unsafe { ptr::copy_nonoverlapping(p, v.as_mut_ptr(), n) };
     v
+}
+
+/// Serializes the tests of this file. They unmap pages and expect the hole to stay a hole
+/// until they look at it, but any mapping made meanwhile in this process (another test's
+/// buffers, the rings of a new QP, the in-process daemon's) may land in it. Each test also
+/// makes every mapping it needs (QPs included) before it unmaps anything.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// An RC QP of `a` connected to one of `b`, each on its own CQ.
@@ -129,6 +139,7 @@ impl Link<'_> {
 
 #[test]
 fn the_device_reports_odp_for_rc_ud_and_xrc_with_implicit() {
+    let _serial = serial();
     let (d, _dir) = daemon("odpcaps", None);
     let ctx = Context::open_at(&d.socket, 0).unwrap();
     let c = ctx.odp_caps().unwrap();
@@ -147,6 +158,7 @@ fn the_device_reports_odp_for_rc_ud_and_xrc_with_implicit() {
 /// lkey serves a local buffer mapped after registration too.
 #[test]
 fn an_rdma_write_lands_in_memory_mapped_after_the_implicit_mr() {
+    let _serial = serial();
     let (d, _dir) = daemon("odpimplicit", None);
     let (ct, ci) = (
         Context::open_at(&d.socket, 0).unwrap(),
@@ -188,6 +200,7 @@ fn an_rdma_write_lands_in_memory_mapped_after_the_implicit_mr() {
 /// READ returns.
 #[test]
 fn a_read_of_an_unmapped_page_is_a_remote_access_error_and_a_remap_is_seen() {
+    let _serial = serial();
     let (d, _dir) = daemon("odpunmap", None);
     let (ct, ci) = (
         Context::open_at(&d.socket, 0).unwrap(),
@@ -221,21 +234,11 @@ fn a_read_of_an_unmapped_page_is_a_remote_access_error_and_a_remap_is_seen() {
         rkey: target.rkey(),
     };
 
+    // Every QP (and so every ring mapping) is made before the page is unmapped.
     let l1 = link((&ci, &pi, &cqi), (&ct, &pt, &cqt));
-    assert_eq!(l1.run(read(second), &sge), WcStatus::Success);
-    assert_eq!(buf, vec![0x11; PAGE]);
-
-    unmap(second, 1);
-    buf.fill(0);
-    assert_eq!(l1.run(read(second), &sge), WcStatus::RemAccessErr);
-    let write = SendOp::Write {
-        remote_addr: second as u64,
-        rkey: target.rkey(),
-    };
     let l2 = link((&ci, &pi, &cqi), (&ct, &pt, &cqt));
-    assert_eq!(l2.run(write, &sge), WcStatus::RemAccessErr, "a WRITE too");
-
-    // Another client of the same daemon is unharmed.
+    let l3 = link((&ci, &pi, &cqi), (&ct, &pt, &cqt));
+    // Another client of the same daemon, to show it unharmed.
     let (co, co2) = (
         Context::open_at(&d.socket, 0).unwrap(),
         Context::open_at(&d.socket, 0).unwrap(),
@@ -254,6 +257,20 @@ fn a_read_of_an_unmapped_page_is_a_remote_access_error_and_a_remap_is_seen() {
         .reg_mr(raw(mine.as_mut_ptr() as u64, 64), Access::LOCAL_WRITE)
         .unwrap();
     let lo = link((&co, &po, &cqo), (&co2, &po2, &cqo2));
+
+    assert_eq!(l1.run(read(second), &sge), WcStatus::Success);
+    assert_eq!(buf, vec![0x11; PAGE]);
+
+    unmap(second, 1);
+    buf.fill(0);
+    assert_eq!(l1.run(read(second), &sge), WcStatus::RemAccessErr);
+    let write = SendOp::Write {
+        remote_addr: second as u64,
+        rkey: target.rkey(),
+    };
+    assert_eq!(l2.run(write, &sge), WcStatus::RemAccessErr, "a WRITE too");
+
+    // The other client is unharmed.
     let s = [Sge {
         addr: mine.as_mut_ptr() as u64,
         length: 64,
@@ -268,7 +285,6 @@ fn a_read_of_an_unmapped_page_is_a_remote_access_error_and_a_remap_is_seen() {
 
     // Mapped again, with other contents: the next READ sees the new page.
     map_page_at(second, 0x22);
-    let l3 = link((&ci, &pi, &cqi), (&ct, &pt, &cqt));
     assert_eq!(l3.run(read(second), &sge), WcStatus::Success);
     assert_eq!(buf, vec![0x22; PAGE], "the remapped page");
     assert_eq!(l3.run(read(pages), &sge), WcStatus::Success);
@@ -280,6 +296,7 @@ fn a_read_of_an_unmapped_page_is_a_remote_access_error_and_a_remap_is_seen() {
 /// EFAULT); a local access that finds nothing mapped is LOC_PROT_ERR.
 #[test]
 fn odp_registration_over_unmapped_memory_and_local_faults() {
+    let _serial = serial();
     let (d, _dir) = daemon("odphole", None);
     let ctx = Context::open_at(&d.socket, 0).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -294,7 +311,8 @@ fn odp_registration_over_unmapped_memory_and_local_faults() {
     let hole = pd
         .reg_mr_on_demand(raw(HOLE, PAGE as u64), Access::LOCAL_WRITE)
         .expect("an ODP MR over a hole");
-    // The implicit form needs ON_DEMAND (EINVAL, as the kernel), and is never re-registered.
+    // The implicit form needs ON_DEMAND (EINVAL, as the kernel), and keeps it across a
+    // rereg_mr that gives no new range (EOPNOTSUPP, as mlx5).
     assert_eq!(
         pd.reg_mr(whole_space(), Access::LOCAL_WRITE)
             .unwrap_err()
@@ -311,6 +329,9 @@ fn odp_registration_over_unmapped_memory_and_local_faults() {
             .errno(),
         EOPNOTSUPP
     );
+    implicit
+        .rereg(None, Some(Access::LOCAL_WRITE | Access::ON_DEMAND), None)
+        .expect("new access, still on demand");
 
     let mut dst = vec![0u8; 64];
     let mdst = pd
@@ -337,6 +358,7 @@ fn odp_registration_over_unmapped_memory_and_local_faults() {
 /// new memory while the shared MR still reaches the pages it pinned, as a NIC's would.
 #[test]
 fn an_odp_access_bypasses_a_shared_mapping_of_the_same_address() {
+    let _serial = serial();
     let (d, _dir) = daemon("odpshared", None);
     let ctx = Context::open_at(&d.socket, 0).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -383,6 +405,7 @@ fn an_odp_access_bypasses_a_shared_mapping_of_the_same_address() {
 
 #[test]
 fn advise_mr_prefetches_and_answers_the_kernels_errnos() {
+    let _serial = serial();
     let (d, _dir) = daemon("odpadvise", None);
     let ctx = Context::open_at(&d.socket, 0).unwrap();
     let pd = ctx.alloc_pd().unwrap();
@@ -469,6 +492,7 @@ fn advise_mr_prefetches_and_answers_the_kernels_errnos() {
 /// refused (docs/limits.md).
 #[test]
 fn odp_mrs_do_not_count_against_registered_bytes() {
+    let _serial = serial();
     let dir = std::env::temp_dir().join(format!("svodp-{}-limit", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -499,6 +523,7 @@ fn odp_mrs_do_not_count_against_registered_bytes() {
 /// as for any receive buffer the responder cannot write.
 #[test]
 fn a_send_into_an_unmapped_odp_receive_buffer_fails_on_both_sides() {
+    let _serial = serial();
     let (d, _dir) = daemon("odprecv", None);
     let (cs, cr) = (
         Context::open_at(&d.socket, 0).unwrap(),

@@ -155,10 +155,15 @@ impl Core {
         }
         let access = access.unwrap_or(m.access);
         let (addr, length, iova) = range.unwrap_or((m.addr, m.length, m.iova));
-        if odp::is_implicit(m.addr, m.length) || odp::is_implicit(addr, length) {
-            // The kernel re-registers only ranges it can pin or fault (mlx5 refuses an
-            // implicit MR in rereg_user_mr); a whole-address-space MR is made and freed whole.
-            return Err(Error::NotSupported("rereg_mr of an implicit ODP MR"));
+        if odp::is_implicit(m.addr, m.length)
+            && range.is_none()
+            && !access.contains(Access::ON_DEMAND)
+        {
+            // mlx5's rereg_user_mr: an implicit MR keeps covering the whole address space
+            // unless given a new translation, which it can only do on demand.
+            return Err(Error::NotSupported(
+                "an implicit ODP MR without IBV_ACCESS_ON_DEMAND",
+            ));
         }
         check_mr(&self.devices[c.device], addr, length, iova, access)?;
         let old_pinned = odp::pinned_bytes(m.length, m.access);

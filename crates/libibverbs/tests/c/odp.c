@@ -87,12 +87,14 @@ static int filled(const unsigned char *p, unsigned char v, size_t n)
 	return 1;
 }
 
+/* A fresh page, at `at` if given: there only if it is still a hole (MAP_FIXED_NOREPLACE),
+ * so nothing mapped into it meanwhile is ever replaced. */
 static void *map_page(void *at, unsigned char fill)
 {
 	void *p = mmap(at, PAGE, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED : 0), -1, 0);
+		       MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED_NOREPLACE : 0), -1, 0);
 
-	if (p == MAP_FAILED)
+	if (p == MAP_FAILED || (at && p != at))
 		fatal("mmap");
 	memset(p, fill, PAGE);
 	return p;
@@ -160,6 +162,10 @@ int main(void)
 	      status == IBV_WC_SUCCESS && filled(page, 0xa7, PAGE),
 	      "the RDMA WRITE did not land in the new page");
 
+	/* Every QP (and its rings) exists before the page is unmapped, so no mapping lands in
+	 * the hole. */
+	a2 = pair(&b2);
+	a3 = pair(&b3);
 	if (munmap(page, PAGE))
 		fatal("munmap");
 	status = rdma(a, IBV_WR_RDMA_READ, buf, local->lkey, PAGE, page, implicit->rkey);
@@ -168,12 +174,10 @@ int main(void)
 
 	map_page(page, 0x22);
 	memset(buf, 0, PAGE);
-	a2 = pair(&b2);
 	status = rdma(a2, IBV_WR_RDMA_READ, buf, local->lkey, PAGE, page, implicit->rkey);
 	check("remapped_page_is_read", status == IBV_WC_SUCCESS && filled(buf, 0x22, PAGE),
 	      "the READ did not return the page mapped again");
 
-	a3 = pair(&b3);
 	status = rdma(a3, IBV_WR_RDMA_WRITE, HOLE, hole->lkey, 64, page, implicit->rkey);
 	check("gather_from_unmapped_is_loc_prot_err", status == IBV_WC_LOC_PROT_ERR,
 	      "want IBV_WC_LOC_PROT_ERR");
