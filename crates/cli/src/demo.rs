@@ -359,9 +359,10 @@ fn story_steps(story: &Story, file: &Path, dir: &Path, workers: usize) -> Result
     sender.tell(&format!("STREAM {HALF} {}", srqns.join(",")))?;
     sender.expect("MID ").map_err(|e| {
         format!(
-            "{e}: no message got through (the daemon at {} must reach {} over UDP: not --no-network)",
+            "{e}: no message got through (the daemon at {} must reach {} over UDP: not --no-network; the second daemon said: {})",
             story.socket.display(),
-            story.remote_ip
+            story.remote_ip,
+            remote.log_tail()
         )
     })?;
     story.say(&format!(
