@@ -44,7 +44,8 @@ pub use codec::{
 /// that request (docs/shm-rings.md).
 /// 10: UD multicast (`AttachMcast`, `DetachMcast`; the multicast limits at the end of
 /// `QueryDeviceResp`).
-pub const ABI_VERSION: u32 = 10;
+/// 11: on-demand paging: `QueryOdpCaps` and `AdviseMr`.
+pub const ABI_VERSION: u32 = 11;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -218,6 +218,11 @@ commands! {
     AttachMcast = 90 since 10 : McastReq => (),
     /// `ibv_detach_mcast`.
     DetachMcast = 91 since 10 : McastReq => (),
+    /// ABI 11: the device's on-demand-paging capabilities (`ibv_query_device_ex`'s
+    /// `odp_caps` and `xrc_odp_caps`). A daemon that predates it answers `EINVAL`: no ODP.
+    QueryOdpCaps = 95 since 11 : () => OdpCapsResp,
+    /// ABI 11: `ibv_advise_mr(3)` of up to [`MAX_WIRE_SGE`] ranges.
+    AdviseMr = 96 since 11 : AdviseMrReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -764,6 +769,25 @@ wire! {
         pub inline_len: U32,
         pub sg_list: [SgeWire; MAX_WIRE_SGE],
         pub inline_data: [u8; MAX_WIRE_INLINE],
+    }
+
+    /// ABI 11: `struct ibv_odp_caps` and `xrc_odp_caps` (verbs.h bit values).
+    pub struct OdpCapsResp {
+        pub general_caps: U64,
+        pub rc_odp_caps: U32,
+        pub uc_odp_caps: U32,
+        pub ud_odp_caps: U32,
+        pub xrc_odp_caps: U32,
+    }
+
+    /// ABI 11: `ibv_advise_mr(3)`: `advice` is `enum ibv_advise_mr_advice`, `flags`
+    /// `IBV_ADVISE_MR_FLAG_FLUSH`; the first `num_sge` entries of `sg_list` are used.
+    pub struct AdviseMrReq {
+        pub pd: U32,
+        pub advice: U32,
+        pub flags: U32,
+        pub num_sge: U32,
+        pub sg_list: [SgeWire; MAX_WIRE_SGE],
     }
 
     /// ABI 3: `ibv_post_send`.

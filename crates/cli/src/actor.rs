@@ -5,12 +5,20 @@
 use std::fs::File;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags};
-use softverbs::{Context, Element, XrcRecvQp, XrcRegistration};
+use softverbs::{Context, Element, SrqAttr, WcStatus, XrcRecvQp, XrcRegistration};
 use softverbs_core::attr::QpAttr;
 use softverbs_core::errno::O_CREAT;
 use softverbs_core::types::{Access, AttrMask, QpState};
+
+use crate::stream;
+
+/// Receive slots of each worker's XRC SRQ.
+const SLOTS: u32 = 64;
+/// How long a worker asked to `REPORT` waits for more messages before it reports what it has.
+const REPORT_QUIET: Duration = Duration::from_secs(3);
 
 /// How a worker joins the receive QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -67,8 +75,21 @@ pub fn creator(socket: &Path, file: &Path) -> ! {
         .unwrap_or_else(|e| fail("modify_xrc_rcv_qp", e));
     say(&format!("QPN {}", reg.qpn()));
     // Hold everything until killed (the demo sends SIGKILL: no cleanup code runs here).
+    // Told `CONNECT <gid> <qpn>`, it brings the receive QP to RTR towards that XRC send QP
+    // (the demo's sender, on another daemon).
     let mut line = String::new();
-    let _ = std::io::stdin().lock().read_line(&mut line);
+    while std::io::stdin().lock().read_line(&mut line).unwrap_or(0) > 0 {
+        let a: Vec<&str> = line.split_whitespace().collect();
+        if let ["CONNECT", g, q] = a.as_slice() {
+            let gid = stream::parse_gid(g).unwrap_or_else(|| fail("CONNECT", "bad gid"));
+            let remote: u32 = q.parse().unwrap_or_else(|e| fail("CONNECT", e));
+            let (rtr, mask) = stream::recv_rtr(gid, remote);
+            xrcd.modify_xrc_rcv_qp(reg.qpn(), &rtr, mask)
+                .unwrap_or_else(|e| fail("modify_xrc_rcv_qp RTR", e));
+            say("CONNECTED");
+        }
+        line.clear();
+    }
     std::process::exit(0);
 }
 
@@ -111,22 +132,86 @@ fn work(ctx: &Context, file: &Path, qpn: u32, face: Face) {
         Held::Handle(h) => h.query(),
     }
     .unwrap_or_else(|e| fail("query", e));
+    // Its own XRC SRQ in the domain, fed by the shared receive QP (docs/xrc-semantics.md):
+    // one library-owned buffer per slot, handed back with the completion that filled it.
+    let pd = ctx.alloc_pd().unwrap_or_else(|e| fail("alloc_pd", e));
+    let cq = ctx
+        .create_cq(2 * SLOTS + 16)
+        .unwrap_or_else(|e| fail("create_cq", e));
+    let srq = xrcd
+        .create_xrc_srq(
+            &pd,
+            &cq,
+            SrqAttr {
+                max_wr: SLOTS,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        )
+        .unwrap_or_else(|e| fail("create_xrc_srq", e));
+    let srqn = srq.srq_num().unwrap_or_else(|e| fail("get_srq_num", e));
+    let mut mr = pd
+        .alloc_mr(SLOTS as usize * stream::MSG, Access::LOCAL_WRITE)
+        .unwrap_or_else(|e| fail("alloc_mr", e));
+    let post = |b: softverbs::Buf| {
+        srq.post_recv_buf(b)
+            .map_err(|r| r.error)
+            .unwrap_or_else(|e| fail("post_srq_recv", e));
+    };
+    for _ in 0..SLOTS {
+        post(mr.take(stream::MSG).unwrap_or_else(|e| fail("take", e)));
+    }
     match &held {
-        Held::Registration(_) => say(&format!("JOINED registration state={:?}", q.attr.qp_state)),
+        Held::Registration(_) => say(&format!(
+            "JOINED registration state={:?} srqn={srqn}",
+            q.attr.qp_state
+        )),
         Held::Handle(h) => say(&format!(
-            "JOINED handle={} state={:?}",
+            "JOINED handle={} state={:?} srqn={srqn}",
             h.handle(),
             q.attr.qp_state
         )),
     }
+    let mut inbox = stream::Inbox::default();
+    // `REPORT <n>`: the demo's request for the GOT line once n messages are in (or nothing
+    // more arrived for a while).
+    let mut report: Option<(usize, Instant)> = None;
     let stdin = std::io::stdin();
     let async_fd = ctx.async_fd();
     loop {
+        let got = cq.poll_bufs(32).unwrap_or_else(|e| fail("poll_cq", e));
+        let progressed = !got.is_empty();
+        for c in got {
+            let Some(b) = c.buf else {
+                inbox
+                    .bad
+                    .push(format!("wc-without-buffer:{:?}", c.wc.status));
+                continue;
+            };
+            inbox.take(&c.wc, &b.to_vec(), qpn, srqn);
+            if c.wc.status == WcStatus::Success {
+                post(b);
+            }
+        }
+        if let Some((want, since)) = report.as_mut() {
+            if progressed {
+                *since = Instant::now();
+            }
+            if inbox.seqs.len() + inbox.bad.len() >= *want || since.elapsed() > REPORT_QUIET {
+                say(&inbox.line());
+                report = None;
+            }
+        }
         let mut fds = [
             PollFd::new(&stdin, PollFlags::IN),
             PollFd::new(&async_fd, PollFlags::IN),
         ];
-        match poll(&mut fds, None) {
+        // Completions have no descriptor here: the CQ is polled every millisecond.
+        let tick = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 1_000_000,
+        };
+        match poll(&mut fds, Some(&tick)) {
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => fail("poll", e),
@@ -160,6 +245,10 @@ fn work(ctx: &Context, file: &Path, qpn: u32, face: Face) {
             let mut line = String::new();
             if stdin.lock().read_line(&mut line).unwrap_or(0) == 0 || line.trim() == "LEAVE" {
                 break;
+            }
+            if let Some(n) = line.trim().strip_prefix("REPORT ") {
+                let n = n.parse().unwrap_or_else(|e| fail("REPORT", e));
+                report = Some((n, Instant::now()));
             }
         }
     }

@@ -6,8 +6,15 @@
 //! else; the workers leave one by one and the QP disappears with the last; the domain
 //! disappears with its last user. Every step is checked against the daemon's own view
 //! (`resources`), and any surprise makes the demo exit non-zero.
+//!
+//! And data flows through it: each worker has its own XRC SRQ in the domain, and a sender on
+//! a second daemon (its own device on another loopback address, 127.0.0.2 unless told
+//! otherwise: any 127/8 address is this host's loopback, so no root is needed) streams messages over RoCE v2 through the shared receive QP into the workers'
+//! SRQs. The creator is killed in the middle of the stream; the stream goes on, and every
+//! worker must have received exactly its messages, once each, intact (`crate::stream`).
 
 use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
@@ -19,9 +26,75 @@ use softverbs_core::types::EventType;
 use softverbs_core::HolderKind;
 
 use crate::actor::Face;
+use crate::stream;
 use crate::table;
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages sent before the creator is killed, and again after its death is complete (the
+/// stream also runs, paced, while it dies).
+const HALF: u64 = 150;
+
+/// The second daemon, the sender's, run for the demo and killed with it.
+struct RemoteDaemon {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl RemoteDaemon {
+    fn start(dir: &Path, ip: IpAddr) -> Result<RemoteDaemon, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let socket = dir.join("remote.sock");
+        let log = dir.join("remote-daemon.log");
+        let err = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let child = Command::new(exe)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["daemon", "--device", &format!("softverbs-remote={ip}")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("spawn the second daemon: {e}"))?;
+        let mut d = RemoteDaemon { child, socket, log };
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        while !d.socket.exists() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                return Err(format!("the second daemon exited ({st}): {}", d.log_tail()));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the second daemon did not start: {}", d.log_tail()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(d)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
+    }
+}
+
+impl Drop for RemoteDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Result<&'a str, String> {
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix(key))
+        .ok_or_else(|| format!("no {key} in {line:?}"))
+}
+
+fn number<T: std::str::FromStr>(line: &str, key: &str) -> Result<T, String> {
+    field(line, key)?
+        .parse()
+        .map_err(|_| format!("bad {key} in {line:?}"))
+}
 
 struct Actor {
     name: String,
@@ -100,6 +173,8 @@ impl Drop for Actor {
 
 struct Story {
     socket: PathBuf,
+    /// The second daemon's device address.
+    remote_ip: IpAddr,
     start: Instant,
     introspect: Introspect,
 }
@@ -161,7 +236,7 @@ fn check(ok: bool, what: &str) -> Result<(), String> {
 }
 
 /// Runs the demo with `workers` workers against the daemon at `socket` (started if needed).
-pub fn run(socket: &Path, workers: usize) -> Result<(), String> {
+pub fn run(socket: &Path, workers: usize, remote_ip: IpAddr) -> Result<(), String> {
     if workers == 0 {
         return Err("need at least one worker".into());
     }
@@ -172,6 +247,7 @@ pub fn run(socket: &Path, workers: usize) -> Result<(), String> {
         socket: socket.to_path_buf(),
         start,
         introspect,
+        remote_ip,
     };
     let status = story
         .introspect
@@ -188,19 +264,19 @@ pub fn run(socket: &Path, workers: usize) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let file = dir.join("xrc-domain");
     std::fs::write(&file, b"").map_err(|e| format!("{}: {e}", file.display()))?;
-    let result = story_steps(&story, &file, workers);
+    let result = story_steps(&story, &file, &dir, workers);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String> {
+fn story_steps(story: &Story, file: &Path, dir: &Path, workers: usize) -> Result<(), String> {
     let inode = std::fs::metadata(file)
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .map_err(|e| e.to_string())?;
     let fs = file.display().to_string();
 
     // 1. The creator.
-    let creator = Actor::spawn(
+    let mut creator = Actor::spawn(
         "creator",
         &story.socket,
         &["creator".into(), "--file".into(), fs.clone()],
@@ -238,6 +314,7 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
         ];
         let w = Actor::spawn(&format!("worker {}", i + 1), &story.socket, &args)?;
         let joined = w.expect("JOINED ")?;
+        let srqn: u32 = number(&joined, "srqn=")?;
         let how = match face {
             Face::Legacy => "ibv_reg_xrc_rcv_qp (legacy)",
             Face::Minimal => "register(xrcd, qpn) (minimal)",
@@ -249,7 +326,7 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
             w.pid(),
             &joined[7..]
         ));
-        crew.push((w, face));
+        crew.push((w, face, srqn));
     }
     let r = story.show()?;
     check(
@@ -257,10 +334,47 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
         "every worker holds the QP",
     )?;
 
-    // 3. SIGKILL the creator.
+    // 3. A sender on a second daemon, connected to the receive QP.
+    let remote = RemoteDaemon::start(dir, story.remote_ip)?;
+    let mut sender = Actor::spawn("sender", &remote.socket, &["sender".into()])?;
+    let ready = sender.expect("READY ")?;
+    let (send_qpn, send_gid): (u32, String) =
+        (number(&ready, "qpn=")?, field(&ready, "gid=")?.to_string());
+    let local_gid = Context::open_at(&story.socket, 0)
+        .and_then(|c| c.query_gid(1, 0))
+        .map_err(|e| format!("query_gid: {e}"))?;
+    creator.tell(&format!("CONNECT {send_gid} {send_qpn}"))?;
+    creator.expect("CONNECTED")?;
+    sender.tell(&format!("CONNECT {} {qpn}", stream::gid_hex(local_gid)))?;
+    sender.expect("CONNECTED")?;
+    story.say(&format!(
+        "sender pid {} on a second daemon (pid {}, device softverbs-remote at {}) connected its XRC send QP {send_qpn:#08x} to receive QP {qpn:#08x}; the creator moved the receive QP to RTR",
+        sender.pid(),
+        remote.child.id(),
+        story.remote_ip
+    ));
+
+    // 4. Stream; SIGKILL the creator in the middle of it.
+    let srqns: Vec<String> = crew.iter().map(|(_, _, n)| n.to_string()).collect();
+    sender.tell(&format!("STREAM {HALF} {}", srqns.join(",")))?;
+    sender.expect("MID ").map_err(|e| {
+        format!(
+            "{e}: no message got through (the daemon at {} must reach {} over UDP: not --no-network; the second daemon said: {})",
+            story.socket.display(),
+            story.remote_ip,
+            remote.log_tail()
+        )
+    })?;
+    story.say(&format!(
+        "the sender streams {}-byte messages over RoCE v2 through receive QP {qpn:#08x} into the {workers} workers' XRC SRQs ({}); {HALF} acknowledged, still streaming",
+        stream::MSG,
+        srqns.join(", ")
+    ));
     let creator_pid = creator.pid();
     drop(creator); // Drop sends SIGKILL and reaps it.
-    story.say(&format!("creator pid {creator_pid} killed with SIGKILL"));
+    story.say(&format!(
+        "creator pid {creator_pid} killed with SIGKILL mid-stream"
+    ));
     let r = story.wait_for("the daemon has torn the creator's context down", |r| {
         r.contexts.iter().all(|c| c.pid != creator_pid)
     })?;
@@ -275,6 +389,44 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
         holders.iter().all(|(pid, _)| *pid != creator_pid),
         "the creator holds nothing",
     )?;
+    sender.tell("FINISH")?;
+    let done = sender.expect("DONE ")?;
+    let total: u64 = number(&done, "sent=")?;
+    story.say(&format!(
+        "the stream went on: {total} messages acknowledged, the last {HALF} sent after the creator's context was gone"
+    ));
+    let mut lost = Vec::new();
+    for (i, (w, _, srqn)) in crew.iter_mut().enumerate() {
+        let expected = (0..total)
+            .filter(|s| (s % workers as u64) as usize == i)
+            .count();
+        w.tell(&format!("REPORT {expected}"))?;
+        let got = w.expect("GOT ")?;
+        let (seqs, bad) = stream::parse_got(&got)?;
+        match stream::verdict(&seqs, &bad, i, workers, total) {
+            Ok(n) => story.say(&format!(
+                "worker {} pid {} received {n} messages in its SRQ {srqn}: none lost, duplicated or corrupt",
+                i + 1,
+                w.pid()
+            )),
+            Err(why) => {
+                story.say(&format!(
+                    "worker {} pid {} received {} messages in its SRQ {srqn}: {why}",
+                    i + 1,
+                    w.pid(),
+                    seqs.len()
+                ));
+                lost.push(format!("worker {}: {why}", i + 1));
+            }
+        }
+    }
+    check(
+        lost.is_empty(),
+        &format!("every message arrived once, intact ({})", lost.join("; ")),
+    )?;
+    sender.tell("QUIT")?;
+    drop(sender);
+    drop(remote);
 
     // 4. An async event on the QP reaches every holder and nobody else.
     let bystander =
@@ -289,7 +441,7 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
         delivered as usize == workers,
         "the event went to exactly the N holders",
     )?;
-    for (i, (w, face)) in crew.iter().enumerate() {
+    for (i, (w, face, _)) in crew.iter().enumerate() {
         let ev = w.expect("EVENT ")?;
         story.say(&format!(
             "worker {} pid {} got: {}",
@@ -319,7 +471,7 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
 
     // 5. The workers leave one by one; the QP goes with the last.
     let n = crew.len();
-    for (i, (mut w, _)) in crew.into_iter().enumerate() {
+    for (i, (mut w, _, _)) in crew.into_iter().enumerate() {
         w.tell("LEAVE")?;
         let left = w.expect("LEFT ")?;
         let pid = w.pid();
@@ -358,7 +510,8 @@ fn story_steps(story: &Story, file: &Path, workers: usize) -> Result<(), String>
         }
     }
     story.show()?;
-    story
-        .say("every step behaved: the receive QP followed the lives of the processes that held it");
+    story.say(
+        "every step behaved: the receive QP followed the lives of the processes that held it, and carried every message",
+    );
     Ok(())
 }

@@ -9,6 +9,7 @@ mod cluster;
 mod demo;
 mod devnode;
 mod dropin;
+mod stream;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -105,6 +106,10 @@ enum Command {
         /// Worker processes that join the receive QP.
         #[arg(long, default_value_t = 3)]
         workers: usize,
+        /// Address of the second daemon's device, where the stream's sender runs (any
+        /// loopback address other than the daemon's own).
+        #[arg(long, default_value = "127.0.0.2")]
+        remote_ip: std::net::IpAddr,
     },
     /// Benchmarks (see docs/performance.md).
     Bench {
@@ -244,6 +249,8 @@ enum ActorRole {
         #[arg(long, value_enum)]
         face: actor::Face,
     },
+    /// The stream's sender, on the second daemon (`--socket` is that daemon's).
+    Sender,
 }
 
 fn socket_path(cli: &Cli) -> PathBuf {
@@ -477,7 +484,7 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             }
         }
-        Command::Demo { workers } => match demo::run(&socket, *workers) {
+        Command::Demo { workers, remote_ip } => match demo::run(&socket, *workers, *remote_ip) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("softverbs demo FAILED: {e}");
@@ -505,6 +512,7 @@ fn main() -> ExitCode {
         Command::DemoActor { role } => match role {
             ActorRole::Creator { file } => actor::creator(&socket, file),
             ActorRole::Worker { file, qpn, face } => actor::worker(&socket, file, *qpn, *face),
+            ActorRole::Sender => stream::sender(&socket),
         },
     }
 }

@@ -91,6 +91,7 @@ mod fatal;
 mod flush;
 mod introspect;
 mod objects;
+mod odp;
 mod rings;
 mod wr;
 mod xrc;
@@ -105,6 +106,7 @@ pub use error::{errno, Error, ErrorKind, Result};
 pub use event::{AsyncEvent, Element};
 pub use introspect::{resources_json, status, Introspect, Status};
 pub use objects::{Ah, Cq, Mr, Pd, Qp, QpInit, QpQuery, Srq};
+pub use softverbs_core::odp::{Advice, OdpCaps, ADVISE_MR_FLAG_FLUSH};
 pub use softverbs_core::wr::{
     SendOp, Sge, WcOpcode, WcStatus, WorkCompletion, WC_GRH, WC_WITH_IMM, WC_WITH_INV,
 };

@@ -46,6 +46,11 @@ pub struct MemTarget {
     pub addr: u64,
     /// Length of the access.
     pub len: u64,
+    /// The MR was registered with `IBV_ACCESS_ON_DEMAND`: the access must reach the memory
+    /// as the owner maps it now (never a mapping kept from registration), and finding none
+    /// is the access error a NIC reports for a failed ODP page fault (a remote access error
+    /// NAK on the responder, `IBV_WC_LOC_PROT_ERR` locally; docs/registered-memory.md).
+    pub on_demand: bool,
 }
 
 /// What a QP number leads to.
@@ -206,6 +211,7 @@ impl Core {
             mr,
             addr: m.addr + (va - m.iova),
             len,
+            on_demand: m.access.contains(Access::ON_DEMAND),
         })
     }
 

@@ -11,6 +11,9 @@ pub const EPERM: i32 = 1;
 pub const ENOENT: i32 = 2;
 /// I/O error: the device is gone (the daemon died), or a socket failed with no better errno.
 pub const EIO: i32 = 5;
+/// Bad address: a registration over pages that are not mapped as asked, a prefetch of a
+/// range that is not.
+pub const EFAULT: i32 = 14;
 /// Bad file descriptor.
 pub const EBADF: i32 = 9;
 /// Try again: open_xrcd without `O_CREAT` for a file that has no domain yet.

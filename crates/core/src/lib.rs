@@ -25,6 +25,7 @@ pub mod limits;
 pub mod mcast;
 pub mod memory;
 pub mod objects;
+pub mod odp;
 pub mod qp;
 pub mod qp_state;
 pub mod resources;

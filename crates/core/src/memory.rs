@@ -63,6 +63,64 @@ pub trait Memory {
         self.write(ctx, addr, &op.apply(old).to_ne_bytes())?;
         Ok(old)
     }
+
+    /// [`Memory::read`] of the memory mapped at `addr` at this moment, for an on-demand-paging
+    /// MR ([`crate::datapath::MemTarget::on_demand`]): never through a mapping kept from some
+    /// registration, which would show pages the owner has since unmapped or replaced.
+    fn read_mapped(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.read(ctx, addr, buf)
+    }
+    /// [`Memory::write`] as [`Memory::read_mapped`] reads.
+    fn write_mapped(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.write(ctx, addr, data)
+    }
+    /// [`Memory::atomic`] as [`Memory::read_mapped`] reads.
+    fn atomic_mapped(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
+        self.atomic(ctx, addr, op)
+    }
+
+    /// `read` or `read_mapped`, as an MR registered with or without on-demand paging needs.
+    fn read_for(
+        &mut self,
+        on_demand: bool,
+        ctx: CtxId,
+        addr: u64,
+        buf: &mut [u8],
+    ) -> Result<(), Fault> {
+        if on_demand {
+            self.read_mapped(ctx, addr, buf)
+        } else {
+            self.read(ctx, addr, buf)
+        }
+    }
+    /// `write` or `write_mapped` (see [`Memory::read_for`]).
+    fn write_for(
+        &mut self,
+        on_demand: bool,
+        ctx: CtxId,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), Fault> {
+        if on_demand {
+            self.write_mapped(ctx, addr, data)
+        } else {
+            self.write(ctx, addr, data)
+        }
+    }
+    /// `atomic` or `atomic_mapped` (see [`Memory::read_for`]).
+    fn atomic_for(
+        &mut self,
+        on_demand: bool,
+        ctx: CtxId,
+        addr: u64,
+        op: AtomicOp,
+    ) -> Result<u64, Fault> {
+        if on_demand {
+            self.atomic_mapped(ctx, addr, op)
+        } else {
+            self.atomic(ctx, addr, op)
+        }
+    }
 }
 
 /// Memory for tests and benchmarks: one flat byte vector per context, addressed from 0.

@@ -12,6 +12,7 @@ use crate::device::Device;
 use crate::error::{Error, ObjectKind, Result};
 use crate::ids::{CtxId, Handle};
 use crate::limits::{Resource, Ring};
+use crate::odp;
 use crate::types::Access;
 
 /// What `reg_mr` returns.
@@ -106,8 +107,9 @@ impl Core {
         if self.usage[dev].mrs >= self.devices[dev].attr.max_mr {
             return Err(Error::NoResources("max_mr"));
         }
+        let pinned = odp::pinned_bytes(length, access);
         self.admit(ctx, Resource::Mrs, 1)?;
-        self.admit(ctx, Resource::RegisteredBytes, length)?;
+        self.admit(ctx, Resource::RegisteredBytes, pinned)?;
         let key = self.keys.alloc().ok_or(Error::NoResources("memory keys"))?;
         let h = self.new_handle(ctx)?;
         let c = self.ctx_mut(ctx)?;
@@ -126,7 +128,7 @@ impl Core {
         self.key_routes.insert(key, (ctx, h));
         self.usage[dev].mrs += 1;
         self.add_usage(ctx, Resource::Mrs, 1);
-        self.add_usage(ctx, Resource::RegisteredBytes, length);
+        self.add_usage(ctx, Resource::RegisteredBytes, pinned);
         Ok(MrKeys {
             handle: h,
             lkey: key,
@@ -153,15 +155,26 @@ impl Core {
         }
         let access = access.unwrap_or(m.access);
         let (addr, length, iova) = range.unwrap_or((m.addr, m.length, m.iova));
+        if odp::is_implicit(m.addr, m.length)
+            && range.is_none()
+            && !access.contains(Access::ON_DEMAND)
+        {
+            // mlx5's rereg_user_mr: an implicit MR keeps covering the whole address space
+            // unless given a new translation, which it can only do on demand.
+            return Err(Error::NotSupported(
+                "an implicit ODP MR without IBV_ACCESS_ON_DEMAND",
+            ));
+        }
         check_mr(&self.devices[c.device], addr, length, iova, access)?;
-        let old_length = m.length;
+        let old_pinned = odp::pinned_bytes(m.length, m.access);
+        let pinned = odp::pinned_bytes(length, access);
         self.admit(
             ctx,
             Resource::RegisteredBytes,
-            length.saturating_sub(old_length),
+            pinned.saturating_sub(old_pinned),
         )?;
-        self.uncharge(ctx, Resource::RegisteredBytes, old_length);
-        self.add_usage(ctx, Resource::RegisteredBytes, length);
+        self.uncharge(ctx, Resource::RegisteredBytes, old_pinned);
+        self.add_usage(ctx, Resource::RegisteredBytes, pinned);
         let c = self.ctx_mut(ctx)?;
         let m = c.mrs.get_mut(&mr).expect("checked above");
         let old_pd = m.pd;
@@ -222,7 +235,11 @@ impl Core {
         self.keys.free(m.key);
         self.usage[dev].mrs -= 1;
         self.uncharge(ctx, Resource::Mrs, 1);
-        self.uncharge(ctx, Resource::RegisteredBytes, m.length);
+        self.uncharge(
+            ctx,
+            Resource::RegisteredBytes,
+            odp::pinned_bytes(m.length, m.access),
+        );
         if self.ctx_mut(ctx)?.mapped_mrs.remove(&mr) {
             self.uncharge(ctx, Resource::Mappings, 1);
         }
@@ -609,6 +626,10 @@ fn check_mr(dev: &Device, addr: u64, length: u64, iova: u64, access: Access) -> 
         return Err(Error::InvalidArgument(
             "remote write/atomic access needs local write",
         ));
+    }
+    if odp::check_implicit(addr, length, iova, access)? {
+        // The whole address space: no range to bound (max_mr_size is for explicit MRs).
+        return Ok(());
     }
     if addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
         return Err(Error::InvalidArgument("MR range overflows"));

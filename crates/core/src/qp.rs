@@ -111,7 +111,10 @@ pub(crate) fn apply_modify(
             "max_dest_rd_atomic above max_qp_rd_atom",
         ));
     }
-    if mask.contains(M::ACCESS_FLAGS) && !Access::QP_ALLOWED.contains(req.qp_access_flags) {
+    // `IBV_ACCESS_ON_DEMAND` is an MR flag, but callers pass an MR's flags to the QP too
+    // (rdma-core's tests.test_odp does), and mlx5 and rxe ignore it there: accepted, not kept.
+    let qp_access = Access(req.qp_access_flags.0 & !Access::ON_DEMAND.0);
+    if mask.contains(M::ACCESS_FLAGS) && !Access::QP_ALLOWED.contains(qp_access) {
         return Err(Error::InvalidArgument("qp_access_flags"));
     }
     if mask.contains(M::PATH_MIG_STATE) && req.path_mig_state > 2 {
@@ -169,7 +172,7 @@ pub(crate) fn apply_modify(
         cur.min_rnr_timer = req.min_rnr_timer;
     }
     if mask.contains(M::ACCESS_FLAGS) {
-        cur.qp_access_flags = req.qp_access_flags;
+        cur.qp_access_flags = qp_access;
     }
     if mask.contains(M::PATH_MIG_STATE) {
         cur.path_mig_state = req.path_mig_state;

@@ -162,8 +162,9 @@ impl Access {
     pub const HUGETLB: Access = Access(1 << 7);
     pub const RELAXED_ORDERING: Access = Access(1 << 20);
     /// Flags rdma-core callers may pass to reg_mr that the core accepts (others are
-    /// `EINVAL`, as for a device that lacks them). `ON_DEMAND`/`HUGETLB`/`RELAXED_ORDERING`
-    /// are hints that do not change semantics here.
+    /// `EINVAL`, as for a device that lacks them). `HUGETLB`/`RELAXED_ORDERING` are hints
+    /// that do not change semantics here; `ON_DEMAND` makes an on-demand-paging MR
+    /// ([`crate::odp`]).
     pub const MR_ALLOWED: Access = Access(0x1f | (1 << 6) | (1 << 7) | (1 << 20));
     /// Flags meaningful on a QP (`qp_access_flags`).
     pub const QP_ALLOWED: Access = Access(0x0f);

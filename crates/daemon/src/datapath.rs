@@ -276,6 +276,25 @@ impl DataPath {
             })
     }
 
+    /// `ibv_advise_mr` prefetch of `[addr, addr+len)` of `ctx`: makes every page present by
+    /// reading one byte of it as an on-demand-paging access would (the client's address space
+    /// as mapped now), so the kernel faults it in. `EFAULT` at the first page that is not
+    /// mapped.
+    pub fn prefetch(&mut self, ctx: CtxId, addr: u64, len: u64) -> Result<(), i32> {
+        use softverbs_transport::Memory;
+        const PAGE: u64 = 4096;
+        let end = addr.checked_add(len).ok_or(softverbs_core::errno::EFAULT)?;
+        let mut at = addr;
+        let mut byte = [0u8; 1];
+        while at < end {
+            self.mem
+                .read_mapped(ctx, at, &mut byte)
+                .map_err(|_| softverbs_core::errno::EFAULT)?;
+            at = (at / PAGE + 1).saturating_mul(PAGE);
+        }
+        Ok(())
+    }
+
     /// A context was closed (the QPs that went with it came first, as `QpDestroyed`).
     fn context_closed(&mut self, ctx: CtxId) {
         // By the context's own sets, so closing a context costs what it held, not what the

@@ -275,6 +275,15 @@ impl Dispatcher {
                 self.rereg_mr(c, r)
             }
             Cmd::DeregMr => self.dereg_mr(ctx()?, read!(DeregMr)),
+            Cmd::QueryOdpCaps => {
+                ctx()?;
+                ok::<cmd::QueryOdpCaps>(crate::odp::caps())
+            }
+            Cmd::AdviseMr => {
+                let c = ctx()?;
+                self.advise_mr(c, read!(AdviseMr))?;
+                ok::<cmd::AdviseMr>(())
+            }
             Cmd::CreateCq => self.create_cq(ctx()?, req.comp_mask, read!(CreateCq)),
             Cmd::ResizeCq => self.resize_cq(ctx()?, read!(ResizeCq), woken),
             Cmd::DestroyCq => self.destroy_cq(ctx()?, read!(DestroyCq)),
@@ -630,7 +639,7 @@ impl Dispatcher {
     fn reg_mr(&mut self, ctx: CtxId, r: RegMrReq, fd: Option<OwnedFd>) -> Reply {
         let access = Access(r.access.get());
         let (addr, len) = (r.addr.get(), r.length.get());
-        self.dp.check_range(ctx, addr, len, access)?;
+        crate::odp::check_registration(&self.dp, ctx, addr, len, access, fd.is_some())?;
         let k = self
             .core
             .reg_mr(ctx, handle_of(r.pd), addr, len, r.iova.get(), access)
@@ -677,7 +686,7 @@ impl Dispatcher {
             } else {
                 access
             };
-            self.dp.check_range(ctx, addr, length, access)?;
+            crate::odp::check_registration(&self.dp, ctx, addr, length, access, false)?;
         }
         let k = self
             .core

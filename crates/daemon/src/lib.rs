@@ -14,6 +14,7 @@ pub mod datapath;
 pub mod dispatch;
 pub mod link_mtu;
 pub mod netdev;
+mod odp;
 pub mod server;
 mod sq_retire;
 

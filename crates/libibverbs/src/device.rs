@@ -131,7 +131,7 @@ fn fill_slots(v: &mut verbs_context) {
     let i = int_slot();
     let p = ptr_slot();
     v.query_port = crate::device::slot_query_port as *const c_void;
-    v.advise_mr = i;
+    v.advise_mr = crate::odp::slot_advise_mr as *const c_void;
     v.alloc_null_mr = p;
     v.read_counters = i;
     v.attach_counters_point_flow = i;
@@ -336,6 +336,9 @@ unsafe extern "C" fn slot_query_device_ex(
     x.completion_timestamp_mask = u64::MAX;
     x.hca_core_clock = HCA_CORE_CLOCK_KHZ;
     x.device_cap_flags_ex = u64::from(x.orig_attr.device_cap_flags);
+    if let Err(e) = crate::odp::fill_odp_caps(o, &mut x) {
+        return e;
+    }
     let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds attr_size >= n bytes. A newer program's longer struct
     // gets zeros in the fields this library does not know, as rdma-core clears all

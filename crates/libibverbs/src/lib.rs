@@ -26,6 +26,7 @@ pub mod ffi;
 mod legacy_xrc;
 mod mcast;
 mod objects;
+mod odp;
 mod pd;
 mod qp;
 mod qp_ex;

@@ -75,7 +75,11 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint
         return null_with(EINVAL);
     };
     let access = Access(access & !ACCESS_OPTIONAL_RANGE);
-    let made = if share_in_place() && iova == addr as u64 {
+    // An ODP MR is reached as the memory is mapped at each access: never converted to a
+    // shared mapping (a pinned copy), never copied from by this library (a post over an
+    // unmapped page must end in LOC_PROT_ERR, not SIGSEGV in the caller).
+    let on_demand = access.contains(Access::ON_DEMAND);
+    let made = if share_in_place() && !on_demand && iova == addr as u64 {
         // SAFETY: ibv_reg_mr(3)'s caller keeps `[addr, addr+len)` allocated until
         // ibv_dereg_mr and reaches it from C only (no Rust references); with
         // SOFTVERBS_SHARED_MR=1 it opted into the in-place conversion and its rule that no
@@ -94,14 +98,16 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint
     };
     hold(&o.users);
     let (lkey, rkey, handle) = (mr.lkey(), mr.rkey(), mr.handle());
-    o.remember_mr(
-        lkey,
-        MrRange {
-            iova,
-            len: len as u64,
-            addr: addr as usize,
-        },
-    );
+    if !on_demand {
+        o.remember_mr(
+            lkey,
+            MrRange {
+                iova,
+                len: len as u64,
+                addr: addr as usize,
+            },
+        );
+    }
     // SAFETY: PdObj shells are never freed; the MR holds a use of the PD until dereg.
     let pd_ref: &'static PdObj = unsafe { &*(o as *const PdObj) };
     into_c(MrObj {

@@ -14,6 +14,7 @@ const _: () = {
         (e::EPERM, libc::EPERM),
         (e::ENOENT, libc::ENOENT),
         (e::EIO, libc::EIO),
+        (e::EFAULT, libc::EFAULT),
         (e::EBADF, libc::EBADF),
         (e::EAGAIN, libc::EAGAIN),
         (e::ENOMEM, libc::ENOMEM),

@@ -1,7 +1,7 @@
 //! rdma-core's own test suite, as Debian ships it with python3-pyverbs
 //! (`/usr/share/doc/rdma-core/tests`), run unmodified on the drop-in `libibverbs.so.1` through
 //! `softverbs run`, for the modules that exercise plain verbs: test_device, test_pd, test_mr,
-//! test_cq, test_cq_events, test_qp, test_addr and test_fork.
+//! test_cq, test_cq_events, test_qp, test_addr and test_fork, and for test_odp (on-demand paging).
 //!
 //! The run must have no failure and no error, and every skip must carry a reason listed in
 //! [`ALLOWED_SKIPS`]: each is the skip rdma-core itself makes for a device without that feature
@@ -209,10 +209,6 @@ const WHOLE_SUITE_SKIPS: &[(&str, &str)] = &[
     ),
     ("Can not run the test over non EFA device", "EFA-only tests"),
     (
-        "ODP is not supported - No ODP caps",
-        "odp_caps are 0: no on-demand paging",
-    ),
-    (
         "Create QP type 8 is not supported",
         "raw packet QP → EOPNOTSUPP",
     ),
@@ -232,10 +228,7 @@ const WHOLE_SUITE_SKIPS: &[(&str, &str)] = &[
         "Converting timestamp to nanoseconds is not supported",
         "mlx5dv timestamp conversion, mlx5 only",
     ),
-    (
-        "There are no huge pages of size 2M allocated",
-        "host configuration",
-    ),
+    HUGE_PAGES_SKIP,
     (
         "cuda-python 12.0+ must be installed to run CUDA tests",
         "host software",
@@ -259,6 +252,22 @@ const WHOLE_SUITE_SKIPS: &[(&str, &str)] = &[
 fn rdma_core_test_suite_passes() {
     check_suite("modules", MODULES, &[]);
 }
+
+/// rdma-core's on-demand-paging tests (RC, UD, XRC and SRQ traffic over ODP MRs, the
+/// implicit MR, RDMA and atomics into ODP MRs, sync and async prefetch of each advice): all
+/// run, none skips for a missing feature. The hugetlb pair needs 2 MiB pages reserved on
+/// the host (`vm.nr_hugepages`), which is the host's configuration, not the device's; with
+/// them reserved they pass too.
+#[test]
+fn rdma_core_odp_tests_pass() {
+    check_suite("odp", &["tests.test_odp"], &[HUGE_PAGES_SKIP]);
+}
+
+/// rdma-core's skip when the host has no 2 MiB huge pages reserved.
+const HUGE_PAGES_SKIP: (&str, &str) = (
+    "There are no huge pages of size 2M allocated",
+    "host configuration",
+);
 
 /// The whole suite as shipped (273 tests), so `ibv_qp_ex`, `ibv_cq_ex`, atomics and XRC
 /// traffic (test_qpex, test_cqex, test_atomic, test_relaxed_ordering) are covered too.

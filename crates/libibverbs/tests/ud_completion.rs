@@ -28,7 +28,7 @@ const RECV_CHECKS_V4: &[&str] = &[
 const DEVICE_CHECKS: &[&str] = &[
     "query_device_ex",
     "dx_comp_mask_zero",
-    "dx_odp_off",
+    "dx_odp_caps",
     "dx_timestamp_clock",
     "dx_cap_flags_ex",
     "dx_no_tso",

@@ -59,6 +59,25 @@ impl RawMemory {
         }
     }
 
+    /// The whole address space of this process, for an implicit on-demand-paging MR
+    /// (ibv_reg_mr(3) with `addr` NULL and `length` `SIZE_MAX`; `softverbs::Pd::reg_mr_on_demand`).
+    ///
+    /// # Safety
+    ///
+    /// What [`RawMemory::new`] requires, for every byte of memory the process has mapped or
+    /// will map while the MR is registered: with write or atomic access in the registration,
+    /// a peer holding the R_Key may write any of it (as a NIC with an implicit ODP key may),
+    /// so no memory that Rust references reach may be written through the keys. The caller
+    /// names the ranges its work requests and peers use, and vouches for them as for
+    /// [`RawMemory::new`].
+    pub unsafe fn address_space() -> RawMemory {
+        RawMemory {
+            addr: 0,
+            len: usize::MAX,
+            shareable: false,
+        }
+    }
+
     /// The first byte's address.
     pub fn addr(&self) -> usize {
         self.addr

@@ -291,4 +291,20 @@ impl<F: Memory> Memory for SharedMappings<F> {
         self.write(ctx, addr, &op.apply(old).to_ne_bytes())?;
         Ok(old)
     }
+
+    /// An on-demand-paging access skips the regions: a region is the memfd a shared MR
+    /// pinned at registration, which the client may since have unmapped or mapped over, and
+    /// an ODP MR must see what is mapped now (the fallback reaches the client's address
+    /// space itself, `/proc/<pid>/mem`, with no cache of its mappings).
+    fn read_mapped(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.fallback.read_mapped(ctx, addr, buf)
+    }
+
+    fn write_mapped(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.fallback.write_mapped(ctx, addr, data)
+    }
+
+    fn atomic_mapped(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
+        self.fallback.atomic_mapped(ctx, addr, op)
+    }
 }

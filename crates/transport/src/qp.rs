@@ -280,6 +280,8 @@ pub(crate) enum InMsg {
     Write {
         ctx: CtxId,
         addr: u64,
+        /// The MR is an on-demand-paging one (`MemTarget::on_demand`).
+        on_demand: bool,
         remaining: u32,
         total: u32,
     },

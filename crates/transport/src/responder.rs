@@ -460,8 +460,8 @@ fn execute_write<M: Memory>(
         if !qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE) {
             return Err(Refusal::access_error());
         }
-        let (ctx, addr) = if reth.dma_len == 0 {
-            (t.pd.ctx, 0)
+        let (ctx, addr, on_demand) = if reth.dma_len == 0 {
+            (t.pd.ctx, 0, false)
         } else {
             let m = env
                 .core
@@ -473,11 +473,12 @@ fn execute_write<M: Memory>(
                     Access::REMOTE_WRITE,
                 )
                 .map_err(|_| Refusal::access_error())?;
-            (m.ctx, m.addr)
+            (m.ctx, m.addr, m.on_demand)
         };
         qp.resp.cur = Some(InMsg::Write {
             ctx,
             addr,
+            on_demand,
             remaining: reth.dma_len,
             total: reth.dma_len,
         });
@@ -485,6 +486,7 @@ fn execute_write<M: Memory>(
     let Some(InMsg::Write {
         ctx,
         addr,
+        on_demand,
         remaining,
         ..
     }) = &mut qp.resp.cur
@@ -497,9 +499,17 @@ fn execute_write<M: Memory>(
         return Err(Refusal::invalid_request().unless_unreliable(qp));
     }
     if !payload.is_empty() {
-        if env.mem.write(*ctx, *addr, payload).is_err() {
+        if env.mem.write_for(*on_demand, *ctx, *addr, payload).is_err() {
+            // An ODP page fault that finds no mapping is an access violation to a NIC (rxe
+            // and mlx5 NAK it as a remote access error); memory that was registered pinned
+            // and then vanished is an operational failure of the responder.
+            let refusal = if *on_demand {
+                Refusal::access_error()
+            } else {
+                Refusal::operational_error()
+            };
             qp.resp.cur = None;
-            return Err(Refusal::operational_error().unless_unreliable(qp));
+            return Err(refusal.unless_unreliable(qp));
         }
         *addr += payload.len() as u64;
         *remaining -= payload.len() as u32;
@@ -589,8 +599,15 @@ fn execute_atomic<M: Memory>(
     };
     let orig = env
         .mem
-        .atomic(m.ctx, m.addr, aop)
-        .map_err(|_| Refusal::operational_error())?;
+        .atomic_for(m.on_demand, m.ctx, m.addr, aop)
+        .map_err(|_| {
+            // As for a WRITE: an ODP access that finds no mapping is an access error.
+            if m.on_demand {
+                Refusal::access_error()
+            } else {
+                Refusal::operational_error()
+            }
+        })?;
     qp.resp.replay.push_back((psn, orig));
     if qp.resp.replay.len() > REPLAY_DEPTH {
         qp.resp.replay.pop_front();
@@ -827,7 +844,11 @@ pub(crate) fn next_packet<M: Memory>(
                     .core
                     .check_mem(*pd, *rkey, *va, u64::from(n), Access::REMOTE_READ)
                     .ok()
-                    .and_then(|m| env.mem.read(m.ctx, m.addr, &mut scratch[..n as usize]).ok());
+                    .and_then(|m| {
+                        env.mem
+                            .read_for(m.on_demand, m.ctx, m.addr, &mut scratch[..n as usize])
+                            .ok()
+                    });
                 if read.is_none() {
                     // The memory went away mid-READ (deregistered or unmapped).
                     let p = *psn;

@@ -50,7 +50,7 @@ pub(crate) fn gather<M: Memory>(
             .check_mem(pd, s.lkey, at, r.len() as u64, Access::EMPTY)
             .map_err(|_| WcStatus::LocProtErr)?;
         env.mem
-            .read(t.ctx, t.addr, &mut out[r])
+            .read_for(t.on_demand, t.ctx, t.addr, &mut out[r])
             .map_err(|_| WcStatus::LocProtErr)
     })?;
     if got < len {
@@ -74,7 +74,7 @@ pub(crate) fn scatter<M: Memory>(
             .check_mem(pd, s.lkey, at, r.len() as u64, Access::LOCAL_WRITE)
             .map_err(|_| WcStatus::LocProtErr)?;
         env.mem
-            .write(t.ctx, t.addr, &data[r])
+            .write_for(t.on_demand, t.ctx, t.addr, &data[r])
             .map_err(|_| WcStatus::LocProtErr)
     })?;
     if got < data.len() {

@@ -223,11 +223,18 @@ static int role_device(void)
 	}
 	check("query_device_ex", 1, "");
 	check("dx_comp_mask_zero", x.comp_mask == 0, "comp_mask is not 0");
-	/* No on-demand paging: IBV_ODP_SUPPORT off and no per-transport caps. */
-	check("dx_odp_off", x.odp_caps.general_caps == 0 && x.odp_caps.per_transport_caps.rc_odp_caps == 0 &&
-		      x.odp_caps.per_transport_caps.uc_odp_caps == 0 &&
-		      x.odp_caps.per_transport_caps.ud_odp_caps == 0 && x.xrc_odp_caps == 0,
-	      "ODP capabilities reported without ODP");
+	/* On-demand paging with the implicit MR; each transport's operations (UC has no READ or
+	 * atomics, UD no RDMA); tests/c/odp.c exercises them. */
+	check("dx_odp_caps",
+	      x.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT) &&
+		      x.odp_caps.per_transport_caps.rc_odp_caps == 0x3f &&
+		      x.odp_caps.per_transport_caps.uc_odp_caps ==
+			      (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+			       IBV_ODP_SUPPORT_SRQ_RECV) &&
+		      x.odp_caps.per_transport_caps.ud_odp_caps ==
+			      (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV) &&
+		      x.xrc_odp_caps == 0x3f,
+	      "ODP capabilities are not the device's");
 	/* Completion timestamps count nanoseconds: a full 64-bit mask at 1 GHz (in kHz). */
 	check("dx_timestamp_clock", x.completion_timestamp_mask == UINT64_MAX &&
 		      x.hca_core_clock == 1000000,
