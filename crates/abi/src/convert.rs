@@ -267,6 +267,18 @@ impl SendWrWire {
                 add,
                 0,
             ),
+            // A bind: the window's R_Key in `rkey`, the new one in `imm_data`, the range in
+            // `remote_addr`/`compare_add`, the access in the low and the MR's L_Key in the
+            // high half of `swap`.
+            SendOp::BindMw(b) => (
+                wr_opcode::BIND_MW,
+                b.addr,
+                b.mw_rkey,
+                b.new_rkey,
+                b.length,
+                u64::from(b.access.0) | u64::from(b.mr_lkey) << 32,
+            ),
+            SendOp::LocalInv(rkey) => (wr_opcode::LOCAL_INV, 0, 0, rkey, 0, 0),
         };
         self.opcode = U32::new(opcode);
         self.remote_addr = U64::new(addr);
@@ -307,6 +319,15 @@ impl SendWrWire {
                 rkey,
                 add: self.compare_add.get(),
             },
+            wr_opcode::LOCAL_INV => SendOp::LocalInv(imm),
+            wr_opcode::BIND_MW => SendOp::BindMw(softverbs_core::wr::BindMw {
+                mw_rkey: rkey,
+                new_rkey: imm,
+                mr_lkey: (self.swap.get() >> 32) as u32,
+                addr,
+                length: self.compare_add.get(),
+                access: softverbs_core::types::Access(self.swap.get() as u32),
+            }),
             _ => return Err(Error::InvalidArgument("unknown ibv_wr_opcode")),
         })
     }
@@ -473,6 +494,19 @@ mod tests {
                 rkey,
                 add
             }),
+            any::<u32>().prop_map(SendOp::LocalInv),
+            (a, k, k, k, any::<u64>(), any::<u32>()).prop_map(
+                |(addr, mw_rkey, new_rkey, mr_lkey, length, access)| {
+                    SendOp::BindMw(softverbs_core::wr::BindMw {
+                        mw_rkey,
+                        new_rkey,
+                        mr_lkey,
+                        addr,
+                        length,
+                        access: softverbs_core::types::Access(access),
+                    })
+                }
+            ),
         ]
     }
 

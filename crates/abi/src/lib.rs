@@ -42,7 +42,9 @@ pub use codec::{
 /// 8: a send ring's pending pair (the count the daemon is about to publish and the CQ index
 /// of the completion that goes with it), so a client whose daemon died between the two flushes
 /// that request (docs/shm-rings.md).
-pub const ABI_VERSION: u32 = 8;
+/// 9: memory windows (`AllocMw`, `DeallocMw`, `QueryDeviceResp::max_mw`, bind and local
+/// invalidate work requests; docs/memory-windows.md).
+pub const ABI_VERSION: u32 = 9;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -23,6 +23,7 @@ pub mod event;
 pub mod ids;
 pub mod limits;
 pub mod memory;
+pub mod mw;
 pub mod objects;
 pub mod qp;
 pub mod qp_state;

@@ -15,6 +15,7 @@ mod completer;
 pub mod cq;
 pub mod engine;
 pub mod faults;
+pub mod mw;
 mod qp;
 mod requester;
 mod responder;
