@@ -24,6 +24,7 @@ mod device;
 mod events;
 pub mod ffi;
 mod legacy_xrc;
+mod mw;
 mod objects;
 mod pd;
 mod qp;

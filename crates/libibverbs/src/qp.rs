@@ -635,6 +635,9 @@ pub unsafe fn gather_inline(s: &[Sge], buf: &mut [u8; MAX_INLINE]) -> Result<usi
 }
 
 fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
+    if let Some(op) = crate::mw::send_op(wr) {
+        return op;
+    }
     let u = &wr.wr_u;
     Ok(match wr.opcode {
         WR_SEND => SendOp::Send,
