@@ -212,16 +212,16 @@ impl Windows {
         }
     }
 
-    /// Checks a remote access with R_Key `rkey` arriving on QP `qpn` of PD `pd`: through a
-    /// window if the key names one, else through the MR (the core's `check_mem`).
+    /// Checks a remote access to `[va, va+len)` with R_Key `rkey` arriving on QP `qpn` of PD
+    /// `pd`: through a window if the key names one, else through the MR (the core's
+    /// `check_mem`).
     pub(crate) fn check_remote(
         &self,
         core: &Core,
         qpn: u32,
         pd: PdRef,
         rkey: u32,
-        va: u64,
-        len: u64,
+        (va, len): (u64, u64),
         need: Access,
     ) -> Result<MemTarget, MemError> {
         if !is_window_key(rkey) {

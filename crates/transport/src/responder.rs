@@ -487,8 +487,7 @@ fn execute_write<M: Memory>(
                     qp.cfg.qpn,
                     t.pd,
                     reth.rkey,
-                    reth.va,
-                    u64::from(reth.dma_len),
+                    (reth.va, u64::from(reth.dma_len)),
                     Access::REMOTE_WRITE,
                 )
                 .map_err(|_| Refusal::access_error())?;
@@ -601,8 +600,7 @@ fn execute_atomic<M: Memory>(
             qp.cfg.qpn,
             t.pd,
             a.rkey,
-            a.va,
-            8,
+            (a.va, 8),
             Access::REMOTE_ATOMIC,
         )
         .map_err(|_| Refusal::access_error())?;
@@ -659,8 +657,7 @@ fn read_request<M: Memory>(
                 qp.cfg.qpn,
                 pd,
                 rkey,
-                va,
-                u64::from(len),
+                (va, u64::from(len)),
                 Access::REMOTE_READ,
             )
             .map_err(|_| Refusal::access_error())?;
@@ -851,8 +848,7 @@ pub(crate) fn next_packet<M: Memory>(
                         qpn,
                         *pd,
                         *rkey,
-                        *va,
-                        u64::from(n),
+                        (*va, u64::from(n)),
                         Access::REMOTE_READ,
                     )
                     .ok()
