@@ -597,14 +597,15 @@ mod tests {
             wr_id in any::<u64>(),
             status in prop::sample::select(vec![
                 WcStatus::Success, WcStatus::LocLenErr, WcStatus::LocQpOpErr,
-                WcStatus::LocProtErr, WcStatus::WrFlushErr, WcStatus::BadRespErr,
+                WcStatus::LocProtErr, WcStatus::WrFlushErr, WcStatus::MwBindErr, WcStatus::BadRespErr,
                 WcStatus::LocAccessErr, WcStatus::RemInvReqErr, WcStatus::RemAccessErr,
                 WcStatus::RemOpErr, WcStatus::RetryExcErr, WcStatus::RnrRetryExcErr,
                 WcStatus::GeneralErr,
             ]),
             opcode in prop::sample::select(vec![
                 WcOpcode::Send, WcOpcode::RdmaWrite, WcOpcode::RdmaRead, WcOpcode::CompSwap,
-                WcOpcode::FetchAdd, WcOpcode::Recv, WcOpcode::RecvRdmaWithImm,
+                WcOpcode::FetchAdd, WcOpcode::BindMw, WcOpcode::LocalInv, WcOpcode::Recv,
+                WcOpcode::RecvRdmaWithImm,
             ]),
             fields in any::<(u32, u32, u32, u32, u32)>(),
             sl in any::<u8>(),
@@ -645,7 +646,8 @@ mod tests {
         w.inline_len = U32::new(crate::msg::MAX_WIRE_INLINE as u32 + 1);
         assert_eq!(send_wr_from_wire(&w, |_| Ok(None)).unwrap_err().errno(), 22);
         w.inline_len = U32::new(0);
-        w.opcode = U32::new(7);
+        // IBV_WR_TSO: no raw packet QPs, so no TSO.
+        w.opcode = U32::new(10);
         let asked = std::cell::Cell::new(false);
         let e = send_wr_from_wire(&w, |_| {
             asked.set(true);
