@@ -600,3 +600,38 @@ fn mr_with_a_bound_window_cannot_be_deregistered() {
     p.run();
     assert_access_error(&mut p, 2, "a deallocated window");
 }
+
+/// o10-37.2.26 and IBA 10.6.7.2.2: a Send with Invalidate of a type 2 window that is not
+/// bound fails as for a type 1 window (`REM_INV_REQ_ERR` at both ends, B's QP in error with
+/// `IBV_EVENT_QP_REQ_ERR`).
+#[test]
+fn send_with_invalidate_of_an_unbound_type2_window_fails() {
+    let mut p = Pair::new(mw_bind_access());
+    let pdb = p.pdb;
+    let (_, k0) = p.b().mw(pdb, MwType::Two);
+    p.recv_b(10);
+    p.send_a(2, SendOp::SendWithInv(k0), 16);
+    p.run();
+    assert_eq!(st(&p.a_wcs()), vec![(2, WcStatus::RemInvReqErr)]);
+    assert_eq!(st(&p.b_wcs()), vec![(10, WcStatus::RemInvReqErr)]);
+    let qb = p.qb;
+    assert_eq!(p.b().failures, vec![(qb, Some(EventType::QpReqErr))]);
+}
+
+/// o10-37.2.26: `IBV_WR_LOCAL_INV` of a type 1 window fails with `LOC_QP_OP_ERR` and the QP
+/// goes to error; the window stays bound.
+#[test]
+fn local_invalidate_of_a_type1_window_fails() {
+    let mut p = Pair::new(mw_bind_access());
+    let pdb = p.pdb;
+    let (_, k0) = p.b().mw(pdb, MwType::One);
+    let k1 = p.bind(1, k0, WIN, WIN_LEN, RW);
+    p.post_b(2, SendOp::LocalInv(k1));
+    p.run();
+    assert_eq!(
+        st(&p.b_wcs()),
+        vec![(1, WcStatus::Success), (2, WcStatus::LocQpOpErr)]
+    );
+    let (cb, mr) = (p.cb, p.mr_handle);
+    assert_eq!(p.b().core.bound_windows(cb, mr), 1);
+}
