@@ -105,7 +105,7 @@ pub use datapath::{CompChannel, SendRequest, UdAddress};
 pub use error::{errno, Error, ErrorKind, Result};
 pub use event::{AsyncEvent, Element};
 pub use introspect::{resources_json, status, Introspect, Status};
-pub use mw::{inc_rkey, Mw, MwType};
+pub use mw::{inc_rkey, Mw, MwType, WindowTarget};
 pub use objects::{Ah, Cq, Mr, Pd, Qp, QpInit, QpQuery, Srq};
 pub use softverbs_core::wr::{
     SendOp, Sge, WcOpcode, WcStatus, WorkCompletion, WC_GRH, WC_WITH_IMM, WC_WITH_INV,

@@ -19,6 +19,7 @@ use zerocopy::little_endian::U32;
 
 pub use softverbs_core::mw::MwType;
 
+use crate::buffer::{BorrowedMr, OwnedMr, Remote};
 use crate::context::Context;
 use crate::datapath::SendRequest;
 use crate::error::{errno, Error, Result};
@@ -32,6 +33,42 @@ pub struct Mw<'a> {
     mw_type: MwType,
     rkey: u32,
     _pd: PhantomData<&'a Pd<'a>>,
+}
+
+/// An MR a window can be bound over with the range checked before posting: the owned and
+/// borrowed MRs of the safe API know their range (the raw [`Mr`](crate::Mr) goes through
+/// [`Qp::bind_mw`] with its L_Key and an address).
+pub trait WindowTarget {
+    /// The MR's L_Key.
+    fn target_lkey(&self) -> u32;
+    /// The whole MR as peers address it (its own R_Key).
+    fn target_range(&self) -> Remote;
+}
+
+impl WindowTarget for OwnedMr<'_> {
+    fn target_lkey(&self) -> u32 {
+        self.lkey()
+    }
+    fn target_range(&self) -> Remote {
+        self.remote()
+    }
+}
+
+impl WindowTarget for BorrowedMr<'_> {
+    fn target_lkey(&self) -> u32 {
+        self.lkey()
+    }
+    fn target_range(&self) -> Remote {
+        self.remote()
+    }
+}
+
+/// `[offset, offset+len)` of `mr`, or `EINVAL` for a range outside it (C10-75, known before
+/// posting).
+fn window_range(op: &'static str, mr: &impl WindowTarget, offset: u64, len: u64) -> Result<Remote> {
+    mr.target_range()
+        .slice(offset, len)
+        .ok_or(Error::new(op, errno::EINVAL))
 }
 
 /// `ibv_inc_rkey(3)`: the next consumer key (the low 8 bits) of an R_Key.
@@ -95,6 +132,27 @@ impl Mw<'_> {
         }
     }
 
+    /// [`bind_request`](Mw::bind_request) over `[offset, offset+len)` of `mr`, with what a
+    /// peer will use once the bind completed (the window's new R_Key); `EINVAL` for a range
+    /// outside the MR.
+    pub fn bind_request_over(
+        &self,
+        mr: &impl WindowTarget,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(BindMw, Remote)> {
+        let r = window_range("bind_mw", mr, offset, len)?;
+        let b = self.bind_request(mr.target_lkey(), r.addr, len, access);
+        Ok((
+            b,
+            Remote {
+                rkey: b.new_rkey,
+                ..r
+            },
+        ))
+    }
+
     /// `ibv_dealloc_mw`.
     pub fn dealloc(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
@@ -109,6 +167,23 @@ impl Drop for Mw<'_> {
 }
 
 impl Qp<'_> {
+    /// [`bind_mw`](Qp::bind_mw) of type 1 window `mw` over `[offset, offset+len)` of `mr`,
+    /// checked against the MR before posting (`EINVAL` outside it); returns what a peer uses
+    /// once the bind completed: the window's range with its new R_Key.
+    pub fn bind_mw_over(
+        &self,
+        wr_id: u64,
+        mw: &mut Mw<'_>,
+        mr: &impl WindowTarget,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Remote> {
+        let r = window_range("bind_mw", mr, offset, len)?;
+        let rkey = self.bind_mw(wr_id, mw, mr.target_lkey(), r.addr, len, access)?;
+        Ok(Remote { rkey, ..r })
+    }
+
     /// `ibv_bind_mw`: binds type 1 window `mw` over `[addr, addr+length)` of the MR with
     /// L_Key `mr_lkey` (length 0 unbinds it), granting `access`, as a signaled request
     /// `wr_id` on this QP's send queue; on success `mw.rkey()` is the window's new R_Key

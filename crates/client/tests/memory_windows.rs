@@ -64,9 +64,17 @@ fn windows_through_the_safe_api() {
     // Type 1 over [base+4096, base+8192).
     let mut w1 = pb.alloc_mw(MwType::One).unwrap();
     let k0 = w1.rkey();
-    let k1 = qb
-        .bind_mw(1, &mut w1, mb.lkey(), base + 4096, 4096, RW)
-        .unwrap();
+    // A range past the MR is refused before posting (C10-75).
+    assert_eq!(
+        qb.bind_mw_over(1, &mut w1, &mb, 16384 - 8, 16, RW)
+            .unwrap_err()
+            .errno,
+        softverbs::errno::EINVAL
+    );
+    assert_eq!(w1.rkey(), k0, "nothing was posted");
+    let win = qb.bind_mw_over(1, &mut w1, &mb, 4096, 4096, RW).unwrap();
+    let k1 = win.rkey;
+    assert_eq!((win.addr, win.len), (base + 4096, 4096));
     assert_eq!(k1, softverbs::inc_rkey(k0));
     let c = cqb.wait(1, T).unwrap();
     assert_eq!(
@@ -93,7 +101,10 @@ fn windows_through_the_safe_api() {
 
     // Type 2 over [base, base+4096), read-only.
     let mut w2 = pb.alloc_mw(MwType::Two).unwrap();
-    let bind = w2.bind_request(mb.lkey(), base, 4096, Access::REMOTE_READ);
+    let (bind, w2_remote) = w2
+        .bind_request_over(&mb, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!((w2_remote.addr, w2_remote.rkey), (base, bind.new_rkey));
     qb.post_send(&SendRequest::new(2, SendOp::BindMw(bind), &[]))
         .unwrap();
     let c = cqb.wait(1, T).unwrap();
