@@ -87,8 +87,8 @@ impl Engine {
     }
 
     /// Removes a QP; its outstanding work is dropped without completions (the owner
-    /// destroyed it, so nobody polls its CQs for it any more).
-    /// The type 2 memory windows bound to it are invalidated (IBA 10.6.7.2.2).
+    /// destroyed it, so nobody polls its CQs for it any more). The type 2 memory windows
+    /// bound to it are invalidated (IBA 10.6.7.2.2).
     pub fn destroy_qp(&mut self, qpn: u32) {
         self.qps.remove(&qpn);
         self.timed.remove(&qpn);
