@@ -267,6 +267,18 @@ impl SendWrWire {
                 add,
                 0,
             ),
+            // A bind: the window's R_Key in `rkey`, the new one in `imm_data`, the range in
+            // `remote_addr`/`compare_add`, the access in the low and the MR's L_Key in the
+            // high half of `swap`.
+            SendOp::BindMw(b) => (
+                wr_opcode::BIND_MW,
+                b.addr,
+                b.mw_rkey,
+                b.new_rkey,
+                b.length,
+                u64::from(b.access.0) | u64::from(b.mr_lkey) << 32,
+            ),
+            SendOp::LocalInv(rkey) => (wr_opcode::LOCAL_INV, 0, 0, rkey, 0, 0),
         };
         self.opcode = U32::new(opcode);
         self.remote_addr = U64::new(addr);
@@ -307,6 +319,15 @@ impl SendWrWire {
                 rkey,
                 add: self.compare_add.get(),
             },
+            wr_opcode::LOCAL_INV => SendOp::LocalInv(imm),
+            wr_opcode::BIND_MW => SendOp::BindMw(softverbs_core::wr::BindMw {
+                mw_rkey: rkey,
+                new_rkey: imm,
+                mr_lkey: (self.swap.get() >> 32) as u32,
+                addr,
+                length: self.compare_add.get(),
+                access: softverbs_core::types::Access(self.swap.get() as u32),
+            }),
             _ => return Err(Error::InvalidArgument("unknown ibv_wr_opcode")),
         })
     }
@@ -473,6 +494,19 @@ mod tests {
                 rkey,
                 add
             }),
+            any::<u32>().prop_map(SendOp::LocalInv),
+            (a, k, k, k, any::<u64>(), any::<u32>()).prop_map(
+                |(addr, mw_rkey, new_rkey, mr_lkey, length, access)| {
+                    SendOp::BindMw(softverbs_core::wr::BindMw {
+                        mw_rkey,
+                        new_rkey,
+                        mr_lkey,
+                        addr,
+                        length,
+                        access: softverbs_core::types::Access(access),
+                    })
+                }
+            ),
         ]
     }
 
@@ -563,14 +597,15 @@ mod tests {
             wr_id in any::<u64>(),
             status in prop::sample::select(vec![
                 WcStatus::Success, WcStatus::LocLenErr, WcStatus::LocQpOpErr,
-                WcStatus::LocProtErr, WcStatus::WrFlushErr, WcStatus::BadRespErr,
+                WcStatus::LocProtErr, WcStatus::WrFlushErr, WcStatus::MwBindErr, WcStatus::BadRespErr,
                 WcStatus::LocAccessErr, WcStatus::RemInvReqErr, WcStatus::RemAccessErr,
                 WcStatus::RemOpErr, WcStatus::RetryExcErr, WcStatus::RnrRetryExcErr,
                 WcStatus::GeneralErr,
             ]),
             opcode in prop::sample::select(vec![
                 WcOpcode::Send, WcOpcode::RdmaWrite, WcOpcode::RdmaRead, WcOpcode::CompSwap,
-                WcOpcode::FetchAdd, WcOpcode::Recv, WcOpcode::RecvRdmaWithImm,
+                WcOpcode::FetchAdd, WcOpcode::BindMw, WcOpcode::LocalInv, WcOpcode::Recv,
+                WcOpcode::RecvRdmaWithImm,
             ]),
             fields in any::<(u32, u32, u32, u32, u32)>(),
             sl in any::<u8>(),
@@ -611,7 +646,8 @@ mod tests {
         w.inline_len = U32::new(crate::msg::MAX_WIRE_INLINE as u32 + 1);
         assert_eq!(send_wr_from_wire(&w, |_| Ok(None)).unwrap_err().errno(), 22);
         w.inline_len = U32::new(0);
-        w.opcode = U32::new(7);
+        // IBV_WR_TSO: no raw packet QPs, so no TSO.
+        w.opcode = U32::new(10);
         let asked = std::cell::Cell::new(false);
         let e = send_wr_from_wire(&w, |_| {
             asked.set(true);

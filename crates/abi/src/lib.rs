@@ -42,6 +42,8 @@ pub use codec::{
 /// 8: a send ring's pending pair (the count the daemon is about to publish and the CQ index
 /// of the completion that goes with it), so a client whose daemon died between the two flushes
 /// that request (docs/shm-rings.md).
+/// 9: memory windows (`AllocMw`, `DeallocMw`, `QueryDeviceResp::max_mw`, bind and local
+/// invalidate work requests; docs/memory-windows.md).
 /// 10: UD multicast (`AttachMcast`, `DetachMcast`; the multicast limits at the end of
 /// `QueryDeviceResp`).
 /// 11: on-demand paging: `QueryOdpCaps` and `AdviseMr`.

@@ -223,6 +223,10 @@ commands! {
     QueryOdpCaps = 95 since 11 : () => OdpCapsResp,
     /// ABI 11: `ibv_advise_mr(3)` of up to [`MAX_WIRE_SGE`] ranges.
     AdviseMr = 96 since 11 : AdviseMrReq => (),
+    /// `ibv_alloc_mw` (docs/memory-windows.md).
+    AllocMw = 80 since 9 : AllocMwReq => AllocMwResp,
+    /// `ibv_dealloc_mw`.
+    DeallocMw = 81 since 9 : HandleReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -354,6 +358,8 @@ wire! {
         pub max_pkeys: U16,
         pub local_ca_ack_delay: u8,
         pub phys_port_cnt: u8,
+        /// ABI 9: memory windows (0 from an older daemon, which has none).
+        pub max_mw: U32,
         /// ABI 10 (a daemon before it sends none: read as 0, no multicast).
         pub max_mcast_grp: U32,
         /// ABI 10.
@@ -372,6 +378,19 @@ wire! {
         pub reserved: U16,
         /// The multicast GID.
         pub gid: [u8; 16],
+    }
+
+    /// ABI 9: `ibv_alloc_mw`.
+    pub struct AllocMwReq {
+        pub pd: U32,
+        /// `enum ibv_mw_type`: 1 or 2 (anything else is `EINVAL`).
+        pub mw_type: U32,
+    }
+
+    /// ABI 9: `ibv_alloc_mw` answer: the window's handle and first R_Key.
+    pub struct AllocMwResp {
+        pub handle: U32,
+        pub rkey: U32,
     }
 
     /// `ibv_query_port`.
@@ -855,6 +874,8 @@ pub mod wr_opcode {
     pub const RDMA_READ: u32 = 4;
     pub const ATOMIC_CMP_AND_SWP: u32 = 5;
     pub const ATOMIC_FETCH_AND_ADD: u32 = 6;
+    pub const LOCAL_INV: u32 = 7;
+    pub const BIND_MW: u32 = 8;
     pub const SEND_WITH_INV: u32 = 9;
 }
 

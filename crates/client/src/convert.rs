@@ -31,6 +31,7 @@ pub(crate) fn device_attr(w: &QueryDeviceResp) -> DeviceAttr {
         max_cq: w.max_cq.get(),
         max_cqe: w.max_cqe.get(),
         max_mr: w.max_mr.get(),
+        max_mw: w.max_mw.get(),
         max_pd: w.max_pd.get(),
         max_qp_rd_atom: w.max_qp_rd_atom.get(),
         max_ee_rd_atom: w.max_ee_rd_atom.get(),

@@ -78,6 +78,8 @@ fn check_send(qp: &Qp<'_>, wr: &SendRequest<'_>) -> std::result::Result<(), i32>
         _ => {}
     }
     let allowed = match qp.qp_type() {
+        // Binds and local invalidations carry no data and need a connected QP (IBA 10.6.7.2).
+        t if wr.op.is_local() => t != QpType::Ud && wr.sges.is_empty() && wr.inline.is_none(),
         QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && wr.ud.is_some(),
         QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::SendWithInv(_)),
         QpType::XrcRecv => false,

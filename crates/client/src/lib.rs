@@ -90,6 +90,7 @@ mod event;
 mod fatal;
 mod flush;
 mod introspect;
+mod mw;
 mod objects;
 mod odp;
 mod rings;
@@ -105,6 +106,7 @@ pub use datapath::{CompChannel, SendRequest, UdAddress};
 pub use error::{errno, Error, ErrorKind, Result};
 pub use event::{AsyncEvent, Element};
 pub use introspect::{resources_json, status, Introspect, Status};
+pub use mw::{inc_rkey, Mw, MwType, WindowTarget};
 pub use objects::{Ah, Cq, Mr, Pd, Qp, QpInit, QpQuery, Srq};
 pub use softverbs_core::odp::{Advice, OdpCaps, ADVISE_MR_FLAG_FLUSH};
 pub use softverbs_core::wr::{

@@ -452,6 +452,18 @@ impl<'a> Mr<'a> {
         let this = ManuallyDrop::new(self);
         destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle)
     }
+
+    /// `ibv_dereg_mr` that hands the MR back when the daemon refuses it with `EINVAL`
+    /// (memory windows are bound to it, IBA 10.6.7.2.6), so the caller may retry once they
+    /// are unbound. Any other failure (a dead connection) leaves nothing to hand back.
+    pub fn dereg_or_keep(self) -> std::result::Result<(), (Option<Mr<'a>>, Error)> {
+        let this = ManuallyDrop::new(self);
+        match destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle) {
+            Ok(()) => Ok(()),
+            Err(e) if e.errno == errno::EINVAL => Err((Some(ManuallyDrop::into_inner(this)), e)),
+            Err(e) => Err((None, e)),
+        }
+    }
 }
 
 impl Drop for Mr<'_> {

@@ -148,6 +148,28 @@ pub enum CoreChange {
         /// The MR handle.
         mr: Handle,
     },
+    /// A memory window was allocated on `device` (unbound; docs/memory-windows.md).
+    MwAllocated {
+        /// Owner.
+        ctx: CtxId,
+        /// The window handle.
+        mw: Handle,
+        /// Device index.
+        device: usize,
+        /// What the transport mirrors.
+        info: crate::mw::MwInfo,
+    },
+    /// A memory window was deallocated: its key resolves to nothing from now on.
+    MwDeallocated {
+        /// Owner.
+        ctx: CtxId,
+        /// The window handle.
+        mw: Handle,
+        /// Device index.
+        device: usize,
+        /// Its R_Key at allocation (the index part names it).
+        rkey: u32,
+    },
 }
 
 impl Core {

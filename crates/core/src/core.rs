@@ -45,6 +45,8 @@ pub(crate) struct Mr {
     pub(crate) iova: u64,
     pub(crate) access: Access,
     pub(crate) key: u32,
+    /// Memory windows bound to it (crate::mw): dereg and rereg are `EINVAL` while non-zero.
+    pub(crate) bound_mws: u32,
 }
 
 #[derive(Debug)]
@@ -119,6 +121,7 @@ pub(crate) struct Context {
     pub(crate) info: ContextInfo,
     pub(crate) pds: HashMap<Handle, Pd>,
     pub(crate) mrs: HashMap<Handle, Mr>,
+    pub(crate) mws: HashMap<Handle, crate::mw::Mw>,
     pub(crate) cqs: HashMap<Handle, Cq>,
     pub(crate) srqs: HashMap<Handle, Srq>,
     pub(crate) ahs: HashMap<Handle, Ah>,
@@ -140,6 +143,7 @@ impl Context {
     fn holds_handle(&self, h: Handle) -> bool {
         self.pds.contains_key(&h)
             || self.mrs.contains_key(&h)
+            || self.mws.contains_key(&h)
             || self.cqs.contains_key(&h)
             || self.srqs.contains_key(&h)
             || self.ahs.contains_key(&h)
@@ -220,6 +224,7 @@ pub(crate) struct DeviceUsage {
     pub(crate) qps: u32,
     pub(crate) cqs: u32,
     pub(crate) mrs: u32,
+    pub(crate) mws: u32,
     pub(crate) pds: u32,
     pub(crate) srqs: u32,
     pub(crate) ahs: u32,
@@ -278,6 +283,8 @@ pub struct Core {
     pub(crate) srq_routes: HashMap<u32, (CtxId, Handle)>,
     pub(crate) keys: NumberPool,
     pub(crate) key_routes: HashMap<u32, (CtxId, Handle)>,
+    /// Memory window key indices (crate::mw: disjoint from MR keys).
+    pub(crate) mw_indices: NumberPool,
     pub(crate) limits: Limits,
     /// What each uid's contexts use together (uids using nothing have no entry).
     pub(crate) uid_usage: HashMap<u32, Usage>,
@@ -287,6 +294,9 @@ pub struct Core {
     /// Multicast groups, per device (`crate::mcast`).
     pub(crate) mcast: Vec<McastTable>,
 }
+
+/// The last MR key: MR keys stay below the memory window keys (crate::mw).
+pub const MR_KEY_LAST: u32 = 0x7FFF_FFFF;
 
 /// First QP number handed out: 0 and 1 are the special QPs of IBA 3.5.11 (SMI, GSI).
 pub const FIRST_QPN: u32 = 0x11;
@@ -312,7 +322,8 @@ impl Core {
             qp_routes: HashMap::new(),
             srqns: NumberPool::new(1, MAX_24BIT),
             srq_routes: HashMap::new(),
-            keys: NumberPool::new(1, u32::MAX),
+            keys: NumberPool::new(1, MR_KEY_LAST),
+            mw_indices: NumberPool::new(crate::mw::MW_INDEX_FIRST, crate::mw::MW_INDEX_LAST),
             key_routes: HashMap::new(),
             limits: Limits::unlimited(),
             uid_usage: HashMap::new(),
@@ -343,6 +354,7 @@ impl Core {
                 info,
                 pds: HashMap::new(),
                 mrs: HashMap::new(),
+                mws: HashMap::new(),
                 cqs: HashMap::new(),
                 srqs: HashMap::new(),
                 ahs: HashMap::new(),
@@ -421,7 +433,17 @@ impl Core {
             self.key_routes.remove(&m.key);
             self.keys.free(m.key);
         }
+        for (&mw, w) in &c.mws {
+            self.mw_indices.free(w.rkey >> 8);
+            self.changes.push_back(CoreChange::MwDeallocated {
+                ctx,
+                mw,
+                device: dev,
+                rkey: w.rkey,
+            });
+        }
         let u = &mut self.usage[dev];
+        u.mws -= c.mws.len() as u32;
         u.srqs -= c.srqs.len() as u32;
         u.mrs -= c.mrs.len() as u32;
         u.cqs -= c.cqs.len() as u32;

@@ -18,6 +18,13 @@ pub const DEVICE_N_NOTIFY_CQ: u64 = 1 << 14;
 pub const DEVICE_PORT_ACTIVE_EVENT: u64 = 1 << 10;
 /// `IBV_DEVICE_SYS_IMAGE_GUID`.
 pub const DEVICE_SYS_IMAGE_GUID: u64 = 1 << 11;
+/// `IBV_DEVICE_MEM_WINDOW`: type 1 memory windows (crate::mw).
+pub const DEVICE_MEM_WINDOW: u64 = 1 << 17;
+/// `IBV_DEVICE_MEM_WINDOW_TYPE_2A`: type 2 windows checked by QP number only. Not offered:
+/// softverbs checks QP and PD, as type 2B (and rxe) do.
+pub const DEVICE_MEM_WINDOW_TYPE_2A: u64 = 1 << 23;
+/// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`: type 2 windows tied to their QP and PD.
+pub const DEVICE_MEM_WINDOW_TYPE_2B: u64 = 1 << 24;
 
 /// A 128-bit GID (IBA 4.1.1). For RoCE v2 it is an IPv6 address, or an IPv4 address mapped
 /// into IPv6 (`::ffff:a.b.c.d`).
@@ -129,6 +136,8 @@ pub struct DeviceAttr {
     pub max_cq: u32,
     pub max_cqe: u32,
     pub max_mr: u32,
+    /// Memory windows (IBA 10.6.7; crate::mw).
+    pub max_mw: u32,
     pub max_pd: u32,
     pub max_qp_rd_atom: u32,
     pub max_ee_rd_atom: u32,
@@ -174,12 +183,15 @@ impl DeviceAttr {
                 | DEVICE_SRQ_RESIZE
                 | DEVICE_N_NOTIFY_CQ
                 | DEVICE_PORT_ACTIVE_EVENT
-                | DEVICE_SYS_IMAGE_GUID,
+                | DEVICE_SYS_IMAGE_GUID
+                | DEVICE_MEM_WINDOW
+                | DEVICE_MEM_WINDOW_TYPE_2B,
             max_sge: 32,
             max_sge_rd: 32,
             max_cq: 1 << 18,
             max_cqe: 32767,
             max_mr: 1 << 18,
+            max_mw: 1 << 18,
             max_pd: 1 << 17,
             max_qp_rd_atom: 128,
             max_ee_rd_atom: 0,

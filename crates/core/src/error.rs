@@ -13,6 +13,8 @@ pub enum ObjectKind {
     Port,
     Pd,
     Mr,
+    /// A memory window.
+    Mw,
     Cq,
     Srq,
     Qp,

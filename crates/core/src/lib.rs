@@ -24,6 +24,7 @@ pub mod ids;
 pub mod limits;
 pub mod mcast;
 pub mod memory;
+pub mod mw;
 pub mod objects;
 pub mod odp;
 pub mod qp;

@@ -122,6 +122,7 @@ impl Core {
                 iova,
                 access,
                 key,
+                bound_mws: 0,
             },
         );
         c.pds.get_mut(&pd).expect("checked above").usecnt += 1;
@@ -149,6 +150,12 @@ impl Core {
     ) -> Result<MrKeys> {
         let c = self.ctx(ctx)?;
         let m = c.mrs.get(&mr).ok_or(Error::InvalidHandle(ObjectKind::Mr))?;
+        if m.bound_mws > 0 {
+            // IBA 10.6.7.2.6: an MR with bound windows keeps its range, access and PD.
+            return Err(Error::InvalidArgument(
+                "memory windows are bound to this MR",
+            ));
+        }
         let new_pd = pd.unwrap_or(m.pd);
         if !c.pds.contains_key(&new_pd) {
             return Err(Error::InvalidHandle(ObjectKind::Pd));
@@ -185,6 +192,7 @@ impl Core {
             iova,
             access,
             key: m.key,
+            bound_mws: 0,
         };
         let key = m.key;
         if old_pd != new_pd {
@@ -220,9 +228,15 @@ impl Core {
     }
 
     /// `ibv_dereg_mr`. Once this returns, the key resolves to nothing, so the data path can no
-    /// longer reach the memory.
+    /// longer reach the memory. An MR with memory windows bound to it is `EINVAL` (IBA
+    /// 10.6.7.2.6; rxe's `rxe_dereg_mr`): its windows must be invalidated or deallocated first.
     pub fn dereg_mr(&mut self, ctx: CtxId, mr: Handle) -> Result<()> {
         let c = self.ctx_mut(ctx)?;
+        if c.mrs.get(&mr).is_some_and(|m| m.bound_mws > 0) {
+            return Err(Error::InvalidArgument(
+                "memory windows are bound to this MR",
+            ));
+        }
         let m = c
             .mrs
             .remove(&mr)

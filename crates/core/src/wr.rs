@@ -66,6 +66,30 @@ pub enum SendOp {
         /// Value added.
         add: u64,
     },
+    /// `IBV_WR_BIND_MW` (and `ibv_bind_mw`, which posts one): binds a memory window, in
+    /// order with the send queue (IBA 10.6.7.2). Sends nothing.
+    BindMw(BindMw),
+    /// `IBV_WR_LOCAL_INV`: invalidates the type 2 window (or MR) with this R_Key, in order
+    /// with the send queue (IBA 10.6.7.2.5). Sends nothing.
+    LocalInv(u32),
+}
+
+/// The operands of a bind (`struct ibv_mw_bind_info` with the window's keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindMw {
+    /// The window's R_Key as the consumer knows it (`mw->rkey`): names the window.
+    pub mw_rkey: u32,
+    /// The R_Key the window has after the bind: the same index, a new consumer key (the low
+    /// 8 bits, `ibv_inc_rkey`).
+    pub new_rkey: u32,
+    /// L_Key of the MR the window is bound to (ignored for a zero-length bind).
+    pub mr_lkey: u32,
+    /// First address of the window.
+    pub addr: u64,
+    /// Length; 0 unbinds a type 1 window.
+    pub length: u64,
+    /// The window's access (`mw_access_flags`: remote read, write, atomic; zero-based).
+    pub access: crate::types::Access,
 }
 
 impl SendOp {
@@ -75,6 +99,11 @@ impl SendOp {
             self,
             SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
         )
+    }
+
+    /// True for the work requests the send queue executes locally (bind, local invalidate).
+    pub fn is_local(self) -> bool {
+        matches!(self, SendOp::BindMw(_) | SendOp::LocalInv(_))
     }
 
     /// True for the atomics.
@@ -90,6 +119,8 @@ impl SendOp {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
         }
     }
 }
@@ -182,6 +213,7 @@ pub enum WcStatus {
     LocQpOpErr = 2,
     LocProtErr = 4,
     WrFlushErr = 5,
+    MwBindErr = 6,
     BadRespErr = 7,
     LocAccessErr = 8,
     RemInvReqErr = 9,
@@ -202,6 +234,7 @@ impl WcStatus {
             LocQpOpErr,
             LocProtErr,
             WrFlushErr,
+            MwBindErr,
             BadRespErr,
             LocAccessErr,
             RemInvReqErr,
@@ -226,6 +259,8 @@ pub enum WcOpcode {
     RdmaRead = 2,
     CompSwap = 3,
     FetchAdd = 4,
+    BindMw = 5,
+    LocalInv = 6,
     Recv = 128,
     RecvRdmaWithImm = 129,
 }
@@ -240,6 +275,8 @@ impl WcOpcode {
             RdmaRead,
             CompSwap,
             FetchAdd,
+            BindMw,
+            LocalInv,
             Recv,
             RecvRdmaWithImm,
         ]

@@ -91,7 +91,8 @@ impl Config {
                     IpAddr::V6(v6) => (u128::from(*v6) & u128::from(u64::MAX)) as u64,
                 });
                 let guid = 0x0200_5eff_fe00_0000 ^ (seed << 8) ^ i as u64;
-                let mut dev = Device::roce(&d.name, guid, &d.ips, crate::link_mtu::active_mtu(&d.ips));
+                let mut dev =
+                    Device::roce(&d.name, guid, &d.ips, crate::link_mtu::active_mtu(&d.ips));
                 dev.attr.max_mcast_grp = dev.attr.max_mcast_grp.min(groups);
                 dev
             })

@@ -248,6 +248,23 @@ impl DataPath {
                 qpn,
                 last,
             } => self.mcast_detached(device, mgid, qpn, last),
+            CoreChange::MwAllocated { device, info, .. } => {
+                self.devs[device].engine.add_window(&info)
+            }
+            CoreChange::MwDeallocated { device, rkey, .. } => {
+                self.devs[device].engine.remove_window(rkey)
+            }
+        }
+    }
+
+    /// Tells the core which MRs the engines' memory windows are bound to (a deregistration
+    /// of an MR with bound windows is refused: docs/memory-windows.md). Run after every
+    /// command's changes and in every round, so the next command sees the engines' state.
+    pub fn settle_windows(&mut self, core: &mut Core) {
+        for d in &mut self.devs {
+            while let Some(n) = d.engine.poll_window_note() {
+                core.note_window_binding(n.ctx, n.mr, n.bound);
+            }
         }
     }
 
@@ -672,6 +689,7 @@ impl DataPath {
                 }
                 self.devs[d].engine.handle_timeout(now);
             }
+            self.settle_windows(core);
             for d in 0..self.devs.len() {
                 while let Some(o) = self.devs[d].engine.poll_output() {
                     self.route(core, o, None, &mut woken);

@@ -208,6 +208,7 @@ impl Dispatcher {
         while let Some(c) = self.core.poll_change() {
             self.dp.apply(c);
         }
+        self.dp.settle_windows(&mut self.core);
     }
 
     /// Checks what the connection may send, then dispatches: the one `match` on the command.
@@ -284,6 +285,8 @@ impl Dispatcher {
                 self.advise_mr(c, read!(AdviseMr))?;
                 ok::<cmd::AdviseMr>(())
             }
+            Cmd::AllocMw => self.alloc_mw(ctx()?, read!(AllocMw)),
+            Cmd::DeallocMw => self.dealloc_mw(ctx()?, read!(DeallocMw)),
             Cmd::CreateCq => self.create_cq(ctx()?, req.comp_mask, read!(CreateCq)),
             Cmd::ResizeCq => self.resize_cq(ctx()?, read!(ResizeCq), woken),
             Cmd::DestroyCq => self.destroy_cq(ctx()?, read!(DestroyCq)),
@@ -384,6 +387,26 @@ impl Dispatcher {
             .dereg_mr(c, handle_of(r.handle))
             .map_err(core_err)?;
         ok::<cmd::DeregMr>(())
+    }
+
+    /// `ibv_alloc_mw`: the window reaches the engine of its device through the core's change.
+    fn alloc_mw(&mut self, c: CtxId, r: <cmd::AllocMw as Command>::Req) -> Reply {
+        let t = softverbs_core::mw::MwType::from_raw(r.mw_type.get()).map_err(core_err)?;
+        let a = self
+            .core
+            .alloc_mw(c, handle_of(r.pd), t)
+            .map_err(core_err)?;
+        ok::<cmd::AllocMw>(AllocMwResp {
+            handle: U32::new(a.handle.0),
+            rkey: U32::new(a.rkey),
+        })
+    }
+
+    fn dealloc_mw(&mut self, c: CtxId, r: <cmd::DeallocMw as Command>::Req) -> Reply {
+        self.core
+            .dealloc_mw(c, handle_of(r.handle))
+            .map_err(core_err)?;
+        ok::<cmd::DeallocMw>(())
     }
 
     fn destroy_cq(&mut self, c: CtxId, r: <cmd::DestroyCq as Command>::Req) -> Reply {
@@ -603,6 +626,7 @@ impl Dispatcher {
             max_mcast_grp: U32::new(a.max_mcast_grp),
             max_mcast_qp_attach: U32::new(a.max_mcast_qp_attach),
             max_total_mcast_qp_attach: U32::new(a.max_total_mcast_qp_attach),
+            max_mw: U32::new(a.max_mw),
         })
     }
 

@@ -174,9 +174,9 @@ fn fill_slots(v: &mut verbs_context) {
     o.compat_query_device = query_device as *const c_void;
     o.compat_query_port = query_port as *const c_void;
     o.compat_5 = [i; 5];
-    o.alloc_mw = p;
-    o.bind_mw = i;
-    o.dealloc_mw = i;
+    o.alloc_mw = crate::mw::op_alloc_mw as *const c_void;
+    o.bind_mw = crate::mw::op_bind_mw as *const c_void;
+    o.dealloc_mw = crate::mw::op_dealloc_mw as *const c_void;
     o.compat_create_cq = i;
     o.poll_cq = crate::cq::op_poll_cq as *const c_void;
     o.req_notify_cq = crate::cq::op_req_notify_cq as *const c_void;
@@ -268,6 +268,7 @@ fn device_attr(o: &CtxObj) -> Result<ibv_device_attr, c_int> {
     r.max_cq = a.max_cq as c_int;
     r.max_cqe = a.max_cqe as c_int;
     r.max_mr = a.max_mr as c_int;
+    r.max_mw = a.max_mw as c_int;
     r.max_pd = a.max_pd as c_int;
     r.max_qp_rd_atom = a.max_qp_rd_atom as c_int;
     r.max_ee_rd_atom = a.max_ee_rd_atom as c_int;

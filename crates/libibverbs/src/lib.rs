@@ -25,6 +25,7 @@ mod events;
 pub mod ffi;
 mod legacy_xrc;
 mod mcast;
+mod mw;
 mod objects;
 mod odp;
 mod pd;

@@ -166,14 +166,33 @@ unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     let Some(inner) = o.mr.take() else {
         return EINVAL;
     };
-    o.magic = DEAD;
+    // No small send copies from the MR while it is being deregistered.
+    let range =
+        o.pd.mrs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&o.base.lkey)
+            .copied();
     o.pd.forget_mr(o.base.lkey);
-    let r = inner.dereg();
-    release(&o.pd.users);
-    match r {
-        Ok(()) => 0,
-        Err(e) => errno_of(&e),
+    match inner.dereg_or_keep() {
+        Ok(()) => {}
+        Err((Some(kept), e)) => {
+            // Refused (memory windows are bound to it: IBA 10.6.7.2.6): the MR stays as it was.
+            o.mr = Some(kept);
+            if let Some(r) = range {
+                o.pd.remember_mr(o.base.lkey, r);
+            }
+            return errno_of(&e);
+        }
+        Err((None, e)) => {
+            o.magic = DEAD;
+            release(&o.pd.users);
+            return errno_of(&e);
+        }
     }
+    o.magic = DEAD;
+    release(&o.pd.users);
+    0
 }
 export!(default "ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
 

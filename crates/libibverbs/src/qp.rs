@@ -287,8 +287,9 @@ unsafe extern "C" fn create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> 
 export!(default "ibv_create_qp", "IBVERBS_1.1", create_qp);
 
 /// `IBV_QP_EX_WITH_*` the `ibv_wr_*` API implements: RDMA write (+imm), send (+imm),
-/// RDMA read, both atomics and send with invalidate.
-pub const SEND_OPS_SUPPORTED: u64 = 0x7f | (1 << 9);
+/// RDMA read, both atomics, bind MW and local invalidate (`IBV_QP_EX_WITH_BIND_MW` 1 << 7,
+/// `_LOCAL_INV` 1 << 8; docs/memory-windows.md) and send with invalidate.
+pub const SEND_OPS_SUPPORTED: u64 = 0x3ff;
 
 /// `verbs_context.create_qp_ex` (`ibv_create_qp_ex(3)`).
 pub unsafe extern "C" fn slot_create_qp_ex(
@@ -635,6 +636,9 @@ pub unsafe fn gather_inline(s: &[Sge], buf: &mut [u8; MAX_INLINE]) -> Result<usi
 }
 
 fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
+    if let Some(op) = crate::mw::send_op(wr) {
+        return op;
+    }
     let u = &wr.wr_u;
     Ok(match wr.opcode {
         WR_SEND => SendOp::Send,

@@ -28,8 +28,8 @@ pub struct Staged {
 pub fn fill_slots(q: &mut ibv_qp_ex) {
     q.wr_atomic_cmp_swp = atomic_cmp_swp as *const c_void;
     q.wr_atomic_fetch_add = atomic_fetch_add as *const c_void;
-    q.wr_bind_mw = unsupported as *const c_void;
-    q.wr_local_inv = unsupported as *const c_void;
+    q.wr_bind_mw = bind_mw as *const c_void;
+    q.wr_local_inv = local_inv as *const c_void;
     q.wr_rdma_read = rdma_read as *const c_void;
     q.wr_rdma_write = rdma_write as *const c_void;
     q.wr_rdma_write_imm = rdma_write_imm as *const c_void;
@@ -136,6 +136,30 @@ unsafe extern "C" fn send_imm(q: *mut ibv_qp_ex, imm: u32) {
 }
 unsafe extern "C" fn send_inv(q: *mut ibv_qp_ex, rkey: u32) {
     push(q, SendOp::SendWithInv(rkey));
+}
+/// `ibv_wr_bind_mw`: binds `mw` (type 2, or type 1 as rxe allows) to `info` with R_Key
+/// `rkey` (`ibv_inc_rkey(mw->rkey)` by convention).
+unsafe extern "C" fn bind_mw(
+    q: *mut ibv_qp_ex,
+    mw: *mut crate::mw::ibv_mw,
+    rkey: u32,
+    info: *const crate::mw::ibv_mw_bind_info,
+) {
+    if info.is_null() {
+        with(q, |_, b| b.error = Some(EINVAL));
+        return;
+    }
+    // SAFETY: `info` is the caller's; `mw` and its MR are checked by their magic.
+    match unsafe { crate::mw::bind_of(mw, rkey, &*info) } {
+        Ok(op) => push(q, SendOp::BindMw(op)),
+        Err(e) => {
+            with(q, |_, b| b.error = Some(e));
+        }
+    }
+}
+/// `ibv_wr_local_inv`.
+unsafe extern "C" fn local_inv(q: *mut ibv_qp_ex, rkey: u32) {
+    push(q, SendOp::LocalInv(rkey));
 }
 unsafe extern "C" fn rdma_write(q: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     push(q, SendOp::Write { remote_addr, rkey });

@@ -54,14 +54,6 @@ const ALLOWED_SKIPS: &[(&str, &str)] = &[
         "ibv_reg_dmabuf_mr → EOPNOTSUPP: softverbs cannot register a dma-buf",
     ),
     (
-        "Create MW is not supported",
-        "ibv_alloc_mw → EOPNOTSUPP: softverbs has no memory windows",
-    ),
-    (
-        "Create memory window of type 3 is not supported",
-        "the same for the bad-type test (any type gets EOPNOTSUPP, so it skips)",
-    ),
-    (
         "Create Raw Packet QP without extended attrs is not supported",
         "IBV_QPT_RAW_PACKET → EOPNOTSUPP: softverbs has no raw Ethernet QPs",
     ),
@@ -222,7 +214,7 @@ const WHOLE_SUITE_SKIPS: &[(&str, &str)] = &[
     ),
     (
         "Extended QP is not supported on this device",
-        "ibv_wr_atomic_write/bind_mw send ops → EOPNOTSUPP",
+        "ibv_wr_atomic_write (IBV_QP_EX_WITH_ATOMIC_WRITE) → EOPNOTSUPP: no atomic write; bind_mw runs (docs/memory-windows.md)",
     ),
     (
         "Converting timestamp to nanoseconds is not supported",

@@ -65,6 +65,7 @@ pub struct Engine {
     drops: DropStats,
     /// Multicast groups of this device's QPs (`crate::mcast`).
     mcast: crate::mcast::Groups,
+    windows: crate::mw::Windows,
 }
 
 impl Engine {
@@ -90,11 +91,34 @@ impl Engine {
     }
 
     /// Removes a QP; its outstanding work is dropped without completions (the owner
-    /// destroyed it, so nobody polls its CQs for it any more).
+    /// destroyed it, so nobody polls its CQs for it any more). The type 2 memory windows
+    /// bound to it are invalidated (IBA 10.6.7.2.2).
     pub fn destroy_qp(&mut self, qpn: u32) {
         self.qps.remove(&qpn);
         self.timed.remove(&qpn);
         self.mcast.forget_qp(qpn);
+        self.windows.qp_destroyed(qpn);
+    }
+
+    /// Mirrors a memory window the core allocated on this device (unbound).
+    pub fn add_window(&mut self, info: &softverbs_core::mw::MwInfo) {
+        self.windows.add(info);
+    }
+
+    /// A memory window was deallocated: its key stops resolving.
+    pub fn remove_window(&mut self, rkey: u32) {
+        self.windows.remove(rkey);
+    }
+
+    /// The oldest change of which MR a window is bound to that the core has not heard of:
+    /// the shell passes each to [`Core::note_window_binding`] before its next command.
+    pub fn poll_window_note(&mut self) -> Option<crate::mw::WindowNote> {
+        self.windows.poll_note()
+    }
+
+    /// Memory windows mirrored on this engine.
+    pub fn windows(&self) -> usize {
+        self.windows.len()
     }
 
     /// Mirrors the core's `attach_mcast`: datagrams to `mgid` reach QP `qpn` from now on.
@@ -161,6 +185,7 @@ impl Engine {
                 mem,
                 out: &mut self.out,
                 srqs: &mut self.srqs,
+                windows: &mut self.windows,
             };
             crate::responder::receive(qp, &mut env, meta, pkt, &mut self.scratch);
         }
@@ -288,6 +313,8 @@ impl Engine {
             _ => {}
         }
         let allowed = match t {
+            // IBA 10.6.7.2: binds and local invalidations go on connected QPs' send queues.
+            _ if wr.op.is_local() => t != QpType::Ud && len == 0,
             QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm(_)) && wr.ud.is_some(),
             QpType::Uc => !wr.op.is_read_or_atomic() && !matches!(wr.op, SendOp::SendWithInv(_)),
             _ => true,
@@ -408,6 +435,7 @@ impl Engine {
             mem,
             out: &mut self.out,
             srqs: &mut self.srqs,
+            windows: &mut self.windows,
         };
         match pkt.info.direction {
             Direction::Request => {
@@ -441,6 +469,7 @@ impl Engine {
                 mem,
                 out: &mut self.out,
                 srqs: &mut self.srqs,
+                windows: &mut self.windows,
             };
             let tx = crate::responder::next_packet(qp, &mut env, buf, &mut self.scratch)
                 .or_else(|| crate::requester::next_packet(qp, &mut env, buf, &mut self.scratch));

@@ -16,6 +16,7 @@ pub mod cq;
 pub mod engine;
 pub mod faults;
 mod mcast;
+pub mod mw;
 mod qp;
 mod requester;
 mod responder;

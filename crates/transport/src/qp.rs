@@ -206,6 +206,7 @@ pub(crate) struct Env<'a, M: Memory> {
     pub(crate) mem: &'a mut M,
     pub(crate) out: &'a mut VecDeque<Output>,
     pub(crate) srqs: &'a mut HashMap<SrqKey, Srq>,
+    pub(crate) windows: &'a mut crate::mw::Windows,
 }
 
 impl<M: Memory> Env<'_, M> {

@@ -95,6 +95,7 @@ fn operation(op: SendOp, pkt: u32, npkts: u32) -> Operation {
         SendOp::Read { .. } => O::RdmaReadRequest,
         SendOp::CompareSwap { .. } => O::CompareSwap,
         SendOp::FetchAdd { .. } => O::FetchAdd,
+        SendOp::BindMw(_) | SendOp::LocalInv(_) => unreachable!("local work sends nothing"),
     }
 }
 
@@ -249,6 +250,9 @@ pub(crate) fn next_packet<M: Memory>(
         .filter(|w| w.wr.op.is_read_or_atomic() && !w.done)
         .count() as u32;
     let wqe = qp.sq.get(idx)?;
+    if wqe.wr.op.is_local() {
+        return local_op(qp, env, buf, scratch);
+    }
     if !wqe.started {
         if psn_diff(qp.req.next_psn, una) >= WINDOW as i32 {
             return None;
@@ -353,6 +357,44 @@ pub(crate) fn next_packet<M: Memory>(
         }
     }
     Some(tx)
+}
+
+/// Executes the bind or local invalidate at `send_idx` once every request before it has
+/// completed (so it takes effect, and completes, in send-queue order; IBA 10.6.7.2), then
+/// goes on with the next request. A refused one completes with `MW_BIND_ERR` (bind) or
+/// `LOC_QP_OP_ERR` (local invalidate) and the QP goes to error, as rxe does.
+fn local_op<M: Memory>(
+    qp: &mut Qp,
+    env: &mut Env<'_, M>,
+    buf: &mut [u8],
+    scratch: &mut Vec<u8>,
+) -> Option<Transmit> {
+    if qp.req.send_idx != 0 {
+        return None;
+    }
+    let op = qp.sq[0].wr.op;
+    let qpn = qp.cfg.qpn;
+    let res = match (qp.cfg.pd, op) {
+        (Some(pd), SendOp::BindMw(b)) => env.windows.bind(env.core, qpn, pd, &b),
+        (Some(pd), SendOp::LocalInv(rkey)) => env.windows.invalidate(qpn, pd, rkey, false),
+        _ => Err(crate::mw::Refused),
+    };
+    if res.is_err() {
+        let status = if matches!(op, SendOp::BindMw(_)) {
+            WcStatus::MwBindErr
+        } else {
+            WcStatus::LocQpOpErr
+        };
+        complete_error_at(qp, env, 0, status);
+        return None;
+    }
+    let w = qp.sq.pop_front().expect("the request at the head");
+    qp.req.send_pkt = 0;
+    if qp.signaled(&w.wr) {
+        let wc = WorkCompletion::new(w.wr.wr_id, WcStatus::Success, op.wc_opcode(), qpn);
+        env.complete(qp.cfg.send_cq, wc);
+    }
+    next_packet(qp, env, buf, scratch)
 }
 
 /// A timer of `qp` fired at `now`.

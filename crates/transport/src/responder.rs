@@ -11,6 +11,7 @@
 use std::net::Ipv6Addr;
 
 use softverbs_core::datapath::PdRef;
+use softverbs_core::mw::is_window_key;
 use softverbs_core::types::{Access, EventType, QpState, QpType};
 use softverbs_wire::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN, UDP_HEADER_LEN};
 use softverbs_wire::psn::{psn_add, psn_diff};
@@ -429,6 +430,24 @@ fn execute_send<M: Memory>(
         let Some(InMsg::Send { wqe, offset, .. }) = qp.resp.cur.take() else {
             unreachable!("in progress")
         };
+        if let Some(ieth) = pkt.headers.ieth.filter(|i| is_window_key(i.rkey)) {
+            // Send with Invalidate of a window: it must be a bound type 2 window of this QP
+            // (docs/memory-windows.md). If not, the receive completes with REM_INV_REQ_ERR,
+            // the peer gets an Invalid Request NAK and the QP goes to error (rxe's class
+            // J). A key that names no window invalidates nothing: softverbs has no
+            // fast-register MRs, the only MRs a Send with Invalidate may name.
+            if env
+                .windows
+                .invalidate(qp.cfg.qpn, pd, ieth.rkey, true)
+                .is_err()
+            {
+                env.complete(
+                    cq,
+                    recv_completion(qp.cfg.qpn, &wqe, WcStatus::RemInvReqErr, WcOpcode::Recv, 0),
+                );
+                return Err(Refusal::invalid_request());
+            }
+        }
         let mut wc = recv_completion(qp.cfg.qpn, &wqe, WcStatus::Success, WcOpcode::Recv, offset);
         if let Some(imm) = pkt.headers.imm_dt {
             wc.imm_data = imm.imm;
@@ -464,12 +483,13 @@ fn execute_write<M: Memory>(
             (t.pd.ctx, 0, false)
         } else {
             let m = env
-                .core
-                .check_mem(
+                .windows
+                .check_remote(
+                    env.core,
+                    qp.cfg.qpn,
                     t.pd,
                     reth.rkey,
-                    reth.va,
-                    u64::from(reth.dma_len),
+                    (reth.va, u64::from(reth.dma_len)),
                     Access::REMOTE_WRITE,
                 )
                 .map_err(|_| Refusal::access_error())?;
@@ -586,8 +606,15 @@ fn execute_atomic<M: Memory>(
         return Err(Refusal::invalid_request());
     }
     let m = env
-        .core
-        .check_mem(t.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+        .windows
+        .check_remote(
+            env.core,
+            qp.cfg.qpn,
+            t.pd,
+            a.rkey,
+            (a.va, 8),
+            Access::REMOTE_ATOMIC,
+        )
         .map_err(|_| Refusal::access_error())?;
     let aop = if pkt.info.operation == Operation::CompareSwap {
         AtomicOp::CompareSwap {
@@ -643,8 +670,15 @@ fn read_request<M: Memory>(
         return Err(Refusal::invalid_request());
     }
     if len > 0 {
-        env.core
-            .check_mem(pd, rkey, va, u64::from(len), Access::REMOTE_READ)
+        env.windows
+            .check_remote(
+                env.core,
+                qp.cfg.qpn,
+                pd,
+                rkey,
+                (va, u64::from(len)),
+                Access::REMOTE_READ,
+            )
             .map_err(|_| Refusal::access_error())?;
     }
     qp.resp.out.push_back(RespOut::Read {
@@ -797,6 +831,7 @@ pub(crate) fn next_packet<M: Memory>(
     let transport = transport_of(qp.cfg.qp_type);
     let mtu = qp.attr.path_mtu.bytes();
     let msn = qp.resp.msn;
+    let qpn = qp.cfg.qpn;
     let bth = |operation, psn| {
         Opcode::new(transport, operation)
             .ok()
@@ -841,8 +876,15 @@ pub(crate) fn next_packet<M: Memory>(
             scratch.resize(n as usize, 0);
             if n > 0 {
                 let read = env
-                    .core
-                    .check_mem(*pd, *rkey, *va, u64::from(n), Access::REMOTE_READ)
+                    .windows
+                    .check_remote(
+                        env.core,
+                        qpn,
+                        *pd,
+                        *rkey,
+                        (*va, u64::from(n)),
+                        Access::REMOTE_READ,
+                    )
                     .ok()
                     .and_then(|m| {
                         env.mem

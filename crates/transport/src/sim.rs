@@ -114,6 +114,24 @@ impl Host {
             .lkey
     }
 
+    /// A memory window of `mw_type` on `pd`, mirrored into the engine; returns its R_Key.
+    pub fn mw(&mut self, pd: PdRef, mw_type: softverbs_core::mw::MwType) -> (Handle, u32) {
+        let a = self.core.alloc_mw(pd.ctx, pd.pd, mw_type).expect("mw");
+        self.engine.add_window(&softverbs_core::mw::MwInfo {
+            pd,
+            mw_type,
+            rkey: a.rkey,
+        });
+        (a.handle, a.rkey)
+    }
+
+    /// Deallocates a window in the core and the engine.
+    pub fn dealloc_mw(&mut self, pd: PdRef, mw: Handle, rkey: u32) {
+        self.core.dealloc_mw(pd.ctx, mw).expect("dealloc_mw");
+        self.engine.remove_window(rkey);
+        self.pump();
+    }
+
     /// A CQ.
     pub fn cq(&mut self, ctx: CtxId) -> CqId {
         let (h, cqe) = self.core.create_cq(ctx, 4096, 0).expect("cq");
@@ -406,6 +424,9 @@ impl Host {
     /// Moves the engine's outputs into the host's records and mirrors QP failures into the
     /// core (raising their async events there).
     pub fn pump(&mut self) {
+        while let Some(n) = self.engine.poll_window_note() {
+            self.core.note_window_binding(n.ctx, n.mr, n.bound);
+        }
         while let Some(o) = self.engine.poll_output() {
             match o {
                 Output::Completion { cq, wc } => {
