@@ -484,6 +484,9 @@ impl Ord for InFlight {
     }
 }
 
+/// A test's rule for losing particular datagrams (see [`Network::lose`]).
+pub type LoseIf = Box<dyn FnMut(&[u8]) -> bool>;
+
 /// Hosts joined by a faulty wire.
 pub struct Network {
     /// The hosts.
@@ -494,6 +497,9 @@ pub struct Network {
     pub stats: NetStats,
     /// Every datagram as sent (before faults), with its time, when capturing.
     pub capture: Option<Vec<(Instant, Vec<u8>)>>,
+    /// Loses, besides the fault profile, each datagram (IP header through ICRC) for which it
+    /// returns true: for tests that need one particular packet lost.
+    pub lose: Option<LoseIf>,
     faults: FaultInjector,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
@@ -507,6 +513,7 @@ impl Network {
             now: Instant(0),
             stats: NetStats::default(),
             capture: None,
+            lose: None,
             faults: FaultInjector::new(faults, seed),
             queue: BinaryHeap::new(),
             seq: 0,
@@ -564,6 +571,10 @@ impl Network {
                 let Some(to) = self.hosts.iter().position(|h| h.gid == tx.dgid) else {
                     continue;
                 };
+                if self.lose.as_mut().is_some_and(|lose| lose(&dgram)) {
+                    self.stats.lost += 1;
+                    continue;
+                }
                 let src = self.hosts[i].gid;
                 self.transmit(src, to, dgram, tx.len);
             }
