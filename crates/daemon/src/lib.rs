@@ -14,6 +14,7 @@ pub mod datapath;
 pub mod dispatch;
 pub mod netdev;
 pub mod server;
+pub mod spin;
 mod sq_retire;
 
 pub use config::{Config, DeviceSpec};
