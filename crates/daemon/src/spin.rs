@@ -21,12 +21,15 @@ use std::time::{Duration, Instant};
 /// two daemons went from 380–600 to 540–750 MB/s (three runs each).
 pub const SPIN: Duration = Duration::from_micros(1000);
 
-/// A yield that returns later than this means another task ran a time slice meanwhile
-/// (EEVDF's base slice is 0.75–3 ms; a yield among yielders takes a few microseconds).
-pub const STARVED: Duration = Duration::from_micros(250);
+/// A yield that returns later than this waited for another task's whole time slice (EEVDF's
+/// base slice is 0.75 ms × (1 + log2 CPUs), 1.5 ms on 2 CPUs; a yield among yielders takes
+/// microseconds). 250 µs also caught ordinary load, and sleeping then cost the bench's 8 B
+/// one-way latency 2–3× (the wake-up); 1.5 ms kept it and still removed ib_write_lat's tail.
+pub const STARVED: Duration = Duration::from_micros(1500);
 
-/// How long the loop sleeps whenever idle after a starved yield, before trying to spin again.
-pub const BACK_OFF: Duration = Duration::from_millis(500);
+/// How long the loop sleeps whenever idle after a starved yield, before trying to spin again:
+/// one more starved yield per 100 ms is one late message in thousands at 10–20 µs each.
+pub const BACK_OFF: Duration = Duration::from_millis(100);
 
 /// The spin-or-sleep decision of the daemon's loop; time is passed in.
 #[derive(Debug, Clone, Copy)]
