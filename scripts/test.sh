@@ -8,9 +8,9 @@ cd "$(dirname "$0")/.."
 # tshark decodes captures; ibverbs-utils, perftest and python3-pyverbs (+ rdma-core for the
 # test suite it ships in /usr/share/doc/rdma-core/tests) are the unmodified programs the
 # drop-in libibverbs.so.1 must run; libibverbs-dev, gcc and binutils build the C examples and
-# check the layout and symbol table.
+# check the layout and symbol table; iproute2 and ethtool set up the GSO capture's namespace.
 packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
-  libibverbs-dev gcc binutils)
+  libibverbs-dev gcc binutils iproute2 ethtool)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
