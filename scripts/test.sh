@@ -9,11 +9,12 @@ cd "$(dirname "$0")/.."
 # test suite it ships in /usr/share/doc/rdma-core/tests) are the unmodified programs the
 # drop-in libibverbs.so.1 must run; libibverbs-dev, gcc and binutils build the C examples and
 # check the layout and symbol table; iproute2 (`ip`) builds the namespaces and bridges of the
-# multicast and cluster tests; ucx-utils, openmpi-bin, libopenmpi-dev, mpich, libfabric-bin and
-# python3-mpi4py are the cluster and MPI tests' (crates/e2e/tests/cluster.rs, ucx.rs).
+# multicast, cluster and GSO capture tests, and ethtool turns that capture's offload off;
+# ucx-utils, openmpi-bin, libopenmpi-dev, mpich, libfabric-bin and python3-mpi4py are the
+# cluster and MPI tests' (crates/e2e/tests/cluster.rs, ucx.rs).
 packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
-  libfabric-bin python3-mpi4py)
+  libfabric-bin python3-mpi4py ethtool)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

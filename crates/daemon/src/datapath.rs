@@ -660,6 +660,12 @@ impl DataPath {
                         }
                     }
                 }
+                // What the engine queued for the wire leaves in batches (GSO, sendmmsg).
+                if let Some(n) = &mut self.devs[d].net {
+                    if let Err(e) = n.flush() {
+                        tracing::warn!("send failed: {e}");
+                    }
+                }
             }
             for d in 0..self.devs.len() {
                 for _ in 0..256 {

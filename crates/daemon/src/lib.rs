@@ -16,6 +16,7 @@ pub mod link_mtu;
 pub mod netdev;
 mod odp;
 pub mod server;
+pub mod spin;
 mod sq_retire;
 
 pub use config::{Config, DeviceSpec};

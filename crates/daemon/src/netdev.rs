@@ -16,8 +16,21 @@
 //! The kernel builds the IP/UDP headers, so the ICRC must be computed over what it will
 //! emit. With an unconnected socket and `IP_PMTUDISC_DO`, Linux sends IPv4 with DF set and
 //! identification 0 (`ip_select_ident_segs`); TOS, TTL and the checksums are masked out of
-//! the ICRC. So both ends can rebuild the header exactly. The UDP source port is the bound
+//! the ICRC, the identification is not (docs/roce-wire.md). The UDP source port is the bound
 //! port (4791) for every QP: one socket cannot vary it, so there is no per-QP ECMP entropy.
+//!
+//! **Batching (docs/performance.md "UDP batching").** Packets to one peer queue up and leave
+//! in one `sendmsg` with `UDP_SEGMENT` (GSO): up to 64 segments of one size (the last may be
+//! shorter) and at most 64 KiB. The kernel gives segment *i* of such a send the IPv4
+//! identification *i* (base 0: DF on an unconnected socket; `inet_gso_segment` counts up),
+//! so each segment's ICRC is computed with identification *i* — what any receiver that sees
+//! the wire (tshark, a NIC, rxe) checks. Where GSO is refused the batch goes by `sendmmsg`,
+//! every datagram with identification 0. The receive side asks for `UDP_GRO` and splits what
+//! arrives by the segment size the kernel reports. A UDP socket never shows the
+//! identification, so the receiver checks the ICRC first with the segment's index in the
+//! coalesced datagram (what a GSO batch delivered whole has), then with every other
+//! identification a softverbs sender uses (0..64): a corrupted packet still fails all 64,
+//! which leaves 2^-26 of undetected corruption instead of 2^-32.
 
 use std::collections::HashMap;
 use std::io;
@@ -32,6 +45,50 @@ use softverbs_wire::icrc;
 use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCE_V2_UDP_PORT};
 use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
 
+/// Most segments one GSO send may carry (`UDP_MAX_SEGMENTS`, include/linux/udp.h): also the
+/// range of IPv4 identifications a softverbs sender gives its packets.
+pub const MAX_SEGMENTS: usize = 64;
+
+/// Most UDP payload bytes one GSO send may carry (an IPv4 datagram's 65,535 less its headers).
+const MAX_BATCH_BYTES: usize = 65_507;
+
+/// What the batching did, counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// `sendmsg` calls with `UDP_SEGMENT`.
+    pub gso_sends: u64,
+    /// Datagrams they carried.
+    pub gso_segments: u64,
+    /// `sendmmsg` calls (GSO refused, or unavailable).
+    pub mmsg_sends: u64,
+    /// Datagrams received coalesced by GRO, more than one per `recvmsg`.
+    pub gro_segments: u64,
+    /// `recvmsg` calls that returned more than one segment.
+    pub gro_recvs: u64,
+    /// Received packets whose ICRC matched only with another identification than their
+    /// index in what arrived (segmented before the receiver, or coalesced differently).
+    pub id_searches: u64,
+}
+
+/// Packets queued for one destination, back to back, ICRC slots not yet written.
+#[derive(Default)]
+struct TxBatch {
+    buf: Vec<u8>,
+    /// Each packet's length (all equal but the last).
+    lens: Vec<usize>,
+    to: Option<SocketAddr>,
+}
+
+/// A coalesced datagram being handed out segment by segment.
+struct RxBatch {
+    buf: Vec<u8>,
+    len: usize,
+    seg: usize,
+    off: usize,
+    index: u16,
+    from: SocketAddr,
+}
+
 /// The UDP side of one device.
 pub struct NetDev {
     sock: UdpSocket,
@@ -42,11 +99,17 @@ pub struct NetDev {
     capture: Option<(PcapWriter<std::io::BufWriter<std::fs::File>>, Instant)>,
     /// Counters (`sent`, `delivered`, `rejected` and the injector's).
     pub stats: NetStats,
+    /// What the batching did.
+    pub batch: BatchStats,
     hdr: [u8; 48],
     /// One socket per multicast group the device joined, by group address.
     groups: HashMap<IpAddr, UdpSocket>,
     /// Group sockets made since the event loop last asked ([`NetDev::take_new_fds`]).
     new_fds: Vec<RawFd>,
+    tx: TxBatch,
+    /// False once the kernel refused a GSO send: batches go by `sendmmsg` from then on.
+    gso: bool,
+    rx: RxBatch,
 }
 
 /// The index of the interface that holds IPv6 address `ip`, from `/proc/net/if_inet6`
@@ -174,7 +237,11 @@ impl NetDev {
             // Unicast is unaffected; multicast then leaves by the routing table's choice.
             tracing::warn!(addr = %ip, "multicast send options: {e}");
         }
+        // Coalesced receives; without them every datagram is one recvmsg, as before.
+        let _ =
+            nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::UdpGroSegment, &true);
         let port = sock.local_addr()?.port();
+        let gso = std::env::var_os("SOFTVERBS_GSO").is_none_or(|v| v != "0");
         Ok(NetDev {
             sock,
             local: ip,
@@ -183,7 +250,18 @@ impl NetDev {
             held: None,
             capture: None,
             stats: NetStats::default(),
+            batch: BatchStats::default(),
             hdr: [0; 48],
+            tx: TxBatch::default(),
+            gso,
+            rx: RxBatch {
+                buf: vec![0; 1 << 16],
+                len: 0,
+                seg: 0,
+                off: 0,
+                index: 0,
+                from: SocketAddr::new(ip, 0),
+            },
             groups: HashMap::new(),
             new_fds: Vec::new(),
         })
@@ -217,6 +295,12 @@ impl NetDev {
         std::mem::take(&mut self.new_fds)
     }
 
+    /// Sends batches by `sendmmsg` only, as when the kernel refuses GSO (`SOFTVERBS_GSO=0`
+    /// does the same for a daemon).
+    pub fn disable_gso(&mut self) {
+        self.gso = false;
+    }
+
     /// Injects `faults` into what this device sends, seeded.
     pub fn inject(&mut self, faults: Faults, seed: u64) {
         self.faults = Some(FaultInjector::new(faults, seed));
@@ -248,6 +332,7 @@ impl NetDev {
     }
 
     fn record(&mut self, ip: &IpRepr, udp: &UdpRepr, pkt: &[u8]) {
+        // (`ip` carries the identification the packet has on the wire.)
         let Some((w, t0)) = &mut self.capture else {
             return;
         };
@@ -261,25 +346,39 @@ impl NetDev {
         }
     }
 
-    /// Sends the engine's packet `pkt` (BTH through the ICRC slot) as described by `tx`,
-    /// computing its ICRC. Packets to an address of another family are dropped.
+    /// Sends the engine's packet `pkt` (BTH through the ICRC slot) as described by `tx`:
+    /// queued into the batch for its destination (call [`flush`](Self::flush) when the
+    /// engine has nothing more to send), or with fault injection on, at once with its ICRC.
+    /// Packets to an address of another family are dropped.
     pub fn send(&mut self, tx: &Transmit, pkt: &mut [u8]) -> io::Result<()> {
         let dst_ip = tx.dgid.to_ip();
         let Some(ip) = ip_repr(self.local, dst_ip) else {
             return Ok(());
         };
-        let udp = UdpRepr {
-            src_port: self.port,
-            dst_port: ROCE_V2_UDP_PORT,
-        };
+        // Every device of a deployment listens on the same port (4791 outside tests).
+        let to = SocketAddr::new(dst_ip, self.port);
+        if self.faults.is_none() {
+            let b = &self.tx;
+            let fits = b.to == Some(to)
+                && b.lens.len() < MAX_SEGMENTS
+                && b.buf.len() + pkt.len() <= MAX_BATCH_BYTES
+                // Segments of one size; a shorter one ends the batch.
+                && b.lens.first().is_some_and(|&l| pkt.len() <= l)
+                && b.lens.last() == b.lens.first();
+            if !fits {
+                self.flush()?;
+            }
+            self.tx.to = Some(to);
+            self.tx.buf.extend_from_slice(pkt);
+            self.tx.lens.push(pkt.len());
+            return Ok(());
+        }
+        let udp = self.udp_out();
         let hl = emit_ip_udp(&ip, &udp, pkt.len(), &mut self.hdr).map_err(io::Error::other)?;
         icrc::write(&self.hdr[..hl], pkt).map_err(io::Error::other)?;
         self.record(&ip, &udp, pkt);
-        // Every device of a deployment listens on the same port (4791 outside tests).
-        let to = SocketAddr::new(dst_ip, self.port);
         let Some(faults) = &mut self.faults else {
-            // The common case sends the engine's buffer as it is: no copy per packet.
-            return self.raw_send(pkt, to);
+            return Ok(());
         };
         // Decide every copy first (the injector's order: copies, then damage and hold per
         // copy), then send. One packet at most is held back; it goes after the next one.
@@ -299,6 +398,135 @@ impl NetDev {
             self.raw_send(&out, to)?;
             if let Some((late, to)) = self.held.take() {
                 self.raw_send(&late, to)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn udp_out(&self) -> UdpRepr {
+        UdpRepr {
+            src_port: self.port,
+            dst_port: ROCE_V2_UDP_PORT,
+        }
+    }
+
+    /// Writes the ICRC of every queued packet, packet `i` as if its IPv4 identification were
+    /// `first_id + i` (IPv6 has none), and records them in the capture.
+    fn seal(&mut self, to: SocketAddr, ids_count_up: bool) -> io::Result<()> {
+        let Some(mut ip) = ip_repr(self.local, to.ip()) else {
+            return Ok(());
+        };
+        let udp = self.udp_out();
+        let mut off = 0;
+        let lens = std::mem::take(&mut self.tx.lens);
+        let mut buf = std::mem::take(&mut self.tx.buf);
+        for (i, &len) in lens.iter().enumerate() {
+            if let IpRepr::V4(v4) = &mut ip {
+                v4.identification = if ids_count_up { i as u16 } else { 0 };
+            }
+            let pkt = &mut buf[off..off + len];
+            let hl = emit_ip_udp(&ip, &udp, len, &mut self.hdr).map_err(io::Error::other)?;
+            icrc::write(&self.hdr[..hl], pkt).map_err(io::Error::other)?;
+            if self.capture.is_some() {
+                let copy = pkt.to_vec();
+                self.record(&ip, &udp, &copy);
+            }
+            off += len;
+        }
+        self.tx.lens = lens;
+        self.tx.buf = buf;
+        Ok(())
+    }
+
+    /// Sends what is queued: one GSO send, or `sendmmsg` where GSO is refused.
+    pub fn flush(&mut self) -> io::Result<()> {
+        let Some(to) = self.tx.to else {
+            return Ok(());
+        };
+        let n = self.tx.lens.len();
+        let result = if n == 0 {
+            Ok(())
+        } else if n == 1 {
+            self.seal(to, false)?;
+            let bytes = std::mem::take(&mut self.tx.buf);
+            let r = self.raw_send(&bytes, to);
+            self.tx.buf = bytes;
+            r
+        } else if self.gso && self.gso_send(to)? {
+            Ok(())
+        } else {
+            self.mmsg_send(to)
+        };
+        self.tx.buf.clear();
+        self.tx.lens.clear();
+        self.tx.to = None;
+        result
+    }
+
+    /// One `sendmsg` with `UDP_SEGMENT`; false (nothing sent, ICRCs to be redone) if the
+    /// kernel refuses GSO on this socket or route.
+    fn gso_send(&mut self, to: SocketAddr) -> io::Result<bool> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
+        self.seal(to, true)?;
+        let seg = self.tx.lens[0] as u16;
+        let addr = SockaddrStorage::from(to);
+        let iov = [io::IoSlice::new(&self.tx.buf)];
+        let cmsg = [ControlMessage::UdpGsoSegments(&seg)];
+        match sendmsg(
+            self.sock.as_raw_fd(),
+            &iov,
+            &cmsg,
+            MsgFlags::empty(),
+            Some(&addr),
+        ) {
+            Ok(_) => {
+                self.stats.sent += self.tx.lens.len() as u64;
+                self.batch.gso_sends += 1;
+                self.batch.gso_segments += self.tx.lens.len() as u64;
+                Ok(true)
+            }
+            // A full buffer or an unreachable peer loses the batch, as a congested link would.
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::ECONNREFUSED) => Ok(true),
+            Err(e) => {
+                // EIO (no checksum offload on the route), EINVAL, ENOPROTOOPT, EOPNOTSUPP: GSO
+                // can fail even where it is supported (microsoft/msquic#1360); stop trying.
+                tracing::info!("UDP GSO refused ({e}); sending batches with sendmmsg");
+                self.gso = false;
+                Ok(false)
+            }
+        }
+    }
+
+    /// The queued packets by `sendmmsg`, each with identification 0.
+    fn mmsg_send(&mut self, to: SocketAddr) -> io::Result<()> {
+        use rustix::net::addr::SocketAddrArg;
+        use rustix::net::{sendmmsg, MMsgHdr, SendAncillaryBuffer, SendFlags};
+        self.seal(to, false)?;
+        let addr = to.as_any();
+        let mut slices = Vec::with_capacity(self.tx.lens.len());
+        let mut off = 0;
+        for &len in &self.tx.lens {
+            slices.push([io::IoSlice::new(&self.tx.buf[off..off + len])]);
+            off += len;
+        }
+        let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> = (0..slices.len())
+            .map(|_| SendAncillaryBuffer::default())
+            .collect();
+        let mut msgs: Vec<MMsgHdr<'_>> = slices
+            .iter()
+            .zip(controls.iter_mut())
+            .map(|(iov, c)| MMsgHdr::new_with_addr(&addr, iov, c))
+            .collect();
+        let mut done = 0;
+        while done < msgs.len() {
+            match sendmmsg(&self.sock, &mut msgs[done..], SendFlags::empty()) {
+                Ok(k) => {
+                    self.batch.mmsg_sends += 1;
+                    self.stats.sent += k as u64;
+                    done += k.max(1);
+                }
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::CONNREFUSED) => break,
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
@@ -330,7 +558,8 @@ impl NetDev {
     /// Receives one packet into `buf`: `Some((meta, len))` with `buf[..len]` the IB packet
     /// (BTH through ICRC) whose ICRC checked out, from the device's own socket or one of its
     /// group sockets (then `meta.dgid` is the group); `None` when nothing is waiting. Bad
-    /// datagrams are counted and skipped.
+    /// datagrams are counted and skipped. A datagram the kernel coalesced (GRO) is handed out
+    /// one segment per call.
     pub fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<(RxMeta, usize)>> {
         if let Some(r) = self.recv_from_socket(None, buf)? {
             return Ok(Some(r));
@@ -351,18 +580,38 @@ impl NetDev {
     ) -> io::Result<Option<(RxMeta, usize)>> {
         let dst = group.unwrap_or(self.local);
         loop {
-            let sock = match group {
-                Some(g) => match self.groups.get(&g) {
-                    Some(s) => s,
-                    None => return Ok(None),
-                },
-                None => &self.sock,
-            };
-            let (len, from) = match sock.recv_from(buf) {
-                Ok(r) => r,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
-                Err(e) => return Err(e),
+            let (len, from, index) = match group {
+                None => {
+                    if self.rx.off >= self.rx.len && !self.fill()? {
+                        return Ok(None);
+                    }
+                    let rx = &mut self.rx;
+                    let len = rx.seg.min(rx.len - rx.off);
+                    let (from, index) = (rx.from, rx.index);
+                    rx.index = rx.index.wrapping_add(1);
+                    if len > buf.len() {
+                        rx.off += len;
+                        self.stats.rejected += 1;
+                        continue;
+                    }
+                    buf[..len].copy_from_slice(&rx.buf[rx.off..rx.off + len]);
+                    rx.off += len;
+                    (len, from, index)
+                }
+                // Group sockets do not ask for GRO: one datagram per call. A GSO batch sent to
+                // a group arrives as separate datagrams, so no index is known (the ICRC check
+                // then tries every identification a sender uses).
+                Some(g) => {
+                    let Some(sock) = self.groups.get(&g) else {
+                        return Ok(None);
+                    };
+                    match sock.recv_from(buf) {
+                        Ok((len, from)) => (len, from, 0),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
             };
             let Some(ip) = ip_repr(from.ip(), dst) else {
                 self.stats.rejected += 1;
@@ -372,14 +621,10 @@ impl NetDev {
                 src_port: from.port(),
                 dst_port: self.port,
             };
-            let Ok(hl) = emit_ip_udp(&ip, &udp, len, &mut self.hdr) else {
+            let Some(ip) = self.check_icrc(ip, &udp, &buf[..len], index) else {
                 self.stats.rejected += 1;
                 continue;
             };
-            if icrc::verify(&self.hdr[..hl], &buf[..len]).is_err() {
-                self.stats.rejected += 1;
-                continue;
-            }
             self.stats.delivered += 1;
             if self.capture.is_some() {
                 let pkt = buf[..len].to_vec();
@@ -393,6 +638,95 @@ impl NetDev {
                 len,
             )));
         }
+    }
+
+    /// Reads the next datagram (maybe coalesced) into the receive batch; false if none.
+    fn fill(&mut self) -> io::Result<bool> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrStorage};
+        let mut cmsg = nix::cmsg_space!(i32);
+        loop {
+            let mut iov = [io::IoSliceMut::new(&mut self.rx.buf)];
+            let r = recvmsg::<SockaddrStorage>(
+                self.sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::empty(),
+            );
+            let msg = match r {
+                Ok(m) => m,
+                Err(nix::errno::Errno::EAGAIN) => return Ok(false),
+                Err(nix::errno::Errno::ECONNREFUSED) | Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let len = msg.bytes;
+            let mut seg = len;
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    if let ControlMessageOwned::UdpGroSegments(s) = c {
+                        seg = usize::try_from(s).unwrap_or(len).clamp(1, len.max(1));
+                    }
+                }
+            }
+            let from = msg.address.and_then(|a: SockaddrStorage| {
+                a.as_sockaddr_in()
+                    .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
+                    .or_else(|| {
+                        a.as_sockaddr_in6()
+                            .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
+                    })
+            });
+            let Some(from) = from else {
+                self.stats.rejected += 1;
+                continue;
+            };
+            if len == 0 {
+                self.stats.rejected += 1;
+                continue;
+            }
+            if seg < len {
+                self.batch.gro_recvs += 1;
+                self.batch.gro_segments += len.div_ceil(seg) as u64;
+            }
+            self.rx.len = len;
+            self.rx.seg = seg;
+            self.rx.off = 0;
+            self.rx.index = 0;
+            self.rx.from = from;
+            return Ok(true);
+        }
+    }
+
+    /// The IP header (its identification as found) under which `pkt`'s ICRC checks out:
+    /// identification `index` first (a GSO batch delivered whole), then every other one a
+    /// softverbs sender uses.
+    fn check_icrc(
+        &mut self,
+        mut ip: IpRepr,
+        udp: &UdpRepr,
+        pkt: &[u8],
+        index: u16,
+    ) -> Option<IpRepr> {
+        let first = if (index as usize) < MAX_SEGMENTS {
+            index
+        } else {
+            0
+        };
+        let ids = std::iter::once(first).chain((0..MAX_SEGMENTS as u16).filter(|&i| i != first));
+        for (n, id) in ids.enumerate() {
+            match &mut ip {
+                IpRepr::V4(v4) => v4.identification = id,
+                IpRepr::V6(_) if n > 0 => return None,
+                IpRepr::V6(_) => {}
+            }
+            let hl = emit_ip_udp(&ip, udp, pkt.len(), &mut self.hdr).ok()?;
+            if icrc::verify(&self.hdr[..hl], pkt).is_ok() {
+                if n > 0 {
+                    self.batch.id_searches += 1;
+                }
+                return Some(ip);
+            }
+        }
+        None
     }
 }
 

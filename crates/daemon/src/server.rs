@@ -21,6 +21,7 @@ use softverbs_ipc::IpcErrno as Errno;
 use crate::config::Config;
 use crate::conn::{Conn, Outgoing, MAX_QUEUED_REPLIES};
 use crate::dispatch::Dispatcher;
+use crate::spin::SpinPolicy;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -30,13 +31,6 @@ const DOORBELL: Token = Token(3);
 /// Device UDP sockets are tokens `NET_BASE + device index`.
 const NET_BASE: usize = 8;
 const FIRST_CONN: usize = 16;
-
-/// How long the loop keeps polling (yielding) without sleeping after it last had work. A
-/// wake-up from epoll costs ~23 µs on this VM kind (shm `doorbell_wake_latency` bench); with
-/// two daemons over UDP, 100 µs let both fall asleep between the bursts of a stream (a
-/// third of the CPU time idle under `perf`), 1 ms keeps them awake: 4 KiB WRITE bandwidth
-/// between two daemons went from 380–600 to 540–750 MB/s (three runs each).
-const SPIN: std::time::Duration = std::time::Duration::from_micros(1000);
 
 /// Stops a running [`Server`] from another thread.
 #[derive(Clone)]
@@ -180,18 +174,20 @@ impl Server {
     pub fn run(&mut self) -> io::Result<()> {
         tracing::info!(socket = %self.config.socket.display(), abi = self.config.abi_version, "daemon serving");
         let mut events = Events::with_capacity(256);
-        let mut busy_until = std::time::Instant::now();
+        let mut spin = SpinPolicy::new(std::time::Instant::now());
         while !self.stop.flag.load(std::sync::atomic::Ordering::SeqCst) {
             // Adaptive polling: right after work, poll without sleeping for a short window,
             // so a client's next request finds the daemon awake (a cross-CPU wake-up costs
             // tens of microseconds on small VMs); then block. The yield keeps the spin from
             // starving clients on a machine with few CPUs.
-            let mut spinning = std::time::Instant::now() < busy_until;
+            // When yielding stops being cheap, sleep instead (crates/daemon/src/spin.rs).
+            let idle_spin = spin.spinning(std::time::Instant::now());
+            let mut spinning = idle_spin;
             // Before sleeping, ask the shared-memory queues' producers to ring the doorbell;
             // if something was posted meanwhile, keep going instead.
             if !spinning && !self.dispatcher.dp.prepare_sleep() {
                 spinning = true;
-                busy_until = std::time::Instant::now() + SPIN;
+                spin.worked(std::time::Instant::now());
             }
             // Never sleep past an engine timer (ACK timeout, RNR wait).
             let engine = self.dispatcher.dp.next_timeout();
@@ -200,8 +196,10 @@ impl Server {
             } else {
                 engine
             };
-            if spinning {
+            if idle_spin {
+                let start = std::time::Instant::now();
                 std::thread::yield_now();
+                spin.yielded(start, std::time::Instant::now());
             }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -213,7 +211,7 @@ impl Server {
                 self.dispatcher.dp.finish_sleep();
             }
             if !events.is_empty() {
-                busy_until = std::time::Instant::now() + SPIN;
+                spin.worked(std::time::Instant::now());
             }
             for ev in events.iter() {
                 match ev.token() {
@@ -258,7 +256,7 @@ impl Server {
             // Packets in and out, timers, completions; every wake-up also moves the data path.
             let woken = self.dispatcher.drive();
             if !woken.is_empty() || self.dispatcher.dp.moved_packets {
-                busy_until = std::time::Instant::now() + SPIN;
+                spin.worked(std::time::Instant::now());
                 self.wake(&woken);
             }
         }

@@ -21,7 +21,7 @@ use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 /// PSN of the oldest outstanding request, or for a READ whose first responses arrived, its
 /// first missing response). With nothing outstanding it is
 /// [`sent_psn`](crate::qp::ReqState::sent_psn), and the window is empty.
-fn oldest_unacked(qp: &Qp) -> u32 {
+pub(crate) fn oldest_unacked(qp: &Qp) -> u32 {
     let sent = qp.req.sent_psn;
     let front = match qp.sq.front() {
         Some(w) if w.started && !w.done => {

@@ -13,7 +13,7 @@ use softverbs_wire::{
     RethRepr, Transport, XrcethRepr,
 };
 
-use crate::completer::complete_error_at;
+use crate::completer::{complete_error_at, oldest_unacked};
 use crate::memory::Memory;
 use crate::qp::{fail_qp, go_back, transport_of, Env, Output, Qp, Transmit, WINDOW};
 use crate::time::{ack_timeout, Instant};
@@ -407,10 +407,10 @@ pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
     if t > now {
         return;
     }
-    let Some(front) = qp.sq.front().filter(|w| w.started) else {
+    if !qp.sq.front().is_some_and(|w| w.started) {
         qp.req.timer = None;
         return;
-    };
+    }
     if qp.req.retry_left == 0 {
         // IBA 9.7.6.1.3 / 10.7.3.1: retries exhausted; the request completes with
         // RETRY_EXC_ERR and the QP goes to ERR (no async event: the CQE reports it).
@@ -428,14 +428,12 @@ pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
         return;
     }
     qp.req.retry_left -= 1;
-    let psn = psn_add(
-        front.first_psn,
-        if matches!(front.wr.op, SendOp::Read { .. }) {
-            front.resp_pkts
-        } else {
-            0
-        },
-    );
+    // Go-back-N resumes at the first PSN not acknowledged (IBA 9.7.4.1.4, 9.7.5.1.3), inside
+    // the oldest message if the responder acknowledged part of it (a READ: its first missing
+    // response). The responder continues a message it is receiving from any in-order PSN, so
+    // a WRITE's middle packets need no RETH; restarting at the message's first PSN instead
+    // resends what arrived, and a long message on a lossy path can run out of retries.
+    let psn = oldest_unacked(qp);
     go_back(qp, psn);
     qp.req.timer = ack_timeout(qp.attr.timeout).map(|d| now.after(d));
 }

@@ -540,6 +540,9 @@ impl Ord for InFlight {
     }
 }
 
+/// A test's rule for losing particular datagrams (see [`Network::lose`]).
+pub type LoseIf = Box<dyn FnMut(&[u8]) -> bool>;
+
 /// Hosts joined by a faulty wire.
 pub struct Network {
     /// The hosts.
@@ -553,6 +556,9 @@ pub struct Network {
     /// Every datagram the wire delivered (after faults, ICRC good): receiving host and IB
     /// bytes, when `Some` — what a receiver may be checked against.
     pub deliveries: Option<Vec<(usize, Vec<u8>)>>,
+    /// Loses, besides the fault profile, each datagram (IP header through ICRC) for which it
+    /// returns true: for tests that need one particular packet lost.
+    pub lose: Option<LoseIf>,
     faults: FaultInjector,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
@@ -567,6 +573,7 @@ impl Network {
             stats: NetStats::default(),
             capture: None,
             deliveries: None,
+            lose: None,
             faults: FaultInjector::new(faults, seed),
             queue: BinaryHeap::new(),
             seq: 0,
@@ -660,6 +667,10 @@ impl Network {
                 let Some(to) = self.hosts.iter().position(|h| h.gid == tx.dgid) else {
                     continue;
                 };
+                if self.lose.as_mut().is_some_and(|lose| lose(&dgram)) {
+                    self.stats.lost += 1;
+                    continue;
+                }
                 self.transmit(src, tx.dgid, to, dgram, tx.len);
             }
         }

@@ -163,23 +163,76 @@ fn faults(loss: f64, duplicate: f64, reorder: f64, corrupt: f64) -> Faults {
     }
 }
 
-fn check_reliable(o: &Outcome) -> Result<(), TestCaseError> {
+/// How a reliable run ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// Every message delivered and completed.
+    Complete,
+    /// The retry budget ran out on message `k` (RETRY_EXC_ERR).
+    RetriesExhausted { k: usize },
+}
+
+/// Checks what RC and XRC promise on a faulty wire: every message completes at the sender
+/// once, in order, and arrives once, in order, byte-identical, unless a request's retry budget
+/// runs out (IBA 9.7.6.1.3: `retry_cnt` + 1 transmissions without progress end in
+/// RETRY_EXC_ERR). Then the messages before it completed successfully, it reports
+/// RETRY_EXC_ERR, the rest are flushed, and the receiver still holds a gap-free, duplicate-free
+/// prefix of at least the completed ones. The callers bound when exhaustion may happen at all.
+fn check_reliable(o: &Outcome) -> Result<Ended, TestCaseError> {
     let n = o.sent.len();
+    let k = o
+        .sender
+        .iter()
+        .position(|s| s.1 == WcStatus::RetryExcErr)
+        .unwrap_or(n);
     let want: Vec<_> = (0..n as u64)
-        .map(|i| (i, WcStatus::Success, WcOpcode::Send))
+        .map(|i| {
+            let st = match (i as usize).cmp(&k) {
+                std::cmp::Ordering::Less => WcStatus::Success,
+                std::cmp::Ordering::Equal => WcStatus::RetryExcErr,
+                std::cmp::Ordering::Greater => WcStatus::WrFlushErr,
+            };
+            (i, st, WcOpcode::Send)
+        })
         .collect();
     prop_assert_eq!(
         &o.sender,
         &want,
-        "every send completes once, in order, successfully"
+        "every send completes once, in order, successfully (or the retries ran out)"
     );
-    prop_assert_eq!(o.received.len(), n, "every message is received once");
+    if k == n {
+        prop_assert_eq!(o.received.len(), n, "every message is received once");
+    } else {
+        prop_assert!(
+            o.received.len() >= k && o.received.len() <= n,
+            "what completed was received, once ({} of {k})",
+            o.received.len()
+        );
+    }
     for (i, (wr_id, data, status)) in o.received.iter().enumerate() {
         prop_assert_eq!(*wr_id, i as u64, "in order");
         prop_assert_eq!(*status, WcStatus::Success);
         prop_assert!(data == &o.sent[i], "message {} is byte-identical", i);
     }
     prop_assert_eq!(o.corrupt_accepted, 0, "the ICRC catches every corruption");
+    Ok(if k == n {
+        Ended::Complete
+    } else {
+        Ended::RetriesExhausted { k }
+    })
+}
+
+/// Below this loss rate a run must complete: running out of retries takes one PSN (or every
+/// ACK covering it) lost on 8 transmissions in a row, about 0.2^8 ≈ 3·10^-6 per PSN here, so
+/// an exhausted budget at low loss is a transport bug, not bad luck.
+const EXHAUSTION_POSSIBLE_FROM: f64 = 0.2;
+
+fn check_reliable_at(o: &Outcome, loss: f64) -> Result<(), TestCaseError> {
+    let ended = check_reliable(o)?;
+    prop_assert!(
+        ended == Ended::Complete || loss >= EXHAUSTION_POSSIBLE_FROM,
+        "retries ran out at {loss:.3} loss: {ended:?}"
+    );
     Ok(())
 }
 
@@ -226,14 +279,14 @@ proptest! {
     fn rc_delivers_exactly_once_in_order_under_faults(
         seed in any::<u64>(), loss in 0.0..=0.3f64, dup in 0.0..=0.2f64, reorder in 0.0..=0.3f64, corrupt in 0.0..=0.05f64
     ) {
-        check_reliable(&run(Kind::Rc, seed, faults(loss, dup, reorder, corrupt), 40))?;
+        check_reliable_at(&run(Kind::Rc, seed, faults(loss, dup, reorder, corrupt), 40), loss)?;
     }
 
     #[test]
     fn xrc_delivers_exactly_once_in_order_under_faults(
         seed in any::<u64>(), loss in 0.0..=0.3f64, dup in 0.0..=0.2f64, reorder in 0.0..=0.3f64, corrupt in 0.0..=0.05f64
     ) {
-        check_reliable(&run(Kind::Xrc, seed, faults(loss, dup, reorder, corrupt), 40))?;
+        check_reliable_at(&run(Kind::Xrc, seed, faults(loss, dup, reorder, corrupt), 40), loss)?;
     }
 
     #[test]
@@ -253,12 +306,20 @@ proptest! {
     }
 }
 
+/// At 30% loss each way a PSN is lost on all 8 transmissions IBA allows (retry_cnt 7) with
+/// probability 0.3^8 ≈ 7·10^-5, and a run of 60 messages has ~150 PSNs and their ACKs: about
+/// 3% of runs end in RETRY_EXC_ERR whichever PSN a retry resumes at (measured over 2,000 seeded
+/// runs: 58 with retries from the message's first PSN, 52 from the oldest unacknowledged).
+/// So the property is per run the one of `check_reliable`, and most runs must complete.
 #[test]
 fn thirty_percent_loss_each_way_is_survived_by_rc_and_xrc() {
+    let mut complete = 0;
     for seed in 0..8 {
         for kind in [Kind::Rc, Kind::Xrc] {
             let o = run(kind, seed, faults(0.3, 0.0, 0.0, 0.0), 60);
-            check_reliable(&o).unwrap_or_else(|e| panic!("{kind:?} seed {seed}: {e}"));
+            let ended = check_reliable(&o).unwrap_or_else(|e| panic!("{kind:?} seed {seed}: {e}"));
+            complete += usize::from(ended == Ended::Complete);
         }
     }
+    assert!(complete >= 12, "only {complete} of 16 runs completed");
 }
