@@ -16,7 +16,8 @@
 //!   PD is the responder QP's, a type 2 window is bound to that QP, it grants the access and
 //!   holds the range; anything else is a remote access error (NAK, IBA 9.7.5.2.4).
 //! - invalidation (local, or remote with Send with Invalidate): only a bound type 2 window
-//!   of the QP's PD (o10-37.2.26); a remote one must arrive on the QP it is bound to.
+//!   of the QP's PD (o10-37.2.26); a remote one must arrive on the QP it is bound to. An MR's
+//!   key is refused too: only fast-register MRs may be invalidated, and softverbs has none.
 //! - destroying a QP invalidates the type 2 windows bound to it; deallocating a window
 //!   invalidates it.
 
@@ -189,6 +190,10 @@ impl Windows {
         rkey: u32,
         remote: bool,
     ) -> Result<(), Refused> {
+        if !is_window_key(rkey) {
+            // An MR's key: only fast-register MRs are invalidatable, and there are none.
+            return Err(Refused);
+        }
         let w = self.by_index.get_mut(&(rkey >> 8)).ok_or(Refused)?;
         let Some(b) = w.binding else {
             return Err(Refused);

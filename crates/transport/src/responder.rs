@@ -11,7 +11,6 @@
 use std::net::Ipv6Addr;
 
 use softverbs_core::datapath::PdRef;
-use softverbs_core::mw::is_window_key;
 use softverbs_core::types::{Access, EventType, QpState, QpType};
 use softverbs_wire::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN, UDP_HEADER_LEN};
 use softverbs_wire::psn::{psn_add, psn_diff};
@@ -430,12 +429,13 @@ fn execute_send<M: Memory>(
         let Some(InMsg::Send { wqe, offset, .. }) = qp.resp.cur.take() else {
             unreachable!("in progress")
         };
-        if let Some(ieth) = pkt.headers.ieth.filter(|i| is_window_key(i.rkey)) {
-            // Send with Invalidate of a window: it must be a bound type 2 window of this QP
-            // (docs/memory-windows.md). If not, the receive completes with REM_INV_REQ_ERR,
-            // the peer gets an Invalid Request NAK and the QP goes to error (rxe's class
-            // J). A key that names no window invalidates nothing: softverbs has no
-            // fast-register MRs, the only MRs a Send with Invalidate may name.
+        if let Some(ieth) = pkt.headers.ieth {
+            // Send with Invalidate: the key must name a bound type 2 window of this QP
+            // (IBA 10.6.7.2.5, o10-37.2.26; docs/memory-windows.md). Anything else — a type
+            // 1 or unbound window, another QP's window, an MR's key (softverbs has no
+            // fast-register MRs, the only invalidatable MRs) or an unknown key — completes
+            // the receive with REM_INV_REQ_ERR, NAKs Invalid Request and puts the QP in
+            // error (class J; rxe's `invalidate_rkey` failing).
             if env
                 .windows
                 .invalidate(qp.cfg.qpn, pd, ieth.rkey, true)

@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use softverbs_core::mw::MwType;
 use softverbs_core::types::{Access, Mtu, QpType};
 use softverbs_testkit::{frame_numbers, tshark, tshark_available};
 use softverbs_transport::sim::{ConnParams, Faults, Host, Network};
-use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, Sge, UdDest};
+use softverbs_transport::wr::{BindMw, Payload, RecvWr, SendOp, SendWr, Sge, UdDest};
 use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
 
 const ALL: Access = Access(0x0f);
@@ -20,7 +21,7 @@ fn traffic() -> (Vec<(u64, Vec<u8>)>, u32) {
     let cb = b.context(2, 1 << 20);
     let (pa, pb) = (a.pd(ca), b.pd(cb));
     let ka = a.mr(pa, 0, 1 << 20, ALL);
-    let kb = b.mr(pb, 0, 1 << 20, ALL);
+    let kb = b.mr(pb, 0, 1 << 20, ALL | Access::MW_BIND);
     let (cqa, cqb) = (a.cq(ca), b.cq(cb));
     let (ga, gb) = (a.gid, b.gid);
     let p = ConnParams::default();
@@ -49,6 +50,24 @@ fn traffic() -> (Vec<(u64, Vec<u8>)>, u32) {
     for i in 0..3 {
         b.engine.post_recv(qb, recv(i)).unwrap();
     }
+    // The Send with Invalidate names a type 2 window bound to qb (anything else is an
+    // invalid request); the bind runs on B's send queue before any packet arrives.
+    let (_, k0) = b.mw(pb, MwType::Two);
+    let window = BindMw {
+        mw_rkey: k0,
+        new_rkey: k0 | 0x77,
+        mr_lkey: kb,
+        addr: 0x60000,
+        length: 4096,
+        access: Access::REMOTE_WRITE,
+    };
+    b.engine
+        .post_send(
+            qb,
+            SendWr::new(90, SendOp::BindMw(window), Payload::Sges(vec![])),
+        )
+        .unwrap();
+    b.pump();
     a.engine
         .post_send(qa, SendWr::new(1, SendOp::Send, sges(0, 3000)))
         .unwrap();
@@ -56,7 +75,10 @@ fn traffic() -> (Vec<(u64, Vec<u8>)>, u32) {
         .post_send(qa, SendWr::new(2, SendOp::SendWithImm(0x1234), sges(0, 10)))
         .unwrap();
     a.engine
-        .post_send(qa, SendWr::new(3, SendOp::SendWithInv(0x77), sges(0, 0)))
+        .post_send(
+            qa,
+            SendWr::new(3, SendOp::SendWithInv(k0 | 0x77), sges(0, 0)),
+        )
         .unwrap();
     a.engine
         .post_send(

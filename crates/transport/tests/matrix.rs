@@ -6,12 +6,14 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use softverbs_core::datapath::PdRef;
 use softverbs_core::ids::CtxId;
-use softverbs_core::types::{Access, Mtu, QpType};
+use softverbs_core::mw::MwType;
+use softverbs_core::types::{Access, EventType, Mtu, QpType};
 use softverbs_transport::sim::{ConnParams, Faults, Host, Network};
 use softverbs_transport::wr::{
-    Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion, WC_GRH,
-    WC_WITH_IMM, WC_WITH_INV,
+    BindMw, Payload, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
+    WC_GRH, WC_WITH_IMM, WC_WITH_INV,
 };
 use softverbs_transport::{CqId, PostError, SrqKey};
 
@@ -36,7 +38,6 @@ const RDMA: u64 = 0x4_0000;
 const ATOM: u64 = 0x7_0000;
 const QKEY: u32 = 0x1111_1111;
 const IMM: u32 = 0xDEAD_BEEF;
-const INV_RKEY: u32 = 0x00AB_CDEF;
 const V0: u64 = 0x1122_3344_5566_7788;
 const V1: u64 = 0x0102_0304_0506_0708;
 const ADD: u64 = 0x1_0000_0001;
@@ -86,6 +87,13 @@ fn valid(t: Tr, op: Op) -> bool {
     }
 }
 
+/// An XRC receive QP has no send queue, so no type 2 window is ever bound to it and a Send
+/// with Invalidate to it has nothing it may invalidate: it fails
+/// (`xrc_send_with_invalidate_is_an_invalid_request`).
+fn no_window_to_name(t: Tr, op: Op) -> bool {
+    t == Tr::Xrc && op == Op::SendInv
+}
+
 fn consumes_recv(op: Op) -> bool {
     matches!(
         op,
@@ -102,6 +110,8 @@ struct Bed {
     cb: CtxId,
     ka: u32,
     kb: u32,
+    /// B's PD (the receiving QP's, for XRC the SRQ's).
+    pb: PdRef,
     cqa: CqId,
     /// Where B's receive completions go (XRC: the SRQ's CQ).
     cqb: CqId,
@@ -135,7 +145,8 @@ impl Bed {
         let _decoy_key = b.mr(decoy_pd, 0, SPACE as u64, ALL);
         let decoy_cq = b.cq(cb);
         let pb = b.pd(cb);
-        let kb = b.mr(pb, 0, SPACE as u64, ALL);
+        // MW_BIND: a Send with Invalidate needs a type 2 window bound over it.
+        let kb = b.mr(pb, 0, SPACE as u64, ALL | Access::MW_BIND);
         let cqb = b.cq(cb);
         let (qa, qb, srq) = match t {
             Tr::Xrc => {
@@ -173,6 +184,7 @@ impl Bed {
             cb,
             ka,
             kb,
+            pb,
             cqa,
             cqb,
             decoy_cq,
@@ -197,6 +209,41 @@ impl Bed {
             None => self.b().engine.post_recv(qb, wr),
         };
         r.expect("post_recv");
+    }
+
+    /// A type 2 window of B's PD bound to B's QP over `[RDMA, RDMA + 4096)`: what a Send with
+    /// Invalidate must name (IBA 10.6.7.2.5; docs/memory-windows.md). Returns its R_Key once
+    /// the bind has completed (its completion taken off B's CQ).
+    fn bound_window(&mut self) -> u32 {
+        let (pb, qb, kb, cqb) = (self.pb, self.qb, self.kb, self.cqb);
+        let (_, k0) = self.b().mw(pb, MwType::Two);
+        let new_rkey = (k0 & !0xff) | 0x5a;
+        let bind = BindMw {
+            mw_rkey: k0,
+            new_rkey,
+            mr_lkey: kb,
+            addr: RDMA,
+            length: 4096,
+            access: Access::REMOTE_READ | Access::REMOTE_WRITE,
+        };
+        self.b()
+            .engine
+            .post_send(
+                qb,
+                SendWr::new(7, SendOp::BindMw(bind), Payload::Sges(vec![])),
+            )
+            .expect("post bind");
+        let ok = self.net.run_until(Duration::from_secs(1), |n| {
+            !n.hosts[1].completions.is_empty()
+        });
+        assert!(ok, "the bind did not complete");
+        let w = self.b().take_completions(cqb);
+        assert_eq!(
+            w.iter().map(|w| (w.status, w.opcode)).collect::<Vec<_>>(),
+            vec![(WcStatus::Success, WcOpcode::BindMw)],
+            "the bind's completion"
+        );
+        new_rkey
     }
 
     /// A signaled send WR with the UD / XRC addressing this bed needs.
@@ -353,6 +400,11 @@ fn run_case(t: Tr, op: Op, len: u32, mtu: Mtu) {
         wr_id: RECV_WR_ID,
         sges: sges(&recv_sges(), kb),
     });
+    let inv_rkey = if op == Op::SendInv {
+        bed.bound_window()
+    } else {
+        0
+    };
     let (sop, payload) = match op {
         Op::Send => (SendOp::Send, Payload::Sges(sges(&src_sges(len), ka))),
         Op::SendImm => (
@@ -360,7 +412,7 @@ fn run_case(t: Tr, op: Op, len: u32, mtu: Mtu) {
             Payload::Sges(sges(&src_sges(len), ka)),
         ),
         Op::SendInv => (
-            SendOp::SendWithInv(INV_RKEY),
+            SendOp::SendWithInv(inv_rkey),
             Payload::Sges(sges(&src_sges(len), ka)),
         ),
         Op::InlineSend => {
@@ -421,7 +473,7 @@ fn run_case(t: Tr, op: Op, len: u32, mtu: Mtu) {
         let before = bed.a().mem.space(ca).to_vec();
         let mut expect_b = bed.b().mem.space(cb).to_vec();
         bed.run(&ctx, 1, 1);
-        check_send(&ctx, &mut bed, op, &src, &mut expect_b);
+        check_send(&ctx, &mut bed, (op, 0), &src, &mut expect_b);
         assert_space(&format!("{ctx}: A memory"), bed.a().mem.space(ca), &before);
         return;
     }
@@ -462,7 +514,7 @@ fn run_case(t: Tr, op: Op, len: u32, mtu: Mtu) {
 
     match op {
         Op::Send | Op::SendImm | Op::SendInv => {
-            check_send(&ctx, &mut bed, op, &src, &mut expect_b);
+            check_send(&ctx, &mut bed, (op, inv_rkey), &src, &mut expect_b);
         }
         Op::Write | Op::WriteImm => {
             expect_b[RDMA as usize..RDMA as usize + len as usize].copy_from_slice(&src);
@@ -571,8 +623,15 @@ fn recv_side(ctx: &str, bed: &mut Bed) -> Vec<WorkCompletion> {
     bed.b().take_completions(cqb)
 }
 
-/// Checks a SEND's arrival: the receiver completion, and the bytes (UD: after the GRH).
-fn check_send(ctx: &str, bed: &mut Bed, op: Op, src: &[u8], expect_b: &mut [u8]) {
+/// Checks a SEND's arrival: the receiver completion, and the bytes (UD: after the GRH);
+/// `inv_rkey` is the key a Send with Invalidate named.
+fn check_send(
+    ctx: &str,
+    bed: &mut Bed,
+    (op, inv_rkey): (Op, u32),
+    src: &[u8],
+    expect_b: &mut [u8],
+) {
     let len = src.len() as u32;
     let rwcs = recv_side(ctx, bed);
     assert_eq!(rwcs.len(), 1, "{ctx}: receiver completions {rwcs:?}");
@@ -592,7 +651,7 @@ fn check_send(ctx: &str, bed: &mut Bed, op: Op, src: &[u8], expect_b: &mut [u8])
     );
     let (imm, flags) = match op {
         Op::SendImm => (IMM, WC_WITH_IMM),
-        Op::SendInv => (INV_RKEY, WC_WITH_INV),
+        Op::SendInv => (inv_rkey, WC_WITH_INV),
         _ => (0, 0),
     };
     let flags = if ud { flags | WC_GRH } else { flags };
@@ -628,7 +687,7 @@ fn run_matrix(t: Tr, mtus: &[Mtu]) {
     let mut cases = 0;
     for &mtu in mtus {
         for op in OPS {
-            if !valid(t, op) {
+            if !valid(t, op) || no_window_to_name(t, op) {
                 continue;
             }
             for len in sizes(t, op, mtu.bytes()) {
@@ -760,7 +819,16 @@ fn mixed_stream_completes_in_order() {
     for t in TRANSPORTS {
         let mut bed = Bed::new(t, Mtu::M1024, "10.0.0.1", "10.0.0.2");
         let (ka, kb, qa) = (bed.ka, bed.kb, bed.qa);
-        let ops: Vec<Op> = OPS.into_iter().filter(|&op| valid(t, op)).collect();
+        let ops: Vec<Op> = OPS
+            .into_iter()
+            .filter(|&op| valid(t, op) && !no_window_to_name(t, op))
+            .collect();
+        // One bound window per Send with Invalidate (each invalidates its own).
+        let windows: Vec<u32> = if ops.contains(&Op::SendInv) {
+            (0..5).map(|_| bed.bound_window()).collect()
+        } else {
+            Vec::new()
+        };
         let mut want = Vec::new();
         let mut recvs = 0;
         for round in 0..5u64 {
@@ -772,7 +840,7 @@ fn mixed_stream_completes_in_order() {
                 let (sop, payload) = match op {
                     Op::Send => (SendOp::Send, sg),
                     Op::SendImm => (SendOp::SendWithImm(id as u32), sg),
-                    Op::SendInv => (SendOp::SendWithInv(id as u32), sg),
+                    Op::SendInv => (SendOp::SendWithInv(windows[round as usize]), sg),
                     Op::InlineSend => (SendOp::Send, Payload::Inline(vec![id as u8; 100])),
                     Op::Write => (
                         SendOp::Write {
@@ -841,6 +909,41 @@ fn mixed_stream_completes_in_order() {
         assert!(r.iter().all(|w| w.status == WcStatus::Success), "{t:?}");
         assert_healthy(&format!("{t:?}"), &bed);
     }
+}
+
+/// A Send with Invalidate arriving on an XRC receive QP names no window bound to it (the QP
+/// has no send queue to bind one): IBA 10.6.7.2.5 / o10-37.2.26 make it an invalid request,
+/// as on RC — `REM_INV_REQ_ERR` at the sender (Invalid Request NAK) and on the SRQ receive,
+/// the XRC receive QP in error with `IBV_EVENT_QP_REQ_ERR`. The key here is B's MR.
+#[test]
+fn xrc_send_with_invalidate_is_an_invalid_request() {
+    let mut bed = Bed::new(Tr::Xrc, Mtu::M1024, "10.0.0.1", "10.0.0.2");
+    let (ka, kb, qa, qb) = (bed.ka, bed.kb, bed.qa, bed.qb);
+    bed.post_recv(RecvWr {
+        wr_id: RECV_WR_ID,
+        sges: sges(&recv_sges(), kb),
+    });
+    let wr = bed.wr(
+        SEND_WR_ID,
+        SendOp::SendWithInv(kb),
+        Payload::Sges(sges(&src_sges(100), ka)),
+    );
+    bed.a().engine.post_send(qa, wr).unwrap();
+    bed.run("XRC SendWithInv", 1, 1);
+    let cqa = bed.cqa;
+    let a: Vec<_> = bed
+        .a()
+        .take_completions(cqa)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(a, vec![(SEND_WR_ID, WcStatus::RemInvReqErr)]);
+    let r: Vec<_> = recv_side("XRC SendWithInv", &mut bed)
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(r, vec![(RECV_WR_ID, WcStatus::RemInvReqErr)]);
+    assert_eq!(bed.b().failures, vec![(qb, Some(EventType::QpReqErr))]);
 }
 
 /// UD over IPv6 GIDs: the GRH is the IPv6 header.

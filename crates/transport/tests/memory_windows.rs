@@ -635,3 +635,84 @@ fn local_invalidate_of_a_type1_window_fails() {
     let (cb, mr) = (p.cb, p.mr_handle);
     assert_eq!(p.b().core.bound_windows(cb, mr), 1);
 }
+
+/// A Send with Invalidate that names no memory window fails at both ends as the type 1 case:
+/// `REM_INV_REQ_ERR` on the receive and (Invalid Request NAK) at the sender, B's QP in error
+/// with `IBV_EVENT_QP_REQ_ERR`, nothing invalidated.
+fn assert_invalidate_refused(p: &mut Pair, what: &str) {
+    assert_eq!(
+        st(&p.a_wcs()),
+        vec![(2, WcStatus::RemInvReqErr)],
+        "{what}: the sender's completion"
+    );
+    assert_eq!(
+        st(&p.b_wcs()),
+        vec![(10, WcStatus::RemInvReqErr)],
+        "{what}: the receive"
+    );
+    let qb = p.qb;
+    assert_eq!(
+        p.b().failures,
+        vec![(qb, Some(EventType::QpReqErr))],
+        "{what}: the responder QP"
+    );
+    let ev = p.b_events();
+    assert!(
+        ev.iter().any(|e| e.event_type == EventType::QpReqErr),
+        "{what}: {ev:?}"
+    );
+}
+
+/// IBA 10.6.7.2.5 / o10-37.2.26 (rxe `rxe_invalidate_mr`: only a fast-register MR may be
+/// invalidated): a Send with Invalidate naming an ordinary MR's R_Key is an invalid request;
+/// the MR stays registered and usable.
+#[test]
+fn send_with_invalidate_of_an_mr_key_fails() {
+    let mut p = Pair::new(mw_bind_access());
+    // B's window MR, given remote write of its own so its key is an R_Key a peer may hold.
+    let (cb, mr) = (p.cb, p.mr_handle);
+    p.b()
+        .core
+        .rereg_mr(
+            cb,
+            mr,
+            None,
+            Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND),
+            None,
+        )
+        .expect("rereg");
+    let kmr = p.kmr;
+    p.recv_b(10);
+    p.send_a(2, SendOp::SendWithInv(kmr), 16);
+    p.run();
+    assert_invalidate_refused(&mut p, "an MR's R_Key");
+    let pdb = p.pdb;
+    assert!(
+        p.b()
+            .core
+            .check_mem(pdb, kmr, MR, 8, Access::REMOTE_WRITE)
+            .is_ok(),
+        "the MR was not invalidated"
+    );
+}
+
+/// A Send with Invalidate naming a key nothing on B carries (neither an MR nor a window) is
+/// an invalid request too (rxe: no MR for the key).
+#[test]
+fn send_with_invalidate_of_an_unknown_key_fails() {
+    let mut p = Pair::new(mw_bind_access());
+    p.recv_b(10);
+    p.send_a(2, SendOp::SendWithInv(0x00AB_CDEF), 16);
+    p.run();
+    assert_invalidate_refused(&mut p, "an unknown key");
+}
+
+/// The same for a key in the window range that names no allocated window.
+#[test]
+fn send_with_invalidate_of_an_unallocated_window_key_fails() {
+    let mut p = Pair::new(mw_bind_access());
+    p.recv_b(10);
+    p.send_a(2, SendOp::SendWithInv(0xFFFF_FF07), 16);
+    p.run();
+    assert_invalidate_refused(&mut p, "an unallocated window key");
+}
