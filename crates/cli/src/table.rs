@@ -25,9 +25,19 @@ pub fn render(r: &Resources) -> String {
     for c in &r.contexts {
         let _ = writeln!(
             out,
-            "  ctx {:<4} pid {:<7} {:<16} {}  pds {} mrs {} cqs {} srqs {} qps {} xrcds {} regs {} events {}",
-            c.ctx.0, c.pid, c.comm, c.device, c.pds, c.mrs, c.cqs, c.srqs, c.qps, c.xrcd_handles, c.registrations, c.pending_events
+            "  ctx {:<4} pid {:<7} {:<16} {}  pds {} mrs {} mws {} cqs {} srqs {} qps {} xrcds {} regs {} events {}",
+            c.ctx.0, c.pid, c.comm, c.device, c.pds, c.mrs, c.mws, c.cqs, c.srqs, c.qps, c.xrcd_handles, c.registrations, c.pending_events
         );
+    }
+    if !r.pds.is_empty() {
+        let _ = writeln!(out, "pds: {}", r.pds.len());
+        for p in &r.pds {
+            let _ = writeln!(
+                out,
+                "  pid {:<7} handle {:<6} mrs {} mws {}",
+                p.pid, p.handle.0, p.mrs, p.mws
+            );
+        }
     }
     let _ = writeln!(out, "xrc domains: {}", r.xrcds.len());
     for x in &r.xrcds {

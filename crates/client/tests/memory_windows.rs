@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{cap, connect, daemon};
 use softverbs::{
-    Access, Context, MwType, Op, QpInit, QpType, Remote, SendOp, SendRequest, SendWork, WcOpcode,
-    WcStatus,
+    Access, Context, Introspect, MwType, Op, QpInit, QpType, Remote, SendOp, SendRequest, SendWork,
+    WcOpcode, WcStatus,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -148,4 +148,36 @@ fn windows_through_the_safe_api() {
     drop(view);
     let e = mb.dereg().unwrap_err();
     assert_eq!(e.errno, softverbs::errno::EINVAL);
+}
+
+/// `softverbs resources --json` (the daemon's resources blob, as the CLI prints it) counts a
+/// context's windows and each PD's windows and MRs; a dropped window leaves the count.
+#[test]
+fn resources_json_counts_windows() {
+    let (d, _dir) = daemon("mwres", None);
+    let c = Context::open_at(&d.socket, 0).unwrap();
+    let (p1, p2) = (c.alloc_pd().unwrap(), c.alloc_pd().unwrap());
+    let _mr = p1.alloc_mr(4096, MW_BIND_MR).unwrap();
+    let w1 = p1.alloc_mw(MwType::One).unwrap();
+    let _w2 = p1.alloc_mw(MwType::Two).unwrap();
+    let _w3 = p2.alloc_mw(MwType::Two).unwrap();
+    let intro = Introspect::connect_at(&d.socket).unwrap();
+    let res = |intro: &Introspect| -> softverbs_core::resources::Resources {
+        serde_json::from_str(&intro.resources_json().unwrap()).unwrap()
+    };
+    let r = res(&intro);
+    let me = r.contexts.iter().find(|x| x.ctx.0 == c.ctx_id()).unwrap();
+    assert_eq!((me.pds, me.mrs, me.mws), (2, 1, 3));
+    let mut pds: Vec<_> = r
+        .pds
+        .iter()
+        .filter(|p| p.ctx.0 == c.ctx_id())
+        .map(|p| (p.mrs, p.mws))
+        .collect();
+    pds.sort_unstable();
+    assert_eq!(pds, vec![(0, 1), (1, 2)]);
+    drop(w1);
+    let r = res(&intro);
+    let me = r.contexts.iter().find(|x| x.ctx.0 == c.ctx_id()).unwrap();
+    assert_eq!(me.mws, 2);
 }

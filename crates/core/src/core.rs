@@ -237,6 +237,9 @@ pub struct Counts {
     pub contexts: usize,
     pub pds: usize,
     pub mrs: usize,
+    /// Memory windows.
+    #[serde(default)]
+    pub mws: usize,
     pub cqs: usize,
     pub srqs: usize,
     pub ahs: usize,
@@ -477,6 +480,7 @@ impl Core {
         for c in self.contexts.values() {
             n.pds += c.pds.len();
             n.mrs += c.mrs.len();
+            n.mws += c.mws.len();
             n.cqs += c.cqs.len();
             n.srqs += c.srqs.len();
             n.ahs += c.ahs.len();

@@ -1,6 +1,7 @@
 //! A snapshot of everything the core holds, for `softverbs resources` (the `rdma resource`
 //! equivalent) — including, for each XRC receive QP, who holds it and how, which no other
-//! tool shows.
+//! tool shows, and for each PD the MRs and memory windows on it (what keeps
+//! `ibv_dealloc_pd` at `EBUSY`).
 
 use serde::{Deserialize, Serialize};
 
@@ -20,12 +21,26 @@ pub struct ContextRow {
     pub device: String,
     pub pds: usize,
     pub mrs: usize,
+    /// Memory windows (docs/memory-windows.md); 0 from older daemons.
+    #[serde(default)]
+    pub mws: usize,
     pub cqs: usize,
     pub srqs: usize,
     pub qps: usize,
     pub xrcd_handles: usize,
     pub registrations: usize,
     pub pending_events: usize,
+}
+
+/// One PD and the memory keys on it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct PdRow {
+    pub ctx: CtxId,
+    pub pid: u32,
+    pub handle: Handle,
+    pub mrs: usize,
+    pub mws: usize,
 }
 
 /// One XRC domain.
@@ -94,6 +109,9 @@ pub struct XrcRecvRow {
 #[allow(missing_docs)]
 pub struct Resources {
     pub contexts: Vec<ContextRow>,
+    /// Empty from older daemons.
+    #[serde(default)]
+    pub pds: Vec<PdRow>,
     pub xrcds: Vec<XrcdRow>,
     pub srqs: Vec<SrqRow>,
     pub cqs: Vec<CqRow>,
@@ -109,6 +127,7 @@ impl Core {
     pub fn resources(&self) -> Resources {
         let mut r = Resources {
             contexts: Vec::new(),
+            pds: Vec::new(),
             xrcds: Vec::new(),
             srqs: Vec::new(),
             cqs: Vec::new(),
@@ -126,6 +145,7 @@ impl Core {
                 device: self.devices[c.device].name.clone(),
                 pds: c.pds.len(),
                 mrs: c.mrs.len(),
+                mws: c.mws.len(),
                 cqs: c.cqs.len(),
                 srqs: c.srqs.len(),
                 qps: c.qps.len(),
@@ -133,6 +153,15 @@ impl Core {
                 registrations: c.xrc_regs.len(),
                 pending_events: c.events.len(),
             });
+            for &handle in c.pds.keys() {
+                r.pds.push(PdRow {
+                    ctx,
+                    pid,
+                    handle,
+                    mrs: c.mrs.values().filter(|m| m.pd == handle).count(),
+                    mws: c.mws.values().filter(|w| w.pd == handle).count(),
+                });
+            }
             for (&handle, s) in &c.srqs {
                 let (srqn, xrcd) = match s.kind {
                     SrqKind::Xrc { srqn, xrcd, .. } => (Some(srqn), Some(xrcd)),
@@ -194,6 +223,7 @@ impl Core {
             });
         }
         r.contexts.sort_by_key(|c| c.ctx);
+        r.pds.sort_by_key(|p| (p.ctx, p.handle));
         r.xrcds.sort_by_key(|x| x.xrcd);
         r.srqs.sort_by_key(|s| (s.ctx, s.handle));
         r.cqs.sort_by_key(|s| (s.ctx, s.handle));

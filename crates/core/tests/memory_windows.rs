@@ -138,3 +138,28 @@ fn closing_a_context_releases_its_windows() {
     c.alloc_mw(y, pd, MwType::One)
         .expect("max_mw is 1 and the closed context's window is gone");
 }
+
+/// `softverbs resources` counts windows like the other objects: per context, per PD (with
+/// the PD's MRs: what keeps `ibv_dealloc_pd` at `EBUSY`), and in `counts()`, the leak check;
+/// a dealloc takes them out again.
+#[test]
+fn resources_count_windows_per_context_and_pd() {
+    let mut c = core_with(16);
+    let x = ctx(&mut c);
+    let (p1, p2) = (c.alloc_pd(x).unwrap(), c.alloc_pd(x).unwrap());
+    c.reg_mr(x, p1, 0x1000, 0x1000, 0x1000, Access::LOCAL_WRITE)
+        .unwrap();
+    let w1 = c.alloc_mw(x, p1, MwType::One).unwrap();
+    c.alloc_mw(x, p1, MwType::Two).unwrap();
+    c.alloc_mw(x, p2, MwType::Two).unwrap();
+    let r = c.resources();
+    assert_eq!((r.contexts[0].mrs, r.contexts[0].mws), (1, 3));
+    let pds: Vec<_> = r.pds.iter().map(|p| (p.handle, p.mrs, p.mws)).collect();
+    assert_eq!(pds, vec![(p1, 1, 2), (p2, 0, 1)]);
+    assert_eq!(c.counts().mws, 3);
+    c.dealloc_mw(x, w1.handle).unwrap();
+    let r = c.resources();
+    assert_eq!(r.contexts[0].mws, 2);
+    assert_eq!(r.pds[0].mws, 1);
+    assert_eq!(c.counts().mws, 2);
+}

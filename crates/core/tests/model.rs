@@ -626,6 +626,7 @@ impl Model {
             contexts: self.ctxs.len(),
             pds: self.ctxs.len(),
             mrs: 0,
+            mws: 0,
             cqs: self.ctxs.len(),
             srqs,
             ahs: 0,

@@ -33,7 +33,9 @@ const TARGET_CHECKS: &[&str] = &[
     "dealloc_mw",
     "write_through_type1_landed",
     "send_with_inv_completion",
+    "send_with_inv_of_mr_key_recv_rem_inv_req_err",
     "responder_access_error_event",
+    "send_with_inv_of_mr_key_req_err_event",
     "dereg_mr_after_windows_gone",
     "dealloc_remaining",
 ];
@@ -49,6 +51,7 @@ const INITIATOR_CHECKS: &[&str] = &[
     "access_after_local_invalidate_rem_access_err",
     "stale_consumer_key_rem_access_err",
     "dealloc_mw_rem_access_err",
+    "send_with_inv_of_mr_key_rem_inv_req_err",
 ];
 
 /// A loopback address of this test process's own: `127.<pid-derived>.<n>`.

@@ -2,11 +2,11 @@
  * one check per rule, each named after its source (docs/memory-windows.md).
  *
  *   memory_windows target     the responder: owns the memory and the windows
- *       prints "qps GID Q0..Q6", reads "peer GID Q0..Q6", connects, makes its local checks
- *       and binds, prints "keys ADDR K1 K1OLD K2 K3 K4 K5 K6", reads "check", checks what
- *       the initiator did to it.
+ *       prints "qps GID Q0..Q7", reads "peer GID Q0..Q7", connects, makes its local checks
+ *       and binds, prints "keys ADDR K1 K1OLD K2 K3 K4 K5 K6 KMR", reads "check", checks
+ *       what the initiator did to it.
  *   memory_windows initiator  the requester: one QP per rule that ends the connection
- *       prints "qps GID Q0..Q6", reads "peer GID Q0..Q6", reads "keys ...", accesses.
+ *       prints "qps GID Q0..Q7", reads "peer GID Q0..Q7", reads "keys ...", accesses.
  *
  * QP pair i (target's Qi <-> initiator's Qi) is used by one remote check each, since a remote
  * access error ends both ends of a connection (IBA 9.7.5.2.4, 11.6.3.1). */
@@ -16,7 +16,7 @@
 
 #include "check.h"
 
-#define NQP 7
+#define NQP 8
 #define BUF 16384
 #define RW (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)
 #define CONN_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
@@ -74,8 +74,8 @@ static void read_peer(void)
 	uint32_t q[NQP];
 	union ibv_gid peer;
 	if (!fgets(line, sizeof(line), stdin) ||
-	    sscanf(line, "peer %32s %u %u %u %u %u %u %u", hex, &q[0], &q[1], &q[2], &q[3], &q[4],
-		   &q[5], &q[6]) != 1 + NQP)
+	    sscanf(line, "peer %32s %u %u %u %u %u %u %u %u", hex, &q[0], &q[1], &q[2], &q[3],
+		   &q[4], &q[5], &q[6], &q[7]) != 1 + NQP)
 		fatal("peer line");
 	parse_gid(hex, &peer);
 	for (int i = 0; i < NQP; i++)
@@ -307,15 +307,15 @@ static int target(void)
 	uint32_t k5 = w5->rkey;
 	check("dealloc_mw", ibv_dealloc_mw(w5) == 0, "ibv_dealloc_mw");
 
-	/* For the remote invalidation on Q0. */
-	{
-		struct ibv_sge s = {(uintptr_t)buf + 8192, 64, mr->lkey};
-		struct ibv_recv_wr r = {.wr_id = 20, .sg_list = &s, .num_sge = 1}, *badr;
-		if (ibv_post_recv(qps[0], &r, &badr))
+	/* For the remote invalidations on Q0 (of w2) and Q7 (of the MR's key). */
+	for (int i = 0; i < 2; i++) {
+		struct ibv_sge s = {(uintptr_t)buf + 8192 + 64 * i, 64, mr->lkey};
+		struct ibv_recv_wr r = {.wr_id = 20 + i, .sg_list = &s, .num_sge = 1}, *badr;
+		if (ibv_post_recv(qps[i ? 7 : 0], &r, &badr))
 			fatal("post_recv");
 	}
-	printf("keys %llu %u %u %u %u %u %u %u\n", (unsigned long long)(uintptr_t)buf, w1->rkey,
-	       k1old, w2->rkey, w3->rkey, w4->rkey, k5, w6->rkey);
+	printf("keys %llu %u %u %u %u %u %u %u %u\n", (unsigned long long)(uintptr_t)buf,
+	       w1->rkey, k1old, w2->rkey, w3->rkey, w4->rkey, k5, w6->rkey, mr->rkey);
 	fflush(stdout);
 
 	if (!fgets(line, sizeof(line), stdin) || strncmp(line, "check", 5) != 0)
@@ -324,21 +324,28 @@ static int target(void)
 	check("write_through_type1_landed", memcmp(buf + 4096, "through w1", 10) == 0,
 	      "bytes written through the window are not there");
 	/* IBA 10.6.7.2.5 / ibv_poll_cq(3): Send with Invalidate completes the receive with
-	 * IBV_WC_WITH_INV and the key in invalidated_rkey. */
+	 * IBV_WC_WITH_INV and the key in invalidated_rkey (wr 20); o10-37.2.26: one naming an
+	 * MR's key is an invalid request, the receive completes IBV_WC_REM_INV_REQ_ERR (wr 21). */
 	{
-		struct ibv_wc wc;
-		int got = 0, n;
-		for (int i = 0; i < 5000 && !got; i++) {
+		struct ibv_wc wc, got[2];
+		int have = 0, n;
+		for (int i = 0; i < 5000 && have != 3; i++) {
 			n = ibv_poll_cq(cq, 1, &wc);
-			if (n == 1 && wc.wr_id == 20)
-				got = 1;
-			else if (n == 0)
+			if (n == 1 && (wc.wr_id == 20 || wc.wr_id == 21)) {
+				got[wc.wr_id - 20] = wc;
+				have |= 1 << (wc.wr_id - 20);
+			} else if (n == 0) {
 				usleep(1000);
+			}
 		}
 		check("send_with_inv_completion",
-		      got && wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_WITH_INV) &&
-			      wc.invalidated_rkey == w2->rkey,
+		      (have & 1) && got[0].status == IBV_WC_SUCCESS &&
+			      (got[0].wc_flags & IBV_WC_WITH_INV) &&
+			      got[0].invalidated_rkey == w2->rkey,
 		      "no IBV_WC_WITH_INV receive with the window's key");
+		check("send_with_inv_of_mr_key_recv_rem_inv_req_err",
+		      (have & 2) && got[1].status == IBV_WC_REM_INV_REQ_ERR,
+		      "the receive of a Send with Invalidate of an MR's key did not fail");
 	}
 	/* IBA 11.6.3.1: the responder's QP of a remote access error goes to error with
 	 * IBV_EVENT_QP_ACCESS_ERR. */
@@ -356,6 +363,16 @@ static int target(void)
 		      found && !ibv_query_qp(qps[1], &qa, IBV_QP_STATE, &qi) &&
 			      qa.qp_state == IBV_QPS_ERR,
 		      "no QP_ACCESS_ERR event / QP not in error");
+		/* The invalid request on Q7 (IBA 9.7.5.2.2 class J): IBV_EVENT_QP_REQ_ERR. */
+		found = 0;
+		while (!found && poll(&p, 1, 2000) == 1 && !ibv_get_async_event(ctx, &ev)) {
+			found = ev.event_type == IBV_EVENT_QP_REQ_ERR && ev.element.qp == qps[7];
+			ibv_ack_async_event(&ev);
+		}
+		check("send_with_inv_of_mr_key_req_err_event",
+		      found && !ibv_query_qp(qps[7], &qa, IBV_QP_STATE, &qi) &&
+			      qa.qp_state == IBV_QPS_ERR,
+		      "no QP_REQ_ERR event on Q7 / Q7 not in error");
 	}
 	/* Type 2 windows belong to their QP (IBA 10.6.7.2.2): destroying Q6 invalidates w6.
 	 * Type 1 windows stay bound while their MR lives: w1 and w3 are deallocated here. */
@@ -393,11 +410,29 @@ static int remote_op(int qi, enum ibv_wr_opcode opc, uint64_t raddr, uint32_t rk
 	return wc.status;
 }
 
+/* A 16-byte Send with Invalidate of `rkey` on Qqi; its completion status, or -1. */
+static int send_inv(int qi, uint32_t rkey, struct ibv_mr *mr, uint64_t wr_id)
+{
+	struct ibv_sge s = {(uintptr_t)buf, 16, mr->lkey};
+	struct ibv_send_wr wr, *bad;
+	struct ibv_wc wc;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = wr_id;
+	wr.opcode = IBV_WR_SEND_WITH_INV;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.sg_list = &s;
+	wr.num_sge = 1;
+	wr.invalidate_rkey = rkey;
+	if (ibv_post_send(qps[qi], &wr, &bad) || poll_one(cq, &wc) || wc.wr_id != wr_id)
+		return -1;
+	return wc.status;
+}
+
 static int initiator(void)
 {
 	struct ibv_mr *mr;
 	unsigned long long addr;
-	uint32_t k1, k1old, k2, k3, k4, k5, k6;
+	uint32_t k1, k1old, k2, k3, k4, k5, k6, kmr;
 	char line[256];
 
 	setup();
@@ -406,8 +441,8 @@ static int initiator(void)
 		fatal("reg_mr");
 	read_peer();
 	if (!fgets(line, sizeof(line), stdin) ||
-	    sscanf(line, "keys %llu %u %u %u %u %u %u %u", &addr, &k1, &k1old, &k2, &k3, &k4, &k5,
-		   &k6) != 8)
+	    sscanf(line, "keys %llu %u %u %u %u %u %u %u %u", &addr, &k1, &k1old, &k2, &k3, &k4,
+		   &k5, &k6, &kmr) != 9)
 		fatal("keys line");
 
 	memcpy(buf, "through w1", 10);
@@ -419,22 +454,7 @@ static int initiator(void)
 	      remote_op(0, IBV_WR_RDMA_READ, addr, k2, 64, mr, 2) == IBV_WC_SUCCESS,
 	      "read through a bound type 2 window");
 	/* IBA 10.6.7.2.5: Send with Invalidate, then the window is invalid. */
-	{
-		struct ibv_sge s = {(uintptr_t)buf, 16, mr->lkey};
-		struct ibv_send_wr wr, *bad;
-		struct ibv_wc wc;
-		memset(&wr, 0, sizeof(wr));
-		wr.wr_id = 3;
-		wr.opcode = IBV_WR_SEND_WITH_INV;
-		wr.send_flags = IBV_SEND_SIGNALED;
-		wr.sg_list = &s;
-		wr.num_sge = 1;
-		wr.invalidate_rkey = k2;
-		check("send_with_invalidate",
-		      !ibv_post_send(qps[0], &wr, &bad) && !poll_one(cq, &wc) && wc.wr_id == 3 &&
-			      wc.status == IBV_WC_SUCCESS,
-		      "SEND_WITH_INV");
-	}
+	check("send_with_invalidate", send_inv(0, k2, mr, 3) == IBV_WC_SUCCESS, "SEND_WITH_INV");
 	check("access_after_remote_invalidate_rem_access_err",
 	      remote_op(0, IBV_WR_RDMA_READ, addr, k2, 8, mr, 4) == IBV_WC_REM_ACCESS_ERR,
 	      "a remotely invalidated window was reachable");
@@ -462,6 +482,11 @@ static int initiator(void)
 	check("dealloc_mw_rem_access_err",
 	      remote_op(6, IBV_WR_RDMA_WRITE, addr, k5, 8, mr, 10) == IBV_WC_REM_ACCESS_ERR,
 	      "a deallocated window was reachable");
+	/* o10-37.2.26 (rxe invalidate_rkey): a Send with Invalidate naming an MR's key, not a
+	 * window, is an invalid request: Invalid Request NAK, IBV_WC_REM_INV_REQ_ERR. */
+	check("send_with_inv_of_mr_key_rem_inv_req_err",
+	      send_inv(7, kmr, mr, 11) == IBV_WC_REM_INV_REQ_ERR,
+	      "a Send with Invalidate of an MR's key was not refused");
 	return summary("memory_windows");
 }
 
