@@ -242,7 +242,7 @@ pub fn run(socket: &Path, workers: usize, remote_ip: IpAddr) -> Result<(), Strin
     }
     let start = Instant::now();
     // Connecting starts the daemon if none answers.
-    let introspect = Introspect::connect_at(socket).map_err(|e| format!("daemon: {e}"))?;
+    let introspect = crate::autostart::connect(socket)?;
     let story = Story {
         socket: socket.to_path_buf(),
         start,

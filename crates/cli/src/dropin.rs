@@ -11,8 +11,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use softverbs::Introspect;
-
 use crate::devnode;
 
 /// The legacy XRC header users compile against.
@@ -101,9 +99,11 @@ pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("softverbs"));
     // Start the daemon now (the client library's autostart), so its start-up is not charged
     // to the program's first verbs call and a failure is reported here, clearly.
-    let devices = match Introspect::connect_at(socket).and_then(|i| i.devices()) {
+    let devices = match crate::autostart::connect(socket)
+        .and_then(|i| i.devices().map_err(|e| format!("devices: {e}")))
+    {
         Ok(d) => d.len() as u32,
-        Err(e) => return fail(format!("no daemon at {}: {e}", socket.display())),
+        Err(e) => return fail(e),
     };
     let mut path = OsString::from(dir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {

@@ -4,9 +4,11 @@
 #![deny(unsafe_code)]
 
 mod actor;
+mod autostart;
 mod bench;
 mod cluster;
 mod demo;
+mod device_status;
 mod devnode;
 mod dropin;
 mod stream;
@@ -374,16 +376,16 @@ fn main() -> ExitCode {
                     serde_json::from_str::<Resources>(&t)
                         .map_err(|_| softverbs::Error::new("resources", softverbs::errno::EPROTO))
                 })
-                .map(|r| r.limits);
+                .map(|r| (r.limits, r.devices));
             match i.status().and_then(|s| limits.map(|l| (s, l))) {
-                Ok((s, limits)) if *json => {
+                Ok((s, (limits, devs))) if *json => {
                     println!(
                         "{}",
                         serde_json::json!({
                             "daemon_pid": s.daemon_pid, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
                             "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
                             "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
-                            "limits": limits,
+                            "limits": limits, "device_status": device_status::json(&devs),
                             "dp_rounds": s.dp_rounds, "dp_qp_visits": s.dp_qp_visits,
                             "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
                             "net_foreign_source": s.net_foreign_source, "net_outside_window": s.net_outside_window,
@@ -391,7 +393,7 @@ fn main() -> ExitCode {
                     );
                     ExitCode::SUCCESS
                 }
-                Ok((s, limits)) => {
+                Ok((s, (limits, devs))) => {
                     println!(
                         "daemon pid {} on {} (ABI {}), up {:.1} s",
                         s.daemon_pid,
@@ -403,6 +405,7 @@ fn main() -> ExitCode {
                     "devices {}  contexts {}  xrc domains {}  xrc receive qps {}  qps {}  srqs {}  cqs {}  mrs {}",
                     s.devices, s.contexts, s.xrcds, s.xrc_recv_qps, s.qps, s.srqs, s.cqs, s.mrs
                 );
+                    print!("{}", device_status::render(&devs));
                     print_limits(&limits);
                     println!(
                         "data path: {} rounds, {} QP visits ({:.2} per round, at most {}), {} QPs queued",

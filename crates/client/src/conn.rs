@@ -110,16 +110,27 @@ pub(crate) fn daemon_binary() -> PathBuf {
     PathBuf::from("softverbs")
 }
 
-fn start_daemon(path: &Path, bin: &Path) -> std::io::Result<std::process::Child> {
-    let dir = path
-        .parent()
+/// Where a daemon started for socket `path` writes its standard error (appended): `daemon.log`
+/// beside the socket. A daemon that fails to start says why there.
+pub fn autostart_log(path: &Path) -> PathBuf {
+    socket_dir(path).join("daemon.log")
+}
+
+fn socket_dir(path: &Path) -> &Path {
+    path.parent()
         .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    DirBuilder::new().recursive(true).mode(0o755).create(dir)?;
+        .unwrap_or(Path::new("."))
+}
+
+fn start_daemon(path: &Path, bin: &Path) -> std::io::Result<std::process::Child> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(socket_dir(path))?;
     let log = OpenOptions::new()
         .create(true)
         .append(true)
-        .open(dir.join("daemon.log"))?;
+        .open(autostart_log(path))?;
     Command::new(bin)
         .arg("daemon")
         .arg("--socket")

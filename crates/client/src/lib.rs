@@ -100,7 +100,7 @@ mod xrc;
 #[cfg(feature = "async")]
 pub use asynch::{AsyncCq, AsyncEvents, CompletionFuture};
 pub use buffer::{BorrowedMr, Buf, OwnedMr, Remote};
-pub use conn::{connect_socket, connect_socket_with, default_socket_path};
+pub use conn::{autostart_log, connect_socket, connect_socket_with, default_socket_path};
 pub use context::{devices, Context, DeviceInfo, PortInfo};
 pub use datapath::{CompChannel, SendRequest, UdAddress};
 pub use error::{errno, Error, ErrorKind, Result};

@@ -185,6 +185,17 @@ impl Core {
             .unwrap_or_default()
     }
 
+    /// The groups of device `device` with at least one QP attached, in GID order, each with
+    /// its QPs in QP-number order.
+    pub fn mcast_groups(&self, device: usize) -> Vec<(Gid, Vec<u32>)> {
+        self.mcast.get(device).map_or(Vec::new(), |t| {
+            t.groups
+                .iter()
+                .map(|(g, m)| (*g, m.iter().copied().collect()))
+                .collect()
+        })
+    }
+
     /// Groups of device `device` with at least one QP attached.
     pub fn mcast_group_count(&self, device: usize) -> usize {
         self.mcast.get(device).map_or(0, |t| t.groups.len())

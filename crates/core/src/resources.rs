@@ -10,6 +10,9 @@ use crate::ids::{CtxId, FileId, Handle, XrcdId};
 use crate::types::{QpState, QpType};
 use crate::xrc_recv::HolderInfo;
 
+mod devices;
+pub use devices::{DeviceRow, McastGroupRow, PortRow};
+
 /// One context.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[allow(missing_docs)]
@@ -120,6 +123,9 @@ pub struct Resources {
     /// Every resource's limits and use (docs/limits.md); empty from older daemons.
     #[serde(default)]
     pub limits: Vec<crate::limits::LimitRow>,
+    /// Every device's ports and multicast groups; empty from older daemons.
+    #[serde(default)]
+    pub devices: Vec<DeviceRow>,
 }
 
 impl Core {
@@ -134,6 +140,7 @@ impl Core {
             qps: Vec::new(),
             xrc_recv_qps: Vec::new(),
             limits: self.limit_rows(),
+            devices: self.device_rows(),
         };
         for (&ctx, c) in &self.contexts {
             let pid = c.info.pid;

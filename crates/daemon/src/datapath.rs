@@ -118,35 +118,66 @@ fn post_errno(e: PostError) -> i32 {
     }
 }
 
+/// Why device `device` cannot play its NIC: its address, port and the OS error, by errno
+/// name, with what to do about the two usual causes (bind(2): `EADDRINUSE`, `EADDRNOTAVAIL`).
+fn bind_error(device: &str, ip: std::net::IpAddr, port: u16, e: &std::io::Error) -> std::io::Error {
+    let addr = std::net::SocketAddr::new(ip, port);
+    // "Address already in use (EADDRINUSE, os error 98)": the errno by name, as bind(2) has it.
+    let what = match e.raw_os_error() {
+        Some(n) => {
+            let text = e.to_string();
+            let text = text
+                .strip_suffix(&format!(" (os error {n})"))
+                .unwrap_or(&text);
+            format!(
+                "{text} ({:?}, os error {n})",
+                nix::errno::Errno::from_raw(n)
+            )
+        }
+        None => e.to_string(),
+    };
+    let hint = match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            ": another daemon (or program) holds this address's RoCE port; give this daemon \
+             another --device address, or run it with --no-network"
+        }
+        std::io::ErrorKind::AddrNotAvailable => {
+            ": no interface of this host has this address; add it (ip addr add) or give \
+             --device an address of this host"
+        }
+        _ => "",
+    };
+    std::io::Error::new(
+        e.kind(),
+        format!("device {device}: cannot bind UDP {addr}: {what}{hint}"),
+    )
+}
+
 impl DataPath {
-    /// A data path for the core's devices. Devices whose UDP port cannot be bound run without
-    /// network (a warning is logged), so a second daemon on one machine still serves its own
-    /// clients.
-    pub fn new(core: &Core, net: &NetOptions) -> DataPath {
+    /// A data path for the core's devices. With [`NetOptions::bind`], every device's UDP
+    /// port must bind: a device whose address another daemon holds, or that no interface of
+    /// this host has, would drop all its traffic, so the daemon refuses to start instead
+    /// ([`bind_error`]).
+    pub fn new(core: &Core, net: &NetOptions) -> std::io::Result<DataPath> {
         let mut devs = Vec::new();
         for (i, d) in core.devices().iter().enumerate() {
             let port = &d.ports[0];
             let gid = port.gids[0];
             let mut netdev = None;
             if net.bind {
-                match NetDev::bind(gid.to_ip(), net.port) {
-                    Ok(mut n) => {
-                        if let Some(f) = net.faults {
-                            n.inject(f, 0x5eed ^ i as u64);
-                        }
-                        if let Some(dir) = &net.capture_dir {
-                            let path = dir.join(format!("{}.pcap", d.name));
-                            if let Err(e) = n.capture_to(&path) {
-                                tracing::warn!("cannot capture to {}: {e}", path.display());
-                            }
-                        }
-                        tracing::info!(device = %d.name, addr = %gid.to_ip(), port = net.port, "device on the network");
-                        netdev = Some(n);
-                    }
-                    Err(e) => {
-                        tracing::warn!(device = %d.name, addr = %gid.to_ip(), "no network for this device: {e}")
+                let mut n = NetDev::bind(gid.to_ip(), net.port)
+                    .map_err(|e| bind_error(&d.name, gid.to_ip(), net.port, &e))?;
+                if let Some(f) = net.faults {
+                    n.inject(f, 0x5eed ^ i as u64);
+                }
+                if let Some(dir) = &net.capture_dir {
+                    let path = dir.join(format!("{}.pcap", d.name));
+                    if let Err(e) = n.capture_to(&path) {
+                        tracing::warn!("cannot capture to {}: {e}", path.display());
                     }
                 }
+                tracing::info!(device = %d.name, addr = %gid.to_ip(), port = net.port, "device on the network");
+                netdev = Some(n);
             }
             devs.push(Dev {
                 engine: Engine::new(),
@@ -155,7 +186,7 @@ impl DataPath {
                 port_mtu: port.active_mtu,
             });
         }
-        DataPath {
+        Ok(DataPath {
             devs,
             mem: SharedMappings::with_fallback(ProcessMem::new()),
             cqs: HashMap::new(),
@@ -181,7 +212,7 @@ impl DataPath {
             epoch: Instant::now(),
             buf: vec![0; MAX_PACKET],
             moved_packets: false,
-        }
+        })
     }
 
     /// The UDP sockets, to watch for readability (device index, fd).

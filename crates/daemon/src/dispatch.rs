@@ -162,9 +162,10 @@ fn srq_resp(handle: Handle, a: SrqAttr, srqn: Option<u32>) -> SrqResp {
 }
 
 impl Dispatcher {
-    /// A dispatcher over `core`, speaking ABI `abi`.
-    pub fn new(core: Core, abi: u32, net: &NetOptions) -> Dispatcher {
-        let dp = DataPath::new(&core, net);
+    /// A dispatcher over `core`, speaking ABI `abi`; fails if a device cannot take its
+    /// network side ([`DataPath::new`]).
+    pub fn new(core: Core, abi: u32, net: &NetOptions) -> std::io::Result<Dispatcher> {
+        let dp = DataPath::new(&core, net)?;
         let mut d = Dispatcher {
             core,
             dp,
@@ -173,7 +174,7 @@ impl Dispatcher {
             daemon_uid: rustix::process::geteuid().as_raw(),
         };
         d.apply_changes();
-        d
+        Ok(d)
     }
 
     /// Handles one request datagram with the descriptors that came with it. Descriptors the
@@ -1094,7 +1095,15 @@ impl Dispatcher {
     }
 
     fn resources(&self) -> Reply {
-        let json = serde_json::to_vec(&self.core.resources()).map_err(|_| ENOMEM)?;
+        let mut r = self.core.resources();
+        for (i, d) in r.devices.iter_mut().enumerate() {
+            for g in &mut d.mcast_groups {
+                g.net_joined = self
+                    .dp
+                    .mcast_net_joined(i, softverbs_core::device::Gid::from_ip(g.group));
+            }
+        }
+        let json = serde_json::to_vec(&r).map_err(|_| ENOMEM)?;
         let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
         let len = U64::new(json.len() as u64);
         with_fds::<cmd::Resources>(BlobResp { len }, vec![fd])

@@ -66,7 +66,8 @@ pub struct Server {
 
 impl Server {
     /// Binds the socket of `config`, replacing a stale socket file that no daemon answers on.
-    /// Fails with `AddrInUse` if another daemon is serving it.
+    /// Fails with `AddrInUse` if another daemon is serving it, and with the device's bind error
+    /// if a device's UDP port cannot be bound (`DataPath::new`), before the socket exists.
     pub fn bind(config: Config) -> io::Result<Server> {
         let path = &config.socket;
         if let Some(dir) = path.parent() {
@@ -96,6 +97,11 @@ impl Server {
             }
             std::fs::remove_file(path)?;
         }
+        // The devices take their network side before the socket exists: a daemon that
+        // cannot play its NIC exits here, before any client could connect to it.
+        let mut core = Core::new(config.build_devices());
+        core.set_limits(config.limits.clone());
+        let dispatcher = Dispatcher::new(core, config.abi_version, &config.net)?;
         let listener = softverbs_ipc::listen_seqpacket(path)?;
         // Sender credentials on every request (which process sent it: a fork child may share
         // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
@@ -116,9 +122,6 @@ impl Server {
             waker,
             flag: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
-        let mut core = Core::new(config.build_devices());
-        core.set_limits(config.limits.clone());
-        let dispatcher = Dispatcher::new(core, config.abi_version, &config.net);
         for (i, fd) in dispatcher.dp.net_fds() {
             poll.registry().register(
                 &mut SourceFd(&fd.as_raw_fd()),

@@ -12,7 +12,8 @@ use softverbs_ipc::PeerCred;
 
 fuzz_target!(|data: &[u8]| {
     let core = Core::new(vec![Device::roce("fuzz0", 1, &["127.0.0.1".parse().unwrap()], Mtu::M4096)]);
-    let mut d = Dispatcher::new(core, softverbs_abi::ABI_VERSION, &Default::default());
+    let mut d = Dispatcher::new(core, softverbs_abi::ABI_VERSION, &Default::default())
+        .expect("no network, nothing to bind");
     let mut s = Session::new(PeerCred { pid: 1, uid: 0, gid: 0 }, "fuzz".into());
     // The first input byte decides whether a valid hello opens a context first (so the
     // context commands are reachable) or the session starts raw (so the pre-hello and

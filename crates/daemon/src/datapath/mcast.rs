@@ -75,6 +75,13 @@ impl DataPath {
         meta.dgid.is_multicast() && self.devs.iter().any(|d| d.gid == meta.sgid)
     }
 
+    /// Whether device `device` is a member of group `mgid` on its interface; `None` for a
+    /// device without network (`softverbs status`).
+    pub fn mcast_net_joined(&self, device: usize, mgid: Gid) -> Option<bool> {
+        let n = self.devs.get(device)?.net.as_ref()?;
+        Some(n.has_joined(mgid))
+    }
+
     /// Group sockets made since the last call, for the event loop to watch.
     pub fn take_new_net_fds(&mut self) -> Vec<std::os::fd::RawFd> {
         self.devs
