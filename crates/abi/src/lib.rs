@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod codec;
 pub mod convert;
 pub mod msg;
@@ -42,7 +43,8 @@ pub use codec::{
 /// 8: a send ring's pending pair (the count the daemon is about to publish and the CQ index
 /// of the completion that goes with it), so a client whose daemon died between the two flushes
 /// that request (docs/shm-rings.md).
-pub const ABI_VERSION: u32 = 8;
+/// 12: the connection manager's commands (ids 100–129, [`cm`], docs/cm.md §4).
+pub const ABI_VERSION: u32 = 12;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 
