@@ -420,3 +420,74 @@ fn two_daemons_connect_over_the_wire_and_tshark_decodes_the_mads() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two daemons whose devices lose, duplicate, reorder and corrupt packets (the devices'
+/// fault injection, `--faults`): every connection still ends established exactly once on
+/// each side, and nothing is left afterwards. Run inside `unshare -n`.
+#[test]
+fn faulty_wire_still_gives_one_connection_each_time() {
+    use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec};
+    let dir = std::env::temp_dir().join(format!("svcm-faults-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let spawn = |name: &str, ip: &str| {
+        let mut c = Config::new(dir.join(format!("{name}.sock")));
+        c.devices = vec![DeviceSpec {
+            name: format!("sv-{name}"),
+            ips: vec![ip.parse().unwrap()],
+        }];
+        c.net.bind = true;
+        c.net.faults = Some(softverbs_transport::Faults {
+            loss: 0.2,
+            duplicate: 0.2,
+            reorder: 0.2,
+            corrupt: 0.05,
+            ..softverbs_transport::Faults::NONE
+        });
+        spawn_daemon_with(c).unwrap()
+    };
+    let (da, db) = (spawn("fa", "127.0.4.11"), spawn("fb", "127.0.4.12"));
+    let a = Context::open_at(&da.socket, 0).unwrap();
+    let b = Context::open_at(&db.socket, 0).unwrap();
+    let (ca, cb) = (a.cm_channel().unwrap(), b.cm_channel().unwrap());
+    let gb = b.query_gid(1, 0).unwrap();
+    let l = cb.listen(SID).unwrap();
+    let timers = CmTimers {
+        response_timeout: 14,
+        max_retries: 15,
+    };
+    for round in 0..10u32 {
+        let id = ca
+            .connect(
+                gb.to_ip(),
+                SID,
+                CmQp::new(0x100 + round, round),
+                timers,
+                &[],
+            )
+            .unwrap();
+        let req = wait(&cb, CmEventKind::ConnectRequest);
+        assert_eq!(req.remote_qpn, 0x100 + round, "round {round}");
+        cb.accept(req.id, CmQp::new(0x200 + round, 0), &[]).unwrap();
+        let rep = wait(&ca, CmEventKind::ConnectResponse);
+        assert_eq!(rep.remote_qpn, 0x200 + round);
+        ca.establish(id).unwrap();
+        wait(&ca, CmEventKind::Established);
+        wait(&cb, CmEventKind::Established);
+        ca.disconnect(id, &[]).unwrap();
+        wait(&cb, CmEventKind::Disconnected);
+        wait(&ca, CmEventKind::Disconnected);
+        // No second request, establishment or disconnect from a duplicate.
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(cb.try_event().unwrap(), None, "round {round}");
+        assert_eq!(ca.try_event().unwrap(), None, "round {round}");
+        ca.destroy(id).unwrap();
+        cb.destroy(req.id).unwrap();
+    }
+    cb.destroy(l).unwrap();
+    drop((ca, cb));
+    drop((a, b));
+    wait_cm_empty(&da.socket);
+    wait_cm_empty(&db.socket);
+    let _ = std::fs::remove_dir_all(&dir);
+}
