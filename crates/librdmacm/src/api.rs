@@ -482,12 +482,7 @@ unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_i
         // A UD id answers the SIDR_REQ with its QP.
         // SAFETY: NULL or the drop-in's QP.
         let qpn = unsafe { i.id.qp.as_ref() }.map_or(0, |q| q.qp_num);
-        let qkey = ServiceId {
-            ps: PortSpace::Udp,
-            port: i.lock().port,
-        }
-        .to_u64() as u32
-            & 0x7FFF_FFFF;
+        let qkey = verbs::RDMA_UDP_QKEY;
         return done(i.chan.with_cm(dev, |c| {
             c.sidr_reply(cm, 0, qpn, qkey, user).map_err(|e| e.errno())
         }));

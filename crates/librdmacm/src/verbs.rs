@@ -113,6 +113,8 @@ const MASK_MIN_RNR: i32 = 32768;
 const MASK_SQ_PSN: i32 = 65536;
 const MASK_MAX_DEST_RD: i32 = 131072;
 const MASK_DEST_QPN: i32 = 1 << 20;
+/// The Q_Key rdma_cm gives UD ids (`RDMA_UDP_QKEY`, rdma_cma.h).
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// `IBV_QPT_UD`.
 pub const QPT_UD: u32 = 4;
 
@@ -136,7 +138,7 @@ pub fn qp_attr(state: u32, qp_type: u32, p: &Path) -> Option<(ibv_qp_attr, i32)>
     let mask = match state {
         QPS_INIT if qp_type == QPT_UD => {
             a.port_num = 1;
-            a.qkey = 0x0111_1C06 & 0x7FFF_FFFF;
+            a.qkey = RDMA_UDP_QKEY;
             MASK_STATE | MASK_PKEY | MASK_PORT | MASK_QKEY
         }
         QPS_INIT => {

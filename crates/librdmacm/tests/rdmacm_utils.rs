@@ -280,3 +280,16 @@ unsafe extern "C" {
     #[link_name = "getuid"]
     fn libc_getuid() -> u32;
 }
+
+#[test]
+fn udaddy_resolves_with_sidr_and_exchanges_ud_datagrams() {
+    if !have("udaddy") {
+        return;
+    }
+    let d = Daemon::start("udaddy");
+    let at = (None, d.socket.as_path());
+    let (srv, cli) = pair(at, at, ("udaddy", &[]), ("udaddy", &["-s", "127.0.0.1"]));
+    assert!(srv.contains("data transfers complete"), "{srv}");
+    assert!(cli.contains("data transfers complete"), "{cli}");
+    wait_cm(&d.socket, "nothing left after udaddy", cm_empty);
+}
