@@ -293,3 +293,21 @@ fn udaddy_resolves_with_sidr_and_exchanges_ud_datagrams() {
     assert!(cli.contains("data transfers complete"), "{cli}");
     wait_cm(&d.socket, "nothing left after udaddy", cm_empty);
 }
+
+/// perftest connecting through rdma_cm (`-R`) instead of its TCP exchange.
+#[test]
+fn perftest_with_rdma_cm() {
+    if !have("ib_send_bw") || !have("ib_write_lat") {
+        return;
+    }
+    let d = Daemon::start("perftest");
+    let at = (None, d.socket.as_path());
+    for (prog, port) in [("ib_send_bw", "18601"), ("ib_write_lat", "18602")] {
+        let args = ["-R", "-d", "softverbs0", "-x", "0", "-n", "50", "-p", port];
+        let mut cargs = args.to_vec();
+        cargs.push("127.0.0.1");
+        let (_, out) = pair(at, at, (prog, &args), (prog, &cargs));
+        assert!(out.contains("#bytes"), "{prog}: {out}");
+        wait_cm(&d.socket, "nothing left after perftest", cm_empty);
+    }
+}
