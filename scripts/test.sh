@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 # tshark decodes captures; ibverbs-utils, perftest and python3-pyverbs (+ rdma-core for the
 # test suite it ships in /usr/share/doc/rdma-core/tests) are the unmodified programs the
 # drop-in libibverbs.so.1 must run; libibverbs-dev, gcc and binutils build the C examples and
-# check the layout and symbol table.
+# check the layout and symbol table; rdmacm-utils and librdmacm-dev (rdma_cma.h) do the same
+# for the drop-in librdmacm.so.1, whose two-host test uses network namespaces (iproute2).
 packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
-  libibverbs-dev gcc binutils)
+  libibverbs-dev gcc binutils rdmacm-utils librdmacm-dev iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
