@@ -311,3 +311,37 @@ fn perftest_with_rdma_cm() {
         wait_cm(&d.socket, "nothing left after perftest", cm_empty);
     }
 }
+
+/// An rping server SIGKILLed while its client pings: the client sees the disconnect (the
+/// daemon sent the DREQ for the dead process) and exits, and no CM state is left.
+#[test]
+fn killed_rping_server_disconnects_its_client_and_leaves_nothing() {
+    if !have("rping") {
+        return;
+    }
+    let d = Daemon::start("rping-kill");
+    let mut server = run(
+        None,
+        &d.socket,
+        "rping",
+        &["-s", "-a", "127.0.0.1", "-p", "7476"],
+    );
+    wait_cm(&d.socket, "server listening", |cm| cm["listeners"] != 0);
+    let client = run(
+        None,
+        &d.socket,
+        "rping",
+        &["-c", "-a", "127.0.0.1", "-p", "7476", "-C", "100000000"],
+    );
+    // Both ends connected: the listener and one connection per side.
+    wait_cm(&d.socket, "connected", |cm| cm["connections"] == 2);
+    server.kill().unwrap();
+    let _ = server.wait();
+    let o = finish(client, "rping client after its server died");
+    assert!(
+        !o.status.success() || text(&o).contains("DISCONNECT"),
+        "{}",
+        text(&o)
+    );
+    wait_cm(&d.socket, "nothing left after the kill", cm_empty);
+}
