@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # check the layout and symbol table; rdmacm-utils and librdmacm-dev (rdma_cma.h) do the same
 # for the drop-in librdmacm.so.1, whose two-host test uses network namespaces (iproute2).
 packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
-  libibverbs-dev gcc binutils rdmacm-utils librdmacm-dev iproute2)
+  libibverbs-dev gcc binutils rdmacm-utils librdmacm-dev iproute2 libfabric-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

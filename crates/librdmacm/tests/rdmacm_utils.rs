@@ -345,3 +345,71 @@ fn killed_rping_server_disconnects_its_client_and_leaves_nothing() {
     );
     wait_cm(&d.socket, "nothing left after the kill", cm_empty);
 }
+
+/// libfabric's verbs provider offers connected endpoints (`FI_EP_MSG`, which it builds on
+/// rdma_cm: rdma_create_id, rdma_getaddrinfo, rdma_bind_addr on each non-loopback address)
+/// for a softverbs device on a namespace host's address.
+#[test]
+fn fi_info_lists_msg_endpoints_for_a_namespace_host() {
+    if !have("fi_info") {
+        return;
+    }
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc_getuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("SKIP: network namespaces need root");
+        return;
+    }
+    struct Ns;
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", "sv4c"]).status();
+        }
+    }
+    let sh = |c: &str| {
+        Command::new("sh")
+            .args(["-c", c])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let _ = sh("ip netns del sv4c 2>/dev/null");
+    let _ns = Ns;
+    assert!(sh(
+        "ip netns add sv4c && ip link add sv4c0 netns sv4c type veth peer name sv4c1 netns sv4c \
+        && ip -n sv4c addr add 10.46.0.1/24 dev sv4c0 && ip -n sv4c link set sv4c0 up \
+        && ip -n sv4c link set sv4c1 up && ip -n sv4c link set lo up"
+    ));
+    let dir = std::env::temp_dir().join(format!("sv4c-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("sv.sock");
+    let mut daemon = Command::new("ip")
+        .args(["netns", "exec", "sv4c"])
+        .arg(softverbs_bin())
+        .arg("daemon")
+        .arg("--socket")
+        .arg(&sock)
+        .args(["--device", "softverbs0=10.46.0.1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cm_of(&sock).is_object() {
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = finish(
+        run(Some("sv4c"), &sock, "fi_info", &["-p", "verbs"]),
+        "fi_info",
+    );
+    let out = ok(o, "fi_info -p verbs");
+    // One block per entry: the MSG endpoint is the one on the device's own domain.
+    let msg = out
+        .split("provider:")
+        .find(|b| b.contains("type: FI_EP_MSG"))
+        .unwrap_or_else(|| panic!("no FI_EP_MSG entry: {out}"));
+    assert!(msg.contains("domain: softverbs0\n"), "{msg}");
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
