@@ -11,10 +11,11 @@ cd "$(dirname "$0")/.."
 # check the layout and symbol table; iproute2 (`ip`) builds the namespaces and bridges of the
 # multicast, cluster and GSO capture tests, and ethtool turns that capture's offload off;
 # ucx-utils, openmpi-bin, libopenmpi-dev, mpich, libfabric-bin and python3-mpi4py are the
-# cluster and MPI tests' (crates/e2e/tests/cluster.rs, ucx.rs).
+# cluster and MPI tests' (crates/e2e/tests/cluster.rs, ucx.rs); rdmacm-utils and librdmacm-dev
+# (rdma_cma.h) run and check the drop-in librdmacm.so.1.
 packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
-  libfabric-bin python3-mpi4py ethtool)
+  libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

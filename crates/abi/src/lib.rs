@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod codec;
 pub mod convert;
 pub mod msg;
@@ -47,7 +48,8 @@ pub use codec::{
 /// 10: UD multicast (`AttachMcast`, `DetachMcast`; the multicast limits at the end of
 /// `QueryDeviceResp`).
 /// 11: on-demand paging: `QueryOdpCaps` and `AdviseMr`.
-pub const ABI_VERSION: u32 = 11;
+/// 12: the connection manager's commands (ids 100–129, [`cm`], docs/cm.md §4).
+pub const ABI_VERSION: u32 = 12;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -5,6 +5,7 @@
 //! `u32` values the daemon hands out per context. Fields marked "ABI n" were appended in that
 //! ABI version and are valid only with their `comp_mask` bit.
 
+pub use crate::cm::*;
 use zerocopy::little_endian::{I32, U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -227,6 +228,30 @@ commands! {
     AllocMw = 80 since 9 : AllocMwReq => AllocMwResp,
     /// `ibv_dealloc_mw`.
     DeallocMw = 81 since 9 : HandleReq => (),
+    /// The context's CM event eventfd comes with the (empty) answer (docs/cm.md §4).
+    CmOpen = 100 since 12 : () => (),
+    /// Listen on a service ID.
+    CmListen = 101 since 12 : CmListenReq => CmIdResp,
+    /// Send a REQ.
+    CmConnect = 102 since 12 : CmConnectReq => CmIdResp,
+    /// Answer a connect request with a REP.
+    CmAccept = 103 since 12 : CmAcceptReq => (),
+    /// Reject a connect request.
+    CmReject = 104 since 12 : CmRejectReq => (),
+    /// Send the RTU after a REP.
+    CmEstablish = 105 since 12 : CmIdReq => (),
+    /// Send a DREQ.
+    CmDisconnect = 106 since 12 : CmDisconnectReq => (),
+    /// Let go of a CM id or listener (the peer sees a REJ or DREQ as appropriate).
+    CmDestroyId = 107 since 12 : CmIdReq => (),
+    /// The next CM event: `EAGAIN` when none is pending.
+    CmGetEvent = 108 since 12 : () => CmEventResp,
+    /// Send a SIDR_REQ.
+    CmSidrRequest = 109 since 12 : CmSidrReq => CmIdResp,
+    /// Answer a SIDR_REQ.
+    CmSidrReply = 110 since 12 : CmSidrReplyReq => (),
+    /// What the context holds in the CM.
+    CmCounts = 111 since 12 : () => CmCountsResp,
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.

@@ -55,6 +55,45 @@ pub fn find_library() -> Result<PathBuf, String> {
         })
 }
 
+/// The drop-in `librdmacm.so.1` (crates/librdmacm, docs/dropin.md "librdmacm") that goes
+/// with `libibverbs`: beside it when installed, else the newer of the target directory's
+/// builds; `$SOFTVERBS_LIBRDMACM` names it explicitly. `None` if it was not built.
+pub fn find_rdmacm(libibverbs: &Path) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("SOFTVERBS_LIBRDMACM") {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let beside = libibverbs.with_file_name("librdmacm.so.1");
+    if libibverbs
+        .file_name()
+        .is_some_and(|n| n == "libibverbs.so.1")
+        && beside.is_file()
+    {
+        return Some(beside);
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join("librdmacm.so"), dir.join("deps/librdmacm.so")]
+        .into_iter()
+        .filter_map(|p| {
+            let t = std::fs::metadata(&p).and_then(|m| m.modified()).ok()?;
+            Some((t, p))
+        })
+        .max()
+        .map(|(_, p)| p.canonicalize().unwrap_or(p))
+}
+
+/// Points `dir/name` at `target` (replaced atomically).
+fn link_into(dir: &Path, name: &str, target: &Path) -> Result<(), String> {
+    let link = dir.join(name);
+    if std::fs::read_link(&link).is_ok_and(|t| t == target) {
+        return Ok(());
+    }
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &link).map_err(|e| format!("{}: {e}", link.display()))
+}
+
 /// A directory whose `libibverbs.so.1` is `lib`: the library's own directory when it already
 /// has that name, else a per-user directory with a symlink (replaced atomically).
 pub fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
@@ -68,6 +107,9 @@ pub fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
         });
     let dir = base.join("softverbs").join("lib");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if let Some(cm) = find_rdmacm(lib) {
+        link_into(&dir, "librdmacm.so.1", &cm)?;
+    }
     let link = dir.join("libibverbs.so.1");
     if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
         return Ok(dir);
@@ -154,8 +196,8 @@ pub fn with_device_nodes(count: u32, cmd: &[OsString]) -> ExitCode {
     ExitCode::from(127)
 }
 
-/// `softverbs install --prefix DIR`: bin/softverbs, lib/softverbs/libibverbs.so.1 and
-/// include/softverbs/xrc_legacy.h.
+/// `softverbs install --prefix DIR`: bin/softverbs, lib/softverbs/libibverbs.so.1 (and
+/// librdmacm.so.1 when built) and include/softverbs/xrc_legacy.h.
 pub fn install(prefix: &Path) -> Result<(), String> {
     let lib = find_library()?;
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
@@ -185,6 +227,14 @@ pub fn install(prefix: &Path) -> Result<(), String> {
         prefix.join("lib/softverbs/libibverbs.so.1"),
         0o755,
     )?;
+    if let Some(cm) = find_rdmacm(&lib) {
+        put(
+            Some(&cm),
+            None,
+            prefix.join("lib/softverbs/librdmacm.so.1"),
+            0o755,
+        )?;
+    }
     put(
         None,
         Some(XRC_LEGACY_H),

@@ -6,8 +6,8 @@ use softverbs_ipc::IpcErrno;
 /// of the one table, `softverbs_core::errno`.
 pub mod errno {
     pub use softverbs_core::errno::{
-        EAGAIN, EBADF, EBUSY, ECONNREFUSED, ECONNRESET, EEXIST, EINVAL, EIO, ENODEV, ENOENT,
-        ENOMEM, ENOSYS, ENOTCONN, EOPNOTSUPP, EPIPE, EPROTO,
+        EADDRINUSE, EAGAIN, EBADF, EBUSY, ECONNREFUSED, ECONNRESET, EEXIST, EINVAL, EIO, ENODEV,
+        ENOENT, ENOMEM, ENOSYS, ENOTCONN, EOPNOTSUPP, EPIPE, EPROTO,
     };
 }
 

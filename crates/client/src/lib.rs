@@ -81,6 +81,7 @@
 #[cfg(feature = "async")]
 mod asynch;
 mod buffer;
+mod cm;
 mod conn;
 mod context;
 mod convert;
@@ -100,6 +101,7 @@ mod xrc;
 #[cfg(feature = "async")]
 pub use asynch::{AsyncCq, AsyncEvents, CompletionFuture};
 pub use buffer::{BorrowedMr, Buf, OwnedMr, Remote};
+pub use cm::{CmChannel, CmCounts, CmEvent, CmEventKind, CmId, CmQp, CmTimers};
 pub use conn::{autostart_log, connect_socket, connect_socket_with, default_socket_path};
 pub use context::{devices, Context, DeviceInfo, PortInfo};
 pub use datapath::{CompChannel, SendRequest, UdAddress};

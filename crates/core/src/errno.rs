@@ -42,6 +42,8 @@ pub const EMSGSIZE: i32 = 90;
 pub const EPROTONOSUPPORT: i32 = 93;
 /// Operation not supported.
 pub const EOPNOTSUPP: i32 = 95;
+/// Address already in use: a CM listener already has the service ID.
+pub const EADDRINUSE: i32 = 98;
 /// Connection reset: the daemon closed the connection.
 pub const ECONNRESET: i32 = 104;
 /// Not connected: the connection to the daemon is gone.

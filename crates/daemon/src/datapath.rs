@@ -107,6 +107,8 @@ pub struct DataPath {
     new_doorbells: Vec<(CtxId, OwnedFd)>,
     epoch: Instant,
     buf: Vec<u8>,
+    /// The devices' connection managers on QP1 (docs/cm.md §4).
+    pub cm: crate::cm::CmPorts,
 }
 
 /// The errno `ibv_post_send(3)` / `ibv_post_recv(3)` return for an engine refusal: a full
@@ -186,7 +188,9 @@ impl DataPath {
                 port_mtu: port.active_mtu,
             });
         }
+        let ips: Vec<std::net::IpAddr> = devs.iter().map(|d| d.gid.to_ip()).collect();
         Ok(DataPath {
+            cm: crate::cm::CmPorts::new(&ips),
             devs,
             mem: SharedMappings::with_fallback(ProcessMem::new()),
             cqs: HashMap::new(),
@@ -229,6 +233,7 @@ impl DataPath {
         self.devs
             .iter()
             .filter_map(|d| d.engine.poll_timeout())
+            .chain(self.cm.poll_timeout())
             .min()
             .map(|t| until(self.epoch, t))
     }
@@ -365,6 +370,8 @@ impl DataPath {
         for d in &mut self.devs {
             d.engine.forget_srqs_of(ctx);
         }
+        let now = self.now();
+        self.cm.close_context(now, ctx);
     }
 
     /// `ibv_create_comp_channel`: returns the channel's handle and the client's end of its
@@ -707,6 +714,10 @@ impl DataPath {
                         Ok(Some((meta, _))) if self.is_own_multicast(&meta) => {
                             progressed = true;
                         }
+                        Ok(Some((meta, len))) if crate::cm::is_gsi(&buf[..len]) => {
+                            progressed = true;
+                            self.cm.receive(now, d, meta.sgid, &buf[..len]);
+                        }
                         Ok(Some((meta, len))) => {
                             progressed = true;
                             self.devs[d].engine.handle_packet(
@@ -727,6 +738,8 @@ impl DataPath {
                 self.devs[d].engine.handle_timeout(now);
             }
             self.settle_windows(core);
+            self.cm.handle_timeout(now);
+            progressed |= self.send_cm(now);
             for d in 0..self.devs.len() {
                 while let Some(o) = self.devs[d].engine.poll_output() {
                     self.route(core, o, None, &mut woken);
@@ -747,6 +760,31 @@ impl DataPath {
         }
         self.buf = buf;
         woken
+    }
+
+    /// Puts the CMs' MADs for other hosts on the wire; true if any MAD moved.
+    fn send_cm(&mut self, now: softverbs_transport::Instant) -> bool {
+        let pkts = self.cm.flush(now);
+        let moved = !pkts.is_empty();
+        for mut p in pkts {
+            let tx = softverbs_transport::Transmit {
+                len: p.bytes.len(),
+                dgid: p.dst,
+                sgid_index: 0,
+                udp_sport: 0,
+            };
+            if let Some(n) = &mut self.devs[p.dev].net {
+                if let Err(e) = n.send(&tx, &mut p.bytes) {
+                    tracing::warn!("CM send failed: {e}");
+                }
+            }
+        }
+        moved
+    }
+
+    /// The engine's time now (for commands that start CM timers).
+    pub fn now(&self) -> softverbs_transport::Instant {
+        engine_time(self.epoch, Instant::now())
     }
 
     /// `refused`: the (QPN, send ring position) of a send request refused at the ring.

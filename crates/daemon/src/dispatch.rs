@@ -332,6 +332,18 @@ impl Dispatcher {
             Cmd::MapDoorbell => self.driven(ctx()?, woken, |d, c| d.map_doorbell(c)),
             Cmd::AttachMcast => self.attach_mcast(ctx()?, read!(AttachMcast)),
             Cmd::DetachMcast => self.detach_mcast(ctx()?, read!(DetachMcast)),
+            Cmd::CmOpen
+            | Cmd::CmListen
+            | Cmd::CmConnect
+            | Cmd::CmAccept
+            | Cmd::CmReject
+            | Cmd::CmEstablish
+            | Cmd::CmDisconnect
+            | Cmd::CmDestroyId
+            | Cmd::CmGetEvent
+            | Cmd::CmSidrRequest
+            | Cmd::CmSidrReply
+            | Cmd::CmCounts => self.driven(ctx()?, woken, |d, c| d.cm_command(c, req)),
         }
     }
 
@@ -908,6 +920,51 @@ impl Dispatcher {
         with_fds::<cmd::MapDoorbell>((), vec![fd])
     }
 
+    /// The connection manager's commands (crates/daemon/src/cm.rs), on the CM of the
+    /// context's device.
+    fn cm_command(&mut self, ctx: CtxId, req: &Request<'_>) -> Reply {
+        let name = &self.core.context_device(ctx).map_err(core_err)?.name;
+        let dev = self
+            .core
+            .devices()
+            .iter()
+            .position(|d| &d.name == name)
+            .ok_or(EINVAL)?;
+        let abi = self.abi;
+        macro_rules! read {
+            ($c:ident) => {
+                req.read::<cmd::$c>(abi).map_err(|e| e.errno())?
+            };
+        }
+        let now = self.dp.now();
+        let cm = &mut self.dp.cm;
+        match req.cmd {
+            Cmd::CmOpen => with_fds::<cmd::CmOpen>((), vec![cm.open(ctx)?]),
+            Cmd::CmListen => ok::<cmd::CmListen>(cm.listen(ctx, dev, &read!(CmListen))?),
+            Cmd::CmConnect => ok::<cmd::CmConnect>(cm.connect(now, ctx, dev, &read!(CmConnect))?),
+            Cmd::CmAccept => ok::<cmd::CmAccept>(cm.accept(now, ctx, dev, &read!(CmAccept))?),
+            Cmd::CmReject => ok::<cmd::CmReject>(cm.reject(now, ctx, dev, &read!(CmReject))?),
+            Cmd::CmEstablish => {
+                ok::<cmd::CmEstablish>(cm.establish(now, ctx, dev, &read!(CmEstablish))?)
+            }
+            Cmd::CmDisconnect => {
+                ok::<cmd::CmDisconnect>(cm.disconnect(now, ctx, dev, &read!(CmDisconnect))?)
+            }
+            Cmd::CmDestroyId => {
+                ok::<cmd::CmDestroyId>(cm.destroy(now, ctx, dev, &read!(CmDestroyId))?)
+            }
+            Cmd::CmGetEvent => ok::<cmd::CmGetEvent>(cm.get_event(ctx)?),
+            Cmd::CmSidrRequest => {
+                ok::<cmd::CmSidrRequest>(cm.sidr_request(now, ctx, dev, &read!(CmSidrRequest))?)
+            }
+            Cmd::CmSidrReply => {
+                ok::<cmd::CmSidrReply>(cm.sidr_reply(now, ctx, dev, &read!(CmSidrReply))?)
+            }
+            Cmd::CmCounts => ok::<cmd::CmCounts>(cm.ctx_counts(ctx)),
+            _ => Err(EINVAL),
+        }
+    }
+
     /// A channel is an eventfd of the daemon's: charged to the context.
     fn create_channel(&mut self, ctx: CtxId) -> Reply {
         self.core
@@ -1103,7 +1160,22 @@ impl Dispatcher {
                     .mcast_net_joined(i, softverbs_core::device::Gid::from_ip(g.group));
             }
         }
-        let json = serde_json::to_vec(&r).map_err(|_| ENOMEM)?;
+        let mut value = serde_json::to_value(r).map_err(|_| ENOMEM)?;
+        let cm = self.dp.cm.counts();
+        if let Some(map) = value.as_object_mut() {
+            // The connection manager's state (docs/cm.md §4): zero after every CM client is
+            // gone and time-wait has passed.
+            map.insert(
+                "cm".into(),
+                serde_json::json!({
+                    "listeners": cm.listeners,
+                    "connections": cm.connections,
+                    "time_wait": cm.time_wait,
+                    "owned": cm.owned,
+                }),
+            );
+        }
+        let json = serde_json::to_vec(&value).map_err(|_| ENOMEM)?;
         let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
         let len = U64::new(json.len() as u64);
         with_fds::<cmd::Resources>(BlobResp { len }, vec![fd])

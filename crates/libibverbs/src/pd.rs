@@ -397,11 +397,20 @@ unsafe extern "C" fn init_ah_from_wc(
     }
     // SAFETY: `grh` points to the 40 bytes the receive buffer starts with.
     let g = unsafe { std::slice::from_raw_parts(grh, GRH_LEN) };
-    let word0 = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
+    let mut word0 = u32::from_be_bytes([g[0], g[1], g[2], g[3]]);
     let mut sgid = [0u8; 16];
     sgid.copy_from_slice(&g[8..24]);
     let mut dgid = [0u8; 16];
     dgid.copy_from_slice(&g[24..40]);
+    // RoCE v2 over IPv4: twenty zero bytes, then the IPv4 header (version 4, IHL 5), whose
+    // addresses are the IPv4-mapped GIDs (rdma-core's ibv_init_ah_from_wc does the same).
+    if g[..20].iter().all(|&b| b == 0) && g[20] == 0x45 {
+        let v4 = |at: usize| std::net::Ipv4Addr::new(g[at], g[at + 1], g[at + 2], g[at + 3]);
+        sgid = v4(32).to_ipv6_mapped().octets();
+        dgid = v4(36).to_ipv6_mapped().octets();
+        // The traffic class is the IPv4 TOS byte.
+        word0 = u32::from(g[21]) << 20;
+    }
     // Our GID the message was sent to becomes the source GID index of the reply.
     let len = o.inner.query_port(port).map_or(0, |p| p.gid_tbl_len);
     let Some(index) = (0..len).find(|&i| o.inner.query_gid(port, i).is_ok_and(|x| x.0 == dgid))

@@ -21,6 +21,7 @@ mod view;
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
+pub mod cm;
 pub mod datagram;
 pub mod deth;
 mod error;

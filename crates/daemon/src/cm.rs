@@ -1,0 +1,514 @@
+//! The daemon's connection manager (docs/cm.md §4): one [`softverbs_cm::Cm`] per device,
+//! speaking IB CM MADs on the device's QP1 (the GSI: UD SENDs, Q_Key `0x80010000`) over
+//! RoCE v2, and each context's CM ids and events.
+//!
+//! CM ids are daemon objects owned by the context that made them, so a client that dies
+//! mid-handshake or while connected has its peer told (REJ or DREQ, by
+//! [`softverbs_cm::Cm::destroy_owner`]) and leaves nothing but time-wait tombstones, which
+//! expire by themselves.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::os::fd::{AsFd, OwnedFd};
+
+use softverbs_abi::cm::*;
+use softverbs_cm::{
+    AcceptParams, Cm, CmError, CmId, Config, ConnectParams, Counts, Event, Instant, Owner, QpKind,
+    SidrParams, SidrReplyParams,
+};
+use softverbs_core::device::Gid;
+use softverbs_core::errno::{EADDRINUSE, EAGAIN, EEXIST, EINVAL, ENOMEM};
+use softverbs_core::ids::CtxId;
+use softverbs_wire::cm::{gsi_headers, SidrStatus, GSI_QPN};
+use softverbs_wire::{deth::GSI_QKEY, emit_packet, Packet};
+use zerocopy::little_endian::{U16, U32, U64};
+
+/// Events a context may leave unread before the oldest are dropped (a client that never
+/// reads its CM events must not grow the daemon without bound).
+const MAX_QUEUED_EVENTS: usize = 4096;
+
+struct Port {
+    cm: Cm,
+    ip: IpAddr,
+    psn: u32,
+}
+
+#[derive(Default)]
+struct CtxCm {
+    events: VecDeque<CmEventResp>,
+    efd: Option<OwnedFd>,
+}
+
+/// A MAD to put on the wire: from device `dev` to `dst`, as a whole IB packet (BTH through
+/// the ICRC slot).
+pub struct GsiPacket {
+    /// Sending device.
+    pub dev: usize,
+    /// Destination.
+    pub dst: Gid,
+    /// The packet.
+    pub bytes: Vec<u8>,
+}
+
+/// Every device's CM and every context's CM events.
+pub struct CmPorts {
+    ports: Vec<Port>,
+    ctxs: HashMap<CtxId, CtxCm>,
+    /// Contexts whose CM eventfd should be signalled.
+    woken: Vec<CtxId>,
+}
+
+fn owner(ctx: CtxId) -> Owner {
+    Owner(ctx.0)
+}
+
+fn cm_errno(e: CmError) -> i32 {
+    match e {
+        CmError::UnknownId | CmError::State(_) | CmError::Wire(_) => EINVAL,
+        CmError::ServiceInUse(_) => EADDRINUSE,
+    }
+}
+
+fn ip_of(b: [u8; 16]) -> IpAddr {
+    Gid(b).to_ip()
+}
+
+/// True for a packet to QP1 (BTH DestQP 1, UD SEND_ONLY): the GSI's, not an engine's.
+pub fn is_gsi(pkt: &[u8]) -> bool {
+    pkt.len() >= 12 && pkt[0] == 0x64 && pkt[5..8] == [0, 0, GSI_QPN as u8]
+}
+
+impl CmPorts {
+    /// A CM for each device address (its first GID).
+    pub fn new(ips: &[IpAddr]) -> Self {
+        let ports = ips
+            .iter()
+            .enumerate()
+            .map(|(i, &ip)| Port {
+                cm: Cm::new(Config {
+                    local_ca_guid: 0x0200_00ff_fe00_0000 | i as u64,
+                    // Distinct per device and per daemon start, so that a restarted daemon's
+                    // IDs do not look like its predecessor's to a peer in time-wait.
+                    first_id: (std::process::id() << 12 | i as u32).max(1),
+                    ..Config::default()
+                }),
+                ip,
+                psn: 0,
+            })
+            .collect();
+        Self {
+            ports,
+            ctxs: HashMap::new(),
+            woken: Vec::new(),
+        }
+    }
+
+    /// Handles a packet `is_gsi` accepted, from `sgid`, on device `dev`. Anything that is
+    /// not a well-formed CM MAD with the GSI Q_Key is dropped.
+    pub fn receive(&mut self, now: Instant, dev: usize, sgid: Gid, pkt: &[u8]) {
+        let Some(port) = self.ports.get_mut(dev) else {
+            return;
+        };
+        let Ok(p) = Packet::parse(pkt) else {
+            return;
+        };
+        if p.headers.deth.map(|d| d.qkey) != Some(GSI_QKEY) {
+            return;
+        }
+        if let Err(e) = port.cm.handle_mad(now, sgid.to_ip(), p.payload) {
+            tracing::debug!(dev, "CM MAD dropped: {e}");
+        }
+    }
+
+    /// Runs the CMs' timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for p in &mut self.ports {
+            p.cm.handle_timeout(now);
+        }
+    }
+
+    /// The earliest CM timer.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.ports.iter().filter_map(|p| p.cm.poll_timeout()).min()
+    }
+
+    /// Delivers MADs between this daemon's own devices directly, queues events, and
+    /// returns the MADs for other hosts as packets.
+    pub fn flush(&mut self, now: Instant) -> Vec<GsiPacket> {
+        let mut out = Vec::new();
+        loop {
+            let mut moved = false;
+            for d in 0..self.ports.len() {
+                while let Some(t) = self.ports[d].cm.poll_transmit() {
+                    moved = true;
+                    let from = self.ports[d].ip;
+                    if let Some(to) = self.ports.iter().position(|p| p.ip == t.peer) {
+                        if let Err(e) = self.ports[to].cm.handle_mad(now, from, &t.mad) {
+                            tracing::warn!("own CM MAD refused: {e}");
+                        }
+                        continue;
+                    }
+                    let port = &mut self.ports[d];
+                    let mut bytes = vec![0u8; 12 + 8 + t.mad.len() + 4];
+                    match emit_packet(&gsi_headers(port.psn), &t.mad, &mut bytes) {
+                        Ok(n) => bytes.truncate(n),
+                        Err(e) => {
+                            tracing::warn!("CM packet not built: {e}");
+                            continue;
+                        }
+                    }
+                    port.psn = port.psn.wrapping_add(1) & 0x00FF_FFFF;
+                    out.push(GsiPacket {
+                        dev: d,
+                        dst: Gid::from_ip(t.peer),
+                        bytes,
+                    });
+                }
+                while let Some((o, id, ev)) = self.ports[d].cm.poll_event() {
+                    moved = true;
+                    self.queue_event(CtxId(o.0), id, ev);
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+        for ctx in std::mem::take(&mut self.woken) {
+            if let Some(efd) = self.ctxs.get(&ctx).and_then(|c| c.efd.as_ref()) {
+                softverbs_ipc::signal_eventfd(efd.as_fd());
+            }
+        }
+        out
+    }
+
+    fn queue_event(&mut self, ctx: CtxId, id: CmId, ev: Event) {
+        let mut r = CmEventResp {
+            id: U32::new(id.0),
+            ..CmEventResp::default()
+        };
+        let pd = |r: &mut CmEventResp, data: &[u8]| {
+            let n = data.len().min(r.private_data.len());
+            r.private_data[..n].copy_from_slice(&data[..n]);
+            r.private_data_len = U16::new(n as u16);
+        };
+        match ev {
+            Event::ConnectRequest {
+                listener,
+                peer,
+                req,
+            } => {
+                r.event = U32::new(cm_event::CONNECT_REQUEST);
+                r.listener = U32::new(listener.0);
+                r.peer = Gid::from_ip(peer).0;
+                r.service_id = U64::new(req.service_id);
+                r.remote_qpn = U32::new(req.local_qpn);
+                r.starting_psn = U32::new(req.starting_psn);
+                r.responder_resources = req.responder_resources;
+                r.initiator_depth = req.initiator_depth;
+                r.rnr_retry_count = req.rnr_retry_count;
+                r.retry_count = req.retry_count;
+                r.path_mtu = req.path_mtu;
+                r.srq = u8::from(req.srq);
+                pd(&mut r, &req.private_data);
+            }
+            Event::ConnectReply { rep } => {
+                r.event = U32::new(cm_event::CONNECT_RESPONSE);
+                r.remote_qpn = U32::new(rep.local_qpn);
+                r.starting_psn = U32::new(rep.starting_psn);
+                r.responder_resources = rep.responder_resources;
+                r.initiator_depth = rep.initiator_depth;
+                r.rnr_retry_count = rep.rnr_retry_count;
+                r.srq = u8::from(rep.srq);
+                pd(&mut r, &rep.private_data);
+            }
+            Event::Established => r.event = U32::new(cm_event::ESTABLISHED),
+            Event::Rejected {
+                reason,
+                private_data,
+            } => {
+                r.event = U32::new(cm_event::REJECTED);
+                r.status = U32::new(reason.0.into());
+                pd(&mut r, &private_data);
+            }
+            Event::Unreachable => r.event = U32::new(cm_event::UNREACHABLE),
+            Event::Disconnected => r.event = U32::new(cm_event::DISCONNECTED),
+            Event::SidrRequest {
+                listener,
+                peer,
+                req,
+            } => {
+                r.event = U32::new(cm_event::CONNECT_REQUEST);
+                r.sidr = U32::new(1);
+                r.listener = U32::new(listener.0);
+                r.peer = Gid::from_ip(peer).0;
+                r.service_id = U64::new(req.service_id);
+                pd(&mut r, &req.private_data);
+            }
+            Event::SidrReply { rep } => {
+                r.event = U32::new(if rep.status == SidrStatus::SUCCESS {
+                    cm_event::ESTABLISHED
+                } else {
+                    cm_event::REJECTED
+                });
+                r.sidr = U32::new(1);
+                r.status = U32::new(rep.status.0.into());
+                r.remote_qpn = U32::new(rep.qpn);
+                r.qkey = U32::new(rep.qkey);
+                r.service_id = U64::new(rep.service_id);
+                pd(&mut r, &rep.private_data);
+            }
+        }
+        let c = self.ctxs.entry(ctx).or_default();
+        if c.events.len() >= MAX_QUEUED_EVENTS {
+            c.events.pop_front();
+        }
+        c.events.push_back(r);
+        self.woken.push(ctx);
+    }
+
+    /// Everything a closed context held: its peers are told, its events dropped.
+    pub fn close_context(&mut self, now: Instant, ctx: CtxId) {
+        for p in &mut self.ports {
+            p.cm.destroy_owner(now, owner(ctx));
+        }
+        self.ctxs.remove(&ctx);
+    }
+
+    /// What the CMs hold, summed over devices.
+    pub fn counts(&self) -> Counts {
+        let mut c = Counts::default();
+        for p in &self.ports {
+            let x = p.cm.counts();
+            c.listeners += x.listeners;
+            c.connections += x.connections;
+            c.time_wait += x.time_wait;
+            c.owned += x.owned;
+        }
+        c
+    }
+
+    fn port(&mut self, dev: usize) -> Result<&mut Cm, i32> {
+        self.ports.get_mut(dev).map(|p| &mut p.cm).ok_or(EINVAL)
+    }
+
+    // ---- commands (ids 100-111) ----------------------------------------------------------
+
+    /// `CmOpen`: the context's CM eventfd (one per context; `EEXIST` the second time).
+    pub fn open(&mut self, ctx: CtxId) -> Result<OwnedFd, i32> {
+        let c = self.ctxs.entry(ctx).or_default();
+        if c.efd.is_some() {
+            return Err(EEXIST);
+        }
+        let efd = softverbs_ipc::new_eventfd().map_err(|_| ENOMEM)?;
+        let client = efd.try_clone().map_err(|_| ENOMEM)?;
+        if !c.events.is_empty() {
+            softverbs_ipc::signal_eventfd(efd.as_fd());
+        }
+        c.efd = Some(efd);
+        Ok(client)
+    }
+
+    /// `CmListen`.
+    pub fn listen(&mut self, ctx: CtxId, dev: usize, r: &CmListenReq) -> Result<CmIdResp, i32> {
+        let id = self
+            .port(dev)?
+            .listen(owner(ctx), r.service_id.get())
+            .map_err(cm_errno)?;
+        Ok(CmIdResp { id: U32::new(id.0) })
+    }
+
+    /// `CmConnect`.
+    pub fn connect(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmConnectReq,
+    ) -> Result<CmIdResp, i32> {
+        let local_ip = self.ports.get(dev).ok_or(EINVAL)?.ip;
+        let dst = ip_of(r.dst);
+        if dst.is_ipv4() != local_ip.is_ipv4() || dst.is_unspecified() {
+            return Err(EINVAL);
+        }
+        let qp_kind = match r.qp_kind.get() {
+            CM_QP_RC => QpKind::Rc,
+            CM_QP_UC => QpKind::Uc,
+            CM_QP_XRC => QpKind::Xrc,
+            _ => return Err(EINVAL),
+        };
+        let p = ConnectParams {
+            peer: dst,
+            service_id: r.service_id.get(),
+            local_gid: Gid::from_ip(local_ip).0,
+            remote_gid: r.dst,
+            qp_kind,
+            qpn: r.qpn.get(),
+            starting_psn: r.starting_psn.get(),
+            responder_resources: r.responder_resources,
+            initiator_depth: r.initiator_depth,
+            retry_count: r.retry_count,
+            rnr_retry_count: r.rnr_retry_count,
+            srq: r.srq != 0,
+            path_mtu: r.path_mtu,
+            hop_limit: 64,
+            local_ack_timeout: 14,
+            response_timeout: r.response_timeout,
+            max_cm_retries: r.max_cm_retries,
+            private_data: private(&r.private_data, r.private_data_len).to_vec(),
+        };
+        let id = self
+            .port(dev)?
+            .connect(now, owner(ctx), &p)
+            .map_err(cm_errno)?;
+        Ok(CmIdResp { id: U32::new(id.0) })
+    }
+
+    /// `CmAccept`.
+    pub fn accept(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmAcceptReq,
+    ) -> Result<(), i32> {
+        let p = AcceptParams {
+            qpn: r.qpn.get(),
+            starting_psn: r.starting_psn.get(),
+            responder_resources: r.responder_resources,
+            initiator_depth: r.initiator_depth,
+            rnr_retry_count: r.rnr_retry_count,
+            srq: r.srq != 0,
+            private_data: private(&r.private_data, r.private_data_len).to_vec(),
+        };
+        self.port(dev)?
+            .accept(now, owner(ctx), CmId(r.id.get()), &p)
+            .map_err(cm_errno)
+    }
+
+    /// `CmReject`.
+    pub fn reject(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmRejectReq,
+    ) -> Result<(), i32> {
+        let pd = private(&r.private_data, r.private_data_len);
+        self.port(dev)?
+            .reject(now, owner(ctx), CmId(r.id.get()), pd)
+            .map_err(cm_errno)
+    }
+
+    /// `CmEstablish`.
+    pub fn establish(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmIdReq,
+    ) -> Result<(), i32> {
+        self.port(dev)?
+            .establish(now, owner(ctx), CmId(r.id.get()))
+            .map_err(cm_errno)
+    }
+
+    /// `CmDisconnect`.
+    pub fn disconnect(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmDisconnectReq,
+    ) -> Result<(), i32> {
+        let pd = private(&r.private_data, r.private_data_len);
+        self.port(dev)?
+            .disconnect(now, owner(ctx), CmId(r.id.get()), pd)
+            .map_err(cm_errno)
+    }
+
+    /// `CmDestroyId`.
+    pub fn destroy(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmIdReq,
+    ) -> Result<(), i32> {
+        self.port(dev)?
+            .destroy(now, owner(ctx), CmId(r.id.get()))
+            .map_err(cm_errno)
+    }
+
+    /// `CmGetEvent`.
+    pub fn get_event(&mut self, ctx: CtxId) -> Result<CmEventResp, i32> {
+        let c = self.ctxs.get_mut(&ctx).ok_or(EAGAIN)?;
+        let ev = c.events.pop_front().ok_or(EAGAIN)?;
+        if let Some(efd) = &c.efd {
+            // Level-triggered for the client: drained when empty, raised while not.
+            softverbs_ipc::drain_eventfd(efd.as_fd());
+            if !c.events.is_empty() {
+                softverbs_ipc::signal_eventfd(efd.as_fd());
+            }
+        }
+        Ok(ev)
+    }
+
+    /// `CmSidrRequest`.
+    pub fn sidr_request(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmSidrReq,
+    ) -> Result<CmIdResp, i32> {
+        let dst = ip_of(r.dst);
+        let p = SidrParams {
+            peer: dst,
+            service_id: r.service_id.get(),
+            pkey: 0xFFFF,
+            response_timeout: r.response_timeout,
+            max_retries: r.max_retries,
+            private_data: private(&r.private_data, r.private_data_len).to_vec(),
+        };
+        let id = self
+            .port(dev)?
+            .sidr_request(now, owner(ctx), &p)
+            .map_err(cm_errno)?;
+        Ok(CmIdResp { id: U32::new(id.0) })
+    }
+
+    /// `CmSidrReply`.
+    pub fn sidr_reply(
+        &mut self,
+        now: Instant,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmSidrReplyReq,
+    ) -> Result<(), i32> {
+        let status = u8::try_from(r.status.get()).map_err(|_| EINVAL)?;
+        let p = SidrReplyParams {
+            status: SidrStatus(status),
+            qpn: r.qpn.get(),
+            qkey: r.qkey.get(),
+            private_data: private(&r.private_data, r.private_data_len).to_vec(),
+        };
+        self.port(dev)?
+            .sidr_reply(now, owner(ctx), CmId(r.id.get()), &p)
+            .map_err(cm_errno)
+    }
+
+    /// `CmCounts`: what one context holds.
+    pub fn ctx_counts(&self, ctx: CtxId) -> CmCountsResp {
+        let (mut l, mut i) = (0, 0);
+        for p in &self.ports {
+            let (a, b) = p.cm.owner_counts(owner(ctx));
+            l += a;
+            i += b;
+        }
+        CmCountsResp {
+            listeners: U32::new(l as u32),
+            ids: U32::new(i as u32),
+            events: U32::new(self.ctxs.get(&ctx).map_or(0, |c| c.events.len()) as u32),
+        }
+    }
+}

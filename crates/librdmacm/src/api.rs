@@ -1,0 +1,1004 @@
+//! The rdma_cma.h entry points (rdma_cm(7), the rdma_* man pages). Failures return -1 (or
+//! NULL) with `errno` set, as librdmacm's do.
+
+use core::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use softverbs::{CmQp, CmTimers};
+use softverbs_wire::cm::{CmaHdr, PortSpace, ServiceId};
+
+use crate::addr;
+use crate::cm::{ev, guard, Chan, Ev, Id};
+use crate::ffi::*;
+use crate::verbs::{self, QPS_ERR, QPS_INIT, QPS_RTR, QPS_RTS};
+
+pub fn set_errno(e: i32) {
+    // SAFETY: the calling thread's errno.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn fail(e: i32) -> c_int {
+    set_errno(e);
+    -1
+}
+
+fn done(r: Result<(), i32>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
+}
+
+/// The id behind a program's pointer.
+///
+/// # Safety
+/// `id` is NULL or an id of ours not yet destroyed.
+unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Result<&'a mut Id, i32> {
+    if id.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's promise; `Id` starts with the rdma_cm_id.
+    Ok(unsafe { &mut *id.cast::<Id>() })
+}
+
+/// Ephemeral ports for ids that connect or bind without one.
+static NEXT_PORT: AtomicU32 = AtomicU32::new(0);
+fn ephemeral() -> u16 {
+    let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed);
+    (32768 + (std::process::id().wrapping_mul(97).wrapping_add(n) % 28000)) as u16
+}
+
+fn port_space(ps: c_int) -> Result<PortSpace, i32> {
+    PortSpace::from_u16(ps as u16).ok_or(libc::EINVAL)
+}
+
+// ---- channels ---------------------------------------------------------------------------
+
+unsafe extern "C" fn create_event_channel() -> *mut rdma_event_channel {
+    match Chan::new() {
+        Ok(c) => Arc::into_raw(c) as *mut rdma_event_channel,
+        Err(e) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+    }
+}
+export!(
+    "rdma_create_event_channel",
+    "RDMACM_1.0",
+    create_event_channel
+);
+
+unsafe extern "C" fn destroy_event_channel(ch: *mut rdma_event_channel) {
+    if !ch.is_null() {
+        // SAFETY: a channel of ours (Arc::into_raw in create_event_channel); ids on it hold
+        // their own references.
+        drop(unsafe { Arc::from_raw(ch as *const Chan) });
+    }
+}
+export!(
+    "rdma_destroy_event_channel",
+    "RDMACM_1.0",
+    destroy_event_channel
+);
+
+/// # Safety
+/// `ch` is a channel of ours.
+unsafe fn chan_of(ch: *mut rdma_event_channel) -> Arc<Chan> {
+    let p = ch as *const Chan;
+    // SAFETY: the caller's promise; one more reference for the new holder.
+    unsafe {
+        Arc::increment_strong_count(p);
+        Arc::from_raw(p)
+    }
+}
+
+unsafe extern "C" fn get_cm_event(
+    ch: *mut rdma_event_channel,
+    out: *mut *mut rdma_cm_event,
+) -> c_int {
+    if ch.is_null() || out.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a channel of ours.
+    let c = unsafe { &*(ch as *const Chan) };
+    // SAFETY: fcntl on the channel's fd; a program may have made it non-blocking.
+    let flags = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) };
+    let block = flags >= 0 && flags & libc::O_NONBLOCK == 0;
+    match c.next(block) {
+        Ok(e) => {
+            // SAFETY: `out` is the program's pointer slot.
+            unsafe { *out = Box::into_raw(e).cast() };
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+export!("rdma_get_cm_event", "RDMACM_1.0", get_cm_event);
+
+unsafe extern "C" fn ack_cm_event(e: *mut rdma_cm_event) -> c_int {
+    if e.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: an event of ours (Box::into_raw in get_cm_event).
+    drop(unsafe { Box::from_raw(e.cast::<Ev>()) });
+    0
+}
+export!("rdma_ack_cm_event", "RDMACM_1.0", ack_cm_event);
+
+/// For synchronous ids: waits for the event an operation produces and consumes it.
+fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
+    let e = id.chan.next(true)?;
+    let (kind, status) = (e.ev.event, e.ev.status);
+    drop(e);
+    if kind == want {
+        Ok(())
+    } else if status < 0 {
+        Err(-status)
+    } else if kind == ev::REJECTED {
+        Err(libc::ECONNREFUSED)
+    } else {
+        Err(libc::EIO)
+    }
+}
+
+fn is_sync(id: &Id) -> bool {
+    id.lock().sync
+}
+
+// ---- ids ---------------------------------------------------------------------------------
+
+unsafe extern "C" fn create_id(
+    ch: *mut rdma_event_channel,
+    out: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: c_int,
+) -> c_int {
+    if out.is_null() || port_space(ps).is_err() {
+        return fail(libc::EINVAL);
+    }
+    let (chan, sync) = if ch.is_null() {
+        match Chan::new() {
+            Ok(c) => (c, true),
+            Err(e) => return fail(e),
+        }
+    } else {
+        // SAFETY: a channel of ours.
+        (unsafe { chan_of(ch) }, false)
+    };
+    let id = Id::new(chan, context, ps, sync);
+    // SAFETY: the program's pointer slot.
+    unsafe { *out = id.cast() };
+    0
+}
+export!("rdma_create_id", "RDMACM_1.0", create_id);
+
+unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let (dev, cm, listeners) = {
+        let mut s = i.lock();
+        (s.dev, s.cm.take(), std::mem::take(&mut s.listeners))
+    };
+    for (d, l) in listeners {
+        i.chan.unregister(d, l);
+        let _ = i.chan.with_cm(d, |c| c.destroy(l).map_err(|e| e.errno()));
+    }
+    if let (Some(d), Some(c)) = (dev, cm) {
+        i.chan.unregister(d, c);
+        let _ = i.chan.with_cm(d, |ch| ch.destroy(c).map_err(|e| e.errno()));
+    }
+    if !i.id.event.is_null() {
+        // SAFETY: an event of ours kept by rdma_get_request.
+        drop(unsafe { Box::from_raw(i.id.event.cast::<Ev>()) });
+    }
+    free_cqs(i);
+    // SAFETY: made by Id::new (Box::into_raw); the program no longer uses it.
+    drop(unsafe { Box::from_raw(id.cast::<Id>()) });
+    0
+}
+export!("rdma_destroy_id", "RDMACM_1.0", destroy_id);
+
+unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::sockaddr) -> c_int {
+    // SAFETY: an id of ours; `sa` a sockaddr.
+    let (Ok(i), Some((ip, port))) = (unsafe { id_ref(id) }, unsafe { addr::parse(sa) }) else {
+        return fail(libc::EINVAL);
+    };
+    let port = if port == 0 { ephemeral() } else { port };
+    let mut s = guard(&i.st);
+    if !ip.is_unspecified() {
+        let Some(d) = verbs::device_with(ip) else {
+            drop(s);
+            return fail(libc::EADDRNOTAVAIL);
+        };
+        s.dev = Some(d);
+        i.id.verbs = verbs::devices()[d].verbs;
+    }
+    s.port = port;
+    i.id.route.addr.src = addr::storage(ip, port);
+    0
+}
+export!("rdma_bind_addr", "RDMACM_1.0", bind_addr);
+
+unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let Ok(ps) = port_space(i.id.ps) else {
+        return fail(libc::EINVAL);
+    };
+    let (dev, port) = {
+        let s = i.lock();
+        (s.dev, s.port)
+    };
+    let sid = ServiceId { ps, port }.to_u64();
+    let devs: Vec<usize> = match dev {
+        Some(d) => vec![d],
+        None => (0..verbs::devices().len()).collect(),
+    };
+    if devs.is_empty() {
+        return fail(libc::ENODEV);
+    }
+    let me = id.cast::<Id>();
+    for d in devs {
+        match i
+            .chan
+            .make_id(d, me, |c| c.listen(sid).map_err(|e| e.errno()))
+        {
+            Ok(l) => {
+                i.lock().listeners.push((d, l));
+            }
+            Err(e) => return fail(e),
+        }
+    }
+    0
+}
+export!("rdma_listen", "RDMACM_1.0", listen);
+
+unsafe extern "C" fn resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut libc::sockaddr,
+    dst: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    // SAFETY: an id of ours, sockaddrs.
+    let (Ok(i), Some((dip, dport))) = (unsafe { id_ref(id) }, unsafe { addr::parse(dst) }) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: as above.
+    let sip = unsafe { addr::parse(src) }
+        .map(|(ip, _)| ip)
+        .or_else(|| addr::of(&i.id.route.addr.src).map(|(ip, _)| ip));
+    let Some((d, local)) = verbs::route(sip, dip) else {
+        return fail(libc::EADDRNOTAVAIL);
+    };
+    {
+        let mut s = guard(&i.st);
+        if s.port == 0 {
+            s.port = ephemeral();
+        }
+        s.dev = Some(d);
+        s.path.dgid = addr::gid(dip);
+        i.id.verbs = verbs::devices()[d].verbs;
+        i.id.route.addr.src = addr::storage(local, s.port);
+        i.id.route.addr.dst = addr::storage(dip, dport);
+    }
+    i.chan.push_local(Ev::new(
+        ev::ADDR_RESOLVED,
+        id.cast(),
+        std::ptr::null_mut(),
+        0,
+    ));
+    if is_sync(i) {
+        return done(wait_sync(i, ev::ADDR_RESOLVED));
+    }
+    0
+}
+export!("rdma_resolve_addr", "RDMACM_1.0", resolve_addr);
+
+unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let (Some((s, _)), Some((d, _))) = (
+        addr::of(&i.id.route.addr.src),
+        addr::of(&i.id.route.addr.dst),
+    ) else {
+        return fail(libc::EINVAL);
+    };
+    i.id.route.addr.ibaddr.sgid = addr::gid(s);
+    i.id.route.addr.ibaddr.dgid = addr::gid(d);
+    i.id.route.addr.ibaddr.pkey = 0xFFFF;
+    i.id.route.num_paths = 1;
+    i.chan.push_local(Ev::new(
+        ev::ROUTE_RESOLVED,
+        id.cast(),
+        std::ptr::null_mut(),
+        0,
+    ));
+    if is_sync(i) {
+        return done(wait_sync(i, ev::ROUTE_RESOLVED));
+    }
+    0
+}
+export!("rdma_resolve_route", "RDMACM_1.0", resolve_route);
+
+/// The QP attributes rdma_cm would set (`rdma_init_qp_attr(3)`): the state asked for in
+/// `attr->qp_state`.
+unsafe extern "C" fn init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if attr.is_null() || mask.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let path = i.lock().path;
+    // SAFETY: the program's attribute block.
+    let state = unsafe { (*attr).qp_state };
+    match verbs::qp_attr(state, i.id.qp_type as u32, &path) {
+        Some((a, m)) => {
+            // SAFETY: as above.
+            unsafe {
+                *attr = a;
+                *mask = m;
+            }
+            0
+        }
+        None => fail(libc::EINVAL),
+    }
+}
+export!("rdma_init_qp_attr", "RDMACM_1.2", init_qp_attr);
+
+fn psn() -> u32 {
+    (std::process::id().wrapping_mul(0x9E37)
+        ^ NEXT_PORT.fetch_add(1, Ordering::Relaxed).wrapping_mul(7919))
+        & 0x00FF_FFFF
+}
+
+unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let (Some((src, sport)), Some((dst, dport))) = (
+        addr::of(&i.id.route.addr.src),
+        addr::of(&i.id.route.addr.dst),
+    ) else {
+        return fail(libc::EINVAL);
+    };
+    let Some(dev) = i.lock().dev else {
+        return fail(libc::EINVAL);
+    };
+    let Ok(ps) = port_space(i.id.ps) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: NULL or the program's parameters.
+    let p = unsafe { p.as_ref() };
+    let user: &[u8] = match p {
+        Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
+            // SAFETY: the program's private data of the length it gives.
+            unsafe { std::slice::from_raw_parts(p.private_data.cast(), p.private_data_len.into()) }
+        }
+        _ => &[],
+    };
+    let mut pd = vec![0u8; 36];
+    if (CmaHdr {
+        src_port: sport,
+        src,
+        dst,
+    })
+    .emit(&mut pd)
+    .is_err()
+    {
+        return fail(libc::EINVAL);
+    }
+    pd.extend_from_slice(user);
+    let sid = ServiceId { ps, port: dport }.to_u64();
+    if ps.uses_sidr() {
+        let r = i.chan.make_id(dev, id.cast(), |c| {
+            c.sidr_request(dst, sid, CmTimers::default(), &pd)
+                .map_err(|e| e.errno())
+        });
+        return match r {
+            Ok(cm) => {
+                i.lock().cm = Some(cm);
+                if is_sync(i) {
+                    return done(wait_sync(i, ev::ESTABLISHED));
+                }
+                0
+            }
+            Err(e) => fail(e),
+        };
+    }
+    // SAFETY: NULL or the drop-in's QP on this id.
+    let qpn = match unsafe { i.id.qp.as_ref() } {
+        Some(qp) => qp.qp_num,
+        None => p.map_or(0, |p| p.qp_num),
+    };
+    let local_psn = psn();
+    let q = CmQp {
+        qpn,
+        starting_psn: local_psn,
+        responder_resources: p.map_or(1, |p| p.responder_resources),
+        initiator_depth: p.map_or(1, |p| p.initiator_depth),
+        rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
+        retry_count: p.map_or(7, |p| p.retry_count.min(7)),
+        srq: p.is_some_and(|p| p.srq != 0) || !i.id.srq.is_null(),
+    };
+    {
+        let mut s = i.lock();
+        s.path.local_psn = local_psn;
+        s.path.initiator_depth = q.initiator_depth;
+        s.path.responder_resources = q.responder_resources;
+        s.path.dgid = addr::gid(dst);
+    }
+    match i.chan.make_id(dev, id.cast(), |c| {
+        c.connect(dst, sid, q, CmTimers::default(), &pd)
+            .map_err(|e| e.errno())
+    }) {
+        Ok(cm) => {
+            i.lock().cm = Some(cm);
+        }
+        Err(e) => return fail(e),
+    }
+    if is_sync(i) {
+        return done(wait_sync(i, ev::ESTABLISHED));
+    }
+    0
+}
+export!("rdma_connect", "RDMACM_1.0", connect);
+
+unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let (Some(dev), Some(cm)) = ({
+        let s = i.lock();
+        (s.dev, s.cm)
+    }) else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: NULL or the program's parameters.
+    let p = unsafe { p.as_ref() };
+    let user: &[u8] = match p {
+        Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
+            // SAFETY: the program's private data of the length it gives.
+            unsafe { std::slice::from_raw_parts(p.private_data.cast(), p.private_data_len.into()) }
+        }
+        _ => &[],
+    };
+    if i.id.qp_type == 4 {
+        // A UD id answers the SIDR_REQ with its QP.
+        // SAFETY: NULL or the drop-in's QP.
+        let qpn = unsafe { i.id.qp.as_ref() }.map_or(0, |q| q.qp_num);
+        let qkey = verbs::RDMA_UDP_QKEY;
+        return done(i.chan.with_cm(dev, |c| {
+            c.sidr_reply(cm, 0, qpn, qkey, user).map_err(|e| e.errno())
+        }));
+    }
+    let local_psn = psn();
+    let mut path = {
+        let mut s = i.lock();
+        s.path.local_psn = local_psn;
+        if let Some(p) = p {
+            s.path.initiator_depth = p.initiator_depth.min(s.path.responder_resources.max(1));
+            s.path.responder_resources = p.responder_resources;
+        }
+        s.path
+    };
+    // SAFETY: NULL or the drop-in's QP on this id.
+    let qpn = match unsafe { i.id.qp.as_ref() } {
+        Some(qp) => qp.qp_num,
+        None => p.map_or(0, |p| p.qp_num),
+    };
+    if !i.id.qp.is_null() {
+        path.responder_resources = path.responder_resources.max(1);
+        if let Err(e) = verbs::modify(i.id.qp, QPS_RTR, &path)
+            .and_then(|_| verbs::modify(i.id.qp, QPS_RTS, &path))
+        {
+            return fail(e);
+        }
+    }
+    let q = CmQp {
+        qpn,
+        starting_psn: local_psn,
+        responder_resources: path.responder_resources,
+        initiator_depth: path.initiator_depth,
+        rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
+        retry_count: 7,
+        srq: !i.id.srq.is_null(),
+    };
+    if let Err(e) = i
+        .chan
+        .with_cm(dev, |c| c.accept(cm, q, user).map_err(|e| e.errno()))
+    {
+        return fail(e);
+    }
+    if is_sync(i) {
+        return done(wait_sync(i, ev::ESTABLISHED));
+    }
+    0
+}
+export!("rdma_accept", "RDMACM_1.0", accept);
+
+unsafe extern "C" fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let (Some(dev), Some(cm)) = ({
+        let s = i.lock();
+        (s.dev, s.cm)
+    }) else {
+        return fail(libc::EINVAL);
+    };
+    let pd: &[u8] = if data.is_null() {
+        &[]
+    } else {
+        // SAFETY: the program's private data of the length it gives.
+        unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
+    };
+    if i.id.qp_type == 4 {
+        return done(i.chan.with_cm(dev, |c| {
+            c.sidr_reply(cm, 2, 0, 0, pd).map_err(|e| e.errno())
+        }));
+    }
+    done(
+        i.chan
+            .with_cm(dev, |c| c.reject(cm, pd).map_err(|e| e.errno())),
+    )
+}
+export!("rdma_reject", "RDMACM_1.0", reject);
+
+unsafe extern "C" fn reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: forwarded as given.
+    unsafe { reject(id, data, len) }
+}
+export!("rdma_reject_ece", "RDMACM_1.3", reject_ece);
+
+unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let (Some(dev), Some(cm)) = ({
+        let s = i.lock();
+        (s.dev, s.cm)
+    }) else {
+        return fail(libc::EINVAL);
+    };
+    done(
+        i.chan
+            .with_cm(dev, |c| c.establish(cm).map_err(|e| e.errno())),
+    )
+}
+export!("rdma_establish", "RDMACM_1.2", establish);
+
+unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let (dev, cm, path) = {
+        let s = i.lock();
+        (s.dev, s.cm, s.path)
+    };
+    let _ = verbs::modify(i.id.qp, QPS_ERR, &path);
+    let (Some(dev), Some(cm)) = (dev, cm) else {
+        return fail(libc::EINVAL);
+    };
+    done(
+        i.chan
+            .with_cm(dev, |c| c.disconnect(cm, &[]).map_err(|e| e.errno())),
+    )
+}
+export!("rdma_disconnect", "RDMACM_1.0", disconnect);
+
+unsafe extern "C" fn migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    let target = if ch.is_null() {
+        match Chan::new() {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        }
+    } else {
+        // SAFETY: a channel of ours.
+        unsafe { chan_of(ch) }
+    };
+    if Arc::ptr_eq(&target, &i.chan) {
+        return 0;
+    }
+    {
+        let mut s = i.lock();
+        // The daemon's CM ids belong to the channel's connection: an id that has some
+        // cannot move (yet).
+        if s.cm.is_some() || !s.listeners.is_empty() {
+            return fail(libc::ENOSYS);
+        }
+        s.sync = ch.is_null();
+    }
+    i.id.channel = Arc::as_ptr(&target) as *mut rdma_event_channel;
+    i.chan = target;
+    0
+}
+export!("rdma_migrate_id", "RDMACM_1.0", migrate_id);
+
+unsafe extern "C" fn get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(l) = (unsafe { id_ref(listen) }) else {
+        return fail(libc::EINVAL);
+    };
+    if out.is_null() {
+        return fail(libc::EINVAL);
+    }
+    loop {
+        let e = match l.chan.next(true) {
+            Ok(e) => e,
+            Err(e) => return fail(e),
+        };
+        if e.ev.event == ev::CONNECT_REQUEST {
+            let child = e.ev.id;
+            let ep = guard(&l.st).ep_qp;
+            if let Some((mut attr, pd)) = ep {
+                // SAFETY: the child id the event made, not yet the program's.
+                let c = unsafe { &mut *child.cast::<Id>() };
+                if let Err(err) = create_qp_inner(c, pd as *mut c_void, &mut attr) {
+                    // SAFETY: our own entry point on the child id, which is still alive.
+                    let _ = unsafe { reject(child, std::ptr::null(), 0) };
+                    drop(e);
+                    // SAFETY: as above.
+                    unsafe { destroy_id(child) };
+                    return fail(err);
+                }
+            }
+            // SAFETY: the child id the event made; it keeps the event (rdma_get_request(3):
+            // `id->event`) until destroyed.
+            unsafe {
+                (*child).event = Box::into_raw(e).cast();
+                *out = child;
+            }
+            return 0;
+        }
+    }
+}
+export!("rdma_get_request", "RDMACM_1.0", get_request);
+
+// ---- QPs -----------------------------------------------------------------------------
+
+fn free_cqs(i: &mut Id) {
+    let (own_cqs, own_pd) = {
+        let s = i.lock();
+        (s.own_cqs, s.own_pd)
+    };
+    if own_cqs {
+        // SAFETY: CQs and channels this library made for the id (ucma_create_cqs), no QP
+        // uses them any more.
+        unsafe {
+            for cq in [i.id.send_cq, i.id.recv_cq] {
+                if !cq.is_null() {
+                    ibv_destroy_cq(cq);
+                }
+            }
+            for ch in [i.id.send_cq_channel, i.id.recv_cq_channel] {
+                if !ch.is_null() {
+                    ibv_destroy_comp_channel(ch);
+                }
+            }
+        }
+        i.id.send_cq = std::ptr::null_mut();
+        i.id.recv_cq = std::ptr::null_mut();
+        i.lock().own_cqs = false;
+    }
+    let _ = own_pd;
+}
+
+fn create_qp_inner(i: &mut Id, pd: *mut c_void, attr: *mut ibv_qp_init_attr) -> Result<(), i32> {
+    if i.id.verbs.is_null() || attr.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let pd = if !pd.is_null() {
+        pd
+    } else if !i.id.pd.is_null() {
+        i.id.pd
+    } else {
+        // SAFETY: the id's (drop-in) context.
+        let p = unsafe { ibv_alloc_pd(i.id.verbs) };
+        if p.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        i.lock().own_pd = true;
+        p
+    };
+    i.id.pd = pd;
+    // SAFETY: the program's attributes.
+    let a = unsafe { &mut *attr };
+    if a.send_cq.is_null() || a.recv_cq.is_null() {
+        // rdma_create_qp(3): without CQs, the id gets its own, with completion channels.
+        // SAFETY: the id's context; CQ sizes from the caps.
+        unsafe {
+            let sch = ibv_create_comp_channel(i.id.verbs);
+            let rch = ibv_create_comp_channel(i.id.verbs);
+            let scq = ibv_create_cq(
+                i.id.verbs,
+                a.cap.max_send_wr.max(1) as c_int,
+                (i as *mut Id).cast(),
+                sch,
+                0,
+            );
+            let rcq = ibv_create_cq(
+                i.id.verbs,
+                a.cap.max_recv_wr.max(1) as c_int,
+                (i as *mut Id).cast(),
+                rch,
+                0,
+            );
+            if sch.is_null() || rch.is_null() || scq.is_null() || rcq.is_null() {
+                return Err(libc::ENOMEM);
+            }
+            i.id.send_cq_channel = sch;
+            i.id.recv_cq_channel = rch;
+            i.id.send_cq = scq;
+            i.id.recv_cq = rcq;
+        }
+        i.lock().own_cqs = true;
+        a.send_cq = i.id.send_cq;
+        a.recv_cq = i.id.recv_cq;
+    }
+    // SAFETY: a PD of the drop-in and the program's attributes.
+    let qp = unsafe { ibv_create_qp(pd, a) };
+    if qp.is_null() {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOMEM));
+    }
+    let path = i.lock().path;
+    if let Err(e) = verbs::modify(qp, QPS_INIT, &path) {
+        // SAFETY: just created.
+        unsafe { ibv_destroy_qp(qp) };
+        return Err(e);
+    }
+    if a.qp_type == verbs::QPT_UD {
+        let _ = verbs::modify(qp, QPS_RTR, &path).and_then(|_| verbs::modify(qp, QPS_RTS, &path));
+    }
+    i.id.qp = qp;
+    i.id.srq = a.srq;
+    i.id.qp_type = a.qp_type as c_int;
+    Ok(())
+}
+
+unsafe extern "C" fn create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut c_void,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    done(create_qp_inner(i, pd, attr))
+}
+export!("rdma_create_qp", "RDMACM_1.0", create_qp);
+
+unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the program's attributes.
+    let a = unsafe { &mut *attr };
+    // XRC QPs (types 9 and 10) need the extended create: not here yet.
+    if a.qp_type == 9 || a.qp_type == 10 {
+        return fail(libc::ENOSYS);
+    }
+    let pd = if a.comp_mask & QP_INIT_ATTR_PD != 0 {
+        a.pd
+    } else {
+        std::ptr::null_mut()
+    };
+    let mut base = ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    };
+    let r = create_qp_inner(i, pd, &mut base);
+    a.send_cq = base.send_cq;
+    a.recv_cq = base.recv_cq;
+    a.cap = base.cap;
+    done(r)
+}
+export!("rdma_create_qp_ex", "RDMACM_1.0", create_qp_ex);
+
+unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
+    // SAFETY: an id of ours.
+    if let Ok(i) = unsafe { id_ref(id) } {
+        if !i.id.qp.is_null() {
+            // SAFETY: the QP this id made.
+            unsafe { ibv_destroy_qp(i.id.qp) };
+            i.id.qp = std::ptr::null_mut();
+        }
+    }
+}
+export!("rdma_destroy_qp", "RDMACM_1.0", destroy_qp);
+
+// ---- endpoints (synchronous ids from rdma_getaddrinfo) ---------------------------------
+
+unsafe extern "C" fn create_ep(
+    out: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut c_void,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if out.is_null() || res.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the program's address info.
+    let r = unsafe { &*res };
+    let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+    // SAFETY: our own entry points with valid arguments.
+    unsafe {
+        if create_id(
+            std::ptr::null_mut(),
+            &mut id,
+            std::ptr::null_mut(),
+            r.ai_port_space,
+        ) != 0
+        {
+            return -1;
+        }
+        let ok = if r.ai_flags & 1 != 0 {
+            bind_addr(id, r.ai_src_addr)
+        } else {
+            let x = resolve_addr(id, r.ai_src_addr, r.ai_dst_addr, 2000);
+            if x == 0 {
+                resolve_route(id, 2000)
+            } else {
+                x
+            }
+        };
+        if ok != 0 {
+            let e = *libc::__errno_location();
+            destroy_id(id);
+            return fail(e);
+        }
+        if !pd.is_null() {
+            (*id).pd = pd;
+        }
+        if !attr.is_null() {
+            // rdma_create_ep(3): the QP is of the address info's type.
+            (*attr).qp_type = r.ai_qp_type as u32;
+        }
+        if !attr.is_null() && r.ai_flags & 1 != 0 {
+            guard(&(*id.cast::<Id>()).st).ep_qp = Some((*attr, pd as usize));
+        }
+        if !attr.is_null() && r.ai_flags & 1 == 0 && create_qp(id, pd, attr) != 0 {
+            let e = *libc::__errno_location();
+            destroy_id(id);
+            return fail(e);
+        }
+        *out = id;
+    }
+    0
+}
+export!("rdma_create_ep", "RDMACM_1.0", create_ep);
+
+unsafe extern "C" fn destroy_ep(id: *mut rdma_cm_id) {
+    // SAFETY: an id of ours.
+    unsafe {
+        destroy_qp(id);
+        destroy_id(id);
+    }
+}
+export!("rdma_destroy_ep", "RDMACM_1.0", destroy_ep);
+
+// ---- small queries -------------------------------------------------------------------
+
+unsafe extern "C" fn get_src_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: an id of ours.
+    unsafe { id_ref(id) }
+        .ok()
+        .and_then(|i| addr::of(&i.id.route.addr.src))
+        .map_or(0, |(_, p)| p.to_be())
+}
+export!("rdma_get_src_port", "RDMACM_1.0", get_src_port);
+
+unsafe extern "C" fn get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    // SAFETY: an id of ours.
+    unsafe { id_ref(id) }
+        .ok()
+        .and_then(|i| addr::of(&i.id.route.addr.dst))
+        .map_or(0, |(_, p)| p.to_be())
+}
+export!("rdma_get_dst_port", "RDMACM_1.0", get_dst_port);
+
+unsafe extern "C" fn get_devices(num: *mut c_int) -> *mut *mut ibv_context {
+    let devs = verbs::devices();
+    // SAFETY: an array of n + 1 pointers, freed by rdma_free_devices.
+    let arr = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<*mut ibv_context>()) }
+        .cast::<*mut ibv_context>();
+    if arr.is_null() {
+        set_errno(libc::ENOMEM);
+        return arr;
+    }
+    for (k, d) in devs.iter().enumerate() {
+        // SAFETY: within the array.
+        unsafe { *arr.add(k) = d.verbs };
+    }
+    if !num.is_null() {
+        // SAFETY: the program's counter.
+        unsafe { *num = devs.len() as c_int };
+    }
+    arr
+}
+export!("rdma_get_devices", "RDMACM_1.0", get_devices);
+
+unsafe extern "C" fn free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: an array from rdma_get_devices (the contexts stay open, as librdmacm's do).
+    unsafe { libc::free(list.cast()) };
+}
+export!("rdma_free_devices", "RDMACM_1.0", free_devices);
+
+unsafe extern "C" fn event_str(e: c_int) -> *const c_char {
+    let s: &'static [u8] = match e {
+        0 => b"RDMA_CM_EVENT_ADDR_RESOLVED\0",
+        1 => b"RDMA_CM_EVENT_ADDR_ERROR\0",
+        2 => b"RDMA_CM_EVENT_ROUTE_RESOLVED\0",
+        3 => b"RDMA_CM_EVENT_ROUTE_ERROR\0",
+        4 => b"RDMA_CM_EVENT_CONNECT_REQUEST\0",
+        5 => b"RDMA_CM_EVENT_CONNECT_RESPONSE\0",
+        6 => b"RDMA_CM_EVENT_CONNECT_ERROR\0",
+        7 => b"RDMA_CM_EVENT_UNREACHABLE\0",
+        8 => b"RDMA_CM_EVENT_REJECTED\0",
+        9 => b"RDMA_CM_EVENT_ESTABLISHED\0",
+        10 => b"RDMA_CM_EVENT_DISCONNECTED\0",
+        11 => b"RDMA_CM_EVENT_DEVICE_REMOVAL\0",
+        12 => b"RDMA_CM_EVENT_MULTICAST_JOIN\0",
+        13 => b"RDMA_CM_EVENT_MULTICAST_ERROR\0",
+        14 => b"RDMA_CM_EVENT_ADDR_CHANGE\0",
+        15 => b"RDMA_CM_EVENT_TIMEWAIT_EXIT\0",
+        _ => b"UNKNOWN EVENT\0",
+    };
+    s.as_ptr().cast()
+}
+export!("rdma_event_str", "RDMACM_1.0", event_str);
+
+/// `rdma_set_option(3)`: the id-level options (TOS, REUSEADDR, AFONLY, ACK_TIMEOUT) are
+/// accepted (softverbs has one traffic class, no port reuse rules and no dual-stack
+/// binding to restrict); path records (`RDMA_OPTION_IB_PATH`) are not.
+unsafe extern "C" fn set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: usize,
+) -> c_int {
+    // SAFETY: an id of ours.
+    if unsafe { id_ref(id) }.is_err() || val.is_null() || len == 0 {
+        return fail(libc::EINVAL);
+    }
+    match (level, name) {
+        (0, 0..=3) => 0,
+        _ => fail(libc::ENOSYS),
+    }
+}
+export!("rdma_set_option", "RDMACM_1.0", set_option);

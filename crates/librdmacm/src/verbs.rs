@@ -1,0 +1,207 @@
+//! The devices as the drop-in libibverbs shows them (so `id->verbs` is the context a
+//! program linked against both uses), their IP addresses (from the GID tables: RoCE v2
+//! GIDs are the addresses), and the QP transitions rdma_cm makes for a program.
+
+use std::net::IpAddr;
+use std::sync::OnceLock;
+
+use crate::ffi::*;
+
+/// One device: its verbs context (opened once, for the life of the process, as
+/// librdmacm's `ucma_init` does) and its addresses.
+pub struct Device {
+    pub verbs: *mut ibv_context,
+    pub ips: Vec<IpAddr>,
+}
+
+struct Devices(Vec<Device>);
+// SAFETY: the contexts are the drop-in libibverbs' objects, which are thread-safe; the
+// list is written once and then only read.
+unsafe impl Send for Devices {}
+// SAFETY: as above.
+unsafe impl Sync for Devices {}
+
+static DEVICES: OnceLock<Devices> = OnceLock::new();
+
+fn gid_ip(gid: [u8; 16]) -> Option<IpAddr> {
+    if gid == [0; 16] {
+        return None;
+    }
+    let v6 = std::net::Ipv6Addr::from(gid);
+    Some(match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    })
+}
+
+/// Every device, opened on first use.
+pub fn devices() -> &'static [Device] {
+    &DEVICES
+        .get_or_init(|| {
+            let mut out = Vec::new();
+            let mut n = 0;
+            // SAFETY: ibv_get_device_list returns NULL or an array of `n` device pointers.
+            let list = unsafe { ibv_get_device_list(&mut n) };
+            if list.is_null() {
+                return Devices(out);
+            }
+            for i in 0..n.max(0) as usize {
+                // SAFETY: `i` < `n`, within the array.
+                let dev = unsafe { *list.add(i) };
+                // SAFETY: a device of the list.
+                let verbs = unsafe { ibv_open_device(dev) };
+                if verbs.is_null() {
+                    continue;
+                }
+                let mut ips = Vec::new();
+                for index in 0..16 {
+                    let mut gid = ibv_gid::default();
+                    // SAFETY: an open context; `gid` is a writable, aligned ibv_gid.
+                    if unsafe { ibv_query_gid(verbs, 1, index, &mut gid) } != 0 {
+                        break;
+                    }
+                    if let Some(ip) = gid_ip(gid.0) {
+                        ips.push(ip);
+                    }
+                }
+                out.push(Device { verbs, ips });
+            }
+            Devices(out)
+        })
+        .0
+}
+
+/// The device that owns `ip`.
+pub fn device_with(ip: IpAddr) -> Option<usize> {
+    devices().iter().position(|d| d.ips.contains(&ip))
+}
+
+/// The device to reach `dst` from: one that owns it, else one that owns `src`, else the
+/// first with an address of `dst`'s family (softverbs has no routing table: every device
+/// reaches every address of its family).
+pub fn route(src: Option<IpAddr>, dst: IpAddr) -> Option<(usize, IpAddr)> {
+    let devs = devices();
+    let fam = |ip: &IpAddr| ip.is_ipv4() == dst.is_ipv4();
+    if let Some(d) = device_with(dst) {
+        return Some((d, dst));
+    }
+    if let Some(src) = src.filter(|s| !s.is_unspecified()) {
+        return device_with(src).map(|d| (d, src));
+    }
+    devs.iter()
+        .enumerate()
+        .find_map(|(i, d)| d.ips.iter().find(|ip| fam(ip)).map(|ip| (i, *ip)))
+}
+
+pub const QPS_INIT: u32 = 1;
+pub const QPS_RTR: u32 = 2;
+pub const QPS_RTS: u32 = 3;
+pub const QPS_ERR: u32 = 6;
+const MASK_STATE: i32 = 1;
+const MASK_ACCESS: i32 = 8;
+const MASK_PKEY: i32 = 16;
+const MASK_PORT: i32 = 32;
+const MASK_QKEY: i32 = 64;
+const MASK_AV: i32 = 128;
+const MASK_PATH_MTU: i32 = 256;
+const MASK_TIMEOUT: i32 = 512;
+const MASK_RETRY: i32 = 1024;
+const MASK_RNR_RETRY: i32 = 2048;
+const MASK_RQ_PSN: i32 = 4096;
+const MASK_MAX_RD: i32 = 8192;
+const MASK_MIN_RNR: i32 = 32768;
+const MASK_SQ_PSN: i32 = 65536;
+const MASK_MAX_DEST_RD: i32 = 131072;
+const MASK_DEST_QPN: i32 = 1 << 20;
+/// The Q_Key rdma_cm gives UD ids (`RDMA_UDP_QKEY`, rdma_cma.h).
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+/// `IBV_QPT_UD`.
+pub const QPT_UD: u32 = 4;
+
+/// What the peer told us (REQ or REP) and what we told it, for the QP's RTR and RTS.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Path {
+    pub dgid: [u8; 16],
+    pub remote_qpn: u32,
+    pub remote_psn: u32,
+    pub local_psn: u32,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+}
+
+/// The attributes and mask `rdma_init_qp_attr` gives for `state` (INIT, RTR or RTS).
+pub fn qp_attr(state: u32, qp_type: u32, p: &Path) -> Option<(ibv_qp_attr, i32)> {
+    let mut a = ibv_qp_attr {
+        qp_state: state,
+        ..ibv_qp_attr::default()
+    };
+    let mask = match state {
+        QPS_INIT if qp_type == QPT_UD => {
+            a.port_num = 1;
+            a.qkey = RDMA_UDP_QKEY;
+            MASK_STATE | MASK_PKEY | MASK_PORT | MASK_QKEY
+        }
+        QPS_INIT => {
+            a.port_num = 1;
+            // Local write and remote read/write/atomic: rdma_cm grants remote access on the
+            // QP and leaves the MRs to decide.
+            a.qp_access_flags = 0x0f;
+            MASK_STATE | MASK_PKEY | MASK_PORT | MASK_ACCESS
+        }
+        QPS_RTR if qp_type == QPT_UD => MASK_STATE,
+        QPS_RTR => {
+            a.path_mtu = 3; // IBV_MTU_1024
+            a.dest_qp_num = p.remote_qpn;
+            a.rq_psn = p.remote_psn;
+            a.max_dest_rd_atomic = p.responder_resources.max(1);
+            a.min_rnr_timer = 12;
+            a.ah_attr = ibv_ah_attr {
+                grh: ibv_global_route {
+                    dgid: p.dgid,
+                    hop_limit: 64,
+                    ..ibv_global_route::default()
+                },
+                is_global: 1,
+                port_num: 1,
+                ..ibv_ah_attr::default()
+            };
+            MASK_STATE
+                | MASK_AV
+                | MASK_PATH_MTU
+                | MASK_DEST_QPN
+                | MASK_RQ_PSN
+                | MASK_MAX_DEST_RD
+                | MASK_MIN_RNR
+        }
+        QPS_RTS if qp_type == QPT_UD => {
+            a.sq_psn = p.local_psn;
+            MASK_STATE | MASK_SQ_PSN
+        }
+        QPS_RTS => {
+            a.sq_psn = p.local_psn;
+            a.timeout = 14;
+            a.retry_cnt = 7;
+            a.rnr_retry = 7;
+            a.max_rd_atomic = p.initiator_depth.max(1);
+            MASK_STATE | MASK_TIMEOUT | MASK_RETRY | MASK_RNR_RETRY | MASK_SQ_PSN | MASK_MAX_RD
+        }
+        QPS_ERR => MASK_STATE,
+        _ => return None,
+    };
+    Some((a, mask))
+}
+
+/// Moves `qp` to `state`; the errno on failure.
+pub fn modify(qp: *mut ibv_qp, state: u32, p: &Path) -> Result<(), i32> {
+    if qp.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a QP of the drop-in libibverbs (the program's, on this id).
+    let qp_type = unsafe { (*qp).qp_type };
+    let (mut a, mask) = qp_attr(state, qp_type, p).ok_or(libc::EINVAL)?;
+    // SAFETY: as above; `a` is a valid attribute block.
+    match unsafe { ibv_modify_qp(qp, &mut a, mask) } {
+        0 => Ok(()),
+        e => Err(e),
+    }
+}
