@@ -69,7 +69,11 @@ pub(crate) fn backoff(round: u32) {
 }
 
 /// Drives `s` until `done` says yes, or fails with ETIMEDOUT after `limit`.
-fn wait(s: &mut Sock, limit: Option<Duration>, mut done: impl FnMut(&Sock) -> bool) -> Result<(), i32> {
+fn wait(
+    s: &mut Sock,
+    limit: Option<Duration>,
+    mut done: impl FnMut(&Sock) -> bool,
+) -> Result<(), i32> {
     let start = Instant::now();
     let mut round = 0;
     loop {
@@ -94,7 +98,11 @@ fn new_chan() -> Result<*mut rdma_event_channel, i32> {
     // SAFETY: the channel's fd; events are pumped without blocking.
     unsafe {
         let fd = (*ch).fd;
-        libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK);
+        libc::fcntl(
+            fd,
+            libc::F_SETFL,
+            libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+        );
     }
     Ok(ch)
 }
@@ -188,7 +196,11 @@ export!("rlisten", "RDMACM_1.0", rlisten);
 ///
 /// # Safety
 /// `addr`/`len` are NULL or the program's buffer and its size.
-unsafe fn put_addr(src: &libc::sockaddr_storage, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) {
+unsafe fn put_addr(
+    src: &libc::sockaddr_storage,
+    addr: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) {
     if addr.is_null() || len.is_null() {
         return;
     }
@@ -200,12 +212,20 @@ unsafe fn put_addr(src: &libc::sockaddr_storage, addr: *mut libc::sockaddr, len:
     // SAFETY: the caller's promise; at most the program's length is written.
     unsafe {
         let n = full.min(*len as usize);
-        std::ptr::copy_nonoverlapping((src as *const libc::sockaddr_storage).cast::<u8>(), addr.cast::<u8>(), n);
+        std::ptr::copy_nonoverlapping(
+            (src as *const libc::sockaddr_storage).cast::<u8>(),
+            addr.cast::<u8>(),
+            n,
+        );
         *len = full as libc::socklen_t;
     }
 }
 
-unsafe extern "C" fn raccept(fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int {
+unsafe extern "C" fn raccept(
+    fd: c_int,
+    addr: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) -> c_int {
     ret((|| {
         let l = get(fd)?;
         let mut l = lock(&l);
@@ -298,7 +318,11 @@ fn conn_param(info: &[u8; 28]) -> rdma_conn_param {
     }
 }
 
-unsafe extern "C" fn rconnect(fd: c_int, addr: *const libc::sockaddr, _len: libc::socklen_t) -> c_int {
+unsafe extern "C" fn rconnect(
+    fd: c_int,
+    addr: *const libc::sockaddr,
+    _len: libc::socklen_t,
+) -> c_int {
     ret((|| {
         let s = get(fd)?;
         let mut s = lock(&s);
@@ -358,7 +382,11 @@ fn expect_local(s: &mut Sock, want: i32) -> Result<(), i32> {
             if kind == want {
                 return Ok(());
             }
-            return Err(if status < 0 { -status } else { libc::EHOSTUNREACH });
+            return Err(if status < 0 {
+                -status
+            } else {
+                libc::EHOSTUNREACH
+            });
         }
         if Instant::now() > deadline {
             return Err(libc::ETIMEDOUT);
@@ -558,7 +586,12 @@ unsafe fn iovecs<'a>(iov: *const libc::iovec, n: c_int) -> Result<&'a [libc::iov
 ///
 /// # Safety
 /// As [`iovecs`], each iovec the program's buffer.
-unsafe fn recv_iov(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> Result<isize, i32> {
+unsafe fn recv_iov(
+    fd: c_int,
+    iov: *const libc::iovec,
+    n: c_int,
+    flags: c_int,
+) -> Result<isize, i32> {
     // SAFETY: the caller's promise.
     let v = unsafe { iovecs(iov, n) }?;
     let total: usize = v.iter().map(|i| i.iov_len).sum();
@@ -579,7 +612,12 @@ unsafe fn recv_iov(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -
 
 /// # Safety
 /// As [`recv_iov`].
-unsafe fn send_iov(fd: c_int, iov: *const libc::iovec, n: c_int, flags: c_int) -> Result<isize, i32> {
+unsafe fn send_iov(
+    fd: c_int,
+    iov: *const libc::iovec,
+    n: c_int,
+    flags: c_int,
+) -> Result<isize, i32> {
     // SAFETY: the caller's promise.
     let v = unsafe { iovecs(iov, n) }?;
     let mut tmp = Vec::new();
@@ -736,7 +774,11 @@ unsafe extern "C" fn rselect(
             }
         }
         if events != 0 {
-            pfds.push(libc::pollfd { fd, events, revents: 0 });
+            pfds.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
         }
     }
     let timeout = if tv.is_null() {
@@ -759,7 +801,13 @@ unsafe extern "C" fn rselect(
     }
     for p in &pfds {
         for &(set, ev) in &sets {
-            let hit = p.revents & (ev | if ev == libc::POLLIN { libc::POLLHUP | libc::POLLERR } else { 0 });
+            let hit = p.revents
+                & (ev
+                    | if ev == libc::POLLIN {
+                        libc::POLLHUP | libc::POLLERR
+                    } else {
+                        0
+                    });
             if !set.is_null() && p.events & ev != 0 && hit != 0 {
                 // SAFETY: the program's fd_set; fd < FD_SETSIZE.
                 unsafe { libc::FD_SET(p.fd, set) };
@@ -773,7 +821,11 @@ export!("rselect", "RDMACM_1.0", rselect);
 
 // ---- names and options -----------------------------------------------------------------
 
-unsafe extern "C" fn rgetpeername(fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int {
+unsafe extern "C" fn rgetpeername(
+    fd: c_int,
+    addr: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) -> c_int {
     ret((|| {
         let s = get(fd)?;
         let s = lock(&s);
@@ -787,7 +839,11 @@ unsafe extern "C" fn rgetpeername(fd: c_int, addr: *mut libc::sockaddr, len: *mu
 }
 export!("rgetpeername", "RDMACM_1.0", rgetpeername);
 
-unsafe extern "C" fn rgetsockname(fd: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int {
+unsafe extern "C" fn rgetsockname(
+    fd: c_int,
+    addr: *mut libc::sockaddr,
+    len: *mut libc::socklen_t,
+) -> c_int {
     ret((|| {
         let s = get(fd)?;
         let s = lock(&s);

@@ -138,7 +138,10 @@ pub fn pump(ch: *mut rdma_event_channel) {
         } else {
             // SAFETY: the event's private data of its length.
             unsafe {
-                std::slice::from_raw_parts(conn.private_data.cast::<u8>(), conn.private_data_len.into())
+                std::slice::from_raw_parts(
+                    conn.private_data.cast::<u8>(),
+                    conn.private_data_len.into(),
+                )
             }
             .to_vec()
         };
@@ -206,8 +209,12 @@ impl Conn {
         if ctx.is_null() {
             return Err(libc::ENODEV);
         }
-        let nb = (o.rqsize as usize).min(o.rcvbuf as usize / BS).clamp(2, 256);
-        let sq = (o.sqsize as usize).min(o.sndbuf as usize / BS).clamp(2, 256);
+        let nb = (o.rqsize as usize)
+            .min(o.rcvbuf as usize / BS)
+            .clamp(2, 256);
+        let sq = (o.sqsize as usize)
+            .min(o.sndbuf as usize / BS)
+            .clamp(2, 256);
         // SAFETY: the id's context.
         let pd = unsafe { ibv_alloc_pd(ctx) };
         if pd.is_null() {
@@ -431,7 +438,8 @@ impl Conn {
             };
             let sge = sbuf.sge(slot * BS, n);
             // SAFETY: our QP and registered slot.
-            if unsafe { ib::post_send(self.qp, slot as u64, ib::WR_SEND, 0, sge, (0, 0)) }.is_err() {
+            if unsafe { ib::post_send(self.qp, slot as u64, ib::WR_SEND, 0, sge, (0, 0)) }.is_err()
+            {
                 self.reset = true;
                 break;
             }
@@ -453,7 +461,14 @@ impl Conn {
         let sge = self.sbuf.as_ref().expect("made in new").sge(0, 0);
         // SAFETY: our QP; no data.
         let r = unsafe {
-            ib::post_send(self.qp, u64::MAX - 1, ib::WR_SEND_WITH_IMM, FIN_IMM.to_be(), sge, (0, 0))
+            ib::post_send(
+                self.qp,
+                u64::MAX - 1,
+                ib::WR_SEND_WITH_IMM,
+                FIN_IMM.to_be(),
+                sge,
+                (0, 0),
+            )
         };
         if r.is_err() {
             self.reset = true;
@@ -477,7 +492,11 @@ impl Conn {
             let rbuf = self.rbuf.as_ref().expect("made in new");
             // SAFETY: a received buffer of `len` bytes in our region, not reposted yet.
             unsafe {
-                std::ptr::copy_nonoverlapping(rbuf.base.add(slot * BS + off), buf[got..].as_mut_ptr(), n)
+                std::ptr::copy_nonoverlapping(
+                    rbuf.base.add(slot * BS + off),
+                    buf[got..].as_mut_ptr(),
+                    n,
+                )
             };
             got += n;
             if peek {
