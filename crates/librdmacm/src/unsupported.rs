@@ -1,4 +1,4 @@
-//! Entry points that fail with `ENOSYS` (docs/dropin.md, "librdmacm"): riomap/riowrite,
+//! Entry points that fail with `ENOSYS` (docs/dropin.md, "librdmacm"):
 //! multicast, SRQs on ids, ECE and `rdma_notify`. Each is exported so programs that link
 //! them load; the call says it is not there rather than pretending.
 
@@ -20,9 +20,6 @@ macro_rules! enosys {
 }
 
 enosys! {
-    "riomap" => riomap(a, b, c, d, e, f);
-    "riounmap" => riounmap(a, b, c);
-    "riowrite" => riowrite(a, b, c, d, e);
     "rdma_join_multicast" => join_multicast(a, b, c);
     "rdma_leave_multicast" => leave_multicast(a, b);
     "rdma_create_srq" => create_srq(a, b, c);

@@ -300,6 +300,7 @@ fn rsocket_calls_one_by_one() {
         "ok nonblocking",
         "ok rpoll",
         "ok refused",
+        "ok riomap and riowrite",
         "ok peer killed",
     ] {
         assert!(out.contains(step), "{step} missing: {out}");

@@ -16,6 +16,8 @@ use crate::ffi::*;
 pub const MAGIC: u32 = 0x5356_5253;
 /// The immediate of the end-of-stream message.
 pub const FIN_IMM: u32 = 0x4649_4e00;
+/// The immediate of a message announcing (or withdrawing) a `riomap` mapping.
+pub const IOMAP_IMM: u32 = 0x494f_4d00;
 /// The protocol version in the private data.
 pub const VERSION: u16 = 1;
 
@@ -199,6 +201,11 @@ pub struct Conn {
     pub fin_recv: bool,
     pub disconnected: bool,
     pub reset: bool,
+    /// The peer's `riomap` mappings: (offset, address, length, rkey).
+    remote_maps: Vec<(u64, u64, u64, u32)>,
+    /// Ours: (offset, address, length, MR).
+    local_maps: Vec<(u64, u64, u64, *mut ib::Mr)>,
+    next_offset: u64,
 }
 
 impl Conn {
@@ -242,6 +249,9 @@ impl Conn {
             fin_recv: false,
             disconnected: false,
             reset: false,
+            remote_maps: Vec::new(),
+            local_maps: Vec::new(),
+            next_offset: 0,
         });
         // SAFETY: the id's context.
         c.cq = unsafe {
@@ -376,6 +386,10 @@ impl Conn {
         let slot = w.wr_id as usize;
         if w.wc_flags & ib::WC_WITH_IMM != 0 && w.imm_data == FIN_IMM.to_be() {
             self.fin_recv = true;
+            self.consumed += 1;
+            let _ = self.repost(slot);
+        } else if w.wc_flags & ib::WC_WITH_IMM != 0 && w.imm_data == IOMAP_IMM.to_be() {
+            self.iomap_message(slot, w.byte_len as usize);
             self.consumed += 1;
             let _ = self.repost(slot);
         } else if w.byte_len == 0 {
@@ -519,12 +533,168 @@ impl Conn {
         got
     }
 
+    /// A peer's mapping message (docs/rsockets.md): kind 1 maps, 2 unmaps.
+    fn iomap_message(&mut self, slot: usize, len: usize) {
+        if len < 32 {
+            return;
+        }
+        let mut b = [0u8; 32];
+        let rbuf = self.rbuf.as_ref().expect("made in new");
+        // SAFETY: a received buffer of at least 32 bytes in our region.
+        unsafe { std::ptr::copy_nonoverlapping(rbuf.base.add(slot * BS), b.as_mut_ptr(), 32) };
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let kind = u32::from_le_bytes(b[0..4].try_into().unwrap());
+        let (off, addr, len) = (u64_at(4), u64_at(12), u64_at(20));
+        let rkey = u32::from_le_bytes(b[28..32].try_into().unwrap());
+        self.remote_maps.retain(|m| m.0 != off);
+        if kind == 1 {
+            self.remote_maps.push((off, addr, len, rkey));
+        }
+    }
+
+    /// Sends a mapping message if a data credit is there.
+    fn send_iomap(&mut self, kind: u32, off: u64, addr: u64, len: u64, rkey: u32) -> bool {
+        if !self.can_send() {
+            return false;
+        }
+        let slot = (self.posted % self.sq as u64) as usize;
+        let mut b = [0u8; 32];
+        b[0..4].copy_from_slice(&kind.to_le_bytes());
+        b[4..12].copy_from_slice(&off.to_le_bytes());
+        b[12..20].copy_from_slice(&addr.to_le_bytes());
+        b[20..28].copy_from_slice(&len.to_le_bytes());
+        b[28..32].copy_from_slice(&rkey.to_le_bytes());
+        let sbuf = self.sbuf.as_ref().expect("made in new");
+        // SAFETY: a free send slot.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), sbuf.base.add(slot * BS), 32) };
+        let sge = sbuf.sge(slot * BS, 32);
+        // SAFETY: our QP and registered slot.
+        let r = unsafe {
+            ib::post_send(
+                self.qp,
+                slot as u64,
+                ib::WR_SEND_WITH_IMM,
+                IOMAP_IMM.to_be(),
+                sge,
+                (0, 0),
+            )
+        };
+        if r.is_err() {
+            self.reset = true;
+            return false;
+        }
+        self.posted += 1;
+        self.sent += 1;
+        true
+    }
+
+    /// Registers `[addr, addr+len)` for the peer's `riowrite`s at `offset` (or one chosen
+    /// here) and tells the peer; `None` until a credit is there.
+    pub fn iomap(&mut self, addr: u64, len: u64, offset: Option<u64>) -> Result<Option<u64>, i32> {
+        if !self.can_send() {
+            return Ok(None);
+        }
+        let off = match offset {
+            Some(o) => o,
+            None => {
+                let o = self.next_offset;
+                self.next_offset = (o + len + 4095) & !4095;
+                o
+            }
+        };
+        if self
+            .local_maps
+            .iter()
+            .any(|m| off < m.0 + m.2 && m.0 < off + len)
+        {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the program's buffer, registered until riounmap or close.
+        let mr = unsafe {
+            ib::ibv_reg_mr(
+                self.pd,
+                addr as *mut c_void,
+                len as usize,
+                ib::ACCESS_LOCAL_REMOTE_WRITE,
+            )
+        };
+        if mr.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: just registered.
+        let rkey = unsafe { (*mr).rkey };
+        if !self.send_iomap(1, off, addr, len, rkey) {
+            // SAFETY: ours, unannounced.
+            unsafe { ib::ibv_dereg_mr(mr) };
+            return Err(libc::ECONNRESET);
+        }
+        self.local_maps.push((off, addr, len, mr));
+        Ok(Some(off))
+    }
+
+    /// Withdraws the mapping of `addr`; `Ok(false)` until a credit is there.
+    pub fn iounmap(&mut self, addr: u64) -> Result<bool, i32> {
+        let Some(i) = self.local_maps.iter().position(|m| m.1 == addr) else {
+            return Err(libc::EINVAL);
+        };
+        if !self.can_send() && !self.reset {
+            return Ok(false);
+        }
+        let (off, _, _, mr) = self.local_maps.remove(i);
+        if !self.reset {
+            self.send_iomap(2, off, 0, 0, 0);
+        }
+        // SAFETY: our MR; the peer was told it is gone (writes already in flight land before
+        // our unmap message is read, RC ordering).
+        unsafe { ib::ibv_dereg_mr(mr) };
+        Ok(true)
+    }
+
+    /// RDMA WRITEs as much of `buf` as send slots allow into the peer's mapping at `offset`.
+    pub fn iowrite(&mut self, buf: &[u8], offset: u64) -> Result<usize, i32> {
+        let len = buf.len() as u64;
+        let Some(&(moff, maddr, mlen, rkey)) = self
+            .remote_maps
+            .iter()
+            .find(|m| offset >= m.0 && offset + len <= m.0 + m.2)
+        else {
+            return Err(libc::EINVAL);
+        };
+        let _ = mlen;
+        let mut done = 0;
+        while done < buf.len() && self.sq_free() && !self.reset {
+            let n = BS.min(buf.len() - done);
+            let slot = (self.posted % self.sq as u64) as usize;
+            let sbuf = self.sbuf.as_ref().expect("made in new");
+            // SAFETY: a free send slot of BS bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(buf[done..].as_ptr(), sbuf.base.add(slot * BS), n)
+            };
+            let sge = sbuf.sge(slot * BS, n);
+            let at = maddr + (offset - moff) + done as u64;
+            // SAFETY: our QP and registered slot; the peer's mapping from its message.
+            if unsafe { ib::post_send(self.qp, slot as u64, ib::WR_RDMA_WRITE, 0, sge, (at, rkey)) }
+                .is_err()
+            {
+                self.reset = true;
+                break;
+            }
+            self.posted += 1;
+            done += n;
+        }
+        Ok(done)
+    }
+
     /// Frees the QP and the regions; `id` is the id the QP was made on.
     pub fn free(&mut self, id: *mut rdma_cm_id) {
         if !self.qp.is_null() {
             // SAFETY: the id's QP (made by rdma_create_qp here).
             unsafe { api::destroy_qp(id) };
             self.qp = std::ptr::null_mut();
+        }
+        for (_, _, _, mr) in self.local_maps.drain(..) {
+            // SAFETY: our MR, its QP gone.
+            unsafe { ib::ibv_dereg_mr(mr) };
         }
         self.rbuf = None;
         self.sbuf = None;

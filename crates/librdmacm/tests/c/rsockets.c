@@ -8,7 +8,9 @@
  *     exactly what was sent;
  *  3. rpoll over three rsockets and a pipe: only the one written to is readable;
  *  4. rconnect to a port nobody listens on: ECONNREFUSED;
- *  5. a client SIGKILLed while connected: the server's rrecv fails with ECONNRESET.
+ *  5. riomap on the server, riowrite from the client into it (and EINVAL outside it),
+ *     visible once a later rsend arrives; riounmap;
+ *  6. a client SIGKILLed while connected: the server's rrecv fails with ECONNRESET.
  * Options and names are checked on the way. Every step prints "ok <step>"; any failure
  * exits non-zero with the reason. */
 #include <errno.h>
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -141,6 +144,17 @@ static void client(int to_srv, int from_srv)
 
 	/* 5 */
 	s = dial(port);
+	long where = -1;
+	read_all(s, (unsigned char *)&where, sizeof where);
+	CHECK(where >= 0, "offset");
+	CHECK(riowrite(s, big + 5, 65536, where, 0) == 65536, "riowrite");
+	CHECK(riowrite(s, big, 16, where + 65536, 0) == (size_t)-1 && errno == EINVAL, "riowrite outside the mapping");
+	CHECK(rsend(s, "d", 1, 0) == 1, "done");
+	CHECK(rrecv(s, &c, 1, 0) == 0, "EOF 5");
+	rclose(s);
+
+	/* 6 */
+	s = dial(port);
 	CHECK(rsend(s, big, 100, 0) == 100, "rsend before dying");
 	sync_write(to_srv, 5);
 	pause();
@@ -241,6 +255,21 @@ int main(int argc, char **argv)
 	/* 5 (4 happens in the client) */
 	s = raccept(l, NULL, NULL);
 	CHECK(s >= 0, "raccept 5");
+	unsigned char *win = calloc(1, 65536);
+	off_t where = riomap(s, win, 65536, PROT_WRITE, 0, -1);
+	CHECK(where >= 0, "riomap");
+	long w = where;
+	CHECK(rsend(s, &w, sizeof w, 0) == sizeof w, "send offset");
+	CHECK(rrecv(s, &c, 1, 0) == 1 && c == 'd', "done");
+	for (int i = 0; i < 65536; i++)
+		CHECK(win[i] == pat(i + 5), "iomapped byte %d", i);
+	CHECK(riounmap(s, win, 65536) == 0, "riounmap");
+	rclose(s);
+	printf("ok riomap and riowrite\n");
+
+	/* 6 */
+	s = raccept(l, NULL, NULL);
+	CHECK(s >= 0, "raccept 6");
 	CHECK(sync_read(up[0]) == 5, "client ready");
 	read_all(s, got, 100);
 	printf("ok refused\n");
