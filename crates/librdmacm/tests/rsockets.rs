@@ -284,7 +284,7 @@ fn rsocket_calls_one_by_one() {
         .args(["-Wall", "-Werror", "-O1", "-o"])
         .arg(&exe)
         .arg(src)
-        .arg("-lrdmacm")
+        .args(["-lrdmacm", "-lpthread"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

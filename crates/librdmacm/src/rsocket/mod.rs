@@ -68,6 +68,31 @@ pub(crate) fn backoff(round: u32) {
     }
 }
 
+/// Drives the shared socket `sh` until `step` gives a result, unlocking it between rounds
+/// (another thread may send while one waits to receive); ETIMEDOUT after `limit`.
+fn drive<T>(
+    sh: &Shared,
+    limit: Option<Duration>,
+    mut step: impl FnMut(&mut Sock) -> Option<Result<T, i32>>,
+) -> Result<T, i32> {
+    let start = Instant::now();
+    let mut round = 0;
+    loop {
+        {
+            let mut s = lock(sh);
+            s.progress();
+            if let Some(r) = step(&mut s) {
+                return r;
+            }
+        }
+        if limit.is_some_and(|l| start.elapsed() > l) {
+            return Err(libc::ETIMEDOUT);
+        }
+        backoff(round);
+        round += 1;
+    }
+}
+
 /// Drives `s` until `done` says yes, or fails with ETIMEDOUT after `limit`.
 fn wait(
     s: &mut Sock,
@@ -227,27 +252,25 @@ unsafe extern "C" fn raccept(
     len: *mut libc::socklen_t,
 ) -> c_int {
     ret((|| {
-        let l = get(fd)?;
-        let mut l = lock(&l);
-        if l.state != State::Listening {
-            return Err(libc::EINVAL);
-        }
+        let sh = get(fd)?;
         loop {
-            l.progress();
-            let Some((child, pd)) = l.backlog.pop_front() else {
-                if l.nonblock {
-                    return Err(libc::EAGAIN);
+            let (child, pd, domain, opts, nonblock) = drive(&sh, None, |l| {
+                if l.state != State::Listening {
+                    return Some(Err(libc::EINVAL));
                 }
-                wait(&mut l, None, |s| !s.backlog.is_empty())?;
-                continue;
-            };
-            match accept_one(&l, child, &pd) {
+                match l.backlog.pop_front() {
+                    Some((c, pd)) => Some(Ok((c, pd, l.domain, l.opts, l.nonblock))),
+                    None if l.nonblock => Some(Err(libc::EAGAIN)),
+                    None => None,
+                }
+            })?;
+            match accept_one(domain, opts, child, &pd) {
                 Ok(s) => {
                     // SAFETY: the new id's peer address; the program's buffer.
                     unsafe { put_addr(&(*s.id).route.addr.dst, addr, len) };
                     return install(s);
                 }
-                Err(_) if l.nonblock => return Err(libc::EAGAIN),
+                Err(_) if nonblock => return Err(libc::EAGAIN),
                 Err(_) => continue,
             }
         }
@@ -257,9 +280,9 @@ export!("raccept", "RDMACM_1.0", raccept);
 
 /// Answers one connect request: QP and buffers, the REP with our buffer info, the wait
 /// for the RTU.
-fn accept_one(l: &Sock, child: *mut rdma_cm_id, pd: &[u8]) -> Result<Sock, i32> {
+fn accept_one(domain: c_int, opts: Opts, child: *mut rdma_cm_id, pd: &[u8]) -> Result<Sock, i32> {
     let mut s = Sock {
-        domain: l.domain,
+        domain,
         nonblock: false,
         state: State::Connecting,
         own_chan: std::ptr::null_mut(),
@@ -267,7 +290,7 @@ fn accept_one(l: &Sock, child: *mut rdma_cm_id, pd: &[u8]) -> Result<Sock, i32> 
         backlog: Default::default(),
         conn: None,
         err: 0,
-        opts: l.opts,
+        opts,
         rd_shut: false,
         established: false,
     };
@@ -324,8 +347,8 @@ unsafe extern "C" fn rconnect(
     _len: libc::socklen_t,
 ) -> c_int {
     ret((|| {
-        let s = get(fd)?;
-        let mut s = lock(&s);
+        let sh = get(fd)?;
+        let mut s = lock(&sh);
         match s.state {
             State::Fresh => {}
             State::Connecting => return Err(libc::EALREADY),
@@ -358,11 +381,12 @@ unsafe extern "C" fn rconnect(
         if s.nonblock {
             return Err(libc::EINPROGRESS);
         }
-        wait(&mut s, None, |s| s.state != State::Connecting)?;
-        if s.state == State::Failed {
-            return Err(std::mem::take(&mut s.err));
-        }
-        Ok(0)
+        drop(s);
+        drive(&sh, None, |s| match s.state {
+            State::Connecting => None,
+            State::Failed => Some(Err(std::mem::take(&mut s.err))),
+            _ => Some(Ok(0)),
+        })
     })())
 }
 export!("rconnect", "RDMACM_1.0", rconnect);
@@ -397,8 +421,8 @@ fn expect_local(s: &mut Sock, want: i32) -> Result<(), i32> {
 
 unsafe extern "C" fn rshutdown(fd: c_int, how: c_int) -> c_int {
     ret((|| {
-        let s = get(fd)?;
-        let mut s = lock(&s);
+        let sh = get(fd)?;
+        let mut s = lock(&sh);
         if s.state != State::Connected {
             return Err(libc::ENOTCONN);
         }
@@ -406,20 +430,11 @@ unsafe extern "C" fn rshutdown(fd: c_int, how: c_int) -> c_int {
             s.rd_shut = true;
         }
         if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
-            let _ = wait(&mut s, Some(Duration::from_secs(5)), |s| {
-                let c = s.conn.as_ref().expect("connected");
-                c.fin_sent || c.reset
-            });
-            // try_fin runs inside the wait's condition owner: do it between rounds.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                s.progress();
-                let c = s.conn.as_mut().expect("connected");
-                if c.try_fin() || c.reset || Instant::now() > deadline {
-                    break;
-                }
-                backoff(64);
-            }
+            drop(s);
+            drive(&sh, Some(Duration::from_secs(5)), |s| {
+                let c = s.conn.as_mut()?;
+                (c.try_fin() || c.reset).then_some(Ok(()))
+            })?;
         }
         Ok(0)
     })())
@@ -441,85 +456,68 @@ export!("rclose", "RDMACM_1.0", rclose);
 // ---- data ---------------------------------------------------------------------------
 
 fn do_recv(fd: c_int, buf: &mut [u8], flags: c_int) -> Result<isize, i32> {
-    let s = get(fd)?;
-    let mut s = lock(&s);
-    if s.state != State::Connected {
-        return Err(libc::ENOTCONN);
-    }
-    let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let sh = get(fd)?;
     let peek = flags & libc::MSG_PEEK != 0;
     let all = flags & libc::MSG_WAITALL != 0 && !peek;
     let mut got = 0;
-    let mut round = 0;
-    loop {
-        s.progress();
-        let rd_shut = s.rd_shut;
-        let c = s.conn.as_mut().expect("connected");
-        got += c.recv(&mut buf[got..], peek);
-        if got == buf.len() || (got > 0 && !all) {
-            return Ok(got as isize);
+    drive(&sh, None, |s| {
+        if s.state != State::Connected {
+            return Some(Err(libc::ENOTCONN));
         }
-        if rd_shut || c.fin_recv {
-            return Ok(got as isize);
+        let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
+        let rd_shut = s.rd_shut;
+        let Some(c) = s.conn.as_mut() else {
+            return Some(Err(libc::EBADF));
+        };
+        got += c.recv(&mut buf[got..], peek);
+        let some = if got > 0 { Ok(got as isize) } else { Err(0) };
+        if got == buf.len() || (got > 0 && !all) || rd_shut || c.fin_recv {
+            return Some(Ok(got as isize));
         }
         if c.reset {
-            return if got > 0 {
-                Ok(got as isize)
-            } else {
-                Err(libc::ECONNRESET)
-            };
-        }
-        if buf.is_empty() {
-            return Ok(0);
+            return Some(some.map_err(|_| libc::ECONNRESET));
         }
         if nonblock {
-            return if got > 0 {
-                Ok(got as isize)
-            } else {
-                Err(libc::EAGAIN)
-            };
+            return Some(some.map_err(|_| libc::EAGAIN));
         }
-        backoff(round);
-        round += 1;
-    }
+        None
+    })
 }
 
 fn do_send(fd: c_int, buf: &[u8], flags: c_int) -> Result<isize, i32> {
-    let s = get(fd)?;
-    let mut s = lock(&s);
-    if s.state != State::Connected {
-        return Err(libc::ENOTCONN);
-    }
-    let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let sh = get(fd)?;
     let mut sent = 0;
-    let mut round = 0;
-    loop {
-        s.progress();
-        let c = s.conn.as_mut().expect("connected");
+    drive(&sh, None, |s| {
+        if s.state != State::Connected {
+            return Some(Err(libc::ENOTCONN));
+        }
+        let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
+        let Some(c) = s.conn.as_mut() else {
+            return Some(Err(libc::EBADF));
+        };
+        let some = if sent > 0 { Ok(sent as isize) } else { Err(0) };
         if c.reset {
-            return if sent > 0 {
-                Ok(sent as isize)
-            } else {
-                Err(libc::ECONNRESET)
-            };
+            return Some(some.map_err(|_| libc::ECONNRESET));
         }
         if c.fin_sent {
-            return Err(libc::EPIPE);
+            return Some(Err(libc::EPIPE));
         }
-        sent += c.send(&buf[sent..])?;
+        match c.send(&buf[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) => return Some(Err(e)),
+        }
         if sent == buf.len() {
-            return Ok(sent as isize);
+            return Some(Ok(sent as isize));
         }
         if nonblock {
-            return if sent > 0 {
+            return Some(if sent > 0 {
                 Ok(sent as isize)
             } else {
                 Err(libc::EAGAIN)
-            };
+            });
         }
-        backoff(round);
-        round += 1;
-    }
+        None
+    })
 }
 
 /// # Safety
@@ -1064,43 +1062,46 @@ unsafe extern "C" fn riowrite(
     flags: c_int,
 ) -> usize {
     let r = (|| {
-        let s = get(fd)?;
-        let mut s = lock(&s);
+        let sh = get(fd)?;
+        let s = lock(&sh);
         if s.state != State::Connected {
             return Err(libc::ENOTCONN);
         }
         if offset < 0 {
             return Err(libc::EINVAL);
         }
-        let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
+        drop(s);
         // SAFETY: the program's buffer.
         let data = unsafe { slice(buf, count) };
         let mut done = 0;
-        let mut round = 0;
-        loop {
-            s.progress();
-            let c = s.conn.as_mut().expect("connected");
+        drive(&sh, None, |s| {
+            let nonblock = s.nonblock || flags & libc::MSG_DONTWAIT != 0;
+            let Some(c) = s.conn.as_mut() else {
+                return Some(Err(libc::EBADF));
+            };
             if c.reset {
-                return if done > 0 {
+                return Some(if done > 0 {
                     Ok(done)
                 } else {
                     Err(libc::ECONNRESET)
-                };
+                });
             }
-            done += c.iowrite(&data[done..], offset as u64 + done as u64)?;
+            match c.iowrite(&data[done..], offset as u64 + done as u64) {
+                Ok(n) => done += n,
+                Err(e) => return Some(Err(e)),
+            }
             if done == data.len() {
-                return Ok(done);
+                return Some(Ok(done));
             }
             if nonblock {
-                return if done > 0 {
+                return Some(if done > 0 {
                     Ok(done)
                 } else {
                     Err(libc::EAGAIN)
-                };
+                });
             }
-            backoff(round);
-            round += 1;
-        }
+            None
+        })
     })();
     match r {
         Ok(n) => n,

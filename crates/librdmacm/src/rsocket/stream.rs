@@ -18,6 +18,9 @@ pub const MAGIC: u32 = 0x5356_5253;
 pub const FIN_IMM: u32 = 0x4649_4e00;
 /// The immediate of a message announcing (or withdrawing) a `riomap` mapping.
 pub const IOMAP_IMM: u32 = 0x494f_4d00;
+/// Work request ids of the credit write and the FIN (data messages use their slot).
+const CREDIT_WR: u64 = u64::MAX;
+const FIN_WR: u64 = u64::MAX - 1;
 /// The protocol version in the private data.
 pub const VERSION: u16 = 1;
 
@@ -371,7 +374,11 @@ impl Conn {
     fn complete(&mut self, w: &Wc) {
         if w.opcode & ib::WC_RECV == 0 {
             self.done += 1;
-            if w.status != 0 {
+            // A credit write or FIN flushed by the peer's disconnect loses nothing the
+            // peer wanted (it closed); a flushed data message is data lost: a reset, as
+            // TCP's RST for data the peer never read.
+            let control = w.wr_id == CREDIT_WR || w.wr_id == FIN_WR;
+            if w.status != 0 && !(w.status == 5 && control) {
                 self.reset = true;
             }
             return;
@@ -419,7 +426,7 @@ impl Conn {
         let r = unsafe {
             ib::post_send(
                 self.qp,
-                u64::MAX,
+                CREDIT_WR,
                 ib::WR_RDMA_WRITE,
                 0,
                 sge,
@@ -477,7 +484,7 @@ impl Conn {
         let r = unsafe {
             ib::post_send(
                 self.qp,
-                u64::MAX - 1,
+                FIN_WR,
                 ib::WR_SEND_WITH_IMM,
                 FIN_IMM.to_be(),
                 sge,
@@ -860,7 +867,10 @@ impl Sock {
             }
         }
         if !self.id.is_null() {
-            if matches!(self.state, State::Connected | State::Connecting) {
+            if matches!(
+                self.state,
+                State::Connected | State::Connecting | State::Failed
+            ) {
                 // SAFETY: our id.
                 unsafe { api::disconnect(self.id) };
             }

@@ -1,6 +1,7 @@
 /* The rsocket calls through the drop-in librdmacm.so.1 (tests/rsockets.rs runs this under
  * `softverbs run`): a forked client and the parent as server, one listener.
- *  1. blocking stream: 3 MiB with a position-dependent pattern through rsend, rwrite and
+ *  1. blocking stream (the client's reply reader blocks in rrecv on another thread
+ *     meanwhile, so the sends must not wait for it): 3 MiB with a position-dependent pattern through rsend, rwrite and
  *     rwritev in odd chunks, half-close (rshutdown SHUT_WR): the server reads it all in
  *     order, then end of stream (0); its reply, then 0 after its rclose;
  *  2. nonblocking: rconnect EINPROGRESS, rpoll POLLOUT, SO_ERROR 0, rrecv EAGAIN; rsend
@@ -18,6 +19,7 @@
 #include <netinet/tcp.h>
 #include <arpa/inet.h>
 #include <poll.h>
+#include <pthread.h>
 #include <rdma/rsocket.h>
 #include <signal.h>
 #include <stdio.h>
@@ -67,6 +69,14 @@ static void read_all(int s, unsigned char *b, size_t n)
 static void sync_write(int fd, long v) { CHECK(write(fd, &v, sizeof v) == sizeof v, "pipe"); }
 static long sync_read(int fd) { long v; CHECK(read(fd, &v, sizeof v) == sizeof v, "pipe"); return v; }
 
+static void *reply_reader(void *arg)
+{
+	int s = *(int *)arg;
+	static long reply;
+	read_all(s, (unsigned char *)&reply, sizeof reply);
+	return &reply;
+}
+
 static void client(int to_srv, int from_srv)
 {
 	/* 1 */
@@ -76,6 +86,8 @@ static void client(int to_srv, int from_srv)
 	int s = dial(port);
 	struct sockaddr_in me; socklen_t ml = sizeof me;
 	CHECK(rgetsockname(s, (struct sockaddr *)&me, &ml) == 0 && me.sin_family == AF_INET, "rgetsockname");
+	pthread_t reader;
+	CHECK(pthread_create(&reader, NULL, reply_reader, &s) == 0, "pthread_create");
 	size_t off = 0, k = 0;
 	while (off < BIG) {
 		size_t n = 1 + (k * 7919) % 70000;
@@ -93,8 +105,9 @@ static void client(int to_srv, int from_srv)
 		off += n; k++;
 	}
 	CHECK(rshutdown(s, SHUT_WR) == 0, "rshutdown");
-	long reply = 0;
-	read_all(s, (unsigned char *)&reply, sizeof reply);
+	void *rp;
+	CHECK(pthread_join(reader, &rp) == 0, "pthread_join");
+	long reply = *(long *)rp;
 	CHECK(reply == BIG, "reply %ld", reply);
 	char c;
 	CHECK(rrecv(s, &c, 1, 0) == 0, "EOF after the server's rclose");
