@@ -80,6 +80,7 @@ static void *reply_reader(void *arg)
 static void client(int to_srv, int from_srv)
 {
 	/* 1 */
+	CHECK(sync_read(from_srv) == 1, "server listening");
 	unsigned char *big = malloc(BIG);
 	for (size_t i = 0; i < BIG; i++)
 		big[i] = pat(i);
@@ -181,11 +182,11 @@ int main(int argc, char **argv)
 	CHECK(pipe(up) == 0 && pipe(down) == 0, "pipe");
 	pid_t kid = fork();
 	if (kid == 0) {
-		alarm(60);
+		alarm(30);
 		client(up[1], down[0]);
 		return 0;
 	}
-	alarm(60);
+	alarm(30);
 	int l = rsocket(AF_INET, SOCK_STREAM, 0);
 	CHECK(l >= 0, "rsocket");
 	int one = 1, v = 0; socklen_t vl = sizeof v;
@@ -204,6 +205,7 @@ int main(int argc, char **argv)
 	struct sockaddr_in a = addr(port);
 	CHECK(rbind(l, (struct sockaddr *)&a, sizeof a) == 0, "rbind");
 	CHECK(rlisten(l, 8) == 0, "rlisten");
+	sync_write(down[1], 1);
 	printf("ok options\n");
 
 	/* 1 */
