@@ -889,3 +889,37 @@ impl Sock {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_round_trips_and_refuses_what_is_not_ours() {
+        let i = Info {
+            nb: 32,
+            bs: 16384,
+            ctl_addr: 0x7f00_1234_5000,
+            ctl_rkey: 0xabcd,
+        };
+        let b = i.emit();
+        assert_eq!(Info::parse(&b), Some(i));
+        // rdma_cm pads a REQ's private data: trailing bytes are fine.
+        let mut long = b.to_vec();
+        long.extend([0u8; 28]);
+        assert_eq!(Info::parse(&long), Some(i));
+        assert_eq!(Info::parse(&b[..27]), None);
+        let mut other = b;
+        other[0] ^= 1;
+        assert_eq!(Info::parse(&other), None, "magic");
+        let mut v2 = b;
+        v2[4] = 2;
+        assert_eq!(Info::parse(&v2), None, "version");
+        let one = Info { nb: 1, ..i }.emit();
+        assert_eq!(
+            Info::parse(&one),
+            None,
+            "a ring of one buffer has no credit for data"
+        );
+    }
+}

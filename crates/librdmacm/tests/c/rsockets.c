@@ -7,7 +7,8 @@
  *  2. nonblocking: rconnect EINPROGRESS, rpoll POLLOUT, SO_ERROR 0, rrecv EAGAIN; rsend
  *     until EAGAIN while the server does not read (flow control), then the server reads
  *     exactly what was sent;
- *  3. rpoll over three rsockets and a pipe: only the one written to is readable;
+ *  3. rpoll over three rsockets and a pipe, then rselect: only the one written to is
+ *     readable;
  *  4. rconnect to a port nobody listens on: ECONNREFUSED;
  *  5. riomap on the server, riowrite from the client into it (and EINVAL outside it),
  *     visible once a later rsend arrives; riounmap;
@@ -26,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/select.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -259,6 +261,12 @@ int main(int argc, char **argv)
 	CHECK(rpoll(pf, 4, 10000) == 1, "one readable");
 	CHECK(pf[1].revents == POLLIN && !pf[0].revents && !pf[2].revents && !pf[3].revents,
 	      "revents %x %x %x %x", pf[0].revents, pf[1].revents, pf[2].revents, pf[3].revents);
+	fd_set rs;
+	FD_ZERO(&rs);
+	for (int i = 0; i < 3; i++)
+		FD_SET(m[i], &rs);
+	struct timeval tv = { 5, 0 };
+	CHECK(rselect(FD_SETSIZE, &rs, NULL, NULL, &tv) == 1 && FD_ISSET(m[1], &rs) && !FD_ISSET(m[0], &rs) && !FD_ISSET(m[2], &rs), "rselect");
 	CHECK(rrecv(m[1], &c, 1, 0) == 1 && c == 'x', "the byte");
 	sync_write(down[1], 3);
 	for (int i = 0; i < 3; i++) {
