@@ -256,6 +256,20 @@ impl Conn {
             local_maps: Vec::new(),
             next_offset: 0,
         });
+        match c.setup(id, nb, sq) {
+            Ok(()) => Ok(c),
+            Err(e) => {
+                c.free(id);
+                Err(e)
+            }
+        }
+    }
+
+    /// The CQ, regions, QP and posted receives of `new`; on failure `free` undoes what
+    /// was made.
+    fn setup(&mut self, id: *mut rdma_cm_id, nb: usize, sq: usize) -> Result<(), i32> {
+        let (ctx, pd) = (self.ctx, self.pd);
+        let c = self;
         // SAFETY: the id's context.
         c.cq = unsafe {
             ibv_create_cq(
@@ -296,7 +310,7 @@ impl Conn {
         for slot in 0..nb {
             c.repost(slot)?;
         }
-        Ok(c)
+        Ok(())
     }
 
     pub fn info(&self) -> Info {
