@@ -9,7 +9,8 @@
  *     exactly what was sent;
  *  3. rpoll over three rsockets and a pipe, then rselect: only the one written to is
  *     readable;
- *  4. rconnect to a port nobody listens on: ECONNREFUSED;
+ *  4. rconnect to a port nobody listens on: ECONNREFUSED, blocking, and nonblocking
+ *     through rpoll (POLLERR) and SO_ERROR;
  *  5. riomap on the server, riowrite from the client into it (and EINVAL outside it),
  *     visible once a later rsend arrives; riounmap;
  *  6. a client SIGKILLed while connected: the server's rrecv fails with ECONNRESET.
@@ -156,6 +157,14 @@ static void client(int to_srv, int from_srv)
 	s = rsocket(AF_INET, SOCK_STREAM, 0);
 	a = addr(port + 1);
 	CHECK(rconnect(s, (struct sockaddr *)&a, sizeof a) < 0 && errno == ECONNREFUSED, "refused");
+	rclose(s);
+	s = rsocket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	CHECK(rconnect(s, (struct sockaddr *)&a, sizeof a) < 0 && errno == EINPROGRESS, "EINPROGRESS");
+	p.events = POLLOUT;
+	p.fd = s;
+	CHECK(rpoll(&p, 1, 10000) == 1 && (p.revents & POLLERR), "POLLERR %x", p.revents);
+	el = sizeof err;
+	CHECK(rgetsockopt(s, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == ECONNREFUSED, "SO_ERROR %d", err);
 	rclose(s);
 
 	/* 5 */
