@@ -55,7 +55,7 @@ fn port_space(ps: c_int) -> Result<PortSpace, i32> {
 
 // ---- channels ---------------------------------------------------------------------------
 
-unsafe extern "C" fn create_event_channel() -> *mut rdma_event_channel {
+pub(crate) unsafe extern "C" fn create_event_channel() -> *mut rdma_event_channel {
     match Chan::new() {
         Ok(c) => Arc::into_raw(c) as *mut rdma_event_channel,
         Err(e) => {
@@ -70,7 +70,7 @@ export!(
     create_event_channel
 );
 
-unsafe extern "C" fn destroy_event_channel(ch: *mut rdma_event_channel) {
+pub(crate) unsafe extern "C" fn destroy_event_channel(ch: *mut rdma_event_channel) {
     if !ch.is_null() {
         // SAFETY: a channel of ours (Arc::into_raw in create_event_channel); ids on it hold
         // their own references.
@@ -94,7 +94,7 @@ unsafe fn chan_of(ch: *mut rdma_event_channel) -> Arc<Chan> {
     }
 }
 
-unsafe extern "C" fn get_cm_event(
+pub(crate) unsafe extern "C" fn get_cm_event(
     ch: *mut rdma_event_channel,
     out: *mut *mut rdma_cm_event,
 ) -> c_int {
@@ -117,7 +117,7 @@ unsafe extern "C" fn get_cm_event(
 }
 export!("rdma_get_cm_event", "RDMACM_1.0", get_cm_event);
 
-unsafe extern "C" fn ack_cm_event(e: *mut rdma_cm_event) -> c_int {
+pub(crate) unsafe extern "C" fn ack_cm_event(e: *mut rdma_cm_event) -> c_int {
     if e.is_null() {
         return fail(libc::EINVAL);
     }
@@ -149,7 +149,7 @@ fn is_sync(id: &Id) -> bool {
 
 // ---- ids ---------------------------------------------------------------------------------
 
-unsafe extern "C" fn create_id(
+pub(crate) unsafe extern "C" fn create_id(
     ch: *mut rdma_event_channel,
     out: *mut *mut rdma_cm_id,
     context: *mut c_void,
@@ -174,7 +174,7 @@ unsafe extern "C" fn create_id(
 }
 export!("rdma_create_id", "RDMACM_1.0", create_id);
 
-unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
         return fail(libc::EINVAL);
@@ -202,7 +202,7 @@ unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
 }
 export!("rdma_destroy_id", "RDMACM_1.0", destroy_id);
 
-unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::sockaddr) -> c_int {
+pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::sockaddr) -> c_int {
     // SAFETY: an id of ours; `sa` a sockaddr.
     let (Ok(i), Some((ip, port))) = (unsafe { id_ref(id) }, unsafe { addr::parse(sa) }) else {
         return fail(libc::EINVAL);
@@ -223,7 +223,7 @@ unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::sockaddr) -> 
 }
 export!("rdma_bind_addr", "RDMACM_1.0", bind_addr);
 
-unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
         return fail(libc::EINVAL);
@@ -259,7 +259,7 @@ unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
 }
 export!("rdma_listen", "RDMACM_1.0", listen);
 
-unsafe extern "C" fn resolve_addr(
+pub(crate) unsafe extern "C" fn resolve_addr(
     id: *mut rdma_cm_id,
     src: *mut libc::sockaddr,
     dst: *mut libc::sockaddr,
@@ -300,7 +300,7 @@ unsafe extern "C" fn resolve_addr(
 }
 export!("rdma_resolve_addr", "RDMACM_1.0", resolve_addr);
 
-unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
         return fail(libc::EINVAL);
@@ -365,7 +365,7 @@ fn psn() -> u32 {
         & 0x00FF_FFFF
 }
 
-unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
+pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
         return fail(libc::EINVAL);
@@ -458,7 +458,7 @@ unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_
 }
 export!("rdma_connect", "RDMACM_1.0", connect);
 
-unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
+pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
         return fail(libc::EINVAL);
@@ -532,7 +532,7 @@ unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_i
 }
 export!("rdma_accept", "RDMACM_1.0", accept);
 
-unsafe extern "C" fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+pub(crate) unsafe extern "C" fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
         return fail(libc::EINVAL);
@@ -585,7 +585,7 @@ unsafe extern "C" fn establish(id: *mut rdma_cm_id) -> c_int {
 }
 export!("rdma_establish", "RDMACM_1.2", establish);
 
-unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
+pub(crate) unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
         return fail(libc::EINVAL);
@@ -780,7 +780,7 @@ fn create_qp_inner(i: &mut Id, pd: *mut c_void, attr: *mut ibv_qp_init_attr) -> 
     Ok(())
 }
 
-unsafe extern "C" fn create_qp(
+pub(crate) unsafe extern "C" fn create_qp(
     id: *mut rdma_cm_id,
     pd: *mut c_void,
     attr: *mut ibv_qp_init_attr,
@@ -829,7 +829,7 @@ unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_at
 }
 export!("rdma_create_qp_ex", "RDMACM_1.0", create_qp_ex);
 
-unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
+pub(crate) unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
     // SAFETY: an id of ours.
     if let Ok(i) = unsafe { id_ref(id) } {
         if !i.id.qp.is_null() {

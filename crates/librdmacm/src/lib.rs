@@ -15,5 +15,6 @@ mod addrinfo;
 mod api;
 mod cm;
 pub mod ffi;
+mod rsocket;
 mod unsupported;
 mod verbs;

@@ -1,0 +1,309 @@
+//! rsockets through the drop-in librdmacm.so.1 and libibverbs.so.1 under `softverbs run`
+//! (docs/rsockets.md): unmodified `rstream` (rdmacm-utils) with its data check (`-T v`) in
+//! blocking, nonblocking and poll-driven modes on one daemon and between two daemons in
+//! two network namespaces joined by veth (`sv9a`/`sv9b`, made and removed by the test);
+//! and tests/c/rsockets.c, which checks the calls one by one (blocking and nonblocking
+//! streams, flow control, rpoll over several rsockets, end of stream, a refused connect,
+//! a peer killed while connected). After each, the daemon's CM holds no connection.
+//!
+//! Skipped (with a message) without rdmacm-utils, gcc or librdmacm-dev; the namespace test
+//! also needs root and `ip` (CI has all). Build `softverbs-cli` first.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use softverbs_testkit::bins::{profile_dir, softverbs_bin};
+use softverbs_testkit::process::{finish, text};
+use softverbs_testkit::Daemon;
+
+fn have(tool: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{tool} is required under CI"
+        );
+        eprintln!("SKIP: {tool} is not installed (apt-get install rdmacm-utils)");
+    }
+    found
+}
+
+fn lib(name: &str) -> PathBuf {
+    let p = profile_dir();
+    [p.join("deps").join(name), p.join(name)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} not built in {}", p.display()))
+}
+
+/// `[ip netns exec NS] softverbs --socket S run -- PROG ARGS` with this build's drop-ins.
+fn run(netns: Option<&str>, socket: &Path, prog: &Path, args: &[&str]) -> Child {
+    let mut c = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(softverbs_bin());
+            c
+        }
+        None => Command::new(softverbs_bin()),
+    };
+    c.arg("--socket")
+        .arg(socket)
+        .arg("run")
+        .arg("--")
+        .arg(prog)
+        .args(args)
+        .env("SOFTVERBS_AUTOSTART", "0")
+        .env("SOFTVERBS_LIBIBVERBS", lib("libibverbs.so"))
+        .env("SOFTVERBS_LIBRDMACM", lib("librdmacm.so"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("softverbs run {}: {e}", prog.display()))
+}
+
+fn cm_of(socket: &Path) -> serde_json::Value {
+    let o = Command::new(softverbs_bin())
+        .arg("--socket")
+        .arg(socket)
+        .args(["resources", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    v["cm"].clone()
+}
+
+fn wait_cm(socket: &Path, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let cm = cm_of(socket);
+        if cond(&cm) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: CM state {cm}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// No listener and no live connection (connections in TIME_WAIT may remain a while).
+fn cm_idle(cm: &serde_json::Value) -> bool {
+    ["listeners", "connections", "owned"]
+        .iter()
+        .all(|k| cm[k] == 0)
+}
+
+fn ok(o: Output, what: &str) -> String {
+    assert!(o.status.success(), "{what}: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn rstream() -> PathBuf {
+    PathBuf::from("rstream")
+}
+
+/// One rstream server and client with the same test options; both print their result line
+/// ("custom <size> <count> ...") only when every transfer (and, with `-T v`, every byte)
+/// was right.
+fn rstream_pair(
+    srv: (Option<&str>, &Path),
+    cli: (Option<&str>, &Path),
+    server_ip: &str,
+    port: &str,
+    opts: &[&str],
+) {
+    let mut sargs = vec!["-p", port];
+    sargs.extend_from_slice(opts);
+    let mut cargs = vec!["-s", server_ip, "-p", port];
+    cargs.extend_from_slice(opts);
+    let server = run(srv.0, srv.1, &rstream(), &sargs);
+    wait_cm(srv.1, "rstream listening", |cm| cm["listeners"] != 0);
+    let client = finish(run(cli.0, cli.1, &rstream(), &cargs), "rstream client");
+    let server = finish(server, "rstream server");
+    let (s, c) = (ok(server, "rstream server"), ok(client, "rstream client"));
+    let size = opts[opts.iter().position(|o| *o == "-S").unwrap() + 1];
+    let count = opts[opts.iter().position(|o| *o == "-C").unwrap() + 1];
+    for (who, out) in [("server", &s), ("client", &c)] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("custom"))
+            .unwrap_or_else(|| panic!("{who} {opts:?}: no result line in {out}"));
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols[2], count, "{who} {opts:?}: {line}");
+        let bytes = match cols[1].strip_suffix('k') {
+            Some(k) => k.parse::<usize>().unwrap() * 1024,
+            None => match cols[1].strip_suffix('m') {
+                Some(m) => m.parse::<usize>().unwrap() << 20,
+                None => cols[1].parse().unwrap(),
+            },
+        };
+        let want: usize = size.parse().unwrap();
+        assert!(
+            bytes == want || bytes == want / 1024 * 1024,
+            "{who} {opts:?}: {line}"
+        );
+    }
+}
+
+const VARIANTS: &[&[&str]] = &[
+    &["-S", "4096", "-C", "100", "-T", "v"],
+    &["-S", "1048576", "-C", "4", "-T", "b", "-T", "v"],
+    &["-S", "100000", "-C", "20", "-T", "n", "-T", "v"],
+    &["-S", "64", "-C", "200", "-T", "a", "-T", "v"],
+];
+
+#[test]
+fn rstream_checks_its_data_on_one_daemon() {
+    if !have("rstream") {
+        return;
+    }
+    let d = Daemon::start("rstream");
+    let at = (None, d.socket.as_path());
+    for (i, v) in VARIANTS.iter().enumerate() {
+        let port = (7590 + i).to_string();
+        rstream_pair(at, at, "127.0.0.1", &port, v);
+        wait_cm(&d.socket, "nothing left", cm_idle);
+    }
+}
+
+/// Two network namespaces joined by a veth pair; removed on drop, also on failure.
+struct Netns;
+impl Netns {
+    fn up() -> Option<Netns> {
+        let sh = |c: &str| {
+            Command::new("sh")
+                .args(["-c", c])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let _ = sh("ip netns del sv9a 2>/dev/null; ip netns del sv9b 2>/dev/null");
+        let ok = sh("ip netns add sv9a && ip netns add sv9b \
+            && ip link add sv9a0 netns sv9a type veth peer name sv9b0 netns sv9b \
+            && ip -n sv9a addr add 10.49.0.1/24 dev sv9a0 && ip -n sv9b addr add 10.49.0.2/24 dev sv9b0 \
+            && ip -n sv9a link set sv9a0 up && ip -n sv9b link set sv9b0 up \
+            && ip -n sv9a link set lo up && ip -n sv9b link set lo up");
+        let n = Netns;
+        ok.then_some(n)
+    }
+}
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("sh")
+            .args(["-c", "ip netns del sv9a; ip netns del sv9b"])
+            .status();
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "getuid"]
+    fn libc_getuid() -> u32;
+}
+
+/// A `softverbs daemon` in `ns` with one device on `ip`, killed on drop.
+struct NsDaemon(Child, PathBuf);
+impl Drop for NsDaemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn rstream_between_two_daemons_in_two_namespaces() {
+    if !have("rstream") {
+        return;
+    }
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc_getuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("SKIP: network namespaces need root");
+        return;
+    }
+    let Some(_ns) = Netns::up() else {
+        panic!("could not create the sv9a/sv9b namespaces and their veth pair");
+    };
+    let dir = std::env::temp_dir().join(format!("sv9-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let daemon = |ns: &str, ip: &str| {
+        let sock = dir.join(format!("{ns}.sock"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(softverbs_bin())
+            .arg("daemon")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--device")
+            .arg(format!("softverbs0={ip}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        let d = NsDaemon(child, sock);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cm_of(&d.1).is_object() {
+            assert!(Instant::now() < deadline, "daemon in {ns} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    };
+    let a = daemon("sv9a", "10.49.0.1");
+    let b = daemon("sv9b", "10.49.0.2");
+    for (i, v) in [VARIANTS[0], VARIANTS[2], VARIANTS[3]].iter().enumerate() {
+        let port = (7690 + i).to_string();
+        rstream_pair(
+            (Some("sv9a"), &a.1),
+            (Some("sv9b"), &b.1),
+            "10.49.0.1",
+            &port,
+            v,
+        );
+        wait_cm(&a.1, "nothing left on the server's daemon", cm_idle);
+        wait_cm(&b.1, "nothing left on the client's daemon", cm_idle);
+    }
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn rsocket_calls_one_by_one() {
+    let header = Path::new("/usr/include/rdma/rsocket.h");
+    if !header.is_file() || Command::new("gcc").arg("--version").output().is_err() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "gcc and librdmacm-dev are required under CI"
+        );
+        eprintln!("SKIP: gcc or /usr/include/rdma/rsocket.h (librdmacm-dev) missing");
+        return;
+    }
+    let exe =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rsockets-{}", std::process::id()));
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/rsockets.c");
+    let o = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .args(["-lrdmacm", "-lpthread"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let d = Daemon::start("rsockets");
+    let out = ok(
+        finish(run(None, &d.socket, &exe, &["7580"]), "rsockets.c"),
+        "rsockets.c",
+    );
+    let _ = std::fs::remove_file(&exe);
+    for step in [
+        "ok options",
+        "ok blocking stream and end of stream",
+        "ok nonblocking",
+        "ok rpoll",
+        "ok refused",
+        "ok riomap and riowrite",
+        "ok peer killed",
+    ] {
+        assert!(out.contains(step), "{step} missing: {out}");
+    }
+    wait_cm(&d.socket, "nothing left", cm_idle);
+}
