@@ -209,7 +209,12 @@ unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::sockaddr) -> 
     };
     let port = if port == 0 { ephemeral() } else { port };
     let mut s = guard(&i.st);
-    if !ip.is_unspecified() {
+    // A loopback address no device owns binds as the wildcard does, no device yet
+    // (`id->verbs` NULL), as the kernel's rdma_cm binds it: libfabric's verbs provider binds
+    // "localhost" when given no address and then offers every device's own addresses
+    // (prov/verbs `vrb_get_rdma_rai`, `vrb_fill_addr`).
+    let wildcard = ip.is_unspecified() || (ip.is_loopback() && verbs::device_with(ip).is_none());
+    if !wildcard {
         let Some(d) = verbs::device_with(ip) else {
             drop(s);
             return fail(libc::EADDRNOTAVAIL);
@@ -426,11 +431,12 @@ unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_
         None => p.map_or(0, |p| p.qp_num),
     };
     let local_psn = psn();
+    let (max_resp, max_init) = verbs::rd_limits(i.id.verbs);
     let q = CmQp {
         qpn,
         starting_psn: local_psn,
-        responder_resources: p.map_or(1, |p| p.responder_resources),
-        initiator_depth: p.map_or(1, |p| p.initiator_depth),
+        responder_resources: p.map_or(1, |p| p.responder_resources.min(max_resp)),
+        initiator_depth: p.map_or(1, |p| p.initiator_depth.min(max_init)),
         rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
         retry_count: p.map_or(7, |p| p.retry_count.min(7)),
         srq: p.is_some_and(|p| p.srq != 0) || !i.id.srq.is_null(),
@@ -492,8 +498,12 @@ unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_i
         let mut s = i.lock();
         s.path.local_psn = local_psn;
         if let Some(p) = p {
-            s.path.initiator_depth = p.initiator_depth.min(s.path.responder_resources.max(1));
-            s.path.responder_resources = p.responder_resources;
+            let (max_resp, max_init) = verbs::rd_limits(i.id.verbs);
+            s.path.initiator_depth = p
+                .initiator_depth
+                .min(max_init)
+                .min(s.path.responder_resources.max(1));
+            s.path.responder_resources = p.responder_resources.min(max_resp);
         }
         s.path
     };

@@ -71,6 +71,25 @@ pub fn devices() -> &'static [Device] {
         .0
 }
 
+/// The RDMA read depths a program's `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH` (0xFF,
+/// rdma_cma.h) stand for on `verbs`: the device's `max_qp_rd_atom` and
+/// `max_qp_init_rd_atom` (rdma_connect(3), rdma_accept(3): "the maximum supported by the
+/// device" is used), `(1, 1)` if the device cannot be asked.
+pub fn rd_limits(verbs: *mut ibv_context) -> (u8, u8) {
+    // struct ibv_device_attr (verbs.h) is 232 bytes; `max_qp_rd_atom` is the int at byte
+    // 144, `max_qp_init_rd_atom` the one at byte 156.
+    let mut attr = [0u64; 32];
+    // SAFETY: an open context of the drop-in and a buffer larger than ibv_device_attr.
+    if verbs.is_null() || unsafe { ibv_query_device(verbs, attr.as_mut_ptr().cast()) } != 0 {
+        return (1, 1);
+    }
+    let bytes: Vec<u8> = attr.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let int_at =
+        |o: usize| i32::from_ne_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+    let clamp = |v: i32| v.clamp(1, 255) as u8;
+    (clamp(int_at(144)), clamp(int_at(156)))
+}
+
 /// The device that owns `ip`.
 pub fn device_with(ip: IpAddr) -> Option<usize> {
     devices().iter().position(|d| d.ips.contains(&ip))
