@@ -74,7 +74,10 @@ struct Cluster {
 
 impl Cluster {
     fn up(name: &str, hosts: usize) -> Cluster {
-        assert!(name.starts_with("sv10"), "test clusters carry the sv10 prefix");
+        assert!(
+            name.starts_with("sv10"),
+            "test clusters carry the sv10 prefix"
+        );
         let out = softverbs(&[
             "cluster",
             "up",
@@ -250,8 +253,8 @@ fn finish(child: Child, what: &str) -> Output {
 }
 
 /// `fi_pingpong ARGS` as server on host 1 and client on host 2 (environment `env` on both);
-/// both must succeed. Returns the client's output.
-fn pingpong(c: &Cluster, env: &[&str], args: &[&str]) -> String {
+/// both must succeed. Returns the client's standard output and both sides' standard error.
+fn pingpong(c: &Cluster, env: &[&str], args: &[&str]) -> (String, String) {
     let mut base = vec!["env"];
     base.extend(env);
     base.push("fi_pingpong");
@@ -270,7 +273,9 @@ fn pingpong(c: &Cluster, env: &[&str], args: &[&str]) -> String {
     let server = finish(server, "fi_pingpong server");
     assert!(client.status.success(), "client: {}", text(&client));
     assert!(server.status.success(), "server: {}", text(&server));
-    String::from_utf8_lossy(&client.stdout).into_owned()
+    let err = String::from_utf8_lossy(&client.stderr).into_owned()
+        + &String::from_utf8_lossy(&server.stderr);
+    (String::from_utf8_lossy(&client.stdout).into_owned(), err)
 }
 
 /// The result rows of fi_pingpong's table for `sizes`, each with all `iters` acknowledged.
@@ -291,22 +296,25 @@ fn assert_rows(out: &str, sizes: &[&str], iters: u32) {
 }
 
 /// Runs fi_pingpong on a fresh cluster with the data check on, for 64 B and 64 KiB, checks
-/// the rows and that nothing is left behind.
-fn pingpong_test(name: &str, env: &[&str], provider: &str, ep: &str) {
+/// the rows and that nothing is left behind. Returns the programs' standard error.
+fn pingpong_test(name: &str, env: &[&str], provider: &str, ep: &str) -> String {
     let _one = JOBS.lock().unwrap_or_else(|e| e.into_inner());
     let c = Cluster::up(name, 2);
+    let mut logs = String::new();
     for size in ["64", "65536"] {
-        let out = pingpong(
+        let (out, err) = pingpong(
             &c,
             env,
             &["-p", provider, "-e", ep, "-c", "-I", "100", "-S", size],
         );
         let label = if size == "64" { "64" } else { "64k" };
         assert_rows(&out, &[label], 100);
+        logs += &err;
     }
     c.assert_cm_drained(1);
     c.assert_cm_drained(2);
     c.down();
+    logs
 }
 
 /// `fi_pingpong -p verbs -e msg`: libfabric's MSG endpoints are rdma_cm ids (resolve,
@@ -323,4 +331,27 @@ fn fi_pingpong_verbs_msg_between_two_hosts() {
 fn fi_pingpong_verbs_rxm_rdm_between_two_hosts() {
     skip_unless!("fi_pingpong");
     pingpong_test("sv10r", &[], "verbs;ofi_rxm", "rdm");
+}
+
+/// The same over XRC (`FI_VERBS_PREFER_XRC=1`, shared receive contexts): the verbs provider
+/// makes XRC send QPs and XRC receive QPs with `rdma_create_qp_ex`, XRC SRQs, and connects
+/// each direction separately; its log names both connections and the receive QP.
+#[test]
+fn fi_pingpong_verbs_rxm_rdm_over_xrc_between_two_hosts() {
+    skip_unless!("fi_pingpong");
+    let logs = pingpong_test(
+        "sv10x",
+        &[
+            "FI_VERBS_PREFER_XRC=1",
+            "FI_OFI_RXM_USE_SRX=1",
+            "FI_LOG_LEVEL=info",
+            "FI_LOG_PROV=verbs",
+        ],
+        "verbs;ofi_rxm",
+        "rdm",
+    );
+    for line in ["INI Connection Done", "TGT Connection Done", "TGT QP Num"] {
+        assert!(logs.contains(line), "not over XRC ({line} missing): {logs}");
+    }
+    assert!(!logs.contains("failed"), "{logs}");
 }

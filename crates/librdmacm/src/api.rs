@@ -813,9 +813,8 @@ unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_at
     }
     // SAFETY: the program's attributes.
     let a = unsafe { &mut *attr };
-    // XRC QPs (types 9 and 10) need the extended create: not here yet.
-    if a.qp_type == 9 || a.qp_type == 10 {
-        return fail(libc::ENOSYS);
+    if a.qp_type == verbs::QPT_XRC_SEND || a.qp_type == verbs::QPT_XRC_RECV {
+        return done(create_xrc_qp(i, attr));
     }
     let pd = if a.comp_mask & QP_INIT_ATTR_PD != 0 {
         a.pd
@@ -838,6 +837,68 @@ unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_at
     done(r)
 }
 export!("rdma_create_qp_ex", "RDMACM_1.0", create_qp_ex);
+
+/// `rdma_create_qp_ex(3)` for XRC: an XRC send (INI) QP on the id's PD, or an XRC receive
+/// (TGT) QP in the caller's XRC domain, made with the drop-in's `ibv_create_qp_ex` (the
+/// program's own attribute block, so every field it set is seen) and moved to INIT; the
+/// connection brings it to RTR/RTS as for RC. An INI QP without a send CQ gets one of the
+/// id's own, as `rdma_create_qp` gives RC QPs; neither type has a receive queue of its own
+/// (IBA 11.2.4.4: an XRC TGT QP receives into the SRQ a message names).
+fn create_xrc_qp(i: &mut Id, attr: *mut ibv_qp_init_attr_ex) -> Result<(), i32> {
+    if i.id.verbs.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the program's attribute block (checked non-NULL by the caller).
+    let a = unsafe { &mut *attr };
+    if a.qp_type == verbs::QPT_XRC_SEND {
+        if a.comp_mask & QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+            if i.id.pd.is_null() {
+                // SAFETY: the id's (drop-in) context.
+                let p = unsafe { ibv_alloc_pd(i.id.verbs) };
+                if p.is_null() {
+                    return Err(libc::ENOMEM);
+                }
+                i.id.pd = p;
+                i.lock().own_pd = true;
+            }
+            a.pd = i.id.pd;
+            a.comp_mask |= QP_INIT_ATTR_PD;
+        }
+        if a.send_cq.is_null() {
+            // SAFETY: the id's context; the CQ is sized from the caps and kept on the id.
+            unsafe {
+                let ch = ibv_create_comp_channel(i.id.verbs);
+                let cq = ibv_create_cq(
+                    i.id.verbs,
+                    a.cap.max_send_wr.max(1) as c_int,
+                    (i as *mut Id).cast(),
+                    ch,
+                    0,
+                );
+                if ch.is_null() || cq.is_null() {
+                    return Err(libc::ENOMEM);
+                }
+                i.id.send_cq_channel = ch;
+                i.id.send_cq = cq;
+            }
+            i.lock().own_cqs = true;
+            a.send_cq = i.id.send_cq;
+        }
+    }
+    let qp = verbs::create_qp_ex(i.id.verbs, attr)?;
+    let path = i.lock().path;
+    if let Err(e) = verbs::modify(qp, QPS_INIT, &path) {
+        // SAFETY: just created, nobody else has it.
+        unsafe { ibv_destroy_qp(qp) };
+        return Err(e);
+    }
+    if a.comp_mask & QP_INIT_ATTR_PD != 0 && i.id.pd.is_null() {
+        i.id.pd = a.pd;
+    }
+    i.id.qp = qp;
+    i.id.qp_type = a.qp_type as c_int;
+    Ok(())
+}
 
 unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
     // SAFETY: an id of ours.
