@@ -355,3 +355,85 @@ fn fi_pingpong_verbs_rxm_rdm_over_xrc_between_two_hosts() {
     }
     assert!(!logs.contains("failed"), "{logs}");
 }
+
+/// Compiles tests/mpi/mpi_check.c with Open MPI's `mpicc` into a directory every host sees.
+fn build_check() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi/mpi_check.c");
+    let dir = std::env::temp_dir().join(format!("sv10-mpi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("mpi_check_openmpi");
+    let out = Command::new("mpicc.openmpi")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run mpicc");
+    assert!(out.status.success(), "mpicc: {}", text(&out));
+    exe
+}
+
+/// Open MPI 4.1's `mtl ofi` over libfabric `verbs;ofi_rxm` (RC MSG endpoints through the
+/// connection manager), 2 hosts × 2 ranks, as docs/mpi.md gives it: mpi_check's all-to-all,
+/// allreduce, put/get and ring results, every rank on the softverbs0 domain, and every
+/// connection torn down afterwards.
+#[test]
+fn open_mpi_mtl_ofi_verbs_rxm_runs_our_checks_across_two_hosts() {
+    skip_unless!("mpirun", "mpicc.openmpi", "fi_info");
+    let _one = JOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = build_check();
+    let c = Cluster::up("sv10o", 2);
+    let dir = c.dir();
+    let hostfile = dir.join("hostfile");
+    let agent = dir.join("softverbs-rsh");
+    let out = c.exec(
+        1,
+        &[
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--hostfile",
+            hostfile.to_str().unwrap(),
+            "-np",
+            "4",
+            "--map-by",
+            "ppr:2:node",
+            "--mca",
+            "plm_rsh_agent",
+            agent.to_str().unwrap(),
+            "--mca",
+            "pml",
+            "cm",
+            "--mca",
+            "mtl",
+            "ofi",
+            "--mca",
+            "mtl_ofi_provider_include",
+            "verbs;ofi_rxm",
+            "--mca",
+            "osc",
+            "pt2pt",
+            "--mca",
+            "mtl_base_verbose",
+            "100",
+            exe.to_str().unwrap(),
+        ],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "mpirun: {t}");
+    assert!(t.contains("mpi_check OK ranks=4 hosts=2"), "{t}");
+    for i in 1..=2 {
+        let on_host = t
+            .lines()
+            .filter(|l| l.starts_with("host ") && l.ends_with(&format!(" {}", c.host(i))))
+            .count();
+        assert_eq!(on_host, 2, "two ranks on {}: {t}", c.host(i));
+    }
+    assert_eq!(
+        t.matches("mtl:ofi:provider: softverbs0\n").count(),
+        4,
+        "every rank on the RC domain: {t}"
+    );
+    c.assert_cm_drained(1);
+    c.assert_cm_drained(2);
+    c.down();
+}

@@ -484,10 +484,13 @@ unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_i
         }
         _ => &[],
     };
-    if i.id.qp_type == 4 {
+    if i.lock().sidr || i.id.qp_type == 4 {
         // A UD id answers the SIDR_REQ with its QP.
         // SAFETY: NULL or the drop-in's QP.
-        let qpn = unsafe { i.id.qp.as_ref() }.map_or(0, |q| q.qp_num);
+        let qpn = match unsafe { i.id.qp.as_ref() } {
+            Some(q) => q.qp_num,
+            None => p.map_or(0, |p| p.qp_num),
+        };
         let qkey = verbs::RDMA_UDP_QKEY;
         return done(i.chan.with_cm(dev, |c| {
             c.sidr_reply(cm, 0, qpn, qkey, user).map_err(|e| e.errno())
@@ -559,7 +562,7 @@ unsafe extern "C" fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -
         // SAFETY: the program's private data of the length it gives.
         unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
     };
-    if i.id.qp_type == 4 {
+    if i.lock().sidr || i.id.qp_type == 4 {
         return done(i.chan.with_cm(dev, |c| {
             c.sidr_reply(cm, 2, 0, 0, pd).map_err(|e| e.errno())
         }));
