@@ -189,7 +189,10 @@ impl DeviceAttr {
             max_sge: 32,
             max_sge_rd: 32,
             max_cq: 1 << 18,
-            max_cqe: 32767,
+            // mlx5's figure (ConnectX, 2^22 - 1): libfabric's ofi_rxm sizes its MSG CQ as
+            // (tx + rx depth) x universe size (65536 by default), past rxe's 32767. Rings are
+            // memfd pages, committed only as completions reach them.
+            max_cqe: (1 << 22) - 1,
             max_mr: 1 << 18,
             max_mw: 1 << 18,
             max_pd: 1 << 17,

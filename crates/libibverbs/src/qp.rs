@@ -319,15 +319,21 @@ pub unsafe extern "C" fn slot_create_qp_ex(
     } else {
         0
     };
+    // An XRC receive QP belongs to its XRC domain alone: rdma-core sends the domain's handle
+    // in place of the PD's and no CQ or SRQ handle for it (ibv_cmd_create_qp_ex2), so what a
+    // caller leaves in those fields is ignored, not refused. librdmacm's rdma_create_qp_ex
+    // always fills in the id's PD.
+    let xrc_recv = a.qp_type == QPT_XRC_RECV;
+    let unless_xrc_recv = |p: *mut c_void| if xrc_recv { std::ptr::null_mut() } else { p };
     let args = CreateArgs {
         qp_context: a.qp_context,
-        send_cq: a.send_cq,
-        recv_cq: a.recv_cq,
-        srq: a.srq,
+        send_cq: unless_xrc_recv(a.send_cq.cast()).cast(),
+        recv_cq: unless_xrc_recv(a.recv_cq.cast()).cast(),
+        srq: unless_xrc_recv(a.srq.cast()).cast(),
         cap: &mut a.cap,
         qp_type: a.qp_type,
         sq_sig_all: a.sq_sig_all != 0,
-        pd: if a.comp_mask & INIT_ATTR_PD != 0 {
+        pd: if a.comp_mask & INIT_ATTR_PD != 0 && !xrc_recv {
             a.pd
         } else {
             std::ptr::null_mut()

@@ -28,12 +28,27 @@ unsafe extern "C" fn getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() || (node.is_null() && service.is_null()) {
+    if res.is_null() {
         set_errno(libc::EINVAL);
         return -1;
     }
     // SAFETY: NULL or the program's hints.
     let h = unsafe { hints.as_ref() };
+    if node.is_null() && service.is_null() {
+        // rdma_getaddrinfo(3): "Either node, service, or hints must be provided": with
+        // neither name, the hints' own addresses are the answer (libfabric's verbs provider
+        // resolves an fi_info's src/dest addresses this way, prov/verbs `vrb_get_rdma_rai`).
+        return match h {
+            Some(h) if !h.ai_src_addr.is_null() || !h.ai_dst_addr.is_null() => {
+                // SAFETY: the program's hints (their sockaddrs) and its result slot.
+                unsafe { from_hints(h, res) }
+            }
+            _ => {
+                set_errno(libc::EINVAL);
+                -1
+            }
+        };
+    }
     let flags = h.map_or(0, |h| h.ai_flags);
     // SAFETY: an all-zero addrinfo is valid hints.
     let mut ai: libc::addrinfo = unsafe { std::mem::zeroed() };
@@ -64,14 +79,7 @@ unsafe extern "C" fn getaddrinfo(
         let o = &mut *out;
         o.ai_flags = flags;
         o.ai_family = f.ai_family;
-        o.ai_qp_type = h.map_or(0, |h| h.ai_qp_type);
-        o.ai_port_space = h.map_or(0, |h| h.ai_port_space);
-        if o.ai_port_space == 0 {
-            o.ai_port_space = 0x0106; // RDMA_PS_TCP
-        }
-        if o.ai_qp_type == 0 {
-            o.ai_qp_type = if o.ai_port_space == 0x0111 { 4 } else { 2 };
-        }
+        (o.ai_port_space, o.ai_qp_type) = space_and_type(h);
         if flags & RAI_PASSIVE != 0 {
             o.ai_src_addr = copy_sa(f.ai_addr, f.ai_addrlen);
             o.ai_src_len = f.ai_addrlen;
@@ -89,6 +97,57 @@ unsafe extern "C" fn getaddrinfo(
     0
 }
 export!("rdma_getaddrinfo", "RDMACM_1.0", getaddrinfo);
+
+/// The port space and QP type rdma_cm gives a result: the hints', else TCP and RC (UD for
+/// `RDMA_PS_UDP`).
+fn space_and_type(h: Option<&rdma_addrinfo>) -> (c_int, c_int) {
+    let mut ps = h.map_or(0, |h| h.ai_port_space);
+    if ps == 0 {
+        ps = 0x0106; // RDMA_PS_TCP
+    }
+    let mut qpt = h.map_or(0, |h| h.ai_qp_type);
+    if qpt == 0 {
+        qpt = if ps == 0x0111 { 4 } else { 2 };
+    }
+    (ps, qpt)
+}
+
+/// A result made of the hints' addresses alone.
+///
+/// # Safety
+/// `h` holds valid sockaddrs of the lengths it gives; `res` is writable.
+unsafe fn from_hints(h: &rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int {
+    // SAFETY: a zeroed result from calloc, filled here, freed by rdma_freeaddrinfo.
+    unsafe {
+        let out = libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()).cast::<rdma_addrinfo>();
+        if out.is_null() {
+            set_errno(libc::ENOMEM);
+            return -1;
+        }
+        let o = &mut *out;
+        o.ai_flags = h.ai_flags;
+        if h.ai_dst_addr.is_null() {
+            o.ai_flags |= RAI_PASSIVE;
+        }
+        let first = if h.ai_src_addr.is_null() {
+            h.ai_dst_addr
+        } else {
+            h.ai_src_addr
+        };
+        o.ai_family = c_int::from((*first).sa_family);
+        (o.ai_port_space, o.ai_qp_type) = space_and_type(Some(h));
+        if !h.ai_src_addr.is_null() {
+            o.ai_src_addr = copy_sa(h.ai_src_addr, h.ai_src_len);
+            o.ai_src_len = h.ai_src_len;
+        }
+        if !h.ai_dst_addr.is_null() {
+            o.ai_dst_addr = copy_sa(h.ai_dst_addr, h.ai_dst_len);
+            o.ai_dst_len = h.ai_dst_len;
+        }
+        *res = out;
+    }
+    0
+}
 
 unsafe extern "C" fn freeaddrinfo(mut res: *mut rdma_addrinfo) {
     while !res.is_null() {

@@ -209,7 +209,12 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::so
     };
     let port = if port == 0 { ephemeral() } else { port };
     let mut s = guard(&i.st);
-    if !ip.is_unspecified() {
+    // A loopback address no device owns binds as the wildcard does, no device yet
+    // (`id->verbs` NULL), as the kernel's rdma_cm binds it: libfabric's verbs provider binds
+    // "localhost" when given no address and then offers every device's own addresses
+    // (prov/verbs `vrb_get_rdma_rai`, `vrb_fill_addr`).
+    let wildcard = ip.is_unspecified() || (ip.is_loopback() && verbs::device_with(ip).is_none());
+    if !wildcard {
         let Some(d) = verbs::device_with(ip) else {
             drop(s);
             return fail(libc::EADDRNOTAVAIL);
@@ -426,11 +431,12 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_p
         None => p.map_or(0, |p| p.qp_num),
     };
     let local_psn = psn();
+    let (max_resp, max_init) = verbs::rd_limits(i.id.verbs);
     let q = CmQp {
         qpn,
         starting_psn: local_psn,
-        responder_resources: p.map_or(1, |p| p.responder_resources),
-        initiator_depth: p.map_or(1, |p| p.initiator_depth),
+        responder_resources: p.map_or(1, |p| p.responder_resources.min(max_resp)),
+        initiator_depth: p.map_or(1, |p| p.initiator_depth.min(max_init)),
         rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
         retry_count: p.map_or(7, |p| p.retry_count.min(7)),
         srq: p.is_some_and(|p| p.srq != 0) || !i.id.srq.is_null(),
@@ -478,10 +484,13 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_pa
         }
         _ => &[],
     };
-    if i.id.qp_type == 4 {
+    if i.lock().sidr || i.id.qp_type == 4 {
         // A UD id answers the SIDR_REQ with its QP.
         // SAFETY: NULL or the drop-in's QP.
-        let qpn = unsafe { i.id.qp.as_ref() }.map_or(0, |q| q.qp_num);
+        let qpn = match unsafe { i.id.qp.as_ref() } {
+            Some(q) => q.qp_num,
+            None => p.map_or(0, |p| p.qp_num),
+        };
         let qkey = verbs::RDMA_UDP_QKEY;
         return done(i.chan.with_cm(dev, |c| {
             c.sidr_reply(cm, 0, qpn, qkey, user).map_err(|e| e.errno())
@@ -492,8 +501,12 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_pa
         let mut s = i.lock();
         s.path.local_psn = local_psn;
         if let Some(p) = p {
-            s.path.initiator_depth = p.initiator_depth.min(s.path.responder_resources.max(1));
-            s.path.responder_resources = p.responder_resources;
+            let (max_resp, max_init) = verbs::rd_limits(i.id.verbs);
+            s.path.initiator_depth = p
+                .initiator_depth
+                .min(max_init)
+                .min(s.path.responder_resources.max(1));
+            s.path.responder_resources = p.responder_resources.min(max_resp);
         }
         s.path
     };
@@ -549,7 +562,7 @@ pub(crate) unsafe extern "C" fn reject(id: *mut rdma_cm_id, data: *const c_void,
         // SAFETY: the program's private data of the length it gives.
         unsafe { std::slice::from_raw_parts(data.cast(), len.into()) }
     };
-    if i.id.qp_type == 4 {
+    if i.lock().sidr || i.id.qp_type == 4 {
         return done(i.chan.with_cm(dev, |c| {
             c.sidr_reply(cm, 2, 0, 0, pd).map_err(|e| e.errno())
         }));
@@ -803,9 +816,8 @@ unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_at
     }
     // SAFETY: the program's attributes.
     let a = unsafe { &mut *attr };
-    // XRC QPs (types 9 and 10) need the extended create: not here yet.
-    if a.qp_type == 9 || a.qp_type == 10 {
-        return fail(libc::ENOSYS);
+    if a.qp_type == verbs::QPT_XRC_SEND || a.qp_type == verbs::QPT_XRC_RECV {
+        return done(create_xrc_qp(i, attr));
     }
     let pd = if a.comp_mask & QP_INIT_ATTR_PD != 0 {
         a.pd
@@ -828,6 +840,68 @@ unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_at
     done(r)
 }
 export!("rdma_create_qp_ex", "RDMACM_1.0", create_qp_ex);
+
+/// `rdma_create_qp_ex(3)` for XRC: an XRC send (INI) QP on the id's PD, or an XRC receive
+/// (TGT) QP in the caller's XRC domain, made with the drop-in's `ibv_create_qp_ex` (the
+/// program's own attribute block, so every field it set is seen) and moved to INIT; the
+/// connection brings it to RTR/RTS as for RC. An INI QP without a send CQ gets one of the
+/// id's own, as `rdma_create_qp` gives RC QPs; neither type has a receive queue of its own
+/// (IBA 11.2.4.4: an XRC TGT QP receives into the SRQ a message names).
+fn create_xrc_qp(i: &mut Id, attr: *mut ibv_qp_init_attr_ex) -> Result<(), i32> {
+    if i.id.verbs.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the program's attribute block (checked non-NULL by the caller).
+    let a = unsafe { &mut *attr };
+    if a.qp_type == verbs::QPT_XRC_SEND {
+        if a.comp_mask & QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+            if i.id.pd.is_null() {
+                // SAFETY: the id's (drop-in) context.
+                let p = unsafe { ibv_alloc_pd(i.id.verbs) };
+                if p.is_null() {
+                    return Err(libc::ENOMEM);
+                }
+                i.id.pd = p;
+                i.lock().own_pd = true;
+            }
+            a.pd = i.id.pd;
+            a.comp_mask |= QP_INIT_ATTR_PD;
+        }
+        if a.send_cq.is_null() {
+            // SAFETY: the id's context; the CQ is sized from the caps and kept on the id.
+            unsafe {
+                let ch = ibv_create_comp_channel(i.id.verbs);
+                let cq = ibv_create_cq(
+                    i.id.verbs,
+                    a.cap.max_send_wr.max(1) as c_int,
+                    (i as *mut Id).cast(),
+                    ch,
+                    0,
+                );
+                if ch.is_null() || cq.is_null() {
+                    return Err(libc::ENOMEM);
+                }
+                i.id.send_cq_channel = ch;
+                i.id.send_cq = cq;
+            }
+            i.lock().own_cqs = true;
+            a.send_cq = i.id.send_cq;
+        }
+    }
+    let qp = verbs::create_qp_ex(i.id.verbs, attr)?;
+    let path = i.lock().path;
+    if let Err(e) = verbs::modify(qp, QPS_INIT, &path) {
+        // SAFETY: just created, nobody else has it.
+        unsafe { ibv_destroy_qp(qp) };
+        return Err(e);
+    }
+    if a.comp_mask & QP_INIT_ATTR_PD != 0 && i.id.pd.is_null() {
+        i.id.pd = a.pd;
+    }
+    i.id.qp = qp;
+    i.id.qp_type = a.qp_type as c_int;
+    Ok(())
+}
 
 pub(crate) unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
     // SAFETY: an id of ours.

@@ -254,8 +254,12 @@ impl Chan {
             let child = Id::child(listener, dev, &e);
             st.ids.insert((dev, e.id.0), child);
             let mut out = Ev::new(ev::CONNECT_REQUEST, child, listener, 0);
+            // The application's private data follows rdma_cm's 36-byte address header in
+            // a SIDR_REQ as in a REQ (docs/cm.md §2.3): the kernel's rdma_cm hands the
+            // listener only what follows it, for UD ids too (libfabric's XRC connection
+            // data rides in SIDR_REQs on RDMA_PS_UDP).
             let user = e.private_data.get(36..).unwrap_or(&[]);
-            out.set_conn(if e.sidr { &e.private_data } else { user }, &e);
+            out.set_conn(user, &e);
             return Some(out);
         }
         let &id = st.ids.get(&(dev, e.id.0))?;
@@ -363,6 +367,9 @@ pub struct IdState {
     pub path: Path,
     pub rep_pd: Vec<u8>,
     pub sync: bool,
+    /// A passive id made by a SIDR_REQ: accept and reject answer with a SIDR_REP, whatever
+    /// QP the program gave the id (libfabric puts XRC receive QPs on such ids).
+    pub sidr: bool,
     pub own_pd: bool,
     pub own_cqs: bool,
     /// A passive endpoint's QP attributes (rdma_create_ep): each request rdma_get_request
@@ -429,6 +436,7 @@ impl Id {
         s.dev = Some(dev);
         s.port = port;
         s.cm = Some(e.id);
+        s.sidr = e.sidr;
         s.path = Path {
             dgid: e.peer.map(crate::addr::gid).unwrap_or_default(),
             remote_qpn: e.remote_qpn,

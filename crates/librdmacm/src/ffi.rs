@@ -289,6 +289,7 @@ unsafe extern "C" {
     pub fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid)
         -> c_int;
     pub fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut c_void;
+    pub fn ibv_query_device(ctx: *mut ibv_context, attr: *mut c_void) -> c_int;
     pub fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut c_void;
     pub fn ibv_destroy_comp_channel(ch: *mut c_void) -> c_int;
     pub fn ibv_create_cq(

@@ -71,6 +71,25 @@ pub fn devices() -> &'static [Device] {
         .0
 }
 
+/// The RDMA read depths a program's `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH` (0xFF,
+/// rdma_cma.h) stand for on `verbs`: the device's `max_qp_rd_atom` and
+/// `max_qp_init_rd_atom` (rdma_connect(3), rdma_accept(3): "the maximum supported by the
+/// device" is used), `(1, 1)` if the device cannot be asked.
+pub fn rd_limits(verbs: *mut ibv_context) -> (u8, u8) {
+    // struct ibv_device_attr (verbs.h) is 232 bytes; `max_qp_rd_atom` is the int at byte
+    // 144, `max_qp_init_rd_atom` the one at byte 156.
+    let mut attr = [0u64; 32];
+    // SAFETY: an open context of the drop-in and a buffer larger than ibv_device_attr.
+    if verbs.is_null() || unsafe { ibv_query_device(verbs, attr.as_mut_ptr().cast()) } != 0 {
+        return (1, 1);
+    }
+    let bytes: Vec<u8> = attr.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let int_at =
+        |o: usize| i32::from_ne_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+    let clamp = |v: i32| v.clamp(1, 255) as u8;
+    (clamp(int_at(144)), clamp(int_at(156)))
+}
+
 /// The device that owns `ip`.
 pub fn device_with(ip: IpAddr) -> Option<usize> {
     devices().iter().position(|d| d.ips.contains(&ip))
@@ -117,6 +136,38 @@ const MASK_DEST_QPN: i32 = 1 << 20;
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// `IBV_QPT_UD`.
 pub const QPT_UD: u32 = 4;
+/// `IBV_QPT_XRC_SEND`.
+pub const QPT_XRC_SEND: u32 = 9;
+/// `IBV_QPT_XRC_RECV`.
+pub const QPT_XRC_RECV: u32 = 10;
+
+/// `ibv_create_qp_ex(3)`, which verbs.h inlines: the `create_qp_ex` entry of the context's
+/// `struct verbs_context`, the word 56 bytes before the public `ibv_context` (verbs.h
+/// layout: `create_qp_ex`, `get_srq_num`, `create_srq_ex`, `open_xrcd`, `close_xrcd`,
+/// `_ABI_placeholder3`, `sz`, then `context`).
+pub fn create_qp_ex(
+    verbs: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> Result<*mut ibv_qp, i32> {
+    type CreateQpEx =
+        unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+    // SAFETY: `verbs` is a context of the drop-in libibverbs, which is always a
+    // `verbs_context` (its `abi_compat` says so); the slot is a function of that signature
+    // or NULL.
+    let f: Option<CreateQpEx> = unsafe {
+        let slot = verbs.cast::<u8>().sub(56).cast::<Option<CreateQpEx>>();
+        slot.read()
+    };
+    let f = f.ok_or(libc::EOPNOTSUPP)?;
+    // SAFETY: the context and the program's attribute block.
+    let qp = unsafe { f(verbs, attr) };
+    if qp.is_null() {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOMEM));
+    }
+    Ok(qp)
+}
 
 /// What the peer told us (REQ or REP) and what we told it, for the QP's RTR and RTS.
 #[derive(Clone, Copy, Debug, Default)]
