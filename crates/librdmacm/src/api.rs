@@ -982,9 +982,11 @@ unsafe extern "C" fn event_str(e: c_int) -> *const c_char {
 }
 export!("rdma_event_str", "RDMACM_1.0", event_str);
 
-/// `rdma_set_option(3)`: the id-level options (TOS, REUSEADDR, AFONLY, ACK_TIMEOUT) are
-/// accepted (softverbs has one traffic class, no port reuse rules and no dual-stack
-/// binding to restrict); path records (`RDMA_OPTION_IB_PATH`) are not.
+/// `rdma_set_option(3)`: the id-level options TOS, REUSEADDR and AFONLY are accepted
+/// (softverbs has one traffic class, no port reuse rules and no dual-stack binding to
+/// restrict); ACK_TIMEOUT (a `u8`, IBA 9.7.6.1.3's exponent, at most 31) becomes the RC QP's
+/// timeout at RTS, as rdma_init_qp_attr reports it; path records (`RDMA_OPTION_IB_PATH`)
+/// are not.
 unsafe extern "C" fn set_option(
     id: *mut rdma_cm_id,
     level: c_int,
@@ -993,11 +995,23 @@ unsafe extern "C" fn set_option(
     len: usize,
 ) -> c_int {
     // SAFETY: an id of ours.
-    if unsafe { id_ref(id) }.is_err() || val.is_null() || len == 0 {
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if val.is_null() || len == 0 {
         return fail(libc::EINVAL);
     }
     match (level, name) {
-        (0, 0..=3) => 0,
+        (0, 3) => {
+            // SAFETY: the caller's buffer of `len` >= 1 bytes.
+            let t = unsafe { *val.cast::<u8>() };
+            if len != 1 || t > 31 {
+                return fail(libc::EINVAL);
+            }
+            i.lock().path.ack_timeout = Some(t);
+            0
+        }
+        (0, 0..=2) => 0,
         _ => fail(libc::ENOSYS),
     }
 }

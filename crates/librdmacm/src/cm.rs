@@ -436,6 +436,7 @@ impl Id {
             local_psn: 0,
             responder_resources: e.responder_resources,
             initiator_depth: e.initiator_depth,
+            ack_timeout: None,
         };
         if let (Some(a), Some(b)) = (local_ip, peer_ip) {
             c.id.route.addr.ibaddr.sgid = crate::addr::gid(a);

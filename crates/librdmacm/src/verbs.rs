@@ -127,6 +127,9 @@ pub struct Path {
     pub local_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT` (rdma_set_option(3)): the RC QP's local ACK timeout
+    /// exponent for RTS, instead of the default.
+    pub ack_timeout: Option<u8>,
 }
 
 /// The attributes and mask `rdma_init_qp_attr` gives for `state` (INIT, RTR or RTS).
@@ -179,7 +182,7 @@ pub fn qp_attr(state: u32, qp_type: u32, p: &Path) -> Option<(ibv_qp_attr, i32)>
         }
         QPS_RTS => {
             a.sq_psn = p.local_psn;
-            a.timeout = 14;
+            a.timeout = p.ack_timeout.unwrap_or(14);
             a.retry_cnt = 7;
             a.rnr_retry = 7;
             a.max_rd_atomic = p.initiator_depth.max(1);
