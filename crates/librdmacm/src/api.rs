@@ -215,7 +215,7 @@ unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::sockaddr) -> 
             return fail(libc::EADDRNOTAVAIL);
         };
         s.dev = Some(d);
-        i.id.verbs = verbs::devices()[d].verbs;
+        verbs::attach(&mut i.id, d);
     }
     s.port = port;
     i.id.route.addr.src = addr::storage(ip, port);
@@ -283,7 +283,7 @@ unsafe extern "C" fn resolve_addr(
         }
         s.dev = Some(d);
         s.path.dgid = addr::gid(dip);
-        i.id.verbs = verbs::devices()[d].verbs;
+        verbs::attach(&mut i.id, d);
         i.id.route.addr.src = addr::storage(local, s.port);
         i.id.route.addr.dst = addr::storage(dip, dport);
     }
@@ -342,9 +342,15 @@ unsafe extern "C" fn init_qp_attr(
     if attr.is_null() || mask.is_null() {
         return fail(libc::EINVAL);
     }
-    let path = i.lock().path;
     // SAFETY: the program's attribute block.
     let state = unsafe { (*attr).qp_state };
+    let path = {
+        let mut s = i.lock();
+        if state == QPS_RTS {
+            s.path.choose_psn(psn);
+        }
+        s.path
+    };
     match verbs::qp_attr(state, i.id.qp_type as u32, &path) {
         Some((a, m)) => {
             // SAFETY: as above.
@@ -425,7 +431,7 @@ unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_
         Some(qp) => qp.qp_num,
         None => p.map_or(0, |p| p.qp_num),
     };
-    let local_psn = psn();
+    let local_psn = i.lock().path.choose_psn(psn);
     let q = CmQp {
         qpn,
         starting_psn: local_psn,
@@ -487,10 +493,9 @@ unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_i
             c.sidr_reply(cm, 0, qpn, qkey, user).map_err(|e| e.errno())
         }));
     }
-    let local_psn = psn();
     let mut path = {
         let mut s = i.lock();
-        s.path.local_psn = local_psn;
+        s.path.choose_psn(psn);
         if let Some(p) = p {
             s.path.initiator_depth = p.initiator_depth.min(s.path.responder_resources.max(1));
             s.path.responder_resources = p.responder_resources;
@@ -512,7 +517,7 @@ unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_i
     }
     let q = CmQp {
         qpn,
-        starting_psn: local_psn,
+        starting_psn: path.local_psn,
         responder_resources: path.responder_resources,
         initiator_depth: path.initiator_depth,
         rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),

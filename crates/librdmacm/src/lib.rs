@@ -14,6 +14,7 @@ mod addr;
 mod addrinfo;
 mod api;
 mod cm;
+mod ece;
 pub mod ffi;
 mod unsupported;
 mod verbs;

@@ -1,5 +1,5 @@
 //! Entry points that fail with `ENOSYS` (docs/dropin.md, "librdmacm"): rsockets,
-//! multicast, SRQs on ids, ECE and `rdma_notify`. Each is exported so programs that link
+//! multicast, SRQs on ids and `rdma_notify`. Each is exported so programs that link
 //! them load; the call says it is not there rather than pretending.
 
 use core::ffi::c_int;
@@ -61,17 +61,3 @@ unsafe extern "C" fn join_multicast_ex(a: usize, b: usize, c: usize) -> c_int {
     -1
 }
 export!("rdma_join_multicast_ex", "RDMACM_1.1", join_multicast_ex);
-
-#[allow(unused_variables)]
-unsafe extern "C" fn set_local_ece(a: usize, b: usize) -> c_int {
-    set_errno(libc::ENOSYS);
-    -1
-}
-export!("rdma_set_local_ece", "RDMACM_1.3", set_local_ece);
-
-#[allow(unused_variables)]
-unsafe extern "C" fn get_remote_ece(a: usize, b: usize) -> c_int {
-    set_errno(libc::ENOSYS);
-    -1
-}
-export!("rdma_get_remote_ece", "RDMACM_1.3", get_remote_ece);

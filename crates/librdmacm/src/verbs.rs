@@ -11,6 +11,11 @@ use crate::ffi::*;
 /// librdmacm's `ucma_init` does) and its addresses.
 pub struct Device {
     pub verbs: *mut ibv_context,
+    /// The device's protection domain that every id on it shows as `id->pd` from the moment
+    /// it is bound to the device (librdmacm allocates one per device and sets it with
+    /// `id->verbs`; pyverbs' `PD(cmid)` and programs that create their own QP on `id->pd`
+    /// rely on it). NULL if it could not be allocated.
+    pub pd: *mut core::ffi::c_void,
     pub ips: Vec<IpAddr>,
 }
 
@@ -64,11 +69,22 @@ pub fn devices() -> &'static [Device] {
                         ips.push(ip);
                     }
                 }
-                out.push(Device { verbs, ips });
+                // SAFETY: an open context.
+                let pd = unsafe { ibv_alloc_pd(verbs) };
+                out.push(Device { verbs, pd, ips });
             }
             Devices(out)
         })
         .0
+}
+
+/// Binds `id` to device `d`: its context, and its PD unless the id has one already.
+pub fn attach(id: &mut rdma_cm_id, d: usize) {
+    let dev = &devices()[d];
+    id.verbs = dev.verbs;
+    if id.pd.is_null() {
+        id.pd = dev.pd;
+    }
 }
 
 /// The device that owns `ip`.
@@ -130,6 +146,21 @@ pub struct Path {
     /// `RDMA_OPTION_ID_ACK_TIMEOUT` (rdma_set_option(3)): the RC QP's local ACK timeout
     /// exponent for RTS, instead of the default.
     pub ack_timeout: Option<u8>,
+    /// Whether `local_psn` has been chosen (see [`Path::choose_psn`]).
+    pub psn_chosen: bool,
+}
+
+impl Path {
+    /// Our starting PSN, chosen once by whichever comes first of rdma_init_qp_attr(RTS),
+    /// rdma_connect and rdma_accept: a program that brings its own QP to RTS before it
+    /// accepts (rdma_init_qp_attr, then rdma_accept) must send from the PSN its REP carries.
+    pub fn choose_psn(&mut self, fresh: impl FnOnce() -> u32) -> u32 {
+        if !self.psn_chosen {
+            self.local_psn = fresh();
+            self.psn_chosen = true;
+        }
+        self.local_psn
+    }
 }
 
 /// The attributes and mask `rdma_init_qp_attr` gives for `state` (INIT, RTR or RTS).
