@@ -28,9 +28,13 @@ unsafe extern "C" fn getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() || (node.is_null() && service.is_null()) {
+    if res.is_null() {
         set_errno(libc::EINVAL);
         return -1;
+    }
+    if node.is_null() && service.is_null() {
+        // SAFETY: NULL or the caller's hints.
+        return unsafe { from_hints(hints.as_ref(), res) };
     }
     // SAFETY: NULL or the program's hints.
     let h = unsafe { hints.as_ref() };
@@ -89,6 +93,52 @@ unsafe extern "C" fn getaddrinfo(
     0
 }
 export!("rdma_getaddrinfo", "RDMACM_1.0", getaddrinfo);
+
+/// Neither node nor service: rdma_getaddrinfo(3) then describes the addresses the hints
+/// already hold (pyverbs' `AddrInfo(src=...)` asks this way); with none it is `EINVAL`.
+unsafe fn from_hints(h: Option<&rdma_addrinfo>, res: *mut *mut rdma_addrinfo) -> c_int {
+    let Some(h) = h.filter(|h| !h.ai_src_addr.is_null() || !h.ai_dst_addr.is_null()) else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    // SAFETY: a zeroed rdma_addrinfo is valid; the hints' sockaddrs are theirs to read for
+    // their lengths.
+    unsafe {
+        let out = libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()).cast::<rdma_addrinfo>();
+        if out.is_null() {
+            set_errno(libc::ENOMEM);
+            return -1;
+        }
+        let o = &mut *out;
+        o.ai_flags = h.ai_flags;
+        let first = if h.ai_src_addr.is_null() {
+            h.ai_dst_addr
+        } else {
+            h.ai_src_addr
+        };
+        o.ai_family = i32::from((*first).sa_family);
+        o.ai_port_space = if h.ai_port_space == 0 {
+            0x0106
+        } else {
+            h.ai_port_space
+        };
+        o.ai_qp_type = match h.ai_qp_type {
+            0 if o.ai_port_space == 0x0111 => 4,
+            0 => 2,
+            t => t,
+        };
+        if !h.ai_src_addr.is_null() {
+            o.ai_src_addr = copy_sa(h.ai_src_addr, h.ai_src_len);
+            o.ai_src_len = h.ai_src_len;
+        }
+        if !h.ai_dst_addr.is_null() {
+            o.ai_dst_addr = copy_sa(h.ai_dst_addr, h.ai_dst_len);
+            o.ai_dst_len = h.ai_dst_len;
+        }
+        *res = out;
+    }
+    0
+}
 
 unsafe extern "C" fn freeaddrinfo(mut res: *mut rdma_addrinfo) {
     while !res.is_null() {

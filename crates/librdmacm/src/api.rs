@@ -18,12 +18,12 @@ pub fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
-fn fail(e: i32) -> c_int {
+pub(crate) fn fail(e: i32) -> c_int {
     set_errno(e);
     -1
 }
 
-fn done(r: Result<(), i32>) -> c_int {
+pub(crate) fn done(r: Result<(), i32>) -> c_int {
     match r {
         Ok(()) => 0,
         Err(e) => fail(e),
@@ -34,7 +34,7 @@ fn done(r: Result<(), i32>) -> c_int {
 ///
 /// # Safety
 /// `id` is NULL or an id of ours not yet destroyed.
-unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Result<&'a mut Id, i32> {
+pub(crate) unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Result<&'a mut Id, i32> {
     if id.is_null() {
         return Err(libc::EINVAL);
     }
@@ -128,7 +128,7 @@ unsafe extern "C" fn ack_cm_event(e: *mut rdma_cm_event) -> c_int {
 export!("rdma_ack_cm_event", "RDMACM_1.0", ack_cm_event);
 
 /// For synchronous ids: waits for the event an operation produces and consumes it.
-fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
+pub(crate) fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
     let e = id.chan.next(true)?;
     let (kind, status) = (e.ev.event, e.ev.status);
     drop(e);
@@ -143,7 +143,7 @@ fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
     }
 }
 
-fn is_sync(id: &Id) -> bool {
+pub(crate) fn is_sync(id: &Id) -> bool {
     id.lock().sync
 }
 
@@ -195,6 +195,7 @@ unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
         // SAFETY: an event of ours kept by rdma_get_request.
         drop(unsafe { Box::from_raw(i.id.event.cast::<Ev>()) });
     }
+    crate::mcast::leave_all(i);
     free_cqs(i);
     // SAFETY: made by Id::new (Box::into_raw); the program no longer uses it.
     drop(unsafe { Box::from_raw(id.cast::<Id>()) });
@@ -838,6 +839,8 @@ unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
     // SAFETY: an id of ours.
     if let Ok(i) = unsafe { id_ref(id) } {
         if !i.id.qp.is_null() {
+            // The CM attached it to the id's groups; a QP with attachments cannot go.
+            crate::mcast::detach_qp(i);
             // SAFETY: the QP this id made.
             unsafe { ibv_destroy_qp(i.id.qp) };
             i.id.qp = std::ptr::null_mut();

@@ -26,6 +26,7 @@ pub mod ev {
     pub const REJECTED: i32 = 8;
     pub const ESTABLISHED: i32 = 9;
     pub const DISCONNECTED: i32 = 10;
+    pub const MULTICAST_JOIN: i32 = 12;
 }
 
 /// An event a program holds until `rdma_ack_cm_event`, with the private data it points to.
@@ -375,6 +376,8 @@ pub struct IdState {
     /// The CONNECT_RESPONSE went to the program (an id without a QP): the ESTABLISHED its
     /// rdma_establish causes is not reported.
     pub quiet_establish: bool,
+    /// The multicast groups the id has joined (crate::mcast).
+    pub mcast: Vec<crate::mcast::Join>,
 }
 
 // SAFETY: the raw pointers in `ep_qp` are the program's PD and CQs, used only under the

@@ -16,5 +16,6 @@ mod api;
 mod cm;
 mod ece;
 pub mod ffi;
+mod mcast;
 mod unsupported;
 mod verbs;
