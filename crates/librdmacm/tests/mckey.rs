@@ -2,8 +2,8 @@
 //! (`rdma_join_multicast`, MULTICAST_JOIN's UD parameters, `rdma_leave_multicast`): a
 //! receiver joins a group, a sender joins as well and sends to it, and the receiver gets
 //! every message (mckey fails if one does not arrive). On one daemon, and between two daemons
-//! in two network namespaces on a bridge (`sv11a`, `sv11b`, bridge `sv11br` in `sv11h`, made
-//! and removed by the test). The daemon's status shows the group with the receiver's QP while
+//! in two network namespaces on a bridge (`sv11ma`, `sv11mb`, bridge `sv11mbr` in `sv11mh`,
+//! made and removed by the test). The daemon's status shows the group with the receiver's QP while
 //! it is joined, and nothing once both have left.
 //!
 //! Skipped (with a message) when rdmacm-utils is missing; the bridge test also needs root
@@ -61,6 +61,11 @@ fn lib_dir(dir: &Path) -> PathBuf {
 
 /// `[ip netns exec NS] softverbs --socket S run -- mckey ARGS`.
 fn mckey(netns: Option<&str>, socket: &Path, libibverbs: &Path, args: &[&str]) -> Child {
+    run(netns, socket, libibverbs, "mckey", args)
+}
+
+/// `[ip netns exec NS] softverbs --socket S run -- PROG ARGS`.
+fn run(netns: Option<&str>, socket: &Path, libibverbs: &Path, prog: &str, args: &[&str]) -> Child {
     let mut c = match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -71,7 +76,7 @@ fn mckey(netns: Option<&str>, socket: &Path, libibverbs: &Path, args: &[&str]) -
     };
     c.arg("--socket")
         .arg(socket)
-        .args(["run", "--", "mckey"])
+        .args(["run", "--", prog])
         .args(args)
         .env("SOFTVERBS_AUTOSTART", "0")
         .env("SOFTVERBS_LIBIBVERBS", libibverbs)
@@ -79,7 +84,7 @@ fn mckey(netns: Option<&str>, socket: &Path, libibverbs: &Path, args: &[&str]) -
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("softverbs run mckey: {e}"))
+        .unwrap_or_else(|e| panic!("softverbs run {prog}: {e}"))
 }
 
 /// The QPs attached to `group` on the daemon's first device, as `softverbs status` shows.
@@ -167,11 +172,13 @@ fn mckey_on_one_daemon() {
 }
 
 /// Two namespaces with a veth each onto a bridge in a third: two hosts on one segment.
+/// Named `sv11<tag>a`, `sv11<tag>b` and `sv11<tag>h` (bridge `sv11<tag>br`), so tests that
+/// run at once each have their own.
 struct Segment {
+    tag: char,
+    net: u8,
     dir: PathBuf,
 }
-
-const HOSTS: [(&str, &str); 2] = [("sv11a", "10.111.0.1"), ("sv11b", "10.111.0.2")];
 
 fn ip(args: &[&str]) {
     let o = Command::new("ip").args(args).output().expect("ip");
@@ -179,49 +186,47 @@ fn ip(args: &[&str]) {
 }
 
 impl Segment {
-    fn up() -> Segment {
-        let dir = std::env::temp_dir().join(format!("sv11-mckey-{}", std::process::id()));
+    fn up(tag: char, net: u8) -> Segment {
+        let dir = std::env::temp_dir().join(format!("sv11-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let seg = Segment { dir };
+        let seg = Segment { tag, net, dir };
         seg.remove();
-        for ns in ["sv11a", "sv11b", "sv11h"] {
-            ip(&["netns", "add", ns]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        let hub = seg.ns('h');
+        let br = format!("sv11{tag}br");
+        for h in ['a', 'b', 'h'] {
+            ip(&["netns", "add", &seg.ns(h)]);
+            ip(&["-n", &seg.ns(h), "link", "set", "lo", "up"]);
         }
         // No IGMP snooping: the bridge floods the group to both ports, as a small switch.
-        ip(&[
-            "-n",
-            "sv11h",
-            "link",
-            "add",
-            "sv11br",
-            "type",
-            "bridge",
-            "mcast_snooping",
-            "0",
-        ]);
-        ip(&["-n", "sv11h", "link", "set", "sv11br", "up"]);
-        for (ns, addr) in HOSTS {
+        let bridge = ["link", "add", &br, "type", "bridge", "mcast_snooping", "0"];
+        ip(&[&["-n", hub.as_str()][..], &bridge[..]].concat());
+        ip(&["-n", &hub, "link", "set", &br, "up"]);
+        for h in ['a', 'b'] {
+            let (ns, addr) = (seg.ns(h), seg.addr(h));
             let (dev, peer) = (format!("{ns}0"), format!("{ns}1"));
-            ip(&[
-                "link", "add", &dev, "netns", ns, "type", "veth", "peer", "name", &peer, "netns",
-                "sv11h",
-            ]);
-            ip(&[
-                "-n", "sv11h", "link", "set", &peer, "master", "sv11br", "up",
-            ]);
-            ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", &dev]);
-            ip(&["-n", ns, "link", "set", &dev, "up"]);
-            ip(&["-n", ns, "route", "add", "224.0.0.0/4", "dev", &dev]);
+            let veth = ["type", "veth", "peer", "name", &peer, "netns", &hub];
+            ip(&[&["link", "add", &dev, "netns", &ns][..], &veth[..]].concat());
+            ip(&["-n", &hub, "link", "set", &peer, "master", &br, "up"]);
+            ip(&["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", &dev]);
+            ip(&["-n", &ns, "link", "set", &dev, "up"]);
+            ip(&["-n", &ns, "route", "add", "224.0.0.0/4", "dev", &dev]);
         }
         seg
     }
 
+    fn ns(&self, h: char) -> String {
+        format!("sv11{}{h}", self.tag)
+    }
+
+    fn addr(&self, h: char) -> String {
+        format!("10.111.{}.{}", self.net, if h == 'a' { 1 } else { 2 })
+    }
+
     fn remove(&self) {
-        for ns in ["sv11a", "sv11b", "sv11h"] {
+        for h in ['a', 'b', 'h'] {
             let _ = Command::new("ip")
-                .args(["netns", "del", ns])
+                .args(["netns", "del", &self.ns(h)])
                 .stderr(Stdio::null())
                 .status();
         }
@@ -285,9 +290,10 @@ fn mckey_between_two_daemons_on_a_bridge() {
         eprintln!("SKIP: network namespaces need root");
         return;
     }
-    let seg = Segment::up();
+    let seg = Segment::up('m', 1);
     let libibverbs = lib_dir(&seg.dir);
-    let [(na, aa), (nb, ab)] = HOSTS;
+    let (na, aa, nb, ab) = (seg.ns('a'), seg.addr('a'), seg.ns('b'), seg.addr('b'));
+    let (na, aa, nb, ab) = (na.as_str(), aa.as_str(), nb.as_str(), ab.as_str());
     // Daemons before the segment in drop order: they go first.
     let (_da, sa) = seg.daemon(na, aa);
     let (_db, sb) = seg.daemon(nb, ab);
