@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use crate::devnode;
+use crate::sysfs_net::{self, DeviceNet};
 
 /// The legacy XRC header users compile against.
 const XRC_LEGACY_H: &str = include_str!("../../libibverbs/include/softverbs/xrc_legacy.h");
@@ -141,32 +142,46 @@ pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("softverbs"));
     // Start the daemon now (the client library's autostart), so its start-up is not charged
     // to the program's first verbs call and a failure is reported here, clearly.
-    let devices = match crate::autostart::connect(socket)
-        .and_then(|i| i.devices().map_err(|e| format!("devices: {e}")))
-    {
-        Ok(d) => d.len() as u32,
+    let introspect = match crate::autostart::connect(socket) {
+        Ok(i) => i,
         Err(e) => return fail(e),
     };
+    let devices = match introspect.devices() {
+        Ok(d) => d.len() as u32,
+        Err(e) => return fail(format!("devices: {e}")),
+    };
+    // The netdev of each device, for sysfs_net.rs (a daemon that cannot say has none).
+    let nets = introspect
+        .resources_json()
+        .ok()
+        .and_then(|t| serde_json::from_str::<softverbs_core::resources::Resources>(&t).ok())
+        .map(|r| sysfs_net::device_nets(&r.devices))
+        .unwrap_or_default();
+    drop(introspect);
     let mut path = OsString::from(dir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
         path.push(":");
         path.push(old);
     }
-    // UCX needs a device node (devnode.rs). Making one takes a single-threaded process, and
-    // this one may have started a daemon (and a thread reaping it): a fresh image of this
-    // binary makes the node and then execs the program.
+    // UCX needs a device node (devnode.rs), RDMA-CM programs the device's netdev in sysfs
+    // (sysfs_net.rs). Making them takes a single-threaded process, and this one may have
+    // started a daemon (and a thread reaping it): a fresh image of this binary makes them and
+    // then execs the program.
     // `SOFTVERBS_DEVICE_NODES=0` leaves the program in this mount namespace (no UCX then).
     let skip_nodes = std::env::var_os("SOFTVERBS_DEVICE_NODES").is_some_and(|v| v == "0");
-    let mut cmd = if skip_nodes || (0..devices).all(|i| devnode::usable(&devnode::node_path(i))) {
+    let have_all =
+        (0..devices).all(|i| devnode::usable(&devnode::node_path(i))) && sysfs_net::present(&nets);
+    let mut cmd = if skip_nodes || have_all {
         let mut c = Command::new(prog);
         c.args(args);
         c
     } else {
         let mut c = Command::new(&exe);
-        c.arg("with-device-nodes")
-            .arg(devices.to_string())
-            .arg(prog)
-            .args(args);
+        c.arg("with-device-nodes").arg(devices.to_string());
+        for n in &nets {
+            c.arg("--net").arg(n.arg());
+        }
+        c.arg("--").arg(prog).args(args);
         c
     };
     let err = cmd
@@ -180,16 +195,37 @@ pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
 /// `softverbs with-device-nodes COUNT PROGRAM ARGS...` (from [`run`]): makes the device nodes
 /// in a mount namespace of this process, then execs the program. Without them the program
 /// still runs (only UCX needs them), after a warning that says why and what to do.
-pub fn with_device_nodes(count: u32, cmd: &[OsString]) -> ExitCode {
+pub fn with_device_nodes(count: u32, nets: &[String], cmd: &[OsString]) -> ExitCode {
     let Some((prog, args)) = cmd.split_first() else {
         eprintln!("softverbs run: nothing to run");
         return ExitCode::from(127);
     };
-    if let Err(e) = devnode::provide(count, false) {
+    let nets: Vec<DeviceNet> = match nets.iter().map(|n| DeviceNet::parse(n)).collect() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("softverbs run: {e}");
+            return ExitCode::from(127);
+        }
+    };
+    let nodes = (0..count).all(|i| devnode::usable(&devnode::node_path(i)));
+    let private = if nodes && sysfs_net::present(&nets) {
+        Ok(())
+    } else {
+        devnode::enter_private_mount_namespace()
+    };
+    // Never mount anything outside a private namespace.
+    let in_private = private.is_ok();
+    if let Err(e) = private.and_then(|()| devnode::provide(count, true)) {
         eprintln!(
             "softverbs run: warning: no {} for UCX: {e}",
             devnode::node_path(0).display()
         );
+    }
+    if in_private {
+        if let Err(e) = sysfs_net::provide(&nets) {
+            // Only programs that look for the device's netdev in sysfs need it.
+            eprintln!("softverbs run: warning: no /sys/class/infiniband/DEVICE/device/net: {e}");
+        }
     }
     let err = Command::new(prog).args(args).exec();
     eprintln!("softverbs run: {}: {err}", prog.to_string_lossy());

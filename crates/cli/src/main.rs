@@ -12,6 +12,7 @@ mod device_status;
 mod devnode;
 mod dropin;
 mod stream;
+mod sysfs_net;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -142,6 +143,9 @@ enum Command {
     #[command(hide = true)]
     WithDeviceNodes {
         count: u32,
+        /// DEVICE=IFNAME: the netdev to show under the device in sysfs (sysfs_net.rs).
+        #[arg(long)]
+        net: Vec<String>,
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<std::ffi::OsString>,
     },
@@ -506,7 +510,7 @@ fn main() -> ExitCode {
         }
         .map_or_else(fail, |()| ExitCode::SUCCESS),
         Command::Run { cmd } => dropin::run(&socket, cmd),
-        Command::WithDeviceNodes { count, cmd } => dropin::with_device_nodes(*count, cmd),
+        Command::WithDeviceNodes { count, net, cmd } => dropin::with_device_nodes(*count, net, cmd),
         Command::Cluster { what } => cluster::run(what),
         Command::Install { prefix } => {
             dropin::install(prefix).map_or_else(fail, |()| ExitCode::SUCCESS)

@@ -18,12 +18,12 @@ pub fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
-fn fail(e: i32) -> c_int {
+pub(crate) fn fail(e: i32) -> c_int {
     set_errno(e);
     -1
 }
 
-fn done(r: Result<(), i32>) -> c_int {
+pub(crate) fn done(r: Result<(), i32>) -> c_int {
     match r {
         Ok(()) => 0,
         Err(e) => fail(e),
@@ -34,7 +34,7 @@ fn done(r: Result<(), i32>) -> c_int {
 ///
 /// # Safety
 /// `id` is NULL or an id of ours not yet destroyed.
-unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Result<&'a mut Id, i32> {
+pub(crate) unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Result<&'a mut Id, i32> {
     if id.is_null() {
         return Err(libc::EINVAL);
     }
@@ -128,7 +128,7 @@ pub(crate) unsafe extern "C" fn ack_cm_event(e: *mut rdma_cm_event) -> c_int {
 export!("rdma_ack_cm_event", "RDMACM_1.0", ack_cm_event);
 
 /// For synchronous ids: waits for the event an operation produces and consumes it.
-fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
+pub(crate) fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
     let e = id.chan.next(true)?;
     let (kind, status) = (e.ev.event, e.ev.status);
     drop(e);
@@ -143,7 +143,7 @@ fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
     }
 }
 
-fn is_sync(id: &Id) -> bool {
+pub(crate) fn is_sync(id: &Id) -> bool {
     id.lock().sync
 }
 
@@ -195,6 +195,7 @@ pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
         // SAFETY: an event of ours kept by rdma_get_request.
         drop(unsafe { Box::from_raw(i.id.event.cast::<Ev>()) });
     }
+    crate::mcast::leave_all(i);
     free_cqs(i);
     // SAFETY: made by Id::new (Box::into_raw); the program no longer uses it.
     drop(unsafe { Box::from_raw(id.cast::<Id>()) });
@@ -220,7 +221,7 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::so
             return fail(libc::EADDRNOTAVAIL);
         };
         s.dev = Some(d);
-        i.id.verbs = verbs::devices()[d].verbs;
+        verbs::attach(&mut i.id, d);
     }
     s.port = port;
     i.id.route.addr.src = addr::storage(ip, port);
@@ -288,7 +289,7 @@ pub(crate) unsafe extern "C" fn resolve_addr(
         }
         s.dev = Some(d);
         s.path.dgid = addr::gid(dip);
-        i.id.verbs = verbs::devices()[d].verbs;
+        verbs::attach(&mut i.id, d);
         i.id.route.addr.src = addr::storage(local, s.port);
         i.id.route.addr.dst = addr::storage(dip, dport);
     }
@@ -347,9 +348,15 @@ unsafe extern "C" fn init_qp_attr(
     if attr.is_null() || mask.is_null() {
         return fail(libc::EINVAL);
     }
-    let path = i.lock().path;
     // SAFETY: the program's attribute block.
     let state = unsafe { (*attr).qp_state };
+    let path = {
+        let mut s = i.lock();
+        if state == QPS_RTS {
+            s.path.choose_psn(psn);
+        }
+        s.path
+    };
     match verbs::qp_attr(state, i.id.qp_type as u32, &path) {
         Some((a, m)) => {
             // SAFETY: as above.
@@ -430,7 +437,7 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_p
         Some(qp) => qp.qp_num,
         None => p.map_or(0, |p| p.qp_num),
     };
-    let local_psn = psn();
+    let local_psn = i.lock().path.choose_psn(psn);
     let (max_resp, max_init) = verbs::rd_limits(i.id.verbs);
     let q = CmQp {
         qpn,
@@ -496,10 +503,9 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_pa
             c.sidr_reply(cm, 0, qpn, qkey, user).map_err(|e| e.errno())
         }));
     }
-    let local_psn = psn();
     let mut path = {
         let mut s = i.lock();
-        s.path.local_psn = local_psn;
+        s.path.choose_psn(psn);
         if let Some(p) = p {
             let (max_resp, max_init) = verbs::rd_limits(i.id.verbs);
             s.path.initiator_depth = p
@@ -525,7 +531,7 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_pa
     }
     let q = CmQp {
         qpn,
-        starting_psn: local_psn,
+        starting_psn: path.local_psn,
         responder_resources: path.responder_resources,
         initiator_depth: path.initiator_depth,
         rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
@@ -907,6 +913,8 @@ pub(crate) unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
     // SAFETY: an id of ours.
     if let Ok(i) = unsafe { id_ref(id) } {
         if !i.id.qp.is_null() {
+            // The CM attached it to the id's groups; a QP with attachments cannot go.
+            crate::mcast::detach_qp(i);
             // SAFETY: the QP this id made.
             unsafe { ibv_destroy_qp(i.id.qp) };
             i.id.qp = std::ptr::null_mut();
@@ -1056,9 +1064,11 @@ unsafe extern "C" fn event_str(e: c_int) -> *const c_char {
 }
 export!("rdma_event_str", "RDMACM_1.0", event_str);
 
-/// `rdma_set_option(3)`: the id-level options (TOS, REUSEADDR, AFONLY, ACK_TIMEOUT) are
-/// accepted (softverbs has one traffic class, no port reuse rules and no dual-stack
-/// binding to restrict); path records (`RDMA_OPTION_IB_PATH`) are not.
+/// `rdma_set_option(3)`: the id-level options TOS, REUSEADDR and AFONLY are accepted
+/// (softverbs has one traffic class, no port reuse rules and no dual-stack binding to
+/// restrict); ACK_TIMEOUT (a `u8`, IBA 9.7.6.1.3's exponent, at most 31) becomes the RC QP's
+/// timeout at RTS, as rdma_init_qp_attr reports it; path records (`RDMA_OPTION_IB_PATH`)
+/// are not.
 unsafe extern "C" fn set_option(
     id: *mut rdma_cm_id,
     level: c_int,
@@ -1067,11 +1077,23 @@ unsafe extern "C" fn set_option(
     len: usize,
 ) -> c_int {
     // SAFETY: an id of ours.
-    if unsafe { id_ref(id) }.is_err() || val.is_null() || len == 0 {
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if val.is_null() || len == 0 {
         return fail(libc::EINVAL);
     }
     match (level, name) {
-        (0, 0..=3) => 0,
+        (0, 3) => {
+            // SAFETY: the caller's buffer of `len` >= 1 bytes.
+            let t = unsafe { *val.cast::<u8>() };
+            if len != 1 || t > 31 {
+                return fail(libc::EINVAL);
+            }
+            i.lock().path.ack_timeout = Some(t);
+            0
+        }
+        (0, 0..=2) => 0,
         _ => fail(libc::ENOSYS),
     }
 }

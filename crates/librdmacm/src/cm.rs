@@ -26,6 +26,7 @@ pub mod ev {
     pub const REJECTED: i32 = 8;
     pub const ESTABLISHED: i32 = 9;
     pub const DISCONNECTED: i32 = 10;
+    pub const MULTICAST_JOIN: i32 = 12;
 }
 
 /// An event a program holds until `rdma_ack_cm_event`, with the private data it points to.
@@ -274,6 +275,9 @@ impl Chan {
                 s.path.remote_psn = e.starting_psn;
                 s.rep_pd = e.private_data.clone();
                 if qp.is_null() {
+                    // The program establishes (rdma_establish): rdma_cm then reports no
+                    // ESTABLISHED on this side, the CONNECT_RESPONSE was its event.
+                    s.quiet_establish = true;
                     let mut out = Ev::new(ev::CONNECT_RESPONSE, id, std::ptr::null_mut(), 0);
                     out.set_conn(&e.private_data, &e);
                     return Some(out);
@@ -295,6 +299,7 @@ impl Chan {
                 let _ = cm.establish(e.id);
                 None
             }
+            CmEventKind::Established if !e.sidr && std::mem::take(&mut s.quiet_establish) => None,
             CmEventKind::Established => {
                 let mut out = Ev::new(ev::ESTABLISHED, id, std::ptr::null_mut(), 0);
                 if e.sidr {
@@ -375,6 +380,11 @@ pub struct IdState {
     /// A passive endpoint's QP attributes (rdma_create_ep): each request rdma_get_request
     /// returns gets a QP made with them.
     pub ep_qp: Option<(ibv_qp_init_attr, usize)>,
+    /// The CONNECT_RESPONSE went to the program (an id without a QP): the ESTABLISHED its
+    /// rdma_establish causes is not reported.
+    pub quiet_establish: bool,
+    /// The multicast groups the id has joined (crate::mcast).
+    pub mcast: Vec<crate::mcast::Join>,
 }
 
 // SAFETY: the raw pointers in `ep_qp` are the program's PD and CQs, used only under the
@@ -420,7 +430,7 @@ impl Id {
         let child = Id::new(l.chan.clone(), l.id.context, l.id.ps, l.lock().sync);
         // SAFETY: just made.
         let c = unsafe { &mut *child };
-        c.id.verbs = verbs::devices()[dev].verbs;
+        verbs::attach(&mut c.id, dev);
         let local = verbs::devices()[dev].ips.first().copied();
         let port = l.lock().port;
         let hdr = softverbs_wire::cm::CmaHdr::parse(&e.private_data).ok();
@@ -444,6 +454,8 @@ impl Id {
             local_psn: 0,
             responder_resources: e.responder_resources,
             initiator_depth: e.initiator_depth,
+            ack_timeout: None,
+            psn_chosen: false,
         };
         if let (Some(a), Some(b)) = (local_ip, peer_ip) {
             c.id.route.addr.ibaddr.sgid = crate::addr::gid(a);

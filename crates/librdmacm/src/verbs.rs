@@ -11,6 +11,11 @@ use crate::ffi::*;
 /// librdmacm's `ucma_init` does) and its addresses.
 pub struct Device {
     pub verbs: *mut ibv_context,
+    /// The device's protection domain that every id on it shows as `id->pd` from the moment
+    /// it is bound to the device (librdmacm allocates one per device and sets it with
+    /// `id->verbs`; pyverbs' `PD(cmid)` and programs that create their own QP on `id->pd`
+    /// rely on it). NULL if it could not be allocated.
+    pub pd: *mut core::ffi::c_void,
     pub ips: Vec<IpAddr>,
 }
 
@@ -64,7 +69,9 @@ pub fn devices() -> &'static [Device] {
                         ips.push(ip);
                     }
                 }
-                out.push(Device { verbs, ips });
+                // SAFETY: an open context.
+                let pd = unsafe { ibv_alloc_pd(verbs) };
+                out.push(Device { verbs, pd, ips });
             }
             Devices(out)
         })
@@ -88,6 +95,15 @@ pub fn rd_limits(verbs: *mut ibv_context) -> (u8, u8) {
         |o: usize| i32::from_ne_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
     let clamp = |v: i32| v.clamp(1, 255) as u8;
     (clamp(int_at(144)), clamp(int_at(156)))
+}
+
+/// Binds `id` to device `d`: its context, and its PD unless the id has one already.
+pub fn attach(id: &mut rdma_cm_id, d: usize) {
+    let dev = &devices()[d];
+    id.verbs = dev.verbs;
+    if id.pd.is_null() {
+        id.pd = dev.pd;
+    }
 }
 
 /// The device that owns `ip`.
@@ -178,6 +194,24 @@ pub struct Path {
     pub local_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT` (rdma_set_option(3)): the RC QP's local ACK timeout
+    /// exponent for RTS, instead of the default.
+    pub ack_timeout: Option<u8>,
+    /// Whether `local_psn` has been chosen (see [`Path::choose_psn`]).
+    pub psn_chosen: bool,
+}
+
+impl Path {
+    /// Our starting PSN, chosen once by whichever comes first of rdma_init_qp_attr(RTS),
+    /// rdma_connect and rdma_accept: a program that brings its own QP to RTS before it
+    /// accepts (rdma_init_qp_attr, then rdma_accept) must send from the PSN its REP carries.
+    pub fn choose_psn(&mut self, fresh: impl FnOnce() -> u32) -> u32 {
+        if !self.psn_chosen {
+            self.local_psn = fresh();
+            self.psn_chosen = true;
+        }
+        self.local_psn
+    }
 }
 
 /// The attributes and mask `rdma_init_qp_attr` gives for `state` (INIT, RTR or RTS).
@@ -230,7 +264,7 @@ pub fn qp_attr(state: u32, qp_type: u32, p: &Path) -> Option<(ibv_qp_attr, i32)>
         }
         QPS_RTS => {
             a.sq_psn = p.local_psn;
-            a.timeout = 14;
+            a.timeout = p.ack_timeout.unwrap_or(14);
             a.retry_cnt = 7;
             a.rnr_retry = 7;
             a.max_rd_atomic = p.initiator_depth.max(1);

@@ -302,9 +302,16 @@ fn perftest_with_rdma_cm() {
     }
     let d = Daemon::start("perftest");
     let at = (None, d.socket.as_path());
-    for (prog, port) in [("ib_send_bw", "18601"), ("ib_write_lat", "18602")] {
-        let args = ["-R", "-d", "softverbs0", "-x", "0", "-n", "50", "-p", port];
-        let mut cargs = args.to_vec();
+    // `-c UD`: the client resolves the server's QPN and Q_Key with SIDR, its AH comes from
+    // the ESTABLISHED event's UD parameters.
+    for (prog, port, extra) in [
+        ("ib_send_bw", "18601", &[][..]),
+        ("ib_write_lat", "18602", &[]),
+        ("ib_send_bw", "18603", &["-c", "UD"]),
+    ] {
+        let mut args = vec!["-R", "-d", "softverbs0", "-x", "0", "-n", "50", "-p", port];
+        args.extend_from_slice(extra);
+        let mut cargs = args.clone();
         cargs.push("127.0.0.1");
         let (_, out) = pair(at, at, (prog, &args), (prog, &cargs));
         assert!(out.contains("#bytes"), "{prog}: {out}");
