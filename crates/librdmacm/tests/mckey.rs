@@ -9,39 +9,18 @@
 //! Skipped (with a message) when rdmacm-utils is missing; the bridge test also needs root
 //! and `ip` (CI has all). Build first: `cargo build -p softverbs-cli -p softverbs-librdmacm`.
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use softverbs_testkit::bins::{profile_dir, softverbs_bin};
+use softverbs_testkit::bins::softverbs_bin;
 use softverbs_testkit::process::{finish, text};
 use softverbs_testkit::Daemon;
+use support::{have, lib, ok};
 
 const MESSAGES: &str = "10";
-
-fn have(tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{tool} is required under CI"
-        );
-        eprintln!("SKIP: {tool} is not installed (apt-get install rdmacm-utils)");
-    }
-    found
-}
-
-/// The newest build of `name` in this profile.
-fn lib(name: &str) -> PathBuf {
-    let p = profile_dir();
-    [p.join("deps").join(name), p.join(name)]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p)
-        .unwrap_or_else(|| panic!("{name} not built in {}", p.display()))
-}
 
 /// A directory of this test's own holding `libibverbs.so.1` and `librdmacm.so.1` of this
 /// build, so `softverbs run` puts exactly these on LD_LIBRARY_PATH (not the per-user
@@ -117,11 +96,6 @@ fn wait_group(socket: &Path, group: &str, joined: bool) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn ok(o: Output, what: &str) -> String {
-    assert!(o.status.success(), "{what}: {}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// A receiver at `rx`, then (once its QP is in the group) a sender at `tx`.

@@ -9,93 +9,21 @@
 //! and `ip` (CI has all). The `softverbs` binary must be built in the same profile
 //! (`cargo build -p softverbs-cli`, which builds both drop-ins too).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use softverbs_testkit::bins::{profile_dir, softverbs_bin};
+use softverbs_testkit::bins::softverbs_bin;
 use softverbs_testkit::process::{finish, text};
 use softverbs_testkit::Daemon;
-
-fn have(tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{tool} is required under CI"
-        );
-        eprintln!("SKIP: {tool} is not installed (apt-get install rdmacm-utils)");
-    }
-    found
-}
-
-fn lib(name: &str) -> PathBuf {
-    let p = profile_dir();
-    [p.join("deps").join(name), p.join(name)]
-        .into_iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} not built in {}", p.display()))
-}
-
-/// `[netns exec NS] softverbs --socket S run -- PROG ARGS` with this build's drop-ins.
-fn run(netns: Option<&str>, socket: &Path, prog: &str, args: &[&str]) -> Child {
-    let mut c = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(softverbs_bin());
-            c
-        }
-        None => Command::new(softverbs_bin()),
-    };
-    c.arg("--socket")
-        .arg(socket)
-        .arg("run")
-        .arg("--")
-        .arg(prog)
-        .args(args)
-        .env("SOFTVERBS_AUTOSTART", "0")
-        .env("SOFTVERBS_LIBIBVERBS", lib("libibverbs.so"))
-        .env("SOFTVERBS_LIBRDMACM", lib("librdmacm.so"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("softverbs run {prog}: {e}"))
-}
-
-fn cm_of(socket: &Path) -> serde_json::Value {
-    let o = Command::new(softverbs_bin())
-        .arg("--socket")
-        .arg(socket)
-        .args(["resources", "--json"])
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-    v["cm"].clone()
-}
-
-fn wait_cm(socket: &Path, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let cm = cm_of(socket);
-        if cond(&cm) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: CM state {cm}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use support::{cm_of, have, ok, run, wait_cm};
 
 fn cm_empty(cm: &serde_json::Value) -> bool {
     ["listeners", "connections", "time_wait", "owned"]
         .iter()
         .all(|k| cm[k] == 0)
-}
-
-fn ok(o: Output, what: &str) -> String {
-    assert!(o.status.success(), "{what}: {}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// A server and a client; the client starts once the server's listener is in the daemon.

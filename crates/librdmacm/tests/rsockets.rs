@@ -9,94 +9,22 @@
 //! Skipped (with a message) without rdmacm-utils, gcc or librdmacm-dev; the namespace test
 //! also needs root and `ip` (CI has all). Build `softverbs-cli` first.
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use softverbs_testkit::bins::{profile_dir, softverbs_bin};
-use softverbs_testkit::process::{finish, text};
+use softverbs_testkit::bins::softverbs_bin;
+use softverbs_testkit::process::finish;
 use softverbs_testkit::Daemon;
-
-fn have(tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{tool} is required under CI"
-        );
-        eprintln!("SKIP: {tool} is not installed (apt-get install rdmacm-utils)");
-    }
-    found
-}
-
-fn lib(name: &str) -> PathBuf {
-    let p = profile_dir();
-    [p.join("deps").join(name), p.join(name)]
-        .into_iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} not built in {}", p.display()))
-}
-
-/// `[ip netns exec NS] softverbs --socket S run -- PROG ARGS` with this build's drop-ins.
-fn run(netns: Option<&str>, socket: &Path, prog: &Path, args: &[&str]) -> Child {
-    let mut c = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(softverbs_bin());
-            c
-        }
-        None => Command::new(softverbs_bin()),
-    };
-    c.arg("--socket")
-        .arg(socket)
-        .arg("run")
-        .arg("--")
-        .arg(prog)
-        .args(args)
-        .env("SOFTVERBS_AUTOSTART", "0")
-        .env("SOFTVERBS_LIBIBVERBS", lib("libibverbs.so"))
-        .env("SOFTVERBS_LIBRDMACM", lib("librdmacm.so"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("softverbs run {}: {e}", prog.display()))
-}
-
-fn cm_of(socket: &Path) -> serde_json::Value {
-    let o = Command::new(softverbs_bin())
-        .arg("--socket")
-        .arg(socket)
-        .args(["resources", "--json"])
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-    v["cm"].clone()
-}
-
-fn wait_cm(socket: &Path, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let cm = cm_of(socket);
-        if cond(&cm) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: CM state {cm}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use support::{cm_of, have, ok, run, wait_cm};
 
 /// No listener and no live connection (connections in TIME_WAIT may remain a while).
 fn cm_idle(cm: &serde_json::Value) -> bool {
     ["listeners", "connections", "owned"]
         .iter()
         .all(|k| cm[k] == 0)
-}
-
-fn ok(o: Output, what: &str) -> String {
-    assert!(o.status.success(), "{what}: {}", text(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 fn rstream() -> PathBuf {
@@ -117,9 +45,9 @@ fn rstream_pair(
     sargs.extend_from_slice(opts);
     let mut cargs = vec!["-s", server_ip, "-p", port];
     cargs.extend_from_slice(opts);
-    let server = run(srv.0, srv.1, &rstream(), &sargs);
+    let server = run(srv.0, srv.1, rstream(), &sargs);
     wait_cm(srv.1, "rstream listening", |cm| cm["listeners"] != 0);
-    let client = finish(run(cli.0, cli.1, &rstream(), &cargs), "rstream client");
+    let client = finish(run(cli.0, cli.1, rstream(), &cargs), "rstream client");
     let server = finish(server, "rstream server");
     let (s, c) = (ok(server, "rstream server"), ok(client, "rstream client"));
     let size = opts[opts.iter().position(|o| *o == "-S").unwrap() + 1];

@@ -1,0 +1,87 @@
+//! What the librdmacm test files share: tool checks, this build's drop-ins, `softverbs run`
+//! of a program (in a network namespace or not), and the daemon's CM state.
+#![allow(dead_code)] // each test file uses its own part
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use softverbs_testkit::bins::{profile_dir, softverbs_bin};
+use softverbs_testkit::process::text;
+
+pub fn have(tool: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{tool} is required under CI"
+        );
+        eprintln!("SKIP: {tool} is not installed (apt-get install rdmacm-utils)");
+    }
+    found
+}
+
+pub fn lib(name: &str) -> PathBuf {
+    let p = profile_dir();
+    [p.join("deps").join(name), p.join(name)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} not built in {}", p.display()))
+}
+
+/// `[ip netns exec NS] softverbs --socket S run -- PROG ARGS` with this build's drop-ins.
+pub fn run(netns: Option<&str>, socket: &Path, prog: impl AsRef<OsStr>, args: &[&str]) -> Child {
+    let prog = prog.as_ref();
+    let mut c = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(softverbs_bin());
+            c
+        }
+        None => Command::new(softverbs_bin()),
+    };
+    c.arg("--socket")
+        .arg(socket)
+        .arg("run")
+        .arg("--")
+        .arg(prog)
+        .args(args)
+        .env("SOFTVERBS_AUTOSTART", "0")
+        .env("SOFTVERBS_LIBIBVERBS", lib("libibverbs.so"))
+        .env("SOFTVERBS_LIBRDMACM", lib("librdmacm.so"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("softverbs run {}: {e}", Path::new(prog).display()))
+}
+
+pub fn cm_of(socket: &Path) -> serde_json::Value {
+    let o = Command::new(softverbs_bin())
+        .arg("--socket")
+        .arg(socket)
+        .args(["resources", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    v["cm"].clone()
+}
+
+pub fn wait_cm(socket: &Path, what: &str, cond: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let cm = cm_of(socket);
+        if cond(&cm) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: CM state {cm}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn ok(o: Output, what: &str) -> String {
+    assert!(o.status.success(), "{what}: {}", text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
