@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use softverbs_testkit::bins::softverbs_bin;
 use softverbs_testkit::process::{finish, text};
 use softverbs_testkit::Daemon;
-use support::{cm_of, have, ok, run, wait_cm};
+use support::{cm_of, have, ok, run, wait_cm, Netns};
 
 fn cm_empty(cm: &serde_json::Value) -> bool {
     ["listeners", "connections", "time_wait", "owned"]
@@ -113,34 +113,6 @@ fn connecting_to_nobody_is_rejected() {
     wait_cm(&d.socket, "nothing left", cm_empty);
 }
 
-/// Two network namespaces joined by a veth pair; removed on drop, also on failure.
-struct Netns;
-impl Netns {
-    fn up() -> Option<Netns> {
-        let sh = |c: &str| {
-            Command::new("sh")
-                .args(["-c", c])
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        let _ = sh("ip netns del sv4a 2>/dev/null; ip netns del sv4b 2>/dev/null");
-        let ok = sh("ip netns add sv4a && ip netns add sv4b \
-            && ip link add sv4a0 netns sv4a type veth peer name sv4b0 netns sv4b \
-            && ip -n sv4a addr add 10.44.0.1/24 dev sv4a0 && ip -n sv4b addr add 10.44.0.2/24 dev sv4b0 \
-            && ip -n sv4a link set sv4a0 up && ip -n sv4b link set sv4b0 up \
-            && ip -n sv4a link set lo up && ip -n sv4b link set lo up");
-        let n = Netns;
-        ok.then_some(n)
-    }
-}
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("sh")
-            .args(["-c", "ip netns del sv4a; ip netns del sv4b"])
-            .status();
-    }
-}
-
 #[test]
 fn rping_between_two_daemons_in_two_namespaces() {
     if !have("rping") {
@@ -153,7 +125,7 @@ fn rping_between_two_daemons_in_two_namespaces() {
         eprintln!("SKIP: network namespaces need root");
         return;
     }
-    let Some(_ns) = Netns::up() else {
+    let Some(_ns) = Netns::up("sv4", 44) else {
         panic!("could not create the sv4a/sv4b namespaces and their veth pair");
     };
     let dir = std::env::temp_dir().join(format!("sv4-{}", std::process::id()));

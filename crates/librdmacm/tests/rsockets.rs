@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use softverbs_testkit::bins::softverbs_bin;
 use softverbs_testkit::process::finish;
 use softverbs_testkit::Daemon;
-use support::{cm_of, have, ok, run, wait_cm};
+use support::{cm_of, have, ok, run, wait_cm, Netns};
 
 /// No listener and no live connection (connections in TIME_WAIT may remain a while).
 fn cm_idle(cm: &serde_json::Value) -> bool {
@@ -95,34 +95,6 @@ fn rstream_checks_its_data_on_one_daemon() {
     }
 }
 
-/// Two network namespaces joined by a veth pair; removed on drop, also on failure.
-struct Netns;
-impl Netns {
-    fn up() -> Option<Netns> {
-        let sh = |c: &str| {
-            Command::new("sh")
-                .args(["-c", c])
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        let _ = sh("ip netns del sv9a 2>/dev/null; ip netns del sv9b 2>/dev/null");
-        let ok = sh("ip netns add sv9a && ip netns add sv9b \
-            && ip link add sv9a0 netns sv9a type veth peer name sv9b0 netns sv9b \
-            && ip -n sv9a addr add 10.49.0.1/24 dev sv9a0 && ip -n sv9b addr add 10.49.0.2/24 dev sv9b0 \
-            && ip -n sv9a link set sv9a0 up && ip -n sv9b link set sv9b0 up \
-            && ip -n sv9a link set lo up && ip -n sv9b link set lo up");
-        let n = Netns;
-        ok.then_some(n)
-    }
-}
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("sh")
-            .args(["-c", "ip netns del sv9a; ip netns del sv9b"])
-            .status();
-    }
-}
-
 unsafe extern "C" {
     #[link_name = "getuid"]
     fn libc_getuid() -> u32;
@@ -148,7 +120,7 @@ fn rstream_between_two_daemons_in_two_namespaces() {
         eprintln!("SKIP: network namespaces need root");
         return;
     }
-    let Some(_ns) = Netns::up() else {
+    let Some(_ns) = Netns::up("sv9", 49) else {
         panic!("could not create the sv9a/sv9b namespaces and their veth pair");
     };
     let dir = std::env::temp_dir().join(format!("sv9-{}", std::process::id()));

@@ -85,3 +85,38 @@ pub fn ok(o: Output, what: &str) -> String {
     assert!(o.status.success(), "{what}: {}", text(&o));
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
+
+/// Two network namespaces `{prefix}a` and `{prefix}b` joined by a veth pair
+/// (`{prefix}a0`/`{prefix}b0`, 10.`net`.0.1 and .2/24); removed on drop, also on failure.
+pub struct Netns(&'static str);
+impl Netns {
+    pub fn up(prefix: &'static str, net: u8) -> Option<Netns> {
+        let sh = |c: &str| {
+            Command::new("sh")
+                .args(["-c", c])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let (a, b) = (format!("{prefix}a"), format!("{prefix}b"));
+        let _ = sh(&format!(
+            "ip netns del {a} 2>/dev/null; ip netns del {b} 2>/dev/null"
+        ));
+        let ok = sh(&format!(
+            "ip netns add {a} && ip netns add {b} \
+            && ip link add {a}0 netns {a} type veth peer name {b}0 netns {b} \
+            && ip -n {a} addr add 10.{net}.0.1/24 dev {a}0 && ip -n {b} addr add 10.{net}.0.2/24 dev {b}0 \
+            && ip -n {a} link set {a}0 up && ip -n {b} link set {b}0 up \
+            && ip -n {a} link set lo up && ip -n {b} link set lo up"
+        ));
+        let n = Netns(prefix);
+        ok.then_some(n)
+    }
+}
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let p = self.0;
+        let _ = Command::new("sh")
+            .args(["-c", &format!("ip netns del {p}a; ip netns del {p}b")])
+            .status();
+    }
+}
