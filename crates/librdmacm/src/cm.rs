@@ -202,11 +202,7 @@ fn pump() {
     let Some(sh) = guard.as_mut() else { return };
     let devs: Vec<usize> = sh.devs.keys().copied().collect();
     for dev in devs {
-        loop {
-            let got = match sh.devs[&dev].cm.try_event() {
-                Ok(Some(e)) => e,
-                Ok(None) | Err(_) => break,
-            };
+        while let Ok(Some(got)) = sh.devs[&dev].cm.try_event() {
             if let Some((chan, out)) = convert(sh, dev, got) {
                 chan.push_local(out);
             }
