@@ -29,8 +29,20 @@ const MAX_QUEUED_EVENTS: usize = 4096;
 
 struct Port {
     cm: Cm,
-    ip: IpAddr,
+    /// The device's addresses, IPv4 and IPv6 (its GID table).
+    ips: Vec<IpAddr>,
     psn: u32,
+}
+
+impl Port {
+    /// The address this device speaks to `peer` from: its first of `peer`'s family (a
+    /// device with several addresses of one family answers from the first of them).
+    fn local_for(&self, peer: IpAddr) -> Option<IpAddr> {
+        self.ips
+            .iter()
+            .copied()
+            .find(|ip| ip.is_ipv4() == peer.is_ipv4())
+    }
 }
 
 #[derive(Default)]
@@ -79,12 +91,12 @@ pub fn is_gsi(pkt: &[u8]) -> bool {
 }
 
 impl CmPorts {
-    /// A CM for each device address (its first GID).
-    pub fn new(ips: &[IpAddr]) -> Self {
+    /// A CM for each device, given the device's addresses (its GIDs).
+    pub fn new(ips: &[Vec<IpAddr>]) -> Self {
         let ports = ips
             .iter()
             .enumerate()
-            .map(|(i, &ip)| Port {
+            .map(|(i, ips)| Port {
                 cm: Cm::new(Config {
                     local_ca_guid: 0x0200_00ff_fe00_0000 | i as u64,
                     // Distinct per device and per daemon start, so that a restarted daemon's
@@ -92,7 +104,7 @@ impl CmPorts {
                     first_id: (std::process::id() << 12 | i as u32).max(1),
                     ..Config::default()
                 }),
-                ip,
+                ips: ips.clone(),
                 psn: 0,
             })
             .collect();
@@ -141,8 +153,9 @@ impl CmPorts {
             for d in 0..self.ports.len() {
                 while let Some(t) = self.ports[d].cm.poll_transmit() {
                     moved = true;
-                    let from = self.ports[d].ip;
-                    if let Some(to) = self.ports.iter().position(|p| p.ip == t.peer) {
+                    let from = self.ports[d].local_for(t.peer);
+                    let own = self.ports.iter().position(|p| p.ips.contains(&t.peer));
+                    if let (Some(to), Some(from)) = (own, from) {
                         if let Err(e) = self.ports[to].cm.handle_mad(now, from, &t.mad) {
                             tracing::warn!("own CM MAD refused: {e}");
                         }
@@ -325,9 +338,14 @@ impl CmPorts {
         dev: usize,
         r: &CmConnectReq,
     ) -> Result<CmIdResp, i32> {
-        let local_ip = self.ports.get(dev).ok_or(EINVAL)?.ip;
         let dst = ip_of(r.dst);
-        if dst.is_ipv4() != local_ip.is_ipv4() || dst.is_unspecified() {
+        let local_ip = self
+            .ports
+            .get(dev)
+            .ok_or(EINVAL)?
+            .local_for(dst)
+            .ok_or(EINVAL)?;
+        if dst.is_unspecified() {
             return Err(EINVAL);
         }
         let qp_kind = match r.qp_kind.get() {

@@ -42,7 +42,23 @@ struct Dev {
     engine: Engine,
     net: Option<NetDev>,
     gid: Gid,
+    /// Every address of the device (its GID table's used slots, `gids[0]` = `gid`).
+    gids: Vec<Gid>,
     port_mtu: Mtu,
+}
+
+impl Dev {
+    /// The source GID of a packet to `dgid` from GID index `sgid_index`: that slot, unless
+    /// it is of the other IP family (or empty), then the device's first GID of `dgid`'s.
+    fn sgid_for(&self, sgid_index: u8, dgid: Gid) -> Gid {
+        let v4 = |g: &Gid| g.to_ip().is_ipv4();
+        self.gids
+            .get(usize::from(sgid_index))
+            .filter(|g| v4(g) == v4(&dgid))
+            .or_else(|| self.gids.iter().find(|g| v4(g) == v4(&dgid)))
+            .copied()
+            .unwrap_or(self.gid)
+    }
 }
 
 /// A completion channel (`ibv_comp_channel`): CQs that fired, and the eventfd that says so.
@@ -185,10 +201,19 @@ impl DataPath {
                 engine: Engine::new(),
                 net: netdev,
                 gid,
+                gids: port
+                    .gids
+                    .iter()
+                    .copied()
+                    .filter(|g| *g != Gid::default())
+                    .collect(),
                 port_mtu: port.active_mtu,
             });
         }
-        let ips: Vec<std::net::IpAddr> = devs.iter().map(|d| d.gid.to_ip()).collect();
+        let ips: Vec<Vec<std::net::IpAddr>> = devs
+            .iter()
+            .map(|d| d.gids.iter().map(|g| g.to_ip()).collect())
+            .collect();
         Ok(DataPath {
             cm: crate::cm::CmPorts::new(&ips),
             devs,
@@ -679,10 +704,12 @@ impl DataPath {
                                 tracing::warn!("multicast send failed: {e}");
                             }
                         }
-                    } else if let Some(t) = self.devs.iter().position(|x| x.gid == tx.dgid) {
-                        // Our own device: no socket (the ICRC protects wires, and there is none).
+                    } else if let Some(t) = self.devs.iter().position(|x| x.gids.contains(&tx.dgid))
+                    {
+                        // Our own device (any of its addresses): no socket (the ICRC protects
+                        // wires, and there is none).
                         let meta = softverbs_transport::RxMeta {
-                            sgid: self.devs[d].gid,
+                            sgid: self.devs[d].sgid_for(tx.sgid_index, tx.dgid),
                             dgid: tx.dgid,
                         };
                         self.devs[t].engine.handle_packet(

@@ -289,6 +289,7 @@ pub(crate) unsafe extern "C" fn resolve_addr(
         }
         s.dev = Some(d);
         s.path.dgid = addr::gid(dip);
+        s.path.sgid_index = verbs::sgid_index(d, local);
         verbs::attach(&mut i.id, d);
         i.id.route.addr.src = addr::storage(local, s.port);
         i.id.route.addr.dst = addr::storage(dip, dport);
@@ -454,6 +455,7 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_p
         s.path.initiator_depth = q.initiator_depth;
         s.path.responder_resources = q.responder_resources;
         s.path.dgid = addr::gid(dst);
+        s.path.sgid_index = verbs::sgid_index(dev, src);
     }
     match i.chan.make_id(dev, id.cast(), |c| {
         c.connect(dst, sid, q, CmTimers::default(), &pd)

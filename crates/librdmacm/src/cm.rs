@@ -374,110 +374,111 @@ impl Chan {
 /// what librdmacm does for a program whose id owns a QP (RTR/RTS and the RTU on a connect
 /// response).
 fn convert(sh: &mut Shared, dev: usize, e: CmEvent) -> Option<(Arc<Chan>, Box<Ev>)> {
-        if e.kind == CmEventKind::ConnectRequest {
-            let &listener = sh.ids.get(&(dev, e.listener.0))?;
-            let child = Id::child(listener, dev, &e);
-            sh.ids.insert((dev, e.id.0), child);
-            let mut out = Ev::new(ev::CONNECT_REQUEST, child, listener, 0);
-            // The application's private data follows rdma_cm's 36-byte address header in
-            // a SIDR_REQ as in a REQ (docs/cm.md §2.3): the kernel's rdma_cm hands the
-            // listener only what follows it, for UD ids too (libfabric's XRC connection
-            // data rides in SIDR_REQs on RDMA_PS_UDP).
-            let user = e.private_data.get(36..).unwrap_or(&[]);
-            out.set_conn(user, &e);
-            // SAFETY: made just now on the listener's channel.
-            let chan = unsafe { (*child).chan.clone() };
-            return Some((chan, out));
-        }
-        let &id = sh.ids.get(&(dev, e.id.0))?;
-        // SAFETY: registered ids stay alive until rdma_destroy_id unregisters them, which
-        // takes the process lock the caller holds.
-        let idr = unsafe { &*id };
-        let chan = idr.chan.clone();
-        let mut s = idr.lock();
-        let qp = idr.id.qp;
-        let out = match e.kind {
-            CmEventKind::ConnectResponse => {
-                s.path.remote_qpn = e.remote_qpn;
-                s.path.remote_psn = e.starting_psn;
-                s.rep_pd = e.private_data.clone();
-                if qp.is_null() {
-                    // The program establishes (rdma_establish): rdma_cm then reports no
-                    // ESTABLISHED on this side, the CONNECT_RESPONSE was its event.
-                    s.quiet_establish = true;
-                    let mut out = Ev::new(ev::CONNECT_RESPONSE, id, std::ptr::null_mut(), 0);
-                    out.set_conn(&e.private_data, &e);
-                    return Some((chan, out));
-                }
-                let path = s.path;
-                drop(s);
-                let up = verbs::modify(qp, verbs::QPS_RTR, &path)
-                    .and_then(|_| verbs::modify(qp, verbs::QPS_RTS, &path));
-                let cm = &sh.devs[&dev].cm;
-                if up.is_err() {
-                    let _ = cm.reject(e.id, &[]);
-                    return Some((
-                        chan,
-                        Ev::new(
-                            ev::CONNECT_RESPONSE + 1,
-                            id,
-                            std::ptr::null_mut(),
-                            -libc::EINVAL,
-                        ),
-                    ));
-                }
-                let _ = cm.establish(e.id);
-                None
+    if e.kind == CmEventKind::ConnectRequest {
+        let &listener = sh.ids.get(&(dev, e.listener.0))?;
+        let child = Id::child(listener, dev, &e);
+        sh.ids.insert((dev, e.id.0), child);
+        let mut out = Ev::new(ev::CONNECT_REQUEST, child, listener, 0);
+        // The application's private data follows rdma_cm's 36-byte address header in
+        // a SIDR_REQ as in a REQ (docs/cm.md §2.3): the kernel's rdma_cm hands the
+        // listener only what follows it, for UD ids too (libfabric's XRC connection
+        // data rides in SIDR_REQs on RDMA_PS_UDP).
+        let user = e.private_data.get(36..).unwrap_or(&[]);
+        out.set_conn(user, &e);
+        // SAFETY: made just now on the listener's channel.
+        let chan = unsafe { (*child).chan.clone() };
+        return Some((chan, out));
+    }
+    let &id = sh.ids.get(&(dev, e.id.0))?;
+    // SAFETY: registered ids stay alive until rdma_destroy_id unregisters them, which
+    // takes the process lock the caller holds.
+    let idr = unsafe { &*id };
+    let chan = idr.chan.clone();
+    let mut s = idr.lock();
+    let qp = idr.id.qp;
+    let out = match e.kind {
+        CmEventKind::ConnectResponse => {
+            s.path.remote_qpn = e.remote_qpn;
+            s.path.remote_psn = e.starting_psn;
+            s.rep_pd = e.private_data.clone();
+            if qp.is_null() {
+                // The program establishes (rdma_establish): rdma_cm then reports no
+                // ESTABLISHED on this side, the CONNECT_RESPONSE was its event.
+                s.quiet_establish = true;
+                let mut out = Ev::new(ev::CONNECT_RESPONSE, id, std::ptr::null_mut(), 0);
+                out.set_conn(&e.private_data, &e);
+                return Some((chan, out));
             }
-            CmEventKind::Established if !e.sidr && std::mem::take(&mut s.quiet_establish) => None,
-            CmEventKind::Established => {
-                let mut out = Ev::new(ev::ESTABLISHED, id, std::ptr::null_mut(), 0);
-                if e.sidr {
-                    out.pd = e.private_data.clone();
-                    {
-                        out.ev.param.ud = rdma_ud_param {
-                            private_data: std::ptr::null(),
-                            private_data_len: 0,
-                            ah_attr: ibv_ah_attr {
-                                grh: ibv_global_route {
-                                    dgid: s.path.dgid,
-                                    hop_limit: 64,
-                                    ..Default::default()
-                                },
-                                is_global: 1,
-                                port_num: 1,
+            let path = s.path;
+            drop(s);
+            let up = verbs::modify(qp, verbs::QPS_RTR, &path)
+                .and_then(|_| verbs::modify(qp, verbs::QPS_RTS, &path));
+            let cm = &sh.devs[&dev].cm;
+            if up.is_err() {
+                let _ = cm.reject(e.id, &[]);
+                return Some((
+                    chan,
+                    Ev::new(
+                        ev::CONNECT_RESPONSE + 1,
+                        id,
+                        std::ptr::null_mut(),
+                        -libc::EINVAL,
+                    ),
+                ));
+            }
+            let _ = cm.establish(e.id);
+            None
+        }
+        CmEventKind::Established if !e.sidr && std::mem::take(&mut s.quiet_establish) => None,
+        CmEventKind::Established => {
+            let mut out = Ev::new(ev::ESTABLISHED, id, std::ptr::null_mut(), 0);
+            if e.sidr {
+                out.pd = e.private_data.clone();
+                {
+                    out.ev.param.ud = rdma_ud_param {
+                        private_data: std::ptr::null(),
+                        private_data_len: 0,
+                        ah_attr: ibv_ah_attr {
+                            grh: ibv_global_route {
+                                dgid: s.path.dgid,
+                                sgid_index: s.path.sgid_index,
+                                hop_limit: 64,
                                 ..Default::default()
                             },
-                            qp_num: e.remote_qpn,
-                            qkey: e.qkey,
-                        };
-                    }
-                } else {
-                    let pd = std::mem::take(&mut s.rep_pd);
-                    out.set_conn(&pd, &e);
+                            is_global: 1,
+                            port_num: 1,
+                            ..Default::default()
+                        },
+                        qp_num: e.remote_qpn,
+                        qkey: e.qkey,
+                    };
                 }
-                Some(out)
+            } else {
+                let pd = std::mem::take(&mut s.rep_pd);
+                out.set_conn(&pd, &e);
             }
-            CmEventKind::Rejected => {
-                let mut out = Ev::new(ev::REJECTED, id, std::ptr::null_mut(), e.status as i32);
-                out.set_conn(&e.private_data, &e);
-                Some(out)
-            }
-            CmEventKind::Unreachable => Some(Ev::new(
-                ev::UNREACHABLE,
-                id,
-                std::ptr::null_mut(),
-                -libc::ETIMEDOUT,
-            )),
-            CmEventKind::Disconnected => {
-                let path = s.path;
-                drop(s);
-                let _ = verbs::modify(qp, verbs::QPS_ERR, &path);
-                Some(Ev::new(ev::DISCONNECTED, id, std::ptr::null_mut(), 0))
-            }
-            CmEventKind::ConnectRequest => None,
-        };
-        out.map(|o| (chan, o))
+            Some(out)
+        }
+        CmEventKind::Rejected => {
+            let mut out = Ev::new(ev::REJECTED, id, std::ptr::null_mut(), e.status as i32);
+            out.set_conn(&e.private_data, &e);
+            Some(out)
+        }
+        CmEventKind::Unreachable => Some(Ev::new(
+            ev::UNREACHABLE,
+            id,
+            std::ptr::null_mut(),
+            -libc::ETIMEDOUT,
+        )),
+        CmEventKind::Disconnected => {
+            let path = s.path;
+            drop(s);
+            let _ = verbs::modify(qp, verbs::QPS_ERR, &path);
+            Some(Ev::new(ev::DISCONNECTED, id, std::ptr::null_mut(), 0))
+        }
+        CmEventKind::ConnectRequest => None,
+    };
+    out.map(|o| (chan, o))
 }
 
 /// What librdmacm keeps behind a `rdma_cm_id`.
@@ -567,6 +568,7 @@ impl Id {
         s.sidr = e.sidr;
         s.path = Path {
             dgid: e.peer.map(crate::addr::gid).unwrap_or_default(),
+            sgid_index: local_ip.map_or(0, |ip| verbs::sgid_index(dev, ip)),
             remote_qpn: e.remote_qpn,
             remote_psn: e.starting_psn,
             local_psn: 0,

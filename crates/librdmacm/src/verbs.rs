@@ -106,6 +106,14 @@ pub fn attach(id: &mut rdma_cm_id, d: usize) {
     }
 }
 
+/// The GID index of `ip` on device `d` (0 if it is not one of the device's addresses).
+pub fn sgid_index(d: usize, ip: IpAddr) -> u8 {
+    devices()
+        .get(d)
+        .and_then(|dev| dev.ips.iter().position(|x| *x == ip))
+        .map_or(0, |i| i as u8)
+}
+
 /// The device that owns `ip`.
 pub fn device_with(ip: IpAddr) -> Option<usize> {
     devices().iter().position(|d| d.ips.contains(&ip))
@@ -189,6 +197,10 @@ pub fn create_qp_ex(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Path {
     pub dgid: [u8; 16],
+    /// The GID index of the local address the connection uses (RoCE v2 GIDs are the
+    /// device's addresses, so an IPv6 connection on a device whose first address is IPv4
+    /// sends from a later slot).
+    pub sgid_index: u8,
     pub remote_qpn: u32,
     pub remote_psn: u32,
     pub local_psn: u32,
@@ -243,6 +255,7 @@ pub fn qp_attr(state: u32, qp_type: u32, p: &Path) -> Option<(ibv_qp_attr, i32)>
             a.ah_attr = ibv_ah_attr {
                 grh: ibv_global_route {
                     dgid: p.dgid,
+                    sgid_index: p.sgid_index,
                     hop_limit: 64,
                     ..ibv_global_route::default()
                 },
