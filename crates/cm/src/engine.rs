@@ -45,6 +45,22 @@ struct Conn {
     key: Option<RemoteKey>,
 }
 
+/// A REQ or SIDR_REQ for a service without a listener, held for
+/// [`Config::listen_grace`]: handled again when a listener for it appears, refused at
+/// `deadline`.
+#[derive(Debug)]
+struct Held {
+    deadline: Instant,
+    arrived: Instant,
+    peer: Peer,
+    key: RemoteKey,
+    service_id: u64,
+    mad: Vec<u8>,
+}
+
+/// Most requests held at once; more are refused at once.
+const MAX_HELD: usize = 64;
+
 #[derive(Debug)]
 struct Listener {
     owner: Owner,
@@ -74,6 +90,7 @@ pub struct Cm {
     by_remote: HashMap<RemoteKey, u32>,
     listeners: BTreeMap<u32, Listener>,
     by_service: BTreeMap<u64, u32>,
+    held: Vec<Held>,
     tx: VecDeque<Transmit>,
     events: VecDeque<(Owner, CmId, Event)>,
 }
@@ -89,6 +106,7 @@ impl Cm {
             by_remote: HashMap::new(),
             listeners: BTreeMap::new(),
             by_service: BTreeMap::new(),
+            held: Vec::new(),
             tx: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -112,6 +130,7 @@ impl Cm {
                 (Some(p), _) => Some(p.deadline),
                 (None, d) => d,
             })
+            .chain(self.held.iter().map(|h| h.deadline))
             .min()
     }
 
@@ -132,6 +151,8 @@ impl Cm {
     pub fn counts(&self) -> Counts {
         let mut c = Counts {
             listeners: self.listeners.len(),
+            // A held request is a connection in progress as far as its peer knows.
+            connections: self.held.len(),
             ..Counts::default()
         };
         for conn in self.conns.values() {
@@ -293,6 +314,15 @@ impl Cm {
         let id = self.alloc_id();
         self.listeners.insert(id, Listener { owner, service_id });
         self.by_service.insert(service_id, id);
+        // Requests that came before the listener are its own now, as if they came now
+        // (their timers run from their arrival).
+        let (mine, rest) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition::<Vec<_>, _>(|h| h.service_id == service_id);
+        self.held = rest;
+        for h in mine {
+            let _ = self.receive(h.arrived, h.peer, &h.mad, false);
+        }
         Ok(CmId(id))
     }
 
@@ -654,6 +684,13 @@ impl Cm {
 
     /// Retransmits what is due, gives up what ran out of retries, ends time-waits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let (late, kept) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition::<Vec<_>, _>(|h| h.deadline <= now);
+        self.held = kept;
+        for h in late {
+            let _ = self.receive(now, h.peer, &h.mad, false);
+        }
         let due: Vec<u32> = self
             .conns
             .iter()
@@ -716,7 +753,29 @@ impl Cm {
         peer: Peer,
         bytes: &[u8],
     ) -> Result<(), CmWireError> {
+        self.receive(now, peer, bytes, true)
+    }
+
+    /// [`Self::handle_mad`]; with `hold`, a request for a service nobody listens on may be
+    /// held ([`Config::listen_grace`]) instead of refused.
+    fn receive(
+        &mut self,
+        now: Instant,
+        peer: Peer,
+        bytes: &[u8],
+        hold: bool,
+    ) -> Result<(), CmWireError> {
         let mad = CmMad::parse(bytes)?;
+        let wait = match &mad.msg {
+            CmMessage::Req(m) => Some((m.service_id, (peer, m.local_comm_id, false))),
+            CmMessage::SidrReq(m) => Some((m.service_id, (peer, m.request_id, true))),
+            _ => None,
+        };
+        if let Some((service_id, key)) = wait.filter(|_| hold) {
+            if self.holds(now, peer, service_id, key, bytes) {
+                return Ok(());
+            }
+        }
         match mad.msg {
             CmMessage::Req(m) => self.on_req(now, peer, m),
             CmMessage::Mra(m) => self.on_mra(now, peer, &m),
@@ -729,6 +788,40 @@ impl Cm {
             CmMessage::SidrRep(m) => self.on_sidr_rep(peer, m),
         }
         Ok(())
+    }
+
+    /// Whether a request for `service_id` is (now) held for a listener: none listens yet,
+    /// the request is no duplicate of a known connection, and there is room. A copy of a
+    /// held request changes nothing.
+    fn holds(
+        &mut self,
+        now: Instant,
+        peer: Peer,
+        service_id: u64,
+        key: RemoteKey,
+        bytes: &[u8],
+    ) -> bool {
+        if self.cfg.listen_grace.is_zero()
+            || self.by_service.contains_key(&service_id)
+            || self.by_remote.contains_key(&key)
+        {
+            return false;
+        }
+        if self.held.iter().any(|h| h.key == key) {
+            return true;
+        }
+        if self.held.len() >= MAX_HELD {
+            return false;
+        }
+        self.held.push(Held {
+            deadline: now.after(self.cfg.listen_grace),
+            arrived: now,
+            peer,
+            key,
+            service_id,
+            mad: bytes.to_vec(),
+        });
+        true
     }
 
     /// The connection a message names by our ID, if it came from that connection's peer

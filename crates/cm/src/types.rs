@@ -42,6 +42,14 @@ pub struct Config {
     pub mra_service_timeout: u8,
     /// First Local Communication ID; later ones count up (skipping 0).
     pub first_id: u32,
+    /// How long a REQ or SIDR_REQ for a service nobody listens on is held for a listener
+    /// before it is refused (REJ Invalid Service ID, SIDR_REP status 1). Zero refuses at
+    /// once. The IBA lets the passive side answer within the REQ's remote CM response
+    /// timeout (IBA 12.7.27, seconds); holding the first few hundred milliseconds of it
+    /// lets a peer that connects right after an out-of-band "ready" reach a listener that
+    /// is still being made (perftest `-R` does exactly that), where a kernel CM's
+    /// listen is a system call and seldom loses the race.
+    pub listen_grace: Duration,
 }
 
 impl Default for Config {
@@ -53,6 +61,7 @@ impl Default for Config {
             // About 4.3 s, rdma_cm's CMA_CM_MRA_SETTING-like margin for a slow consumer.
             mra_service_timeout: 20,
             first_id: 1,
+            listen_grace: Duration::ZERO,
         }
     }
 }

@@ -65,6 +65,7 @@ fn cfg(first_id: u32) -> Config {
         time_wait: Duration::from_millis(50),
         mra_service_timeout: 14, // ~67 ms
         first_id,
+        listen_grace: Duration::ZERO,
     }
 }
 

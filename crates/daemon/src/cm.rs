@@ -102,6 +102,9 @@ impl CmPorts {
                     // Distinct per device and per daemon start, so that a restarted daemon's
                     // IDs do not look like its predecessor's to a peer in time-wait.
                     first_id: (std::process::id() << 12 | i as u32).max(1),
+                    // A listener is made by a command from its process: a peer told
+                    // "ready" out of band may connect before it arrives (docs/cm.md §7).
+                    listen_grace: std::time::Duration::from_millis(250),
                     ..Config::default()
                 }),
                 ips: ips.clone(),
