@@ -84,7 +84,7 @@ struct DevCm {
 impl Drop for DevCm {
     fn drop(&mut self) {
         // SAFETY: the CM channel borrows the context, so it goes first, once; `ctx` came
-        // from Box::leak in `Shared::cm` and nothing else refers to it.
+        // from Box::leak in `dev_cm` and nothing else refers to it.
         unsafe {
             std::mem::ManuallyDrop::drop(&mut self.cm);
             drop(Box::from_raw(self.ctx as *mut Context));
