@@ -44,6 +44,8 @@ struct Dev {
     gid: Gid,
     /// Every address of the device (its GID table's used slots, `gids[0]` = `gid`).
     gids: Vec<Gid>,
+    /// The UDP sockets of its further addresses (`gids[1..]`), when it is on the network.
+    more_net: Vec<NetDev>,
     port_mtu: Mtu,
 }
 
@@ -58,6 +60,25 @@ impl Dev {
             .or_else(|| self.gids.iter().find(|g| v4(g) == v4(&dgid)))
             .copied()
             .unwrap_or(self.gid)
+    }
+
+    /// Every socket of the device, its first address's first.
+    fn sockets(&mut self) -> impl Iterator<Item = &mut NetDev> {
+        self.net.iter_mut().chain(self.more_net.iter_mut())
+    }
+
+    /// Socket `k` of [`Self::sockets`].
+    fn socket(&mut self, k: usize) -> Option<&mut NetDev> {
+        match k {
+            0 => self.net.as_mut(),
+            k => self.more_net.get_mut(k - 1),
+        }
+    }
+
+    /// The socket that sends from address `src`.
+    fn socket_from(&mut self, src: Gid) -> Option<&mut NetDev> {
+        let ip = src.to_ip();
+        self.sockets().find(|n| n.local() == ip)
     }
 }
 
@@ -197,16 +218,37 @@ impl DataPath {
                 tracing::info!(device = %d.name, addr = %gid.to_ip(), port = net.port, "device on the network");
                 netdev = Some(n);
             }
+            let gids: Vec<Gid> = port
+                .gids
+                .iter()
+                .copied()
+                .filter(|g| *g != Gid::default())
+                .collect();
+            let mut more_net = Vec::new();
+            // A device's further addresses (IPv6 beside IPv4, ...) get sockets of their
+            // own, so that it reaches other hosts over each (docs/cm.md §7).
+            for (k, g) in gids.iter().enumerate().skip(1).filter(|_| net.bind) {
+                let ip = g.to_ip();
+                let mut n = NetDev::bind(ip, net.port)
+                    .map_err(|e| bind_error(&d.name, ip, net.port, &e))?;
+                if let Some(f) = net.faults {
+                    n.inject(f, 0x5eed ^ i as u64 ^ (k as u64) << 32);
+                }
+                if let Some(dir) = &net.capture_dir {
+                    let path = dir.join(format!("{}-{k}.pcap", d.name));
+                    if let Err(e) = n.capture_to(&path) {
+                        tracing::warn!("cannot capture to {}: {e}", path.display());
+                    }
+                }
+                tracing::info!(device = %d.name, addr = %ip, port = net.port, "device on the network");
+                more_net.push(n);
+            }
             devs.push(Dev {
                 engine: Engine::new(),
                 net: netdev,
                 gid,
-                gids: port
-                    .gids
-                    .iter()
-                    .copied()
-                    .filter(|g| *g != Gid::default())
-                    .collect(),
+                gids,
+                more_net,
                 port_mtu: port.active_mtu,
             });
         }
@@ -249,7 +291,7 @@ impl DataPath {
         self.devs
             .iter()
             .enumerate()
-            .filter_map(|(i, d)| d.net.as_ref().map(|n| (i, n.fd())))
+            .flat_map(|(i, d)| d.net.iter().chain(&d.more_net).map(move |n| (i, n.fd())))
             .collect()
     }
 
@@ -266,7 +308,7 @@ impl DataPath {
     /// Flushes capture files.
     pub fn flush_captures(&mut self) {
         for d in &mut self.devs {
-            if let Some(n) = &mut d.net {
+            for n in d.sockets() {
                 let _ = n.flush_capture();
             }
         }
@@ -719,22 +761,30 @@ impl DataPath {
                             meta,
                             &buf[..tx.len],
                         );
-                    } else if let Some(n) = &mut self.devs[d].net {
-                        if let Err(e) = n.send(&tx, &mut buf[..tx.len]) {
-                            tracing::warn!("send failed: {e}");
+                    } else {
+                        let dev = &mut self.devs[d];
+                        let src = dev.sgid_for(tx.sgid_index, tx.dgid);
+                        if let Some(n) = dev.socket_from(src) {
+                            if let Err(e) = n.send(&tx, &mut buf[..tx.len]) {
+                                tracing::warn!("send failed: {e}");
+                            }
                         }
                     }
                 }
                 // What the engine queued for the wire leaves in batches (GSO, sendmmsg).
-                if let Some(n) = &mut self.devs[d].net {
+                for n in self.devs[d].sockets() {
                     if let Err(e) = n.flush() {
                         tracing::warn!("send failed: {e}");
                     }
                 }
             }
-            for d in 0..self.devs.len() {
+            // Every socket of every device: (device, socket), a device's first address's first.
+            let socks: Vec<(usize, usize)> = (0..self.devs.len())
+                .flat_map(|d| (0..=self.devs[d].more_net.len()).map(move |k| (d, k)))
+                .collect();
+            for (d, k) in socks {
                 for _ in 0..256 {
-                    let Some(n) = &mut self.devs[d].net else {
+                    let Some(n) = self.devs[d].socket(k) else {
                         break;
                     };
                     match n.recv(&mut buf) {
@@ -762,7 +812,9 @@ impl DataPath {
                         }
                     }
                 }
-                self.devs[d].engine.handle_timeout(now);
+                if k == self.devs[d].more_net.len() {
+                    self.devs[d].engine.handle_timeout(now);
+                }
             }
             self.settle_windows(core);
             self.cm.handle_timeout(now);
@@ -778,7 +830,7 @@ impl DataPath {
             self.moved_packets |= progressed;
             if !progressed {
                 for d in &mut self.devs {
-                    if let Some(n) = &mut d.net {
+                    for n in d.sockets() {
                         let _ = n.release_held();
                     }
                 }
@@ -800,7 +852,12 @@ impl DataPath {
                 sgid_index: 0,
                 udp_sport: 0,
             };
-            if let Some(n) = &mut self.devs[p.dev].net {
+            // From the device's socket of the peer's family (the CM's source, docs/cm.md §7).
+            let v4 = p.dst.to_ip().is_ipv4();
+            if let Some(n) = self.devs[p.dev]
+                .sockets()
+                .find(|n| n.local().is_ipv4() == v4)
+            {
                 if let Err(e) = n.send(&tx, &mut p.bytes) {
                     tracing::warn!("CM send failed: {e}");
                 }

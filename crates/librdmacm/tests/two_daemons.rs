@@ -1,6 +1,7 @@
 //! Unmodified rdmacm-utils and perftest `-R` between two daemons, each in a network
 //! namespace of its own (`sv1?a`/`sv1?b`, joined by veth, made and removed by each test),
-//! over IPv4 and over IPv6; and on one daemon whose device has an IPv4 and an IPv6 address.
+//! over IPv4, over IPv6 and with devices that have both; and on one daemon whose device has
+//! an IPv4 and an IPv6 address.
 //! Every program runs through `softverbs run` with this build's drop-ins; after each, both
 //! daemons' CMs hold nothing (`resources --json`, key `cm`).
 //!
@@ -40,24 +41,36 @@ unsafe extern "C" {
     fn libc_getuid() -> u32;
 }
 
-/// Host `a` (10.`net`.0.1, with `v6` also fd00:5f1:`net`::1) and host `b` (.2, ::2), each
-/// with a daemon whose one device `softverbs0` has the host's address (the IPv6 one with
-/// `v6`), capturing its traffic. Daemons go on drop, then the namespaces.
+/// Which addresses the hosts' devices have.
+#[derive(Clone, Copy, PartialEq)]
+enum Addrs {
+    V4,
+    V6,
+    /// IPv4 first, then IPv6.
+    Both,
+}
+
+/// Host `a` (10.`net`.0.1, and fd00:5f1:`net`::1 unless `V4`) and host `b` (.2, ::2),
+/// each with a daemon whose one device `softverbs0` has the host's addresses of `Addrs`,
+/// capturing its traffic. Daemons go on drop, then the namespaces.
 struct Hosts {
     a: (Child, PathBuf),
     b: (Child, PathBuf),
     dir: PathBuf,
+    /// The hosts' addresses: IPv6 for `V6`, IPv4 otherwise.
     ips: [String; 2],
+    v6: [String; 2],
     prefix: &'static str,
     // Dropped last: the daemons are gone by then.
     _ns: Netns,
 }
 
 impl Hosts {
-    fn up(prefix: &'static str, net: u8, v6: bool) -> Hosts {
+    fn up(prefix: &'static str, net: u8, addrs: Addrs) -> Hosts {
         let ns = Netns::up(prefix, net)
             .unwrap_or_else(|| panic!("could not create the {prefix}a/{prefix}b namespaces"));
-        let ips = if v6 {
+        let v4 = [format!("10.{net}.0.1"), format!("10.{net}.0.2")];
+        let v6 = if addrs != Addrs::V4 {
             for (h, n) in [("a", 1), ("b", 2)] {
                 // `nodad`: usable at once, not after duplicate address detection.
                 let s = Command::new("ip")
@@ -70,7 +83,12 @@ impl Hosts {
             }
             [format!("fd00:5f1:{net}::1"), format!("fd00:5f1:{net}::2")]
         } else {
-            [format!("10.{net}.0.1"), format!("10.{net}.0.2")]
+            [String::new(), String::new()]
+        };
+        let (ips, devs) = match addrs {
+            Addrs::V4 => (v4.clone(), v4),
+            Addrs::V6 => (v6.clone(), v6.clone()),
+            Addrs::Both => (v4.clone(), [0, 1].map(|k| format!("{},{}", v4[k], v6[k]))),
         };
         let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -101,13 +119,14 @@ impl Hosts {
             }
             (child, sock)
         };
-        let a = daemon("a", &ips[0]);
-        let b = daemon("b", &ips[1]);
+        let a = daemon("a", &devs[0]);
+        let b = daemon("b", &devs[1]);
         Hosts {
             a,
             b,
             dir,
             ips,
+            v6,
             prefix,
             _ns: ns,
         }
@@ -159,7 +178,7 @@ fn ucmatose_between_two_daemons() {
     if !have("ucmatose") || !root() {
         return;
     }
-    let h = Hosts::up("sv1u", 111, false);
+    let h = Hosts::up("sv1u", 111, Addrs::V4);
     let (srv, cli) = h.pair(
         ("ucmatose", &["-c", "2", "-C", "5"]),
         ("ucmatose", &["-s", h.server_ip(), "-c", "2", "-C", "5"]),
@@ -175,7 +194,7 @@ fn udaddy_between_two_daemons() {
     if !have("udaddy") || !root() {
         return;
     }
-    let h = Hosts::up("sv1d", 112, false);
+    let h = Hosts::up("sv1d", 112, Addrs::V4);
     let (srv, cli) = h.pair(("udaddy", &[]), ("udaddy", &["-s", h.server_ip()]));
     assert!(srv.contains("data transfers complete"), "{srv}");
     assert!(cli.contains("data transfers complete"), "{cli}");
@@ -186,7 +205,7 @@ fn rdma_server_and_client_between_two_daemons() {
     if !have("rdma_server") || !root() {
         return;
     }
-    let h = Hosts::up("sv1r", 113, false);
+    let h = Hosts::up("sv1r", 113, Addrs::V4);
     let (srv, cli) = h.pair(
         ("rdma_server", &["-p", "7481"]),
         ("rdma_client", &["-s", h.server_ip(), "-p", "7481"]),
@@ -202,7 +221,7 @@ fn perftest_with_rdma_cm_between_two_daemons() {
     if !have("ib_send_bw") || !have("ib_write_lat") || !root() {
         return;
     }
-    let h = Hosts::up("sv1p", 114, false);
+    let h = Hosts::up("sv1p", 114, Addrs::V4);
     for (prog, port, extra) in [
         ("ib_send_bw", "18611", &[][..]),
         ("ib_write_lat", "18612", &[]),
@@ -222,7 +241,7 @@ fn rping_over_ipv6_between_two_daemons() {
     if !have("rping") || !root() {
         return;
     }
-    let h = Hosts::up("sv16", 116, true);
+    let h = Hosts::up("sv16", 116, Addrs::V6);
     let ip = h.server_ip().to_string();
     let (_, out) = h.pair(
         ("rping", &["-s", "-v", "-a", &ip, "-p", "7482", "-C", "20"]),
@@ -236,11 +255,41 @@ fn ucmatose_over_ipv6_between_two_daemons() {
     if !have("ucmatose") || !root() {
         return;
     }
-    let h = Hosts::up("sv17", 117, true);
+    let h = Hosts::up("sv17", 117, Addrs::V6);
     let ip = h.server_ip().to_string();
     let (srv, cli) = h.pair(
         ("ucmatose", &["-b", &ip, "-c", "2", "-C", "5"]),
         ("ucmatose", &["-s", &ip, "-c", "2", "-C", "5"]),
+    );
+    assert!(
+        srv.contains("test complete") && cli.contains("test complete"),
+        "{srv}\n{cli}"
+    );
+}
+
+/// Two daemons whose devices have an IPv4 and an IPv6 address each (IPv4 first): rping -v
+/// over either family and ucmatose over IPv6 (each address has its own UDP socket).
+#[test]
+fn dual_stack_devices_between_two_daemons() {
+    if !have("rping") || !have("ucmatose") || !root() {
+        return;
+    }
+    let h = Hosts::up("sv1b", 115, Addrs::Both);
+    let v6 = h.v6[0].clone();
+    for (ip, port) in [(v6.as_str(), "7485"), (h.server_ip(), "7486")] {
+        let (_, out) = h.pair(
+            ("rping", &["-s", "-v", "-a", ip, "-p", port, "-C", "10"]),
+            ("rping", &["-c", "-v", "-a", ip, "-p", port, "-C", "10"]),
+        );
+        assert_eq!(
+            out.matches("ping data: rdma-ping-").count(),
+            10,
+            "{ip}: {out}"
+        );
+    }
+    let (srv, cli) = h.pair(
+        ("ucmatose", &["-b", &v6, "-c", "2", "-C", "5"]),
+        ("ucmatose", &["-s", &v6, "-c", "2", "-C", "5"]),
     );
     assert!(
         srv.contains("test complete") && cli.contains("test complete"),
