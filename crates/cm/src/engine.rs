@@ -869,8 +869,10 @@ impl Cm {
             State::ReqSent | State::RepRcvd | State::ReqRcvd | State::RepSent => {
                 self.retire(now, id, Some(ev))
             }
-            // The peer gave up waiting for our RTU: the connection it never saw is over.
-            State::Established if rej.reason == RejReason::TIMEOUT => {
+            // The peer never saw our RTU and gave up (Timeout) or its owner went (consumer):
+            // the connection it never had is over (IBA 12.9.8, REJ in the established
+            // state). Only a REJ naming both IDs: the peer's ID is known once established.
+            State::Established if rej.local_comm_id == self.conns[&id].remote_id => {
                 self.retire(now, id, Some(Event::Disconnected))
             }
             _ => {}

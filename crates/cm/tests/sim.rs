@@ -557,6 +557,32 @@ fn a_dead_owner_mid_handshake_rejects_and_leaves_nothing() {
 }
 
 #[test]
+fn a_passive_owner_dying_while_its_rtu_is_lost_disconnects_the_active_side() {
+    // Alice has the REP and sent her RTU, which is lost; Bob dies in RepSent. His CM
+    // rejects the connection it never saw established (REJ, consumer), and Alice, who
+    // thought she was connected, must see it end rather than keep a connection nobody
+    // answers (IBA 12.9.8: a REJ in the established state enters time-wait).
+    let mut s = Sim::new(12, Faults::default());
+    s.drop_from = Some((0, 0x14));
+    s.cms[1].listen(BOB, sid(7174)).unwrap();
+    s.cms[0]
+        .connect(s.now, ALICE, &s.connect_params(10, 3))
+        .unwrap();
+    s.run_for(Duration::from_millis(1));
+    assert_eq!(s.count(0, is_est), 1, "{:?}", s.events[0]);
+    assert_eq!(s.count(1, is_est), 0, "{:?}", s.events[1]);
+    s.cms[1].destroy_owner(s.now, BOB);
+    s.run_for(Duration::from_millis(1));
+    assert_eq!(
+        s.count(0, |e| matches!(e, Event::Disconnected)),
+        1,
+        "{:?}",
+        s.events[0]
+    );
+    s.destroy_all_and_drain();
+}
+
+#[test]
 fn sidr_resolves_once_and_refuses_unknown_services() {
     let mut s = Sim::new(
         12,

@@ -34,6 +34,21 @@ pub fn lib(name: &str) -> PathBuf {
 /// `[ip netns exec NS] softverbs --socket S run -- PROG ARGS` with this build's drop-ins.
 pub fn run(netns: Option<&str>, socket: &Path, prog: impl AsRef<OsStr>, args: &[&str]) -> Child {
     let prog = prog.as_ref();
+    command(netns, socket, prog, args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("softverbs run {}: {e}", Path::new(prog).display()))
+}
+
+/// The command [`run`] starts, for a test that sets up its pipes itself.
+pub fn command(
+    netns: Option<&str>,
+    socket: &Path,
+    prog: impl AsRef<OsStr>,
+    args: &[&str],
+) -> Command {
     let mut c = match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -46,16 +61,12 @@ pub fn run(netns: Option<&str>, socket: &Path, prog: impl AsRef<OsStr>, args: &[
         .arg(socket)
         .arg("run")
         .arg("--")
-        .arg(prog)
+        .arg(prog.as_ref())
         .args(args)
         .env("SOFTVERBS_AUTOSTART", "0")
         .env("SOFTVERBS_LIBIBVERBS", lib("libibverbs.so"))
-        .env("SOFTVERBS_LIBRDMACM", lib("librdmacm.so"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("softverbs run {}: {e}", Path::new(prog).display()))
+        .env("SOFTVERBS_LIBRDMACM", lib("librdmacm.so"));
+    c
 }
 
 pub fn cm_of(socket: &Path) -> serde_json::Value {
