@@ -11,14 +11,13 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use softverbs_testkit::bins::softverbs_bin;
 use softverbs_testkit::{Actor, Daemon};
-use support::{cm_of, command, wait_cm, Netns};
+use support::{cm_of, command, wait_cm, Netns, NsDaemon};
 
 fn cm_empty(cm: &serde_json::Value) -> bool {
     ["listeners", "connections", "time_wait", "owned"]
@@ -380,39 +379,6 @@ unsafe extern "C" {
     fn libc_getuid() -> u32;
 }
 
-/// A `softverbs daemon` in `ns` with one device on `ip`, killed on drop.
-struct NsDaemon(Child, PathBuf);
-impl NsDaemon {
-    fn start(dir: &Path, ns: &str, ip: &str) -> NsDaemon {
-        let sock = dir.join(format!("{ns}.sock"));
-        let child = Command::new("ip")
-            .args(["netns", "exec", ns])
-            .arg(softverbs_bin())
-            .arg("daemon")
-            .arg("--socket")
-            .arg(&sock)
-            .arg("--device")
-            .arg(format!("softverbs0={ip}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap())
-            .spawn()
-            .unwrap();
-        let d = NsDaemon(child, sock);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !cm_of(&d.1).is_object() {
-            assert!(Instant::now() < deadline, "daemon in {ns} did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        d
-    }
-}
-impl Drop for NsDaemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn kills_mid_handshake_between_two_daemons() {
     let Some(exe) = cmsteps() else {
@@ -430,8 +396,8 @@ fn kills_mid_handshake_between_two_daemons() {
     let dir = std::env::temp_dir().join(format!("sv2k-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let a = NsDaemon::start(&dir, "sv2ka", "10.52.0.1");
-    let b = NsDaemon::start(&dir, "sv2kb", "10.52.0.2");
+    let a = NsDaemon::start(&dir, "sv2ka", "10.52.0.1", &[]);
+    let b = NsDaemon::start(&dir, "sv2kb", "10.52.0.2", &[]);
     let h = Hosts {
         server: (Some("sv2ka"), &a.1),
         client: (Some("sv2kb"), &b.1),

@@ -131,3 +131,39 @@ impl Drop for Netns {
             .status();
     }
 }
+
+/// A `softverbs daemon` in network namespace `ns` with one device on `ip` (its socket is
+/// `.1`), killed on drop.
+pub struct NsDaemon(pub Child, pub PathBuf);
+impl NsDaemon {
+    /// Started with `extra` daemon flags (`--faults ...`); its log goes to `dir/NS.log`.
+    pub fn start(dir: &Path, ns: &str, ip: &str, extra: &[&str]) -> NsDaemon {
+        let sock = dir.join(format!("{ns}.sock"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(softverbs_bin())
+            .arg("daemon")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--device")
+            .arg(format!("softverbs0={ip}"))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        let d = NsDaemon(child, sock);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cm_of(&d.1).is_object() {
+            assert!(Instant::now() < deadline, "daemon in {ns} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+}
+impl Drop for NsDaemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
