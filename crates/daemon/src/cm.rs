@@ -461,7 +461,13 @@ impl CmPorts {
         dev: usize,
         r: &CmSidrReq,
     ) -> Result<CmIdResp, i32> {
+        let local_ip = self.ports.get(dev).ok_or(EINVAL)?.ip;
         let dst = ip_of(r.dst);
+        // As for a REQ: a SIDR_REQ to no address, or to another family than the device's,
+        // could only be lost (or looped back to this host).
+        if dst.is_ipv4() != local_ip.is_ipv4() || dst.is_unspecified() {
+            return Err(EINVAL);
+        }
         let p = SidrParams {
             peer: dst,
             service_id: r.service_id.get(),
