@@ -756,17 +756,21 @@ proptest::proptest! {
     /// Any seeded schedule of loss, duplication and reordering, any consumer answer, and an
     /// owner that may die at any moment: each side ends in one connection or one clean
     /// failure, never two, the attempt ends unless the passive consumer sits on the request
-    /// (IBA 12.6.6: its CM has no timer of its own in that state), and once everything is
-    /// destroyed and time-wait has passed, both CMs hold nothing.
+    /// (IBA 12.6.6: its CM has no timer of its own in that state), without loss both ends
+    /// agree on whether they are connected, and once everything is destroyed and time-wait
+    /// has passed, both CMs hold nothing.
     #[test]
     fn any_fault_schedule_ends_in_one_outcome_and_leaves_nothing(
         seed in proptest::prelude::any::<u64>(),
+        lossless in proptest::prelude::any::<bool>(),
         loss in 0.0f64..0.4,
         dup in 0.0f64..0.5,
         reorder in 0.0f64..0.5,
         answer in 0u8..4,
-        death in proptest::option::of((0usize..2, 0u64..40)),
+        // Half the deaths inside the first millisecond, where the handshake is.
+        death in proptest::option::of((0usize..2, proptest::prop_oneof![0u64..1_000, 0u64..40_000])),
     ) {
+        let loss = if lossless { 0.0 } else { loss };
         let mut s = Sim::new(seed, Faults { loss, dup, reorder });
         s.answer = match answer {
             0 => Answer::Accept,
@@ -777,8 +781,9 @@ proptest::proptest! {
         s.cms[1].listen(BOB, sid(7174)).unwrap();
         s.cms[0].connect(s.now, ALICE, &s.connect_params(8, 15)).unwrap();
         let mut dead = [false; 2];
-        if let Some((side, ms)) = death {
-            s.run_for(Duration::from_millis(ms));
+        // Microseconds: a handshake takes a few hundred, so a death lands in any phase.
+        if let Some((side, us)) = death {
+            s.run_for(Duration::from_micros(us));
             let owner = if side == 0 { ALICE } else { BOB };
             s.cms[side].destroy_owner(s.now, owner);
             if side == 1 {
@@ -797,6 +802,16 @@ proptest::proptest! {
         // A consumer's own reject is its end; one that ignores the request waits for it.
         if !dead[1] && b_asked && !matches!(s.answer, Answer::Ignore | Answer::Reject) {
             proptest::prop_assert!(b_ended, "the passive side's attempt ended: {}", ctx);
+        }
+        // Without loss nothing can keep the two ends apart: each is established exactly
+        // when the other is (a dead owner's side never is).
+        let est = |side: usize, owner| {
+            s.events[side].first().is_some_and(|&(id, _)| {
+                s.cms[side].state(owner, id) == Some(State::Established)
+            })
+        };
+        if lossless {
+            proptest::prop_assert_eq!(est(0, ALICE), est(1, BOB), "both ends agree: {}", ctx);
         }
         // The live owners disconnect what they hold; both sides see it end.
         for side in 0..2 {
