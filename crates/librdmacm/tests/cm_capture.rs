@@ -1,10 +1,10 @@
 //! The CM MADs two daemons exchange for unmodified rdma_cm programs decode in tshark (with
 //! the project's plugin loaded, which adds nothing for them) as InfiniBand CM to QP1, none
 //! malformed: REQ, REP, RTU, DREQ, DREP (tests/c/cmsteps.c, a whole handshake), REJ (a
-//! connect to a port nobody listens on) and SIDR_REQ / SIDR_REP (`udaddy`), between two
-//! daemons with `--capture` in two network namespaces joined by veth (`sv2ca`/`sv2cb`, made
-//! and removed by the test). MRA is decoded in `crates/wire/tests/cm_tshark.rs` (a daemon
-//! sends one only for a REQ retransmitted while its consumer decides, ~4 s into a wait).
+//! connect to a port nobody listens on), SIDR_REQ / SIDR_REP (`udaddy`) and MRA (a REQ
+//! duplicated by the client's daemon, `--faults dup=1.0`, while the server holds the
+//! CONNECT_REQUEST), between two daemons with `--capture` in two network namespaces joined
+//! by veth (`sv2ca`/`sv2cb`, made and removed by the test).
 //!
 //! Skipped (with a message) without tshark, rdmacm-utils, gcc or librdmacm-dev, or root (CI
 //! has all). Build `softverbs-cli` first.
@@ -17,8 +17,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use softverbs_testkit::process::finish;
-use softverbs_testkit::{tshark, tshark_available};
-use support::{have, ok, run, wait_cm, Netns, NsDaemon};
+use softverbs_testkit::{tshark, tshark_available, Actor};
+use support::{command, have, ok, run, wait_cm, Netns, NsDaemon};
 
 unsafe extern "C" {
     #[link_name = "getuid"]
@@ -129,6 +129,43 @@ fn cm_mads_between_two_daemons_decode_as_infiniband_cm() {
     let out = ok(finish(c, "udaddy client"), "udaddy client");
     assert!(out.contains("data transfers complete"), "{out}");
     ok(finish(s, "udaddy server"), "udaddy server");
+    // MRA: the client's daemon again, now sending every packet twice, so a duplicate REQ
+    // reaches the server's daemon while its program holds the CONNECT_REQUEST (IBA 12.6.6).
+    stop(b);
+    let cap_b2 = dir.join("b2");
+    std::fs::create_dir_all(&cap_b2).unwrap();
+    let cap_b2 = cap_b2.display().to_string();
+    let b = NsDaemon::start(
+        &dir,
+        "sv2cb",
+        "10.54.0.2",
+        &["--faults", "dup=1.0", "--capture", &cap_b2],
+    );
+    let client = (Some("sv2cb"), b.1.as_path());
+    let mut s = Actor::spawn(
+        "cmsteps server",
+        command(
+            server.0,
+            server.1,
+            &exe,
+            &["server", "10.54.0.1", "7863", "qp", "connect-request"],
+        ),
+    );
+    wait_cm(server.1, "listening", |cm| cm["listeners"] == 1);
+    let c = run(
+        client.0,
+        client.1,
+        &exe,
+        &["client", "10.54.0.1", "7863", "qp"],
+    );
+    while s.line() != "STEP connect-request" {}
+    // Both copies of the REQ were in before the program could see the first one's event;
+    // now it accepts.
+    s.send("go");
+    let out = ok(finish(c, "cmsteps client"), "cmsteps client");
+    assert!(out.ends_with("DONE\n"), "{out}");
+    let (said, st) = s.finish();
+    assert!(st.success(), "{said:?} {st}");
     stop(a);
     stop(b);
 
@@ -153,6 +190,7 @@ fn cm_mads_between_two_daemons_decode_as_infiniband_cm() {
     let attrs: BTreeSet<&str> = rows.iter().map(|r| r[1]).collect();
     for (a, name) in [
         ("0x0010", "REQ"),
+        ("0x0011", "MRA"),
         ("0x0012", "REJ"),
         ("0x0013", "REP"),
         ("0x0014", "RTU"),
