@@ -829,3 +829,43 @@ proptest::proptest! {
         s.destroy_all_and_drain();
     }
 }
+
+/// The REJs a vanished owner leaves, as a peer's CM (the kernel's included) must read them:
+/// a REQ_SENT side gives up with reason Timeout, rejecting no message, its CA GUID in the
+/// additional rejection information (IBA 12.6.7.2, table 109: how the peer finds the
+/// connection when the REJ names no remote ID); a REP_SENT side rejects with reason
+/// consumer, no message either (its REP already answered the REQ).
+#[test]
+fn rejs_of_a_vanished_owner_say_what_they_reject_and_who_sent_them() {
+    // Alice dies with her REQ outstanding (Bob ignores it).
+    let mut a = Cm::new(cfg(0x100));
+    let p = Sim::new(0, Faults::default()).connect_params(10, 3);
+    a.connect(Instant(0), ALICE, &p).unwrap();
+    assert!(a.poll_transmit().is_some(), "the REQ");
+    a.destroy_owner(Instant(0), ALICE);
+    let t = a.poll_transmit().expect("a REJ");
+    let CmMessage::Rej(rej) = CmMad::parse(&t.mad).unwrap().msg else {
+        panic!("not a REJ");
+    };
+    assert_eq!(rej.reason, RejReason::TIMEOUT);
+    assert_eq!(rej.message_rejected, 2, "no message");
+    assert_eq!(rej.info_length, 8);
+    assert_eq!(rej.ari[..8], 0x100u64.to_be_bytes(), "the sender's CA GUID");
+
+    // Bob dies after his REP, before the RTU.
+    let mut s = Sim::new(13, Faults::default());
+    s.drop_from = Some((0, 0x14));
+    s.cms[1].listen(BOB, sid(7174)).unwrap();
+    s.cms[0]
+        .connect(s.now, ALICE, &s.connect_params(10, 3))
+        .unwrap();
+    s.run_for(Duration::from_millis(1));
+    s.cms[1].destroy_owner(s.now, BOB);
+    let t = s.cms[1].poll_transmit().expect("a REJ");
+    let CmMessage::Rej(rej) = CmMad::parse(&t.mad).unwrap().msg else {
+        panic!("not a REJ");
+    };
+    assert_eq!(rej.reason, RejReason::CONSUMER);
+    assert_eq!(rej.message_rejected, 2, "no message: the REQ had its REP");
+    assert_eq!(rej.info_length, 0);
+}
