@@ -1,9 +1,9 @@
 //! A process SIGKILLed at each step of an rdma_cm handshake (tests/c/cmsteps.c, which stops
 //! where the test asks): the daemon holds no CM state of it afterwards, and its peer sees a
 //! clean end (REJECTED or DISCONNECTED) instead of waiting (docs/cm.md, "A process killed
-//! mid-handshake"). Each case on one daemon, and the REQ-outstanding, REP-sent and
-//! established cases between two daemons in two network namespaces joined by veth
-//! (`sv2ka`/`sv2kb`, made and removed by the test).
+//! mid-handshake"). Each case on one daemon, and the REQ-outstanding, REP-sent,
+//! established and disconnecting cases between two daemons in two network namespaces joined
+//! by veth (`sv2ka`/`sv2kb`, made and removed by the test).
 //!
 //! Skipped (with a message) without gcc or librdmacm-dev; the namespace test also needs root
 //! and `ip` (CI has all). Build `softverbs-cli` first.
@@ -344,19 +344,17 @@ fn client_without_a_qp_killed_when_established() {
 }
 
 /// The DREQ sent: the server still sees its DISCONNECTED (and finishes), nothing is left.
+const CLIENT_DISCONNECTING: Case = Case {
+    victim: Side::Client,
+    client_at: "disconnect-sent",
+    server_at: None,
+    qp: true,
+    survivor_sees: Some("RDMA_CM_EVENT_DISCONNECTED 0"),
+};
+
 #[test]
 fn client_killed_after_rdma_disconnect() {
-    one_daemon(
-        "k-dreq",
-        7817,
-        Case {
-            victim: Side::Client,
-            client_at: "disconnect-sent",
-            server_at: None,
-            qp: true,
-            survivor_sees: Some("RDMA_CM_EVENT_DISCONNECTED 0"),
-        },
-    );
+    one_daemon("k-dreq", 7817, CLIENT_DISCONNECTING);
 }
 
 #[test]
@@ -410,6 +408,7 @@ fn kills_mid_handshake_between_two_daemons() {
         SERVER_REP_SENT,
         CLIENT_ESTABLISHED,
         SERVER_ESTABLISHED,
+        CLIENT_DISCONNECTING,
     ]
     .iter()
     .enumerate()
