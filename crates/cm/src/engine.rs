@@ -883,8 +883,9 @@ impl Cm {
                 self.retire(now, id, Some(ev))
             }
             // The peer never saw our RTU and gave up (Timeout) or its owner went (consumer):
-            // the connection it never had is over (IBA 12.9.8, REJ in the established
-            // state). Only a REJ naming both IDs: the peer's ID is known once established.
+            // the connection it never had is over (IBA 12.9, the CM state diagram: a REJ in
+            // the established state enters time-wait). Only a REJ naming both IDs: the
+            // peer's ID is known once established.
             State::Established if rej.local_comm_id == self.conns[&id].remote_id => {
                 self.retire(now, id, Some(Event::Disconnected))
             }

@@ -571,7 +571,8 @@ fn a_passive_owner_dying_while_its_rtu_is_lost_disconnects_the_active_side() {
     // Alice has the REP and sent her RTU, which is lost; Bob dies in RepSent. His CM
     // rejects the connection it never saw established (REJ, consumer), and Alice, who
     // thought she was connected, must see it end rather than keep a connection nobody
-    // answers (IBA 12.9.8: a REJ in the established state enters time-wait).
+    // answers (IBA 12.9, the CM state diagram: a REJ in the established state enters
+    // time-wait).
     let mut s = Sim::new(12, Faults::default());
     s.drop_from = Some((0, 0x14));
     s.cms[1].listen(BOB, sid(7174)).unwrap();
@@ -728,7 +729,7 @@ fn commands_in_the_wrong_state_or_of_another_owner_are_refused() {
 /// What one side's owner saw, checked against the legal outcomes of one connection attempt:
 /// at most one of each event, Established excluding a failure, a failure excluding a
 /// disconnect. A Disconnected without Established is legal: a DREQ reaching a side in
-/// RepSent or RepRcvd ends it (IBA 12.9.8; the kernel's rdma_cm reports it the same way).
+/// RepSent or RepRcvd ends it (IBA 12.9; the kernel's rdma_cm reports it the same way).
 /// Returns whether the attempt reached an end (established, failed or disconnected).
 fn check_outcome(events: &[(CmId, Event)], active: bool, ctx: &str) -> bool {
     let n = |f: fn(&Event) -> bool| events.iter().filter(|(_, e)| f(e)).count();
