@@ -214,13 +214,24 @@ impl Cm {
         reason: RejReason,
         pd: &[u8],
     ) -> Result<[u8; MAD_LEN], CmWireError> {
+        // IBA 12.6.7.2 (table 109): a REJ for Timeout carries the sender's CA GUID as its
+        // additional rejection information. It may name no Remote Communication ID (the
+        // active side never learnt it), so that GUID and the sender's own ID are how the
+        // receiving CM finds the connection; a kernel CM looks it up by exactly these.
+        let mut ari = [0; msg::REJ_ARI];
+        let info_length = if reason == RejReason::TIMEOUT {
+            ari[..8].copy_from_slice(&self.cfg.local_ca_guid.to_be_bytes());
+            8
+        } else {
+            0
+        };
         self.encode(CmMessage::Rej(Box::new(Rej {
             local_comm_id: local,
             remote_comm_id: remote,
             message_rejected: rejected,
-            info_length: 0,
+            info_length,
             reason,
-            ari: [0; msg::REJ_ARI],
+            ari,
             private_data: msg::private_data(pd)?,
         })))
     }
@@ -639,13 +650,15 @@ impl Cm {
         };
         c.owner = None;
         let (state, peer, remote) = (c.state, c.peer, c.remote_id);
+        // What the REJ rejects (IBA 12.6.7): the REQ or REP this side received and has not
+        // answered, or no message (a REQ_SENT that gives up, a REP already sent).
         let rej = |reason| {
             (
                 reason,
-                if state == State::RepRcvd {
-                    target::REP
-                } else {
-                    target::REQ
+                match state {
+                    State::RepRcvd => target::REP,
+                    State::ReqRcvd => target::REQ,
+                    _ => target::OTHER,
                 },
             )
         };
@@ -962,8 +975,11 @@ impl Cm {
             State::ReqSent | State::RepRcvd | State::ReqRcvd | State::RepSent => {
                 self.retire(now, id, Some(ev))
             }
-            // The peer gave up waiting for our RTU: the connection it never saw is over.
-            State::Established if rej.reason == RejReason::TIMEOUT => {
+            // The peer never saw our RTU and gave up (Timeout) or its owner went (consumer):
+            // the connection it never had is over (IBA 12.9, the CM state diagram: a REJ in
+            // the established state enters time-wait). Only a REJ naming both IDs: the
+            // peer's ID is known once established.
+            State::Established if rej.local_comm_id == self.conns[&id].remote_id => {
                 self.retire(now, id, Some(Event::Disconnected))
             }
             _ => {}

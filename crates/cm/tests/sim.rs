@@ -156,13 +156,13 @@ impl Sim {
     fn react(&mut self, side: usize, id: CmId, ev: &Event) {
         let now = self.now;
         match (side, ev) {
-            (0, Event::ConnectReply { .. }) => self.cms[0].establish(now, ALICE, id).unwrap(),
+            (0, Event::ConnectReply { .. }) => stale_ok(self.cms[0].establish(now, ALICE, id)),
             (1, Event::ConnectRequest { req, .. }) => {
                 assert_eq!(&req.private_data[..10], b"from alice");
                 match self.answer {
                     Answer::Accept => self.accept(id),
                     Answer::AcceptAfter(d) => self.later.push((now.after(d), id)),
-                    Answer::Reject => self.cms[1].reject(now, BOB, id, b"no thanks").unwrap(),
+                    Answer::Reject => stale_ok(self.cms[1].reject(now, BOB, id, b"no thanks")),
                     Answer::Ignore => {}
                 }
             }
@@ -193,7 +193,7 @@ impl Sim {
             srq: false,
             private_data: b"from bob".to_vec(),
         };
-        self.cms[1].accept(self.now, BOB, id, &p).unwrap();
+        stale_ok(self.cms[1].accept(self.now, BOB, id, &p));
     }
 
     /// Runs until nothing is in flight and no timer is due before `until`.
@@ -262,6 +262,16 @@ impl Sim {
         for cm in &self.cms {
             assert_eq!(cm.counts(), Counts::default(), "nothing left: {cm:?}");
         }
+    }
+}
+
+/// A consumer's answer to an event whose connection the peer ended meanwhile (a REJ that
+/// arrived with or after the REQ or REP) is refused as being in time-wait; anything else
+/// must succeed.
+fn stale_ok(r: Result<(), CmError>) {
+    match r {
+        Err(CmError::State(State::TimeWait)) => {}
+        r => r.unwrap(),
     }
 }
 
@@ -558,6 +568,33 @@ fn a_dead_owner_mid_handshake_rejects_and_leaves_nothing() {
 }
 
 #[test]
+fn a_passive_owner_dying_while_its_rtu_is_lost_disconnects_the_active_side() {
+    // Alice has the REP and sent her RTU, which is lost; Bob dies in RepSent. His CM
+    // rejects the connection it never saw established (REJ, consumer), and Alice, who
+    // thought she was connected, must see it end rather than keep a connection nobody
+    // answers (IBA 12.9, the CM state diagram: a REJ in the established state enters
+    // time-wait).
+    let mut s = Sim::new(12, Faults::default());
+    s.drop_from = Some((0, 0x14));
+    s.cms[1].listen(BOB, sid(7174)).unwrap();
+    s.cms[0]
+        .connect(s.now, ALICE, &s.connect_params(10, 3))
+        .unwrap();
+    s.run_for(Duration::from_millis(1));
+    assert_eq!(s.count(0, is_est), 1, "{:?}", s.events[0]);
+    assert_eq!(s.count(1, is_est), 0, "{:?}", s.events[1]);
+    s.cms[1].destroy_owner(s.now, BOB);
+    s.run_for(Duration::from_millis(1));
+    assert_eq!(
+        s.count(0, |e| matches!(e, Event::Disconnected)),
+        1,
+        "{:?}",
+        s.events[0]
+    );
+    s.destroy_all_and_drain();
+}
+
+#[test]
 fn sidr_resolves_once_and_refuses_unknown_services() {
     let mut s = Sim::new(
         12,
@@ -688,4 +725,149 @@ fn commands_in_the_wrong_state_or_of_another_owner_are_refused() {
     ));
     s.run_for(Duration::from_millis(1));
     s.destroy_all_and_drain();
+}
+
+/// What one side's owner saw, checked against the legal outcomes of one connection attempt:
+/// at most one of each event, Established excluding a failure, a failure excluding a
+/// disconnect. A Disconnected without Established is legal: a DREQ reaching a side in
+/// RepSent or RepRcvd ends it (IBA 12.9; the kernel's rdma_cm reports it the same way).
+/// Returns whether the attempt reached an end (established, failed or disconnected).
+fn check_outcome(events: &[(CmId, Event)], active: bool, ctx: &str) -> bool {
+    let n = |f: fn(&Event) -> bool| events.iter().filter(|(_, e)| f(e)).count();
+    let est = n(is_est);
+    let failed = n(|e| matches!(e, Event::Rejected { .. } | Event::Unreachable));
+    let disc = n(|e| matches!(e, Event::Disconnected));
+    let first = if active {
+        n(|e| matches!(e, Event::ConnectReply { .. }))
+    } else {
+        n(|e| matches!(e, Event::ConnectRequest { .. }))
+    };
+    assert!(first <= 1, "one REQ/REP however duplicated: {ctx}");
+    assert!(est <= 1, "never two connections: {ctx}");
+    assert!(disc <= 1, "one disconnect: {ctx}");
+    assert!(failed <= 1 && est + failed <= 1, "one outcome: {ctx}");
+    assert!(failed + disc <= 1, "nothing after a failure: {ctx}");
+    let ids: std::collections::BTreeSet<CmId> = events.iter().map(|(id, _)| *id).collect();
+    assert!(ids.len() <= 1, "one id per side: {ctx}");
+    est + failed + disc > 0
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+    /// Any seeded schedule of loss, duplication and reordering, any consumer answer, and an
+    /// owner that may die at any moment: each side ends in one connection or one clean
+    /// failure, never two, the attempt ends unless the passive consumer sits on the request
+    /// (IBA 12.6.6: its CM has no timer of its own in that state), without loss both ends
+    /// agree on whether they are connected, and once everything is destroyed and time-wait
+    /// has passed, both CMs hold nothing.
+    #[test]
+    fn any_fault_schedule_ends_in_one_outcome_and_leaves_nothing(
+        seed in proptest::prelude::any::<u64>(),
+        lossless in proptest::prelude::any::<bool>(),
+        loss in 0.0f64..0.4,
+        dup in 0.0f64..0.5,
+        reorder in 0.0f64..0.5,
+        answer in 0u8..4,
+        // Half the deaths inside the first millisecond, where the handshake is.
+        death in proptest::option::of((0usize..2, proptest::prop_oneof![0u64..1_000, 0u64..40_000])),
+    ) {
+        let loss = if lossless { 0.0 } else { loss };
+        let mut s = Sim::new(seed, Faults { loss, dup, reorder });
+        s.answer = match answer {
+            0 => Answer::Accept,
+            1 => Answer::AcceptAfter(Duration::from_millis(30)),
+            2 => Answer::Reject,
+            _ => Answer::Ignore,
+        };
+        s.cms[1].listen(BOB, sid(7174)).unwrap();
+        s.cms[0].connect(s.now, ALICE, &s.connect_params(8, 15)).unwrap();
+        let mut dead = [false; 2];
+        // Microseconds: a handshake takes a few hundred, so a death lands in any phase.
+        if let Some((side, us)) = death {
+            s.run_for(Duration::from_micros(us));
+            let owner = if side == 0 { ALICE } else { BOB };
+            s.cms[side].destroy_owner(s.now, owner);
+            if side == 1 {
+                s.later.clear();
+            }
+            dead[side] = true;
+        }
+        s.run_for(Duration::from_secs(30));
+        let ctx = format!("A {:?} B {:?}", s.events[0], s.events[1]);
+        let a_ended = check_outcome(&s.events[0], true, &ctx);
+        let b_ended = check_outcome(&s.events[1], false, &ctx);
+        if !dead[0] {
+            proptest::prop_assert!(a_ended, "the active side's attempt ended: {}", ctx);
+        }
+        let b_asked = s.count(1, |e| matches!(e, Event::ConnectRequest { .. })) == 1;
+        // A consumer's own reject is its end; one that ignores the request waits for it.
+        if !dead[1] && b_asked && !matches!(s.answer, Answer::Ignore | Answer::Reject) {
+            proptest::prop_assert!(b_ended, "the passive side's attempt ended: {}", ctx);
+        }
+        // Without loss nothing can keep the two ends apart: each is established exactly
+        // when the other is (a dead owner's side never is).
+        let est = |side: usize, owner| {
+            s.events[side].first().is_some_and(|&(id, _)| {
+                s.cms[side].state(owner, id) == Some(State::Established)
+            })
+        };
+        if lossless {
+            proptest::prop_assert_eq!(est(0, ALICE), est(1, BOB), "both ends agree: {}", ctx);
+        }
+        // The live owners disconnect what they hold; both sides see it end.
+        for side in 0..2 {
+            let owner = if side == 0 { ALICE } else { BOB };
+            if let Some((id, _)) = s.events[side].first().cloned() {
+                if s.cms[side].state(owner, id) == Some(State::Established) {
+                    s.cms[side].disconnect(s.now, owner, id, &[]).unwrap();
+                }
+            }
+        }
+        s.run_for(Duration::from_secs(30));
+        for side in 0..2 {
+            check_outcome(&s.events[side], side == 0, &ctx);
+        }
+        s.destroy_all_and_drain();
+    }
+}
+
+/// The REJs a vanished owner leaves, as a peer's CM (the kernel's included) must read them:
+/// a REQ_SENT side gives up with reason Timeout, rejecting no message, its CA GUID in the
+/// additional rejection information (IBA 12.6.7.2, table 109: how the peer finds the
+/// connection when the REJ names no remote ID); a REP_SENT side rejects with reason
+/// consumer, no message either (its REP already answered the REQ).
+#[test]
+fn rejs_of_a_vanished_owner_say_what_they_reject_and_who_sent_them() {
+    // Alice dies with her REQ outstanding (Bob ignores it).
+    let mut a = Cm::new(cfg(0x100));
+    let p = Sim::new(0, Faults::default()).connect_params(10, 3);
+    a.connect(Instant(0), ALICE, &p).unwrap();
+    assert!(a.poll_transmit().is_some(), "the REQ");
+    a.destroy_owner(Instant(0), ALICE);
+    let t = a.poll_transmit().expect("a REJ");
+    let CmMessage::Rej(rej) = CmMad::parse(&t.mad).unwrap().msg else {
+        panic!("not a REJ");
+    };
+    assert_eq!(rej.reason, RejReason::TIMEOUT);
+    assert_eq!(rej.message_rejected, 2, "no message");
+    assert_eq!(rej.info_length, 8);
+    assert_eq!(rej.ari[..8], 0x100u64.to_be_bytes(), "the sender's CA GUID");
+
+    // Bob dies after his REP, before the RTU.
+    let mut s = Sim::new(13, Faults::default());
+    s.drop_from = Some((0, 0x14));
+    s.cms[1].listen(BOB, sid(7174)).unwrap();
+    s.cms[0]
+        .connect(s.now, ALICE, &s.connect_params(10, 3))
+        .unwrap();
+    s.run_for(Duration::from_millis(1));
+    s.cms[1].destroy_owner(s.now, BOB);
+    let t = s.cms[1].poll_transmit().expect("a REJ");
+    let CmMessage::Rej(rej) = CmMad::parse(&t.mad).unwrap().msg else {
+        panic!("not a REJ");
+    };
+    assert_eq!(rej.reason, RejReason::CONSUMER);
+    assert_eq!(rej.message_rejected, 2, "no message: the REQ had its REP");
+    assert_eq!(rej.info_length, 0);
 }

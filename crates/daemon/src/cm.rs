@@ -483,6 +483,12 @@ impl CmPorts {
         r: &CmSidrReq,
     ) -> Result<CmIdResp, i32> {
         let dst = ip_of(r.dst);
+        // As for a REQ: a SIDR_REQ to no address, or to a family the device has no address
+        // of, could only be lost (or looped back to this host).
+        let port = self.ports.get(dev).ok_or(EINVAL)?;
+        if port.local_for(dst).is_none() || dst.is_unspecified() {
+            return Err(EINVAL);
+        }
         let p = SidrParams {
             peer: dst,
             service_id: r.service_id.get(),

@@ -2,6 +2,8 @@
 //! from two peers and arbitrary time steps. The input is split at the marker `0xFF 0xFE`;
 //! each piece's first byte chooses the peer and how far time moves, and the rest, laid over
 //! a valid CM MAD header of the attribute its second byte names, is handed to the CM.
+//! The events are answered as the attribute byte's high part says (establish; accept or
+//! disconnect; SIDR reply or reject; destroy), whatever state the id is in.
 //! Checks: no panic, every transmit is a MAD that parses, and once the owner is gone and
 //! time-wait has passed the CM holds nothing.
 #![no_main]
@@ -10,8 +12,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
-use softverbs_cm::{Cm, Config, ConnectParams, Counts, Instant, Owner, QpKind};
-use softverbs_wire::cm::{CmMad, MAD_LEN};
+use softverbs_cm::{
+    AcceptParams, Cm, Config, ConnectParams, Counts, Event, Instant, Owner, QpKind,
+    SidrReplyParams,
+};
+use softverbs_wire::cm::{CmMad, SidrStatus, MAD_LEN};
 
 fuzz_target!(|data: &[u8]| {
     let peers = [
@@ -43,6 +48,21 @@ fuzz_target!(|data: &[u8]| {
         private_data: vec![],
     };
     cm.connect(now, owner, &params).unwrap();
+    let accept = AcceptParams {
+        qpn: 6,
+        starting_psn: 2,
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        srq: false,
+        private_data: vec![],
+    };
+    let sidr = SidrReplyParams {
+        status: SidrStatus::SUCCESS,
+        qpn: 7,
+        qkey: 0x1111,
+        private_data: vec![],
+    };
     let mut start = 0;
     let mut pieces = Vec::new();
     for i in 0..data.len().saturating_sub(1) {
@@ -66,9 +86,19 @@ fuzz_target!(|data: &[u8]| {
             mad[24..24 + n].copy_from_slice(&body[..n]);
         }
         let _ = cm.handle_mad(now, peers[usize::from(ctl & 1)], &mad);
-        while let Some((_, id, _)) = cm.poll_event() {
-            // Answer what can be answered, so accept/establish paths are reached too.
-            let _ = cm.establish(now, owner, id);
+        // How the consumer answers this piece's events: the attribute byte's high part.
+        let action = rest.first().map_or(0, |a| a / 10 % 4);
+        while let Some((_, id, ev)) = cm.poll_event() {
+            // Answer what can be answered, so the accept, reject, establish, disconnect and
+            // SIDR reply paths are reached too, in any state the MADs left the id in.
+            let _ = match (action, ev) {
+                (0, _) => cm.establish(now, owner, id),
+                (1, Event::ConnectRequest { .. }) => cm.accept(now, owner, id, &accept),
+                (1, _) => cm.disconnect(now, owner, id, b"bye"),
+                (2, Event::SidrRequest { .. }) => cm.sidr_reply(now, owner, id, &sidr),
+                (2, _) => cm.reject(now, owner, id, b"no"),
+                _ => cm.destroy(now, owner, id),
+            };
         }
         while let Some(t) = cm.poll_transmit() {
             CmMad::parse(&t.mad).expect("the CM sends well-formed MADs");

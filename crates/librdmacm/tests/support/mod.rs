@@ -34,6 +34,21 @@ pub fn lib(name: &str) -> PathBuf {
 /// `[ip netns exec NS] softverbs --socket S run -- PROG ARGS` with this build's drop-ins.
 pub fn run(netns: Option<&str>, socket: &Path, prog: impl AsRef<OsStr>, args: &[&str]) -> Child {
     let prog = prog.as_ref();
+    command(netns, socket, prog, args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("softverbs run {}: {e}", Path::new(prog).display()))
+}
+
+/// The command [`run`] starts, for a test that sets up its pipes itself.
+pub fn command(
+    netns: Option<&str>,
+    socket: &Path,
+    prog: impl AsRef<OsStr>,
+    args: &[&str],
+) -> Command {
     let mut c = match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -46,16 +61,12 @@ pub fn run(netns: Option<&str>, socket: &Path, prog: impl AsRef<OsStr>, args: &[
         .arg(socket)
         .arg("run")
         .arg("--")
-        .arg(prog)
+        .arg(prog.as_ref())
         .args(args)
         .env("SOFTVERBS_AUTOSTART", "0")
         .env("SOFTVERBS_LIBIBVERBS", lib("libibverbs.so"))
-        .env("SOFTVERBS_LIBRDMACM", lib("librdmacm.so"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("softverbs run {}: {e}", Path::new(prog).display()))
+        .env("SOFTVERBS_LIBRDMACM", lib("librdmacm.so"));
+    c
 }
 
 pub fn cm_of(socket: &Path) -> serde_json::Value {
@@ -118,5 +129,41 @@ impl Drop for Netns {
         let _ = Command::new("sh")
             .args(["-c", &format!("ip netns del {p}a; ip netns del {p}b")])
             .status();
+    }
+}
+
+/// A `softverbs daemon` in network namespace `ns` with one device on `ip` (its socket is
+/// `.1`), killed on drop.
+pub struct NsDaemon(pub Child, pub PathBuf);
+impl NsDaemon {
+    /// Started with `extra` daemon flags (`--faults ...`); its log goes to `dir/NS.log`.
+    pub fn start(dir: &Path, ns: &str, ip: &str, extra: &[&str]) -> NsDaemon {
+        let sock = dir.join(format!("{ns}.sock"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(softverbs_bin())
+            .arg("daemon")
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--device")
+            .arg(format!("softverbs0={ip}"))
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{ns}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        let d = NsDaemon(child, sock);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cm_of(&d.1).is_object() {
+            assert!(Instant::now() < deadline, "daemon in {ns} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+}
+impl Drop for NsDaemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
