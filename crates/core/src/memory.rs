@@ -64,6 +64,29 @@ pub trait Memory {
         Ok(old)
     }
 
+    /// A hint: the engine is about to read the `len` bytes at `addr` of `ctx` front to back
+    /// for one work request (a gather list piece of a message it starts sending, an RDMA
+    /// READ response it starts generating), so a memory that pays per call may fetch them in
+    /// larger pieces than the packets it is asked for. Bytes fetched on a hint may serve
+    /// reads of this range until the next hint overlapping it: the owner may not change a
+    /// buffer while a request that reads it is outstanding (ibv_post_send(3)), and every
+    /// request's reads are preceded by its own hint. `on_demand` as for
+    /// [`Memory::read_for`]. The default does nothing.
+    fn will_read(&mut self, on_demand: bool, ctx: CtxId, addr: u64, len: u64) {
+        let _ = (on_demand, ctx, addr, len);
+    }
+
+    /// Makes every [`Memory::write`] so far visible in the owners' memory. A memory may
+    /// hold writes back to coalesce them (consecutive packets of one message into one
+    /// system call); the shell calls this before anything that lets a program look at the
+    /// written bytes leaves it: a completion, a packet on a wire (an ACK lets the requester
+    /// complete). Reads and atomics of this memory see held-back writes without it. A
+    /// fault is reported for the first held-back write that could not be made (the others
+    /// are still attempted). The default holds nothing back.
+    fn flush(&mut self) -> Result<(), Fault> {
+        Ok(())
+    }
+
     /// [`Memory::read`] of the memory mapped at `addr` at this moment, for an on-demand-paging
     /// MR ([`crate::datapath::MemTarget::on_demand`]): never through a mapping kept from some
     /// registration, which would show pages the owner has since unmapped or replaced.

@@ -72,6 +72,8 @@ pub struct DataPath {
     pub moved_packets: bool,
     devs: Vec<Dev>,
     mem: SharedMappings<ProcessMem>,
+    /// Held-back payload writes that failed when flushed (see `flush_memory`).
+    late_write_faults: u64,
     /// CQ semantics (crates/transport/src/cq.rs); the rings and eventfds stay here.
     cqs: HashMap<CqId, CompletionQueue>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
@@ -109,6 +111,12 @@ pub struct DataPath {
     buf: Vec<u8>,
     /// The devices' connection managers on QP1 (docs/cm.md §4).
     pub cm: crate::cm::CmPorts,
+}
+
+/// Whether the process path batches (docs/registered-memory.md, "One system call per work
+/// request"): on unless `SOFTVERBS_MEM_BATCH=0` (for measuring against per-packet access).
+fn mem_batching() -> bool {
+    std::env::var_os("SOFTVERBS_MEM_BATCH").is_none_or(|v| v != "0")
 }
 
 /// The errno `ibv_post_send(3)` / `ibv_post_recv(3)` return for an engine refusal: a full
@@ -192,7 +200,8 @@ impl DataPath {
         Ok(DataPath {
             cm: crate::cm::CmPorts::new(&ips),
             devs,
-            mem: SharedMappings::with_fallback(ProcessMem::new()),
+            mem: SharedMappings::with_fallback(ProcessMem::new().with_batching(mem_batching())),
+            late_write_faults: 0,
             cqs: HashMap::new(),
             ctx_cqs: HashMap::new(),
             qp_dev: HashMap::new(),
@@ -674,6 +683,7 @@ impl DataPath {
                     progressed = true;
                     if tx.dgid.is_multicast() {
                         self.deliver_multicast_locally(now, core, d, tx.dgid, &buf[..tx.len]);
+                        self.flush_memory();
                         if let Some(n) = &mut self.devs[d].net {
                             if let Err(e) = n.send(&tx, &mut buf[..tx.len]) {
                                 tracing::warn!("multicast send failed: {e}");
@@ -692,13 +702,18 @@ impl DataPath {
                             meta,
                             &buf[..tx.len],
                         );
-                    } else if let Some(n) = &mut self.devs[d].net {
-                        if let Err(e) = n.send(&tx, &mut buf[..tx.len]) {
-                            tracing::warn!("send failed: {e}");
+                    } else if self.devs[d].net.is_some() {
+                        // A packet for another host may be the ACK of writes held back.
+                        self.flush_memory();
+                        if let Some(n) = &mut self.devs[d].net {
+                            if let Err(e) = n.send(&tx, &mut buf[..tx.len]) {
+                                tracing::warn!("send failed: {e}");
+                            }
                         }
                     }
                 }
                 // What the engine queued for the wire leaves in batches (GSO, sendmmsg).
+                self.flush_memory();
                 if let Some(n) = &mut self.devs[d].net {
                     if let Err(e) = n.flush() {
                         tracing::warn!("send failed: {e}");
@@ -740,6 +755,8 @@ impl DataPath {
             self.settle_windows(core);
             self.cm.handle_timeout(now);
             progressed |= self.send_cm(now);
+            // Completions reach their CQs below: the bytes they announce go first.
+            self.flush_memory();
             for d in 0..self.devs.len() {
                 while let Some(o) = self.devs[d].engine.poll_output() {
                     self.route(core, o, None, &mut woken);
@@ -760,6 +777,22 @@ impl DataPath {
         }
         self.buf = buf;
         woken
+    }
+
+    /// Makes the payload writes the memory held back (process path: one `pwrite` per
+    /// contiguous run instead of one per packet, docs/registered-memory.md) land in the
+    /// clients' memory. Called before anything that lets a program see them leaves the
+    /// daemon: a completion, a packet for another host. A write that fails now (the program
+    /// unmapped pages of a pinned MR, or exited) cannot fail its request any more.
+    fn flush_memory(&mut self) {
+        if let Err(f) = softverbs_transport::Memory::flush(&mut self.mem) {
+            self.late_write_faults += 1;
+            tracing::warn!(
+                "a held-back write into {:?} at {:#x} failed: the memory is gone",
+                f.ctx,
+                f.addr
+            );
+        }
     }
 
     /// Puts the CMs' MADs for other hosts on the wire; true if any MAD moved.
