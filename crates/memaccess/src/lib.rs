@@ -33,6 +33,8 @@ mod process_vm;
 #[allow(unsafe_code)]
 mod raw;
 mod shared;
+#[allow(unsafe_code)]
+mod write_guard;
 
 pub use batch::{BatchStats, MAX_HELD, MAX_STREAMS, MIN_STREAM, WINDOW};
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
