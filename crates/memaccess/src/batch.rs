@@ -62,8 +62,10 @@ struct Stream {
     /// The hinted bytes `[start, end)`.
     start: u64,
     end: u64,
-    /// The window holds the bytes at `[win_at, win_at + win.len())`.
+    /// The window holds the bytes at `[win_at, win_at + valid)` in `win[..valid]` (the
+    /// vector keeps its length across refills, so a refill never zero-fills it again).
     win_at: u64,
+    valid: usize,
     win: Vec<u8>,
 }
 
@@ -139,6 +141,7 @@ impl Batch {
             start: addr,
             end: addr.saturating_add(len),
             win_at: addr,
+            valid: 0,
             win,
         });
     }
@@ -161,7 +164,7 @@ impl Batch {
             return self.read_direct(be, ctx, addr, buf);
         };
         let s = &self.streams[i];
-        if s.win_at <= addr && addr + len <= s.win_at + s.win.len() as u64 {
+        if s.win_at <= addr && addr + len <= s.win_at + s.valid as u64 {
             let off = (addr - s.win_at) as usize;
             buf.copy_from_slice(&s.win[off..off + buf.len()]);
             self.stats.window_hits += 1;
@@ -172,23 +175,27 @@ impl Batch {
         let _ = s;
         self.flush_overlapping(be, addr, n as u64)?;
         let mut win = std::mem::take(&mut self.streams[i].win);
-        win.resize(n, 0);
+        if win.len() < n {
+            win.resize(n, 0);
+        }
         self.stats.reads += 1;
-        match be.read_at(ctx, addr, &mut win) {
+        match be.read_at(ctx, addr, &mut win[..n]) {
             Ok(()) => {
                 buf.copy_from_slice(&win[..buf.len()]);
                 let s = &mut self.streams[i];
                 s.win = win;
                 s.win_at = addr;
+                s.valid = n;
                 Ok(())
             }
             Err(_) => {
                 // Part of the window is not readable (the stream runs past what is mapped,
                 // or the program unmapped something): no window, and the exact answer for
                 // the bytes asked for.
-                win.clear();
-                self.streams[i].win = win;
-                self.streams[i].win_at = addr;
+                let s = &mut self.streams[i];
+                s.win = win;
+                s.win_at = addr;
+                s.valid = 0;
                 self.read_direct(be, ctx, addr, buf)
             }
         }
@@ -233,6 +240,9 @@ impl Batch {
             Some(i) => self.runs[i].data.extend_from_slice(data),
             None => {
                 let mut buf = self.spare.pop().unwrap_or_default();
+                buf.clear();
+                // A message's packets follow: room for a typical one without regrowing.
+                buf.reserve(data.len().max(64 * 1024));
                 buf.extend_from_slice(data);
                 self.runs.push(Run {
                     ctx,
@@ -320,15 +330,16 @@ impl Batch {
 
     fn drop_windows(&mut self, addr: u64, len: u64) {
         for s in &mut self.streams {
-            if overlaps(s.win_at, s.win.len() as u64, addr, len) {
-                s.win.clear();
+            if overlaps(s.win_at, s.valid as u64, addr, len) {
+                s.valid = 0;
             }
         }
     }
 
-    fn recycle(&mut self, mut buf: Vec<u8>) {
-        if self.spare.len() < 8 && buf.capacity() <= WINDOW.max(1 << 20) {
-            buf.clear();
+    /// Keeps a buffer for the next window or run (allocating and faulting in fresh pages
+    /// for every message showed in profiles).
+    fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare.len() < 16 && buf.capacity() <= WINDOW.max(1 << 20) {
             self.spare.push(buf);
         }
     }
