@@ -150,7 +150,11 @@ pub trait Memory {
 #[derive(Debug, Default)]
 pub struct VecMemory {
     spaces: std::collections::HashMap<CtxId, Vec<u8>>,
+    hints: Vec<(CtxId, u64, u64)>,
 }
+
+/// How many [`Memory::will_read`] hints a [`VecMemory`] remembers (the first ones).
+pub const VEC_MEMORY_HINTS: usize = 4096;
 
 impl VecMemory {
     /// Gives `ctx` an address space of `len` zero bytes.
@@ -166,6 +170,12 @@ impl VecMemory {
     /// The bytes of `ctx`, writable.
     pub fn space_mut(&mut self, ctx: CtxId) -> &mut [u8] {
         self.spaces.get_mut(&ctx).expect("known context")
+    }
+
+    /// The [`Memory::will_read`] hints received, `(ctx, addr, len)` in order (the first
+    /// [`VEC_MEMORY_HINTS`]), for tests of what the engine announces.
+    pub fn hints(&self) -> &[(CtxId, u64, u64)] {
+        &self.hints
     }
 
     fn range(&mut self, ctx: CtxId, addr: u64, len: usize) -> Result<&mut [u8], Fault> {
@@ -188,5 +198,11 @@ impl Memory for VecMemory {
     fn write(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
         self.range(ctx, addr, data.len())?.copy_from_slice(data);
         Ok(())
+    }
+
+    fn will_read(&mut self, _on_demand: bool, ctx: CtxId, addr: u64, len: u64) {
+        if self.hints.len() < VEC_MEMORY_HINTS {
+            self.hints.push((ctx, addr, len));
+        }
     }
 }
