@@ -72,8 +72,6 @@ pub struct DataPath {
     pub moved_packets: bool,
     devs: Vec<Dev>,
     mem: SharedMappings<ProcessMem>,
-    /// Held-back payload writes that failed when flushed (see `flush_memory`).
-    late_write_faults: u64,
     /// CQ semantics (crates/transport/src/cq.rs); the rings and eventfds stay here.
     cqs: HashMap<CqId, CompletionQueue>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
@@ -201,7 +199,6 @@ impl DataPath {
             cm: crate::cm::CmPorts::new(&ips),
             devs,
             mem: SharedMappings::with_fallback(ProcessMem::new().with_batching(mem_batching())),
-            late_write_faults: 0,
             cqs: HashMap::new(),
             ctx_cqs: HashMap::new(),
             qp_dev: HashMap::new(),
@@ -786,7 +783,6 @@ impl DataPath {
     /// unmapped pages of a pinned MR, or exited) cannot fail its request any more.
     fn flush_memory(&mut self) {
         if let Err(f) = softverbs_transport::Memory::flush(&mut self.mem) {
-            self.late_write_faults += 1;
             tracing::warn!(
                 "a held-back write into {:?} at {:#x} failed: the memory is gone",
                 f.ctx,

@@ -486,10 +486,10 @@ fn share_in_place_keeps_writes_of_other_threads_and_of_the_kernel() {
                 "round {round}: the store to word {i} was lost"
             );
         }
-        for i in 0..p {
+        for (i, &want) in src.iter().enumerate() {
             assert_eq!(
                 buf.get(3 * p + i),
-                src[i],
+                want,
                 "round {round}: kernel write lost at {i}"
             );
         }
