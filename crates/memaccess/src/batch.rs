@@ -12,9 +12,10 @@
 //!   overlaps, so a request never reads bytes fetched before it was posted (its own hint
 //!   came after its post and before its reads); within one request the bytes cannot change
 //!   legally (ibv_post_send(3): the buffer belongs to the device until the completion).
-//! * **Write-behind.** A write joins a *run*, contiguous bytes of one context, which
-//!   consecutive packets of a message extend; [`Batch::flush`] writes each run with one
-//!   `pwrite`. The daemon flushes before any completion reaches a CQ and before any packet
+//! * **Write-behind.** A write that continues no run is made at once (so that memory which
+//!   is gone fails the request at its first packet, as without batching) and starts a *run*
+//!   after it: the contiguous bytes of one context that the following packets of the message
+//!   extend; [`Batch::flush`] writes each run with one `pwrite`. The daemon flushes before any completion reaches a CQ and before any packet
 //!   leaves on a wire, so what a program can learn of the writes (a CQE, an ACK that lets a
 //!   requester complete) always comes after the bytes are in its memory.
 //!
@@ -236,21 +237,23 @@ impl Batch {
                     .iter()
                     .any(|r| overlaps(r.addr, r.data.len() as u64, addr, len))
             });
-        match join {
-            Some(i) => self.runs[i].data.extend_from_slice(data),
-            None => {
-                let mut buf = self.spare.pop().unwrap_or_default();
-                buf.clear();
-                // A message's packets follow: room for a typical one without regrowing.
-                buf.reserve(data.len().max(64 * 1024));
-                buf.extend_from_slice(data);
-                self.runs.push(Run {
-                    ctx,
-                    addr,
-                    data: buf,
-                });
-            }
-        }
+        let Some(i) = join else {
+            // The first packet of a run is written at once: memory that is gone (freed by
+            // the program, or the program died) fails the request at its first packet, as
+            // without batching; the packets that follow it are held back.
+            self.write_direct(be, ctx, addr, data)?;
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.clear();
+            // A message's packets follow: room for a typical one without regrowing.
+            buf.reserve(64 * 1024);
+            self.runs.push(Run {
+                ctx,
+                addr: addr + len,
+                data: buf,
+            });
+            return Ok(());
+        };
+        self.runs[i].data.extend_from_slice(data);
         self.held += data.len();
         if self.held > MAX_HELD {
             self.flush(be)?;
@@ -278,6 +281,10 @@ impl Batch {
     pub fn flush<B: Backend>(&mut self, be: &mut B) -> Result<(), Fault> {
         let mut first = Ok(());
         for r in std::mem::take(&mut self.runs) {
+            if r.data.is_empty() {
+                self.recycle(r.data);
+                continue;
+            }
             self.stats.writes += 1;
             if let Err(f) = be.write_at(r.ctx, r.addr, &r.data) {
                 if first.is_ok() {
@@ -447,10 +454,11 @@ mod tests {
             b.write(&mut be, C, 8192 + i * 4096, &[i as u8; 4096])
                 .unwrap();
         }
-        assert!(be.writes.is_empty());
+        // The first packet at once, the other 15 held.
+        assert_eq!(be.writes, vec![(8192, 4096)]);
         assert!(b.holds_writes());
         b.flush(&mut be).unwrap();
-        assert_eq!(be.writes, vec![(8192, 65536)]);
+        assert_eq!(be.writes, vec![(8192, 4096), (12288, 61440)]);
         for i in 0..16usize {
             assert_eq!(be.bytes[&C][8192 + i * 4096], i as u8);
         }
@@ -485,10 +493,16 @@ mod tests {
         b.read(&mut be, C, 36_864, &mut pkt).unwrap();
         let e = b.read(&mut be, C, 40_960, &mut pkt).unwrap_err();
         assert_eq!(e.addr, 40_960);
+        // Memory that is gone fails the first packet of a run at once...
+        assert_eq!(b.write(&mut be, C, 40_960, &pkt).unwrap_err().addr, 40_960);
+        // ...and a later packet of a run at the flush, which still writes the other runs.
+        b.write(&mut be, C, 32_768, &pkt).unwrap();
+        b.write(&mut be, C, 36_864, &pkt).unwrap();
         b.write(&mut be, C, 40_960, &pkt).unwrap();
         b.write(&mut be, C, 0, &pkt).unwrap();
+        b.write(&mut be, C, 4096, &[9u8; 4096]).unwrap();
         assert_eq!(b.flush(&mut be).unwrap_err().addr, 40_960);
-        assert_eq!(be.bytes[&C][0], pkt[0], "the later run is still written");
+        assert_eq!(be.bytes[&C][4096], 9, "the later run is still written");
     }
 
     #[test]
