@@ -64,6 +64,29 @@ pub trait Memory {
         Ok(old)
     }
 
+    /// A hint: the engine is about to read the `len` bytes at `addr` of `ctx` front to back
+    /// for one work request (a gather list piece of a message it starts sending, an RDMA
+    /// READ response it starts generating), so a memory that pays per call may fetch them in
+    /// larger pieces than the packets it is asked for. Bytes fetched on a hint may serve
+    /// reads of this range until the next hint overlapping it: the owner may not change a
+    /// buffer while a request that reads it is outstanding (ibv_post_send(3)), and every
+    /// request's reads are preceded by its own hint. `on_demand` as for
+    /// [`Memory::read_for`]. The default does nothing.
+    fn will_read(&mut self, on_demand: bool, ctx: CtxId, addr: u64, len: u64) {
+        let _ = (on_demand, ctx, addr, len);
+    }
+
+    /// Makes every [`Memory::write`] so far visible in the owners' memory. A memory may
+    /// hold writes back to coalesce them (consecutive packets of one message into one
+    /// system call); the shell calls this before anything that lets a program look at the
+    /// written bytes leaves it: a completion, a packet on a wire (an ACK lets the requester
+    /// complete). Reads and atomics of this memory see held-back writes without it. A
+    /// fault is reported for the first held-back write that could not be made (the others
+    /// are still attempted). The default holds nothing back.
+    fn flush(&mut self) -> Result<(), Fault> {
+        Ok(())
+    }
+
     /// [`Memory::read`] of the memory mapped at `addr` at this moment, for an on-demand-paging
     /// MR ([`crate::datapath::MemTarget::on_demand`]): never through a mapping kept from some
     /// registration, which would show pages the owner has since unmapped or replaced.
@@ -127,7 +150,11 @@ pub trait Memory {
 #[derive(Debug, Default)]
 pub struct VecMemory {
     spaces: std::collections::HashMap<CtxId, Vec<u8>>,
+    hints: Vec<(CtxId, u64, u64)>,
 }
+
+/// How many [`Memory::will_read`] hints a [`VecMemory`] remembers (the first ones).
+pub const VEC_MEMORY_HINTS: usize = 4096;
 
 impl VecMemory {
     /// Gives `ctx` an address space of `len` zero bytes.
@@ -143,6 +170,12 @@ impl VecMemory {
     /// The bytes of `ctx`, writable.
     pub fn space_mut(&mut self, ctx: CtxId) -> &mut [u8] {
         self.spaces.get_mut(&ctx).expect("known context")
+    }
+
+    /// The [`Memory::will_read`] hints received, `(ctx, addr, len)` in order (the first
+    /// [`VEC_MEMORY_HINTS`]), for tests of what the engine announces.
+    pub fn hints(&self) -> &[(CtxId, u64, u64)] {
+        &self.hints
     }
 
     fn range(&mut self, ctx: CtxId, addr: u64, len: usize) -> Result<&mut [u8], Fault> {
@@ -165,5 +198,11 @@ impl Memory for VecMemory {
     fn write(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
         self.range(ctx, addr, data.len())?.copy_from_slice(data);
         Ok(())
+    }
+
+    fn will_read(&mut self, _on_demand: bool, ctx: CtxId, addr: u64, len: u64) {
+        if self.hints.len() < VEC_MEMORY_HINTS {
+            self.hints.push((ctx, addr, len));
+        }
     }
 }

@@ -148,6 +148,12 @@ pub struct DataPath {
     pub cm: crate::cm::CmPorts,
 }
 
+/// Whether the process path batches (docs/registered-memory.md, "One system call per work
+/// request"): on unless `SOFTVERBS_MEM_BATCH=0` (for measuring against per-packet access).
+fn mem_batching() -> bool {
+    std::env::var_os("SOFTVERBS_MEM_BATCH").is_none_or(|v| v != "0")
+}
+
 /// The errno `ibv_post_send(3)` / `ibv_post_recv(3)` return for an engine refusal: a full
 /// queue is `ENOMEM`, anything else `EINVAL`.
 fn post_errno(e: PostError) -> i32 {
@@ -259,7 +265,7 @@ impl DataPath {
         Ok(DataPath {
             cm: crate::cm::CmPorts::new(&ips),
             devs,
-            mem: SharedMappings::with_fallback(ProcessMem::new()),
+            mem: SharedMappings::with_fallback(ProcessMem::new().with_batching(mem_batching())),
             cqs: HashMap::new(),
             ctx_cqs: HashMap::new(),
             qp_dev: HashMap::new(),
@@ -741,6 +747,7 @@ impl DataPath {
                     progressed = true;
                     if tx.dgid.is_multicast() {
                         self.deliver_multicast_locally(now, core, d, tx.dgid, &buf[..tx.len]);
+                        self.flush_memory();
                         if let Some(n) = &mut self.devs[d].net {
                             if let Err(e) = n.send(&tx, &mut buf[..tx.len]) {
                                 tracing::warn!("multicast send failed: {e}");
@@ -762,6 +769,8 @@ impl DataPath {
                             &buf[..tx.len],
                         );
                     } else {
+                        // A packet for another host may be the ACK of writes held back.
+                        self.flush_memory();
                         let dev = &mut self.devs[d];
                         let src = dev.sgid_for(tx.sgid_index, tx.dgid);
                         if let Some(n) = dev.socket_from(src) {
@@ -772,6 +781,7 @@ impl DataPath {
                     }
                 }
                 // What the engine queued for the wire leaves in batches (GSO, sendmmsg).
+                self.flush_memory();
                 for n in self.devs[d].sockets() {
                     if let Err(e) = n.flush() {
                         tracing::warn!("send failed: {e}");
@@ -819,6 +829,8 @@ impl DataPath {
             self.settle_windows(core);
             self.cm.handle_timeout(now);
             progressed |= self.send_cm(now);
+            // Completions reach their CQs below: the bytes they announce go first.
+            self.flush_memory();
             for d in 0..self.devs.len() {
                 while let Some(o) = self.devs[d].engine.poll_output() {
                     self.route(core, o, None, &mut woken);
@@ -839,6 +851,21 @@ impl DataPath {
         }
         self.buf = buf;
         woken
+    }
+
+    /// Makes the payload writes the memory held back (process path: one `pwrite` per
+    /// contiguous run instead of one per packet, docs/registered-memory.md) land in the
+    /// clients' memory. Called before anything that lets a program see them leaves the
+    /// daemon: a completion, a packet for another host. A write that fails now (the program
+    /// unmapped pages of a pinned MR, or exited) cannot fail its request any more.
+    fn flush_memory(&mut self) {
+        if let Err(f) = softverbs_transport::Memory::flush(&mut self.mem) {
+            tracing::warn!(
+                "a held-back write into {:?} at {:#x} failed: the memory is gone",
+                f.ctx,
+                f.addr
+            );
+        }
     }
 
     /// Puts the CMs' MADs for other hosts on the wire; true if any MAD moved.

@@ -59,8 +59,9 @@ const ACCESS_OPTIONAL_RANGE: c_uint = 0x3ff0_0000;
 
 /// `SOFTVERBS_SHARED_MR=1`: register memory by turning its pages into shared memory in place
 /// (`Pd::reg_mr_shared`), so the daemon copies without a system call — the bench's fast path
-/// (docs/registered-memory.md). Opt-in, because the conversion copies the pages while it runs:
-/// no other thread may write them during `ibv_reg_mr`, and a child forked later shares them.
+/// (docs/registered-memory.md). Other threads' writes during `ibv_reg_mr` wait for the
+/// conversion and are kept (or, where that cannot be arranged, nothing is converted); opt-in
+/// because a child forked later shares the pages instead of copying them.
 fn share_in_place() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("SOFTVERBS_SHARED_MR").is_some_and(|v| v == "1"))
@@ -82,8 +83,8 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint
     let made = if share_in_place() && !on_demand && iova == addr as u64 {
         // SAFETY: ibv_reg_mr(3)'s caller keeps `[addr, addr+len)` allocated until
         // ibv_dereg_mr and reaches it from C only (no Rust references); with
-        // SOFTVERBS_SHARED_MR=1 it opted into the in-place conversion and its rule that no
-        // thread touches those pages during the call (docs/dropin.md).
+        // SOFTVERBS_SHARED_MR=1 it opted into the in-place conversion, which holds other
+        // threads' writes back while it runs (docs/registered-memory.md).
         let mem = unsafe { softverbs::RawMemory::new_shareable(addr as usize, len) };
         p.reg_mr_shared(mem, access)
     } else {

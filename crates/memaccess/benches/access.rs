@@ -33,7 +33,8 @@ fn label(n: usize) -> String {
 fn bench_access(c: &mut Criterion, plain: &ChildProc, shared: &ChildProc) {
     let mut pv = ProcessVm::new();
     pv.register_process(CTX, plain.pid);
-    let mut pm = ProcessMem::new();
+    // One system call per access, as these groups have always measured.
+    let mut pm = ProcessMem::new().with_batching(false);
     let mem = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -98,6 +99,50 @@ fn bench_access(c: &mut Criterion, plain: &ChildProc, shared: &ChildProc) {
     g.finish();
 }
 
+/// A 64 KiB and a 1 MiB message moved as the engine moves them, 4 KiB packets one by one:
+/// per packet (`per_packet`), and batched (`batched`: the engine's hint and one read per
+/// window; writes held back and flushed once per message).
+fn bench_messages(c: &mut Criterion, plain: &ChildProc) {
+    let open = || -> ProcessMemory {
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{}/mem", plain.pid))
+            .unwrap();
+        ProcessMemory::validate(mem.into(), plain.pid as u32).unwrap()
+    };
+    let mut one = ProcessMem::new().with_batching(false);
+    one.register_process(CTX, open());
+    let mut batched = ProcessMem::new();
+    batched.register_process(CTX, open());
+    let mut pkt = vec![0u8; 4096];
+    for (op, is_write) in [("message_read", false), ("message_write", true)] {
+        let mut g = c.benchmark_group(op);
+        for n in [64 << 10, 1 << 20] {
+            g.throughput(Throughput::Bytes(n as u64));
+            for (name, pm) in [("per_packet", &mut one), ("batched", &mut batched)] {
+                g.bench_function(BenchmarkId::new(name, label(n)), |b| {
+                    b.iter(|| {
+                        if !is_write {
+                            pm.will_read(false, CTX, plain.addr, n as u64);
+                        }
+                        for at in (0..n).step_by(4096) {
+                            let a = plain.addr + at as u64;
+                            if is_write {
+                                pm.write(CTX, a, &pkt).unwrap();
+                            } else {
+                                pm.read(CTX, a, &mut pkt).unwrap();
+                            }
+                        }
+                        pm.flush().unwrap();
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
 fn bench_share(c: &mut Criterion) {
     let mut g = c.benchmark_group("share_in_place");
     for n in [4 << 10, 64 << 10, 1 << 20] {
@@ -133,6 +178,7 @@ fn main() {
     let plain = ChildProc::spawn("plain", BUF, &[]);
     let shared = ChildProc::spawn("shared", BUF, &[]);
     bench_access(&mut c, &plain, &shared);
+    bench_messages(&mut c, &plain);
     bench_share(&mut c);
     c.final_summary();
 }

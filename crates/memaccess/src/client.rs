@@ -8,6 +8,7 @@ use rustix::process::{set_ptracer, PTracer, Pid};
 
 use crate::map::Mapping;
 use crate::page_size;
+use crate::write_guard::WriteGuard;
 
 /// Why [`share_in_place`] refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,12 @@ pub enum ShareError {
         /// What `/proc/self/maps` says about it.
         found: String,
     },
+    /// Writes to the range could not be held back during the conversion (userfaultfd
+    /// write-protection is unavailable: no `CAP_SYS_PTRACE` with
+    /// `vm.unprivileged_userfaultfd` 0, a kernel before 6.4, or the program already uses
+    /// userfaultfd on these pages). Nothing was changed; register without sharing.
+    #[error("cannot hold writes back during the conversion: {0}")]
+    NoWriteProtection(io::Error),
     /// A system call failed (the range is untouched unless the final `mremap` failed, see
     /// [`share_in_place`]).
     #[error(transparent)]
@@ -56,12 +63,17 @@ impl From<rustix::io::Errno> for ShareError {
 ///
 /// # Caveats
 ///
-/// * **Other threads.** Between the copy and the `mremap`, a write by another thread to
-///   the rounded range is lost, and the bytes of the first and last page outside
-///   `[addr, addr + len)` belong to other objects that another thread may be writing. No
-///   thread may write (or unmap) any of those pages during the call. The client library
-///   calls this at registration, when it owns the buffer; allocating registered buffers
-///   page-aligned and page-sized keeps foreign objects out of the pages.
+/// * **Other threads.** Other threads may keep writing the pages (the buffer, and the
+///   objects that share its first and last page) during the call: from just before the copy
+///   until the shared copy is in place, the pages are write-protected through userfaultfd
+///   (`write_guard`), so a write, by a thread or by the kernel on its behalf (`read(2)` into
+///   the buffer), waits a few microseconds and then lands in the shared copy; none is lost.
+///   Where that protection is unavailable the call changes nothing and fails with
+///   [`ShareError::NoWriteProtection`]. Not covered: writes through pages pinned before the
+///   call (`O_DIRECT` or `io_uring` fixed buffers in flight, another device's DMA), which
+///   go to the old pages; and a signal handler of the calling thread that writes the pages
+///   during the call, which would wait for itself. No thread may unmap the pages during the
+///   call.
 /// * **Neighbours are shared too.** The whole pages are shared with the daemon (which only
 ///   accesses the registered bytes, enforced by the core's bounds check), and stay
 ///   memfd-backed after deregistration until the memory is unmapped.
@@ -93,7 +105,11 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
     )?;
     ftruncate(&fd, n as u64)?;
     fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-    Mapping::shared(&fd, n, true)?.copy_and_move_onto(lo)?;
+    let copy = Mapping::shared(&fd, n, true)?;
+    let guard = WriteGuard::arm(lo, n).map_err(ShareError::NoWriteProtection)?;
+    copy.copy_and_move_onto(lo)?;
+    // Writes that waited go on now, into the shared pages.
+    drop(guard);
     Ok(fd)
 }
 

@@ -24,6 +24,7 @@
 //! block argued with a `SAFETY:` comment; the public API is safe.
 #![deny(unsafe_code)]
 
+mod batch;
 mod client;
 #[allow(unsafe_code)]
 mod map;
@@ -32,7 +33,10 @@ mod process_vm;
 #[allow(unsafe_code)]
 mod raw;
 mod shared;
+#[allow(unsafe_code)]
+mod write_guard;
 
+pub use batch::{BatchStats, MAX_HELD, MAX_STREAMS, MIN_STREAM, WINDOW};
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
 pub use process_mem::{
     open_own_maps, open_own_memory, MemFdError, ProcessMem, ProcessMemory, RangeError,

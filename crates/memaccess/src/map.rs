@@ -75,7 +75,8 @@ impl Mapping {
         // private pages there with shared pages holding the same bytes at the same
         // addresses. Memory the program owns there (the caller's buffer and whatever shares
         // its first and last page) keeps its contents, so no Rust value observes a change;
-        // the documented contract excludes concurrent writers during the call. The target
+        // writes by other threads wait on the caller's write guard (write_guard.rs) until the
+        // shared pages are in place, so none lands in the old pages after the copy. The target
         // range is exactly the checked anonymous range, so no other mapping is replaced.
         let moved = unsafe {
             mremap_fixed(

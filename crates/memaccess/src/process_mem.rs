@@ -17,7 +17,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use rustix::fs::{fcntl_getfl, fstatfs, OFlags};
 use rustix::io::Errno;
 use softverbs_core::ids::CtxId;
-use softverbs_core::memory::{Fault, Memory};
+use softverbs_core::memory::{AtomicOp, Fault, Memory};
+
+use crate::batch::{Backend, Batch, BatchStats};
 
 /// `statfs(2)` `f_type` of procfs (`PROC_SUPER_MAGIC`, linux/magic.h).
 const PROC_SUPER_MAGIC: i64 = 0x9fa0;
@@ -192,9 +194,53 @@ impl RangeError {
 ///
 /// As for [`ProcessVm`](crate::ProcessVm): the trait's default read-modify-write, atomic
 /// only with respect to other atomics of this daemon (`IBV_ATOMIC_HCA`).
+///
+/// # Batching
+///
+/// Reads inside a range the engine announced ([`Memory::will_read`]) are served from one
+/// large `pread` per window, and writes are held back and coalesced into one `pwrite` per
+/// contiguous run until [`Memory::flush`] (crate `batch`, docs/registered-memory.md, "One
+/// system call per work request"). On-demand-paging accesses (`*_mapped`) and atomics go
+/// straight to memory, in order after the held-back writes they overlap.
 #[derive(Debug, Default)]
 pub struct ProcessMem {
     spaces: HashMap<CtxId, ProcessMemory>,
+    batch: Batch,
+    /// Off: one system call per access, as before batching (for measurements).
+    unbatched: bool,
+}
+
+/// The system calls behind [`Batch`]: the contexts' `mem` descriptors.
+struct Fds<'a>(&'a HashMap<CtxId, ProcessMemory>);
+
+impl Fds<'_> {
+    fn target(&self, ctx: CtxId, addr: u64, len: usize) -> Result<&OwnedFd, Fault> {
+        let m = self.0.get(&ctx).ok_or(Fault { ctx, addr })?;
+        // File offsets are signed: the whole range must fit below i64::MAX.
+        let end = addr.checked_add(len as u64).ok_or(Fault { ctx, addr })?;
+        if end > i64::MAX as u64 {
+            return Err(Fault { ctx, addr });
+        }
+        Ok(&m.fd)
+    }
+}
+
+impl Backend for Fds<'_> {
+    fn read_at(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        let fd = self.target(ctx, addr, buf.len())?.as_fd();
+        let len = buf.len();
+        transfer(ctx, addr, len, |done| {
+            rustix::io::pread(fd, &mut buf[done..], addr + done as u64)
+        })
+    }
+
+    fn write_at(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        let fd = self.target(ctx, addr, data.len())?.as_fd();
+        let len = data.len();
+        transfer(ctx, addr, len, |done| {
+            rustix::io::pwrite(fd, &data[done..], addr + done as u64)
+        })
+    }
 }
 
 impl ProcessMem {
@@ -203,15 +249,33 @@ impl ProcessMem {
         Self::default()
     }
 
+    /// With `on` false, every access is its own system call (no read-ahead, no held-back
+    /// writes): the behaviour before batching, kept for measuring against it.
+    pub fn with_batching(mut self, on: bool) -> Self {
+        self.unbatched = !on;
+        self
+    }
+
     /// Accesses for `ctx` go to `mem` from now on (replacing an earlier one).
     pub fn register_process(&mut self, ctx: CtxId, mem: ProcessMemory) {
         self.spaces.insert(ctx, mem);
     }
 
     /// Forgets `ctx` (when the context is closed), closing its descriptor; the pid it was
-    /// validated for, if it had one.
+    /// validated for, if it had one. Writes still held back are made first.
     pub fn unregister_process(&mut self, ctx: CtxId) -> Option<u32> {
+        self.batch.forget(&mut Fds(&self.spaces), ctx);
         self.spaces.remove(&ctx).map(|m| m.pid)
+    }
+
+    /// What batching saved so far.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batch.stats()
+    }
+
+    /// Whether writes are held back (until [`Memory::flush`]).
+    pub fn holds_writes(&self) -> bool {
+        self.batch.holds_writes()
     }
 
     /// The pid `ctx`'s memory was validated for.
@@ -243,16 +307,6 @@ impl ProcessMem {
         let text = read_all(maps).map_err(|_| RangeError::NotMapped { addr })?;
         let end = addr.saturating_add(len);
         covered(&text, addr, end, write)
-    }
-
-    fn target(&self, ctx: CtxId, addr: u64, len: usize) -> Result<&OwnedFd, Fault> {
-        let m = self.spaces.get(&ctx).ok_or(Fault { ctx, addr })?;
-        // File offsets are signed: the whole range must fit below i64::MAX.
-        let end = addr.checked_add(len as u64).ok_or(Fault { ctx, addr })?;
-        if end > i64::MAX as u64 {
-            return Err(Fault { ctx, addr });
-        }
-        Ok(&m.fd)
     }
 }
 
@@ -333,19 +387,53 @@ fn fault_at(ctx: CtxId, addr: u64, done: usize) -> Fault {
 
 impl Memory for ProcessMem {
     fn read(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
-        let fd = self.target(ctx, addr, buf.len())?.as_fd();
-        let len = buf.len();
-        transfer(ctx, addr, len, |done| {
-            rustix::io::pread(fd, &mut buf[done..], addr + done as u64)
-        })
+        self.batch.read(&mut Fds(&self.spaces), ctx, addr, buf)
     }
 
     fn write(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
-        let fd = self.target(ctx, addr, data.len())?.as_fd();
-        let len = data.len();
-        transfer(ctx, addr, len, |done| {
-            rustix::io::pwrite(fd, &data[done..], addr + done as u64)
-        })
+        // Checked now, so that a context without memory faults at the write as before.
+        Fds(&self.spaces).target(ctx, addr, data.len())?;
+        if self.unbatched {
+            return self
+                .batch
+                .write_direct(&mut Fds(&self.spaces), ctx, addr, data);
+        }
+        self.batch.write(&mut Fds(&self.spaces), ctx, addr, data)
+    }
+
+    fn atomic(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
+        let mut b = [0u8; 8];
+        let fds = &mut Fds(&self.spaces);
+        self.batch.read_direct(fds, ctx, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        self.batch
+            .write_direct(fds, ctx, addr, &op.apply(old).to_ne_bytes())?;
+        Ok(old)
+    }
+
+    fn read_mapped(&mut self, ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.batch
+            .read_direct(&mut Fds(&self.spaces), ctx, addr, buf)
+    }
+
+    fn write_mapped(&mut self, ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.batch
+            .write_direct(&mut Fds(&self.spaces), ctx, addr, data)
+    }
+
+    fn atomic_mapped(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
+        self.atomic(ctx, addr, op)
+    }
+
+    fn will_read(&mut self, on_demand: bool, ctx: CtxId, addr: u64, len: u64) {
+        // An on-demand MR must see what is mapped at each access: no read-ahead.
+        if !on_demand && !self.unbatched {
+            self.batch.will_read(ctx, addr, len);
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), Fault> {
+        self.batch.flush(&mut Fds(&self.spaces))
     }
 }
 

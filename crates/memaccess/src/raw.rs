@@ -46,11 +46,12 @@ impl RawMemory {
     /// # Safety
     ///
     /// Everything [`RawMemory::new`] requires, and: during the registration call no thread
-    /// may access (read, write or unmap) any byte of the pages the range touches, including
-    /// the bytes of other objects that share its first and last page (their contents are
-    /// copied and the pages remapped, so a concurrent write would be lost); afterwards those
-    /// pages are `MAP_SHARED`, so a child created by `fork()` shares them instead of getting a
-    /// copy.
+    /// may unmap any of the pages the range touches, and no write to them may go through
+    /// pages pinned before the call (`O_DIRECT`, `io_uring` fixed buffers, a device's DMA in
+    /// flight). Other writes, by threads or by the kernel on their behalf, including to
+    /// other objects on the first and last page, wait for the conversion and are kept
+    /// ([`share_in_place`]). Afterwards those pages are `MAP_SHARED`, so a child created by
+    /// `fork()` shares them instead of getting a copy.
     pub unsafe fn new_shareable(addr: usize, len: usize) -> RawMemory {
         RawMemory {
             addr,

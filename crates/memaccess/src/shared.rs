@@ -248,6 +248,17 @@ impl<F> SharedMappings<F> {
         debug_assert!(at + len <= r.map.len());
         Some((&r.map, at))
     }
+
+    /// Whether some region of `ctx` holds any of the bytes `[addr, addr + len)`.
+    fn touches_region(&self, ctx: CtxId, addr: u64, len: usize) -> bool {
+        let Some(rs) = self.regions.get(&ctx) else {
+            return false;
+        };
+        let end = addr.saturating_add(len as u64);
+        rs.range(..end)
+            .next_back()
+            .is_some_and(|(_, r)| r.start.saturating_add(r.len) > addr)
+    }
 }
 
 impl<F: Memory> Memory for SharedMappings<F> {
@@ -268,9 +279,29 @@ impl<F: Memory> Memory for SharedMappings<F> {
         }
         match self.translate(ctx, addr, data.len()) {
             Some((map, at)) => map.write(at, data),
+            None if self.touches_region(ctx, addr, data.len()) => {
+                // Straddles a region (two adjacent MRs): written at once, so that the
+                // fallback never holds back bytes a region access would miss.
+                self.fallback.write(ctx, addr, data)?;
+                return self.fallback.flush();
+            }
             None => return self.fallback.write(ctx, addr, data),
         }
         Ok(())
+    }
+
+    /// Forwarded to the fallback for bytes no region holds (a region needs no read-ahead;
+    /// a range partly in a region is read without it, so that the fallback never keeps a
+    /// copy of bytes a region access could change).
+    fn will_read(&mut self, on_demand: bool, ctx: CtxId, addr: u64, len: u64) {
+        let len_usize = usize::try_from(len).unwrap_or(usize::MAX);
+        if on_demand || !self.touches_region(ctx, addr, len_usize) {
+            self.fallback.will_read(on_demand, ctx, addr, len);
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), Fault> {
+        self.fallback.flush()
     }
 
     /// Aligned and inside a region: a CPU atomic on the shared page (`lock cmpxchg`/`lock

@@ -411,3 +411,88 @@ fn share_in_place_keeps_contents_and_refuses_other_memory() {
         Err(ShareError::BadRange)
     ));
 }
+
+/// Another thread storing into the pages, and the kernel writing into them on a thread's
+/// behalf (`pread(2)` into the buffer), while `share_in_place` converts them: no store is
+/// lost, no `pread` fails with `EFAULT` (an `mprotect`-based guard would make it fail), and
+/// every byte the kernel wrote is there afterwards. Skipped, with the reason, where
+/// userfaultfd write-protection is unavailable (then nothing is converted at all).
+#[test]
+fn share_in_place_keeps_writes_of_other_threads_and_of_the_kernel() {
+    const ROUNDS: u64 = 60;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    let p = page_size();
+    let words = 3 * p / 8;
+    let src: Vec<u8> = (0..p).map(pattern).collect();
+    let file = {
+        let f = rustix::fs::memfd_create("src", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::io::write(&f, &src).unwrap();
+        f
+    };
+    let mut converted = 0;
+    for round in 1..=ROUNDS {
+        let buf = PageBuf::new(4 * p);
+        for i in 0..buf.len() {
+            buf.set(i, 0);
+        }
+        let stored = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let kernel_reads = AtomicUsize::new(0);
+        let result = std::thread::scope(|s| {
+            // User-mode stores, one per word of pages 0..3, paced over ~1 ms.
+            s.spawn(|| {
+                let t0 = std::time::Instant::now();
+                for i in 0..words {
+                    buf.atomic(i * 8)
+                        .store(round << 32 | (i as u64 + 1), Ordering::Relaxed);
+                    stored.store(i + 1, Ordering::Release);
+                    while t0.elapsed() < std::time::Duration::from_nanos(300 * (i as u64 + 1)) {}
+                }
+            });
+            // Kernel-mode writes into page 3, over and over until the conversion is done.
+            s.spawn(|| {
+                while !stop.load(Ordering::Acquire) {
+                    // SAFETY: page 3 of our live buffer; only raw-pointer access elsewhere.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut((buf.addr() + 3 * p) as *mut u8, p)
+                    };
+                    let n = rustix::io::pread(&file, dst, 0).expect("pread into the buffer");
+                    assert_eq!(n, p);
+                    kernel_reads.fetch_add(1, Ordering::Relaxed);
+                    // Leave the CPU to the storing thread most of the time.
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                }
+            });
+            while stored.load(Ordering::Acquire) < 16 {}
+            let r = share_in_place(buf.addr(), buf.len());
+            // Let the kernel writer run once more after the conversion.
+            let k = kernel_reads.load(Ordering::Relaxed);
+            while kernel_reads.load(Ordering::Relaxed) < k + 1 {}
+            stop.store(true, Ordering::Release);
+            r
+        });
+        match result {
+            Ok(_fd) => converted += 1,
+            Err(ShareError::NoWriteProtection(e)) => {
+                eprintln!("SKIP: userfaultfd write-protection unavailable here: {e}");
+                return;
+            }
+            Err(e) => panic!("share_in_place: {e}"),
+        }
+        for i in 0..words {
+            assert_eq!(
+                buf.atomic(i * 8).load(Ordering::Relaxed),
+                round << 32 | (i as u64 + 1),
+                "round {round}: the store to word {i} was lost"
+            );
+        }
+        for (i, &want) in src.iter().enumerate() {
+            assert_eq!(
+                buf.get(3 * p + i),
+                want,
+                "round {round}: kernel write lost at {i}"
+            );
+        }
+    }
+    assert_eq!(converted, ROUNDS);
+}

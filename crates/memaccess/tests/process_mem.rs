@@ -55,6 +55,8 @@ fn process_mem_reads_and_writes_a_child() {
     assert_eq!(all, (0..len).map(pattern).collect::<Vec<_>>());
     let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
     pm.write(CTX, child.addr + 1000, &data).unwrap();
+    // Held back until flushed (the daemon flushes before completions and ACKs leave).
+    pm.flush().unwrap();
     assert_eq!(child.get(1000, data.len()), data);
     child.set(64, &40u64.to_ne_bytes());
     let old = pm
@@ -65,7 +67,7 @@ fn process_mem_reads_and_writes_a_child() {
     // Unmapped addresses, addresses past the signed file offsets, unknown contexts: faults.
     let mut b = [0u8; 16];
     assert!(pm.read(CTX, 8, &mut b).is_err());
-    assert!(pm.write(CTX, 8, &b).is_err());
+    assert!(pm.write(CTX, 8, &b).and_then(|()| pm.flush()).is_err());
     assert!(pm.read(CTX, u64::MAX - 3, &mut b).is_err());
     assert!(pm.read(CtxId(1), child.addr, &mut b).is_err());
     pm.read(CTX, child.addr, &mut []).unwrap();
@@ -74,7 +76,7 @@ fn process_mem_reads_and_writes_a_child() {
     let (pid, addr) = (child.pid as u32, child.addr);
     drop(child);
     assert!(pm.read(CTX, addr, &mut b).is_err());
-    assert!(pm.write(CTX, addr, &b).is_err());
+    assert!(pm.write(CTX, addr, &b).and_then(|()| pm.flush()).is_err());
     assert_eq!(pm.unregister_process(CTX), Some(pid));
 }
 
@@ -173,7 +175,10 @@ fn after_execve_the_descriptor_reaches_neither_image() {
         pm.read(CTX, new_addr, &mut b).is_err(),
         "the new image is not reached"
     );
-    assert!(pm.write(CTX, new_addr, &b).is_err());
+    assert!(pm
+        .write(CTX, new_addr, &b)
+        .and_then(|()| pm.flush())
+        .is_err());
     sh.kill().unwrap();
     sh.wait().unwrap();
 }

@@ -284,6 +284,14 @@ pub(crate) fn next_packet<M: Memory>(
         w.npkts = npkts;
         w.started = true;
         qp.req.next_psn = psn_add(first, npkts);
+        // The whole payload is read from here on, packet by packet: say so once, so that a
+        // memory paying per system call can fetch it in a few large pieces.
+        if let (Payload::Sges(sges), false, Some(pd)) =
+            (&w.wr.payload, w.wr.op.is_read_or_atomic(), qp.cfg.pd)
+        {
+            let len = w.len as usize;
+            crate::sge::will_gather(env, pd, sges, len);
+        }
     }
     let w = &qp.sq[idx];
     let pkt = qp.req.send_pkt;

@@ -874,6 +874,21 @@ pub(crate) fn next_packet<M: Memory>(
                 (false, false) => Operation::RdmaReadResponseMiddle,
             };
             scratch.resize(n as usize, 0);
+            if *first && n < *remaining {
+                // The response reads the whole range packet by packet from here on (also
+                // when a duplicate executes it again: the memory is read anew).
+                if let Ok(m) = env.windows.check_remote(
+                    env.core,
+                    qpn,
+                    *pd,
+                    *rkey,
+                    (*va, u64::from(*remaining)),
+                    Access::REMOTE_READ,
+                ) {
+                    env.mem
+                        .will_read(m.on_demand, m.ctx, m.addr, u64::from(*remaining));
+                }
+            }
             if n > 0 {
                 let read = env
                     .windows

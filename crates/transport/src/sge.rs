@@ -59,6 +59,23 @@ pub(crate) fn gather<M: Memory>(
     Ok(())
 }
 
+/// Tells the memory which local bytes a message of `len` bytes gathered from `sges` will
+/// read ([`Memory::will_read`]), piece by piece as the list lays them out. Pieces whose key
+/// check fails get no hint: the gather of the packet that reaches them reports the error, at
+/// the same packet as without hints.
+pub(crate) fn will_gather<M: Memory>(env: &mut Env<'_, M>, pd: PdRef, sges: &[Sge], len: usize) {
+    let _ = walk(sges, 0, len, |s, at, r| {
+        if let Ok(t) = env
+            .core
+            .check_mem(pd, s.lkey, at, r.len() as u64, Access::EMPTY)
+        {
+            env.mem
+                .will_read(t.on_demand, t.ctx, t.addr, r.len() as u64);
+        }
+        Ok(())
+    });
+}
+
 /// Copies `data` into local memory at message offset `offset`; `LOC_LEN_ERR` if the list is
 /// too short (IBA 10.7.3.1: the receive buffer could not hold the message).
 pub(crate) fn scatter<M: Memory>(

@@ -1,0 +1,94 @@
+//! Registration while another thread writes the buffer, from C: `tests/c/concurrent_reg.c`
+//! on the drop-in. A second thread stores every word of three pages once, one after another,
+//! while the first calls `ibv_reg_mr` over all but 40 bytes at each end; afterwards every
+//! word holds what was stored (nothing lost, nothing torn), an RDMA READ of the MR returns
+//! what the program sees, and an RDMA WRITE into it lands while the bytes beside it keep
+//! theirs (docs/registered-memory.md, "Registration while other threads write").
+//!
+//! Run with the default registration (the daemon reaches the pages through the program's
+//! own `/proc/self/mem`, nothing is remapped) and with `SOFTVERBS_SHARED_MR=1` (the pages
+//! become shared memory in place while the writer runs).
+//!
+//! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing.
+
+mod support;
+
+use support::{c_program, SECTIONS};
+
+const CHECKS: &[&str] = &[
+    "reg_mr_while_another_thread_writes",
+    "no_write_lost_or_torn",
+    "rdma_read_sees_what_the_program_wrote",
+    "rdma_write_lands_and_neighbours_keep_theirs",
+];
+
+/// `ROUNDS` of the C program.
+const ROUNDS: u32 = 40;
+
+fn run(name: &str, shared_mr: bool) {
+    let Some((d, prog)) = c_program(name, "tests/c/concurrent_reg.c") else {
+        return;
+    };
+    let mut cmd = d.command(&prog, &[]);
+    cmd.env("SOFTVERBS_SHARED_MR", if shared_mr { "1" } else { "0" });
+    let out = cmd.output().expect("run concurrent_reg");
+    let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let text = format!(
+        "{}\n{}",
+        said.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    let failed: Vec<&String> = said
+        .iter()
+        .filter(|l| !l.starts_with("ok ") && !l.starts_with("info "))
+        .collect();
+    let ok: Vec<&str> = said.iter().filter_map(|l| l.strip_prefix("ok ")).collect();
+    let summary = format!("concurrent_reg: {} checks, 0 failed", CHECKS.len());
+    assert_eq!(failed, vec![&summary], "{text}");
+    assert_eq!(ok, CHECKS, "{text}");
+    assert!(
+        out.status.success(),
+        "concurrent_reg exited with {}:\n{text}",
+        out.status
+    );
+    // With SOFTVERBS_SHARED_MR=1 every registration converts, unless userfaultfd
+    // write-protection is unavailable (no CAP_SYS_PTRACE), when none may.
+    let converted = said
+        .iter()
+        .find_map(|l| l.strip_prefix("info converted "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse::<u32>().ok());
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+    });
+    match (shared_mr, root) {
+        (false, _) => assert_eq!(converted, Some(0), "{text}"),
+        (true, true) => assert_eq!(converted, Some(ROUNDS), "{text}"),
+        (true, false) => assert!(matches!(converted, Some(0) | Some(ROUNDS)), "{text}"),
+    }
+    let r = d.wait_until("the program's context is gone", |r| {
+        r["contexts"].as_array().is_some_and(Vec::is_empty)
+    });
+    for section in SECTIONS {
+        assert_eq!(
+            r[section].as_array().map(Vec::len),
+            Some(0),
+            "{section} left over: {r:#}"
+        );
+    }
+}
+
+#[test]
+fn default_registration_loses_no_concurrent_write() {
+    run("concurrent-reg", false);
+}
+
+#[test]
+fn shared_registration_loses_no_concurrent_write() {
+    run("concurrent-reg-shared", true);
+}
