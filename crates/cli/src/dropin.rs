@@ -340,7 +340,10 @@ mod tests {
             .collect();
         assert_ne!(dirs[0], dirs[1]);
         for ((lib, cm), dir) in builds.iter().zip(&dirs) {
-            assert_eq!(&std::fs::read_link(dir.join("libibverbs.so.1")).unwrap(), lib);
+            assert_eq!(
+                &std::fs::read_link(dir.join("libibverbs.so.1")).unwrap(),
+                lib
+            );
             assert_eq!(&std::fs::read_link(dir.join("librdmacm.so.1")).unwrap(), cm);
         }
         // The same build again finds its directory as it left it.
