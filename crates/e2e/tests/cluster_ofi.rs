@@ -238,15 +238,31 @@ fn open_mpi_mtl_ofi_verbs_rxm_runs_our_checks_across_two_hosts() {
     c.down();
 }
 
-/// What each rank runs under for XRC (docs/mpi.md, "Over XRC"): Open MPI's NIC balancing
-/// gives local rank r the (r mod 2)-th of the two alike fi_infos libfabric offers for the
-/// device, `softverbs0` (RC) and `softverbs0-xrc`, and `FI_VERBS_PREFER_XRC=1` puts the XRC
-/// one first; so even local ranks prefer XRC and odd ones do not, and every rank gets XRC.
-const XRC_RANK: &str = r#"if [ $((OMPI_COMM_WORLD_LOCAL_RANK % 2)) = 0 ]; then export FI_VERBS_PREFER_XRC=1; fi; exec "$@""#;
+/// tools/fi-domain-filter (docs/mpi.md, "Over XRC"), built into the test's directory: an
+/// LD_PRELOAD library after which the application's fi_getinfo returns only the domain
+/// `$FI_DOMAIN_FILTER`. Open MPI 4.1 spreads a host's ranks over libfabric's alike
+/// `softverbs0` (RC) and `softverbs0-xrc` fi_infos and has no parameter naming a domain.
+fn build_domain_filter() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/fi-domain-filter/fi_domain_filter.c");
+    let so = build_check().with_file_name("fi_domain_filter.so");
+    let out = Command::new("gcc")
+        .args([
+            "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o",
+        ])
+        .arg(&so)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("run gcc");
+    assert!(out.status.success(), "gcc: {}", text(&out));
+    so
+}
 
 /// `mpirun` of Open MPI's `mtl ofi` over `verbs;ofi_rxm` on host 1, 2 hosts × 2 ranks, over
-/// XRC (each rank under [`XRC_RANK`], shared receive contexts) or RC.
-fn rxm_job(c: &Cluster, xrc: bool, program: &[&str]) -> Command {
+/// XRC (every rank on the `softverbs0-xrc` domain through `filter`, shared receive
+/// contexts) or RC (without shared receive contexts libfabric offers no XRC domain).
+fn rxm_job(c: &Cluster, xrc: Option<&Path>, program: &[&str]) -> Command {
     let dir = c.dir();
     let hostfile = dir.join("hostfile").to_str().unwrap().to_string();
     let agent = dir.join("softverbs-rsh").to_str().unwrap().to_string();
@@ -279,8 +295,16 @@ fn rxm_job(c: &Cluster, xrc: bool, program: &[&str]) -> Command {
         "mtl_base_verbose",
         "100",
     ];
-    if xrc {
-        args.extend(["-x", "FI_OFI_RXM_USE_SRX=1", "sh", "-c", XRC_RANK, "sh"]);
+    let preload = xrc.map(|f| format!("LD_PRELOAD={}", f.display()));
+    if let Some(p) = &preload {
+        args.extend([
+            "-x",
+            "FI_OFI_RXM_USE_SRX=1",
+            "-x",
+            p,
+            "-x",
+            "FI_DOMAIN_FILTER=softverbs0-xrc",
+        ]);
     }
     args.extend(program);
     c.exec_cmd(1, &args)
@@ -393,8 +417,9 @@ fn xrc_formula(n: usize, p: usize) -> HostQps {
     }
 }
 
-/// Open MPI's `mtl ofi` over `verbs;ofi_rxm` over XRC (`FI_VERBS_PREFER_XRC=1`,
-/// `FI_OFI_RXM_USE_SRX=1`), 2 hosts × 2 ranks: every rank on the `softverbs0-xrc` domain,
+/// Open MPI's `mtl ofi` over `verbs;ofi_rxm` over XRC (`FI_OFI_RXM_USE_SRX=1`, the domain
+/// pinned to `softverbs0-xrc` by tools/fi-domain-filter), 2 hosts × 2 ranks: every rank on
+/// the `softverbs0-xrc` domain,
 /// mpi_check's results and mpi4py.bench helloworld/ringtest; and the same all-to-all over RC
 /// on the same cluster for comparison. Read while the jobs hold their connections, each
 /// host's QPs follow the formulas of [`rc_formula`] and [`xrc_formula`]: 4 XRC send QPs per
@@ -402,19 +427,20 @@ fn xrc_formula(n: usize, p: usize) -> HostQps {
 /// ranks) that live in the host's XRC domain rather than in any process.
 #[test]
 fn open_mpi_mtl_ofi_verbs_rxm_over_xrc_runs_our_checks_and_mpi4py_with_fewer_qps() {
-    skip_unless!("mpirun", "mpicc.openmpi", "fi_info", "python3");
+    skip_unless!("mpirun", "mpicc.openmpi", "fi_info", "python3", "gcc");
     let _one = JOBS.lock().unwrap_or_else(|e| e.into_inner());
     let exe = build_check();
     let exe = exe.to_str().unwrap();
+    let filter = build_domain_filter();
     let c = Cluster::up("sv3o", 2);
 
-    let (rc, out) = qps_during(&c, rxm_job(&c, false, &[exe, "10", "3"]));
+    let (rc, out) = qps_during(&c, rxm_job(&c, None, &[exe, "10", "3"]));
     assert_eq!(
         out.matches("mtl:ofi:provider: softverbs0\n").count(),
         4,
         "every rank on the RC domain: {out}"
     );
-    let (xrc, out) = qps_during(&c, rxm_job(&c, true, &[exe, "10", "3"]));
+    let (xrc, out) = qps_during(&c, rxm_job(&c, Some(&filter), &[exe, "10", "3"]));
     assert!(out.contains("mpi_check OK ranks=4 hosts=2"), "{out}");
     assert_eq!(
         out.matches("mtl:ofi:provider: softverbs0-xrc\n").count(),
@@ -437,7 +463,7 @@ fn open_mpi_mtl_ofi_verbs_rxm_over_xrc_runs_our_checks_and_mpi4py_with_fewer_qps
     let py = |args: &[&str]| {
         let mut prog = vec!["/usr/bin/python3", "-m", "mpi4py.bench"];
         prog.extend(args);
-        let out = rxm_job(&c, true, &prog).output().expect("mpirun");
+        let out = rxm_job(&c, Some(&filter), &prog).output().expect("mpirun");
         let t = text(&out);
         assert!(out.status.success(), "mpi4py.bench {args:?}: {t}");
         assert_eq!(
