@@ -76,16 +76,19 @@ def job(name, n, p, mode, exe):
                 ready.set()
     t = threading.Thread(target=read)
     t.start()
+    failed = dict(n=n, p=p, mode=mode, failed=True)
     if not ready.wait(150):
         os.killpg(proc.pid, 9)
         t.join()
-        sys.exit(f"N={n} P={p} {mode}: no result\n{''.join(lines)}")
+        print(f"N={n} P={p} {mode}: no result\n{''.join(lines)}", file=sys.stderr)
+        return failed
     hosts = [host_state(name, i) for i in range(1, n + 1)]
     rc = proc.wait()
     t.join()
     out = "".join(lines)
     if rc != 0:
-        sys.exit(f"N={n} P={p} {mode}: exit {rc}\n{out}")
+        print(f"N={n} P={p} {mode}: exit {rc}\n{out}", file=sys.stderr)
+        return failed
     first = again = float("nan")
     for line in lines:
         if line.startswith("alltoall "):
@@ -94,7 +97,7 @@ def job(name, n, p, mode, exe):
     want = formula(mode, n, p)
     ok = all({k: h[k] for k in want} == want for h in hosts)
     return dict(n=n, p=p, mode=mode, hosts=hosts, idle_kib=idle, first_ms=first,
-                again_ms=again, formula=want, ok=ok)
+                again_ms=again, formula=want, ok=ok, failed=False)
 
 def holders_text(hs):
     if not hs:
@@ -106,8 +109,9 @@ def span(vals, fmt="{}"):
     return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}–{fmt.format(hi)}"
 
 def svg(results, path):
-    combos = [(r["n"], r["p"]) for r in results if r["mode"] == "rc"]
     by = {(r["n"], r["p"], r["mode"]): r for r in results}
+    combos = [(r["n"], r["p"]) for r in results
+              if r["mode"] == "rc" and (r["n"], r["p"], "xrc") in by]
     top = max(max(h["rc"] + h["xrc_send"] + len(h["holders"]) for h in r["hosts"])
               for r in results)
     W, H, L, B, T = 760, 360, 60, 300, 50
@@ -169,8 +173,9 @@ def main():
                 for mode in ("rc", "xrc"):
                     r = job(name, n, p, mode, exe)
                     results.append(r)
-                    print(f"N={n} P={p} {mode}: {r['hosts'][0]} first {r['first_ms']:.1f} ms "
-                          f"formula {'ok' if r['ok'] else 'MISMATCH'}", file=sys.stderr)
+                    if not r["failed"]:
+                        print(f"N={n} P={p} {mode}: {r['hosts'][0]} first {r['first_ms']:.1f} "
+                              f"ms formula {'ok' if r['ok'] else 'MISMATCH'}", file=sys.stderr)
         finally:
             sh(S, "cluster", "down", "--name", name, check=False)
     load = open("/proc/loadavg").read().split()[:3]
@@ -179,6 +184,10 @@ def main():
           "| formula | daemon RSS, MiB (idle → job) | 1st all-to-all, ms | 2nd, ms |")
     print("|---|---|---:|---:|---|---:|---|---|---:|---:|")
     for r in results:
+        if r["failed"]:
+            print(f"| {r['n']}×{r['p']} | {r['mode'].upper()} | job failed (see the log) "
+                  "| | | | | | | |")
+            continue
         h = r["hosts"]
         rss = (f"{span([x / 1024 for x in r['idle_kib']], '{:.1f}')} → "
                f"{span([x['rss_kib'] / 1024 for x in h], '{:.1f}')}")
@@ -187,8 +196,10 @@ def main():
               f"| {span([x['xrc_send'] for x in h])} | {recv} | {span([x['srqs'] for x in h])} "
               f"| {'matches' if r['ok'] else 'MISMATCH'} | {rss} | {r['first_ms']:.1f} "
               f"| {r['again_ms']:.1f} |")
-    svg(results, SVG)
+    svg([r for r in results if not r["failed"]], SVG)
     print(f"\nSVG: {SVG}")
+    if any(r["failed"] for r in results):
+        sys.exit("some jobs failed")
     if not all(r["ok"] for r in results):
         sys.exit("some counts do not match the formulas")
 

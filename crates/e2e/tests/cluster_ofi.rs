@@ -2,9 +2,10 @@
 //! `softverbs cluster` (docs/mpi.md, docs/cm.md): `fi_pingpong` over `verbs` MSG endpoints
 //! and over `verbs;ofi_rxm` RDM endpoints (RC, and XRC with `FI_VERBS_PREFER_XRC=1`), each
 //! with fabtests' data check (`-c`), and Open MPI's `mtl ofi` over `verbs;ofi_rxm` on RC and
-//! XRC running tests/mpi/mpi_check.c on 2 hosts × 2 ranks.
+//! XRC running tests/mpi/mpi_check.c (and, over XRC, mpi4py.bench) on 2 hosts × 2 ranks, the
+//! XRC run reading each host's QPs during the job against the formulas of docs/mpi.md.
 //!
-//! Each test builds its own cluster (names `sv10…`), checks what the programs print, that
+//! Each test builds its own cluster (names `sv10…`, `sv3o`), checks what the programs print, that
 //! the hosts' daemons hold no CM state afterwards (every connection torn down), and that
 //! `cluster down` leaves no namespace, link, process or state directory. A cluster is taken
 //! down on drop, so a failing test cleans up too.
