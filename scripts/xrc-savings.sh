@@ -74,11 +74,16 @@ def job(name, n, p, mode, exe):
             lines.append(line)
             if line.startswith("mpi_check OK"):
                 ready.set()
+        ready.set()  # the job ended (without the line, it failed)
     t = threading.Thread(target=read)
     t.start()
     failed = dict(n=n, p=p, mode=mode, failed=True)
-    if not ready.wait(150):
-        os.killpg(proc.pid, 9)
+    if not ready.wait(150) or not any(l.startswith("mpi_check OK") for l in lines):
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait()
         t.join()
         print(f"N={n} P={p} {mode}: no result\n{''.join(lines)}", file=sys.stderr)
         return failed
