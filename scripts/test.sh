@@ -12,10 +12,12 @@ cd "$(dirname "$0")/.."
 # multicast, cluster and GSO capture tests, and ethtool turns that capture's offload off;
 # ucx-utils, openmpi-bin, libopenmpi-dev, mpich, libfabric-bin and python3-mpi4py are the
 # cluster and MPI tests' (crates/e2e/tests/cluster.rs, ucx.rs); rdmacm-utils and librdmacm-dev
-# (rdma_cma.h) run and check the drop-in librdmacm.so.1.
+# (rdma_cma.h) run and check the drop-in librdmacm.so.1; python3-dev, python3-pip,
+# python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh).
 packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
-  libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev)
+  libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev python3-dev python3-pip
+  python3-setuptools python3-wheel)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -27,6 +29,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "note: missing packages ${missing[*]} (run as root to install them)" >&2
   fi
 fi
+
+# mpi4py built against MPICH for the cluster test, once (cached under target/).
+scripts/mpi4py-mpich.sh
 
 export CARGO_TERM_COLOR=never
 echo "== format"

@@ -96,7 +96,10 @@ fn link_into(dir: &Path, name: &str, target: &Path) -> Result<(), String> {
 }
 
 /// A directory whose `libibverbs.so.1` is `lib`: the library's own directory when it already
-/// has that name, else a per-user directory with a symlink (replaced atomically).
+/// has that name, else a per-user directory with a symlink (replaced atomically). The
+/// directory is named after the libraries it points to, so that two builds run by one user
+/// at the same time (two checkouts, two versions) never repoint each other's programs:
+/// with one shared directory a program could load the other build's libraries.
 pub fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
     if lib.file_name().is_some_and(|n| n == "libibverbs.so.1") {
         return Ok(lib.parent().unwrap_or(Path::new(".")).to_path_buf());
@@ -106,9 +109,17 @@ pub fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
         .unwrap_or_else(|| {
             std::env::temp_dir().join(format!("softverbs-{}", rustix::process::getuid().as_raw()))
         });
-    let dir = base.join("softverbs").join("lib");
+    loader_dir_in(&base, lib, find_rdmacm(lib))
+}
+
+/// [`loader_dir`] under `base`, for `lib` and the librdmacm that goes with it.
+fn loader_dir_in(base: &Path, lib: &Path, rdmacm: Option<PathBuf>) -> Result<PathBuf, String> {
+    let dir = base
+        .join("softverbs")
+        .join("lib")
+        .join(build_key(lib, rdmacm.as_deref()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if let Some(cm) = find_rdmacm(lib) {
+    if let Some(cm) = rdmacm {
         link_into(&dir, "librdmacm.so.1", &cm)?;
     }
     let link = dir.join("libibverbs.so.1");
@@ -120,6 +131,25 @@ pub fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
     std::os::unix::fs::symlink(lib, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &link).map_err(|e| format!("{}: {e}", link.display()))?;
     Ok(dir)
+}
+
+/// A name for the pair of libraries a loader directory points to: FNV-1a (64 bits) of their
+/// paths, stable across runs and Rust versions.
+fn build_key(lib: &Path, rdmacm: Option<&Path>) -> String {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(lib.as_os_str().as_bytes());
+    eat(&[0]);
+    if let Some(cm) = rdmacm {
+        eat(cm.as_os_str().as_bytes());
+    }
+    format!("{h:016x}")
 }
 
 /// `softverbs run -- CMD ARGS…`: returns only if the program could not be started.
@@ -283,4 +313,42 @@ pub fn install(prefix: &Path) -> Result<(), String> {
         prefix.join("lib/softverbs").display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two builds' programs started by one user at the same time each load their own
+    /// build's libraries (a shared directory was repointed by whichever started last).
+    #[test]
+    fn two_builds_get_separate_loader_dirs() {
+        let base = std::env::temp_dir().join(format!("sv3-loader-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let builds: Vec<(PathBuf, PathBuf)> = ["a", "b"]
+            .iter()
+            .map(|b| {
+                (
+                    PathBuf::from(format!("/builds/{b}/libibverbs.so")),
+                    PathBuf::from(format!("/builds/{b}/librdmacm.so")),
+                )
+            })
+            .collect();
+        let dirs: Vec<PathBuf> = builds
+            .iter()
+            .map(|(lib, cm)| loader_dir_in(&base, lib, Some(cm.clone())).unwrap())
+            .collect();
+        assert_ne!(dirs[0], dirs[1]);
+        for ((lib, cm), dir) in builds.iter().zip(&dirs) {
+            assert_eq!(
+                &std::fs::read_link(dir.join("libibverbs.so.1")).unwrap(),
+                lib
+            );
+            assert_eq!(&std::fs::read_link(dir.join("librdmacm.so.1")).unwrap(), cm);
+        }
+        // The same build again finds its directory as it left it.
+        let again = loader_dir_in(&base, &builds[0].0, Some(builds[0].1.clone())).unwrap();
+        assert_eq!(again, dirs[0]);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

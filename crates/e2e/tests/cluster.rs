@@ -42,6 +42,19 @@ fn build_check(mpicc: &str, name: &str) -> PathBuf {
     exe
 }
 
+/// Where scripts/mpi4py-mpich.sh put mpi4py for MPICH (`$SOFTVERBS_MPI4PY_MPICH`, default
+/// the workspace's target/mpi4py-mpich/site), if it did.
+fn mpi4py_for_mpich() -> Option<PathBuf> {
+    let site = std::env::var_os("SOFTVERBS_MPI4PY_MPICH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mpi4py-mpich/site")
+        });
+    site.join("mpi4py")
+        .is_dir()
+        .then(|| site.canonicalize().unwrap_or(site))
+}
+
 /// The data path rounds in which each host's daemon served a QP so far.
 fn qp_visits(c: &Cluster, hosts: usize) -> Vec<u64> {
     (1..=hosts)
@@ -109,6 +122,11 @@ fn open_mpi_with(c: &Cluster, mca: &[&str], program: &[&str]) -> Output {
 
 /// `mpiexec` of MPICH 4.0 (ch4:ucx) on host 1, as docs/mpi.md gives it.
 fn mpich(c: &Cluster, program: &[&str]) -> Output {
+    mpich_with(c, &[], program)
+}
+
+/// [`mpich`] with more `-genv` options.
+fn mpich_with(c: &Cluster, genv: &[&str], program: &[&str]) -> Output {
     let dir = c.dir();
     let machinefile = dir.join("machinefile");
     let agent = dir.join("softverbs-rsh");
@@ -128,6 +146,7 @@ fn mpich(c: &Cluster, program: &[&str]) -> Output {
         "UCX_NET_DEVICES",
         "softverbs0:1",
     ];
+    args.extend(genv);
     args.extend(program);
     c.exec(1, &args)
 }
@@ -210,6 +229,37 @@ fn mpich_ch4_ucx_runs_our_checks_across_two_hosts() {
     let before = qp_visits(&c, 2);
     let out = mpich(&c, &[exe.to_str().unwrap()]);
     assert_check_passed(&c, &out);
+    // mpi4py built against MPICH by scripts/mpi4py-mpich.sh (Debian's is Open MPI's).
+    match mpi4py_for_mpich() {
+        Some(site) => {
+            let genv = ["-genv", "PYTHONPATH", site.to_str().unwrap()];
+            let bench = |args: &[&str]| {
+                let mut prog = vec!["/usr/bin/python3", "-m", "mpi4py.bench"];
+                prog.extend(args);
+                let out = mpich_with(&c, &genv, &prog);
+                let t = text(&out);
+                assert!(out.status.success(), "mpi4py.bench {args:?}: {t}");
+                t
+            };
+            let t = bench(&["helloworld"]);
+            for (rank, host) in [(0, 1), (1, 1), (2, 2), (3, 2)] {
+                let line = format!(
+                    "Hello, World! I am process {rank} of 4 on {}.",
+                    c.host(host)
+                );
+                assert!(t.contains(&line), "{line:?} in {t}");
+            }
+            let t = bench(&["ringtest", "-l", "20", "-n", "65536"]);
+            assert!(t.contains("(4 processes, 65536 bytes)"), "{t}");
+        }
+        None => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI builds mpi4py for MPICH (scripts/test.sh runs scripts/mpi4py-mpich.sh)"
+            );
+            eprintln!("SKIPPED mpi4py under MPICH: run scripts/mpi4py-mpich.sh first");
+        }
+    }
     let after = qp_visits(&c, 2);
     for h in 0..2 {
         assert!(

@@ -2,9 +2,10 @@
 //! `softverbs cluster` (docs/mpi.md, docs/cm.md): `fi_pingpong` over `verbs` MSG endpoints
 //! and over `verbs;ofi_rxm` RDM endpoints (RC, and XRC with `FI_VERBS_PREFER_XRC=1`), each
 //! with fabtests' data check (`-c`), and Open MPI's `mtl ofi` over `verbs;ofi_rxm` on RC and
-//! XRC running tests/mpi/mpi_check.c on 2 hosts × 2 ranks.
+//! XRC running tests/mpi/mpi_check.c (and, over XRC, mpi4py.bench) on 2 hosts × 2 ranks, the
+//! XRC run reading each host's QPs during the job against the formulas of docs/mpi.md.
 //!
-//! Each test builds its own cluster (names `sv10…`), checks what the programs print, that
+//! Each test builds its own cluster (names `sv10…`, `sv3o`), checks what the programs print, that
 //! the hosts' daemons hold no CM state afterwards (every connection torn down), and that
 //! `cluster down` leaves no namespace, link, process or state directory. A cluster is taken
 //! down on drop, so a failing test cleans up too.
@@ -233,6 +234,257 @@ fn open_mpi_mtl_ofi_verbs_rxm_runs_our_checks_across_two_hosts() {
         4,
         "every rank on the RC domain: {t}"
     );
+    c.assert_cm_drained(1);
+    c.assert_cm_drained(2);
+    c.down();
+}
+
+/// tools/fi-domain-filter (docs/mpi.md, "Over XRC"), built into the test's directory: an
+/// LD_PRELOAD library after which the application's fi_getinfo returns only the domain
+/// `$FI_DOMAIN_FILTER`. Open MPI 4.1 spreads a host's ranks over libfabric's alike
+/// `softverbs0` (RC) and `softverbs0-xrc` fi_infos and has no parameter naming a domain.
+fn build_domain_filter() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/fi-domain-filter/fi_domain_filter.c");
+    let so = build_check().with_file_name("fi_domain_filter.so");
+    let out = Command::new("gcc")
+        .args([
+            "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o",
+        ])
+        .arg(&so)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("run gcc");
+    assert!(out.status.success(), "gcc: {}", text(&out));
+    so
+}
+
+/// `mpirun` of Open MPI's `mtl ofi` over `verbs;ofi_rxm` on host 1, 2 hosts × 2 ranks, over
+/// XRC (every rank on the `softverbs0-xrc` domain through `filter`, shared receive
+/// contexts) or RC (without shared receive contexts libfabric offers no XRC domain).
+fn rxm_job(c: &Cluster, xrc: Option<&Path>, program: &[&str]) -> Command {
+    let dir = c.dir();
+    let hostfile = dir.join("hostfile").to_str().unwrap().to_string();
+    let agent = dir.join("softverbs-rsh").to_str().unwrap().to_string();
+    let mut args: Vec<&str> = vec![
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--hostfile",
+        &hostfile,
+        "-np",
+        "4",
+        "--map-by",
+        "ppr:2:node",
+        "--mca",
+        "plm_rsh_agent",
+        &agent,
+        "--mca",
+        "pml",
+        "cm",
+        "--mca",
+        "mtl",
+        "ofi",
+        "--mca",
+        "mtl_ofi_provider_include",
+        "verbs;ofi_rxm",
+        "--mca",
+        "osc",
+        "pt2pt",
+        "--mca",
+        "mtl_base_verbose",
+        "100",
+    ];
+    let preload = xrc.map(|f| format!("LD_PRELOAD={}", f.display()));
+    if let Some(p) = &preload {
+        args.extend([
+            "-x",
+            "FI_OFI_RXM_USE_SRX=1",
+            "-x",
+            p,
+            "-x",
+            "FI_DOMAIN_FILTER=softverbs0-xrc",
+        ]);
+    }
+    args.extend(program);
+    c.exec_cmd(1, &args)
+}
+
+/// The QPs one host's daemon holds: by type, and the holders of each XRC receive QP.
+#[derive(Debug, PartialEq)]
+struct HostQps {
+    rc: usize,
+    xrc_send: usize,
+    xrc_srqs: usize,
+    /// Holders of each XRC receive QP, ascending.
+    xrc_recv_holders: Vec<usize>,
+}
+
+fn host_qps(c: &Cluster, i: usize) -> HostQps {
+    let sock = c.dir().join(c.host(i)).join("softverbs.sock");
+    let out = softverbs(&["--socket", sock.to_str().unwrap(), "resources", "--json"]);
+    assert!(out.status.success(), "resources: {}", text(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("resources JSON");
+    let of_type = |t: &str| {
+        r["qps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|q| q["qp_type"] == t)
+            .count()
+    };
+    let mut xrc_recv_holders: Vec<usize> = r["xrc_recv_qps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["holders"].as_array().unwrap().len())
+        .collect();
+    xrc_recv_holders.sort_unstable();
+    HostQps {
+        rc: of_type("Rc"),
+        xrc_send: of_type("XrcSend"),
+        xrc_srqs: r["srqs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| !s["xrcd"].is_null())
+            .count(),
+        xrc_recv_holders,
+    }
+}
+
+/// Runs `job` (mpi_check with a hold), reads both hosts' QPs once every rank has passed its
+/// checks and holds its connections, and returns them with the job's output.
+fn qps_during(c: &Cluster, mut job: Command) -> (Vec<HostQps>, String) {
+    use std::io::{BufRead as _, BufReader, Read as _};
+    let mut child = job
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the job");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("mpi_check OK") {
+                let _ = tx.send(());
+            }
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    let passed = rx.recv_timeout(Duration::from_secs(90)).is_ok();
+    let qps = if passed {
+        (1..=2).map(|i| host_qps(c, i)).collect()
+    } else {
+        Vec::new()
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).ok();
+    let status = child.wait().expect("wait for the job");
+    let out = reader.join().unwrap() + &err;
+    assert!(passed && status.success(), "mpirun ({status}): {out}");
+    (qps, out)
+}
+
+/// The counts of an all-to-all job of N hosts × P ranks through `verbs;ofi_rxm`, per host
+/// (docs/mpi.md, "XRC's savings"): over RC every rank has one RC QP per other rank; over XRC
+/// every rank has one XRC send QP per host it has a peer on (its own included when P > 1,
+/// libfabric's shared INI connection per destination address) and every such send QP ends in
+/// one XRC receive QP on its destination host, held by each rank there it carries traffic
+/// for (P, or P − 1 for a send QP of the host's own ranks); one XRC SRQ per rank.
+fn rc_formula(n: usize, p: usize) -> HostQps {
+    HostQps {
+        rc: p * (n * p - 1),
+        xrc_send: 0,
+        xrc_srqs: 0,
+        xrc_recv_holders: vec![],
+    }
+}
+
+fn xrc_formula(n: usize, p: usize) -> HostQps {
+    let local = if p > 1 { p } else { 0 };
+    let mut holders = vec![p; p * (n - 1)];
+    holders.extend(vec![p - 1; local]);
+    holders.sort_unstable();
+    HostQps {
+        rc: 0,
+        xrc_send: p * (n - 1) + local,
+        xrc_srqs: p,
+        xrc_recv_holders: holders,
+    }
+}
+
+/// Open MPI's `mtl ofi` over `verbs;ofi_rxm` over XRC (`FI_OFI_RXM_USE_SRX=1`, the domain
+/// pinned to `softverbs0-xrc` by tools/fi-domain-filter), 2 hosts × 2 ranks: every rank on
+/// the `softverbs0-xrc` domain,
+/// mpi_check's results and mpi4py.bench helloworld/ringtest; and the same all-to-all over RC
+/// on the same cluster for comparison. Read while the jobs hold their connections, each
+/// host's QPs follow the formulas of [`rc_formula`] and [`xrc_formula`]: 4 XRC send QPs per
+/// host where RC needs 6 RC QPs, plus 4 XRC receive QPs (two shared by both of the host's
+/// ranks) that live in the host's XRC domain rather than in any process.
+#[test]
+fn open_mpi_mtl_ofi_verbs_rxm_over_xrc_runs_our_checks_and_mpi4py_with_fewer_qps() {
+    skip_unless!("mpirun", "mpicc.openmpi", "fi_info", "python3", "gcc");
+    let _one = JOBS.lock().unwrap_or_else(|e| e.into_inner());
+    let exe = build_check();
+    let exe = exe.to_str().unwrap();
+    let filter = build_domain_filter();
+    let c = Cluster::up("sv3o", 2);
+
+    let (rc, out) = qps_during(&c, rxm_job(&c, None, &[exe, "10", "3"]));
+    assert_eq!(
+        out.matches("mtl:ofi:provider: softverbs0\n").count(),
+        4,
+        "every rank on the RC domain: {out}"
+    );
+    let (xrc, out) = qps_during(&c, rxm_job(&c, Some(&filter), &[exe, "10", "3"]));
+    assert!(out.contains("mpi_check OK ranks=4 hosts=2"), "{out}");
+    assert_eq!(
+        out.matches("mtl:ofi:provider: softverbs0-xrc\n").count(),
+        4,
+        "every rank on the XRC domain: {out}"
+    );
+    assert!(!out.contains("Segmentation fault"), "{out}");
+    for (h, (rc, xrc)) in rc.iter().zip(&xrc).enumerate() {
+        assert_eq!(rc, &rc_formula(2, 2), "RC QPs of host {}", h + 1);
+        assert_eq!(xrc, &xrc_formula(2, 2), "XRC QPs of host {}", h + 1);
+        assert!(
+            xrc.xrc_send < rc.rc,
+            "host {}: {} XRC send QPs, {} RC QPs",
+            h + 1,
+            xrc.xrc_send,
+            rc.rc
+        );
+    }
+
+    let py = |args: &[&str]| {
+        let mut prog = vec!["/usr/bin/python3", "-m", "mpi4py.bench"];
+        prog.extend(args);
+        let out = rxm_job(&c, Some(&filter), &prog).output().expect("mpirun");
+        let t = text(&out);
+        assert!(out.status.success(), "mpi4py.bench {args:?}: {t}");
+        assert_eq!(
+            t.matches("mtl:ofi:provider: softverbs0-xrc\n").count(),
+            4,
+            "{t}"
+        );
+        t
+    };
+    let t = py(&["helloworld"]);
+    for (rank, host) in [(0, 1), (1, 1), (2, 2), (3, 2)] {
+        let line = format!(
+            "Hello, World! I am process {rank} of 4 on {}.",
+            c.host(host)
+        );
+        assert!(t.contains(&line), "{line:?} in {t}");
+    }
+    let t = py(&["ringtest", "-l", "20", "-n", "65536"]);
+    assert!(t.contains("(4 processes, 65536 bytes)"), "{t}");
+
     c.assert_cm_drained(1);
     c.assert_cm_drained(2);
     c.down();

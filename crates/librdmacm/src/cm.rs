@@ -400,7 +400,7 @@ fn convert(sh: &mut Shared, dev: usize, e: CmEvent) -> Option<(Arc<Chan>, Box<Ev
         CmEventKind::ConnectResponse => {
             s.path.remote_qpn = e.remote_qpn;
             s.path.remote_psn = e.starting_psn;
-            s.rep_pd = e.private_data.clone();
+            s.rep = Some(e.clone());
             if qp.is_null() {
                 // The program establishes (rdma_establish): rdma_cm then reports no
                 // ESTABLISHED on this side, the CONNECT_RESPONSE was its event.
@@ -433,11 +433,18 @@ fn convert(sh: &mut Shared, dev: usize, e: CmEvent) -> Option<(Arc<Chan>, Box<Ev
         CmEventKind::Established => {
             let mut out = Ev::new(ev::ESTABLISHED, id, std::ptr::null_mut(), 0);
             if e.sidr {
-                out.pd = e.private_data.clone();
+                // The SIDR_REP's private data comes with the event, as rdma_cm hands it
+                // (`param.ud.private_data`): libfabric's XRC tells an initiator's
+                // ESTABLISHED (the peer's SRQ number in that data) from a target's (none).
+                out.pd = e.private_data[..e.private_data.len().min(255)].to_vec();
                 {
                     out.ev.param.ud = rdma_ud_param {
-                        private_data: std::ptr::null(),
-                        private_data_len: 0,
+                        private_data: if out.pd.is_empty() {
+                            std::ptr::null()
+                        } else {
+                            out.pd.as_ptr().cast()
+                        },
+                        private_data_len: out.pd.len() as u8,
                         ah_attr: ibv_ah_attr {
                             grh: ibv_global_route {
                                 dgid: s.path.dgid,
@@ -454,8 +461,13 @@ fn convert(sh: &mut Shared, dev: usize, e: CmEvent) -> Option<(Arc<Chan>, Box<Ev
                     };
                 }
             } else {
-                let pd = std::mem::take(&mut s.rep_pd);
-                out.set_conn(&pd, &e);
+                // The active side's ESTABLISHED carries the REP's parameters, as rdma_cm's
+                // does (rdma_get_cm_event(3): `param.conn`): the peer's QPN among them,
+                // which libfabric's XRC keeps as the target QP later connections share.
+                match s.rep.take() {
+                    Some(rep) => out.set_conn(&rep.private_data, &rep),
+                    None => out.set_conn(&[], &e),
+                }
             }
             Some(out)
         }
@@ -489,7 +501,8 @@ pub struct IdState {
     pub cm: Option<CmId>,
     pub listeners: Vec<(usize, CmId)>,
     pub path: Path,
-    pub rep_pd: Vec<u8>,
+    /// The REP this active id received, reported again with its ESTABLISHED.
+    pub rep: Option<CmEvent>,
     pub sync: bool,
     /// A passive id made by a SIDR_REQ: accept and reject answer with a SIDR_REP, whatever
     /// QP the program gave the id (libfabric puts XRC receive QPs on such ids).

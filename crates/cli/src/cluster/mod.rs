@@ -48,6 +48,10 @@ pub enum ClusterCmd {
         /// The cluster's name: the prefix of its hosts, links and state directory.
         #[arg(long, default_value = "sv", env = "SOFTVERBS_CLUSTER")]
         name: String,
+        /// Have each host's daemon write its device's traffic to DIR/HOST/softverbs0.pcap
+        /// (the daemon's `--capture`), for Wireshark or tshark.
+        #[arg(long, value_name = "DIR")]
+        capture: Option<std::path::PathBuf>,
     },
     /// Stop every process on the hosts and remove the namespaces, links and state.
     Down {
@@ -74,7 +78,11 @@ pub enum ClusterCmd {
 
 pub fn run(cmd: &ClusterCmd) -> ExitCode {
     let r = match cmd {
-        ClusterCmd::Up { hosts, name } => up(name, *hosts),
+        ClusterCmd::Up {
+            hosts,
+            name,
+            capture,
+        } => up(name, *hosts, capture.as_deref()),
         ClusterCmd::Down { name } => down(name),
         ClusterCmd::Status { name, json } => status(name, *json),
         ClusterCmd::Exec { args } => exec(args),
@@ -116,7 +124,7 @@ fn answers(socket: &Path) -> bool {
     Introspect::connect_running(socket).is_ok()
 }
 
-fn up(name: &str, hosts: usize) -> Outcome {
+fn up(name: &str, hosts: usize, capture: Option<&Path>) -> Outcome {
     need_root("cluster up")?;
     namespaces_available()?;
     state::check_name(name).map_err(err)?;
@@ -147,7 +155,7 @@ fn up(name: &str, hosts: usize) -> Outcome {
     // The state comes first: if anything below fails or the machine crashes, `down` and the
     // next `up` know what to look for.
     c.save().map_err(err)?;
-    if let Err(e) = build(&c) {
+    if let Err(e) = build(&c, capture) {
         let _ = remove(name);
         return Err(err(e));
     }
@@ -174,7 +182,7 @@ fn up(name: &str, hosts: usize) -> Outcome {
     Ok(ExitCode::SUCCESS)
 }
 
-fn build(c: &Cluster) -> Result<(), String> {
+fn build(c: &Cluster, capture: Option<&Path>) -> Result<(), String> {
     net::add_bridge(&c.bridge(), c.bridge_addr())?;
     for i in 1..=c.hosts {
         net::add_host(&c.host(i), &c.veth(i), &c.bridge(), c.addr(i))?;
@@ -217,7 +225,7 @@ fn build(c: &Cluster) -> Result<(), String> {
     std::os::unix::fs::symlink(&exe, c.agent())
         .map_err(|e| format!("{}: {e}", c.agent().display()))?;
     for i in 1..=c.hosts {
-        spawn_host_services(c, i, &exe)?;
+        spawn_host_services(c, i, &exe, capture)?;
     }
     let deadline = Instant::now() + DAEMON_START;
     for i in 1..=c.hosts {
@@ -237,8 +245,17 @@ fn build(c: &Cluster) -> Result<(), String> {
 
 /// Starts host `i`'s processes inside its network namespace: its daemon (and, once they
 /// exist, the host's other services, e.g. a connection manager, the same way).
-fn spawn_host_services(c: &Cluster, i: usize, exe: &Path) -> Result<(), String> {
+fn spawn_host_services(
+    c: &Cluster,
+    i: usize,
+    exe: &Path,
+    capture: Option<&Path>,
+) -> Result<(), String> {
     let host = c.host(i);
+    let capture = capture.map(|d| d.join(&host));
+    if let Some(d) = &capture {
+        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+    }
     let ns = std::fs::File::open(Path::new("/run/netns").join(&host))
         .map_err(|e| format!("/run/netns/{host}: {e}"))?;
     let home = std::fs::File::open("/proc/thread-self/ns/net")
@@ -247,12 +264,17 @@ fn spawn_host_services(c: &Cluster, i: usize, exe: &Path) -> Result<(), String> 
         std::fs::File::create(c.log(i)).map_err(|e| format!("{}: {e}", c.log(i).display()))?;
     // A child is born in its parent thread's network namespace.
     setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {host}: {e}"))?;
-    let spawned = std::process::Command::new(exe)
+    let mut daemon = std::process::Command::new(exe);
+    daemon
         .arg("--socket")
         .arg(c.socket(i))
         .arg("daemon")
         .arg("--device")
-        .arg(format!("softverbs0={}", c.addr(i)))
+        .arg(format!("softverbs0={}", c.addr(i)));
+    if let Some(d) = &capture {
+        daemon.arg("--capture").arg(d);
+    }
+    let spawned = daemon
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)

@@ -6,13 +6,15 @@
  * each MPI's own mpicc. Prints one "host RANK NAME" line per rank and, on rank 0,
  * "mpi_check OK ranks=N hosts=H" after every check passed on every rank; any mismatch prints
  * what differed and aborts the job with exit status 1. An optional argument sets the number
- * of ring laps (default 10), for a job that runs until something stops it.
+ * of ring laps (default 10), for a job that runs until something stops it; a second, seconds
+ * to wait after the checks with every connection still up.
  */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define COUNT 4096 /* 32 KiB of int64 per peer: past UCX's eager limits, so rendezvous too */
 
@@ -59,7 +61,19 @@ int main(int argc, char **argv)
         for (int k = 0; k < COUNT; k++)
             sbuf[(size_t)j * COUNT + k] = cell(rank, j, k);
     memset(rbuf, 0, sizeof(long long) * COUNT * (size_t)size);
+    /* The first all-to-all also makes the connections of stacks that connect on first use
+     * (libfabric's ofi_rxm); rank 0 prints its time and that of a second one (information
+     * only, scripts/xrc-savings.sh). */
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
     MPI_Alltoall(sbuf, COUNT, MPI_LONG_LONG, rbuf, COUNT, MPI_LONG_LONG, MPI_COMM_WORLD);
+    double t1 = MPI_Wtime();
+    MPI_Alltoall(sbuf, COUNT, MPI_LONG_LONG, rbuf, COUNT, MPI_LONG_LONG, MPI_COMM_WORLD);
+    double t2 = MPI_Wtime();
+    if (rank == 0) {
+        printf("alltoall first_ms=%.3f again_ms=%.3f\n", (t1 - t0) * 1e3, (t2 - t1) * 1e3);
+        fflush(stdout);
+    }
     for (int i = 0; i < size; i++)
         for (int k = 0; k < COUNT; k++)
             if (rbuf[(size_t)i * COUNT + k] != cell(i, rank, k))
@@ -132,8 +146,17 @@ int main(int argc, char **argv)
     }
 
     MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0)
+    if (rank == 0) {
         printf("mpi_check OK ranks=%d hosts=%d\n", size, hosts);
+        fflush(stdout);
+    }
+    /* An optional second argument: seconds every rank then waits, connections still up, so
+     * that the daemons' objects can be read while the job holds them (scripts/xrc-savings.sh,
+     * crates/e2e/tests/cluster_ofi.rs). */
+    int hold = argc > 2 ? atoi(argv[2]) : 0;
+    if (hold > 0)
+        sleep((unsigned)hold);
+    MPI_Barrier(MPI_COMM_WORLD);
     free(sbuf);
     free(rbuf);
     free(names);
