@@ -626,9 +626,6 @@ pub(crate) unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
 }
 export!("rdma_disconnect", "RDMACM_1.0", disconnect);
 
-/// `rdma_migrate_id(3)`: the id's future events, and those queued for it, go to `ch`; to a
-/// channel of its own (a synchronous id) when `ch` is NULL. The old channel may then be
-/// destroyed without affecting the id.
 unsafe extern "C" fn migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
@@ -646,9 +643,17 @@ unsafe extern "C" fn migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel
     if Arc::ptr_eq(&target, &i.chan) {
         return 0;
     }
-    // The daemon's CM ids belong to the process's connection, not to a channel (crate::cm):
-    // only where the id's events go changes.
-    Chan::migrate(i, target, ch.is_null());
+    {
+        let mut s = i.lock();
+        // The daemon's CM ids belong to the channel's connection: an id that has some
+        // cannot move (yet).
+        if s.cm.is_some() || !s.listeners.is_empty() {
+            return fail(libc::ENOSYS);
+        }
+        s.sync = ch.is_null();
+    }
+    i.id.channel = Arc::as_ptr(&target) as *mut rdma_event_channel;
+    i.chan = target;
     0
 }
 export!("rdma_migrate_id", "RDMACM_1.0", migrate_id);

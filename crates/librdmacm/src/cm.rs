@@ -1,15 +1,14 @@
 //! Event channels and CM ids: the C objects programs hold, each a Rust struct whose first
 //! field is the public rdma_cma.h struct (so the pointer a program gets is both).
 //!
-//! The process has one connection to the daemon per device it uses, shared by all its
-//! channels (the daemon's CM ids belong to that connection: the process's death ends them,
-//! docs/cm.md §4). A router thread fetches the daemon's CM events and queues each, converted,
-//! on the channel of the id it concerns, beside the channel's local events (address and
-//! route resolution). `channel->fd` is a semaphore eventfd counting the queued events, so it
-//! is readable exactly when `rdma_get_cm_event` has something.
+//! A channel is a connection of its own to the daemon per device it uses (the daemon's CM
+//! ids belong to that connection: the process's death ends them, docs/cm.md §4), plus a
+//! queue of local events (address and route resolution). `channel->fd` is an epoll fd
+//! watching the daemon's CM eventfds and the local queue's eventfd, so it is readable
+//! exactly when `rdma_get_cm_event` has something.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use softverbs::{CmChannel, CmEvent, CmEventKind, CmId, Context};
@@ -70,12 +69,8 @@ impl Ev {
     }
 }
 
-/// The process's connection to the daemon for one device: the context (leaked to
-/// `'static` so the CM channel can borrow it) and its CM channel. One per device for the
-/// whole process, shared by every event channel: the daemon's CM ids belong to this
-/// connection (the process's death still ends them, docs/cm.md §4), and which event channel
-/// an id reports to is the library's own business, so `rdma_migrate_id` moves an id
-/// without the daemon and a channel's destruction leaves the ids it reported for alive.
+/// A channel's connection to the daemon for one device: the context (leaked to `'static`
+/// so the CM channel can borrow it) and its CM channel.
 struct DevCm {
     cm: std::mem::ManuallyDrop<CmChannel<'static>>,
     ctx: *const Context,
@@ -84,7 +79,7 @@ struct DevCm {
 impl Drop for DevCm {
     fn drop(&mut self) {
         // SAFETY: the CM channel borrows the context, so it goes first, once; `ctx` came
-        // from Box::leak in `dev_cm` and nothing else refers to it.
+        // from Box::leak in `Chan::with_cm` and nothing else refers to it.
         unsafe {
             std::mem::ManuallyDrop::drop(&mut self.cm);
             drop(Box::from_raw(self.ctx as *mut Context));
@@ -92,139 +87,24 @@ impl Drop for DevCm {
     }
 }
 
-/// What every channel of the process shares: the daemon connections and which id each
-/// daemon CM id is.
-#[derive(Default)]
-struct Shared {
-    devs: HashMap<usize, DevCm>,
-    ids: HashMap<(usize, u32), *mut Id>,
-    /// Wakes the router thread when a device connection is added.
-    wake: Option<OwnedFd>,
-}
-
-// SAFETY: the raw pointers are ids and contexts this library owns; every access goes
-// through the SHARED mutex.
-unsafe impl Send for Shared {}
-
-static SHARED: Mutex<Option<Shared>> = Mutex::new(None);
-
-/// The process-wide state, locked. Lock order: SHARED, then a channel's or an id's lock.
-fn shared() -> std::sync::MutexGuard<'static, Option<Shared>> {
-    SHARED.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The daemon CM of device `dev` in `sh`, opened (and the router started) on first use.
-fn dev_cm(sh: &mut Shared, dev: usize) -> Result<&CmChannel<'static>, i32> {
-    #[allow(clippy::map_entry)] // the entry would borrow `sh` across the wake-up
-    if !sh.devs.contains_key(&dev) {
-        let wake = match &sh.wake {
-            Some(w) => w.as_raw_fd(),
-            None => {
-                // SAFETY: a plain system call; the fd is owned right away.
-                let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-                if efd < 0 {
-                    return Err(os_err());
-                }
-                // SAFETY: just made, ours.
-                let efd = unsafe { OwnedFd::from_raw_fd(efd) };
-                let raw = efd.as_raw_fd();
-                std::thread::Builder::new()
-                    .name("rdmacm-events".into())
-                    .spawn(move || route_events(raw))
-                    .map_err(|_| libc::EAGAIN)?;
-                sh.wake = Some(efd);
-                raw
-            }
-        };
-        let ctx = Context::open(dev as u32).map_err(|e| e.errno())?;
-        let ctx: &'static Context = Box::leak(Box::new(ctx));
-        let cm = match ctx.cm_channel() {
-            Ok(cm) => cm,
-            Err(e) => {
-                // SAFETY: just leaked above, not shared.
-                drop(unsafe { Box::from_raw(ctx as *const Context as *mut Context) });
-                return Err(e.errno());
-            }
-        };
-        sh.devs.insert(
-            dev,
-            DevCm {
-                cm: std::mem::ManuallyDrop::new(cm),
-                ctx,
-            },
-        );
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writing 8 bytes to the router's eventfd.
-        unsafe { libc::write(wake, one.as_ptr().cast(), 8) };
-    }
-    Ok(&sh.devs[&dev].cm)
-}
-
-/// The router: waits on every device's CM eventfd and hands each daemon event, converted,
-/// to the event channel of the id it concerns (so a channel's fd is readable exactly when
-/// it has events of its own, whichever thread or channel the program waits on).
-fn route_events(wake: i32) {
-    loop {
-        let mut fds = vec![libc::pollfd {
-            fd: wake,
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        {
-            let sh = shared();
-            let Some(sh) = sh.as_ref() else { return };
-            for d in sh.devs.values() {
-                fds.push(libc::pollfd {
-                    fd: d.cm.fd().as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
-        }
-        // SAFETY: `fds` is a live array of its length; the fds stay open (device
-        // connections live as long as the process).
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
-        if r < 0 && os_err() != libc::EINTR {
-            return;
-        }
-        if fds[0].revents != 0 {
-            let mut b = [0u8; 8];
-            // SAFETY: reading our non-blocking eventfd.
-            unsafe { libc::read(wake, b.as_mut_ptr().cast(), 8) };
-        }
-        pump();
-    }
-}
-
-/// Fetches every pending daemon CM event and delivers it to its channel.
-fn pump() {
-    let mut guard = shared();
-    let Some(sh) = guard.as_mut() else { return };
-    let devs: Vec<usize> = sh.devs.keys().copied().collect();
-    for dev in devs {
-        while let Ok(Some(got)) = sh.devs[&dev].cm.try_event() {
-            if let Some((chan, out)) = convert(sh, dev, got) {
-                chan.push_local(out);
-            }
-        }
-    }
-}
-
 #[derive(Default)]
 struct ChanState {
     local: VecDeque<Box<Ev>>,
+    devs: HashMap<usize, DevCm>,
+    ids: HashMap<(usize, u32), *mut Id>,
 }
 
 /// An event channel.
 #[repr(C)]
 pub struct Chan {
     pub ch: rdma_event_channel,
+    epoll: OwnedFd,
     local_efd: OwnedFd,
     st: Mutex<ChanState>,
 }
 
-// SAFETY: the raw pointers inside are ids this library owns; every access goes through the
-// mutex.
+// SAFETY: the raw pointers inside are ids and contexts this library owns; every access
+// goes through the mutex.
 unsafe impl Send for Chan {}
 // SAFETY: as above.
 unsafe impl Sync for Chan {}
@@ -237,20 +117,23 @@ fn os_err() -> i32 {
 
 impl Chan {
     pub fn new() -> Result<Arc<Chan>, i32> {
-        // SAFETY: a plain system call; the fd is owned right away. Semaphore mode: the
-        // counter is the number of queued events, so the fd is readable exactly while one is.
-        // Blocking unless the program makes it O_NONBLOCK (rdma_get_cm_event then returns
-        // EAGAIN); it is only read under the lock with an event queued.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if efd < 0 {
-            return Err(os_err());
-        }
-        // SAFETY: just made, ours.
-        let efd = unsafe { OwnedFd::from_raw_fd(efd) };
+        // SAFETY: plain system calls; the fds are owned right away.
+        let (ep, efd) = unsafe {
+            let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            if ep < 0 {
+                return Err(os_err());
+            }
+            let ep = OwnedFd::from_raw_fd(ep);
+            let efd = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
+            if efd < 0 {
+                return Err(os_err());
+            }
+            (ep, OwnedFd::from_raw_fd(efd))
+        };
+        watch(&ep, efd.as_raw_fd())?;
         Ok(Arc::new(Chan {
-            ch: rdma_event_channel {
-                fd: efd.as_raw_fd(),
-            },
+            ch: rdma_event_channel { fd: ep.as_raw_fd() },
+            epoll: ep,
             local_efd: efd,
             st: Mutex::new(ChanState::default()),
         }))
@@ -260,65 +143,74 @@ impl Chan {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `f` on the process's daemon CM for device `dev`, opening it first if needed.
+    /// Runs `f` on this channel's daemon CM for device `dev`, opening it first if needed.
     pub fn with_cm<R>(
         &self,
         dev: usize,
         f: impl FnOnce(&CmChannel<'static>) -> Result<R, i32>,
     ) -> Result<R, i32> {
-        let mut g = shared();
-        let sh = g.get_or_insert_with(Shared::default);
-        f(dev_cm(sh, dev)?)
+        let mut st = self.lock();
+        #[allow(clippy::map_entry)] // the entry would borrow `st` across the epoll call
+        if !st.devs.contains_key(&dev) {
+            let ctx = Context::open(dev as u32).map_err(|e| e.errno())?;
+            let ctx: &'static Context = Box::leak(Box::new(ctx));
+            let cm = match ctx.cm_channel() {
+                Ok(cm) => cm,
+                Err(e) => {
+                    // SAFETY: just leaked above, not shared.
+                    drop(unsafe { Box::from_raw(ctx as *const Context as *mut Context) });
+                    return Err(e.errno());
+                }
+            };
+            watch(&self.epoll, cm.fd().as_raw_fd())?;
+            st.devs.insert(
+                dev,
+                DevCm {
+                    cm: std::mem::ManuallyDrop::new(cm),
+                    ctx,
+                },
+            );
+        }
+        f(&st.devs[&dev].cm)
     }
 
     /// Runs `f` (which makes a daemon CM id) and registers its result for `id` under the
-    /// same lock, so that an event for it fetched meanwhile is never missed.
+    /// same lock, so that an event for it fetched by another thread is never missed.
     pub fn make_id(
         &self,
         dev: usize,
         id: *mut Id,
         f: impl FnOnce(&CmChannel<'static>) -> Result<CmId, i32>,
     ) -> Result<CmId, i32> {
-        let mut g = shared();
-        let sh = g.get_or_insert_with(Shared::default);
-        let cm = f(dev_cm(sh, dev)?)?;
-        sh.ids.insert((dev, cm.0), id);
+        self.with_cm(dev, |_| Ok(()))?;
+        let mut st = self.lock();
+        let cm = f(&st.devs[&dev].cm)?;
+        st.ids.insert((dev, cm.0), id);
         Ok(cm)
     }
 
     pub fn unregister(&self, dev: usize, cm: CmId) {
-        if let Some(sh) = shared().as_mut() {
-            sh.ids.remove(&(dev, cm.0));
-        }
+        self.lock().ids.remove(&(dev, cm.0));
     }
 
     pub fn push_local(&self, e: Box<Ev>) {
-        let mut st = self.lock();
-        st.local.push_back(e);
+        self.lock().local.push_back(e);
         let one = 1u64.to_ne_bytes();
-        // SAFETY: writing 8 bytes to our eventfd, under the lock so that its count is the
-        // queue's length whenever the lock is free.
+        // SAFETY: writing 8 bytes to our eventfd.
         unsafe { libc::write(self.local_efd.as_raw_fd(), one.as_ptr().cast(), 8) };
-    }
-
-    /// Takes one off the eventfd's count (the caller holds the lock and removed an event).
-    fn take_one(&self) {
-        let mut b = [0u8; 8];
-        // SAFETY: reading our semaphore eventfd, whose count is at least one.
-        unsafe { libc::read(self.local_efd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
     }
 
     /// The next event; `EAGAIN` without one if `block` is false (or the fd is non-blocking).
     pub fn next(&self, block: bool) -> Result<Box<Ev>, i32> {
         loop {
-            if let Some(e) = self.try_next() {
+            if let Some(e) = self.try_next()? {
                 return Ok(e);
             }
             if !block {
                 return Err(libc::EAGAIN);
             }
             let mut pfd = libc::pollfd {
-                fd: self.local_efd.as_raw_fd(),
+                fd: self.epoll.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -330,167 +222,157 @@ impl Chan {
         }
     }
 
-    fn try_next(&self) -> Option<Box<Ev>> {
+    fn try_next(&self) -> Result<Option<Box<Ev>>, i32> {
         let mut st = self.lock();
-        let e = st.local.pop_front()?;
-        self.take_one();
-        Some(e)
-    }
-
-    /// `rdma_migrate_id(3)`: `id`, its future events and those already queued here for it
-    /// (for a listener, also the connect requests it received and their new ids) now belong
-    /// to `to`. Under the process lock, so the router delivers nothing meanwhile.
-    pub fn migrate(id: &mut Id, to: Arc<Chan>, sync: bool) {
-        let _g = shared();
-        let from = std::mem::replace(&mut id.chan, to.clone());
-        id.id.channel = Arc::as_ptr(&to) as *mut rdma_event_channel;
-        id.lock().sync = sync;
-        let me = (id as *mut Id).cast::<rdma_cm_id>();
-        let moved: Vec<Box<Ev>> = {
-            let mut st = from.lock();
-            let (mine, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut st.local)
-                .into_iter()
-                .partition(|e| e.ev.id == me || e.ev.listen_id == me);
-            st.local = rest;
-            for _ in 0..mine.len() {
-                from.take_one();
+        if let Some(e) = st.local.pop_front() {
+            if st.local.is_empty() {
+                let mut b = [0u8; 8];
+                // SAFETY: reading our non-blocking eventfd.
+                unsafe { libc::read(self.local_efd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
             }
-            mine.into_iter().collect()
-        };
-        for e in moved {
-            if e.ev.listen_id == me && e.ev.id != me {
-                // SAFETY: the new id a queued connect request made, not yet the program's.
-                let child = unsafe { &mut *e.ev.id.cast::<Id>() };
-                child.chan = to.clone();
-                child.id.channel = id.id.channel;
-                child.lock().sync = sync;
-            }
-            to.push_local(e);
+            return Ok(Some(e));
         }
-    }
-}
-
-/// A daemon CM event as rdma_cm shows it, with the channel it goes to, doing on the way
-/// what librdmacm does for a program whose id owns a QP (RTR/RTS and the RTU on a connect
-/// response).
-fn convert(sh: &mut Shared, dev: usize, e: CmEvent) -> Option<(Arc<Chan>, Box<Ev>)> {
-    if e.kind == CmEventKind::ConnectRequest {
-        let &listener = sh.ids.get(&(dev, e.listener.0))?;
-        let child = Id::child(listener, dev, &e);
-        sh.ids.insert((dev, e.id.0), child);
-        let mut out = Ev::new(ev::CONNECT_REQUEST, child, listener, 0);
-        // The application's private data follows rdma_cm's 36-byte address header in
-        // a SIDR_REQ as in a REQ (docs/cm.md §2.3): the kernel's rdma_cm hands the
-        // listener only what follows it, for UD ids too (libfabric's XRC connection
-        // data rides in SIDR_REQs on RDMA_PS_UDP).
-        let user = e.private_data.get(36..).unwrap_or(&[]);
-        out.set_conn(user, &e);
-        // SAFETY: made just now on the listener's channel.
-        let chan = unsafe { (*child).chan.clone() };
-        return Some((chan, out));
-    }
-    let &id = sh.ids.get(&(dev, e.id.0))?;
-    // SAFETY: registered ids stay alive until rdma_destroy_id unregisters them, which
-    // takes the process lock the caller holds.
-    let idr = unsafe { &*id };
-    let chan = idr.chan.clone();
-    let mut s = idr.lock();
-    let qp = idr.id.qp;
-    let out = match e.kind {
-        CmEventKind::ConnectResponse => {
-            s.path.remote_qpn = e.remote_qpn;
-            s.path.remote_psn = e.starting_psn;
-            s.rep = Some(e.clone());
-            if qp.is_null() {
-                // The program establishes (rdma_establish): rdma_cm then reports no
-                // ESTABLISHED on this side, the CONNECT_RESPONSE was its event.
-                s.quiet_establish = true;
-                let mut out = Ev::new(ev::CONNECT_RESPONSE, id, std::ptr::null_mut(), 0);
-                out.set_conn(&e.private_data, &e);
-                return Some((chan, out));
+        let devs: Vec<usize> = st.devs.keys().copied().collect();
+        for dev in devs {
+            loop {
+                let got = st.devs[&dev].cm.try_event().map_err(|e| e.errno())?;
+                let Some(e) = got else {
+                    break;
+                };
+                if let Some(out) = self.convert(&mut st, dev, e) {
+                    return Ok(Some(out));
+                }
             }
-            let path = s.path;
-            drop(s);
-            let up = verbs::modify(qp, verbs::QPS_RTR, &path)
-                .and_then(|_| verbs::modify(qp, verbs::QPS_RTS, &path));
-            let cm = &sh.devs[&dev].cm;
-            if up.is_err() {
-                let _ = cm.reject(e.id, &[]);
-                return Some((
-                    chan,
-                    Ev::new(
+        }
+        Ok(None)
+    }
+
+    /// A daemon CM event as rdma_cm shows it, doing on the way what librdmacm does for a
+    /// program whose id owns a QP (RTR/RTS and the RTU on a connect response).
+    fn convert(&self, st: &mut ChanState, dev: usize, e: CmEvent) -> Option<Box<Ev>> {
+        if e.kind == CmEventKind::ConnectRequest {
+            let &listener = st.ids.get(&(dev, e.listener.0))?;
+            let child = Id::child(listener, dev, &e);
+            st.ids.insert((dev, e.id.0), child);
+            let mut out = Ev::new(ev::CONNECT_REQUEST, child, listener, 0);
+            // The application's private data follows rdma_cm's 36-byte address header in
+            // a SIDR_REQ as in a REQ (docs/cm.md §2.3): the kernel's rdma_cm hands the
+            // listener only what follows it, for UD ids too (libfabric's XRC connection
+            // data rides in SIDR_REQs on RDMA_PS_UDP).
+            let user = e.private_data.get(36..).unwrap_or(&[]);
+            out.set_conn(user, &e);
+            return Some(out);
+        }
+        let &id = st.ids.get(&(dev, e.id.0))?;
+        // SAFETY: registered ids stay alive until rdma_destroy_id unregisters them, which
+        // takes this channel's lock first.
+        let idr = unsafe { &*id };
+        let mut s = idr.lock();
+        let qp = idr.id.qp;
+        match e.kind {
+            CmEventKind::ConnectResponse => {
+                s.path.remote_qpn = e.remote_qpn;
+                s.path.remote_psn = e.starting_psn;
+                s.rep = Some(e.clone());
+                if qp.is_null() {
+                    // The program establishes (rdma_establish): rdma_cm then reports no
+                    // ESTABLISHED on this side, the CONNECT_RESPONSE was its event.
+                    s.quiet_establish = true;
+                    let mut out = Ev::new(ev::CONNECT_RESPONSE, id, std::ptr::null_mut(), 0);
+                    out.set_conn(&e.private_data, &e);
+                    return Some(out);
+                }
+                let path = s.path;
+                drop(s);
+                let up = verbs::modify(qp, verbs::QPS_RTR, &path)
+                    .and_then(|_| verbs::modify(qp, verbs::QPS_RTS, &path));
+                let cm = &st.devs[&dev].cm;
+                if up.is_err() {
+                    let _ = cm.reject(e.id, &[]);
+                    return Some(Ev::new(
                         ev::CONNECT_RESPONSE + 1,
                         id,
                         std::ptr::null_mut(),
                         -libc::EINVAL,
-                    ),
-                ));
+                    ));
+                }
+                let _ = cm.establish(e.id);
+                None
             }
-            let _ = cm.establish(e.id);
-            None
-        }
-        CmEventKind::Established if !e.sidr && std::mem::take(&mut s.quiet_establish) => None,
-        CmEventKind::Established => {
-            let mut out = Ev::new(ev::ESTABLISHED, id, std::ptr::null_mut(), 0);
-            if e.sidr {
-                // The SIDR_REP's private data comes with the event, as rdma_cm hands it
-                // (`param.ud.private_data`): libfabric's XRC tells an initiator's
-                // ESTABLISHED (the peer's SRQ number in that data) from a target's (none).
-                out.pd = e.private_data[..e.private_data.len().min(255)].to_vec();
-                {
-                    out.ev.param.ud = rdma_ud_param {
-                        private_data: if out.pd.is_empty() {
-                            std::ptr::null()
-                        } else {
-                            out.pd.as_ptr().cast()
-                        },
-                        private_data_len: out.pd.len() as u8,
-                        ah_attr: ibv_ah_attr {
-                            grh: ibv_global_route {
-                                dgid: s.path.dgid,
-                                sgid_index: s.path.sgid_index,
-                                hop_limit: 64,
+            CmEventKind::Established if !e.sidr && std::mem::take(&mut s.quiet_establish) => None,
+            CmEventKind::Established => {
+                let mut out = Ev::new(ev::ESTABLISHED, id, std::ptr::null_mut(), 0);
+                if e.sidr {
+                    // The SIDR_REP's private data comes with the event, as rdma_cm hands it
+                    // (`param.ud.private_data`): libfabric's XRC tells an initiator's
+                    // ESTABLISHED (the peer's SRQ number in that data) from a target's (none).
+                    out.pd = e.private_data[..e.private_data.len().min(255)].to_vec();
+                    {
+                        out.ev.param.ud = rdma_ud_param {
+                            private_data: if out.pd.is_empty() {
+                                std::ptr::null()
+                            } else {
+                                out.pd.as_ptr().cast()
+                            },
+                            private_data_len: out.pd.len() as u8,
+                            ah_attr: ibv_ah_attr {
+                                grh: ibv_global_route {
+                                    dgid: s.path.dgid,
+                                    sgid_index: s.path.sgid_index,
+                                    hop_limit: 64,
+                                    ..Default::default()
+                                },
+                                is_global: 1,
+                                port_num: 1,
                                 ..Default::default()
                             },
-                            is_global: 1,
-                            port_num: 1,
-                            ..Default::default()
-                        },
-                        qp_num: e.remote_qpn,
-                        qkey: e.qkey,
-                    };
+                            qp_num: e.remote_qpn,
+                            qkey: e.qkey,
+                        };
+                    }
+                } else {
+                    // The active side's ESTABLISHED carries the REP's parameters, as rdma_cm's
+                    // does (rdma_get_cm_event(3): `param.conn`): the peer's QPN among them,
+                    // which libfabric's XRC keeps as the target QP later connections share.
+                    match s.rep.take() {
+                        Some(rep) => out.set_conn(&rep.private_data, &rep),
+                        None => out.set_conn(&[], &e),
+                    }
                 }
-            } else {
-                // The active side's ESTABLISHED carries the REP's parameters, as rdma_cm's
-                // does (rdma_get_cm_event(3): `param.conn`): the peer's QPN among them,
-                // which libfabric's XRC keeps as the target QP later connections share.
-                match s.rep.take() {
-                    Some(rep) => out.set_conn(&rep.private_data, &rep),
-                    None => out.set_conn(&[], &e),
-                }
+                Some(out)
             }
-            Some(out)
+            CmEventKind::Rejected => {
+                let mut out = Ev::new(ev::REJECTED, id, std::ptr::null_mut(), e.status as i32);
+                out.set_conn(&e.private_data, &e);
+                Some(out)
+            }
+            CmEventKind::Unreachable => Some(Ev::new(
+                ev::UNREACHABLE,
+                id,
+                std::ptr::null_mut(),
+                -libc::ETIMEDOUT,
+            )),
+            CmEventKind::Disconnected => {
+                let path = s.path;
+                drop(s);
+                let _ = verbs::modify(qp, verbs::QPS_ERR, &path);
+                Some(Ev::new(ev::DISCONNECTED, id, std::ptr::null_mut(), 0))
+            }
+            CmEventKind::ConnectRequest => None,
         }
-        CmEventKind::Rejected => {
-            let mut out = Ev::new(ev::REJECTED, id, std::ptr::null_mut(), e.status as i32);
-            out.set_conn(&e.private_data, &e);
-            Some(out)
-        }
-        CmEventKind::Unreachable => Some(Ev::new(
-            ev::UNREACHABLE,
-            id,
-            std::ptr::null_mut(),
-            -libc::ETIMEDOUT,
-        )),
-        CmEventKind::Disconnected => {
-            let path = s.path;
-            drop(s);
-            let _ = verbs::modify(qp, verbs::QPS_ERR, &path);
-            Some(Ev::new(ev::DISCONNECTED, id, std::ptr::null_mut(), 0))
-        }
-        CmEventKind::ConnectRequest => None,
+    }
+}
+
+fn watch(ep: &OwnedFd, fd: i32) -> Result<(), i32> {
+    let mut e = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: fd as u64,
     };
-    out.map(|o| (chan, o))
+    // SAFETY: adding a live fd to our epoll set.
+    if unsafe { libc::epoll_ctl(ep.as_fd().as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut e) } < 0 {
+        return Err(os_err());
+    }
+    Ok(())
 }
 
 /// What librdmacm keeps behind a `rdma_cm_id`.
