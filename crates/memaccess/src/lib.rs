@@ -27,6 +27,8 @@
 mod client;
 #[allow(unsafe_code)]
 mod map;
+#[allow(unsafe_code)]
+mod peer;
 mod process_mem;
 mod process_vm;
 #[allow(unsafe_code)]
@@ -34,6 +36,7 @@ mod raw;
 mod shared;
 
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
+pub use peer::{PeerFault, PeerMemory};
 pub use process_mem::{
     open_own_maps, open_own_memory, MemFdError, ProcessMem, ProcessMemory, RangeError,
 };
