@@ -7,9 +7,10 @@
 //! SEND or a WRITE with immediate) and each side's receive-completion ring (produced by the
 //! peer's library, consumed by the owner's `poll_cq`).
 
-/// Not decided yet: the peer QP has not asked (it is not at RTR yet).
+/// Not decided yet (a daemon of this ABI decides at the first ask; kept for the library's
+/// sake, which waits on the word while it reads this).
 pub const PATH_UNDECIDED: u32 = 0;
-/// Both libraries asked and the pair goes direct.
+/// The pair goes direct.
 pub const PATH_DIRECT: u32 = 1;
 /// The pair stays on the daemon's engine.
 pub const PATH_DAEMON: u32 = 2;
@@ -38,6 +39,9 @@ pub const SIDE_OPEN: u32 = 0;
 pub const SIDE_ERROR: u32 = 1;
 /// The side's QP or context is gone (destroyed, or the process died: written by the daemon).
 pub const SIDE_GONE: u32 = 2;
+/// The side's library has not attached yet (its QP is not at RTR): the peer's requests wait,
+/// as they would retry against a responder that is not ready.
+pub const SIDE_PENDING: u32 = 3;
 
 /// MR table: seqlock word (`u64`, odd while the daemon rewrites the table).
 pub const MRT_SEQ: usize = 0;

@@ -691,11 +691,10 @@ fn local_pieces(
         .collect()
 }
 
-fn peer_state_open(c: &Chan) -> bool {
+fn peer_state(c: &Chan) -> u32 {
     c.region
         .atomic_u32(CH_STATE[1 - c.side])
         .load(Ordering::Acquire)
-        == SIDE_OPEN
 }
 
 /// Copies the local pieces into the peer's pieces in order.
@@ -735,13 +734,13 @@ fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Ex
         )
     };
     let total = len_of(p);
-    if !peer_state_open(c) {
+    match peer_state(c) {
+        SIDE_OPEN => {}
+        // Not at RTR yet: requests wait, as they would retry against it.
+        SIDE_PENDING => return Exec::Rnr,
         // A responder in ERR or gone answers nothing: RC retries run out, UC loses it.
-        return if reliable {
-            Exec::Done(WcStatus::RetryExcErr, 0)
-        } else {
-            dropped()
-        };
+        _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
+        _ => return dropped(),
     }
     let access_err = || {
         if reliable {
@@ -899,12 +898,11 @@ fn deliver(
     c.region.atomic_u32(CH_BUSY[me]).store(1, Ordering::SeqCst);
     fence(Ordering::SeqCst);
     let result = (|| {
-        if !peer_state_open(c) {
-            return if reliable {
-                Exec::Done(WcStatus::RetryExcErr, 0)
-            } else {
-                Exec::Done(WcStatus::Success, 0)
-            };
+        match peer_state(c) {
+            SIDE_OPEN => {}
+            SIDE_PENDING => return Exec::Rnr,
+            _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
+            _ => return Exec::Done(WcStatus::Success, 0),
         }
         let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
         match c.rq_in.pop(&mut buf) {

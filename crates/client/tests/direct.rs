@@ -152,8 +152,8 @@ fn mixed(socket: &std::path::Path, direct: bool, t: QpType) -> (Shapes, Shapes, 
     }
     let ma: BorrowedMr<'_> = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
     let mb: BorrowedMr<'_> = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
-    // A receive posted before the path is decided (B connected, A not yet) must survive the
-    // decision.
+    // A receive posted while the peer has not attached yet (B connected, A not yet): it
+    // waits in the channel for A.
     connect(&qb, ga, qa.qpn(), RWR);
     qb.post_recv(100, &[mb.sge(0, 4096).unwrap()]).unwrap();
     connect(&qa, gb, qb.qpn(), RWR);

@@ -15,6 +15,8 @@ use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::types::{Access, AttrMask, EventType, QpState, QpType};
 use softverbs_core::Core;
 use softverbs_shm::{Region, RingLayout};
+
+use crate::datapath::DataPath;
 use zerocopy::little_endian::{U32, U64};
 
 /// A context that opened the direct path.
@@ -118,6 +120,7 @@ impl Direct {
     fn eligible(
         &self,
         core: &Core,
+        dp: &DataPath,
         ctx: CtxId,
         qp: Handle,
     ) -> Option<(CtxId, Handle, u32, u32, QpAttr, QpAttr)> {
@@ -141,6 +144,10 @@ impl Direct {
             return None;
         };
         let peer = self.ctxs.get(&pctx)?;
+        // A QP connected to itself has no second library to ask: the engine loops it back.
+        if (pctx, ph) == (ctx, qp) {
+            return None;
+        }
         if qp_type != info.qp_type || peer.uid != me.uid || peer.overflow {
             return None;
         }
@@ -157,6 +164,12 @@ impl Direct {
         if pinfo.srq.is_some() || atomic(&pq.attr) {
             return None;
         }
+        let signalled = |c: CtxId, i: &softverbs_core::datapath::OwnedQpInfo| {
+            dp.cq_has_channel(c, i.send_cq) || i.recv_cq.is_some_and(|r| dp.cq_has_channel(c, r))
+        };
+        if signalled(ctx, &info) || signalled(pctx, &pinfo) {
+            return None;
+        }
         let peer_connected = matches!(pq.attr.qp_state, QpState::Rtr | QpState::Rts);
         if peer_connected && pq.attr.dest_qp_num != info.qpn {
             return None;
@@ -171,13 +184,17 @@ impl Direct {
     }
 
     /// `DirectAttach`: the path of `(ctx, r.qp)`, with the channel and the peer's memory and
-    /// MR table unless it is the daemon's.
+    /// MR table unless it is the daemon's. The first QP of a pair to ask decides for both,
+    /// from what both QPs are (docs/direct-path.md, "Deciding"); the second joins, or, if it
+    /// no longer fits (it connected elsewhere, or changed), leaves its partner a gone peer.
     pub fn attach(
         &mut self,
         core: &Core,
+        dp: &DataPath,
         ctx: CtxId,
         r: &DirectAttachReq,
     ) -> Result<(DirectAttachResp, Vec<OwnedFd>), i32> {
+        use std::sync::atomic::Ordering::Release;
         let qp = Handle(r.qp.get());
         let own_qpn = core.qp_num(ctx, qp).map_err(|e| e.errno())?;
         let daemon = DirectAttachResp {
@@ -185,12 +202,12 @@ impl Direct {
             ..Default::default()
         };
         let found = if r.able.get() == 1 {
-            self.eligible(core, ctx, qp)
+            self.eligible(core, dp, ctx, qp)
         } else {
             None
         };
         let Some((pctx, ph, qpn, pqpn, own_attr, peer_attr)) = found else {
-            // Whatever pair this QP was half of goes to the daemon.
+            // Whatever pair this QP was half of loses it.
             self.decide_others(own_qpn, None);
             return Ok((daemon, Vec::new()));
         };
@@ -198,34 +215,32 @@ impl Direct {
         let key = (qpn.min(pqpn), qpn.max(pqpn));
         let side = usize::from(qpn > pqpn);
         if !self.pairs.contains_key(&key) {
+            // A peer library asks at its RTR: a peer past RTR without a pair decided for the
+            // daemon (or cannot ask), so this side must not go direct towards it.
+            let peer_state = core.query_qp(pctx, ph).map(|q| q.attr.qp_state);
+            if matches!(peer_state, Ok(QpState::Rtr | QpState::Rts)) {
+                return Ok((daemon, Vec::new()));
+            }
             let pair = self.make_pair(core, [ctx, pctx], [qp, ph], side)?;
+            pair.region
+                .atomic_u32(CH_STATE[1 - side])
+                .store(SIDE_PENDING, Release);
+            pair.region
+                .atomic_u32(CH_ACCESS[1 - side])
+                .store(peer_attr.qp_access_flags.0, Release);
+            pair.region.atomic_u32(CH_PATH).store(PATH_DIRECT, Release);
             self.pairs.insert(key, pair);
         }
         let pair = self.pairs.get_mut(&key).expect("inserted");
-        // A peer library asks at its RTR: a peer past RTR that has not asked decided for the
-        // daemon already (or cannot ask), so this side must not wait for it.
-        let peer_state = core.query_qp(pctx, ph).map(|q| q.attr.qp_state);
-        if !pair.asked[1 - side] && matches!(peer_state, Ok(QpState::Rtr | QpState::Rts)) {
-            self.pairs.remove(&key);
-            return Ok((daemon, Vec::new()));
-        }
         pair.asked[side] = true;
-        let rel = std::sync::atomic::Ordering::Release;
-        let r = &pair.region;
-        r.atomic_u32(CH_ACCESS[side])
-            .store(own_attr.qp_access_flags.0, rel);
-        r.atomic_u32(CH_ACCESS[1 - side])
-            .store(peer_attr.qp_access_flags.0, rel);
-        let path = if pair.asked == [true, true] {
-            PATH_DIRECT
-        } else {
-            PATH_UNDECIDED
-        };
         pair.region
-            .atomic_u32(CH_PATH)
-            .store(path, std::sync::atomic::Ordering::Release);
+            .atomic_u32(CH_ACCESS[side])
+            .store(own_attr.qp_access_flags.0, Release);
+        pair.region
+            .atomic_u32(CH_STATE[side])
+            .store(SIDE_OPEN, Release);
         let mut resp = pair.resp;
-        resp.path = U32::new(path);
+        resp.path = U32::new(PATH_DIRECT);
         resp.side = U32::new(side as u32);
         resp.peer_qpn = U32::new(pqpn);
         let (own_pd, peer_pd) = (core.qp_pd(ctx, qp), core.qp_pd(pctx, ph));
@@ -251,16 +266,11 @@ impl Direct {
             .collect();
         for k in stale {
             if let Some(p) = self.pairs.remove(&k) {
-                let path = p.region.atomic_u32(CH_PATH);
-                if path.load(std::sync::atomic::Ordering::Acquire) == PATH_DIRECT {
-                    // It ran direct: for the partner the QP it knew is gone.
-                    let side = usize::from(k.1 == qpn);
-                    p.region
-                        .atomic_u32(CH_STATE[side])
-                        .store(SIDE_GONE, std::sync::atomic::Ordering::Release);
-                } else {
-                    path.store(PATH_DAEMON, std::sync::atomic::Ordering::Release);
-                }
+                // For its partner, the QP it went direct with is gone.
+                let side = usize::from(k.1 == qpn);
+                p.region
+                    .atomic_u32(CH_STATE[side])
+                    .store(SIDE_GONE, std::sync::atomic::Ordering::Release);
             }
         }
     }

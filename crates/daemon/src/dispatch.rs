@@ -376,7 +376,8 @@ impl Dispatcher {
             }
             Cmd::DirectAttach => {
                 let c = ctx()?;
-                let (resp, fds) = self.direct.attach(&self.core, c, &read!(DirectAttach))?;
+                let r = read!(DirectAttach);
+                let (resp, fds) = self.direct.attach(&self.core, &self.dp, c, &r)?;
                 with_fds::<cmd::DirectAttach>(resp, fds)
             }
             Cmd::DirectPeerError => {
