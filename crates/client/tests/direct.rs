@@ -152,11 +152,10 @@ fn mixed(socket: &std::path::Path, direct: bool, t: QpType) -> (Shapes, Shapes, 
     }
     let ma: BorrowedMr<'_> = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
     let mb: BorrowedMr<'_> = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
-    // A receive posted while the peer has not attached yet (B connected, A not yet): it
-    // waits in the channel for A.
+    // Receives posted while the peer has not attached yet (B connected, A not yet) wait in
+    // the channel for A.
     connect(&qb, ga, qa.qpn(), RWR);
     qb.post_recv(100, &[mb.sge(0, 4096).unwrap()]).unwrap();
-    connect(&qa, gb, qb.qpn(), RWR);
     // Two pieces into two receive SGEs.
     qb.post_recv(
         101,
@@ -165,6 +164,12 @@ fn mixed(socket: &std::path::Path, direct: bool, t: QpType) -> (Shapes, Shapes, 
     .unwrap();
     qb.post_recv(102, &[mb.sge(20000, 64).unwrap()]).unwrap();
     qb.post_recv(103, &[]).unwrap();
+    // UC has no RNR: a SEND that meets no receive is lost, and on the daemon path a receive
+    // and a SEND in two rings have no order. So the receives (B's, and A's for the answer
+    // at the end) are posted before the sender connects, several round trips to the daemon
+    // before the SENDs that need them.
+    connect(&qa, gb, qb.qpn(), RWR);
+    qa.post_recv(200, &[ma.sge(60000, 100).unwrap()]).unwrap();
     let direct_now = qa.is_direct() && qb.is_direct();
 
     let send = |id, op, sges: &[Sge], signaled| {
@@ -217,8 +222,7 @@ fn mixed(socket: &std::path::Path, direct: bool, t: QpType) -> (Shapes, Shapes, 
     let na = if reads { 5 } else { 4 };
     let wa = wait(&sa.cq, na);
     let wb = wait(&sb.cq, 4);
-    // And one back the other way, a receive posted after the connection.
-    qa.post_recv(200, &[ma.sge(60000, 100).unwrap()]).unwrap();
+    // And one back the other way.
     let mut back = SendRequest::new(300, SendOp::Send, &[]);
     back.inline = Some(b"pong");
     qb.post_send(&back).unwrap();
@@ -463,19 +467,15 @@ impl Drop for Reaped {
     }
 }
 
-#[test]
-fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
+/// Starts the victim, connects `q` to its QP and waits until it is connected (direct).
+fn victim(socket: &std::path::Path, q: &Qp<'_>, gid: softverbs::Gid) -> (Reaped, u32) {
     use std::io::{BufRead, BufReader, Write};
-    let (d, _dir) = common::daemon("dkill", None);
-    let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
-    let s = side(&ctx);
-    let q = qp(&s, QpType::Rc);
-    let gid = ctx.query_gid(1, 0).unwrap();
+    let d_socket = socket;
     let mut child = Reaped(
         Command::new(std::env::current_exe().unwrap())
             .args(["victim_role", "--exact", "--test-threads=1", "--nocapture"])
             .env(ROLE, "victim")
-            .env(SOCKET, &d.socket)
+            .env(SOCKET, d_socket)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -496,7 +496,7 @@ fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
         }
     };
     let victim_pid = child.0.id();
-    connect(&q, gid, victim_qpn, RWR);
+    connect(q, gid, victim_qpn, RWR);
     writeln!(child.0.stdin.as_mut().unwrap(), "{}", q.qpn()).unwrap();
     let ready = loop {
         line.clear();
@@ -509,6 +509,68 @@ fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
         }
     };
     assert!(ready, "the victim's QP went direct");
+    // Keep reading its output so it never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while out.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    (child, victim_pid)
+}
+
+#[test]
+fn an_idle_partner_of_a_killed_peer_has_its_receives_flushed() {
+    let (d, _dir) = common::daemon("didle", None);
+    let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
+    let s = side(&ctx);
+    let q = qp(&s, QpType::Rc);
+    let gid = ctx.query_gid(1, 0).unwrap();
+    let (mut child, victim_pid) = victim(&d.socket, &q, gid);
+    let mut buf = vec![0u8; 4096];
+    let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
+    for i in 0..3 {
+        q.post_recv(i, &[mr.sge(0, 4096).unwrap()]).unwrap();
+    }
+    assert!(s.cq.poll(16).unwrap().is_empty());
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
+    // Nothing was in flight: what tells this side is the daemon, which marks the channel
+    // when it closes the dead process's context.
+    let info = Introspect::connect_at(&d.socket).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while info.resources().unwrap()["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["pid"].as_u64() == Some(u64::from(victim_pid)))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon kept the victim's context"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let got = wait(&s.cq, 3);
+    assert_eq!(
+        got.iter().map(|w| (w.0, w.1)).collect::<Vec<_>>(),
+        vec![
+            (0, WcStatus::WrFlushErr),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(q.query().unwrap().attr.qp_state, QpState::Err);
+}
+
+#[test]
+fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
+    let (d, _dir) = common::daemon("dkill", None);
+    let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
+    let s = side(&ctx);
+    let q = qp(&s, QpType::Rc);
+    let gid = ctx.query_gid(1, 0).unwrap();
+    let (mut child, victim_pid) = victim(&d.socket, &q, gid);
     let mut buf = vec![7u8; 1 << 16];
     let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
     // Stream SENDs; kill the victim while they flow, and keep posting until the partner
