@@ -289,12 +289,13 @@ impl DirectCtx {
                         // Receives go to the channel from now on, whatever is decided: the
                         // peer takes them if the pair goes direct, the daemon's ring gets
                         // them back if not.
+                        // The ring holds max_recv_wr entries (rounded up) and no more than
+                        // that many receives are outstanding (`ENOMEM` at post), so these fit.
                         for r in q.held.drain(..) {
                             let _ = push_entry(&mut c.rq_out, r.as_bytes());
                         }
                         q.path = Path::Undecided(Box::new(c));
-                        let cqs = &mut inner.cqs;
-                        decide(ctx, handle, q, cqs).then(|| take_fallback(inner, handle))
+                        decide(q).then(|| take_fallback(inner, handle))
                     }
                 }
             }
@@ -464,12 +465,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
 }
 
 /// An undecided QP looks at the daemon's decision; `true`: it left the direct path.
-fn decide(
-    ctx: &Context,
-    handle: u32,
-    q: &mut DQp,
-    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
-) -> bool {
+fn decide(q: &mut DQp) -> bool {
     let Path::Undecided(c) = &q.path else {
         return false;
     };
@@ -479,7 +475,6 @@ fn decide(
                 unreachable!("matched above")
             };
             q.path = Path::Direct(c);
-            let _ = (ctx, handle, cqs);
             false
         }
         PATH_DAEMON => {
@@ -513,7 +508,7 @@ fn progress(
     q: &mut DQp,
     cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
 ) -> bool {
-    if decide(ctx, handle, q, cqs) {
+    if decide(q) {
         return true;
     }
     if q.error {
