@@ -46,6 +46,8 @@ struct Pair {
 pub struct Direct {
     ctxs: HashMap<CtxId, Opened>,
     pairs: HashMap<(u32, u32), Pair>,
+    /// QPs whose library asked and was told to stay on the daemon path (until destroyed).
+    declined: std::collections::HashSet<u32>,
 }
 
 fn entry_size<T>() -> u32 {
@@ -209,16 +211,18 @@ impl Direct {
         let Some((pctx, ph, qpn, pqpn, own_attr, peer_attr)) = found else {
             // Whatever pair this QP was half of loses it.
             self.decide_others(own_qpn, None);
+            self.declined.insert(own_qpn);
             return Ok((daemon, Vec::new()));
         };
+        self.declined.remove(&qpn);
         self.decide_others(qpn, Some(pqpn));
         let key = (qpn.min(pqpn), qpn.max(pqpn));
         let side = usize::from(qpn > pqpn);
         if !self.pairs.contains_key(&key) {
-            // A peer library asks at its RTR: a peer past RTR without a pair decided for the
-            // daemon (or cannot ask), so this side must not go direct towards it.
-            let peer_state = core.query_qp(pctx, ph).map(|q| q.attr.qp_state);
-            if matches!(peer_state, Ok(QpState::Rtr | QpState::Rts)) {
+            // A peer library asks right after its RTR (a command of its own, so this one may
+            // come in between): only a peer that asked and was refused stays away.
+            if self.declined.contains(&pqpn) {
+                self.declined.insert(qpn);
                 return Ok((daemon, Vec::new()));
             }
             let pair = self.make_pair(core, [ctx, pctx], [qp, ph], side)?;
@@ -378,6 +382,7 @@ impl Direct {
 
     /// QP `qpn` was destroyed: its half of a pair is gone.
     pub fn qp_gone(&mut self, qpn: u32) {
+        self.declined.remove(&qpn);
         let keys: Vec<(u32, u32)> = self
             .pairs
             .keys()
@@ -396,8 +401,11 @@ impl Direct {
 
     /// `ctx` closed (its process may have died): every pair it held a side of says so to the
     /// survivor, whose library then fails its QP (docs/direct-path.md, "Peer death").
-    pub fn context_closed(&mut self, ctx: CtxId) {
+    pub fn context_closed(&mut self, ctx: CtxId, qpns: &[u32]) {
         self.ctxs.remove(&ctx);
+        for q in qpns {
+            self.declined.remove(q);
+        }
         let keys: Vec<(u32, u32)> = self
             .pairs
             .iter()

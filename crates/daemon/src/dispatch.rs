@@ -395,7 +395,8 @@ impl Dispatcher {
 
     /// Tears a context down (its connection closed) in the core and the data path.
     pub fn close_context(&mut self, ctx: CtxId) -> Result<(), Error> {
-        self.direct.context_closed(ctx);
+        let qpns = self.core.context_qpns(ctx);
+        self.direct.context_closed(ctx, &qpns);
         let r = self.core.close_context(ctx);
         self.apply_changes();
         r
