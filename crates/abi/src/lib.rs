@@ -24,6 +24,7 @@
 pub mod cm;
 pub mod codec;
 pub mod convert;
+pub mod direct;
 pub mod msg;
 
 pub use codec::{
@@ -49,7 +50,9 @@ pub use codec::{
 /// `QueryDeviceResp`).
 /// 11: on-demand paging: `QueryOdpCaps` and `AdviseMr`.
 /// 12: the connection manager's commands (ids 100–129, [`cm`], docs/cm.md §4).
-pub const ABI_VERSION: u32 = 12;
+/// 13: the same-host direct path (`DirectOpen`, `DirectAttach`, `DirectPeerError`, [`direct`],
+/// docs/direct-path.md).
+pub const ABI_VERSION: u32 = 13;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -252,6 +252,17 @@ commands! {
     CmSidrReply = 110 since 12 : CmSidrReplyReq => (),
     /// What the context holds in the CM.
     CmCounts = 111 since 12 : () => CmCountsResp,
+    /// ABI 13: this context may take the same-host direct path (docs/direct-path.md); its
+    /// `/proc/self/mem` comes with the request. The answer's descriptor is the context's MR
+    /// table, which the daemon keeps ([`direct`](crate::direct)).
+    DirectOpen = 140 since 13 : () => (),
+    /// ABI 13: after a modify to RTR, whether the RC/UC QP exchanges work with its peer
+    /// directly. With a channel: the channel memfd, the peer's memory and its MR table.
+    DirectAttach = 141 since 13 : DirectAttachReq => DirectAttachResp,
+    /// ABI 13: a request on a direct QP broke a rule at the peer (its R_Key, range, access, a
+    /// receive too short): the daemon moves the peer QP to ERR and raises `event` on it, as
+    /// the responder's engine would (the requester has moved its own QP to ERR).
+    DirectPeerError = 142 since 13 : DirectPeerErrorReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -294,6 +305,42 @@ macro_rules! wire {
 }
 
 wire! {
+    /// [`cmd::DirectAttach`].
+    pub struct DirectAttachReq {
+        pub qp: U32,
+        /// 1 if this library can run the QP directly (its CQs have no completion channel).
+        pub able: U32,
+    }
+
+    /// [`cmd::DirectAttach`]: `path` is one of [`direct::PATH_UNDECIDED`](crate::direct),
+    /// `PATH_DIRECT` (both asked; descriptors come) or `PATH_DAEMON` (no descriptors).
+    pub struct DirectAttachResp {
+        pub path: U32,
+        /// Which half of the channel is this QP's (0 or 1).
+        pub side: U32,
+        pub region_len: U64,
+        /// The peer QP's number, its PD handle (in the peer's context) and type.
+        pub peer_qpn: U32,
+        pub peer_pd: U32,
+        /// This QP's PD handle, as the daemon knows it.
+        pub own_pd: U32,
+        pub reserved: U32,
+        /// Receive ring and receive-completion ring of each side: offsets and capacities.
+        pub rq_offset: [U32; 2],
+        pub cqe_offset: [U32; 2],
+        pub capacity: [U32; 2],
+        pub rq_entry: U32,
+        pub cqe_entry: U32,
+    }
+
+    /// [`cmd::DirectPeerError`].
+    pub struct DirectPeerErrorReq {
+        pub qp: U32,
+        /// `enum ibv_event_type` to raise on the peer QP, or
+        /// [`direct::NO_EVENT`](crate::direct::NO_EVENT).
+        pub event: U32,
+    }
+
     /// First message of a connection.
     pub struct HelloReq {
         /// ABI version the client speaks.

@@ -105,6 +105,8 @@ pub struct Context {
     /// Buffers of work requests posted through the owning API, handed back with their
     /// completions (`crate::wr`).
     pub(crate) in_flight: crate::wr::InFlight,
+    /// The same-host direct path, when asked for and offered (`crate::direct`).
+    pub(crate) direct: Option<crate::direct::DirectCtx>,
 }
 
 /// One QP's count of outstanding receive requests.
@@ -146,6 +148,13 @@ impl Context {
 
     /// Opens device `index` on the daemon at `path`.
     pub fn open_at(path: &Path, index: u32) -> Result<Context> {
+        Context::open_at_direct(path, index, crate::direct::wanted())
+    }
+
+    /// [`Context::open_at`], asking for the same-host direct path (docs/direct-path.md) or
+    /// not, whatever `SOFTVERBS_DIRECT` says (for tests comparing the two paths).
+    #[doc(hidden)]
+    pub fn open_at_direct(path: &Path, index: u32, direct: bool) -> Result<Context> {
         if index == NO_DEVICE {
             return Err(Error::new("open_device", errno::EINVAL));
         }
@@ -170,9 +179,13 @@ impl Context {
             ready: None,
             rq_outstanding: Mutex::new(std::collections::HashMap::new()),
             in_flight: crate::wr::InFlight::default(),
+            direct: None,
         };
         ctx.doorbell = crate::rings::map_doorbell(&ctx);
         ctx.ready = crate::rings::map_ready(&ctx);
+        if direct {
+            ctx.direct = crate::direct::DirectCtx::open(&ctx);
+        }
         Ok(ctx)
     }
 

@@ -136,6 +136,16 @@ impl Qp<'_> {
             // A ring has no return path: check here what the daemon would refuse at post
             // time, so the caller gets the errno rdma-core gives (ibv_post_send(3)).
             check_send(self, wr).map_err(|e| Error::new(OP, e))?;
+            if let Some(d) = self.ctx.direct.as_ref().filter(|d| d.owns(self.handle())) {
+                if self.ctx.fatal.is_dead() {
+                    return Err(Error::device_fatal(OP));
+                }
+                let p = crate::direct::Pending::new(req.wr, wr);
+                if let Some(f) = d.post_send(self.ctx, self.handle(), p, self.cap().max_send_wr)? {
+                    post_fallback(self.ctx, self.handle(), f);
+                }
+                return Ok(());
+            }
             let mut r = rings.lock().unwrap_or_else(|e| e.into_inner());
             // Checked under the queue's lock, which a flush takes too: a request is either
             // refused here or posted before the flush that completes it.
@@ -182,6 +192,13 @@ impl Qp<'_> {
                 if count.is_some_and(|c| c.load(Ordering::Acquire) >= self.cap().max_recv_wr) {
                     // ibv_post_recv(3): the receive queue is full.
                     return Err(Error::new("post_recv", errno::ENOMEM));
+                }
+                if let Some(d) = self.ctx.direct.as_ref().filter(|d| d.owns(self.handle())) {
+                    d.post_recv(self.handle(), req)?;
+                    if let Some(c) = count {
+                        c.fetch_add(1, Ordering::AcqRel);
+                    }
+                    return Ok(());
                 }
                 crate::rings::push(
                     self.ctx,
@@ -260,10 +277,21 @@ impl Cq<'_> {
             }
             f(wc);
         };
+        let mut n = 0;
+        if let Some(d) = &self.ctx.direct {
+            let (got, left) = d.poll(self.ctx, self.handle, max, &mut each);
+            for (qp, f) in left {
+                post_fallback(self.ctx, qp, f);
+            }
+            n = got;
+            if n == max {
+                return Ok(n);
+            }
+        }
         let Some(ring) = &self.ring else {
-            return self.poll_command(max, &mut each);
+            return Ok(n + self.poll_command(max - n, &mut each)?);
         };
-        let mut n = drain(ring, max, &mut each)?;
+        n += drain(ring, max - n, &mut each)?;
         if n == max {
             return Ok(n);
         }
@@ -321,6 +349,35 @@ impl Cq<'_> {
             got.extend(more);
         }
         Ok(got)
+    }
+}
+
+/// Posts through the daemon's rings what a QP that left the direct path had held (its
+/// receives, then its send requests, in posting order).
+pub(crate) fn post_fallback(ctx: &crate::Context, handle: u32, f: crate::direct::Fallback) {
+    let qps = ctx.ring_qps.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(q) = qps.get(&handle) else {
+        return;
+    };
+    let mut r = q.rings.lock().unwrap_or_else(|e| e.into_inner());
+    let r = &mut *r;
+    for req in &f.recvs {
+        if let Some(rq) = &mut r.rq {
+            let _ = crate::rings::push(ctx, rq, r.announce.as_ref(), "post_recv", req.as_bytes());
+        }
+    }
+    for p in &f.sends {
+        if crate::rings::push(
+            ctx,
+            &mut r.sq,
+            r.announce.as_ref(),
+            "post_send",
+            p.wire.as_bytes(),
+        )
+        .is_ok()
+        {
+            r.sq_posted = r.sq_posted.wrapping_add(1);
+        }
     }
 }
 

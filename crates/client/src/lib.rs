@@ -86,6 +86,7 @@ mod conn;
 mod context;
 mod convert;
 mod datapath;
+mod direct;
 mod error;
 mod event;
 mod fatal;

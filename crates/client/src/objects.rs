@@ -161,6 +161,22 @@ impl Context {
                     },
                 );
         }
+        if let (Some(d), Some(rings)) = (&self.direct, &rings) {
+            if rings.lock().unwrap_or_else(|e| e.into_inner()).rq.is_some() {
+                let able = [init.send_cq, init.recv_cq]
+                    .iter()
+                    .all(|c| c.is_none_or(|c| c.channel.is_none()));
+                d.add_qp(crate::direct::NewQp {
+                    handle: r.handle.get(),
+                    qpn: r.qpn.get(),
+                    qp_type: init.qp_type,
+                    send_cq: create.send_cq,
+                    recv_cq: create.recv_cq,
+                    sq_sig_all: init.sq_sig_all,
+                    able,
+                });
+            }
+        }
         Ok(Qp {
             ctx: self,
             handle: r.handle.get(),
@@ -834,8 +850,22 @@ impl Qp<'_> {
         if mask.contains(AttrMask::STATE) {
             self.state
                 .store(attr.qp_state as u32, std::sync::atomic::Ordering::Relaxed);
+            if let Some(d) = &self.ctx.direct {
+                if let Some(f) = d.modified(self.ctx, self.handle, attr.qp_state) {
+                    crate::datapath::post_fallback(self.ctx, self.handle, f);
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Whether the QP exchanges work with its peer over the same-host direct path
+    /// (docs/direct-path.md) rather than through the daemon's engine.
+    pub fn is_direct(&self) -> bool {
+        self.ctx
+            .direct
+            .as_ref()
+            .is_some_and(|d| d.is_direct(self.handle))
     }
 
     /// The state this process last moved the QP to (the daemon may since have moved it to
@@ -858,6 +888,9 @@ impl Qp<'_> {
     }
 
     fn forget_rq_count(&self) {
+        if let Some(d) = &self.ctx.direct {
+            d.remove(self.handle);
+        }
         if self.rings.is_some() {
             self.ctx
                 .ring_qps

@@ -230,6 +230,21 @@ impl Core {
         }
     }
 
+    /// A context's MRs as `(key, pd, access, iova, length, addr)`, for the MR table the
+    /// same-host direct path checks peers' keys against (docs/direct-path.md).
+    pub fn context_mrs(&self, ctx: CtxId) -> Vec<(u32, Handle, Access, u64, u64, u64)> {
+        let Some(c) = self.contexts.get(&ctx) else {
+            return Vec::new();
+        };
+        let mut v: Vec<_> = c
+            .mrs
+            .values()
+            .map(|m| (m.key, m.pd, m.access, m.iova, m.length, m.addr))
+            .collect();
+        v.sort_by_key(|e| e.0);
+        v
+    }
+
     /// The PD of an owned QP.
     pub fn qp_pd(&self, ctx: CtxId, qp: Handle) -> Option<PdRef> {
         match self.contexts.get(&ctx)?.qps.get(&qp)? {

@@ -464,6 +464,14 @@ impl DataPath {
         Ok((h, client))
     }
 
+    /// Whether CQ `cq` of `ctx` reports to a completion channel (the same-host direct path
+    /// does not signal channels, crates/daemon/src/direct.rs).
+    pub fn cq_has_channel(&self, ctx: CtxId, cq: softverbs_core::ids::Handle) -> bool {
+        self.cqs
+            .get(&cq_id(ctx, cq))
+            .is_some_and(|c| c.channel().is_some())
+    }
+
     /// True if `ctx` has channel `h`.
     pub fn has_channel(&self, ctx: CtxId, h: u32) -> bool {
         self.channels.contains_key(&(ctx, h))

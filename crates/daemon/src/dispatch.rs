@@ -106,6 +106,8 @@ pub struct Dispatcher {
     pub abi: u32,
     started: Instant,
     daemon_uid: u32,
+    /// The same-host direct path's control side (docs/direct-path.md).
+    pub direct: crate::direct::Direct,
 }
 
 type Reply = Result<(Vec<u8>, Vec<OwnedFd>), i32>;
@@ -172,6 +174,7 @@ impl Dispatcher {
             abi,
             started: Instant::now(),
             daemon_uid: rustix::process::geteuid().as_raw(),
+            direct: Default::default(),
         };
         d.apply_changes();
         Ok(d)
@@ -223,7 +226,11 @@ impl Dispatcher {
         let abi = self.abi;
         // Only Hello (the client's memory), OpenXrcd and RegMr (a memfd of the range) take a
         // descriptor, and only one.
-        if !matches!(req.cmd, Cmd::Hello | Cmd::OpenXrcd | Cmd::RegMr) && !fds.is_empty() {
+        if !matches!(
+            req.cmd,
+            Cmd::Hello | Cmd::OpenXrcd | Cmd::RegMr | Cmd::DirectOpen
+        ) && !fds.is_empty()
+        {
             return Err(EINVAL);
         }
         if abi < req.cmd.since_abi() {
@@ -266,7 +273,9 @@ impl Dispatcher {
             Cmd::RegMr => {
                 let c = ctx()?;
                 opener_only(s)?;
-                self.reg_mr(c, read!(RegMr), mr_fd)
+                let r = self.reg_mr(c, read!(RegMr), mr_fd);
+                self.direct.mrs_changed(&self.core, c);
+                r
             }
             Cmd::ReregMr => {
                 let c = ctx()?;
@@ -274,9 +283,16 @@ impl Dispatcher {
                 if r.flags.get() & REREG_MR_CHANGE_TRANSLATION != 0 {
                     opener_only(s)?;
                 }
-                self.rereg_mr(c, r)
+                let r = self.rereg_mr(c, r);
+                self.direct.mrs_changed(&self.core, c);
+                r
             }
-            Cmd::DeregMr => self.dereg_mr(ctx()?, read!(DeregMr)),
+            Cmd::DeregMr => {
+                let c = ctx()?;
+                let r = self.dereg_mr(c, read!(DeregMr));
+                self.direct.mrs_changed(&self.core, c);
+                r
+            }
             Cmd::QueryOdpCaps => {
                 ctx()?;
                 ok::<cmd::QueryOdpCaps>(crate::odp::caps())
@@ -304,7 +320,13 @@ impl Dispatcher {
             Cmd::CreateQp => self.create_qp(ctx()?, read!(CreateQp)),
             Cmd::ModifyQp => self.modify_qp(ctx()?, read!(ModifyQp)),
             Cmd::QueryQp => self.query_qp(ctx()?, read!(QueryQp)),
-            Cmd::DestroyQp => self.destroy_qp(ctx()?, read!(DestroyQp)),
+            Cmd::DestroyQp => {
+                let (c, r) = (ctx()?, read!(DestroyQp));
+                if let Ok(qpn) = self.core.qp_num(c, handle_of(r.handle)) {
+                    self.direct.qp_gone(qpn);
+                }
+                self.destroy_qp(c, r)
+            }
             Cmd::OpenQp => self.open_qp(ctx()?, read!(OpenQp)),
             Cmd::CreateXrcRcvQp => self.create_xrc_rcv_qp(ctx()?, read!(CreateXrcRcvQp)),
             Cmd::ModifyXrcRcvQp => self.modify_xrc_rcv_qp(ctx()?, read!(ModifyXrcRcvQp)),
@@ -344,11 +366,37 @@ impl Dispatcher {
             | Cmd::CmSidrRequest
             | Cmd::CmSidrReply
             | Cmd::CmCounts => self.driven(ctx()?, woken, |d, c| d.cm_command(c, req)),
+            Cmd::DirectOpen => {
+                let c = ctx()?;
+                opener_only(s)?;
+                let mem = fds.pop().ok_or(EINVAL)?;
+                let pid = s.opener_pid.unwrap_or(s.cred.pid);
+                let table = self.direct.open(&self.core, c, s.cred.uid, pid, mem)?;
+                with_fds::<cmd::DirectOpen>((), vec![table])
+            }
+            Cmd::DirectAttach => {
+                let c = ctx()?;
+                let r = read!(DirectAttach);
+                let (resp, fds) = self.direct.attach(&self.core, &self.dp, c, &r)?;
+                with_fds::<cmd::DirectAttach>(resp, fds)
+            }
+            Cmd::DirectPeerError => {
+                let (c, r) = (ctx()?, read!(DirectPeerError));
+                woken.extend(self.direct.peer_error(
+                    &mut self.core,
+                    c,
+                    handle_of(r.qp),
+                    r.event.get(),
+                )?);
+                ok::<cmd::DirectPeerError>(())
+            }
         }
     }
 
     /// Tears a context down (its connection closed) in the core and the data path.
     pub fn close_context(&mut self, ctx: CtxId) -> Result<(), Error> {
+        let qpns = self.core.context_qpns(ctx);
+        self.direct.context_closed(ctx, &qpns);
         let r = self.core.close_context(ctx);
         self.apply_changes();
         r

@@ -12,6 +12,7 @@ pub mod cm;
 pub mod config;
 mod conn;
 pub mod datapath;
+pub mod direct;
 pub mod dispatch;
 pub mod link_mtu;
 pub mod netdev;

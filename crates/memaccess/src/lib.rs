@@ -28,6 +28,8 @@ mod batch;
 mod client;
 #[allow(unsafe_code)]
 mod map;
+#[allow(unsafe_code)]
+mod peer;
 mod process_mem;
 mod process_vm;
 #[allow(unsafe_code)]
@@ -38,6 +40,7 @@ mod write_guard;
 
 pub use batch::{BatchStats, MAX_HELD, MAX_STREAMS, MIN_STREAM, WINDOW};
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
+pub use peer::{PeerFault, PeerMemory};
 pub use process_mem::{
     open_own_maps, open_own_memory, MemFdError, ProcessMem, ProcessMemory, RangeError,
 };

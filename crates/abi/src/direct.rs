@@ -1,0 +1,142 @@
+//! The same-host direct path's shared layout (docs/direct-path.md): the channel memfd the
+//! daemon makes for a connected pair of RC or UC QPs, and the per-context MR table.
+//!
+//! A channel is a header page of state words, each in its own 128-byte block, then four
+//! single-producer/single-consumer rings (`softverbs_shm` rings): each side's receive ring
+//! (produced by its owner's `post_recv`, consumed by the peer's library when it delivers a
+//! SEND or a WRITE with immediate) and each side's receive-completion ring (produced by the
+//! peer's library, consumed by the owner's `poll_cq`).
+
+/// Not decided yet (a daemon of this ABI decides at the first ask; kept for the library's
+/// sake, which waits on the word while it reads this).
+pub const PATH_UNDECIDED: u32 = 0;
+/// The pair goes direct.
+pub const PATH_DIRECT: u32 = 1;
+/// The pair stays on the daemon's engine.
+pub const PATH_DAEMON: u32 = 2;
+
+/// Header word (`u32`): the path of the pair, one of the `PATH_*` values; written by the
+/// daemon only.
+pub const CH_PATH: usize = 0;
+/// Header word (`u32`) per side: [`SIDE_OPEN`], [`SIDE_ERROR`] or [`SIDE_GONE`].
+pub const CH_STATE: [usize; 2] = [128, 256];
+/// Header word (`u32`) per side: 1 while that side's library is taking entries from the
+/// peer's receive ring (the peer, flushing its receive queue, waits for 0).
+pub const CH_BUSY: [usize; 2] = [384, 512];
+/// Header word (`u32`) per side: that side's QP access flags (`ibv_access_flags`) as the
+/// daemon knew them when the pair was decided; the requester checks the responder's.
+pub const CH_ACCESS: [usize; 2] = [640, 768];
+/// [`DirectPeerErrorReq::event`](crate::msg::DirectPeerErrorReq) when the peer fails with
+/// no async event.
+pub const NO_EVENT: u32 = u32::MAX;
+/// Bytes before the first ring.
+pub const CH_HEADER: usize = 4096;
+
+/// The side's QP takes and delivers work.
+pub const SIDE_OPEN: u32 = 0;
+/// The side's QP is in the error state (moved by its owner, or after a request broke a
+/// rule): the peer delivers nothing more to it.
+pub const SIDE_ERROR: u32 = 1;
+/// The side's QP or context is gone (destroyed, or the process died: written by the daemon).
+pub const SIDE_GONE: u32 = 2;
+/// The side's library has not attached yet (its QP is not at RTR): the peer's requests wait,
+/// as they would retry against a responder that is not ready.
+pub const SIDE_PENDING: u32 = 3;
+
+/// MR table: seqlock word (`u64`, odd while the daemon rewrites the table).
+pub const MRT_SEQ: usize = 0;
+/// MR table: number of valid entries (`u32`).
+pub const MRT_COUNT: usize = 8;
+/// MR table: first entry.
+pub const MRT_ENTRIES: usize = 64;
+/// MR table: bytes per entry: key `u32`, PD handle `u32`, access `u32`, 0 `u32`, iova `u64`,
+/// length `u64`, address `u64`, 0 `u64` (little-endian).
+pub const MRT_ENTRY: usize = 48;
+/// MR table: entries at most; MRs beyond are not reachable on the direct path (their keys
+/// fail as unknown keys would), so a context with more stays on the daemon path
+/// ([`crate::msg::cmd::DirectAttach`] answers `PATH_DAEMON`).
+pub const MRT_CAPACITY: usize = 4096;
+/// MR table: bytes of the memfd.
+pub const MRT_LEN: usize = MRT_ENTRIES + MRT_CAPACITY * MRT_ENTRY;
+
+/// One MR as the table holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MrEntry {
+    /// L_Key and R_Key (softverbs uses one key for both).
+    pub key: u32,
+    /// PD handle in the owner's context.
+    pub pd: u32,
+    /// `ibv_access_flags`.
+    pub access: u32,
+    /// First byte as peers and work requests address it.
+    pub iova: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Where the bytes are in the owner's address space.
+    pub addr: u64,
+}
+
+impl MrEntry {
+    /// The entry's bytes.
+    pub fn encode(&self) -> [u8; MRT_ENTRY] {
+        let mut b = [0u8; MRT_ENTRY];
+        b[0..4].copy_from_slice(&self.key.to_le_bytes());
+        b[4..8].copy_from_slice(&self.pd.to_le_bytes());
+        b[8..12].copy_from_slice(&self.access.to_le_bytes());
+        b[16..24].copy_from_slice(&self.iova.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.addr.to_le_bytes());
+        b
+    }
+
+    /// Reads an entry back.
+    pub fn decode(b: &[u8; MRT_ENTRY]) -> MrEntry {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        MrEntry {
+            key: u32_at(0),
+            pd: u32_at(4),
+            access: u32_at(8),
+            iova: u64_at(16),
+            len: u64_at(24),
+            addr: u64_at(32),
+        }
+    }
+
+    /// Where `[iova, iova + len)` lies in the owner's address space, if the MR covers it
+    /// (IBA 10.6.3: bounds are checked against the region as registered).
+    pub fn translate(&self, iova: u64, len: u64) -> Option<u64> {
+        let off = iova.checked_sub(self.iova)?;
+        if off.checked_add(len)? > self.len {
+            return None;
+        }
+        self.addr.checked_add(off)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_bounds_are_checked() {
+        let e = MrEntry {
+            key: 7,
+            pd: 3,
+            access: 0xf,
+            iova: 0x1000,
+            len: 64,
+            addr: 0x7f00_0000,
+        };
+        assert_eq!(MrEntry::decode(&e.encode()), e);
+        assert_eq!(e.translate(0x1000, 64), Some(0x7f00_0000));
+        assert_eq!(e.translate(0x1010, 16), Some(0x7f00_0010));
+        assert_eq!(e.translate(0x1010, 64), None, "past the end");
+        assert_eq!(e.translate(0xfff, 1), None, "before the start");
+        assert_eq!(e.translate(u64::MAX, 2), None, "overflow");
+    }
+}

@@ -1,0 +1,973 @@
+//! The same-host direct path (docs/direct-path.md), opt-in with `SOFTVERBS_DIRECT=1`: an RC
+//! or UC QP whose peer is a QP of another direct-capable context of the same daemon and uid
+//! exchanges work with it through a channel memfd, the daemon on the control path only.
+//!
+//! The sender's library executes every request itself, in posting order, on the peer's
+//! behalf: it checks the peer's keys, ranges, access and PD against the peer's MR table (as
+//! the responder's engine would, `crates/transport/src/responder.rs`), copies once through
+//! the peer's `/proc/<pid>/mem`, takes the peer's posted receives from the channel, and
+//! writes the peer's receive completions into the channel; its own completions go to a
+//! queue of its own CQ that `poll_cq` merges. A SEND that finds no receive posted waits in
+//! the sender's queue (RC; a UC one is dropped) and is retried at the sender's next post or
+//! poll.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use softverbs_abi::direct::*;
+use softverbs_abi::msg::{cmd, DirectAttachReq, DirectAttachResp, PostRecvReq, WcWire};
+use softverbs_core::attr::QpAttr;
+use softverbs_core::types::{Access, AttrMask, EventType, QpState, QpType};
+use softverbs_core::wr::{SendOp, Sge, WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM};
+use softverbs_memaccess::{PeerFault, PeerMemory};
+use softverbs_shm::{Consumer, Producer, Region, RingLayout};
+use zerocopy::little_endian::U32;
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::error::{errno, Error, Result};
+use crate::Context;
+
+/// Whether this process asks for the direct path (`SOFTVERBS_DIRECT=1`).
+pub(crate) fn wanted() -> bool {
+    std::env::var_os("SOFTVERBS_DIRECT").is_some_and(|v| v == "1")
+}
+
+/// A context's direct-path state.
+#[derive(Debug)]
+pub(crate) struct DirectCtx {
+    own_table: Region,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    qps: BTreeMap<u32, DQp>,
+    /// Completions of direct QPs per CQ handle, in the order produced.
+    cqs: HashMap<u32, VecDeque<WorkCompletion>>,
+}
+
+/// A QP the direct path may take, as created.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewQp {
+    pub(crate) handle: u32,
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) send_cq: Option<u32>,
+    pub(crate) recv_cq: Option<u32>,
+    pub(crate) sq_sig_all: bool,
+    /// Its CQs have no completion channel.
+    pub(crate) able: bool,
+}
+
+/// A send request waiting (posted while undecided, or a SEND with no receive at the peer).
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    pub(crate) wire: softverbs_abi::msg::SendWrWire,
+    wr_id: u64,
+    op: SendOp,
+    sges: Vec<Sge>,
+    inline: Option<Vec<u8>>,
+    signaled: bool,
+}
+
+impl Pending {
+    /// The request as posted, with its wire form for the daemon's ring should the QP leave
+    /// the direct path.
+    pub(crate) fn new(
+        wire: softverbs_abi::msg::SendWrWire,
+        wr: &crate::datapath::SendRequest<'_>,
+    ) -> Pending {
+        Pending {
+            wire,
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sges: wr.sges.to_vec(),
+            inline: wr.inline.map(<[u8]>::to_vec),
+            signaled: wr.signaled,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Chan {
+    region: Arc<Region>,
+    side: usize,
+    peer_qpn: u32,
+    peer_pd: u32,
+    own_pd: u32,
+    peer: PeerMemory,
+    peer_table: Region,
+    rq_out: Producer,
+    rq_in: Consumer,
+    cqe_out: Producer,
+    cqe_in: Consumer,
+    /// Receive completions taken from `cqe_in`: the receives `[rq_completed, produced)` of
+    /// `rq_out` are still outstanding.
+    rq_completed: u32,
+}
+
+#[derive(Debug)]
+enum Path {
+    /// Before RTR: receives are held here.
+    Held,
+    /// RTR, the peer has not asked yet.
+    Undecided(Box<Chan>),
+    Direct(Box<Chan>),
+}
+
+#[derive(Debug)]
+struct DQp {
+    qpn: u32,
+    qp_type: QpType,
+    send_cq: Option<u32>,
+    recv_cq: Option<u32>,
+    sq_sig_all: bool,
+    /// Its CQs have no completion channel (the direct path does not signal them).
+    able: bool,
+    path: Path,
+    held: Vec<PostRecvReq>,
+    pending: VecDeque<Pending>,
+    error: bool,
+}
+
+/// What a QP that left the direct path must post through the daemon's rings.
+#[derive(Debug, Default)]
+pub(crate) struct Fallback {
+    pub(crate) recvs: Vec<PostRecvReq>,
+    pub(crate) sends: Vec<Pending>,
+}
+
+/// How one request ended.
+enum Exec {
+    Done(WcStatus, u32),
+    /// RC SEND (or WRITE with immediate) with no receive posted: try again later.
+    Rnr,
+    /// The request broke a rule at the peer: `status` here, `event` raised on the peer.
+    PeerFault(WcStatus, Option<EventType>),
+}
+
+fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
+    for _ in 0..1000 {
+        let seq = &table.atomic_u64s(MRT_SEQ, 1)[0];
+        let s = seq.load(Ordering::Acquire);
+        if s % 2 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let n = (table.atomic_u32(MRT_COUNT).load(Ordering::Relaxed) as usize).min(MRT_CAPACITY);
+        let mut found = None;
+        let mut b = [0u8; MRT_ENTRY];
+        for i in 0..n {
+            table.read(MRT_ENTRIES + i * MRT_ENTRY, &mut b);
+            let e = MrEntry::decode(&b);
+            if e.key == key {
+                found = Some(e);
+                break;
+            }
+        }
+        fence(Ordering::Acquire);
+        if seq.load(Ordering::Relaxed) == s {
+            return found;
+        }
+    }
+    None
+}
+
+/// Checks `(key, iova, len)` for a QP in `pd` needing `need` (crates/core/src/datapath.rs
+/// `check_mem`'s rules); the address in the owner's space.
+fn check(table: &Region, pd: u32, key: u32, iova: u64, len: u64, need: Access) -> Option<u64> {
+    let e = lookup(table, key)?;
+    if e.pd != pd || !Access(e.access).contains(need) {
+        return None;
+    }
+    e.translate(iova, len)
+}
+
+impl DirectCtx {
+    /// Opens the direct path for `ctx` (`DirectOpen`); `None` if the daemon does not offer it.
+    pub(crate) fn open(ctx: &Context) -> Option<DirectCtx> {
+        if ctx.conn.abi < 13 || ctx.doorbell.is_none() {
+            return None;
+        }
+        let mem = softverbs_memaccess::open_own_memory().ok()?;
+        let fds = [std::os::fd::AsFd::as_fd(&mem)];
+        let (_, mut got): ((), _) = ctx
+            .conn
+            .call_fds::<cmd::DirectOpen>("direct_open", 0, &(), &fds)
+            .ok()?;
+        let table = Region::map(got.pop()?, MRT_LEN).ok()?;
+        Some(DirectCtx {
+            own_table: table,
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new RC/UC QP with its own receive queue may go direct once connected.
+    pub(crate) fn add_qp(&self, n: NewQp) {
+        if !matches!(n.qp_type, QpType::Rc | QpType::Uc) {
+            return;
+        }
+        self.lock().qps.insert(
+            n.handle,
+            DQp {
+                qpn: n.qpn,
+                qp_type: n.qp_type,
+                send_cq: n.send_cq,
+                recv_cq: n.recv_cq,
+                sq_sig_all: n.sq_sig_all,
+                able: n.able,
+                path: Path::Held,
+                held: Vec::new(),
+                pending: VecDeque::new(),
+                error: false,
+            },
+        );
+    }
+
+    /// Whether the QP exchanges work with its peer directly now.
+    pub(crate) fn is_direct(&self, handle: u32) -> bool {
+        self.lock().qps.get(&handle).is_some_and(|q| match &q.path {
+            Path::Direct(_) => true,
+            // Decided, to be taken up at the next post or poll.
+            Path::Undecided(c) => {
+                c.region.atomic_u32(CH_PATH).load(Ordering::Acquire) == PATH_DIRECT
+            }
+            Path::Held => false,
+        })
+    }
+
+    /// Whether the QP's work is the direct path's (held, undecided or direct).
+    pub(crate) fn owns(&self, handle: u32) -> bool {
+        self.lock().qps.contains_key(&handle)
+    }
+
+    /// The QP went away (destroyed): its side of the channel says so.
+    pub(crate) fn remove(&self, handle: u32) {
+        if let Some(q) = self.lock().qps.remove(&handle) {
+            if let Path::Direct(c) | Path::Undecided(c) = &q.path {
+                c.region
+                    .atomic_u32(CH_STATE[c.side])
+                    .store(SIDE_GONE, Ordering::Release);
+            }
+        }
+    }
+
+    /// After a successful modify of the QP to `state`. At RTR: asks the daemon for the path;
+    /// what must go through the daemon instead comes back.
+    pub(crate) fn modified(&self, ctx: &Context, handle: u32, state: QpState) -> Option<Fallback> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let q = inner.qps.get_mut(&handle)?;
+        match state {
+            QpState::Rtr if matches!(q.path, Path::Held) => {
+                let req = DirectAttachReq {
+                    qp: U32::new(handle),
+                    able: U32::new(u32::from(q.able)),
+                };
+                let got = ctx
+                    .conn
+                    .call_fds::<cmd::DirectAttach>("direct_attach", 0, &req, &[]);
+                let chan = match got {
+                    Ok((r, fds)) if r.path.get() != PATH_DAEMON => chan_from(&r, fds),
+                    _ => None,
+                };
+                match chan {
+                    None => {
+                        let q = inner.qps.remove(&handle)?;
+                        Some(Fallback {
+                            recvs: q.held,
+                            sends: q.pending.into(),
+                        })
+                    }
+                    Some(mut c) => {
+                        // Receives go to the channel from now on, whatever is decided: the
+                        // peer takes them if the pair goes direct, the daemon's ring gets
+                        // them back if not.
+                        // The ring holds max_recv_wr entries (rounded up) and no more than
+                        // that many receives are outstanding (`ENOMEM` at post), so these fit.
+                        for r in q.held.drain(..) {
+                            let _ = push_entry(&mut c.rq_out, r.as_bytes());
+                        }
+                        q.path = Path::Undecided(Box::new(c));
+                        decide(q).then(|| take_fallback(inner, handle))
+                    }
+                }
+            }
+            QpState::Err => {
+                let cqs = &mut inner.cqs;
+                fail(ctx, handle, q, cqs, None, false);
+                None
+            }
+            QpState::Reset => {
+                if let Path::Direct(c) | Path::Undecided(c) = &q.path {
+                    c.region
+                        .atomic_u32(CH_STATE[c.side])
+                        .store(SIDE_GONE, Ordering::Release);
+                }
+                q.path = Path::Held;
+                q.held.clear();
+                q.pending.clear();
+                q.error = false;
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// `ibv_post_recv` on a QP of the direct path.
+    pub(crate) fn post_recv(&self, handle: u32, req: PostRecvReq) -> Result<()> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let Some(q) = inner.qps.get_mut(&handle) else {
+            return Err(Error::new("post_recv", errno::EINVAL));
+        };
+        if q.error {
+            let wc =
+                WorkCompletion::new(req.wr_id.get(), WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
+            if let Some(cq) = q.recv_cq {
+                inner.cqs.entry(cq).or_default().push_back(wc);
+            }
+            return Ok(());
+        }
+        match &mut q.path {
+            Path::Held => q.held.push(req),
+            Path::Undecided(c) | Path::Direct(c) => {
+                push_entry(&mut c.rq_out, req.as_bytes())
+                    .map_err(|e| Error::new("post_recv", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send` on a QP of the direct path. `Ok(Some(f))`: the QP left the direct
+    /// path, post `f` (which includes this request) through the daemon.
+    pub(crate) fn post_send(
+        &self,
+        ctx: &Context,
+        handle: u32,
+        p: Pending,
+        max_send_wr: u32,
+    ) -> Result<Option<Fallback>> {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let Some(q) = inner.qps.get_mut(&handle) else {
+            return Err(Error::new("post_send", errno::EINVAL));
+        };
+        if q.pending.len() as u32 >= max_send_wr {
+            return Err(Error::new("post_send", errno::ENOMEM));
+        }
+        if q.error {
+            let wc = WorkCompletion::new(p.wr_id, WcStatus::WrFlushErr, p.op.wc_opcode(), q.qpn);
+            if let Some(cq) = q.send_cq {
+                inner.cqs.entry(cq).or_default().push_back(wc);
+            }
+            return Ok(None);
+        }
+        q.pending.push_back(p);
+        let cqs = &mut inner.cqs;
+        if progress(ctx, &self.own_table, handle, q, cqs) {
+            return Ok(Some(take_fallback(inner, handle)));
+        }
+        Ok(None)
+    }
+
+    /// Runs every direct QP of the context and hands out up to `max` completions of CQ `cq`;
+    /// QPs that left the direct path come back with what the daemon must now carry.
+    pub(crate) fn poll(
+        &self,
+        ctx: &Context,
+        cq: u32,
+        max: usize,
+        f: &mut impl FnMut(&WorkCompletion),
+    ) -> (usize, Vec<(u32, Fallback)>) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let mut left = Vec::new();
+        let handles: Vec<u32> = inner.qps.keys().copied().collect();
+        for h in handles {
+            let Some(q) = inner.qps.get_mut(&h) else {
+                continue;
+            };
+            let cqs = &mut inner.cqs;
+            if progress(ctx, &self.own_table, h, q, cqs) {
+                left.push((h, take_fallback(inner, h)));
+            }
+        }
+        let mut n = 0;
+        if let Some(queue) = inner.cqs.get_mut(&cq) {
+            while n < max {
+                let Some(wc) = queue.pop_front() else { break };
+                f(&wc);
+                n += 1;
+            }
+        }
+        (n, left)
+    }
+}
+
+fn take_fallback(inner: &mut Inner, handle: u32) -> Fallback {
+    inner
+        .qps
+        .remove(&handle)
+        .map_or_else(Fallback::default, |q| Fallback {
+            recvs: q.held,
+            sends: q.pending.into(),
+        })
+}
+
+fn push_entry(p: &mut Producer, bytes: &[u8]) -> std::result::Result<(), i32> {
+    let size = p.layout().entry_size();
+    let mut e = vec![0u8; size];
+    let n = bytes.len().min(size);
+    e[..n].copy_from_slice(&bytes[..n]);
+    match p.push(&e) {
+        Ok(_) => Ok(()),
+        Err(softverbs_shm::PushError::Full) => Err(errno::ENOMEM),
+        Err(softverbs_shm::PushError::Corrupt(_)) => Err(errno::EIO),
+    }
+}
+
+fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option<Chan> {
+    if fds.len() != 3 {
+        return None;
+    }
+    let table_fd = fds.pop()?;
+    let mem_fd = fds.pop()?;
+    let region = Arc::new(Region::map(fds.pop()?, r.region_len.get() as usize).ok()?);
+    let side = r.side.get() as usize;
+    if side > 1 {
+        return None;
+    }
+    let peer = 1 - side;
+    let rq = |s: usize| RingLayout::new(r.capacity[s].get(), r.rq_entry.get()).ok();
+    let cq = |s: usize| RingLayout::new(r.capacity[s].get(), r.cqe_entry.get()).ok();
+    let at = |v: U32| v.get() as usize;
+    Some(Chan {
+        side,
+        peer_qpn: r.peer_qpn.get(),
+        peer_pd: r.peer_pd.get(),
+        own_pd: r.own_pd.get(),
+        peer: PeerMemory::new(mem_fd),
+        peer_table: Region::map(table_fd, MRT_LEN).ok()?,
+        rq_out: Producer::attach(region.clone(), at(r.rq_offset[side]), rq(side)?).ok()?,
+        rq_in: Consumer::attach(region.clone(), at(r.rq_offset[peer]), rq(peer)?).ok()?,
+        cqe_out: Producer::attach(region.clone(), at(r.cqe_offset[peer]), cq(peer)?).ok()?,
+        cqe_in: Consumer::attach(region.clone(), at(r.cqe_offset[side]), cq(side)?).ok()?,
+        region,
+        rq_completed: 0,
+    })
+}
+
+/// An undecided QP looks at the daemon's decision; `true`: it left the direct path.
+fn decide(q: &mut DQp) -> bool {
+    let Path::Undecided(c) = &q.path else {
+        return false;
+    };
+    match c.region.atomic_u32(CH_PATH).load(Ordering::Acquire) {
+        PATH_DIRECT => {
+            let Path::Undecided(c) = std::mem::replace(&mut q.path, Path::Held) else {
+                unreachable!("matched above")
+            };
+            q.path = Path::Direct(c);
+            false
+        }
+        PATH_DAEMON => {
+            // Nobody took the receives posted to the channel: they go to the daemon.
+            let mut buf = vec![0u8; c.rq_out.layout().entry_size()];
+            let produced = c.rq_out.produced();
+            let mut i = 0u32;
+            let mut back = Vec::new();
+            while i != produced {
+                if c.rq_out.read_back(i, &mut buf) {
+                    if let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) {
+                        back.push(r);
+                    }
+                }
+                i = i.wrapping_add(1);
+            }
+            back.append(&mut q.held);
+            q.held = back;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Moves the QP on: decision, peer state, receive completions, waiting requests. `true`: the
+/// QP left the direct path (its held work goes to the daemon).
+fn progress(
+    ctx: &Context,
+    own_table: &Region,
+    handle: u32,
+    q: &mut DQp,
+    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
+) -> bool {
+    if decide(q) {
+        return true;
+    }
+    if q.error {
+        return false;
+    }
+    let Path::Direct(c) = &mut q.path else {
+        return false;
+    };
+    drain_cqes(c, q.recv_cq, cqs);
+    if c.region
+        .atomic_u32(CH_STATE[c.side])
+        .load(Ordering::Acquire)
+        == SIDE_ERROR
+    {
+        // A request of the peer broke a rule here: the daemon moved this QP to ERR (and
+        // raised its event), this library flushes it.
+        fail(ctx, handle, q, cqs, None, false);
+        return false;
+    }
+    let peer_state = c
+        .region
+        .atomic_u32(CH_STATE[1 - c.side])
+        .load(Ordering::Acquire);
+    if peer_state == SIDE_GONE && q.qp_type == QpType::Rc {
+        // The peer's context closed or its QP was destroyed: what an RC requester learns
+        // from its retries running out (crates/transport/src/completer.rs), at once.
+        fail(ctx, handle, q, cqs, Some(WcStatus::RetryExcErr), true);
+        return false;
+    }
+    while let Some(p) = q.pending.front() {
+        let Path::Direct(c) = &mut q.path else {
+            return false;
+        };
+        let signaled = p.signaled || q.sq_sig_all;
+        match execute(own_table, c, q.qp_type, p) {
+            Exec::Rnr => break,
+            Exec::Done(WcStatus::Success, len) => {
+                let p = q.pending.pop_front().expect("front");
+                if signaled {
+                    let mut wc =
+                        WorkCompletion::new(p.wr_id, WcStatus::Success, p.op.wc_opcode(), q.qpn);
+                    wc.byte_len = len;
+                    if let Some(cq) = q.send_cq {
+                        cqs.entry(cq).or_default().push_back(wc);
+                    }
+                }
+            }
+            Exec::Done(status, _) => {
+                fail(ctx, handle, q, cqs, Some(status), true);
+                break;
+            }
+            Exec::PeerFault(status, event) => {
+                // Some faults fail the responder without an event (a receive too short or
+                // out of its keys, crates/transport/src/responder.rs `execute_send`).
+                let req = softverbs_abi::msg::DirectPeerErrorReq {
+                    qp: U32::new(handle),
+                    event: U32::new(event.map_or(softverbs_abi::direct::NO_EVENT, |e| e as u32)),
+                };
+                let _ = ctx
+                    .conn
+                    .call::<cmd::DirectPeerError>("direct_peer_error", 0, &req);
+                fail(ctx, handle, q, cqs, Some(status), true);
+                break;
+            }
+        }
+    }
+    false
+}
+
+fn drain_cqes(
+    c: &mut Chan,
+    recv_cq: Option<u32>,
+    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
+) {
+    while let Ok(Some(w)) = c.cqe_in.pop_value::<WcWire>() {
+        c.rq_completed = c.rq_completed.wrapping_add(1);
+        if let Some(cq) = recv_cq {
+            cqs.entry(cq)
+                .or_default()
+                .push_back(WorkCompletion::from(&w));
+        }
+    }
+}
+
+/// Moves the QP to ERR: the front request completes with `front` (if any), the rest and
+/// every receive flush (IBA 10.3.1.9), and the daemon hears of it (`tell`: the library
+/// decided it, not the owner's own modify).
+fn fail(
+    ctx: &Context,
+    handle: u32,
+    q: &mut DQp,
+    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
+    front: Option<WcStatus>,
+    tell: bool,
+) {
+    if q.error {
+        return;
+    }
+    q.error = true;
+    let mut first = front;
+    for p in q.pending.drain(..) {
+        let st = first.take().unwrap_or(WcStatus::WrFlushErr);
+        let wc = WorkCompletion::new(p.wr_id, st, p.op.wc_opcode(), q.qpn);
+        if let Some(cq) = q.send_cq {
+            cqs.entry(cq).or_default().push_back(wc);
+        }
+    }
+    let mut recvs: Vec<u64> = q.held.drain(..).map(|r| r.wr_id.get()).collect();
+    if let Path::Direct(c) = &mut q.path {
+        let me = c.side;
+        c.region
+            .atomic_u32(CH_STATE[me])
+            .store(SIDE_ERROR, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        // Wait until the peer is not taking one of our receives (it checks our state after
+        // raising its busy word, so it takes none after this).
+        let end = Instant::now() + Duration::from_secs(1);
+        while c.region.atomic_u32(CH_BUSY[1 - me]).load(Ordering::SeqCst) != 0
+            && c.region
+                .atomic_u32(CH_STATE[1 - me])
+                .load(Ordering::Acquire)
+                != SIDE_GONE
+            && Instant::now() < end
+        {
+            std::thread::yield_now();
+        }
+        drain_cqes(c, q.recv_cq, cqs);
+        let produced = c.rq_out.produced();
+        let mut i = c.rq_completed;
+        let mut buf = vec![0u8; c.rq_out.layout().entry_size()];
+        while i != produced {
+            if c.rq_out.read_back(i, &mut buf) {
+                if let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) {
+                    recvs.push(r.wr_id.get());
+                }
+            }
+            i = i.wrapping_add(1);
+        }
+        c.rq_completed = produced;
+    }
+    for wr_id in recvs {
+        let wc = WorkCompletion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
+        if let Some(cq) = q.recv_cq {
+            cqs.entry(cq).or_default().push_back(wc);
+        }
+    }
+    if tell {
+        let attr = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        let _ = crate::objects::modify_qp(ctx, "modify_qp", handle, &attr, AttrMask::STATE);
+    }
+}
+
+/// The local pieces of the request in this process: `Err(LOC_PROT_ERR)` for a key that is
+/// not ours, of another PD, out of range, or without `need`.
+fn local_pieces(
+    table: &Region,
+    c: &Chan,
+    p: &Pending,
+    need: Access,
+) -> std::result::Result<Vec<(u64, u64)>, WcStatus> {
+    if let Some(b) = &p.inline {
+        return Ok(vec![(b.as_ptr() as u64, b.len() as u64)]);
+    }
+    p.sges
+        .iter()
+        .map(|s| {
+            let len = u64::from(s.length);
+            check(table, c.own_pd, s.lkey, s.addr, len, need)
+                .map(|a| (a, len))
+                .ok_or(WcStatus::LocProtErr)
+        })
+        .collect()
+}
+
+fn peer_state(c: &Chan) -> u32 {
+    c.region
+        .atomic_u32(CH_STATE[1 - c.side])
+        .load(Ordering::Acquire)
+}
+
+/// Copies the local pieces into the peer's pieces in order.
+fn scatter(
+    peer: &PeerMemory,
+    local: &[(u64, u64)],
+    remote: &[(u64, u64)],
+) -> std::result::Result<(), PeerFault> {
+    let mut li = 0;
+    let mut loff = 0u64;
+    for &(raddr, rlen) in remote {
+        let mut pieces = Vec::new();
+        let mut need = rlen;
+        while need > 0 && li < local.len() {
+            let (a, l) = local[li];
+            let take = (l - loff).min(need);
+            pieces.push((a + loff, take));
+            need -= take;
+            loff += take;
+            if loff == l {
+                li += 1;
+                loff = 0;
+            }
+        }
+        peer.write_from(&pieces, raddr)?;
+    }
+    Ok(())
+}
+
+fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Exec {
+    let reliable = qp_type == QpType::Rc;
+    let dropped = || Exec::Done(WcStatus::Success, 0);
+    let len_of = |p: &Pending| -> u64 {
+        p.inline.as_ref().map_or_else(
+            || p.sges.iter().map(|s| u64::from(s.length)).sum(),
+            |b| b.len() as u64,
+        )
+    };
+    let total = len_of(p);
+    match peer_state(c) {
+        SIDE_OPEN => {}
+        // Not at RTR yet: requests wait, as they would retry against it.
+        SIDE_PENDING => return Exec::Rnr,
+        // A responder in ERR or gone answers nothing: RC retries run out, UC loses it.
+        _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
+        _ => return dropped(),
+    }
+    let access_err = || {
+        if reliable {
+            Exec::PeerFault(WcStatus::RemAccessErr, Some(EventType::QpAccessErr))
+        } else {
+            Exec::Done(WcStatus::Success, 0)
+        }
+    };
+    // The responder QP's own access flags (IBA 10.2.4.3, checked before the R_Key).
+    let peer_access = Access(
+        c.region
+            .atomic_u32(CH_ACCESS[1 - c.side])
+            .load(Ordering::Acquire),
+    );
+    match p.op {
+        SendOp::Send | SendOp::SendWithImm(_) => {
+            let local = match local_pieces(own_table, c, p, Access::EMPTY) {
+                Ok(l) => l,
+                Err(s) => return Exec::Done(s, 0),
+            };
+            let imm = match p.op {
+                SendOp::SendWithImm(i) => Some(i),
+                _ => None,
+            };
+            deliver(
+                c,
+                reliable,
+                total,
+                total,
+                imm,
+                WcOpcode::Recv,
+                |c, remote| scatter(&c.peer, &local, remote),
+            )
+        }
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } => {
+            let local = match local_pieces(own_table, c, p, Access::EMPTY) {
+                Ok(l) => l,
+                Err(s) => return Exec::Done(s, 0),
+            };
+            if !peer_access.contains(Access::REMOTE_WRITE) {
+                return access_err();
+            }
+            let target = if total == 0 {
+                Some(0)
+            } else {
+                check(
+                    &c.peer_table,
+                    c.peer_pd,
+                    rkey,
+                    remote_addr,
+                    total,
+                    Access::REMOTE_WRITE,
+                )
+            };
+            let Some(target) = target else {
+                return access_err();
+            };
+            if total > 0 {
+                match c.peer.write_from(&local, target) {
+                    Ok(()) => {}
+                    Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
+                    Err(PeerFault::Gone) if reliable => {
+                        return Exec::Done(WcStatus::RetryExcErr, 0)
+                    }
+                    Err(PeerFault::Remote) if reliable => {
+                        return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal))
+                    }
+                    Err(PeerFault::Remote | PeerFault::Gone) => return dropped(),
+                }
+            }
+            if let SendOp::WriteWithImm { imm, .. } = p.op {
+                // The data is placed; the receive only reports it (IBA 9.4.3).
+                return deliver(
+                    c,
+                    reliable,
+                    total,
+                    0,
+                    Some(imm),
+                    WcOpcode::RecvRdmaWithImm,
+                    |_, _| Ok(()),
+                )
+                .with_len(total);
+            }
+            Exec::Done(WcStatus::Success, total as u32)
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            let local = match local_pieces(own_table, c, p, Access::LOCAL_WRITE) {
+                Ok(l) => l,
+                Err(s) => return Exec::Done(s, 0),
+            };
+            if !peer_access.contains(Access::REMOTE_READ) {
+                return access_err();
+            }
+            let target = if total == 0 {
+                Some(0)
+            } else {
+                check(
+                    &c.peer_table,
+                    c.peer_pd,
+                    rkey,
+                    remote_addr,
+                    total,
+                    Access::REMOTE_READ,
+                )
+            };
+            let Some(target) = target else {
+                return access_err();
+            };
+            if total > 0 {
+                match c.peer.read_into(&local, target) {
+                    Ok(()) => {}
+                    Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
+                    Err(PeerFault::Gone) => return Exec::Done(WcStatus::RetryExcErr, 0),
+                    Err(PeerFault::Remote) => {
+                        return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal))
+                    }
+                }
+            }
+            Exec::Done(WcStatus::Success, total as u32)
+        }
+        // The pair goes direct only when neither QP allows remote atomics
+        // (crates/daemon/src/direct.rs), so the responder refuses them as its engine does.
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => access_err(),
+        _ => Exec::Done(WcStatus::LocQpOpErr, 0),
+    }
+}
+
+impl Exec {
+    /// A delivered WRITE with immediate completes at the sender with the WRITE's length.
+    fn with_len(self, len: u64) -> Exec {
+        match self {
+            Exec::Done(WcStatus::Success, _) => Exec::Done(WcStatus::Success, len as u32),
+            e => e,
+        }
+    }
+}
+
+/// Takes the peer's next receive and completes it with `opcode` after `copy` placed the
+/// data (responder `execute_send`'s rules: a too-short receive is `LOC_LEN_ERR` there and
+/// `REM_INV_REQ_ERR` here, a bad key `LOC_PROT_ERR` there and `REM_OP_ERR` here, both
+/// failing the responder without an event; UC drops instead of failing).
+fn deliver(
+    c: &mut Chan,
+    reliable: bool,
+    byte_len: u64,
+    len: u64,
+    imm: Option<u32>,
+    opcode: WcOpcode,
+    copy: impl FnOnce(&Chan, &[(u64, u64)]) -> std::result::Result<(), PeerFault>,
+) -> Exec {
+    let me = c.side;
+    c.region.atomic_u32(CH_BUSY[me]).store(1, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    let result = (|| {
+        match peer_state(c) {
+            SIDE_OPEN => {}
+            SIDE_PENDING => return Exec::Rnr,
+            _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
+            _ => return Exec::Done(WcStatus::Success, 0),
+        }
+        let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
+        match c.rq_in.pop(&mut buf) {
+            Ok(true) => {}
+            Ok(false) if reliable => return Exec::Rnr,
+            Ok(false) => return Exec::Done(WcStatus::Success, 0),
+            Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
+        }
+        let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
+            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+        };
+        let n = (r.num_sge.get() as usize).min(r.sg_list.len());
+        // Walk the receive's SGEs as far as the message reaches.
+        let mut remote = Vec::new();
+        let mut need = len;
+        let mut status = WcStatus::Success;
+        for s in &r.sg_list[..n] {
+            if need == 0 {
+                break;
+            }
+            let take = u64::from(s.length.get()).min(need);
+            match check(
+                &c.peer_table,
+                c.peer_pd,
+                s.lkey.get(),
+                s.addr.get(),
+                take,
+                Access::LOCAL_WRITE,
+            ) {
+                Some(a) => remote.push((a, take)),
+                None => {
+                    status = WcStatus::LocProtErr;
+                    break;
+                }
+            }
+            need -= take;
+        }
+        if status == WcStatus::Success && need > 0 {
+            status = WcStatus::LocLenErr;
+        }
+        if status == WcStatus::Success {
+            match copy(c, &remote) {
+                Ok(()) => {}
+                // The peer died holding this receive: nobody will see it.
+                Err(PeerFault::Gone) if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
+                Err(PeerFault::Gone) => return Exec::Done(WcStatus::Success, 0),
+                Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
+                Err(PeerFault::Remote) => status = WcStatus::LocProtErr,
+            }
+        }
+        let mut wc = WorkCompletion::new(r.wr_id.get(), status, opcode, c.peer_qpn);
+        if status == WcStatus::Success {
+            wc.byte_len = byte_len as u32;
+            if let Some(i) = imm {
+                wc.imm_data = i;
+                wc.wc_flags |= WC_WITH_IMM;
+            }
+        } else {
+            wc.opcode = WcOpcode::Recv;
+        }
+        if push_entry(&mut c.cqe_out, WcWire::from(&wc).as_bytes()).is_err() {
+            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+        }
+        match status {
+            WcStatus::Success => Exec::Done(WcStatus::Success, len as u32),
+            _ if !reliable => Exec::Done(WcStatus::Success, 0),
+            WcStatus::LocLenErr => Exec::PeerFault(WcStatus::RemInvReqErr, None),
+            _ => Exec::PeerFault(WcStatus::RemOpErr, None),
+        }
+    })();
+    c.region.atomic_u32(CH_BUSY[me]).store(0, Ordering::SeqCst);
+    result
+}

@@ -1,0 +1,647 @@
+//! The same-host direct path (docs/direct-path.md): the same work run once through the
+//! daemon's engine and once directly between the two libraries must give the same
+//! completions, the same data and the same errors; a peer killed mid-transfer fails its
+//! partner's QP and leaves nothing behind in the daemon.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use softverbs::{
+    Access, AttrMask as M, BorrowedMr, Context, Cq, Introspect, Pd, Qp, QpAttr, QpCap, QpInit,
+    QpState, QpType,
+};
+use softverbs::{AhAttr, Mtu, SendOp, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion};
+
+mod common;
+
+/// No remote atomics: a pair whose QPs allow them stays on the daemon path.
+const RWR: Access = Access(0x07);
+const WAIT: Duration = Duration::from_secs(20);
+
+fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 4,
+        max_recv_sge: 4,
+        max_inline_data: 64,
+    }
+}
+
+/// RESET→INIT→RTR→RTS towards `remote_qpn` with `access` (the RTR step is where the path is
+/// decided).
+fn connect(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: access,
+        ..QpAttr::default()
+    };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+        .unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: AhAttr {
+            dgid: gid,
+            is_global: true,
+            port_num: 1,
+            hop_limit: 64,
+            ..AhAttr::default()
+        },
+        path_mtu: Mtu::M1024,
+        dest_qp_num: remote_qpn,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ..init
+    };
+    let rc = qp.qp_type() == QpType::Rc;
+    let mut rtr_mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    if rc {
+        rtr_mask = rtr_mask | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+    }
+    qp.modify(&rtr, rtr_mask).unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        timeout: 10,
+        retry_cnt: 2,
+        rnr_retry: 7,
+        max_rd_atomic: 4,
+        ..rtr
+    };
+    let mut rts_mask = M::STATE | M::SQ_PSN;
+    if rc {
+        rts_mask = rts_mask | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+    }
+    qp.modify(&rts, rts_mask).unwrap();
+}
+
+/// Two contexts of one daemon, each with a PD, one CQ and a QP of `t`.
+struct Pair {
+    a: Context,
+    b: Context,
+}
+
+struct Side<'c> {
+    pd: Pd<'c>,
+    cq: Cq<'c>,
+}
+
+fn open_pair(socket: &std::path::Path, direct: bool) -> Pair {
+    Pair {
+        a: Context::open_at_direct(socket, 0, direct).unwrap(),
+        b: Context::open_at_direct(socket, 0, direct).unwrap(),
+    }
+}
+
+fn side(ctx: &Context) -> Side<'_> {
+    Side {
+        pd: ctx.alloc_pd().unwrap(),
+        cq: ctx.create_cq(256).unwrap(),
+    }
+}
+
+fn qp<'a>(s: &'a Side<'a>, t: QpType) -> Qp<'a> {
+    s.pd.context()
+        .create_qp(&QpInit::new(t, &s.pd).cqs(&s.cq, &s.cq).cap(cap()))
+        .unwrap()
+}
+
+/// What a completion says, without the QP numbers (which differ between runs).
+fn shape(w: &WorkCompletion) -> (u64, WcStatus, WcOpcode, u32, u32, u32) {
+    let ok = w.status == WcStatus::Success;
+    // The opcode and length of an unsuccessful completion are undefined (ibv_poll_cq(3)).
+    let (op, len) = if ok {
+        (w.opcode, w.byte_len)
+    } else {
+        (WcOpcode::Send, 0)
+    };
+    (w.wr_id, w.status, op, len, w.imm_data, w.wc_flags)
+}
+
+#[track_caller]
+fn wait(cq: &Cq<'_>, n: usize) -> Vec<(u64, WcStatus, WcOpcode, u32, u32, u32)> {
+    let mut got = Vec::new();
+    let end = Instant::now() + Duration::from_secs(3);
+    while got.len() < n && Instant::now() < end {
+        let more = cq.poll(n - got.len()).unwrap();
+        if more.is_empty() {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        got.extend(more);
+    }
+    if got.len() != n {
+        let more = cq.wait(1, Duration::from_secs(3)).unwrap();
+        panic!("completions: {got:?}, later {more:?}");
+    }
+    got.iter().map(shape).collect()
+}
+
+type Shapes = Vec<(u64, WcStatus, WcOpcode, u32, u32, u32)>;
+
+/// A mixed RC or UC sequence from A to B and back; returns both sides' completions and the
+/// bytes that arrived, and whether the QPs were direct.
+fn mixed(socket: &std::path::Path, direct: bool, t: QpType) -> (Shapes, Shapes, Vec<u8>, bool) {
+    let p = open_pair(socket, direct);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, t), qp(&sb, t));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![0u8; 1 << 16];
+    let mut bbuf = vec![0u8; 1 << 16];
+    for (i, b) in abuf.iter_mut().enumerate() {
+        *b = (i * 7 % 253) as u8;
+    }
+    let ma: BorrowedMr<'_> = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mb: BorrowedMr<'_> = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
+    // Receives posted while the peer has not attached yet (B connected, A not yet) wait in
+    // the channel for A.
+    connect(&qb, ga, qa.qpn(), RWR);
+    qb.post_recv(100, &[mb.sge(0, 4096).unwrap()]).unwrap();
+    // Two pieces into two receive SGEs.
+    qb.post_recv(
+        101,
+        &[mb.sge(8192, 100).unwrap(), mb.sge(12288, 5000).unwrap()],
+    )
+    .unwrap();
+    qb.post_recv(102, &[mb.sge(20000, 64).unwrap()]).unwrap();
+    qb.post_recv(103, &[]).unwrap();
+    // UC has no RNR: a SEND that meets no receive is lost, and on the daemon path a receive
+    // and a SEND in two rings have no order. So the receives (B's, and A's for the answer
+    // at the end) are posted before the sender connects, several round trips to the daemon
+    // before the SENDs that need them.
+    connect(&qa, gb, qb.qpn(), RWR);
+    qa.post_recv(200, &[ma.sge(60000, 100).unwrap()]).unwrap();
+    let direct_now = qa.is_direct() && qb.is_direct();
+
+    let send = |id, op, sges: &[Sge], signaled| {
+        let mut w = SendRequest::new(id, op, sges);
+        w.signaled = signaled;
+        qa.post_send(&w).unwrap();
+    };
+    let rb = mb.remote();
+    send(1, SendOp::Send, &[ma.sge(0, 3000).unwrap()], true);
+    send(
+        2,
+        SendOp::SendWithImm(0x1234),
+        &[ma.sge(100, 50).unwrap(), ma.sge(4000, 5000).unwrap()],
+        true,
+    );
+    send(
+        3,
+        SendOp::Write {
+            remote_addr: rb.addr + 30000,
+            rkey: rb.rkey,
+        },
+        &[ma.sge(0, 9000).unwrap()],
+        false,
+    );
+    let mut w = SendRequest::new(4, SendOp::Send, &[]);
+    w.inline = Some(b"inline bytes");
+    qa.post_send(&w).unwrap();
+    send(
+        5,
+        SendOp::WriteWithImm {
+            remote_addr: rb.addr + 40000,
+            rkey: rb.rkey,
+            imm: 77,
+        },
+        &[ma.sge(500, 700).unwrap()],
+        true,
+    );
+    let reads = t == QpType::Rc;
+    if reads {
+        send(
+            6,
+            SendOp::Read {
+                remote_addr: rb.addr + 30000,
+                rkey: rb.rkey,
+            },
+            &[ma.sge(50000, 9000).unwrap()],
+            true,
+        );
+    }
+    let na = if reads { 5 } else { 4 };
+    let wa = wait(&sa.cq, na);
+    let wb = wait(&sb.cq, 4);
+    // And one back the other way.
+    let mut back = SendRequest::new(300, SendOp::Send, &[]);
+    back.inline = Some(b"pong");
+    qb.post_send(&back).unwrap();
+    let mut wa2 = wait(&sa.cq, 1);
+    let mut wb2 = wait(&sb.cq, 1);
+    let mut wa = wa;
+    wa.append(&mut wa2);
+    let mut wb = wb;
+    wb.append(&mut wb2);
+    let mut bytes = vec![0u8; 50000];
+    mb.read(0, &mut bytes).unwrap();
+    let mut tail = vec![0u8; 9000];
+    ma.read(50000, &mut tail).unwrap();
+    bytes.extend(tail);
+    let mut pong = vec![0u8; 4];
+    ma.read(60000, &mut pong).unwrap();
+    bytes.extend(pong);
+    (wa, wb, bytes, direct_now)
+}
+
+#[test]
+fn a_mixed_rc_sequence_completes_the_same_on_both_paths() {
+    let (d, _dir) = common::daemon("dmix", None);
+    let daemon = mixed(&d.socket, false, QpType::Rc);
+    let direct = mixed(&d.socket, true, QpType::Rc);
+    assert!(!daemon.3, "without asking, the engine carries the work");
+    assert!(direct.3, "both asked: the pair went direct");
+    assert_eq!(direct.0, daemon.0, "requester completions");
+    assert_eq!(direct.1, daemon.1, "responder completions");
+    assert!(direct.2 == daemon.2, "the bytes that arrived differ");
+    assert_eq!(&direct.2[50000 + 9000..], b"pong");
+}
+
+#[test]
+fn a_mixed_uc_sequence_completes_the_same_on_both_paths() {
+    let (d, _dir) = common::daemon("dmixuc", None);
+    let daemon = mixed(&d.socket, false, QpType::Uc);
+    let direct = mixed(&d.socket, true, QpType::Uc);
+    assert!(direct.3 && !daemon.3);
+    assert_eq!(direct.0, daemon.0, "requester completions");
+    assert_eq!(direct.1, daemon.1, "responder completions");
+    assert!(
+        direct.2[..50000] == daemon.2[..50000],
+        "the bytes that arrived differ"
+    );
+}
+
+#[test]
+fn a_pair_that_allows_remote_atomics_stays_on_the_daemon_path() {
+    let (d, _dir) = common::daemon("datomic", None);
+    let p = open_pair(&d.socket, true);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    connect(&qa, gb, qb.qpn(), Access(0x0f));
+    connect(&qb, ga, qa.qpn(), Access(0x0f));
+    assert!(!qa.is_direct() && !qb.is_direct());
+    let mut buf = vec![0u8; 64];
+    let mr = sb.pd.reg_slice(&mut buf, Access(0x0f)).unwrap();
+    let mut out = vec![0u8; 8];
+    let mo = sa.pd.reg_slice(&mut out, Access(0x0f)).unwrap();
+    let r = mr.remote();
+    qa.post_send(&SendRequest::new(
+        1,
+        SendOp::FetchAdd {
+            remote_addr: r.addr,
+            rkey: r.rkey,
+            add: 5,
+        },
+        &[mo.sge(0, 8).unwrap()],
+    ))
+    .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    let mut word = [0u8; 8];
+    mr.read(0, &mut word).unwrap();
+    assert_eq!(u64::from_ne_bytes(word), 5);
+}
+
+/// One rule broken by a request of A at B: A's completions, B's completions and B's async
+/// events.
+#[derive(Debug, PartialEq)]
+struct Violation {
+    a: Shapes,
+    b: Shapes,
+    b_events: Vec<softverbs::EventType>,
+    a_state: QpState,
+    b_state: QpState,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Break {
+    UnknownRkey,
+    OutOfBounds,
+    OtherPd,
+    NoRemoteWrite,
+    ReadWithoutAccess,
+    ShortReceive,
+    BadLocalKey,
+}
+
+fn violate(socket: &std::path::Path, direct: bool, how: Break) -> Violation {
+    let p = open_pair(socket, direct);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let other_pd = p.b.alloc_pd().unwrap();
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![0u8; 8192];
+    let mut bbuf = vec![0u8; 8192];
+    let mut cbuf = vec![0u8; 8192];
+    let mut dbuf = vec![0u8; 8192];
+    let ma = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mb = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
+    let m_other = other_pd.reg_slice(&mut cbuf, RWR).unwrap();
+    let m_local = sb.pd.reg_slice(&mut dbuf, Access(0x01)).unwrap();
+    connect(&qa, gb, qb.qpn(), RWR);
+    connect(&qb, ga, qa.qpn(), RWR);
+    assert_eq!(qa.is_direct(), direct);
+    qb.post_recv(10, &[mb.sge(0, 16).unwrap()]).unwrap();
+    qb.post_recv(11, &[mb.sge(16, 16).unwrap()]).unwrap();
+    let write = |remote_addr, rkey| SendOp::Write { remote_addr, rkey };
+    let rb = mb.remote();
+    let s = [ma.sge(0, 64).unwrap()];
+    let op = match how {
+        Break::UnknownRkey => write(rb.addr, rb.rkey ^ 0x5555),
+        Break::OutOfBounds => write(rb.addr + 8192 - 32, rb.rkey),
+        Break::OtherPd => write(m_other.remote().addr, m_other.remote().rkey),
+        Break::NoRemoteWrite => write(m_local.remote().addr, m_local.remote().rkey),
+        Break::ReadWithoutAccess => SendOp::Read {
+            remote_addr: m_local.remote().addr,
+            rkey: m_local.remote().rkey,
+        },
+        Break::ShortReceive | Break::BadLocalKey => SendOp::Send,
+    };
+    let bad_local = [Sge {
+        addr: s[0].addr,
+        length: 64,
+        lkey: s[0].lkey ^ 0x7777,
+    }];
+    let sges: &[Sge] = if matches!(how, Break::BadLocalKey) {
+        &bad_local
+    } else {
+        &s
+    };
+    qa.post_send(&SendRequest::new(1, op, sges)).unwrap();
+    qa.post_send(&SendRequest::new(2, SendOp::Send, &[ma.sge(0, 8).unwrap()]))
+        .unwrap();
+    let wa = wait(&sa.cq, 2);
+    // B: the short receive fails and the rest flush; after an access error B's QP is in ERR
+    // and both receives flush; after a local protection error at A, B is untouched and the
+    // second SEND was flushed at A, so B's receives are still posted.
+    let nb = match how {
+        Break::BadLocalKey => 0,
+        _ => 2,
+    };
+    let deadline = Instant::now() + WAIT;
+    let mut b_events = Vec::new();
+    while Instant::now() < deadline && b_events.is_empty() && nb > 0 {
+        match p.b.try_get_async_event() {
+            Ok(Some(e)) => b_events.extend(e.event_type),
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+        if matches!(how, Break::ShortReceive) {
+            break; // no event for it (the responder fails without one)
+        }
+    }
+    let wb = if nb > 0 { wait(&sb.cq, nb) } else { Vec::new() };
+    let state = |q: &Qp<'_>| q.query().unwrap().attr.qp_state;
+    Violation {
+        a: wa,
+        b: wb,
+        b_events,
+        a_state: state(&qa),
+        b_state: state(&qb),
+    }
+}
+
+#[test]
+fn broken_rules_give_the_statuses_and_events_of_the_daemon_path() {
+    let (d, _dir) = common::daemon("dviol", None);
+    for how in [
+        Break::UnknownRkey,
+        Break::OutOfBounds,
+        Break::OtherPd,
+        Break::NoRemoteWrite,
+        Break::ReadWithoutAccess,
+        Break::ShortReceive,
+        Break::BadLocalKey,
+    ] {
+        let engine = violate(&d.socket, false, how);
+        let direct = violate(&d.socket, true, how);
+        assert_eq!(direct, engine, "{how:?}");
+        assert_ne!(engine.a[0].1, WcStatus::Success, "{how:?} broke a rule");
+    }
+}
+
+const ROLE: &str = "SOFTVERBS_DIRECT_TEST_ROLE";
+const SOCKET: &str = "SOFTVERBS_DIRECT_TEST_SOCKET";
+
+/// The victim: connects to the QP number it reads on stdin, prints its own, then receives
+/// and sends forever until it is killed.
+#[test]
+fn victim_role() {
+    if std::env::var(ROLE).is_err() {
+        return;
+    }
+    use std::io::{BufRead, Write};
+    let socket = std::path::PathBuf::from(std::env::var(SOCKET).unwrap());
+    let ctx = Context::open_at_direct(&socket, 0, true).unwrap();
+    let s = side(&ctx);
+    let q = qp(&s, QpType::Rc);
+    let gid = ctx.query_gid(1, 0).unwrap();
+    println!("QPN {}", q.qpn());
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    let peer: u32 = line.trim().parse().unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
+    connect(&q, gid, peer, RWR);
+    for i in 0..32 {
+        q.post_recv(i, &[mr.sge(0, 1 << 16).unwrap()]).unwrap();
+    }
+    println!("READY {}", q.is_direct());
+    std::io::stdout().flush().unwrap();
+    // Take whatever comes, reposting, until killed.
+    let mut n = 32;
+    loop {
+        for _ in s.cq.poll(16).unwrap() {
+            q.post_recv(n, &[mr.sge(0, 1 << 16).unwrap()]).unwrap();
+            n += 1;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// A child process that is killed and reaped however the test ends.
+struct Reaped(std::process::Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the victim, connects `q` to its QP and waits until it is connected (direct).
+fn victim(socket: &std::path::Path, q: &Qp<'_>, gid: softverbs::Gid) -> (Reaped, u32) {
+    use std::io::{BufRead, BufReader, Write};
+    let d_socket = socket;
+    let mut child = Reaped(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["victim_role", "--exact", "--test-threads=1", "--nocapture"])
+            .env(ROLE, "victim")
+            .env(SOCKET, d_socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut line = String::new();
+    let victim_qpn = loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the victim said nothing"
+        );
+        // libtest may have printed the test's name on the same line.
+        if let Some(at) = line.find("QPN ") {
+            break line[at + 4..].trim().parse::<u32>().unwrap();
+        }
+    };
+    let victim_pid = child.0.id();
+    connect(q, gid, victim_qpn, RWR);
+    writeln!(child.0.stdin.as_mut().unwrap(), "{}", q.qpn()).unwrap();
+    let ready = loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the victim died early"
+        );
+        if let Some(at) = line.find("READY ") {
+            break line[at + 6..].trim() == "true";
+        }
+    };
+    assert!(ready, "the victim's QP went direct");
+    // Keep reading its output so it never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while out.read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    (child, victim_pid)
+}
+
+#[test]
+fn an_idle_partner_of_a_killed_peer_has_its_receives_flushed() {
+    let (d, _dir) = common::daemon("didle", None);
+    let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
+    let s = side(&ctx);
+    let q = qp(&s, QpType::Rc);
+    let gid = ctx.query_gid(1, 0).unwrap();
+    let (mut child, victim_pid) = victim(&d.socket, &q, gid);
+    let mut buf = vec![0u8; 4096];
+    let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
+    for i in 0..3 {
+        q.post_recv(i, &[mr.sge(0, 4096).unwrap()]).unwrap();
+    }
+    assert!(s.cq.poll(16).unwrap().is_empty());
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
+    // Nothing was in flight: what tells this side is the daemon, which marks the channel
+    // when it closes the dead process's context.
+    let info = Introspect::connect_at(&d.socket).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while info.resources().unwrap()["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["pid"].as_u64() == Some(u64::from(victim_pid)))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon kept the victim's context"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let got = wait(&s.cq, 3);
+    assert_eq!(
+        got.iter().map(|w| (w.0, w.1)).collect::<Vec<_>>(),
+        vec![
+            (0, WcStatus::WrFlushErr),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(q.query().unwrap().attr.qp_state, QpState::Err);
+}
+
+#[test]
+fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
+    let (d, _dir) = common::daemon("dkill", None);
+    let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
+    let s = side(&ctx);
+    let q = qp(&s, QpType::Rc);
+    let gid = ctx.query_gid(1, 0).unwrap();
+    let (mut child, victim_pid) = victim(&d.socket, &q, gid);
+    let mut buf = vec![7u8; 1 << 16];
+    let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
+    // Stream SENDs; kill the victim while they flow, and keep posting until the partner
+    // learns of it.
+    let mut posted = 0u64;
+    let mut done: Vec<WorkCompletion> = Vec::new();
+    let start = Instant::now();
+    let mut killed_at: Option<Instant> = None;
+    let sge = [mr.sge(0, 1 << 16).unwrap()];
+    loop {
+        let failed = done.iter().any(|w| w.status != WcStatus::Success);
+        if failed && done.len() as u64 == posted {
+            break;
+        }
+        if let Some(k) = killed_at {
+            assert!(
+                k.elapsed() < WAIT,
+                "no error {:?} after the kill",
+                k.elapsed()
+            );
+        }
+        if posted - (done.len() as u64) < 16 && !failed {
+            let mut w = SendRequest::new(posted, SendOp::Send, &sge);
+            w.signaled = true;
+            q.post_send(&w).unwrap();
+            posted += 1;
+        }
+        done.extend(s.cq.poll(16).unwrap());
+        if posted == 100 && killed_at.is_none() {
+            assert!(q.is_direct());
+            child.0.kill().unwrap(); // SIGKILL
+            child.0.wait().unwrap();
+            killed_at = Some(Instant::now());
+        }
+        std::thread::yield_now();
+    }
+    assert!(start.elapsed() < WAIT * 2);
+    // Every request completed exactly once, in order: successes, then one error, then
+    // flushes.
+    assert_eq!(done.len() as u64, posted, "completions: {done:?}");
+    for (i, w) in done.iter().enumerate() {
+        assert_eq!(w.wr_id, i as u64);
+    }
+    let first_bad = done
+        .iter()
+        .position(|w| w.status != WcStatus::Success)
+        .expect("the partner saw an error");
+    println!(
+        "{posted} posted, the first error ({:?}) at {first_bad}, {:?} after the kill",
+        done[first_bad].status,
+        killed_at.unwrap().elapsed()
+    );
+    assert_eq!(done[first_bad].status, WcStatus::RetryExcErr);
+    assert!(done[first_bad + 1..]
+        .iter()
+        .all(|w| w.status == WcStatus::WrFlushErr));
+    assert_eq!(q.query().unwrap().attr.qp_state, QpState::Err);
+    // The daemon holds nothing of the dead process.
+    let info = Introspect::connect_at(&d.socket).unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = info.resources().unwrap();
+        let theirs = ["contexts", "qps", "cqs", "pds", "mrs"]
+            .iter()
+            .flat_map(|k| r[*k].as_array().cloned().unwrap_or_default())
+            .filter(|row| row["pid"].as_u64() == Some(u64::from(victim_pid)))
+            .count();
+        if theirs == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left of the victim: {r:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

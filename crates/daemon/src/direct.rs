@@ -1,0 +1,432 @@
+//! The daemon's part of the same-host direct path (docs/direct-path.md): the control path
+//! only. It keeps each direct-capable context's MR table, decides per connected RC/UC pair
+//! whether the two libraries exchange work directly, makes the pair's channel memfd, and
+//! tells a survivor that its peer is gone (the channel's side word).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use softverbs_abi::direct::*;
+use softverbs_abi::msg::{DirectAttachReq, DirectAttachResp, PostRecvReq, WcWire};
+use softverbs_core::attr::QpAttr;
+use softverbs_core::datapath::QpTarget;
+use softverbs_core::errno::{EINVAL, ENOMEM};
+use softverbs_core::ids::{CtxId, Handle};
+use softverbs_core::types::{Access, AttrMask, EventType, QpState, QpType};
+use softverbs_core::Core;
+use softverbs_shm::{Region, RingLayout};
+
+use crate::datapath::DataPath;
+use zerocopy::little_endian::{U32, U64};
+
+/// A context that opened the direct path.
+#[derive(Debug)]
+struct Opened {
+    uid: u32,
+    /// Its `/proc/<pid>/mem`, validated, handed to its peers.
+    mem: OwnedFd,
+    table: Region,
+    table_fd: OwnedFd,
+    /// More MRs than the table holds: its QPs stay on the daemon path.
+    overflow: bool,
+}
+
+/// One pair of QPs that asked, by (lower QPN, higher QPN); side 0 is the lower.
+#[derive(Debug)]
+struct Pair {
+    region: Region,
+    fd: OwnedFd,
+    ctx: [CtxId; 2],
+    asked: [bool; 2],
+    resp: DirectAttachResp,
+}
+
+/// Direct-path state of the daemon.
+#[derive(Debug, Default)]
+pub struct Direct {
+    ctxs: HashMap<CtxId, Opened>,
+    pairs: HashMap<(u32, u32), Pair>,
+    /// QPs whose library asked and was told to stay on the daemon path (until destroyed).
+    declined: std::collections::HashSet<u32>,
+}
+
+fn entry_size<T>() -> u32 {
+    (std::mem::size_of::<T>() as u32).div_ceil(8) * 8
+}
+
+fn ring_capacity(max_recv_wr: u32) -> u32 {
+    max_recv_wr.max(1).next_power_of_two()
+}
+
+impl Direct {
+    /// `DirectOpen`: `mem` must be `/proc/<pid>/mem` of the context's opener; answers the MR
+    /// table's memfd.
+    pub fn open(
+        &mut self,
+        core: &Core,
+        ctx: CtxId,
+        uid: u32,
+        pid: u32,
+        mem: OwnedFd,
+    ) -> Result<OwnedFd, i32> {
+        let check = mem.try_clone().map_err(|_| ENOMEM)?;
+        softverbs_memaccess::ProcessMemory::validate(check, pid).map_err(|_| EINVAL)?;
+        let (table, fd) = Region::create("softverbs-mr-table", MRT_LEN).map_err(|_| ENOMEM)?;
+        let give = fd.try_clone().map_err(|_| ENOMEM)?;
+        self.ctxs.insert(
+            ctx,
+            Opened {
+                uid,
+                mem,
+                table,
+                table_fd: fd,
+                overflow: false,
+            },
+        );
+        self.mrs_changed(core, ctx);
+        Ok(give)
+    }
+
+    /// Rewrites `ctx`'s MR table after a registration changed (a seqlock: readers retry
+    /// while the sequence is odd or moved).
+    pub fn mrs_changed(&mut self, core: &Core, ctx: CtxId) {
+        let Some(o) = self.ctxs.get_mut(&ctx) else {
+            return;
+        };
+        let mrs = core.context_mrs(ctx);
+        o.overflow = mrs.len() > MRT_CAPACITY;
+        let seq = &o.table.atomic_u64s(MRT_SEQ, 1)[0];
+        let s = seq.load(std::sync::atomic::Ordering::Relaxed);
+        seq.store(s.wrapping_add(1), std::sync::atomic::Ordering::Relaxed);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        for (i, &(key, pd, access, iova, len, addr)) in mrs.iter().take(MRT_CAPACITY).enumerate() {
+            let e = MrEntry {
+                key,
+                pd: pd.0,
+                access: access.0,
+                iova,
+                len,
+                addr,
+            };
+            o.table.write(MRT_ENTRIES + i * MRT_ENTRY, &e.encode());
+        }
+        o.table.atomic_u32(MRT_COUNT).store(
+            mrs.len().min(MRT_CAPACITY) as u32,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        seq.store(s.wrapping_add(2), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Why `(ctx, qp)` cannot go direct with the QP it names, or that peer: `(peer ctx,
+    /// peer handle, own attributes, peer attributes)`.
+    fn eligible(
+        &self,
+        core: &Core,
+        dp: &DataPath,
+        ctx: CtxId,
+        qp: Handle,
+    ) -> Option<(CtxId, Handle, u32, u32, QpAttr, QpAttr)> {
+        let me = self.ctxs.get(&ctx)?;
+        let info = core.owned_qp_info(ctx, qp)?;
+        let q = core.query_qp(ctx, qp).ok()?;
+        let ok_type = matches!(info.qp_type, QpType::Rc | QpType::Uc);
+        let atomic = |a: &QpAttr| a.qp_access_flags.contains(Access::REMOTE_ATOMIC);
+        if !ok_type || info.srq.is_some() || atomic(&q.attr) || me.overflow {
+            return None;
+        }
+        if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts) {
+            return None;
+        }
+        let QpTarget::Owned {
+            ctx: pctx,
+            handle: ph,
+            qp_type,
+        } = core.qp_target(q.attr.dest_qp_num)?
+        else {
+            return None;
+        };
+        let peer = self.ctxs.get(&pctx)?;
+        // A QP connected to itself has no second library to ask: the engine loops it back.
+        if (pctx, ph) == (ctx, qp) {
+            return None;
+        }
+        if qp_type != info.qp_type || peer.uid != me.uid || peer.overflow {
+            return None;
+        }
+        // The address must lead to the peer's own device (not another host that happens to
+        // use the same QP number).
+        let pdev = core.context_device(pctx).ok()?;
+        let dgid = q.attr.ah_attr.dgid;
+        let zero = softverbs_core::device::Gid::default();
+        if dgid == zero || !pdev.ports.iter().any(|p| p.gids.contains(&dgid)) {
+            return None;
+        }
+        let pinfo = core.owned_qp_info(pctx, ph)?;
+        let pq = core.query_qp(pctx, ph).ok()?;
+        if pinfo.srq.is_some() || atomic(&pq.attr) {
+            return None;
+        }
+        let signalled = |c: CtxId, i: &softverbs_core::datapath::OwnedQpInfo| {
+            dp.cq_has_channel(c, i.send_cq) || i.recv_cq.is_some_and(|r| dp.cq_has_channel(c, r))
+        };
+        if signalled(ctx, &info) || signalled(pctx, &pinfo) {
+            return None;
+        }
+        let peer_connected = matches!(pq.attr.qp_state, QpState::Rtr | QpState::Rts);
+        if peer_connected && pq.attr.dest_qp_num != info.qpn {
+            return None;
+        }
+        if !matches!(
+            pq.attr.qp_state,
+            QpState::Reset | QpState::Init | QpState::Rtr | QpState::Rts
+        ) {
+            return None;
+        }
+        Some((pctx, ph, info.qpn, pinfo.qpn, q.attr, pq.attr))
+    }
+
+    /// `DirectAttach`: the path of `(ctx, r.qp)`, with the channel and the peer's memory and
+    /// MR table unless it is the daemon's. The first QP of a pair to ask decides for both,
+    /// from what both QPs are (docs/direct-path.md, "Deciding"); the second joins, or, if it
+    /// no longer fits (it connected elsewhere, or changed), leaves its partner a gone peer.
+    pub fn attach(
+        &mut self,
+        core: &Core,
+        dp: &DataPath,
+        ctx: CtxId,
+        r: &DirectAttachReq,
+    ) -> Result<(DirectAttachResp, Vec<OwnedFd>), i32> {
+        use std::sync::atomic::Ordering::Release;
+        let qp = Handle(r.qp.get());
+        let own_qpn = core.qp_num(ctx, qp).map_err(|e| e.errno())?;
+        let daemon = DirectAttachResp {
+            path: U32::new(PATH_DAEMON),
+            ..Default::default()
+        };
+        let found = if r.able.get() == 1 {
+            self.eligible(core, dp, ctx, qp)
+        } else {
+            None
+        };
+        let Some((pctx, ph, qpn, pqpn, own_attr, peer_attr)) = found else {
+            // Whatever pair this QP was half of loses it.
+            self.decide_others(own_qpn, None);
+            self.declined.insert(own_qpn);
+            return Ok((daemon, Vec::new()));
+        };
+        self.declined.remove(&qpn);
+        self.decide_others(qpn, Some(pqpn));
+        let key = (qpn.min(pqpn), qpn.max(pqpn));
+        let side = usize::from(qpn > pqpn);
+        if !self.pairs.contains_key(&key) {
+            // A peer library asks right after its RTR (a command of its own, so this one may
+            // come in between): only a peer that asked and was refused stays away.
+            if self.declined.contains(&pqpn) {
+                self.declined.insert(qpn);
+                return Ok((daemon, Vec::new()));
+            }
+            let pair = self.make_pair(core, [ctx, pctx], [qp, ph], side)?;
+            pair.region
+                .atomic_u32(CH_STATE[1 - side])
+                .store(SIDE_PENDING, Release);
+            pair.region
+                .atomic_u32(CH_ACCESS[1 - side])
+                .store(peer_attr.qp_access_flags.0, Release);
+            pair.region.atomic_u32(CH_PATH).store(PATH_DIRECT, Release);
+            self.pairs.insert(key, pair);
+        }
+        let pair = self.pairs.get_mut(&key).expect("inserted");
+        pair.asked[side] = true;
+        pair.region
+            .atomic_u32(CH_ACCESS[side])
+            .store(own_attr.qp_access_flags.0, Release);
+        pair.region
+            .atomic_u32(CH_STATE[side])
+            .store(SIDE_OPEN, Release);
+        let mut resp = pair.resp;
+        resp.path = U32::new(PATH_DIRECT);
+        resp.side = U32::new(side as u32);
+        resp.peer_qpn = U32::new(pqpn);
+        let (own_pd, peer_pd) = (core.qp_pd(ctx, qp), core.qp_pd(pctx, ph));
+        resp.own_pd = U32::new(own_pd.map_or(0, |p| p.pd.0));
+        resp.peer_pd = U32::new(peer_pd.map_or(0, |p| p.pd.0));
+        let peer = self.ctxs.get(&pctx).ok_or(EINVAL)?;
+        let fds = vec![
+            pair.fd.try_clone().map_err(|_| ENOMEM)?,
+            peer.mem.try_clone().map_err(|_| ENOMEM)?,
+            peer.table_fd.try_clone().map_err(|_| ENOMEM)?,
+        ];
+        Ok((resp, fds))
+    }
+
+    /// A pair `qpn` was half of with another partner than `partner` is decided for the
+    /// daemon (the QP connected elsewhere or cannot go direct).
+    fn decide_others(&mut self, qpn: u32, partner: Option<u32>) {
+        let stale: Vec<(u32, u32)> = self
+            .pairs
+            .keys()
+            .filter(|&&(a, b)| (a == qpn && Some(b) != partner) || (b == qpn && Some(a) != partner))
+            .copied()
+            .collect();
+        for k in stale {
+            if let Some(p) = self.pairs.remove(&k) {
+                // For its partner, the QP it went direct with is gone.
+                let side = usize::from(k.1 == qpn);
+                p.region
+                    .atomic_u32(CH_STATE[side])
+                    .store(SIDE_GONE, std::sync::atomic::Ordering::Release);
+            }
+        }
+    }
+
+    fn make_pair(
+        &self,
+        core: &Core,
+        ctx: [CtxId; 2],
+        qp: [Handle; 2],
+        me: usize,
+    ) -> Result<Pair, i32> {
+        // Sides by QP number: `me` is the asker's side, qp[0]/ctx[0] the asker's.
+        let (ctx_by_side, qp_by_side) = if me == 0 {
+            (ctx, qp)
+        } else {
+            ([ctx[1], ctx[0]], [qp[1], qp[0]])
+        };
+        let caps: Vec<u32> = (0..2)
+            .map(|s| {
+                core.owned_qp_info(ctx_by_side[s], qp_by_side[s])
+                    .map_or(1, |i| ring_capacity(i.cap.max_recv_wr))
+            })
+            .collect();
+        let (rq_e, cqe_e) = (entry_size::<PostRecvReq>(), entry_size::<WcWire>());
+        let mut off = CH_HEADER;
+        let mut resp = DirectAttachResp {
+            rq_entry: U32::new(rq_e),
+            cqe_entry: U32::new(cqe_e),
+            ..Default::default()
+        };
+        let mut rings = Vec::new();
+        for (s, &cap) in caps.iter().enumerate() {
+            let rq = RingLayout::new(cap, rq_e).map_err(|_| EINVAL)?;
+            let cq = RingLayout::new(cap, cqe_e).map_err(|_| EINVAL)?;
+            resp.rq_offset[s] = U32::new(off as u32);
+            rings.push((rq, off));
+            off += rq.size();
+            resp.cqe_offset[s] = U32::new(off as u32);
+            rings.push((cq, off));
+            off += cq.size();
+            resp.capacity[s] = U32::new(cap);
+        }
+        resp.region_len = U64::new(off as u64);
+        let (region, fd) = Region::create("softverbs-direct", off).map_err(|_| ENOMEM)?;
+        for (l, o) in rings {
+            l.init(&region, o).map_err(|_| EINVAL)?;
+        }
+        Ok(Pair {
+            region,
+            fd,
+            ctx: ctx_by_side,
+            asked: [false, false],
+            resp,
+        })
+    }
+
+    /// `DirectPeerError`: the peer of `(ctx, qp)` goes to ERR with `event`, as its engine
+    /// would have put it after refusing the request (IBA 9.9.3: the responder's class of
+    /// error). Returns the contexts that got the event.
+    pub fn peer_error(
+        &mut self,
+        core: &mut Core,
+        ctx: CtxId,
+        qp: Handle,
+        event: u32,
+    ) -> Result<Vec<CtxId>, i32> {
+        let event = match event {
+            NO_EVENT => None,
+            e => Some(EventType::from_raw(e).ok_or(EINVAL)?),
+        };
+        if !matches!(
+            event,
+            None | Some(EventType::QpAccessErr | EventType::QpReqErr | EventType::QpFatal)
+        ) {
+            return Err(EINVAL);
+        }
+        let qpn = core.qp_num(ctx, qp).map_err(|e| e.errno())?;
+        let Some((&(a, b), pair)) = self
+            .pairs
+            .iter()
+            .find(|(&(a, b), p)| (a == qpn && p.ctx[0] == ctx) || (b == qpn && p.ctx[1] == ctx))
+        else {
+            return Err(EINVAL);
+        };
+        let peer_side = usize::from(qpn == a);
+        let pqpn = if qpn == a { b } else { a };
+        pair.region
+            .atomic_u32(CH_STATE[peer_side])
+            .store(SIDE_ERROR, std::sync::atomic::Ordering::Release);
+        let Some(QpTarget::Owned {
+            ctx: pctx,
+            handle: ph,
+            ..
+        }) = core.qp_target(pqpn)
+        else {
+            return Ok(Vec::new());
+        };
+        let attr = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        let _ = core.modify_qp(pctx, ph, &attr, AttrMask::STATE);
+        Ok(event.map_or_else(Vec::new, |e| core.raise_qp_event(pqpn, e)))
+    }
+
+    /// QP `qpn` was destroyed: its half of a pair is gone.
+    pub fn qp_gone(&mut self, qpn: u32) {
+        self.declined.remove(&qpn);
+        let keys: Vec<(u32, u32)> = self
+            .pairs
+            .keys()
+            .filter(|&&(a, b)| a == qpn || b == qpn)
+            .copied()
+            .collect();
+        for k in keys {
+            if let Some(p) = self.pairs.remove(&k) {
+                let side = usize::from(k.1 == qpn);
+                p.region
+                    .atomic_u32(CH_STATE[side])
+                    .store(SIDE_GONE, std::sync::atomic::Ordering::Release);
+            }
+        }
+    }
+
+    /// `ctx` closed (its process may have died): every pair it held a side of says so to the
+    /// survivor, whose library then fails its QP (docs/direct-path.md, "Peer death").
+    pub fn context_closed(&mut self, ctx: CtxId, qpns: &[u32]) {
+        self.ctxs.remove(&ctx);
+        for q in qpns {
+            self.declined.remove(q);
+        }
+        let keys: Vec<(u32, u32)> = self
+            .pairs
+            .iter()
+            .filter(|(_, p)| p.ctx.contains(&ctx))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            if let Some(p) = self.pairs.remove(&k) {
+                for (&c, &word) in p.ctx.iter().zip(CH_STATE.iter()) {
+                    if c == ctx {
+                        p.region
+                            .atomic_u32(word)
+                            .store(SIDE_GONE, std::sync::atomic::Ordering::Release);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pairs and contexts held (introspection and tests).
+    pub fn counts(&self) -> (usize, usize) {
+        (self.ctxs.len(), self.pairs.len())
+    }
+}
