@@ -51,7 +51,7 @@ pub use codec::{
 /// 11: on-demand paging: `QueryOdpCaps` and `AdviseMr`.
 /// 12: the connection manager's commands (ids 100–129, [`cm`], docs/cm.md §4).
 /// 13: the same-host direct path (`DirectOpen`, `DirectAttach`, `DirectPeerError`, [`direct`],
-/// docs/direct-path.md).
+/// docs/direct-path.md), and `CmAdopt` (`rdma_migrate_id` of an id with CM state).
 pub const ABI_VERSION: u32 = 13;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;

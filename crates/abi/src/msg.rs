@@ -252,6 +252,10 @@ commands! {
     CmSidrReply = 110 since 12 : CmSidrReplyReq => (),
     /// What the context holds in the CM.
     CmCounts = 111 since 12 : () => CmCountsResp,
+    /// ABI 13: `rdma_migrate_id(3)` of an id with CM state: the CM id (a listener or a
+    /// connection) held by another context of the caller's own process becomes this
+    /// context's, with its queued events (docs/cm.md §7).
+    CmAdopt = 112 since 13 : CmIdReq => (),
     /// ABI 13: this context may take the same-host direct path (docs/direct-path.md); its
     /// `/proc/self/mem` comes with the request. The answer's descriptor is the context's MR
     /// table, which the daemon keeps ([`direct`](crate::direct)).

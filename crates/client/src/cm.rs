@@ -283,6 +283,14 @@ impl CmChannel<'_> {
             .call::<cmd::CmDestroyId>("cm_destroy_id", 0, &CmIdReq { id: U32::new(id.0) })
     }
 
+    /// Takes over CM id `id` from another of this process's CM channels on the same device
+    /// (`rdma_migrate_id(3)`): its future events, and those queued for it, come here.
+    pub fn adopt(&self, id: CmId) -> Result<()> {
+        self.ctx
+            .conn
+            .call::<cmd::CmAdopt>("cm_adopt", 0, &CmIdReq { id: U32::new(id.0) })
+    }
+
     /// Sends a SIDR_REQ: which UD QP serves `service_id` at `dst`?
     pub fn sidr_request(
         &self,

@@ -686,6 +686,35 @@ fn local_pieces(
         .collect()
 }
 
+/// Address and length of each local piece of a request, in order.
+type Pieces = Vec<(u64, u64)>;
+
+/// An RDMA WRITE's or READ's local pieces and the peer address it reaches, checked in the
+/// order the engine checks them: the local keys (`Err(Some(LOC_PROT_ERR))`), then the
+/// responder QP's access flags and the R_Key's PD, access and range (`Err(None)`: a Remote
+/// Access Error, IBA 10.2.4.3 and 9.7.5.2.4). `need` is (local, remote) access.
+fn rdma_target(
+    own_table: &Region,
+    c: &Chan,
+    p: &Pending,
+    peer_access: Access,
+    need: (Access, Access),
+    rkey: u32,
+    remote_addr: u64,
+) -> std::result::Result<(Pieces, u64), Option<WcStatus>> {
+    let local = local_pieces(own_table, c, p, need.0).map_err(Some)?;
+    if !peer_access.contains(need.1) {
+        return Err(None);
+    }
+    let total: u64 = local.iter().map(|&(_, l)| l).sum();
+    if total == 0 {
+        return Ok((local, 0));
+    }
+    check(&c.peer_table, c.peer_pd, rkey, remote_addr, total, need.1)
+        .map(|t| (local, t))
+        .ok_or(None)
+}
+
 fn peer_state(c: &Chan) -> u32 {
     c.region
         .atomic_u32(CH_STATE[1 - c.side])
@@ -774,28 +803,13 @@ fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Ex
         | SendOp::WriteWithImm {
             remote_addr, rkey, ..
         } => {
-            let local = match local_pieces(own_table, c, p, Access::EMPTY) {
-                Ok(l) => l,
-                Err(s) => return Exec::Done(s, 0),
-            };
-            if !peer_access.contains(Access::REMOTE_WRITE) {
-                return access_err();
-            }
-            let target = if total == 0 {
-                Some(0)
-            } else {
-                check(
-                    &c.peer_table,
-                    c.peer_pd,
-                    rkey,
-                    remote_addr,
-                    total,
-                    Access::REMOTE_WRITE,
-                )
-            };
-            let Some(target) = target else {
-                return access_err();
-            };
+            let need = (Access::EMPTY, Access::REMOTE_WRITE);
+            let (local, target) =
+                match rdma_target(own_table, c, p, peer_access, need, rkey, remote_addr) {
+                    Ok(t) => t,
+                    Err(None) => return access_err(),
+                    Err(Some(s)) => return Exec::Done(s, 0),
+                };
             if total > 0 {
                 match c.peer.write_from(&local, target) {
                     Ok(()) => {}
@@ -825,28 +839,13 @@ fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Ex
             Exec::Done(WcStatus::Success, total as u32)
         }
         SendOp::Read { remote_addr, rkey } => {
-            let local = match local_pieces(own_table, c, p, Access::LOCAL_WRITE) {
-                Ok(l) => l,
-                Err(s) => return Exec::Done(s, 0),
-            };
-            if !peer_access.contains(Access::REMOTE_READ) {
-                return access_err();
-            }
-            let target = if total == 0 {
-                Some(0)
-            } else {
-                check(
-                    &c.peer_table,
-                    c.peer_pd,
-                    rkey,
-                    remote_addr,
-                    total,
-                    Access::REMOTE_READ,
-                )
-            };
-            let Some(target) = target else {
-                return access_err();
-            };
+            let need = (Access::LOCAL_WRITE, Access::REMOTE_READ);
+            let (local, target) =
+                match rdma_target(own_table, c, p, peer_access, need, rkey, remote_addr) {
+                    Ok(t) => t,
+                    Err(None) => return access_err(),
+                    Err(Some(s)) => return Exec::Done(s, 0),
+                };
             if total > 0 {
                 match c.peer.read_into(&local, target) {
                     Ok(()) => {}

@@ -349,6 +349,29 @@ impl Cm {
         }
     }
 
+    /// Who holds the listener or connection `id` (none for a connection its owner left).
+    pub fn owner_of(&self, id: CmId) -> Option<Owner> {
+        match self.listeners.get(&id.0) {
+            Some(l) => Some(l.owner),
+            None => self.conns.get(&id.0).and_then(|c| c.owner),
+        }
+    }
+
+    /// `rdma_migrate_id(3)`: the listener or connection `id` of `from` belongs to `to` from
+    /// now on (another owner of the same process: the CM's own state is unchanged, only
+    /// whose events and commands they are).
+    pub fn reassign(&mut self, from: Owner, id: CmId, to: Owner) -> Result<(), CmError> {
+        if let Some(l) = self.listeners.get_mut(&id.0) {
+            if l.owner != from {
+                return Err(CmError::UnknownId);
+            }
+            l.owner = to;
+            return Ok(());
+        }
+        self.owned(from, id)?.owner = Some(to);
+        Ok(())
+    }
+
     /// Sends a REQ (IBA 12.6.5) and waits for REP, MRA or REJ, retransmitting it after each
     /// response timeout up to `max_cm_retries` times.
     pub fn connect(

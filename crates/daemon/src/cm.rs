@@ -460,6 +460,51 @@ impl CmPorts {
             .map_err(cm_errno)
     }
 
+    /// `CmAdopt`: the CM id `r` of context `from` becomes `ctx`'s, with the events queued for
+    /// it (for a listener also its queued connect requests and their new ids). The caller
+    /// checked that both contexts are the same process's.
+    pub fn adopt(&mut self, ctx: CtxId, from: CtxId, dev: usize, r: &CmIdReq) -> Result<(), i32> {
+        let id = CmId(r.id.get());
+        let cm = self.port(dev)?;
+        cm.reassign(owner(from), id, owner(ctx)).map_err(cm_errno)?;
+        let Some(old) = self.ctxs.get_mut(&from) else {
+            return Ok(());
+        };
+        let (mine, rest): (VecDeque<_>, VecDeque<_>) =
+            std::mem::take(&mut old.events).into_iter().partition(|e| {
+                e.id.get() == id.0
+                    || (e.event.get() == cm_event::CONNECT_REQUEST && e.listener.get() == id.0)
+            });
+        old.events = rest;
+        if let Some(efd) = &old.efd {
+            softverbs_ipc::drain_eventfd(efd.as_fd());
+            if !old.events.is_empty() {
+                softverbs_ipc::signal_eventfd(efd.as_fd());
+            }
+        }
+        if mine.is_empty() {
+            return Ok(());
+        }
+        for e in &mine {
+            if e.id.get() != id.0 {
+                // The new id of a connect request queued for the listener.
+                let _ = self.ports[dev]
+                    .cm
+                    .reassign(owner(from), CmId(e.id.get()), owner(ctx));
+            }
+        }
+        let new = self.ctxs.entry(ctx).or_default();
+        new.events.extend(mine);
+        self.woken.push(ctx);
+        Ok(())
+    }
+
+    /// Who holds CM id `r` on device `dev`.
+    pub fn holder(&self, dev: usize, r: &CmIdReq) -> Option<CtxId> {
+        let o = self.ports.get(dev)?.cm.owner_of(CmId(r.id.get()))?;
+        Some(CtxId(o.0))
+    }
+
     /// `CmGetEvent`.
     pub fn get_event(&mut self, ctx: CtxId) -> Result<CmEventResp, i32> {
         let c = self.ctxs.get_mut(&ctx).ok_or(EAGAIN)?;

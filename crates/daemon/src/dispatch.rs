@@ -365,7 +365,8 @@ impl Dispatcher {
             | Cmd::CmGetEvent
             | Cmd::CmSidrRequest
             | Cmd::CmSidrReply
-            | Cmd::CmCounts => self.driven(ctx()?, woken, |d, c| d.cm_command(c, req)),
+            | Cmd::CmCounts
+            | Cmd::CmAdopt => self.driven(ctx()?, woken, |d, c| d.cm_command(c, req)),
             Cmd::DirectOpen => {
                 let c = ctx()?;
                 opener_only(s)?;
@@ -1009,6 +1010,17 @@ impl Dispatcher {
                 ok::<cmd::CmSidrReply>(cm.sidr_reply(now, ctx, dev, &read!(CmSidrReply))?)
             }
             Cmd::CmCounts => ok::<cmd::CmCounts>(cm.ctx_counts(ctx)),
+            Cmd::CmAdopt => {
+                let r = read!(CmAdopt);
+                let from = cm.holder(dev, &r).ok_or(EINVAL)?;
+                // Only between contexts of one process (both alive, so one pid is one
+                // process), as rdma_migrate_id moves ids between a process's own channels.
+                let pid = |c| self.core.context_info(c).map(|i| (i.pid, i.uid));
+                if pid(from).map_err(core_err)? != pid(ctx).map_err(core_err)? {
+                    return Err(EPERM);
+                }
+                ok::<cmd::CmAdopt>(cm.adopt(ctx, from, dev, &r)?)
+            }
             _ => Err(EINVAL),
         }
     }

@@ -5,7 +5,7 @@ use core::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use softverbs::{CmQp, CmTimers};
+use softverbs::{CmId, CmQp, CmTimers};
 use softverbs_wire::cm::{CmaHdr, PortSpace, ServiceId};
 
 use crate::addr;
@@ -643,15 +643,20 @@ unsafe extern "C" fn migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel
     if Arc::ptr_eq(&target, &i.chan) {
         return 0;
     }
-    {
-        let mut s = i.lock();
-        // The daemon's CM ids belong to the channel's connection: an id that has some
-        // cannot move (yet).
-        if s.cm.is_some() || !s.listeners.is_empty() {
-            return fail(libc::ENOSYS);
+    // The daemon's CM ids belong to the channel's daemon connection: those the id has move
+    // to the target channel's connection (the daemon checks both are this process's).
+    let cms: Vec<(usize, CmId)> = {
+        let s = i.lock();
+        let own = s.dev.zip(s.cm);
+        s.listeners.iter().copied().chain(own).collect()
+    };
+    let from = i.chan.clone();
+    if !cms.is_empty() {
+        if let Err(e) = from.migrate_to(&target, (i as *mut Id).cast(), &cms) {
+            return fail(e);
         }
-        s.sync = ch.is_null();
     }
+    i.lock().sync = ch.is_null();
     i.id.channel = Arc::as_ptr(&target) as *mut rdma_event_channel;
     i.chan = target;
     0

@@ -189,6 +189,38 @@ impl Chan {
         Ok(cm)
     }
 
+    /// `rdma_migrate_id(3)` of an id with daemon CM state: each of its CM ids (`cms`: device
+    /// and id) moves to `to`'s daemon connection for that device (`CmAdopt`: the daemon
+    /// moves the events it holds for them too), and so do the local events queued here for
+    /// `id`. This channel's lock is held throughout, so no event for the id is fetched here
+    /// meanwhile; `to`'s is taken inside it (never the other way round).
+    pub fn migrate_to(&self, to: &Chan, id: *mut Id, cms: &[(usize, CmId)]) -> Result<(), i32> {
+        for &(dev, _) in cms {
+            to.with_cm(dev, |_| Ok(()))?;
+        }
+        let mut st = self.lock();
+        for &(dev, cm) in cms {
+            to.with_cm(dev, |c| c.adopt(cm).map_err(|e| e.errno()))?;
+            st.ids.remove(&(dev, cm.0));
+            to.lock().ids.insert((dev, cm.0), id);
+        }
+        let me = id.cast::<rdma_cm_id>();
+        let (mine, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut st.local)
+            .into_iter()
+            .partition(|e| e.ev.id == me);
+        st.local = rest;
+        if st.local.is_empty() {
+            let mut b = [0u8; 8];
+            // SAFETY: reading our non-blocking eventfd (nothing is left to report).
+            unsafe { libc::read(self.local_efd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        }
+        drop(st);
+        for e in mine {
+            to.push_local(e);
+        }
+        Ok(())
+    }
+
     pub fn unregister(&self, dev: usize, cm: CmId) {
         self.lock().ids.remove(&(dev, cm.0));
     }

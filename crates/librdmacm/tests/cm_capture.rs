@@ -26,27 +26,7 @@ unsafe extern "C" {
 }
 
 fn cmsteps(dir: &Path) -> Option<PathBuf> {
-    if !Path::new("/usr/include/rdma/rdma_cma.h").is_file()
-        || Command::new("gcc").arg("--version").output().is_err()
-    {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "gcc and librdmacm-dev are required under CI"
-        );
-        eprintln!("SKIP: gcc or /usr/include/rdma/rdma_cma.h (librdmacm-dev) missing");
-        return None;
-    }
-    let exe = dir.join("cmsteps");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cmsteps.c");
-    let o = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-O1", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    Some(exe)
+    support::build_c("cmsteps", dir)
 }
 
 /// SIGTERM, as a user stops it: the daemon writes out its capture before it exits.

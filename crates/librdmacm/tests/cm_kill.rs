@@ -11,7 +11,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -29,30 +28,8 @@ fn cm_empty(cm: &serde_json::Value) -> bool {
 /// librdmacm headers.
 fn cmsteps() -> Option<&'static Path> {
     static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let header = Path::new("/usr/include/rdma/rdma_cma.h");
-        if !header.is_file() || Command::new("gcc").arg("--version").output().is_err() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "gcc and librdmacm-dev are required under CI"
-            );
-            eprintln!("SKIP: gcc or /usr/include/rdma/rdma_cma.h (librdmacm-dev) missing");
-            return None;
-        }
-        let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("cmsteps-{}", std::process::id()));
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cmsteps.c");
-        let o = Command::new("gcc")
-            .args(["-Wall", "-Werror", "-O1", "-o"])
-            .arg(&exe)
-            .arg(src)
-            .args(["-lrdmacm", "-libverbs"])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        Some(exe)
-    })
-    .as_deref()
+    EXE.get_or_init(|| support::build_c("cmsteps", Path::new(env!("CARGO_TARGET_TMPDIR"))))
+        .as_deref()
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -12,8 +12,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use softverbs_testkit::process::finish;
 use softverbs_testkit::Daemon;
@@ -21,26 +20,9 @@ use support::{ok, run, wait_cm};
 
 #[test]
 fn established_events_carry_the_peers_qpn_and_private_data() {
-    let header = Path::new("/usr/include/rdma/rdma_cma.h");
-    if !header.is_file() || Command::new("gcc").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "gcc and librdmacm-dev are required under CI"
-        );
-        eprintln!("SKIP: gcc or /usr/include/rdma/rdma_cma.h (librdmacm-dev) missing");
+    let Some(exe) = support::build_c("conn_params", Path::new(env!("CARGO_TARGET_TMPDIR"))) else {
         return;
-    }
-    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("conn_params-{}", std::process::id()));
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/conn_params.c");
-    let o = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-O1", "-o"])
-        .arg(&exe)
-        .arg(src)
-        .args(["-lrdmacm", "-libverbs"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
     let d = Daemon::start("conn_params");
     let out = ok(
         finish(run(None, &d.socket, &exe, &["7590"]), "conn_params.c"),

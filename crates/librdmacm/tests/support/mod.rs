@@ -10,6 +10,33 @@ use std::time::{Duration, Instant};
 use softverbs_testkit::bins::{profile_dir, softverbs_bin};
 use softverbs_testkit::process::text;
 
+/// Compiles `tests/c/NAME.c` against the system's librdmacm headers (linked to our drop-ins
+/// at run time by `softverbs run`) into `dir`; `None`, with a SKIP line, without gcc or
+/// librdmacm-dev (which CI has, so there it is a failure).
+pub fn build_c(name: &str, dir: &Path) -> Option<PathBuf> {
+    if !Path::new("/usr/include/rdma/rdma_cma.h").is_file()
+        || Command::new("gcc").arg("--version").output().is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "gcc and librdmacm-dev are required under CI"
+        );
+        eprintln!("SKIP: gcc or /usr/include/rdma/rdma_cma.h (librdmacm-dev) missing");
+        return None;
+    }
+    let exe = dir.join(format!("{name}-{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let o = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(src)
+        .args(["-lrdmacm", "-libverbs"])
+        .output()
+        .expect("run gcc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Some(exe)
+}
+
 pub fn have(tool: &str) -> bool {
     let found = std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
