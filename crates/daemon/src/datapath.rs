@@ -149,11 +149,9 @@ pub struct DataPath {
 }
 
 /// Whether the process path batches (docs/registered-memory.md, "One system call per work
-/// request"): only with `SOFTVERBS_MEM_BATCH=1`. Off by default because with it MPICH
-/// ch4:ucx's ring check (`crates/e2e/tests/cluster.rs`) reads a previous lap's value, every
-/// run: a stale window or a late write not yet found.
+/// request"): on unless `SOFTVERBS_MEM_BATCH=0` (for measuring against per-packet access).
 fn mem_batching() -> bool {
-    std::env::var_os("SOFTVERBS_MEM_BATCH").is_some_and(|v| v == "1")
+    std::env::var_os("SOFTVERBS_MEM_BATCH").is_none_or(|v| v != "0")
 }
 
 /// The errno `ibv_post_send(3)` / `ibv_post_recv(3)` return for an engine refusal: a full

@@ -874,7 +874,7 @@ pub(crate) fn next_packet<M: Memory>(
                 (false, false) => Operation::RdmaReadResponseMiddle,
             };
             scratch.resize(n as usize, 0);
-            if *first && n < *remaining {
+            if *first {
                 // The response reads the whole range packet by packet from here on (also
                 // when a duplicate executes it again: the memory is read anew).
                 if let Ok(m) = env.windows.check_remote(

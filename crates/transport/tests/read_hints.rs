@@ -129,6 +129,26 @@ fn a_read_response_is_announced_once_and_the_request_reads_nothing() {
     assert_eq!(p.net.hosts[1].mem.hints().len(), 1);
 }
 
+/// A one-packet READ response is announced too: the hint is also what tells a batching
+/// memory that bytes it fetched for an earlier request over the same range are stale (a
+/// daemon that served such a READ from an old window gave MPICH an earlier lap's value).
+#[test]
+fn a_one_packet_read_response_is_announced() {
+    let mut p = pair(Faults::NONE);
+    let sges = vec![Sge {
+        addr: 0x4000,
+        length: 512,
+        lkey: p.ka,
+    }];
+    let op = SendOp::Read {
+        remote_addr: 0x10_000,
+        rkey: p.kb,
+    };
+    assert_eq!(run(&mut p, 1, op, sges), WcStatus::Success);
+    let cb = p.cb;
+    assert_eq!(p.net.hosts[1].mem.hints(), &[(cb, 0x10_000, 512)]);
+}
+
 #[test]
 fn retransmissions_are_not_announced_again() {
     // 20% loss each way: many packets of the 256-packet message are sent again.
