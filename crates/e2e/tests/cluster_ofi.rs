@@ -421,8 +421,8 @@ fn xrc_formula(n: usize, p: usize) -> HostQps {
 /// Open MPI's `mtl ofi` over `verbs;ofi_rxm` over XRC (`FI_OFI_RXM_USE_SRX=1`, the domain
 /// pinned to `softverbs0-xrc` by tools/fi-domain-filter), 2 hosts × 2 ranks: every rank on
 /// the `softverbs0-xrc` domain,
-/// mpi_check's results and mpi4py.bench helloworld/ringtest; and the same all-to-all over RC
-/// on the same cluster for comparison. Read while the jobs hold their connections, each
+/// mpi_check's results and mpi4py.bench helloworld/ringtest; and the same all-to-all and
+/// mpi4py.bench over RC on the same cluster for comparison. Read while the jobs hold their connections, each
 /// host's QPs follow the formulas of [`rc_formula`] and [`xrc_formula`]: 4 XRC send QPs per
 /// host where RC needs 6 RC QPs, plus 4 XRC receive QPs (two shared by both of the host's
 /// ranks) that live in the host's XRC domain rather than in any process.
@@ -461,29 +461,35 @@ fn open_mpi_mtl_ofi_verbs_rxm_over_xrc_runs_our_checks_and_mpi4py_with_fewer_qps
         );
     }
 
-    let py = |args: &[&str]| {
-        let mut prog = vec!["/usr/bin/python3", "-m", "mpi4py.bench"];
-        prog.extend(args);
-        let out = rxm_job(&c, Some(&filter), &prog).output().expect("mpirun");
-        let t = text(&out);
-        assert!(out.status.success(), "mpi4py.bench {args:?}: {t}");
-        assert_eq!(
-            t.matches("mtl:ofi:provider: softverbs0-xrc\n").count(),
-            4,
-            "{t}"
-        );
-        t
-    };
-    let t = py(&["helloworld"]);
-    for (rank, host) in [(0, 1), (1, 1), (2, 2), (3, 2)] {
-        let line = format!(
-            "Hello, World! I am process {rank} of 4 on {}.",
-            c.host(host)
-        );
-        assert!(t.contains(&line), "{line:?} in {t}");
+    // mpi4py.bench over both domains: RC (`softverbs0`) and XRC (`softverbs0-xrc`).
+    for (domain, filter) in [
+        ("softverbs0", None),
+        ("softverbs0-xrc", Some(filter.as_path())),
+    ] {
+        let py = |args: &[&str]| {
+            let mut prog = vec!["/usr/bin/python3", "-m", "mpi4py.bench"];
+            prog.extend(args);
+            let out = rxm_job(&c, filter, &prog).output().expect("mpirun");
+            let t = text(&out);
+            assert!(
+                out.status.success(),
+                "mpi4py.bench {args:?} on {domain}: {t}"
+            );
+            let chosen = format!("mtl:ofi:provider: {domain}\n");
+            assert_eq!(t.matches(&chosen).count(), 4, "{t}");
+            t
+        };
+        let t = py(&["helloworld"]);
+        for (rank, host) in [(0, 1), (1, 1), (2, 2), (3, 2)] {
+            let line = format!(
+                "Hello, World! I am process {rank} of 4 on {}.",
+                c.host(host)
+            );
+            assert!(t.contains(&line), "{line:?} in {t}");
+        }
+        let t = py(&["ringtest", "-l", "20", "-n", "65536"]);
+        assert!(t.contains("(4 processes, 65536 bytes)"), "{t}");
     }
-    let t = py(&["ringtest", "-l", "20", "-n", "65536"]);
-    assert!(t.contains("(4 processes, 65536 bytes)"), "{t}");
 
     c.assert_cm_drained(1);
     c.assert_cm_drained(2);
