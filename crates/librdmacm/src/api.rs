@@ -294,18 +294,21 @@ pub(crate) unsafe extern "C" fn resolve_addr(
         i.id.route.addr.src = addr::storage(local, s.port);
         i.id.route.addr.dst = addr::storage(dip, dport);
     }
-    i.chan.push_local(Ev::new(
-        ev::ADDR_RESOLVED,
-        id.cast(),
-        std::ptr::null_mut(),
-        0,
-    ));
+    report_local(i, ev::ADDR_RESOLVED)
+}
+export!("rdma_resolve_addr", "RDMACM_1.0", resolve_addr);
+
+/// Queues the library's own event `kind` for `i` (address and route resolution report at
+/// once, no daemon involved) and, for a synchronous id, waits for it as rdma_cm does.
+fn report_local(i: &mut Id, kind: i32) -> c_int {
+    let me = (i as *mut Id).cast();
+    i.chan
+        .push_local(Ev::new(kind, me, std::ptr::null_mut(), 0));
     if is_sync(i) {
-        return done(wait_sync(i, ev::ADDR_RESOLVED));
+        return done(wait_sync(i, kind));
     }
     0
 }
-export!("rdma_resolve_addr", "RDMACM_1.0", resolve_addr);
 
 pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
     // SAFETY: an id of ours.
@@ -322,16 +325,7 @@ pub(crate) unsafe extern "C" fn resolve_route(id: *mut rdma_cm_id, _timeout_ms: 
     i.id.route.addr.ibaddr.dgid = addr::gid(d);
     i.id.route.addr.ibaddr.pkey = 0xFFFF;
     i.id.route.num_paths = 1;
-    i.chan.push_local(Ev::new(
-        ev::ROUTE_RESOLVED,
-        id.cast(),
-        std::ptr::null_mut(),
-        0,
-    ));
-    if is_sync(i) {
-        return done(wait_sync(i, ev::ROUTE_RESOLVED));
-    }
-    0
+    report_local(i, ev::ROUTE_RESOLVED)
 }
 export!("rdma_resolve_route", "RDMACM_1.0", resolve_route);
 
