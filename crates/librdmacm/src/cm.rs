@@ -384,10 +384,12 @@ impl Chan {
                 std::ptr::null_mut(),
                 -libc::ETIMEDOUT,
             )),
+            // The QP is left alone, as rdma-core's librdmacm leaves it (rdma_get_cm_event(3):
+            // the program moves it, usually by rdma_disconnect): touching it here would race
+            // the program's rdma_destroy_qp on another thread (rping's cm thread gets this
+            // event while its main thread frees the QP: a use after free that hung rping).
             CmEventKind::Disconnected => {
-                let path = s.path;
                 drop(s);
-                let _ = verbs::modify(qp, verbs::QPS_ERR, &path);
                 Some(Ev::new(ev::DISCONNECTED, id, std::ptr::null_mut(), 0))
             }
             CmEventKind::ConnectRequest => None,

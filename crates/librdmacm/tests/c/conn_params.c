@@ -9,6 +9,7 @@
  *    QPN (`param.ud.qp_num`) and the SIDR_REP's private data (`param.ud.private_data`).
  *    libfabric's XRC tells an initiator's SIDR ESTABLISHED (the peer's SRQ number in that
  *    data) from a target's by whether it has private data.
+ *  - DISCONNECTED (RC): the library leaves the passive side's QP in RTS, as librdmacm does.
  *
  * The passive side puts its QPN in its private data, so the active side can compare.
  * Prints "ok rc" and "ok sidr"; exits 1 with what differed otherwise. Argument: a port.
@@ -140,6 +141,17 @@ static void run(enum rdma_port_space ps, int port)
             die("rdma_disconnect");
         rdma_ack_cm_event(expect(cch, RDMA_CM_EVENT_DISCONNECTED));
         rdma_ack_cm_event(expect(sch, RDMA_CM_EVENT_DISCONNECTED));
+        /* The peer's DREQ leaves the passive side's QP to the program, as librdmacm does:
+         * a library that moved it here would race the program's rdma_destroy_qp. */
+        struct ibv_qp_attr qa;
+        struct ibv_qp_init_attr qi;
+        if (ibv_query_qp(child->qp, &qa, IBV_QP_STATE, &qi))
+            die("ibv_query_qp");
+        if (qa.qp_state != IBV_QPS_RTS) {
+            fprintf(stderr, "%s: passive QP in state %d after DISCONNECTED, expected RTS\n",
+                    what, qa.qp_state);
+            exit(1);
+        }
     }
     free_side(cid, &cs);
     free_side(child, &ss);
