@@ -645,3 +645,186 @@ fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Small SENDs (carried in the completion's inline slot and placed by the receiver's library,
+/// docs/direct-path.md "Small SENDs"), a large SEND, a WRITE and a READ, all into the same
+/// bytes of B, with B polling in between only once: the bytes end as posting order says
+/// whoever copied them, completions come in order, and a receive shorter than a small SEND
+/// fails as the engine fails it. Returns (A's completions, B's, B's bytes 0..6000, A's READ).
+fn overlapping(socket: &std::path::Path, direct: bool) -> (Shapes, Shapes, Vec<u8>, Vec<u8>) {
+    let p = open_pair(socket, direct);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![0u8; 1 << 15];
+    abuf[..16].fill(b'a');
+    abuf[16..6016].fill(b'b');
+    abuf[6016..6032].fill(b'c');
+    abuf[6032..6036].fill(b'd');
+    let mut bbuf = vec![0u8; 1 << 14];
+    let ma: BorrowedMr<'_> = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mb: BorrowedMr<'_> = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
+    connect(&qb, ga, qa.qpn(), RWR);
+    connect(&qa, gb, qb.qpn(), RWR);
+    assert_eq!(qa.is_direct() && qb.is_direct(), direct);
+    // Two SGEs for the first small SEND; all receives overlap at B's byte 0.
+    qb.post_recv(1, &[mb.sge(0, 8).unwrap(), mb.sge(100, 8).unwrap()])
+        .unwrap();
+    qb.post_recv(2, &[mb.sge(0, 6000).unwrap()]).unwrap();
+    qb.post_recv(3, &[mb.sge(0, 16).unwrap()]).unwrap();
+    let send = |id, op, sges: &[Sge]| qa.post_send(&SendRequest::new(id, op, sges)).unwrap();
+    let rb = mb.remote();
+    send(11, SendOp::Send, &[ma.sge(0, 16).unwrap()]);
+    let mut wa = wait(&sa.cq, 1);
+    // B takes the first completion itself (the receiver places the inline bytes).
+    let mut wb = wait(&sb.cq, 1);
+    let mut first = vec![0u8; 8];
+    mb.read(100, &mut first).unwrap();
+    assert_eq!(first, b"aaaaaaaa", "second SGE of the first receive");
+    send(12, SendOp::Send, &[ma.sge(16, 6000).unwrap()]);
+    send(13, SendOp::SendWithImm(5), &[ma.sge(6016, 16).unwrap()]);
+    send(
+        14,
+        SendOp::Write {
+            remote_addr: rb.addr + 8,
+            rkey: rb.rkey,
+        },
+        &[ma.sge(6032, 4).unwrap()],
+    );
+    send(
+        15,
+        SendOp::Read {
+            remote_addr: rb.addr,
+            rkey: rb.rkey,
+        },
+        &[ma.sge(20000, 32).unwrap()],
+    );
+    wa.extend(wait(&sa.cq, 4));
+    wb.extend(wait(&sb.cq, 2));
+    let mut bytes = vec![0u8; 6000];
+    mb.read(0, &mut bytes).unwrap();
+    let mut read = vec![0u8; 32];
+    ma.read(20000, &mut read).unwrap();
+    // A receive shorter than a small SEND.
+    qb.post_recv(4, &[mb.sge(200, 4).unwrap()]).unwrap();
+    send(16, SendOp::Send, &[ma.sge(0, 16).unwrap()]);
+    wa.extend(wait(&sa.cq, 1));
+    wb.extend(wait(&sb.cq, 1));
+    (wa, wb, bytes, read)
+}
+
+#[test]
+fn small_sends_keep_their_place_among_larger_sends_writes_and_reads() {
+    let (d, _dir) = common::daemon("dinl", None);
+    let daemon = overlapping(&d.socket, false);
+    let direct = overlapping(&d.socket, true);
+    let mut want = vec![b'b'; 6000];
+    want[..16].fill(b'c');
+    want[8..12].fill(b'd');
+    assert!(
+        daemon.2 == want,
+        "daemon path bytes: {:?}",
+        &daemon.2[..120]
+    );
+    assert!(direct.2 == want, "direct bytes: {:?}", &direct.2[..120]);
+    assert_eq!(
+        direct.3,
+        want[..32],
+        "the READ sees every earlier SEND and the WRITE"
+    );
+    assert_eq!(direct.0, daemon.0, "requester completions");
+    assert_eq!(direct.1, daemon.1, "responder completions");
+    let st: Vec<WcStatus> = direct.1.iter().map(|w| w.1).collect();
+    assert_eq!(st.last(), Some(&WcStatus::LocLenErr), "{:?}", direct.1);
+    assert_eq!(direct.0.last().map(|w| w.1), Some(WcStatus::RemInvReqErr));
+    let ids: Vec<u64> = direct.1.iter().map(|w| w.0).collect();
+    assert_eq!(ids, [1, 2, 3, 4], "receives complete in order");
+}
+
+/// WRITE and READ into a peer's MR registered as shared memory (`Pd::alloc_mr`: the peer
+/// library maps its memfd, docs/direct-path.md "Shared-memory MRs"), a SEND into it, and,
+/// once the owner deregistered it, `REM_ACCESS_ERR` with nothing written.
+#[test]
+fn a_peers_shared_memory_mr_is_reached_until_it_is_deregistered() {
+    let (d, _dir) = common::daemon("dmap", None);
+    let p = open_pair(&d.socket, true);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![0u8; 1 << 16];
+    for (i, b) in abuf.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let ma: BorrowedMr<'_> = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mut mb = sb.pd.alloc_mr(1 << 16, RWR).unwrap();
+    let mut bbuf = mb.take(1 << 16).unwrap();
+    let rb = bbuf.remote();
+    connect(&qb, ga, qa.qpn(), RWR);
+    connect(&qa, gb, qb.qpn(), RWR);
+    assert!(qa.is_direct() && qb.is_direct());
+    let write = |id, at: u64, len: u32| {
+        let op = SendOp::Write {
+            remote_addr: rb.addr + at,
+            rkey: rb.rkey,
+        };
+        qa.post_send(&SendRequest::new(
+            id,
+            op,
+            &[ma.sge(0, len as usize).unwrap()],
+        ))
+        .unwrap();
+    };
+    write(1, 1000, 40000);
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    let mut got = vec![0u8; 40000];
+    bbuf.read(1000, &mut got).unwrap();
+    assert!(got == abuf_copy(&ma, 40000), "written bytes differ");
+    bbuf.write(50000, b"from the owner").unwrap();
+    let op = SendOp::Read {
+        remote_addr: rb.addr + 50000,
+        rkey: rb.rkey,
+    };
+    qa.post_send(&SendRequest::new(2, op, &[ma.sge(60000, 14).unwrap()]))
+        .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    let mut r = vec![0u8; 14];
+    ma.read(60000, &mut r).unwrap();
+    assert_eq!(r, b"from the owner");
+    // A large SEND into a receive in the shared MR.
+    let sge = Sge {
+        addr: rb.addr + 20000,
+        length: 9000,
+        lkey: bbuf.lkey(),
+    };
+    qb.post_recv(7, &[sge]).unwrap();
+    qa.post_send(&SendRequest::new(
+        3,
+        SendOp::Send,
+        &[ma.sge(100, 9000).unwrap()],
+    ))
+    .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    assert_eq!(wait(&sb.cq, 1)[0].1, WcStatus::Success);
+    let mut sent = vec![0u8; 9000];
+    bbuf.read(20000, &mut sent).unwrap();
+    let mut want = vec![0u8; 9100];
+    ma.read(0, &mut want).unwrap();
+    assert!(sent == want[100..], "SEND bytes differ");
+    // The owner deregisters: the peer's next WRITE finds the key gone.
+    let mut before = vec![0u8; 16];
+    bbuf.read(0, &mut before).unwrap();
+    // The Buf keeps the memory allocated after the registration is gone, so it can be
+    // checked.
+    mb.dereg().unwrap();
+    write(4, 0, 16);
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::RemAccessErr);
+    let mut after = vec![0u8; 16];
+    bbuf.read(0, &mut after).unwrap();
+    assert_eq!(after, before, "nothing written after dereg");
+}
+
+fn abuf_copy(m: &BorrowedMr<'_>, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    m.read(0, &mut v).unwrap();
+    v
+}
