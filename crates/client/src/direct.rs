@@ -174,7 +174,12 @@ pub(crate) fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
         let mut found = None;
         let mut b = [0u8; MRT_ENTRY];
         for i in 0..n {
-            table.read(MRT_ENTRIES + i * MRT_ENTRY, &mut b);
+            // The key is the entry's first word (little-endian): only a match is read whole.
+            let at = MRT_ENTRIES + i * MRT_ENTRY;
+            if u32::from_le(table.atomic_u32(at).load(Ordering::Relaxed)) != key {
+                continue;
+            }
+            table.read(at, &mut b);
             let e = MrEntry::decode(&b);
             if e.key == key {
                 found = Some(e);
@@ -442,15 +447,15 @@ impl DirectCtx {
         let mut g = self.lock();
         let inner = &mut *g;
         let mut left = Vec::new();
-        let handles: Vec<u32> = inner.qps.keys().copied().collect();
-        for h in handles {
-            let Some(q) = inner.qps.get_mut(&h) else {
-                continue;
-            };
-            let cqs = &mut inner.cqs;
-            if progress(ctx, &self.own_table, h, q, cqs) {
-                left.push((h, take_fallback(inner, h)));
+        // No allocation on the poll path: QPs that leave the direct path are rare.
+        let mut leaving = Vec::new();
+        for (&h, q) in inner.qps.iter_mut() {
+            if progress(ctx, &self.own_table, h, q, &mut inner.cqs) {
+                leaving.push(h);
             }
+        }
+        for h in leaving {
+            left.push((h, take_fallback(inner, h)));
         }
         let mut n = 0;
         if let Some(queue) = inner.cqs.get_mut(&cq) {
@@ -1049,6 +1054,11 @@ fn execute(ctx: &Context, own_table: &Region, c: &mut Chan, qp_type: QpType, p: 
                     None => c.peer.write_from(&local, target),
                 };
                 match moved {
+                    // A mapping outlives its owner: a peer that died meanwhile acknowledges
+                    // nothing, as through `/proc` (where the kernel moves nothing).
+                    Ok(()) if reliable && peer_state(c) == SIDE_GONE => {
+                        return Exec::Done(WcStatus::RetryExcErr, 0)
+                    }
                     Ok(()) => {}
                     Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
                     Err(PeerFault::Gone) if reliable => {
@@ -1097,6 +1107,9 @@ fn execute(ctx: &Context, own_table: &Region, c: &mut Chan, qp_type: QpType, p: 
                     None => c.peer.read_into(&local, target),
                 };
                 match moved {
+                    Ok(()) if peer_state(c) == SIDE_GONE => {
+                        return Exec::Done(WcStatus::RetryExcErr, 0)
+                    }
                     Ok(()) => {}
                     Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
                     Err(PeerFault::Gone) => return Exec::Done(WcStatus::RetryExcErr, 0),
@@ -1245,6 +1258,10 @@ fn deliver(
             }
         }
         return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+    }
+    if reliable && peer_state(c) == SIDE_GONE {
+        // Died while this was delivered: nobody takes it, nobody acknowledges it.
+        return Exec::Done(WcStatus::RetryExcErr, 0);
     }
     match status {
         WcStatus::Success => Exec::Done(WcStatus::Success, len as u32),

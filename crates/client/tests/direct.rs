@@ -420,6 +420,9 @@ fn broken_rules_give_the_statuses_and_events_of_the_daemon_path() {
 
 const ROLE: &str = "SOFTVERBS_DIRECT_TEST_ROLE";
 const SOCKET: &str = "SOFTVERBS_DIRECT_TEST_SOCKET";
+/// `shared`: the victim's receive buffer is shared memory (`Pd::alloc_mr`), which its
+/// partner's library maps.
+const MEM: &str = "SOFTVERBS_DIRECT_TEST_MEM";
 
 /// The victim: connects to the QP number it reads on stdin, prints its own, then receives
 /// and sends forever until it is killed.
@@ -441,9 +444,20 @@ fn victim_role() {
     let peer: u32 = line.trim().parse().unwrap();
     let mut buf = vec![0u8; 1 << 16];
     let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
+    let mut owned = s.pd.alloc_mr(1 << 16, RWR).unwrap();
+    let shared = owned.take(1 << 16).unwrap();
+    let sge = if std::env::var(MEM).is_ok_and(|m| m == "shared") {
+        Sge {
+            addr: shared.remote().addr,
+            length: 1 << 16,
+            lkey: shared.lkey(),
+        }
+    } else {
+        mr.sge(0, 1 << 16).unwrap()
+    };
     connect(&q, gid, peer, RWR);
     for i in 0..32 {
-        q.post_recv(i, &[mr.sge(0, 1 << 16).unwrap()]).unwrap();
+        q.post_recv(i, &[sge]).unwrap();
     }
     println!("READY {}", q.is_direct());
     std::io::stdout().flush().unwrap();
@@ -451,7 +465,7 @@ fn victim_role() {
     let mut n = 32;
     loop {
         for _ in s.cq.poll(16).unwrap() {
-            q.post_recv(n, &[mr.sge(0, 1 << 16).unwrap()]).unwrap();
+            q.post_recv(n, &[sge]).unwrap();
             n += 1;
         }
         std::thread::yield_now();
@@ -469,6 +483,15 @@ impl Drop for Reaped {
 
 /// Starts the victim, connects `q` to its QP and waits until it is connected (direct).
 fn victim(socket: &std::path::Path, q: &Qp<'_>, gid: softverbs::Gid) -> (Reaped, u32) {
+    victim_with(socket, q, gid, "private")
+}
+
+fn victim_with(
+    socket: &std::path::Path,
+    q: &Qp<'_>,
+    gid: softverbs::Gid,
+    mem: &str,
+) -> (Reaped, u32) {
     use std::io::{BufRead, BufReader, Write};
     let d_socket = socket;
     let mut child = Reaped(
@@ -476,6 +499,7 @@ fn victim(socket: &std::path::Path, q: &Qp<'_>, gid: softverbs::Gid) -> (Reaped,
             .args(["victim_role", "--exact", "--test-threads=1", "--nocapture"])
             .env(ROLE, "victim")
             .env(SOCKET, d_socket)
+            .env(MEM, mem)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -565,13 +589,31 @@ fn an_idle_partner_of_a_killed_peer_has_its_receives_flushed() {
 
 #[test]
 fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
-    let (d, _dir) = common::daemon("dkill", None);
+    killed_mid_transfer("dkill", "private", 1 << 16);
+}
+
+/// The same with the victim's receive buffer in shared memory, which the partner's library
+/// maps (docs/direct-path.md "Shared-memory MRs"): the mapping outlives the victim, and the
+/// partner must still fail, not complete into it.
+#[test]
+fn a_peer_killed_while_its_mapped_memory_is_written_fails_its_partner() {
+    killed_mid_transfer("dkillmap", "shared", 1 << 16);
+}
+
+/// The same with SENDs small enough to go through the inline slots.
+#[test]
+fn a_peer_killed_while_taking_small_sends_fails_its_partner() {
+    killed_mid_transfer("dkillinl", "private", 64);
+}
+
+fn killed_mid_transfer(name: &str, mem: &str, size: usize) {
+    let (d, _dir) = common::daemon(name, None);
     let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
     let s = side(&ctx);
     let q = qp(&s, QpType::Rc);
     let gid = ctx.query_gid(1, 0).unwrap();
-    let (mut child, victim_pid) = victim(&d.socket, &q, gid);
-    let mut buf = vec![7u8; 1 << 16];
+    let (mut child, victim_pid) = victim_with(&d.socket, &q, gid, mem);
+    let mut buf = vec![7u8; size];
     let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
     // Stream SENDs; kill the victim while they flow, and keep posting until the partner
     // learns of it.
@@ -579,7 +621,7 @@ fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
     let mut done: Vec<WorkCompletion> = Vec::new();
     let start = Instant::now();
     let mut killed_at: Option<Instant> = None;
-    let sge = [mr.sge(0, 1 << 16).unwrap()];
+    let sge = [mr.sge(0, size).unwrap()];
     loop {
         let failed = done.iter().any(|w| w.status != WcStatus::Success);
         if failed && done.len() as u64 == posted {

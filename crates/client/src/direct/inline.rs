@@ -124,13 +124,19 @@ impl Slots {
         gone: impl Fn() -> bool,
     ) -> std::result::Result<Option<Taken>, ()> {
         let st = self.state(index);
-        let end = Instant::now() + SETTLE_WAIT;
+        // The clock is read only when the other party is placing (never on the common path).
+        let mut end = None;
         loop {
             match st.compare_exchange(SLOT_FILLED, by, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(Some(self.read(index))),
                 Err(SLOT_FREE) => return Ok(None),
-                Err(_) if gone() || Instant::now() > end => return Err(()),
-                Err(_) => std::thread::yield_now(),
+                Err(_) => {
+                    let end = *end.get_or_insert_with(|| Instant::now() + SETTLE_WAIT);
+                    if gone() || Instant::now() > end {
+                        return Err(());
+                    }
+                    std::thread::yield_now();
+                }
             }
         }
     }
