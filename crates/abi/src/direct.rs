@@ -28,6 +28,10 @@ pub const CH_BUSY: [usize; 2] = [384, 512];
 /// Header word (`u32`) per side: that side's QP access flags (`ibv_access_flags`) as the
 /// daemon knew them when the pair was decided; the requester checks the responder's.
 pub const CH_ACCESS: [usize; 2] = [640, 768];
+/// Header word (`u32`) per side, written by that side's library (ABI 14): 1 once it
+/// places the SENDs its peer leaves in its inline slots ([`inline`]); a peer sends inline
+/// only to a side that says so (a library that predates the slots leaves it 0).
+pub const CH_INLINE: [usize; 2] = [896, 1024];
 /// [`DirectPeerErrorReq::event`](crate::msg::DirectPeerErrorReq) when the peer fails with
 /// no async event.
 pub const NO_EVENT: u32 = u32::MAX;

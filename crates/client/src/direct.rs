@@ -273,6 +273,20 @@ impl DirectCtx {
         })
     }
 
+    /// An MR of this context is about to be deregistered or changed: the SENDs peers already
+    /// delivered to it inline are placed now, while it is still registered (their completions
+    /// wait in the library's CQ queues for the next poll), as a NIC would have placed them on
+    /// arrival.
+    pub(crate) fn revoking(&self) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        for q in inner.qps.values_mut() {
+            if let Path::Direct(c) = &mut q.path {
+                drain_cqes(Some(&self.own_table), c, q.recv_cq, &mut inner.cqs);
+            }
+        }
+    }
+
     /// An MR of this context was deregistered or changed (the daemon has rewritten the MR
     /// table): waits until no peer library is between checking a key in that table and its
     /// copy (its busy word, raised before it reads the table), so nothing reaches memory the
@@ -515,6 +529,12 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         )
     };
     let (slots_out, slots_in) = (slots(peer), slots(side));
+    if slots_in.is_some() {
+        // From here on this library places what the peer leaves in its slots.
+        region
+            .atomic_u32(CH_INLINE[side])
+            .store(1, Ordering::Release);
+    }
     Some(Chan {
         handle: 0,
         slots_out,
@@ -1213,7 +1233,17 @@ fn deliver(
     let mut filled = false;
     if let (WcStatus::Success, Some(local)) = (status, send) {
         let small = len as usize <= INLINE_MAX && pieces.len() <= INLINE_PIECES;
-        if small && c.slots_out.is_some() && matches!(c.cqe_out.free(), Ok(f) if f > 0) {
+        let placed_there = || {
+            c.region
+                .atomic_u32(CH_INLINE[1 - c.side])
+                .load(Ordering::Acquire)
+                == 1
+        };
+        if small
+            && c.slots_out.is_some()
+            && placed_there()
+            && matches!(c.cqe_out.free(), Ok(f) if f > 0)
+        {
             if !c.slots_out.as_ref().is_some_and(|sl| sl.is_free(slot)) {
                 // Its previous entry's bytes may still wait for the receiver.
                 settle_one(ctx, c, slot.wrapping_sub(c.cqe_out.layout().capacity()));

@@ -457,6 +457,7 @@ impl<'a> Mr<'a> {
             length: U64::new(length),
             iova: U64::new(iova),
         };
+        revoking(self.ctx);
         let r = self.ctx.conn.call::<cmd::ReregMr>("rereg_mr", 0, &req);
         revoked(self.ctx);
         let r: RegMrResp = r?;
@@ -468,6 +469,7 @@ impl<'a> Mr<'a> {
     /// `ibv_dereg_mr`.
     pub fn dereg(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
+        revoking(this.ctx);
         let r = destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle);
         revoked(this.ctx);
         r
@@ -478,6 +480,7 @@ impl<'a> Mr<'a> {
     /// are unbound. Any other failure (a dead connection) leaves nothing to hand back.
     pub fn dereg_or_keep(self) -> std::result::Result<(), (Option<Mr<'a>>, Error)> {
         let this = ManuallyDrop::new(self);
+        revoking(this.ctx);
         let r = destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle);
         revoked(this.ctx);
         match r {
@@ -490,8 +493,17 @@ impl<'a> Mr<'a> {
 
 impl Drop for Mr<'_> {
     fn drop(&mut self) {
+        revoking(self.ctx);
         let _ = destroy_plain::<cmd::DeregMr>(self.ctx, "dereg_mr", self.handle);
         revoked(self.ctx);
+    }
+}
+
+/// Before `dereg_mr`/`rereg_mr`: what peers delivered inline is placed while the MR is still
+/// registered (`DirectCtx::revoking`).
+fn revoking(ctx: &Context) {
+    if let Some(d) = &ctx.direct {
+        d.revoking();
     }
 }
 

@@ -870,3 +870,39 @@ fn abuf_copy(m: &BorrowedMr<'_>, n: usize) -> Vec<u8> {
     m.read(0, &mut v).unwrap();
     v
 }
+
+/// A small SEND delivered (inline, not yet placed: the receiver has not polled) to a receive
+/// whose MR the receiver then deregisters: its bytes land before the deregistration returns,
+/// as a NIC would have placed them on arrival, and the completion says so — on both paths.
+fn dereg_before_poll(socket: &std::path::Path, direct: bool) -> (Shapes, Vec<u8>) {
+    let p = open_pair(socket, direct);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let mut abuf = *b"sixteen bytes!!!";
+    let mut bbuf = vec![0u8; 64];
+    let ma = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mb = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
+    connect(&qb, ga, qa.qpn(), RWR);
+    connect(&qa, gb, qb.qpn(), RWR);
+    assert_eq!(qa.is_direct() && qb.is_direct(), direct);
+    qb.post_recv(1, &[mb.sge(8, 16).unwrap()]).unwrap();
+    let sge = [ma.sge(0, 16).unwrap()];
+    qa.post_send(&SendRequest::new(2, SendOp::Send, &sge))
+        .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    drop(mb);
+    let got = wait(&sb.cq, 1);
+    drop(ma);
+    (got, bbuf)
+}
+
+#[test]
+fn inline_bytes_are_placed_before_their_receive_buffer_is_deregistered() {
+    let (d, _dir) = common::daemon("dinldereg", None);
+    let daemon = dereg_before_poll(&d.socket, false);
+    let direct = dereg_before_poll(&d.socket, true);
+    assert_eq!(&daemon.1[8..24], b"sixteen bytes!!!");
+    assert_eq!(direct.0, daemon.0);
+    assert_eq!(direct.1, daemon.1);
+}
