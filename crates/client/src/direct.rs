@@ -728,7 +728,16 @@ fn drain_cqes(
             }
             // The sender died while placing these bytes itself: the receive is lost with it
             // (its QP fails at once, peer gone).
-            Err(()) => wc.status = WcStatus::WrFlushErr,
+            Err(inline::Failed::Stuck) => wc.status = WcStatus::WrFlushErr,
+            // The sender found the receive's MR gone before it could place the bytes.
+            Err(inline::Failed::Unplaced) => {
+                wc.status = WcStatus::LocProtErr;
+                wc.opcode = WcOpcode::Recv;
+                wc.byte_len = 0;
+                if let Some(sl) = &c.slots_in {
+                    sl.release(idx);
+                }
+            }
         }
         if let Some(cq) = recv_cq {
             cqs.entry(cq).or_default().push_back(wc);
@@ -970,10 +979,13 @@ fn settle_one(ctx: &Context, c: &mut Chan, i: u32) {
     let Ok(Some(t)) = slots.take(i, SLOT_SENDER, gone) else {
         return;
     };
-    let mut off = 0u64;
-    let base = t.payload.as_ptr() as u64;
+    // Every piece is checked again (the peer may have deregistered its MR since) before any
+    // is written: all of the SEND lands, or none of it and the receive fails.
+    let mut targets = Vec::with_capacity(t.pieces.len());
+    let total: u64 = t.pieces.iter().map(|p| p.len).sum();
+    let mut ok = total == t.payload.len() as u64;
     for p in &t.pieces {
-        if let Some((e, a)) = check_entry(
+        match check_entry(
             &c.peer_table,
             c.peer_pd,
             p.lkey,
@@ -981,22 +993,28 @@ fn settle_one(ctx: &Context, c: &mut Chan, i: u32) {
             p.len,
             Access::LOCAL_WRITE,
         ) {
-            if off + p.len <= t.payload.len() as u64 {
-                let _ = write_peer(
-                    ctx,
-                    c.handle,
-                    &mut c.maps,
-                    &c.peer,
-                    &e,
-                    &[(base + off, p.len)],
-                    a,
-                );
-            }
+            Some(found) if ok => targets.push((found, p.len)),
+            _ => ok = false,
         }
-        off += p.len;
+    }
+    let base = t.payload.as_ptr() as u64;
+    let mut off = 0u64;
+    if ok {
+        for ((e, a), len) in &targets {
+            let piece = [(base + off, *len)];
+            if write_peer(ctx, c.handle, &mut c.maps, &c.peer, e, &piece, *a).is_err() {
+                ok = false;
+                break;
+            }
+            off += len;
+        }
     }
     if let Some(slots) = c.slots_out.as_ref() {
-        slots.release(i);
+        if ok {
+            slots.release(i);
+        } else {
+            slots.failed(i);
+        }
     }
 }
 

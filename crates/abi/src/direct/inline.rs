@@ -45,6 +45,9 @@ pub const SLOT_FILLED: u32 = 1;
 pub const SLOT_RECEIVER: u32 = 2;
 /// The sender is placing it.
 pub const SLOT_SENDER: u32 = 3;
+/// The sender took it but could not place the bytes (the receive's MR was deregistered
+/// meanwhile): the receiver completes that receive `LOC_PROT_ERR` and frees the slot.
+pub const SLOT_FAILED: u32 = 4;
 
 const _: () = assert!(SLOT_PIECES + INLINE_PIECES * PIECE <= SLOT_PAYLOAD);
 const _: () = assert!(INLINE_SLOT % 128 == 0);

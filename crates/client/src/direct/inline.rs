@@ -37,6 +37,16 @@ pub(super) struct Slots {
     capacity: u32,
 }
 
+/// Why a slot's bytes were not placed by the one who asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failed {
+    /// The other party was placing it and never finished (it died, or stalled past
+    /// [`SETTLE_WAIT`]).
+    Stuck,
+    /// The sender could not place it ([`SLOT_FAILED`]).
+    Unplaced,
+}
+
 /// What a slot held when it was taken.
 pub(super) struct Taken {
     pub(super) pieces: Vec<Piece>,
@@ -115,14 +125,13 @@ impl Slots {
     /// Takes the slot of entry `index` for placing (`by` is [`SLOT_RECEIVER`] or
     /// [`SLOT_SENDER`]): `Some` with its contents if it was filled; `None` once it is free
     /// (nothing to place, or the other party placed it: waits while the other is placing,
-    /// at most [`SETTLE_WAIT`] or until `gone()` says that party is dead). `Err(())`: the
-    /// other party never finished.
+    /// at most [`SETTLE_WAIT`] or until `gone()` says that party is dead).
     pub(super) fn take(
         &self,
         index: u32,
         by: u32,
         gone: impl Fn() -> bool,
-    ) -> std::result::Result<Option<Taken>, ()> {
+    ) -> std::result::Result<Option<Taken>, Failed> {
         let st = self.state(index);
         // The clock is read only when the other party is placing (never on the common path).
         let mut end = None;
@@ -130,15 +139,23 @@ impl Slots {
             match st.compare_exchange(SLOT_FILLED, by, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(Some(self.read(index))),
                 Err(SLOT_FREE) => return Ok(None),
+                // Only the receiver ever sees this (the sender's slot reuse waits for the
+                // receiver's pop, after which the slot is free).
+                Err(SLOT_FAILED) => return Err(Failed::Unplaced),
                 Err(_) => {
                     let end = *end.get_or_insert_with(|| Instant::now() + SETTLE_WAIT);
                     if gone() || Instant::now() > end {
-                        return Err(());
+                        return Err(Failed::Stuck);
                     }
                     std::thread::yield_now();
                 }
             }
         }
+    }
+
+    /// The sender took the slot but placed nothing (see [`SLOT_FAILED`]).
+    pub(super) fn failed(&self, index: u32) {
+        self.state(index).store(SLOT_FAILED, Ordering::Release);
     }
 
     /// The slot taken with [`Slots::take`] is placed (or given up): free again.
