@@ -946,8 +946,8 @@ fn scatter(
 
 /// Places, in ring order, the bytes of every inline SEND this side left in the peer's slots
 /// that the peer has not placed yet (`inline.rs`), before this side places anything else
-/// into the peer's memory. Pieces whose MR the peer deregistered meanwhile are skipped
-/// (never written).
+/// into the peer's memory. A slot whose receive MR the peer deregistered meanwhile is
+/// written nowhere and marked failed (that receive completes `LOC_PROT_ERR`).
 fn settle(ctx: &Context, c: &mut Chan) {
     if c.slots_out.is_none() {
         return;
