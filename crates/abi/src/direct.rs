@@ -7,6 +7,8 @@
 //! SEND or a WRITE with immediate) and each side's receive-completion ring (produced by the
 //! peer's library, consumed by the owner's `poll_cq`).
 
+pub mod inline;
+
 /// Not decided yet (a daemon of this ABI decides at the first ask; kept for the library's
 /// sake, which waits on the word while it reads this).
 pub const PATH_UNDECIDED: u32 = 0;
@@ -26,6 +28,10 @@ pub const CH_BUSY: [usize; 2] = [384, 512];
 /// Header word (`u32`) per side: that side's QP access flags (`ibv_access_flags`) as the
 /// daemon knew them when the pair was decided; the requester checks the responder's.
 pub const CH_ACCESS: [usize; 2] = [640, 768];
+/// Header word (`u32`) per side, written by that side's library (ABI 14): 1 once it
+/// places the SENDs its peer leaves in its inline slots ([`inline`]); a peer sends inline
+/// only to a side that says so (a library that predates the slots leaves it 0).
+pub const CH_INLINE: [usize; 2] = [896, 1024];
 /// [`DirectPeerErrorReq::event`](crate::msg::DirectPeerErrorReq) when the peer fails with
 /// no async event.
 pub const NO_EVENT: u32 = u32::MAX;
@@ -49,7 +55,10 @@ pub const MRT_SEQ: usize = 0;
 pub const MRT_COUNT: usize = 8;
 /// MR table: first entry.
 pub const MRT_ENTRIES: usize = 64;
-/// MR table: bytes per entry: key `u32`, PD handle `u32`, access `u32`, 0 `u32`, iova `u64`,
+/// [`MrEntry::flags`]: the daemon holds a memfd of the MR's pages (registered as shared
+/// memory); a peer library may map it (`DirectMrFd`).
+pub const MR_SHARED: u32 = 1;
+/// MR table: bytes per entry: key `u32`, PD handle `u32`, access `u32`, flags `u32`, iova `u64`,
 /// length `u64`, address `u64`, 0 `u64` (little-endian).
 pub const MRT_ENTRY: usize = 48;
 /// MR table: entries at most; MRs beyond are not reachable on the direct path (their keys
@@ -68,6 +77,8 @@ pub struct MrEntry {
     pub pd: u32,
     /// `ibv_access_flags`.
     pub access: u32,
+    /// [`MR_SHARED`] or 0 (ABI 14; an older daemon writes 0).
+    pub flags: u32,
     /// First byte as peers and work requests address it.
     pub iova: u64,
     /// Bytes.
@@ -83,6 +94,7 @@ impl MrEntry {
         b[0..4].copy_from_slice(&self.key.to_le_bytes());
         b[4..8].copy_from_slice(&self.pd.to_le_bytes());
         b[8..12].copy_from_slice(&self.access.to_le_bytes());
+        b[12..16].copy_from_slice(&self.flags.to_le_bytes());
         b[16..24].copy_from_slice(&self.iova.to_le_bytes());
         b[24..32].copy_from_slice(&self.len.to_le_bytes());
         b[32..40].copy_from_slice(&self.addr.to_le_bytes());
@@ -101,6 +113,7 @@ impl MrEntry {
             key: u32_at(0),
             pd: u32_at(4),
             access: u32_at(8),
+            flags: u32_at(12),
             iova: u64_at(16),
             len: u64_at(24),
             addr: u64_at(32),
@@ -128,6 +141,7 @@ mod tests {
             key: 7,
             pd: 3,
             access: 0xf,
+            flags: MR_SHARED,
             iova: 0x1000,
             len: 64,
             addr: 0x7f00_0000,

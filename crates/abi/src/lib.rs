@@ -52,7 +52,10 @@ pub use codec::{
 /// 12: the connection manager's commands (ids 100–129, [`cm`], docs/cm.md §4).
 /// 13: the same-host direct path (`DirectOpen`, `DirectAttach`, `DirectPeerError`, [`direct`],
 /// docs/direct-path.md), and `CmAdopt` (`rdma_migrate_id` of an id with CM state).
-pub const ABI_VERSION: u32 = 13;
+/// 14: the direct path's speed: inline-payload slots in the channel
+/// (`DirectAttachResp::inline_offset`), [`direct::MR_SHARED`] in the MR table and
+/// `DirectMrFd` (id 143).
+pub const ABI_VERSION: u32 = 14;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -267,6 +267,10 @@ commands! {
     /// receive too short): the daemon moves the peer QP to ERR and raises `event` on it, as
     /// the responder's engine would (the requester has moved its own QP to ERR).
     DirectPeerError = 142 since 13 : DirectPeerErrorReq => (),
+    /// ABI 14: the memfd behind the peer's MR `key`, when the daemon holds one (the MR table
+    /// marks it [`direct::MR_SHARED`](crate::direct::MR_SHARED)), for the library to map and
+    /// reach with `memcpy` instead of the peer's `/proc/<pid>/mem` (docs/direct-path.md).
+    DirectMrFd = 143 since 14 : DirectMrFdReq => DirectMrFdResp,
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -335,6 +339,26 @@ wire! {
         pub capacity: [U32; 2],
         pub rq_entry: U32,
         pub cqe_entry: U32,
+        /// ABI 14: each side's inline-payload slots (one per entry of its receive-completion
+        /// ring, [`direct::inline`](crate::direct::inline)), and the bytes per slot; 0: none.
+        pub inline_offset: [U32; 2],
+        pub inline_slot: U32,
+        pub reserved2: U32,
+    }
+
+    /// [`cmd::DirectMrFd`]: `qp` is a direct QP of the caller, `key` an MR of its peer.
+    pub struct DirectMrFdReq {
+        pub qp: U32,
+        pub key: U32,
+    }
+
+    /// [`cmd::DirectMrFd`]: with the memfd. Byte 0 of the file is the first byte of the page
+    /// holding `addr` (the MR's first byte in the peer's address space); `map_len` bytes
+    /// (whole pages) cover the MR.
+    pub struct DirectMrFdResp {
+        pub addr: U64,
+        pub len: U64,
+        pub map_len: U64,
     }
 
     /// [`cmd::DirectPeerError`].

@@ -16,6 +16,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use softverbs_abi::direct::inline::{INLINE_MAX, INLINE_PIECES, SLOT_RECEIVER, SLOT_SENDER};
 use softverbs_abi::direct::*;
 use softverbs_abi::msg::{cmd, DirectAttachReq, DirectAttachResp, PostRecvReq, WcWire};
 use softverbs_core::attr::QpAttr;
@@ -28,6 +29,9 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::error::{errno, Error, Result};
 use crate::Context;
+
+mod inline;
+mod mapped;
 
 /// Whether this process asks for the direct path (`SOFTVERBS_DIRECT=1`).
 pub(crate) fn wanted() -> bool {
@@ -106,6 +110,16 @@ struct Chan {
     /// Receive completions taken from `cqe_in`: the receives `[rq_completed, produced)` of
     /// `rq_out` are still outstanding.
     rq_completed: u32,
+    /// This QP's handle (for `DirectMrFd`).
+    handle: u32,
+    /// Inline slots of the peer's receive completions (filled here) and of this side's
+    /// (placed here), when the daemon made them (ABI 14).
+    slots_out: Option<inline::Slots>,
+    slots_in: Option<inline::Slots>,
+    /// Entries of `cqe_out` below this index have free slots (settled).
+    settled_to: u32,
+    /// The peer's shared-memory MRs mapped here.
+    maps: mapped::Maps,
 }
 
 #[derive(Debug)]
@@ -148,7 +162,7 @@ enum Exec {
     PeerFault(WcStatus, Option<EventType>),
 }
 
-fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
+pub(crate) fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
     for _ in 0..1000 {
         let seq = &table.atomic_u64s(MRT_SEQ, 1)[0];
         let s = seq.load(Ordering::Acquire);
@@ -160,7 +174,12 @@ fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
         let mut found = None;
         let mut b = [0u8; MRT_ENTRY];
         for i in 0..n {
-            table.read(MRT_ENTRIES + i * MRT_ENTRY, &mut b);
+            // The key is the entry's first word (little-endian): only a match is read whole.
+            let at = MRT_ENTRIES + i * MRT_ENTRY;
+            if u32::from_le(table.atomic_u32(at).load(Ordering::Relaxed)) != key {
+                continue;
+            }
+            table.read(at, &mut b);
             let e = MrEntry::decode(&b);
             if e.key == key {
                 found = Some(e);
@@ -178,11 +197,23 @@ fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
 /// Checks `(key, iova, len)` for a QP in `pd` needing `need` (crates/core/src/datapath.rs
 /// `check_mem`'s rules); the address in the owner's space.
 fn check(table: &Region, pd: u32, key: u32, iova: u64, len: u64, need: Access) -> Option<u64> {
+    check_entry(table, pd, key, iova, len, need).map(|(_, a)| a)
+}
+
+/// [`check`], with the entry that allowed it.
+fn check_entry(
+    table: &Region,
+    pd: u32,
+    key: u32,
+    iova: u64,
+    len: u64,
+    need: Access,
+) -> Option<(MrEntry, u64)> {
     let e = lookup(table, key)?;
     if e.pd != pd || !Access(e.access).contains(need) {
         return None;
     }
-    e.translate(iova, len)
+    e.translate(iova, len).map(|a| (e, a))
 }
 
 impl DirectCtx {
@@ -242,6 +273,45 @@ impl DirectCtx {
         })
     }
 
+    /// An MR of this context is about to be deregistered or changed: the SENDs peers already
+    /// delivered to it inline are placed now, while it is still registered (their completions
+    /// wait in the library's CQ queues for the next poll), as a NIC would have placed them on
+    /// arrival.
+    pub(crate) fn revoking(&self) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        for q in inner.qps.values_mut() {
+            if let Path::Direct(c) = &mut q.path {
+                drain_cqes(Some(&self.own_table), c, q.recv_cq, &mut inner.cqs);
+            }
+        }
+    }
+
+    /// An MR of this context was deregistered or changed (the daemon has rewritten the MR
+    /// table): waits until no peer library is between checking a key in that table and its
+    /// copy (its busy word, raised before it reads the table), so nothing reaches memory the
+    /// program no longer registers once `dereg_mr` returns. Store-buffering pattern, as for
+    /// flushing receives: the daemon's table write comes before its answer, our read of the
+    /// busy word after it; the peer raises busy, fences, then reads the table. Bounded; a
+    /// gone peer is not waited for.
+    pub(crate) fn revoked(&self) {
+        fence(Ordering::SeqCst);
+        let g = self.lock();
+        for q in g.qps.values() {
+            let Path::Direct(c) = &q.path else {
+                continue;
+            };
+            let peer = 1 - c.side;
+            let end = Instant::now() + Duration::from_secs(1);
+            while c.region.atomic_u32(CH_BUSY[peer]).load(Ordering::SeqCst) != 0
+                && c.region.atomic_u32(CH_STATE[peer]).load(Ordering::Acquire) != SIDE_GONE
+                && Instant::now() < end
+            {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     /// Whether the QP's work is the direct path's (held, undecided or direct).
     pub(crate) fn owns(&self, handle: u32) -> bool {
         self.lock().qps.contains_key(&handle)
@@ -274,7 +344,9 @@ impl DirectCtx {
                     .conn
                     .call_fds::<cmd::DirectAttach>("direct_attach", 0, &req, &[]);
                 let chan = match got {
-                    Ok((r, fds)) if r.path.get() != PATH_DAEMON => chan_from(&r, fds),
+                    Ok((r, fds)) if r.path.get() != PATH_DAEMON => {
+                        chan_from(&r, fds).map(|c| Chan { handle, ..c })
+                    }
                     _ => None,
                 };
                 match chan {
@@ -389,15 +461,15 @@ impl DirectCtx {
         let mut g = self.lock();
         let inner = &mut *g;
         let mut left = Vec::new();
-        let handles: Vec<u32> = inner.qps.keys().copied().collect();
-        for h in handles {
-            let Some(q) = inner.qps.get_mut(&h) else {
-                continue;
-            };
-            let cqs = &mut inner.cqs;
-            if progress(ctx, &self.own_table, h, q, cqs) {
-                left.push((h, take_fallback(inner, h)));
+        // No allocation on the poll path: QPs that leave the direct path are rare.
+        let mut leaving = Vec::new();
+        for (&h, q) in inner.qps.iter_mut() {
+            if progress(ctx, &self.own_table, h, q, &mut inner.cqs) {
+                leaving.push(h);
             }
+        }
+        for h in leaving {
+            left.push((h, take_fallback(inner, h)));
         }
         let mut n = 0;
         if let Some(queue) = inner.cqs.get_mut(&cq) {
@@ -448,7 +520,27 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
     let rq = |s: usize| RingLayout::new(r.capacity[s].get(), r.rq_entry.get()).ok();
     let cq = |s: usize| RingLayout::new(r.capacity[s].get(), r.cqe_entry.get()).ok();
     let at = |v: U32| v.get() as usize;
+    let slots = |s: usize| {
+        inline::Slots::new(
+            region.clone(),
+            r.inline_offset[s].get(),
+            r.capacity[s].get(),
+            r.inline_slot.get(),
+        )
+    };
+    let (slots_out, slots_in) = (slots(peer), slots(side));
+    if slots_in.is_some() {
+        // From here on this library places what the peer leaves in its slots.
+        region
+            .atomic_u32(CH_INLINE[side])
+            .store(1, Ordering::Release);
+    }
     Some(Chan {
+        handle: 0,
+        slots_out,
+        slots_in,
+        settled_to: 0,
+        maps: mapped::Maps::default(),
         side,
         peer_qpn: r.peer_qpn.get(),
         peer_pd: r.peer_pd.get(),
@@ -517,7 +609,7 @@ fn progress(
     let Path::Direct(c) = &mut q.path else {
         return false;
     };
-    drain_cqes(c, q.recv_cq, cqs);
+    drain_cqes(Some(own_table), c, q.recv_cq, cqs);
     if c.region
         .atomic_u32(CH_STATE[c.side])
         .load(Ordering::Acquire)
@@ -543,7 +635,17 @@ fn progress(
             return false;
         };
         let signaled = p.signaled || q.sq_sig_all;
-        match execute(own_table, c, q.qp_type, p) {
+        // Busy from before its checks until after its copies: the peer's `dereg_mr` waits
+        // for 0 (`DirectCtx::revoked`), and a peer flushing its receives likewise.
+        c.region
+            .atomic_u32(CH_BUSY[c.side])
+            .store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let done = execute(ctx, own_table, c, q.qp_type, p);
+        c.region
+            .atomic_u32(CH_BUSY[c.side])
+            .store(0, Ordering::SeqCst);
+        match done {
             Exec::Rnr => break,
             Exec::Done(WcStatus::Success, len) => {
                 let p = q.pending.pop_front().expect("front");
@@ -578,19 +680,95 @@ fn progress(
     false
 }
 
+/// Takes the receive completions the peer pushed, placing the bytes of inline SENDs into
+/// this process's receive buffers first (`inline.rs`), so a completion is visible only once
+/// its data is in place.
 fn drain_cqes(
+    own_table: Option<&Region>,
     c: &mut Chan,
     recv_cq: Option<u32>,
     cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
 ) {
-    while let Ok(Some(w)) = c.cqe_in.pop_value::<WcWire>() {
+    let peer_side = 1 - c.side;
+    loop {
+        if !matches!(c.cqe_in.available(), Ok(n) if n > 0) {
+            break;
+        }
+        let idx = c.cqe_in.consumed();
+        let region = &c.region;
+        let gone = || {
+            region
+                .atomic_u32(CH_STATE[peer_side])
+                .load(Ordering::Acquire)
+                == SIDE_GONE
+        };
+        let taken = match &c.slots_in {
+            Some(sl) => sl.take(idx, SLOT_RECEIVER, gone),
+            None => Ok(None),
+        };
+        let Ok(Some(w)) = c.cqe_in.pop_value::<WcWire>() else {
+            break;
+        };
         c.rq_completed = c.rq_completed.wrapping_add(1);
+        let mut wc = WorkCompletion::from(&w);
+        match taken {
+            Ok(None) => {}
+            Ok(Some(t)) => {
+                if !place_own(own_table, c.own_pd, &t) {
+                    // The receive's MR went away (or the peer wrote nonsense) before the
+                    // bytes could be placed: what a NIC reports for a receive whose L_Key
+                    // fails (IBA 10.7.2.2), and nothing is written.
+                    wc.status = WcStatus::LocProtErr;
+                    wc.opcode = WcOpcode::Recv;
+                    wc.byte_len = 0;
+                }
+                if let Some(sl) = &c.slots_in {
+                    sl.release(idx);
+                }
+            }
+            // The sender died while placing these bytes itself: the receive is lost with it
+            // (its QP fails at once, peer gone).
+            Err(inline::Failed::Stuck) => wc.status = WcStatus::WrFlushErr,
+            // The sender found the receive's MR gone before it could place the bytes.
+            Err(inline::Failed::Unplaced) => {
+                wc.status = WcStatus::LocProtErr;
+                wc.opcode = WcOpcode::Recv;
+                wc.byte_len = 0;
+                if let Some(sl) = &c.slots_in {
+                    sl.release(idx);
+                }
+            }
+        }
         if let Some(cq) = recv_cq {
-            cqs.entry(cq)
-                .or_default()
-                .push_back(WorkCompletion::from(&w));
+            cqs.entry(cq).or_default().push_back(wc);
         }
     }
+}
+
+/// Copies an inline slot's payload into this process's receive buffers, each checked again
+/// in its own MR table (`LOCAL_WRITE`, bounds: the program may have deregistered it since the
+/// sender checked); `false` (nothing written) if any piece fails.
+fn place_own(own_table: Option<&Region>, pd: u32, t: &inline::Taken) -> bool {
+    let Some(table) = own_table else {
+        return false;
+    };
+    let total: u64 = t.pieces.iter().map(|p| p.len).sum();
+    if total != t.payload.len() as u64 {
+        return false;
+    }
+    let mut targets = Vec::with_capacity(t.pieces.len());
+    for p in &t.pieces {
+        match check(table, pd, p.lkey, p.addr, p.len, Access::LOCAL_WRITE) {
+            Some(a) => targets.push((a, p.len as usize)),
+            None => return false,
+        }
+    }
+    let mut off = 0;
+    for (a, l) in targets {
+        softverbs_memaccess::write_own(a, &t.payload[off..off + l]);
+        off += l;
+    }
+    true
 }
 
 /// Moves the QP to ERR: the front request completes with `front` (if any), the rest and
@@ -635,7 +813,7 @@ fn fail(
         {
             std::thread::yield_now();
         }
-        drain_cqes(c, q.recv_cq, cqs);
+        drain_cqes(ctx.direct.as_ref().map(|d| &d.own_table), c, q.recv_cq, cqs);
         let produced = c.rq_out.produced();
         let mut i = c.rq_completed;
         let mut buf = vec![0u8; c.rq_out.layout().entry_size()];
@@ -721,17 +899,35 @@ fn peer_state(c: &Chan) -> u32 {
         .load(Ordering::Acquire)
 }
 
-/// Copies the local pieces into the peer's pieces in order.
-fn scatter(
+/// Writes the local pieces to the peer's `[raddr, ..)`, which its MR `e` covers: `memcpy`
+/// into the MR's mapping when it is shared memory, else through the peer's `/proc/<pid>/mem`.
+fn write_peer(
+    ctx: &Context,
+    handle: u32,
+    maps: &mut mapped::Maps,
     peer: &PeerMemory,
+    e: &MrEntry,
     local: &[(u64, u64)],
-    remote: &[(u64, u64)],
+    raddr: u64,
+) -> std::result::Result<(), PeerFault> {
+    match maps.get(ctx, handle, e) {
+        Some(m) => m.write_from(local, raddr),
+        None => peer.write_from(local, raddr),
+    }
+}
+
+/// Copies the local pieces into the peer's pieces `(entry, address, length)` in order.
+fn scatter(
+    ctx: &Context,
+    c: &mut Chan,
+    local: &[(u64, u64)],
+    remote: &[(MrEntry, u64, u64)],
 ) -> std::result::Result<(), PeerFault> {
     let mut li = 0;
     let mut loff = 0u64;
-    for &(raddr, rlen) in remote {
+    for (e, raddr, rlen) in remote {
         let mut pieces = Vec::new();
-        let mut need = rlen;
+        let mut need = *rlen;
         while need > 0 && li < local.len() {
             let (a, l) = local[li];
             let take = (l - loff).min(need);
@@ -743,12 +939,86 @@ fn scatter(
                 loff = 0;
             }
         }
-        peer.write_from(&pieces, raddr)?;
+        write_peer(ctx, c.handle, &mut c.maps, &c.peer, e, &pieces, *raddr)?;
     }
     Ok(())
 }
 
-fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Exec {
+/// Places, in ring order, the bytes of every inline SEND this side left in the peer's slots
+/// that the peer has not placed yet (`inline.rs`), before this side places anything else
+/// into the peer's memory. A slot whose receive MR the peer deregistered meanwhile is
+/// written nowhere and marked failed (that receive completes `LOC_PROT_ERR`).
+fn settle(ctx: &Context, c: &mut Chan) {
+    if c.slots_out.is_none() {
+        return;
+    }
+    let produced = c.cqe_out.produced();
+    let cap = c.cqe_out.layout().capacity();
+    if produced.wrapping_sub(c.settled_to) > cap {
+        c.settled_to = produced.wrapping_sub(cap);
+    }
+    while c.settled_to != produced {
+        let i = c.settled_to;
+        settle_one(ctx, c, i);
+        c.settled_to = i.wrapping_add(1);
+    }
+}
+
+fn settle_one(ctx: &Context, c: &mut Chan, i: u32) {
+    let Some(slots) = c.slots_out.as_ref() else {
+        return;
+    };
+    let region = &c.region;
+    let peer_side = 1 - c.side;
+    let gone = || {
+        region
+            .atomic_u32(CH_STATE[peer_side])
+            .load(Ordering::Acquire)
+            == SIDE_GONE
+    };
+    let Ok(Some(t)) = slots.take(i, SLOT_SENDER, gone) else {
+        return;
+    };
+    // Every piece is checked again (the peer may have deregistered its MR since) before any
+    // is written: all of the SEND lands, or none of it and the receive fails.
+    let mut targets = Vec::with_capacity(t.pieces.len());
+    let total: u64 = t.pieces.iter().map(|p| p.len).sum();
+    let mut ok = total == t.payload.len() as u64;
+    for p in &t.pieces {
+        match check_entry(
+            &c.peer_table,
+            c.peer_pd,
+            p.lkey,
+            p.addr,
+            p.len,
+            Access::LOCAL_WRITE,
+        ) {
+            Some(found) if ok => targets.push((found, p.len)),
+            _ => ok = false,
+        }
+    }
+    let base = t.payload.as_ptr() as u64;
+    let mut off = 0u64;
+    if ok {
+        for ((e, a), len) in &targets {
+            let piece = [(base + off, *len)];
+            if write_peer(ctx, c.handle, &mut c.maps, &c.peer, e, &piece, *a).is_err() {
+                ok = false;
+                break;
+            }
+            off += len;
+        }
+    }
+    if let Some(slots) = c.slots_out.as_ref() {
+        if ok {
+            slots.release(i);
+        } else {
+            slots.failed(i);
+        }
+    }
+}
+
+fn execute(ctx: &Context, own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Exec {
     let reliable = qp_type == QpType::Rc;
     let dropped = || Exec::Done(WcStatus::Success, 0);
     let len_of = |p: &Pending| -> u64 {
@@ -790,13 +1060,14 @@ fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Ex
                 _ => None,
             };
             deliver(
+                ctx,
                 c,
                 reliable,
                 total,
                 total,
                 imm,
                 WcOpcode::Recv,
-                |c, remote| scatter(&c.peer, &local, remote),
+                Some(&local),
             )
         }
         SendOp::Write { remote_addr, rkey }
@@ -807,11 +1078,25 @@ fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Ex
             let (local, target) =
                 match rdma_target(own_table, c, p, peer_access, need, rkey, remote_addr) {
                     Ok(t) => t,
-                    Err(None) => return access_err(),
+                    Err(None) => {
+                        c.maps.forget(rkey);
+                        return access_err();
+                    }
                     Err(Some(s)) => return Exec::Done(s, 0),
                 };
             if total > 0 {
-                match c.peer.write_from(&local, target) {
+                settle(ctx, c);
+                let e = lookup(&c.peer_table, rkey);
+                let moved = match e.as_ref().and_then(|e| c.maps.get(ctx, c.handle, e)) {
+                    Some(m) => m.write_from(&local, target),
+                    None => c.peer.write_from(&local, target),
+                };
+                match moved {
+                    // A mapping outlives its owner: a peer that died meanwhile acknowledges
+                    // nothing, as through `/proc` (where the kernel moves nothing).
+                    Ok(()) if reliable && peer_state(c) == SIDE_GONE => {
+                        return Exec::Done(WcStatus::RetryExcErr, 0)
+                    }
                     Ok(()) => {}
                     Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
                     Err(PeerFault::Gone) if reliable => {
@@ -826,13 +1111,14 @@ fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Ex
             if let SendOp::WriteWithImm { imm, .. } = p.op {
                 // The data is placed; the receive only reports it (IBA 9.4.3).
                 return deliver(
+                    ctx,
                     c,
                     reliable,
                     total,
                     0,
                     Some(imm),
                     WcOpcode::RecvRdmaWithImm,
-                    |_, _| Ok(()),
+                    None,
                 )
                 .with_len(total);
             }
@@ -843,11 +1129,25 @@ fn execute(own_table: &Region, c: &mut Chan, qp_type: QpType, p: &Pending) -> Ex
             let (local, target) =
                 match rdma_target(own_table, c, p, peer_access, need, rkey, remote_addr) {
                     Ok(t) => t,
-                    Err(None) => return access_err(),
+                    Err(None) => {
+                        c.maps.forget(rkey);
+                        return access_err();
+                    }
                     Err(Some(s)) => return Exec::Done(s, 0),
                 };
             if total > 0 {
-                match c.peer.read_into(&local, target) {
+                // A READ sees what earlier SENDs placed (IBA 9.5: the responder executes
+                // requests in order).
+                settle(ctx, c);
+                let e = lookup(&c.peer_table, rkey);
+                let moved = match e.as_ref().and_then(|e| c.maps.get(ctx, c.handle, e)) {
+                    Some(m) => m.read_into(&local, target),
+                    None => c.peer.read_into(&local, target),
+                };
+                match moved {
+                    Ok(()) if peer_state(c) == SIDE_GONE => {
+                        return Exec::Done(WcStatus::RetryExcErr, 0)
+                    }
                     Ok(()) => {}
                     Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
                     Err(PeerFault::Gone) => return Exec::Done(WcStatus::RetryExcErr, 0),
@@ -875,70 +1175,111 @@ impl Exec {
     }
 }
 
-/// Takes the peer's next receive and completes it with `opcode` after `copy` placed the
-/// data (responder `execute_send`'s rules: a too-short receive is `LOC_LEN_ERR` there and
-/// `REM_INV_REQ_ERR` here, a bad key `LOC_PROT_ERR` there and `REM_OP_ERR` here, both
-/// failing the responder without an event; UC drops instead of failing).
+/// Takes the peer's next receive and completes it with `opcode` after placing `send`'s
+/// local pieces (a SEND; `None`: the data is placed already) into it (responder
+/// `execute_send`'s rules: a too-short receive is `LOC_LEN_ERR` there and `REM_INV_REQ_ERR`
+/// here, a bad key `LOC_PROT_ERR` there and `REM_OP_ERR` here, both failing the responder
+/// without an event; UC drops instead of failing). A SEND of at most `INLINE_MAX` bytes to
+/// at most `INLINE_PIECES` receive SGEs goes into the completion's inline slot for the
+/// receiver to place (`inline.rs`); a larger one is placed here, after the slots still
+/// unplaced. The caller has raised this side's busy word.
+#[allow(clippy::too_many_arguments)]
 fn deliver(
+    ctx: &Context,
     c: &mut Chan,
     reliable: bool,
     byte_len: u64,
     len: u64,
     imm: Option<u32>,
     opcode: WcOpcode,
-    copy: impl FnOnce(&Chan, &[(u64, u64)]) -> std::result::Result<(), PeerFault>,
+    send: Option<&[(u64, u64)]>,
 ) -> Exec {
-    let me = c.side;
-    c.region.atomic_u32(CH_BUSY[me]).store(1, Ordering::SeqCst);
-    fence(Ordering::SeqCst);
-    let result = (|| {
-        match peer_state(c) {
-            SIDE_OPEN => {}
-            SIDE_PENDING => return Exec::Rnr,
-            _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
-            _ => return Exec::Done(WcStatus::Success, 0),
+    match peer_state(c) {
+        SIDE_OPEN => {}
+        SIDE_PENDING => return Exec::Rnr,
+        _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
+        _ => return Exec::Done(WcStatus::Success, 0),
+    }
+    let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
+    match c.rq_in.pop(&mut buf) {
+        Ok(true) => {}
+        Ok(false) if reliable => return Exec::Rnr,
+        Ok(false) => return Exec::Done(WcStatus::Success, 0),
+        Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
+    }
+    let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
+        return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+    };
+    let n = (r.num_sge.get() as usize).min(r.sg_list.len());
+    // Walk the receive's SGEs as far as the message reaches.
+    let mut remote = Vec::new();
+    let mut pieces = Vec::new();
+    let mut need = len;
+    let mut status = WcStatus::Success;
+    for s in &r.sg_list[..n] {
+        if need == 0 {
+            break;
         }
-        let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
-        match c.rq_in.pop(&mut buf) {
-            Ok(true) => {}
-            Ok(false) if reliable => return Exec::Rnr,
-            Ok(false) => return Exec::Done(WcStatus::Success, 0),
-            Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
-        }
-        let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
-            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
-        };
-        let n = (r.num_sge.get() as usize).min(r.sg_list.len());
-        // Walk the receive's SGEs as far as the message reaches.
-        let mut remote = Vec::new();
-        let mut need = len;
-        let mut status = WcStatus::Success;
-        for s in &r.sg_list[..n] {
-            if need == 0 {
+        let take = u64::from(s.length.get()).min(need);
+        match check_entry(
+            &c.peer_table,
+            c.peer_pd,
+            s.lkey.get(),
+            s.addr.get(),
+            take,
+            Access::LOCAL_WRITE,
+        ) {
+            Some((e, a)) => {
+                remote.push((e, a, take));
+                pieces.push(inline::Piece {
+                    lkey: s.lkey.get(),
+                    addr: s.addr.get(),
+                    len: take,
+                });
+            }
+            None => {
+                status = WcStatus::LocProtErr;
                 break;
             }
-            let take = u64::from(s.length.get()).min(need);
-            match check(
-                &c.peer_table,
-                c.peer_pd,
-                s.lkey.get(),
-                s.addr.get(),
-                take,
-                Access::LOCAL_WRITE,
-            ) {
-                Some(a) => remote.push((a, take)),
-                None => {
-                    status = WcStatus::LocProtErr;
-                    break;
-                }
+        }
+        need -= take;
+    }
+    if status == WcStatus::Success && need > 0 {
+        status = WcStatus::LocLenErr;
+    }
+    let slot = c.cqe_out.produced();
+    let mut filled = false;
+    if let (WcStatus::Success, Some(local)) = (status, send) {
+        let small = len as usize <= INLINE_MAX && pieces.len() <= INLINE_PIECES;
+        let placed_there = || {
+            c.region
+                .atomic_u32(CH_INLINE[1 - c.side])
+                .load(Ordering::Acquire)
+                == 1
+        };
+        if small
+            && c.slots_out.is_some()
+            && placed_there()
+            && matches!(c.cqe_out.free(), Ok(f) if f > 0)
+        {
+            if !c.slots_out.as_ref().is_some_and(|sl| sl.is_free(slot)) {
+                // Its previous entry's bytes may still wait for the receiver.
+                settle_one(ctx, c, slot.wrapping_sub(c.cqe_out.layout().capacity()));
             }
-            need -= take;
+            if let Some(sl) = c.slots_out.as_ref().filter(|sl| sl.is_free(slot)) {
+                let mut payload = vec![0u8; len as usize];
+                let mut off = 0;
+                for &(a, l) in local {
+                    softverbs_memaccess::read_own(a, &mut payload[off..off + l as usize]);
+                    off += l as usize;
+                }
+                sl.fill(slot, &pieces, &payload);
+                filled = true;
+            }
         }
-        if status == WcStatus::Success && need > 0 {
-            status = WcStatus::LocLenErr;
-        }
-        if status == WcStatus::Success {
-            match copy(c, &remote) {
+        if !filled {
+            settle(ctx, c);
+            match scatter(ctx, c, local, &remote) {
                 Ok(()) => {}
                 // The peer died holding this receive: nobody will see it.
                 Err(PeerFault::Gone) if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
@@ -947,26 +1288,33 @@ fn deliver(
                 Err(PeerFault::Remote) => status = WcStatus::LocProtErr,
             }
         }
-        let mut wc = WorkCompletion::new(r.wr_id.get(), status, opcode, c.peer_qpn);
-        if status == WcStatus::Success {
-            wc.byte_len = byte_len as u32;
-            if let Some(i) = imm {
-                wc.imm_data = i;
-                wc.wc_flags |= WC_WITH_IMM;
+    }
+    let mut wc = WorkCompletion::new(r.wr_id.get(), status, opcode, c.peer_qpn);
+    if status == WcStatus::Success {
+        wc.byte_len = byte_len as u32;
+        if let Some(i) = imm {
+            wc.imm_data = i;
+            wc.wc_flags |= WC_WITH_IMM;
+        }
+    } else {
+        wc.opcode = WcOpcode::Recv;
+    }
+    if push_entry(&mut c.cqe_out, WcWire::from(&wc).as_bytes()).is_err() {
+        if filled {
+            if let Some(sl) = &c.slots_out {
+                sl.release(slot);
             }
-        } else {
-            wc.opcode = WcOpcode::Recv;
         }
-        if push_entry(&mut c.cqe_out, WcWire::from(&wc).as_bytes()).is_err() {
-            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
-        }
-        match status {
-            WcStatus::Success => Exec::Done(WcStatus::Success, len as u32),
-            _ if !reliable => Exec::Done(WcStatus::Success, 0),
-            WcStatus::LocLenErr => Exec::PeerFault(WcStatus::RemInvReqErr, None),
-            _ => Exec::PeerFault(WcStatus::RemOpErr, None),
-        }
-    })();
-    c.region.atomic_u32(CH_BUSY[me]).store(0, Ordering::SeqCst);
-    result
+        return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+    }
+    if reliable && peer_state(c) == SIDE_GONE {
+        // Died while this was delivered: nobody takes it, nobody acknowledges it.
+        return Exec::Done(WcStatus::RetryExcErr, 0);
+    }
+    match status {
+        WcStatus::Success => Exec::Done(WcStatus::Success, len as u32),
+        _ if !reliable => Exec::Done(WcStatus::Success, 0),
+        WcStatus::LocLenErr => Exec::PeerFault(WcStatus::RemInvReqErr, None),
+        _ => Exec::PeerFault(WcStatus::RemOpErr, None),
+    }
 }

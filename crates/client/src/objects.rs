@@ -457,7 +457,10 @@ impl<'a> Mr<'a> {
             length: U64::new(length),
             iova: U64::new(iova),
         };
-        let r: RegMrResp = self.ctx.conn.call::<cmd::ReregMr>("rereg_mr", 0, &req)?;
+        revoking(self.ctx);
+        let r = self.ctx.conn.call::<cmd::ReregMr>("rereg_mr", 0, &req);
+        revoked(self.ctx);
+        let r: RegMrResp = r?;
         self.lkey = r.lkey.get();
         self.rkey = r.rkey.get();
         Ok(())
@@ -466,7 +469,10 @@ impl<'a> Mr<'a> {
     /// `ibv_dereg_mr`.
     pub fn dereg(self) -> Result<()> {
         let this = ManuallyDrop::new(self);
-        destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle)
+        revoking(this.ctx);
+        let r = destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle);
+        revoked(this.ctx);
+        r
     }
 
     /// `ibv_dereg_mr` that hands the MR back when the daemon refuses it with `EINVAL`
@@ -474,7 +480,10 @@ impl<'a> Mr<'a> {
     /// are unbound. Any other failure (a dead connection) leaves nothing to hand back.
     pub fn dereg_or_keep(self) -> std::result::Result<(), (Option<Mr<'a>>, Error)> {
         let this = ManuallyDrop::new(self);
-        match destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle) {
+        revoking(this.ctx);
+        let r = destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle);
+        revoked(this.ctx);
+        match r {
             Ok(()) => Ok(()),
             Err(e) if e.errno == errno::EINVAL => Err((Some(ManuallyDrop::into_inner(this)), e)),
             Err(e) => Err((None, e)),
@@ -484,7 +493,25 @@ impl<'a> Mr<'a> {
 
 impl Drop for Mr<'_> {
     fn drop(&mut self) {
+        revoking(self.ctx);
         let _ = destroy_plain::<cmd::DeregMr>(self.ctx, "dereg_mr", self.handle);
+        revoked(self.ctx);
+    }
+}
+
+/// Before `dereg_mr`/`rereg_mr`: what peers delivered inline is placed while the MR is still
+/// registered (`DirectCtx::revoking`).
+fn revoking(ctx: &Context) {
+    if let Some(d) = &ctx.direct {
+        d.revoking();
+    }
+}
+
+/// After `dereg_mr`/`rereg_mr`: the direct path's peers are done with the old registration
+/// (`DirectCtx::revoked`).
+fn revoked(ctx: &Context) {
+    if let Some(d) = &ctx.direct {
+        d.revoked();
     }
 }
 

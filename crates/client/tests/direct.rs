@@ -420,6 +420,9 @@ fn broken_rules_give_the_statuses_and_events_of_the_daemon_path() {
 
 const ROLE: &str = "SOFTVERBS_DIRECT_TEST_ROLE";
 const SOCKET: &str = "SOFTVERBS_DIRECT_TEST_SOCKET";
+/// `shared`: the victim's receive buffer is shared memory (`Pd::alloc_mr`), which its
+/// partner's library maps.
+const MEM: &str = "SOFTVERBS_DIRECT_TEST_MEM";
 
 /// The victim: connects to the QP number it reads on stdin, prints its own, then receives
 /// and sends forever until it is killed.
@@ -441,9 +444,20 @@ fn victim_role() {
     let peer: u32 = line.trim().parse().unwrap();
     let mut buf = vec![0u8; 1 << 16];
     let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
+    let mut owned = s.pd.alloc_mr(1 << 16, RWR).unwrap();
+    let shared = owned.take(1 << 16).unwrap();
+    let sge = if std::env::var(MEM).is_ok_and(|m| m == "shared") {
+        Sge {
+            addr: shared.remote().addr,
+            length: 1 << 16,
+            lkey: shared.lkey(),
+        }
+    } else {
+        mr.sge(0, 1 << 16).unwrap()
+    };
     connect(&q, gid, peer, RWR);
     for i in 0..32 {
-        q.post_recv(i, &[mr.sge(0, 1 << 16).unwrap()]).unwrap();
+        q.post_recv(i, &[sge]).unwrap();
     }
     println!("READY {}", q.is_direct());
     std::io::stdout().flush().unwrap();
@@ -451,7 +465,7 @@ fn victim_role() {
     let mut n = 32;
     loop {
         for _ in s.cq.poll(16).unwrap() {
-            q.post_recv(n, &[mr.sge(0, 1 << 16).unwrap()]).unwrap();
+            q.post_recv(n, &[sge]).unwrap();
             n += 1;
         }
         std::thread::yield_now();
@@ -469,6 +483,15 @@ impl Drop for Reaped {
 
 /// Starts the victim, connects `q` to its QP and waits until it is connected (direct).
 fn victim(socket: &std::path::Path, q: &Qp<'_>, gid: softverbs::Gid) -> (Reaped, u32) {
+    victim_with(socket, q, gid, "private")
+}
+
+fn victim_with(
+    socket: &std::path::Path,
+    q: &Qp<'_>,
+    gid: softverbs::Gid,
+    mem: &str,
+) -> (Reaped, u32) {
     use std::io::{BufRead, BufReader, Write};
     let d_socket = socket;
     let mut child = Reaped(
@@ -476,6 +499,7 @@ fn victim(socket: &std::path::Path, q: &Qp<'_>, gid: softverbs::Gid) -> (Reaped,
             .args(["victim_role", "--exact", "--test-threads=1", "--nocapture"])
             .env(ROLE, "victim")
             .env(SOCKET, d_socket)
+            .env(MEM, mem)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -565,13 +589,31 @@ fn an_idle_partner_of_a_killed_peer_has_its_receives_flushed() {
 
 #[test]
 fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
-    let (d, _dir) = common::daemon("dkill", None);
+    killed_mid_transfer("dkill", "private", 1 << 16);
+}
+
+/// The same with the victim's receive buffer in shared memory, which the partner's library
+/// maps (docs/direct-path.md "Shared-memory MRs"): the mapping outlives the victim, and the
+/// partner must still fail, not complete into it.
+#[test]
+fn a_peer_killed_while_its_mapped_memory_is_written_fails_its_partner() {
+    killed_mid_transfer("dkillmap", "shared", 1 << 16);
+}
+
+/// The same with SENDs small enough to go through the inline slots.
+#[test]
+fn a_peer_killed_while_taking_small_sends_fails_its_partner() {
+    killed_mid_transfer("dkillinl", "private", 64);
+}
+
+fn killed_mid_transfer(name: &str, mem: &str, size: usize) {
+    let (d, _dir) = common::daemon(name, None);
     let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
     let s = side(&ctx);
     let q = qp(&s, QpType::Rc);
     let gid = ctx.query_gid(1, 0).unwrap();
-    let (mut child, victim_pid) = victim(&d.socket, &q, gid);
-    let mut buf = vec![7u8; 1 << 16];
+    let (mut child, victim_pid) = victim_with(&d.socket, &q, gid, mem);
+    let mut buf = vec![7u8; size];
     let mr = s.pd.reg_slice(&mut buf, RWR).unwrap();
     // Stream SENDs; kill the victim while they flow, and keep posting until the partner
     // learns of it.
@@ -579,7 +621,7 @@ fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
     let mut done: Vec<WorkCompletion> = Vec::new();
     let start = Instant::now();
     let mut killed_at: Option<Instant> = None;
-    let sge = [mr.sge(0, 1 << 16).unwrap()];
+    let sge = [mr.sge(0, size).unwrap()];
     loop {
         let failed = done.iter().any(|w| w.status != WcStatus::Success);
         if failed && done.len() as u64 == posted {
@@ -644,4 +686,223 @@ fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
         assert!(Instant::now() < deadline, "left of the victim: {r:#}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Small SENDs (carried in the completion's inline slot and placed by the receiver's library,
+/// docs/direct-path.md "Small SENDs"), a large SEND, a WRITE and a READ, all into the same
+/// bytes of B, with B polling in between only once: the bytes end as posting order says
+/// whoever copied them, completions come in order, and a receive shorter than a small SEND
+/// fails as the engine fails it. Returns (A's completions, B's, B's bytes 0..6000, A's READ).
+fn overlapping(socket: &std::path::Path, direct: bool) -> (Shapes, Shapes, Vec<u8>, Vec<u8>) {
+    let p = open_pair(socket, direct);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![0u8; 1 << 15];
+    abuf[..16].fill(b'a');
+    abuf[16..6016].fill(b'b');
+    abuf[6016..6032].fill(b'c');
+    abuf[6032..6036].fill(b'd');
+    let mut bbuf = vec![0u8; 1 << 14];
+    let ma: BorrowedMr<'_> = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mb: BorrowedMr<'_> = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
+    connect(&qb, ga, qa.qpn(), RWR);
+    connect(&qa, gb, qb.qpn(), RWR);
+    assert_eq!(qa.is_direct() && qb.is_direct(), direct);
+    // Two SGEs for the first small SEND; all receives overlap at B's byte 0.
+    qb.post_recv(1, &[mb.sge(0, 8).unwrap(), mb.sge(100, 8).unwrap()])
+        .unwrap();
+    qb.post_recv(2, &[mb.sge(0, 6000).unwrap()]).unwrap();
+    qb.post_recv(3, &[mb.sge(0, 16).unwrap()]).unwrap();
+    let send = |id, op, sges: &[Sge]| qa.post_send(&SendRequest::new(id, op, sges)).unwrap();
+    let rb = mb.remote();
+    send(11, SendOp::Send, &[ma.sge(0, 16).unwrap()]);
+    let mut wa = wait(&sa.cq, 1);
+    // B takes the first completion itself (the receiver places the inline bytes).
+    let mut wb = wait(&sb.cq, 1);
+    let mut first = vec![0u8; 8];
+    mb.read(100, &mut first).unwrap();
+    assert_eq!(first, b"aaaaaaaa", "second SGE of the first receive");
+    send(12, SendOp::Send, &[ma.sge(16, 6000).unwrap()]);
+    send(13, SendOp::SendWithImm(5), &[ma.sge(6016, 16).unwrap()]);
+    send(
+        14,
+        SendOp::Write {
+            remote_addr: rb.addr + 8,
+            rkey: rb.rkey,
+        },
+        &[ma.sge(6032, 4).unwrap()],
+    );
+    send(
+        15,
+        SendOp::Read {
+            remote_addr: rb.addr,
+            rkey: rb.rkey,
+        },
+        &[ma.sge(20000, 32).unwrap()],
+    );
+    wa.extend(wait(&sa.cq, 4));
+    wb.extend(wait(&sb.cq, 2));
+    let mut bytes = vec![0u8; 6000];
+    mb.read(0, &mut bytes).unwrap();
+    let mut read = vec![0u8; 32];
+    ma.read(20000, &mut read).unwrap();
+    // A receive shorter than a small SEND.
+    qb.post_recv(4, &[mb.sge(200, 4).unwrap()]).unwrap();
+    send(16, SendOp::Send, &[ma.sge(0, 16).unwrap()]);
+    wa.extend(wait(&sa.cq, 1));
+    wb.extend(wait(&sb.cq, 1));
+    (wa, wb, bytes, read)
+}
+
+#[test]
+fn small_sends_keep_their_place_among_larger_sends_writes_and_reads() {
+    let (d, _dir) = common::daemon("dinl", None);
+    let daemon = overlapping(&d.socket, false);
+    let direct = overlapping(&d.socket, true);
+    let mut want = vec![b'b'; 6000];
+    want[..16].fill(b'c');
+    want[8..12].fill(b'd');
+    assert!(
+        daemon.2 == want,
+        "daemon path bytes: {:?}",
+        &daemon.2[..120]
+    );
+    assert!(direct.2 == want, "direct bytes: {:?}", &direct.2[..120]);
+    assert_eq!(
+        direct.3,
+        want[..32],
+        "the READ sees every earlier SEND and the WRITE"
+    );
+    assert_eq!(direct.0, daemon.0, "requester completions");
+    assert_eq!(direct.1, daemon.1, "responder completions");
+    let st: Vec<WcStatus> = direct.1.iter().map(|w| w.1).collect();
+    assert_eq!(st.last(), Some(&WcStatus::LocLenErr), "{:?}", direct.1);
+    assert_eq!(direct.0.last().map(|w| w.1), Some(WcStatus::RemInvReqErr));
+    let ids: Vec<u64> = direct.1.iter().map(|w| w.0).collect();
+    assert_eq!(ids, [1, 2, 3, 4], "receives complete in order");
+}
+
+/// WRITE and READ into a peer's MR registered as shared memory (`Pd::alloc_mr`: the peer
+/// library maps its memfd, docs/direct-path.md "Shared-memory MRs"), a SEND into it, and,
+/// once the owner deregistered it, `REM_ACCESS_ERR` with nothing written.
+#[test]
+fn a_peers_shared_memory_mr_is_reached_until_it_is_deregistered() {
+    let (d, _dir) = common::daemon("dmap", None);
+    let p = open_pair(&d.socket, true);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![0u8; 1 << 16];
+    for (i, b) in abuf.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let ma: BorrowedMr<'_> = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mut mb = sb.pd.alloc_mr(1 << 16, RWR).unwrap();
+    let mut bbuf = mb.take(1 << 16).unwrap();
+    let rb = bbuf.remote();
+    connect(&qb, ga, qa.qpn(), RWR);
+    connect(&qa, gb, qb.qpn(), RWR);
+    assert!(qa.is_direct() && qb.is_direct());
+    let write = |id, at: u64, len: u32| {
+        let op = SendOp::Write {
+            remote_addr: rb.addr + at,
+            rkey: rb.rkey,
+        };
+        qa.post_send(&SendRequest::new(
+            id,
+            op,
+            &[ma.sge(0, len as usize).unwrap()],
+        ))
+        .unwrap();
+    };
+    write(1, 1000, 40000);
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    let mut got = vec![0u8; 40000];
+    bbuf.read(1000, &mut got).unwrap();
+    assert!(got == abuf_copy(&ma, 40000), "written bytes differ");
+    bbuf.write(50000, b"from the owner").unwrap();
+    let op = SendOp::Read {
+        remote_addr: rb.addr + 50000,
+        rkey: rb.rkey,
+    };
+    qa.post_send(&SendRequest::new(2, op, &[ma.sge(60000, 14).unwrap()]))
+        .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    let mut r = vec![0u8; 14];
+    ma.read(60000, &mut r).unwrap();
+    assert_eq!(r, b"from the owner");
+    // A large SEND into a receive in the shared MR.
+    let sge = Sge {
+        addr: rb.addr + 20000,
+        length: 9000,
+        lkey: bbuf.lkey(),
+    };
+    qb.post_recv(7, &[sge]).unwrap();
+    qa.post_send(&SendRequest::new(
+        3,
+        SendOp::Send,
+        &[ma.sge(100, 9000).unwrap()],
+    ))
+    .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    assert_eq!(wait(&sb.cq, 1)[0].1, WcStatus::Success);
+    let mut sent = vec![0u8; 9000];
+    bbuf.read(20000, &mut sent).unwrap();
+    let mut want = vec![0u8; 9100];
+    ma.read(0, &mut want).unwrap();
+    assert!(sent == want[100..], "SEND bytes differ");
+    // The owner deregisters: the peer's next WRITE finds the key gone.
+    let mut before = vec![0u8; 16];
+    bbuf.read(0, &mut before).unwrap();
+    // The Buf keeps the memory allocated after the registration is gone, so it can be
+    // checked.
+    mb.dereg().unwrap();
+    write(4, 0, 16);
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::RemAccessErr);
+    let mut after = vec![0u8; 16];
+    bbuf.read(0, &mut after).unwrap();
+    assert_eq!(after, before, "nothing written after dereg");
+}
+
+fn abuf_copy(m: &BorrowedMr<'_>, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    m.read(0, &mut v).unwrap();
+    v
+}
+
+/// A small SEND delivered (inline, not yet placed: the receiver has not polled) to a receive
+/// whose MR the receiver then deregisters: its bytes land before the deregistration returns,
+/// as a NIC would have placed them on arrival, and the completion says so — on both paths.
+fn dereg_before_poll(socket: &std::path::Path, direct: bool) -> (Shapes, Vec<u8>) {
+    let p = open_pair(socket, direct);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let mut abuf = *b"sixteen bytes!!!";
+    let mut bbuf = vec![0u8; 64];
+    let ma = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mb = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
+    connect(&qb, ga, qa.qpn(), RWR);
+    connect(&qa, gb, qb.qpn(), RWR);
+    assert_eq!(qa.is_direct() && qb.is_direct(), direct);
+    qb.post_recv(1, &[mb.sge(8, 16).unwrap()]).unwrap();
+    let sge = [ma.sge(0, 16).unwrap()];
+    qa.post_send(&SendRequest::new(2, SendOp::Send, &sge))
+        .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    drop(mb);
+    let got = wait(&sb.cq, 1);
+    drop(ma);
+    (got, bbuf)
+}
+
+#[test]
+fn inline_bytes_are_placed_before_their_receive_buffer_is_deregistered() {
+    let (d, _dir) = common::daemon("dinldereg", None);
+    let daemon = dereg_before_poll(&d.socket, false);
+    let direct = dereg_before_poll(&d.socket, true);
+    assert_eq!(&daemon.1[8..24], b"sixteen bytes!!!");
+    assert_eq!(direct.0, daemon.0);
+    assert_eq!(direct.1, daemon.1);
 }

@@ -114,6 +114,9 @@ pub struct DataPath {
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
+    /// A descriptor of each shared-memory MR's memfd, with the MR's address and length, for
+    /// the direct path's peers to map (`DirectMrFd`, crates/daemon/src/direct/mr_fd.rs).
+    mr_fds: HashMap<(CtxId, Handle), (std::os::fd::OwnedFd, u64, u64)>,
     channels: HashMap<(CtxId, u32), Channel>,
     next_channel: u32,
     qp_rings: HashMap<u32, QpRings>,
@@ -270,6 +273,7 @@ impl DataPath {
             ctx_cqs: HashMap::new(),
             qp_dev: HashMap::new(),
             mr_regions: HashMap::new(),
+            mr_fds: HashMap::new(),
             channels: HashMap::new(),
             next_channel: 1,
             qp_rings: HashMap::new(),
@@ -431,6 +435,7 @@ impl DataPath {
             self.cq_rings_outgrown.remove(&cq);
         }
         self.mr_regions.retain(|(c, _), _| *c != ctx);
+        self.mr_fds.retain(|(c, _), _| *c != ctx);
         self.channels.retain(|(c, _), _| *c != ctx);
         for qpn in self.ctx_qp_rings.remove(&ctx).unwrap_or_default() {
             self.forget_qp_rings(qpn);
@@ -677,9 +682,12 @@ impl DataPath {
         if let Some(fd) = fd {
             let id = self
                 .mem
-                .add_region(ctx, addr, len, fd)
+                .add_region(ctx, addr, len, fd.as_fd())
                 .map_err(|_| EINVAL)?;
             self.mr_regions.insert((ctx, mr), id);
+            if let Ok(keep) = fd.as_fd().try_clone_to_owned() {
+                self.mr_fds.insert((ctx, mr), (keep, addr, len));
+            }
         }
         Ok(())
     }
@@ -689,6 +697,15 @@ impl DataPath {
         if let Some(id) = self.mr_regions.remove(&(ctx, mr)) {
             self.mem.remove_region(id);
         }
+        self.mr_fds.remove(&(ctx, mr));
+    }
+
+    /// The memfd of `ctx`'s shared-memory MR over exactly `[addr, addr + len)`, if it has one.
+    pub fn shared_mr_fd(&self, ctx: CtxId, addr: u64, len: u64) -> Option<&std::os::fd::OwnedFd> {
+        self.mr_fds
+            .iter()
+            .find(|(&(c, _), &(_, a, l))| c == ctx && a == addr && l == len)
+            .map(|(_, (fd, _, _))| fd)
     }
 
     // ---- work requests --------------------------------------------------------------------

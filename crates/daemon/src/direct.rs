@@ -19,6 +19,8 @@ use softverbs_shm::{Region, RingLayout};
 use crate::datapath::DataPath;
 use zerocopy::little_endian::{U32, U64};
 
+mod mr_fd;
+
 /// A context that opened the direct path.
 #[derive(Debug)]
 struct Opened {
@@ -64,6 +66,7 @@ impl Direct {
     pub fn open(
         &mut self,
         core: &Core,
+        dp: &DataPath,
         ctx: CtxId,
         uid: u32,
         pid: u32,
@@ -83,13 +86,13 @@ impl Direct {
                 overflow: false,
             },
         );
-        self.mrs_changed(core, ctx);
+        self.mrs_changed(core, dp, ctx);
         Ok(give)
     }
 
     /// Rewrites `ctx`'s MR table after a registration changed (a seqlock: readers retry
     /// while the sequence is odd or moved).
-    pub fn mrs_changed(&mut self, core: &Core, ctx: CtxId) {
+    pub fn mrs_changed(&mut self, core: &Core, dp: &DataPath, ctx: CtxId) {
         let Some(o) = self.ctxs.get_mut(&ctx) else {
             return;
         };
@@ -104,6 +107,11 @@ impl Direct {
                 key,
                 pd: pd.0,
                 access: access.0,
+                flags: if dp.shared_mr_fd(ctx, addr, len).is_some() {
+                    MR_SHARED
+                } else {
+                    0
+                },
                 iova,
                 len,
                 addr,
@@ -316,7 +324,12 @@ impl Direct {
             rings.push((cq, off));
             off += cq.size();
             resp.capacity[s] = U32::new(cap);
+            // One inline-payload slot per receive completion (zero-filled: all free).
+            off = off.next_multiple_of(128);
+            resp.inline_offset[s] = U32::new(off as u32);
+            off += cap as usize * inline::INLINE_SLOT;
         }
+        resp.inline_slot = U32::new(inline::INLINE_SLOT as u32);
         resp.region_len = U64::new(off as u64);
         let (region, fd) = Region::create("softverbs-direct", off).map_err(|_| ENOMEM)?;
         for (l, o) in rings {

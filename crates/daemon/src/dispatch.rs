@@ -274,7 +274,7 @@ impl Dispatcher {
                 let c = ctx()?;
                 opener_only(s)?;
                 let r = self.reg_mr(c, read!(RegMr), mr_fd);
-                self.direct.mrs_changed(&self.core, c);
+                self.direct.mrs_changed(&self.core, &self.dp, c);
                 r
             }
             Cmd::ReregMr => {
@@ -284,13 +284,13 @@ impl Dispatcher {
                     opener_only(s)?;
                 }
                 let r = self.rereg_mr(c, r);
-                self.direct.mrs_changed(&self.core, c);
+                self.direct.mrs_changed(&self.core, &self.dp, c);
                 r
             }
             Cmd::DeregMr => {
                 let c = ctx()?;
                 let r = self.dereg_mr(c, read!(DeregMr));
-                self.direct.mrs_changed(&self.core, c);
+                self.direct.mrs_changed(&self.core, &self.dp, c);
                 r
             }
             Cmd::QueryOdpCaps => {
@@ -372,7 +372,9 @@ impl Dispatcher {
                 opener_only(s)?;
                 let mem = fds.pop().ok_or(EINVAL)?;
                 let pid = s.opener_pid.unwrap_or(s.cred.pid);
-                let table = self.direct.open(&self.core, c, s.cred.uid, pid, mem)?;
+                let table = self
+                    .direct
+                    .open(&self.core, &self.dp, c, s.cred.uid, pid, mem)?;
                 with_fds::<cmd::DirectOpen>((), vec![table])
             }
             Cmd::DirectAttach => {
@@ -390,6 +392,11 @@ impl Dispatcher {
                     r.event.get(),
                 )?);
                 ok::<cmd::DirectPeerError>(())
+            }
+            Cmd::DirectMrFd => {
+                let (c, r) = (ctx()?, read!(DirectMrFd));
+                let (resp, fd) = self.direct.mr_fd(&self.core, &self.dp, c, &r)?;
+                with_fds::<cmd::DirectMrFd>(resp, vec![fd])
             }
         }
     }

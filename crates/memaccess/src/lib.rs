@@ -27,6 +27,8 @@
 mod batch;
 mod client;
 #[allow(unsafe_code)]
+mod direct_copy;
+#[allow(unsafe_code)]
 mod map;
 #[allow(unsafe_code)]
 mod peer;
@@ -40,6 +42,7 @@ mod write_guard;
 
 pub use batch::{BatchStats, MAX_HELD, MAX_STREAMS, MIN_STREAM, WINDOW};
 pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
+pub use direct_copy::{read_own, write_own, PeerMapping};
 pub use peer::{PeerFault, PeerMemory};
 pub use process_mem::{
     open_own_maps, open_own_memory, MemFdError, ProcessMem, ProcessMemory, RangeError,

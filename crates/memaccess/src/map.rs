@@ -50,6 +50,12 @@ impl Mapping {
         })
     }
 
+    /// First byte of the mapping (for the raw copies of `direct_copy.rs`, which check their
+    /// ranges against [`Mapping::len`]).
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
     /// Length in bytes (whole pages).
     pub(crate) fn len(&self) -> usize {
         self.len

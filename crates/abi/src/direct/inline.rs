@@ -1,0 +1,53 @@
+//! Inline-payload slots of a direct channel (ABI 14, docs/direct-path.md "Small SENDs"): a
+//! SEND of at most [`INLINE_MAX`] bytes is not copied into the receiver by the sender (that
+//! would be a system call on the receiver's `/proc/<pid>/mem`); the sender leaves the bytes,
+//! and where they go, in the slot that belongs to the receive completion it pushes, and the
+//! receiver's library copies them into its own receive buffer when it takes the completion.
+//!
+//! Slot `i % capacity` of a side belongs to entry `i` of that side's receive-completion
+//! ring. Its state word says who may touch it: the sender fills a [`SLOT_FREE`] slot and
+//! marks it [`SLOT_FILLED`] before it pushes the completion; whoever places the bytes first
+//! takes it with a compare-and-swap (the receiver at its poll: [`SLOT_RECEIVER`]; the sender
+//! before it places anything else into the receiver's memory: [`SLOT_SENDER`]) and marks it
+//! free when the bytes are in place. The receiver hands out the completion only once its
+//! slot is free again, so data placed later by the sender never lands under older inline
+//! bytes placed after it.
+//!
+//! Layout of a slot (little-endian): state `u32`, number of pieces `u32`, payload bytes
+//! `u32`, 0 `u32`, then [`INLINE_PIECES`] pieces of 16 bytes (L_Key `u32`, length `u32`,
+//! address as the receive's SGE names it `u64`), then the payload at [`SLOT_PAYLOAD`].
+
+/// Payload bytes a slot carries at most.
+pub const INLINE_MAX: usize = 256;
+/// Receive SGEs a slot can name at most (a SEND reaching more of them is placed by the
+/// sender).
+pub const INLINE_PIECES: usize = 4;
+/// Byte offset of the state word in a slot.
+pub const SLOT_STATE: usize = 0;
+/// Byte offset of the number of pieces.
+pub const SLOT_NPIECES: usize = 4;
+/// Byte offset of the payload length.
+pub const SLOT_LEN: usize = 8;
+/// Byte offset of the first piece.
+pub const SLOT_PIECES: usize = 16;
+/// Bytes per piece.
+pub const PIECE: usize = 16;
+/// Byte offset of the payload.
+pub const SLOT_PAYLOAD: usize = 128;
+/// Bytes per slot (a multiple of 128, so state words never share a cache line).
+pub const INLINE_SLOT: usize = SLOT_PAYLOAD + INLINE_MAX;
+
+/// Nothing in the slot (placed, or never used).
+pub const SLOT_FREE: u32 = 0;
+/// Filled by the sender, not placed yet.
+pub const SLOT_FILLED: u32 = 1;
+/// The receiver is placing it.
+pub const SLOT_RECEIVER: u32 = 2;
+/// The sender is placing it.
+pub const SLOT_SENDER: u32 = 3;
+/// The sender took it but could not place the bytes (the receive's MR was deregistered
+/// meanwhile): the receiver completes that receive `LOC_PROT_ERR` and frees the slot.
+pub const SLOT_FAILED: u32 = 4;
+
+const _: () = assert!(SLOT_PIECES + INLINE_PIECES * PIECE <= SLOT_PAYLOAD);
+const _: () = assert!(INLINE_SLOT % 128 == 0);

@@ -1,0 +1,165 @@
+//! Small SENDs with no system call (docs/direct-path.md, "Small SENDs"): the sender leaves
+//! the payload of a SEND of at most [`INLINE_MAX`] bytes, and the receive SGEs it goes to,
+//! in the inline slot of the receive completion it pushes
+//! (`softverbs_abi::direct::inline`); the receiver's library copies the bytes into its own
+//! receive buffer when it takes the completion, before the program can see it.
+//!
+//! Order with what the sender places itself (a larger SEND, a WRITE, a READ's source): the
+//! sender first *settles* every slot it filled that the receiver has not placed yet — it
+//! takes the slot and places the bytes itself (`pwritev`, or `memcpy` into a mapped MR) —
+//! so data reaches the receiver's memory in posting order whoever copies it, and the
+//! receiver hands out a completion only once its slot is free.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softverbs_abi::direct::inline::*;
+use softverbs_shm::Region;
+
+/// How long a party waits for the other to finish placing one slot (a copy of at most
+/// [`INLINE_MAX`] bytes; longer only if that process is descheduled or dead).
+const SETTLE_WAIT: Duration = Duration::from_secs(1);
+
+/// One receive SGE a slot's payload goes to, as the receive named it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Piece {
+    pub(super) lkey: u32,
+    pub(super) addr: u64,
+    pub(super) len: u64,
+}
+
+/// The inline slots of one side's receive-completion ring.
+#[derive(Debug)]
+pub(super) struct Slots {
+    region: Arc<Region>,
+    offset: usize,
+    capacity: u32,
+}
+
+/// Why a slot's bytes were not placed by the one who asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failed {
+    /// The other party was placing it and never finished (it died, or stalled past
+    /// [`SETTLE_WAIT`]).
+    Stuck,
+    /// The sender could not place it ([`SLOT_FAILED`]).
+    Unplaced,
+}
+
+/// What a slot held when it was taken.
+pub(super) struct Taken {
+    pub(super) pieces: Vec<Piece>,
+    pub(super) payload: Vec<u8>,
+}
+
+impl Slots {
+    /// The slots at `offset` of the channel, one per entry of a ring of `capacity`; `None`
+    /// when the daemon made none (`slot` 0) or they do not fit the region.
+    pub(super) fn new(region: Arc<Region>, offset: u32, capacity: u32, slot: u32) -> Option<Slots> {
+        if slot as usize != INLINE_SLOT || capacity == 0 {
+            return None;
+        }
+        let end = (offset as usize).checked_add(capacity as usize * INLINE_SLOT)?;
+        (end <= region.len() && offset as usize % 128 == 0).then_some(Slots {
+            region,
+            offset: offset as usize,
+            capacity,
+        })
+    }
+
+    fn base(&self, index: u32) -> usize {
+        self.offset + (index % self.capacity) as usize * INLINE_SLOT
+    }
+
+    fn state(&self, index: u32) -> &std::sync::atomic::AtomicU32 {
+        self.region.atomic_u32(self.base(index) + SLOT_STATE)
+    }
+
+    /// Whether the slot of ring entry `index` is free.
+    pub(super) fn is_free(&self, index: u32) -> bool {
+        self.state(index).load(Ordering::Acquire) == SLOT_FREE
+    }
+
+    /// Sender: fills the free slot of ring entry `index` (the next one it will push).
+    pub(super) fn fill(&self, index: u32, pieces: &[Piece], payload: &[u8]) {
+        debug_assert!(pieces.len() <= INLINE_PIECES && payload.len() <= INLINE_MAX);
+        let b = self.base(index);
+        let r = &self.region;
+        r.atomic_u32(b + SLOT_NPIECES)
+            .store(pieces.len() as u32, Ordering::Relaxed);
+        r.atomic_u32(b + SLOT_LEN)
+            .store(payload.len() as u32, Ordering::Relaxed);
+        for (i, p) in pieces.iter().enumerate() {
+            let at = b + SLOT_PIECES + i * PIECE;
+            r.atomic_u32(at).store(p.lkey, Ordering::Relaxed);
+            r.atomic_u32(at + 4).store(p.len as u32, Ordering::Relaxed);
+            r.atomic_u64s(at + 8, 1)[0].store(p.addr, Ordering::Relaxed);
+        }
+        r.write(b + SLOT_PAYLOAD, payload);
+        // Release: the bytes above before the state (and the ring entry pushed after it).
+        self.state(index).store(SLOT_FILLED, Ordering::Release);
+    }
+
+    fn read(&self, index: u32) -> Taken {
+        let b = self.base(index);
+        let r = &self.region;
+        let n =
+            (r.atomic_u32(b + SLOT_NPIECES).load(Ordering::Relaxed) as usize).min(INLINE_PIECES);
+        let len = (r.atomic_u32(b + SLOT_LEN).load(Ordering::Relaxed) as usize).min(INLINE_MAX);
+        let pieces = (0..n)
+            .map(|i| {
+                let at = b + SLOT_PIECES + i * PIECE;
+                Piece {
+                    lkey: r.atomic_u32(at).load(Ordering::Relaxed),
+                    len: u64::from(r.atomic_u32(at + 4).load(Ordering::Relaxed)),
+                    addr: r.atomic_u64s(at + 8, 1)[0].load(Ordering::Relaxed),
+                }
+            })
+            .collect();
+        let mut payload = vec![0u8; len];
+        r.read(b + SLOT_PAYLOAD, &mut payload);
+        Taken { pieces, payload }
+    }
+
+    /// Takes the slot of entry `index` for placing (`by` is [`SLOT_RECEIVER`] or
+    /// [`SLOT_SENDER`]): `Some` with its contents if it was filled; `None` once it is free
+    /// (nothing to place, or the other party placed it: waits while the other is placing,
+    /// at most [`SETTLE_WAIT`] or until `gone()` says that party is dead).
+    pub(super) fn take(
+        &self,
+        index: u32,
+        by: u32,
+        gone: impl Fn() -> bool,
+    ) -> std::result::Result<Option<Taken>, Failed> {
+        let st = self.state(index);
+        // The clock is read only when the other party is placing (never on the common path).
+        let mut end = None;
+        loop {
+            match st.compare_exchange(SLOT_FILLED, by, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(Some(self.read(index))),
+                Err(SLOT_FREE) => return Ok(None),
+                // Only the receiver ever sees this (the sender's slot reuse waits for the
+                // receiver's pop, after which the slot is free).
+                Err(SLOT_FAILED) => return Err(Failed::Unplaced),
+                Err(_) => {
+                    let end = *end.get_or_insert_with(|| Instant::now() + SETTLE_WAIT);
+                    if gone() || Instant::now() > end {
+                        return Err(Failed::Stuck);
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// The sender took the slot but placed nothing (see [`SLOT_FAILED`]).
+    pub(super) fn failed(&self, index: u32) {
+        self.state(index).store(SLOT_FAILED, Ordering::Release);
+    }
+
+    /// The slot taken with [`Slots::take`] is placed (or given up): free again.
+    pub(super) fn release(&self, index: u32) {
+        self.state(index).store(SLOT_FREE, Ordering::Release);
+    }
+}
