@@ -144,6 +144,9 @@ pub struct DataPath {
     new_doorbells: Vec<(CtxId, OwnedFd)>,
     epoch: Instant,
     buf: Vec<u8>,
+    /// Receive only from sockets the event loop reported readable since they were last found
+    /// empty ([`gate_receives`](Self::gate_receives)).
+    gate_rx: bool,
     /// The devices' connection managers on QP1 (docs/cm.md §4).
     pub cm: crate::cm::CmPorts,
 }
@@ -288,6 +291,7 @@ impl DataPath {
             new_doorbells: Vec::new(),
             epoch: Instant::now(),
             buf: vec![0; MAX_PACKET],
+            gate_rx: false,
             moved_packets: false,
         })
     }
@@ -299,6 +303,28 @@ impl DataPath {
             .enumerate()
             .flat_map(|(i, d)| d.net.iter().chain(&d.more_net).map(move |n| (i, n.fd())))
             .collect()
+    }
+
+    /// From now on [`drive`](Self::drive) calls `recvmsg` on a device's sockets only after
+    /// [`mark_readable`](Self::mark_readable) said they may hold packets, not in every round:
+    /// for an event loop that watches [`net_fds`](Self::net_fds) and the group sockets
+    /// edge-triggered and reports every readiness event. A drive that found a device's sockets
+    /// empty made `recvmsg` calls that returned `EAGAIN`, two or more per wake-up of an idle
+    /// daemon (docs/performance.md "Issue 16: two daemons").
+    pub fn gate_receives(&mut self) {
+        self.gate_rx = true;
+    }
+
+    /// One of device `dev`'s sockets, or with `None` any socket of any device (group sockets
+    /// share one event token), became readable.
+    pub fn mark_readable(&mut self, dev: Option<usize>) {
+        for (i, d) in self.devs.iter_mut().enumerate() {
+            if dev.is_none_or(|x| x == i) {
+                for n in d.sockets() {
+                    n.mark_readable();
+                }
+            }
+        }
     }
 
     /// How long until an engine timer is due.
@@ -805,6 +831,9 @@ impl DataPath {
                     let Some(n) = self.devs[d].socket(k) else {
                         break;
                     };
+                    if self.gate_rx && !n.may_have_packets() {
+                        break;
+                    }
                     match n.recv(&mut buf) {
                         Ok(Some((meta, _))) if self.is_own_multicast(&meta) => {
                             progressed = true;
@@ -1438,11 +1467,17 @@ impl DataPath {
         }
     }
 
-    /// After the event loop wakes: producers may stop ringing.
-    pub fn finish_sleep(&mut self) {
+    /// After the event loop wakes: producers may stop ringing. `rang`: the wake-up reported
+    /// a doorbell, whose eventfds are then emptied. A doorbell left full costs nothing: the
+    /// loop watches them edge-triggered, and every later ring raises a new event whatever the
+    /// count (eventfd(2) wakes its waiters on each write), so a wake-up by a socket or a timer
+    /// skips one `read` per context.
+    pub fn finish_sleep(&mut self, rang: bool) {
         self.clear_wakeups();
-        for d in self.doorbells.values() {
-            softverbs_ipc::drain_eventfd(d.as_fd());
+        if rang {
+            for d in self.doorbells.values() {
+                softverbs_ipc::drain_eventfd(d.as_fd());
+            }
         }
     }
 

@@ -110,6 +110,9 @@ pub struct NetDev {
     /// False once the kernel refused a GSO send: batches go by `sendmmsg` from then on.
     gso: bool,
     rx: RxBatch,
+    /// False once a [`recv`](Self::recv) found every socket of the device empty, until the
+    /// event loop reports it readable again ([`mark_readable`](Self::mark_readable)).
+    readable: bool,
 }
 
 /// The index of the interface that holds IPv6 address `ip`, from `/proc/net/if_inet6`
@@ -264,7 +267,21 @@ impl NetDev {
             },
             groups: HashMap::new(),
             new_fds: Vec::new(),
+            readable: true,
         })
+    }
+
+    /// Whether a [`recv`](Self::recv) may find a packet: false from the receive that found
+    /// the device's sockets empty until [`mark_readable`](Self::mark_readable). An event loop
+    /// that watches the sockets edge-triggered (epoll(7) `EPOLLET`: every datagram queued
+    /// raises an event) skips the empty `recvmsg` of every round that way.
+    pub fn may_have_packets(&self) -> bool {
+        self.readable || self.rx.off < self.rx.len
+    }
+
+    /// The event loop saw one of the device's sockets (its own or a group's) readable.
+    pub fn mark_readable(&mut self) {
+        self.readable = true;
     }
 
     /// Joins multicast group `mgid` on the device's interface (its first QP attached).
@@ -570,6 +587,7 @@ impl NetDev {
                 return Ok(Some(r));
             }
         }
+        self.readable = false;
         Ok(None)
     }
 
