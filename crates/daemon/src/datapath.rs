@@ -67,14 +67,6 @@ impl Dev {
         self.net.iter_mut().chain(self.more_net.iter_mut())
     }
 
-    /// Socket `k` of [`Self::sockets`].
-    fn socket(&mut self, k: usize) -> Option<&mut NetDev> {
-        match k {
-            0 => self.net.as_mut(),
-            k => self.more_net.get_mut(k - 1),
-        }
-    }
-
     /// The socket that sends from address `src`.
     fn socket_from(&mut self, src: Gid) -> Option<&mut NetDev> {
         let ip = src.to_ip();
@@ -144,6 +136,8 @@ pub struct DataPath {
     new_doorbells: Vec<(CtxId, OwnedFd)>,
     epoch: Instant,
     buf: Vec<u8>,
+    /// Multicast packets and MADs received, for the round that handles them.
+    rx_scratch: Vec<u8>,
     /// Receive only from sockets the event loop reported readable since they were last found
     /// empty ([`gate_receives`](Self::gate_receives)).
     gate_rx: bool,
@@ -291,6 +285,7 @@ impl DataPath {
             new_doorbells: Vec::new(),
             epoch: Instant::now(),
             buf: vec![0; MAX_PACKET],
+            rx_scratch: vec![0; MAX_PACKET],
             gate_rx: false,
             moved_packets: false,
         })
@@ -757,6 +752,7 @@ impl DataPath {
     pub fn drive(&mut self, core: &mut Core) -> Vec<CtxId> {
         let mut woken = Vec::new();
         let mut buf = std::mem::take(&mut self.buf);
+        let mut scratch = std::mem::take(&mut self.rx_scratch);
         self.moved_packets = false;
         for _round in 0..64 {
             let now = engine_time(self.epoch, Instant::now());
@@ -771,14 +767,43 @@ impl DataPath {
             }
             for d in 0..self.devs.len() {
                 for _ in 0..256 {
-                    let Some(tx) =
-                        self.devs[d]
-                            .engine
-                            .poll_transmit(now, core, &mut self.mem, &mut buf)
-                    else {
+                    // The engine writes into the batch of the device's first socket, where
+                    // nearly every packet goes, so the payload is not copied once more.
+                    let dev = &mut self.devs[d];
+                    let staging = dev.net.as_ref().is_some_and(NetDev::can_stage);
+                    let tx = match &mut dev.net {
+                        Some(n) if staging => {
+                            dev.engine
+                                .poll_transmit(now, core, &mut self.mem, n.stage())
+                        }
+                        _ => dev.engine.poll_transmit(now, core, &mut self.mem, &mut buf),
+                    };
+                    let Some(tx) = tx else {
                         break;
                     };
                     progressed = true;
+                    if staging {
+                        let remote = !tx.dgid.is_multicast()
+                            && !self.devs.iter().any(|x| x.gids.contains(&tx.dgid));
+                        let dev = &self.devs[d];
+                        let src = dev.sgid_for(tx.sgid_index, tx.dgid);
+                        let first = dev.net.as_ref().is_some_and(|n| n.local() == src.to_ip());
+                        if remote && first {
+                            // A packet for another host may be the ACK of writes held back.
+                            self.flush_memory();
+                            if let Some(n) = &mut self.devs[d].net {
+                                if let Err(e) = n.send_staged(&tx) {
+                                    tracing::warn!("send failed: {e}");
+                                }
+                            }
+                            continue;
+                        }
+                        // Elsewhere (this daemon, a group, another address's socket): from
+                        // the engine's buffer, as without staging.
+                        if let Some(n) = &self.devs[d].net {
+                            buf[..tx.len].copy_from_slice(n.staged(tx.len));
+                        }
+                    }
                     if tx.dgid.is_multicast() {
                         self.deliver_multicast_locally(now, core, d, tx.dgid, &buf[..tx.len]);
                         self.flush_memory();
@@ -828,35 +853,54 @@ impl DataPath {
                 .collect();
             for (d, k) in socks {
                 for _ in 0..256 {
-                    let Some(n) = self.devs[d].socket(k) else {
+                    let dev = &mut self.devs[d];
+                    let n = match k {
+                        0 => dev.net.as_mut(),
+                        k => dev.more_net.get_mut(k - 1),
+                    };
+                    let Some(n) = n else {
                         break;
                     };
                     if self.gate_rx && !n.may_have_packets() {
                         break;
                     }
-                    match n.recv(&mut buf) {
-                        Ok(Some((meta, _))) if self.is_own_multicast(&meta) => {
+                    // Unicast packets go to the engine from where they arrived (no copy);
+                    // group traffic and MADs, rare, through a buffer of their own.
+                    let len = match n.recv_ref(&mut buf) {
+                        Ok(Some((meta, pkt)))
+                            if !meta.dgid.is_multicast() && !crate::cm::is_gsi(pkt) =>
+                        {
                             progressed = true;
+                            dev.engine
+                                .handle_packet(now, core, &mut self.mem, meta, pkt);
+                            continue;
                         }
-                        Ok(Some((meta, len))) if crate::cm::is_gsi(&buf[..len]) => {
-                            progressed = true;
-                            self.cm.receive(now, d, meta.sgid, &buf[..len]);
-                        }
-                        Ok(Some((meta, len))) => {
-                            progressed = true;
-                            self.devs[d].engine.handle_packet(
-                                now,
-                                core,
-                                &mut self.mem,
-                                meta,
-                                &buf[..len],
-                            );
+                        Ok(Some((meta, pkt))) => {
+                            let len = pkt.len();
+                            scratch[..len].copy_from_slice(pkt);
+                            (meta, len)
                         }
                         Ok(None) => break,
                         Err(e) => {
                             tracing::warn!("receive failed: {e}");
                             break;
                         }
+                    };
+                    progressed = true;
+                    let (meta, len) = len;
+                    if self.is_own_multicast(&meta) {
+                        continue;
+                    }
+                    if crate::cm::is_gsi(&scratch[..len]) {
+                        self.cm.receive(now, d, meta.sgid, &scratch[..len]);
+                    } else {
+                        self.devs[d].engine.handle_packet(
+                            now,
+                            core,
+                            &mut self.mem,
+                            meta,
+                            &scratch[..len],
+                        );
                     }
                 }
                 if k == self.devs[d].more_net.len() {
@@ -887,6 +931,7 @@ impl DataPath {
             }
         }
         self.buf = buf;
+        self.rx_scratch = scratch;
         woken
     }
 

@@ -71,9 +71,11 @@ pub struct BatchStats {
 }
 
 /// Packets queued for one destination, back to back, ICRC slots not yet written.
-#[derive(Default)]
 struct TxBatch {
+    /// `buf[..used]` is the batch; behind it, room for one more packet
+    /// ([`NetDev::stage`]), so the buffer is never reallocated nor zeroed while sending.
     buf: Vec<u8>,
+    used: usize,
     /// Each packet's length (all equal but the last).
     lens: Vec<usize>,
     to: Option<SocketAddr>,
@@ -87,6 +89,13 @@ struct RxBatch {
     off: usize,
     index: u16,
     from: SocketAddr,
+}
+
+/// Where [`NetDev::recv_any`] left a packet: in the receive batch (offset, length) or in the
+/// caller's buffer (a group socket's).
+enum Rx {
+    Batch(usize, usize),
+    Buf(usize),
 }
 
 /// The UDP side of one device.
@@ -255,7 +264,12 @@ impl NetDev {
             stats: NetStats::default(),
             batch: BatchStats::default(),
             hdr: [0; 48],
-            tx: TxBatch::default(),
+            tx: TxBatch {
+                buf: vec![0; MAX_BATCH_BYTES + softverbs_transport::MAX_PACKET],
+                used: 0,
+                lens: Vec::with_capacity(MAX_SEGMENTS),
+                to: None,
+            },
             gso,
             rx: RxBatch {
                 buf: vec![0; 1 << 16],
@@ -375,19 +389,12 @@ impl NetDev {
         // Every device of a deployment listens on the same port (4791 outside tests).
         let to = SocketAddr::new(dst_ip, self.port);
         if self.faults.is_none() {
-            let b = &self.tx;
-            let fits = b.to == Some(to)
-                && b.lens.len() < MAX_SEGMENTS
-                && b.buf.len() + pkt.len() <= MAX_BATCH_BYTES
-                // Segments of one size; a shorter one ends the batch.
-                && b.lens.first().is_some_and(|&l| pkt.len() <= l)
-                && b.lens.last() == b.lens.first();
-            if !fits {
+            if !self.fits(to, pkt.len()) {
                 self.flush()?;
             }
-            self.tx.to = Some(to);
-            self.tx.buf.extend_from_slice(pkt);
-            self.tx.lens.push(pkt.len());
+            let at = self.tx.used;
+            self.tx.buf[at..at + pkt.len()].copy_from_slice(pkt);
+            self.queue(to, pkt.len());
             return Ok(());
         }
         let udp = self.udp_out();
@@ -420,6 +427,67 @@ impl NetDev {
         Ok(())
     }
 
+    /// Whether a packet of `len` bytes for `to` joins the batch queued.
+    fn fits(&self, to: SocketAddr, len: usize) -> bool {
+        let b = &self.tx;
+        b.to == Some(to)
+            && b.lens.len() < MAX_SEGMENTS
+            && b.used + len <= MAX_BATCH_BYTES
+            // Segments of one size; a shorter one ends the batch.
+            && b.lens.first().is_some_and(|&l| len <= l)
+            && b.lens.last() == b.lens.first()
+    }
+
+    /// Counts the `len` bytes at `buf[used..]` into the batch for `to`.
+    fn queue(&mut self, to: SocketAddr, len: usize) {
+        self.tx.to = Some(to);
+        self.tx.lens.push(len);
+        self.tx.used += len;
+    }
+
+    /// Whether the engine may write packets straight into the batch ([`stage`](Self::stage)):
+    /// not with fault injection on, which sends each packet alone.
+    pub fn can_stage(&self) -> bool {
+        self.faults.is_none()
+    }
+
+    /// Room for the next packet (a full [`MAX_PACKET`](softverbs_transport::MAX_PACKET)),
+    /// right behind the batch queued: the engine writes its packet here and
+    /// [`send_staged`](Self::send_staged) queues it where it lies. That saves the copy of
+    /// every payload byte that [`send`](Self::send) makes from the engine's buffer.
+    pub fn stage(&mut self) -> &mut [u8] {
+        let at = self.tx.used;
+        &mut self.tx.buf[at..at + softverbs_transport::MAX_PACKET]
+    }
+
+    /// The packet [`stage`](Self::stage)d (its first `len` bytes).
+    pub fn staged(&self, len: usize) -> &[u8] {
+        &self.tx.buf[self.tx.used..self.tx.used + len]
+    }
+
+    /// [`send`](Self::send) for the packet the engine wrote into [`stage`](Self::stage):
+    /// it joins the batch; if it cannot, the batch before it leaves first and the packet
+    /// moves to the front (one copy per batch, not per packet).
+    pub fn send_staged(&mut self, tx: &Transmit) -> io::Result<()> {
+        if !self.can_stage() {
+            let mut pkt = self.staged(tx.len).to_vec();
+            return self.send(tx, &mut pkt);
+        }
+        let dst_ip = tx.dgid.to_ip();
+        if ip_repr(self.local, dst_ip).is_none() {
+            return Ok(());
+        }
+        let to = SocketAddr::new(dst_ip, self.port);
+        if !self.fits(to, tx.len) {
+            let at = self.tx.used;
+            // `flush` sends `buf[..used]` and leaves the bytes behind it alone.
+            self.flush()?;
+            self.tx.buf.copy_within(at..at + tx.len, 0);
+        }
+        self.queue(to, tx.len);
+        Ok(())
+    }
+
     fn udp_out(&self) -> UdpRepr {
         UdpRepr {
             src_port: self.port,
@@ -437,22 +505,33 @@ impl NetDev {
         let mut off = 0;
         let lens = std::mem::take(&mut self.tx.lens);
         let mut buf = std::mem::take(&mut self.tx.buf);
+        let mut sealed = Ok(());
         for (i, &len) in lens.iter().enumerate() {
             if let IpRepr::V4(v4) = &mut ip {
                 v4.identification = if ids_count_up { i as u16 } else { 0 };
             }
             let pkt = &mut buf[off..off + len];
-            let hl = emit_ip_udp(&ip, &udp, len, &mut self.hdr).map_err(io::Error::other)?;
-            icrc::write(&self.hdr[..hl], pkt).map_err(io::Error::other)?;
+            let hl = match emit_ip_udp(&ip, &udp, len, &mut self.hdr) {
+                Ok(hl) => hl,
+                Err(e) => {
+                    sealed = Err(io::Error::other(e));
+                    break;
+                }
+            };
+            if let Err(e) = icrc::write(&self.hdr[..hl], pkt) {
+                sealed = Err(io::Error::other(e));
+                break;
+            }
             if self.capture.is_some() {
                 let copy = pkt.to_vec();
                 self.record(&ip, &udp, &copy);
             }
             off += len;
         }
+        // Put back even on failure: the batch buffer keeps its size (`stage` relies on it).
         self.tx.lens = lens;
         self.tx.buf = buf;
-        Ok(())
+        sealed
     }
 
     /// Sends what is queued: one GSO send, or `sendmmsg` where GSO is refused.
@@ -464,17 +543,21 @@ impl NetDev {
         let result = if n == 0 {
             Ok(())
         } else if n == 1 {
-            self.seal(to, false)?;
-            let bytes = std::mem::take(&mut self.tx.buf);
-            let r = self.raw_send(&bytes, to);
-            self.tx.buf = bytes;
-            r
-        } else if self.gso && self.gso_send(to)? {
-            Ok(())
+            self.seal(to, false).and_then(|()| {
+                let bytes = std::mem::take(&mut self.tx.buf);
+                let r = self.raw_send(&bytes[..self.tx.used], to);
+                self.tx.buf = bytes;
+                r
+            })
         } else {
-            self.mmsg_send(to)
+            match self.gso_send(to) {
+                Ok(true) => Ok(()),
+                Ok(false) => self.mmsg_send(to),
+                Err(e) => Err(e),
+            }
         };
-        self.tx.buf.clear();
+        // A batch that could not be sealed or sent is lost, as on a congested link.
+        self.tx.used = 0;
         self.tx.lens.clear();
         self.tx.to = None;
         result
@@ -484,10 +567,13 @@ impl NetDev {
     /// kernel refuses GSO on this socket or route.
     fn gso_send(&mut self, to: SocketAddr) -> io::Result<bool> {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
+        if !self.gso {
+            return Ok(false);
+        }
         self.seal(to, true)?;
         let seg = self.tx.lens[0] as u16;
         let addr = SockaddrStorage::from(to);
-        let iov = [io::IoSlice::new(&self.tx.buf)];
+        let iov = [io::IoSlice::new(&self.tx.buf[..self.tx.used])];
         let cmsg = [ControlMessage::UdpGsoSegments(&seg)];
         match sendmsg(
             self.sock.as_raw_fd(),
@@ -578,6 +664,27 @@ impl NetDev {
     /// datagrams are counted and skipped. A datagram the kernel coalesced (GRO) is handed out
     /// one segment per call.
     pub fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<(RxMeta, usize)>> {
+        Ok(match self.recv_any(buf)? {
+            Some((meta, Rx::Batch(at, len))) => {
+                buf[..len].copy_from_slice(&self.rx.buf[at..at + len]);
+                Some((meta, len))
+            }
+            Some((meta, Rx::Buf(len))) => Some((meta, len)),
+            None => None,
+        })
+    }
+
+    /// [`recv`](Self::recv) without copying a packet of the device's own socket out of the
+    /// datagram it arrived in (`buf` holds only a group socket's): the packet as a slice.
+    pub fn recv_ref<'a>(&'a mut self, buf: &'a mut [u8]) -> io::Result<Option<(RxMeta, &'a [u8])>> {
+        Ok(match self.recv_any(buf)? {
+            Some((meta, Rx::Batch(at, len))) => Some((meta, &self.rx.buf[at..at + len])),
+            Some((meta, Rx::Buf(len))) => Some((meta, &buf[..len])),
+            None => None,
+        })
+    }
+
+    fn recv_any(&mut self, buf: &mut [u8]) -> io::Result<Option<(RxMeta, Rx)>> {
         if let Some(r) = self.recv_from_socket(None, buf)? {
             return Ok(Some(r));
         }
@@ -595,10 +702,10 @@ impl NetDev {
         &mut self,
         group: Option<IpAddr>,
         buf: &mut [u8],
-    ) -> io::Result<Option<(RxMeta, usize)>> {
+    ) -> io::Result<Option<(RxMeta, Rx)>> {
         let dst = group.unwrap_or(self.local);
         loop {
-            let (len, from, index) = match group {
+            let (at, len, from, index) = match group {
                 None => {
                     if self.rx.off >= self.rx.len && !self.fill()? {
                         return Ok(None);
@@ -607,14 +714,13 @@ impl NetDev {
                     let len = rx.seg.min(rx.len - rx.off);
                     let (from, index) = (rx.from, rx.index);
                     rx.index = rx.index.wrapping_add(1);
+                    let at = rx.off;
+                    rx.off += len;
                     if len > buf.len() {
-                        rx.off += len;
                         self.stats.rejected += 1;
                         continue;
                     }
-                    buf[..len].copy_from_slice(&rx.buf[rx.off..rx.off + len]);
-                    rx.off += len;
-                    (len, from, index)
+                    (Some(at), len, from, index)
                 }
                 // Group sockets do not ask for GRO: one datagram per call. A GSO batch sent to
                 // a group arrives as separate datagrams, so no index is known (the ICRC check
@@ -624,7 +730,7 @@ impl NetDev {
                         return Ok(None);
                     };
                     match sock.recv_from(buf) {
-                        Ok((len, from)) => (len, from, 0),
+                        Ok((len, from)) => (None, len, from, 0),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                         Err(e) => return Err(e),
@@ -639,21 +745,30 @@ impl NetDev {
                 src_port: from.port(),
                 dst_port: self.port,
             };
-            let Some(ip) = self.check_icrc(ip, &udp, &buf[..len], index) else {
-                self.stats.rejected += 1;
-                continue;
+            // The batch's bytes are checked where they lie (taken out of `self` meanwhile).
+            let rxbuf = std::mem::take(&mut self.rx.buf);
+            let pkt = match at {
+                Some(at) => &rxbuf[at..at + len],
+                None => &buf[..len],
             };
-            self.stats.delivered += 1;
-            if self.capture.is_some() {
-                let pkt = buf[..len].to_vec();
+            let checked = self.check_icrc(ip, &udp, pkt, index);
+            if let (Some(ip), true) = (checked, self.capture.is_some()) {
+                let pkt = pkt.to_vec();
                 self.record(&ip, &udp, &pkt);
             }
+            self.rx.buf = rxbuf;
+            if checked.is_none() {
+                self.stats.rejected += 1;
+                continue;
+            }
+            self.stats.delivered += 1;
+            let meta = RxMeta {
+                sgid: Gid::from_ip(from.ip()),
+                dgid: Gid::from_ip(dst),
+            };
             return Ok(Some((
-                RxMeta {
-                    sgid: Gid::from_ip(from.ip()),
-                    dgid: Gid::from_ip(dst),
-                },
-                len,
+                meta,
+                at.map_or(Rx::Buf(len), |at| Rx::Batch(at, len)),
             )));
         }
     }
