@@ -49,6 +49,12 @@ use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
 /// range of IPv4 identifications a softverbs sender gives its packets.
 pub const MAX_SEGMENTS: usize = 64;
 
+/// Datagrams one `recvmmsg` may take.
+const RX_DATAGRAMS: usize = 8;
+
+/// Room for one received datagram: a GRO one is at most 64 KiB.
+const RX_DATAGRAM: usize = 1 << 16;
+
 /// Most UDP payload bytes one GSO send may carry (an IPv4 datagram's 65,535 less its headers).
 const MAX_BATCH_BYTES: usize = 65_507;
 
@@ -83,7 +89,15 @@ struct TxBatch {
 
 /// A coalesced datagram being handed out segment by segment.
 struct RxBatch {
+    /// [`RX_DATAGRAMS`] slots of [`RX_DATAGRAM`] bytes, one per datagram of a `recvmmsg`.
     buf: Vec<u8>,
+    /// The datagrams of the last `recvmmsg` not yet handed out: (offset, length, segment
+    /// size, sender).
+    queued: std::collections::VecDeque<(usize, usize, usize, SocketAddr)>,
+    /// The last `recvmmsg` returned fewer datagrams than it had room for: the socket was
+    /// empty then, so once `queued` is used up the next receive reports none without a call.
+    drained: bool,
+    /// The datagram being handed out is `buf[off..len]`.
     len: usize,
     seg: usize,
     off: usize,
@@ -272,7 +286,9 @@ impl NetDev {
             },
             gso,
             rx: RxBatch {
-                buf: vec![0; 1 << 16],
+                buf: vec![0; RX_DATAGRAMS * RX_DATAGRAM],
+                queued: std::collections::VecDeque::with_capacity(RX_DATAGRAMS),
+                drained: false,
                 len: 0,
                 seg: 0,
                 off: 0,
@@ -290,7 +306,7 @@ impl NetDev {
     /// that watches the sockets edge-triggered (epoll(7) `EPOLLET`: every datagram queued
     /// raises an event) skips the empty `recvmsg` of every round that way.
     pub fn may_have_packets(&self) -> bool {
-        self.readable || self.rx.off < self.rx.len
+        self.readable || self.rx.off < self.rx.len || !self.rx.queued.is_empty()
     }
 
     /// The event loop saw one of the device's sockets (its own or a group's) readable.
@@ -389,6 +405,12 @@ impl NetDev {
         // Every device of a deployment listens on the same port (4791 outside tests).
         let to = SocketAddr::new(dst_ip, self.port);
         if self.faults.is_none() {
+            if pkt.len() > softverbs_transport::MAX_PACKET {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "packet longer than MAX_PACKET",
+                ));
+            }
             if !self.fits(to, pkt.len()) {
                 self.flush()?;
             }
@@ -773,59 +795,82 @@ impl NetDev {
         }
     }
 
-    /// Reads the next datagram (maybe coalesced) into the receive batch; false if none.
+    /// Makes the next datagram (maybe coalesced) the one handed out; false if none. Takes up
+    /// to [`RX_DATAGRAMS`] at a time with one `recvmmsg`, and when that found the socket
+    /// empty, answers "none" once its datagrams are used up without another call: every
+    /// arrival after it raises a new readiness event (docs/performance.md "Issue 16: two
+    /// daemons"), and a caller that polls regardless makes the call next time.
     fn fill(&mut self) -> io::Result<bool> {
-        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrStorage};
-        let mut cmsg = nix::cmsg_space!(i32);
+        use nix::sys::socket::{
+            recvmmsg, ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage,
+        };
         loop {
-            let mut iov = [io::IoSliceMut::new(&mut self.rx.buf)];
-            let r = recvmsg::<SockaddrStorage>(
-                self.sock.as_raw_fd(),
-                &mut iov,
-                Some(&mut cmsg),
-                MsgFlags::empty(),
+            if let Some((start, len, seg, from)) = self.rx.queued.pop_front() {
+                self.rx.off = start;
+                self.rx.len = start + len;
+                self.rx.seg = seg;
+                self.rx.index = 0;
+                self.rx.from = from;
+                return Ok(true);
+            }
+            if std::mem::take(&mut self.rx.drained) {
+                return Ok(false);
+            }
+            let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(
+                RX_DATAGRAMS,
+                Some(nix::cmsg_space!(i32)),
             );
-            let msg = match r {
-                Ok(m) => m,
+            let mut slots: Vec<[io::IoSliceMut<'_>; 1]> = self
+                .rx
+                .buf
+                .chunks_mut(RX_DATAGRAM)
+                .map(|c| [io::IoSliceMut::new(c)])
+                .collect();
+            let got = match recvmmsg(
+                self.sock.as_raw_fd(),
+                &mut headers,
+                slots.iter_mut(),
+                MsgFlags::MSG_DONTWAIT,
+                None,
+            ) {
+                Ok(r) => r,
                 Err(nix::errno::Errno::EAGAIN) => return Ok(false),
                 Err(nix::errno::Errno::ECONNREFUSED) | Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             };
-            let len = msg.bytes;
-            let mut seg = len;
-            if let Ok(cmsgs) = msg.cmsgs() {
-                for c in cmsgs {
-                    if let ControlMessageOwned::UdpGroSegments(s) = c {
-                        seg = usize::try_from(s).unwrap_or(len).clamp(1, len.max(1));
+            let mut n = 0;
+            for (i, msg) in got.enumerate() {
+                n += 1;
+                let len = msg.bytes;
+                let mut seg = len;
+                if let Ok(cmsgs) = msg.cmsgs() {
+                    for c in cmsgs {
+                        if let ControlMessageOwned::UdpGroSegments(s) = c {
+                            seg = usize::try_from(s).unwrap_or(len).clamp(1, len.max(1));
+                        }
                     }
                 }
+                let from = msg.address.and_then(|a: SockaddrStorage| {
+                    a.as_sockaddr_in()
+                        .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
+                        .or_else(|| {
+                            a.as_sockaddr_in6()
+                                .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
+                        })
+                });
+                let Some(from) = from.filter(|_| len > 0) else {
+                    self.stats.rejected += 1;
+                    continue;
+                };
+                if seg < len {
+                    self.batch.gro_recvs += 1;
+                    self.batch.gro_segments += len.div_ceil(seg) as u64;
+                }
+                self.rx.queued.push_back((i * RX_DATAGRAM, len, seg, from));
             }
-            let from = msg.address.and_then(|a: SockaddrStorage| {
-                a.as_sockaddr_in()
-                    .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
-                    .or_else(|| {
-                        a.as_sockaddr_in6()
-                            .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
-                    })
-            });
-            let Some(from) = from else {
-                self.stats.rejected += 1;
-                continue;
-            };
-            if len == 0 {
-                self.stats.rejected += 1;
-                continue;
-            }
-            if seg < len {
-                self.batch.gro_recvs += 1;
-                self.batch.gro_segments += len.div_ceil(seg) as u64;
-            }
-            self.rx.len = len;
-            self.rx.seg = seg;
-            self.rx.off = 0;
-            self.rx.index = 0;
-            self.rx.from = from;
-            return Ok(true);
+            // Fewer than asked for: the kernel met an empty queue (recvmmsg(2) returns what
+            // it has when the next datagram would block).
+            self.rx.drained = n < RX_DATAGRAMS;
         }
     }
 
