@@ -300,12 +300,12 @@ impl DataPath {
             .collect()
     }
 
-    /// From now on [`drive`](Self::drive) calls `recvmsg` on a device's sockets only after
+    /// From now on [`drive`](Self::drive) receives from a device's sockets only after
     /// [`mark_readable`](Self::mark_readable) said they may hold packets, not in every round:
     /// for an event loop that watches [`net_fds`](Self::net_fds) and the group sockets
-    /// edge-triggered and reports every readiness event. A drive that found a device's sockets
-    /// empty made `recvmsg` calls that returned `EAGAIN`, two or more per wake-up of an idle
-    /// daemon (docs/performance.md "Issue 16: two daemons").
+    /// edge-triggered and reports every readiness event. Without it every round of a drive
+    /// asked every socket, and an idle daemon's wake-up cost two or more receives that
+    /// returned `EAGAIN` (docs/performance.md "Issue 16: two daemons").
     pub fn gate_receives(&mut self) {
         self.gate_rx = true;
     }
@@ -866,7 +866,7 @@ impl DataPath {
                     }
                     // Unicast packets go to the engine from where they arrived (no copy);
                     // group traffic and MADs, rare, through a buffer of their own.
-                    let len = match n.recv_ref(&mut buf) {
+                    let (meta, len) = match n.recv_ref(&mut buf) {
                         Ok(Some((meta, pkt)))
                             if !meta.dgid.is_multicast() && !crate::cm::is_gsi(pkt) =>
                         {
@@ -887,7 +887,6 @@ impl DataPath {
                         }
                     };
                     progressed = true;
-                    let (meta, len) = len;
                     if self.is_own_multicast(&meta) {
                         continue;
                     }

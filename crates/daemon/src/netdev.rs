@@ -309,9 +309,12 @@ impl NetDev {
         self.readable || self.rx.off < self.rx.len || !self.rx.queued.is_empty()
     }
 
-    /// The event loop saw one of the device's sockets (its own or a group's) readable.
+    /// The event loop saw one of the device's sockets (its own or a group's) readable. That
+    /// may be a datagram that came after the last `recvmmsg` found the socket empty, while its
+    /// datagrams were still being handed out: the next receive after them asks the kernel.
     pub fn mark_readable(&mut self) {
         self.readable = true;
+        self.rx.drained = false;
     }
 
     /// Joins multicast group `mgid` on the device's interface (its first QP attached).

@@ -530,3 +530,48 @@ fn many_datagrams_arrive_in_order_across_batched_receives() {
     assert!(late[0].iter().all(|&x| x == 99));
     assert_eq!(b.stats.rejected, 0);
 }
+
+/// A readiness event that comes while datagrams of the last `recvmmsg` are still being handed
+/// out (the loop hands out at most 256 packets per round, then polls) must not be lost: that
+/// call found the socket empty, but something arrived since, so the receive after the batch
+/// asks the kernel again instead of reporting none.
+#[test]
+fn an_event_during_a_batch_makes_the_next_receive_ask_again() {
+    use softverbs_core::device::Gid;
+    use softverbs_transport::Transmit;
+    let a_ip: IpAddr = "127.77.5.1".parse().unwrap();
+    let b_ip: IpAddr = "127.77.5.2".parse().unwrap();
+    let mut a = NetDev::bind(a_ip, 4791).unwrap();
+    let mut b = NetDev::bind(b_ip, 4791).unwrap();
+    a.disable_gso();
+    let tx = Transmit {
+        len: 64,
+        dgid: Gid::from_ip(b_ip),
+        sgid_index: 0,
+        udp_sport: 0,
+    };
+    let send = |a: &mut NetDev, i: u8| {
+        let mut p = vec![0u8; 64];
+        p[0] = 0x04;
+        p[12..60].fill(i);
+        a.send(&tx, &mut p).unwrap();
+        a.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut buf = vec![0u8; MAX_PACKET];
+    let mut next = |b: &mut NetDev| b.recv(&mut buf).unwrap().map(|(_, len)| len);
+    // Two datagrams queued: one receive takes both (fewer than it had room for: drained) and
+    // hands out the first.
+    send(&mut a, 1);
+    send(&mut a, 2);
+    assert!(next(&mut b).is_some());
+    // A third arrives while the second is still to be handed out, and the loop reports it.
+    send(&mut a, 3);
+    b.mark_readable();
+    assert!(next(&mut b).is_some(), "the second");
+    assert!(
+        next(&mut b).is_some(),
+        "the third, though the batch had found the socket empty"
+    );
+    assert!(next(&mut b).is_none());
+}
