@@ -315,7 +315,7 @@ pub(crate) fn next_packet<M: Memory>(
     };
     // The payload is gathered from memory straight into the packet.
     let written = emit_packet_with(&h, plen, buf, |out| {
-        if plen == 0 {
+        if op.is_read_or_atomic() {
             return Ok(());
         }
         gather(qp, env, &qp.sq[idx].wr.payload, offset, out)
