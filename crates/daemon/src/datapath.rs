@@ -67,14 +67,6 @@ impl Dev {
         self.net.iter_mut().chain(self.more_net.iter_mut())
     }
 
-    /// Socket `k` of [`Self::sockets`].
-    fn socket(&mut self, k: usize) -> Option<&mut NetDev> {
-        match k {
-            0 => self.net.as_mut(),
-            k => self.more_net.get_mut(k - 1),
-        }
-    }
-
     /// The socket that sends from address `src`.
     fn socket_from(&mut self, src: Gid) -> Option<&mut NetDev> {
         let ip = src.to_ip();
@@ -147,6 +139,11 @@ pub struct DataPath {
     new_doorbells: Vec<(CtxId, OwnedFd)>,
     epoch: Instant,
     buf: Vec<u8>,
+    /// Multicast packets and MADs received, for the round that handles them.
+    rx_scratch: Vec<u8>,
+    /// Receive only from sockets the event loop reported readable since they were last found
+    /// empty ([`gate_receives`](Self::gate_receives)).
+    gate_rx: bool,
     /// The devices' connection managers on QP1 (docs/cm.md §4).
     pub cm: crate::cm::CmPorts,
 }
@@ -292,6 +289,8 @@ impl DataPath {
             new_doorbells: Vec::new(),
             epoch: Instant::now(),
             buf: vec![0; MAX_PACKET],
+            rx_scratch: vec![0; MAX_PACKET],
+            gate_rx: false,
             moved_packets: false,
         })
     }
@@ -303,6 +302,28 @@ impl DataPath {
             .enumerate()
             .flat_map(|(i, d)| d.net.iter().chain(&d.more_net).map(move |n| (i, n.fd())))
             .collect()
+    }
+
+    /// From now on [`drive`](Self::drive) receives from a device's sockets only after
+    /// [`mark_readable`](Self::mark_readable) said they may hold packets, not in every round:
+    /// for an event loop that watches [`net_fds`](Self::net_fds) and the group sockets
+    /// edge-triggered and reports every readiness event. Without it every round of a drive
+    /// asked every socket, and an idle daemon's wake-up cost two or more receives that
+    /// returned `EAGAIN` (docs/performance.md "Issue 16: two daemons").
+    pub fn gate_receives(&mut self) {
+        self.gate_rx = true;
+    }
+
+    /// One of device `dev`'s sockets, or with `None` any socket of any device (group sockets
+    /// share one event token), became readable.
+    pub fn mark_readable(&mut self, dev: Option<usize>) {
+        for (i, d) in self.devs.iter_mut().enumerate() {
+            if dev.is_none_or(|x| x == i) {
+                for n in d.sockets() {
+                    n.mark_readable();
+                }
+            }
+        }
     }
 
     /// How long until an engine timer is due.
@@ -748,6 +769,7 @@ impl DataPath {
     pub fn drive(&mut self, core: &mut Core) -> Vec<CtxId> {
         let mut woken = Vec::new();
         let mut buf = std::mem::take(&mut self.buf);
+        let mut scratch = std::mem::take(&mut self.rx_scratch);
         self.moved_packets = false;
         for _round in 0..64 {
             let now = engine_time(self.epoch, Instant::now());
@@ -762,14 +784,43 @@ impl DataPath {
             }
             for d in 0..self.devs.len() {
                 for _ in 0..256 {
-                    let Some(tx) =
-                        self.devs[d]
-                            .engine
-                            .poll_transmit(now, core, &mut self.mem, &mut buf)
-                    else {
+                    // The engine writes into the batch of the device's first socket, where
+                    // nearly every packet goes, so the payload is not copied once more.
+                    let dev = &mut self.devs[d];
+                    let staging = dev.net.as_ref().is_some_and(NetDev::can_stage);
+                    let tx = match &mut dev.net {
+                        Some(n) if staging => {
+                            dev.engine
+                                .poll_transmit(now, core, &mut self.mem, n.stage())
+                        }
+                        _ => dev.engine.poll_transmit(now, core, &mut self.mem, &mut buf),
+                    };
+                    let Some(tx) = tx else {
                         break;
                     };
                     progressed = true;
+                    if staging {
+                        let remote = !tx.dgid.is_multicast()
+                            && !self.devs.iter().any(|x| x.gids.contains(&tx.dgid));
+                        let dev = &self.devs[d];
+                        let src = dev.sgid_for(tx.sgid_index, tx.dgid);
+                        let first = dev.net.as_ref().is_some_and(|n| n.local() == src.to_ip());
+                        if remote && first {
+                            // A packet for another host may be the ACK of writes held back.
+                            self.flush_memory();
+                            if let Some(n) = &mut self.devs[d].net {
+                                if let Err(e) = n.send_staged(&tx) {
+                                    tracing::warn!("send failed: {e}");
+                                }
+                            }
+                            continue;
+                        }
+                        // Elsewhere (this daemon, a group, another address's socket): from
+                        // the engine's buffer, as without staging.
+                        if let Some(n) = &self.devs[d].net {
+                            buf[..tx.len].copy_from_slice(n.staged(tx.len));
+                        }
+                    }
                     if tx.dgid.is_multicast() {
                         self.deliver_multicast_locally(now, core, d, tx.dgid, &buf[..tx.len]);
                         self.flush_memory();
@@ -819,32 +870,53 @@ impl DataPath {
                 .collect();
             for (d, k) in socks {
                 for _ in 0..256 {
-                    let Some(n) = self.devs[d].socket(k) else {
+                    let dev = &mut self.devs[d];
+                    let n = match k {
+                        0 => dev.net.as_mut(),
+                        k => dev.more_net.get_mut(k - 1),
+                    };
+                    let Some(n) = n else {
                         break;
                     };
-                    match n.recv(&mut buf) {
-                        Ok(Some((meta, _))) if self.is_own_multicast(&meta) => {
+                    if self.gate_rx && !n.may_have_packets() {
+                        break;
+                    }
+                    // Unicast packets go to the engine from where they arrived (no copy);
+                    // group traffic and MADs, rare, through a buffer of their own.
+                    let (meta, len) = match n.recv_ref(&mut buf) {
+                        Ok(Some((meta, pkt)))
+                            if !meta.dgid.is_multicast() && !crate::cm::is_gsi(pkt) =>
+                        {
                             progressed = true;
+                            dev.engine
+                                .handle_packet(now, core, &mut self.mem, meta, pkt);
+                            continue;
                         }
-                        Ok(Some((meta, len))) if crate::cm::is_gsi(&buf[..len]) => {
-                            progressed = true;
-                            self.cm.receive(now, d, meta.sgid, &buf[..len]);
-                        }
-                        Ok(Some((meta, len))) => {
-                            progressed = true;
-                            self.devs[d].engine.handle_packet(
-                                now,
-                                core,
-                                &mut self.mem,
-                                meta,
-                                &buf[..len],
-                            );
+                        Ok(Some((meta, pkt))) => {
+                            let len = pkt.len();
+                            scratch[..len].copy_from_slice(pkt);
+                            (meta, len)
                         }
                         Ok(None) => break,
                         Err(e) => {
                             tracing::warn!("receive failed: {e}");
                             break;
                         }
+                    };
+                    progressed = true;
+                    if self.is_own_multicast(&meta) {
+                        continue;
+                    }
+                    if crate::cm::is_gsi(&scratch[..len]) {
+                        self.cm.receive(now, d, meta.sgid, &scratch[..len]);
+                    } else {
+                        self.devs[d].engine.handle_packet(
+                            now,
+                            core,
+                            &mut self.mem,
+                            meta,
+                            &scratch[..len],
+                        );
                     }
                 }
                 if k == self.devs[d].more_net.len() {
@@ -875,6 +947,7 @@ impl DataPath {
             }
         }
         self.buf = buf;
+        self.rx_scratch = scratch;
         woken
     }
 
@@ -1455,11 +1528,17 @@ impl DataPath {
         }
     }
 
-    /// After the event loop wakes: producers may stop ringing.
-    pub fn finish_sleep(&mut self) {
+    /// After the event loop wakes: producers may stop ringing. `rang`: the wake-up reported
+    /// a doorbell, whose eventfds are then emptied. A doorbell left full costs nothing: the
+    /// loop watches them edge-triggered, and every later ring raises a new event whatever the
+    /// count (eventfd(2) wakes its waiters on each write), so a wake-up by a socket or a timer
+    /// skips one `read` per context.
+    pub fn finish_sleep(&mut self, rang: bool) {
         self.clear_wakeups();
-        for d in self.doorbells.values() {
-            softverbs_ipc::drain_eventfd(d.as_fd());
+        if rang {
+            for d in self.doorbells.values() {
+                softverbs_ipc::drain_eventfd(d.as_fd());
+            }
         }
     }
 

@@ -49,6 +49,12 @@ use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
 /// range of IPv4 identifications a softverbs sender gives its packets.
 pub const MAX_SEGMENTS: usize = 64;
 
+/// Datagrams one `recvmmsg` may take.
+const RX_DATAGRAMS: usize = 8;
+
+/// Room for one received datagram: a GRO one is at most 64 KiB.
+const RX_DATAGRAM: usize = 1 << 16;
+
 /// Most UDP payload bytes one GSO send may carry (an IPv4 datagram's 65,535 less its headers).
 const MAX_BATCH_BYTES: usize = 65_507;
 
@@ -71,9 +77,11 @@ pub struct BatchStats {
 }
 
 /// Packets queued for one destination, back to back, ICRC slots not yet written.
-#[derive(Default)]
 struct TxBatch {
+    /// `buf[..used]` is the batch; behind it, room for one more packet
+    /// ([`NetDev::stage`]), so the buffer is never reallocated nor zeroed while sending.
     buf: Vec<u8>,
+    used: usize,
     /// Each packet's length (all equal but the last).
     lens: Vec<usize>,
     to: Option<SocketAddr>,
@@ -81,12 +89,27 @@ struct TxBatch {
 
 /// A coalesced datagram being handed out segment by segment.
 struct RxBatch {
+    /// [`RX_DATAGRAMS`] slots of [`RX_DATAGRAM`] bytes, one per datagram of a `recvmmsg`.
     buf: Vec<u8>,
+    /// The datagrams of the last `recvmmsg` not yet handed out: (offset, length, segment
+    /// size, sender).
+    queued: std::collections::VecDeque<(usize, usize, usize, SocketAddr)>,
+    /// The last `recvmmsg` returned fewer datagrams than it had room for: the socket was
+    /// empty then, so once `queued` is used up the next receive reports none without a call.
+    drained: bool,
+    /// The datagram being handed out is `buf[off..len]`.
     len: usize,
     seg: usize,
     off: usize,
     index: u16,
     from: SocketAddr,
+}
+
+/// Where [`NetDev::recv_any`] left a packet: in the receive batch (offset, length) or in the
+/// caller's buffer (a group socket's).
+enum Rx {
+    Batch(usize, usize),
+    Buf(usize),
 }
 
 /// The UDP side of one device.
@@ -110,6 +133,9 @@ pub struct NetDev {
     /// False once the kernel refused a GSO send: batches go by `sendmmsg` from then on.
     gso: bool,
     rx: RxBatch,
+    /// False once a [`recv`](Self::recv) found every socket of the device empty, until the
+    /// event loop reports it readable again ([`mark_readable`](Self::mark_readable)).
+    readable: bool,
 }
 
 /// The index of the interface that holds IPv6 address `ip`, from `/proc/net/if_inet6`
@@ -252,10 +278,17 @@ impl NetDev {
             stats: NetStats::default(),
             batch: BatchStats::default(),
             hdr: [0; 48],
-            tx: TxBatch::default(),
+            tx: TxBatch {
+                buf: vec![0; MAX_BATCH_BYTES + softverbs_transport::MAX_PACKET],
+                used: 0,
+                lens: Vec::with_capacity(MAX_SEGMENTS),
+                to: None,
+            },
             gso,
             rx: RxBatch {
-                buf: vec![0; 1 << 16],
+                buf: vec![0; RX_DATAGRAMS * RX_DATAGRAM],
+                queued: std::collections::VecDeque::with_capacity(RX_DATAGRAMS),
+                drained: false,
                 len: 0,
                 seg: 0,
                 off: 0,
@@ -264,7 +297,24 @@ impl NetDev {
             },
             groups: HashMap::new(),
             new_fds: Vec::new(),
+            readable: true,
         })
+    }
+
+    /// Whether a [`recv`](Self::recv) may find a packet: false from the receive that found
+    /// the device's sockets empty until [`mark_readable`](Self::mark_readable). An event loop
+    /// that watches the sockets edge-triggered (epoll(7) `EPOLLET`: every datagram queued
+    /// raises an event) skips the empty `recvmsg` of every round that way.
+    pub fn may_have_packets(&self) -> bool {
+        self.readable || self.rx.off < self.rx.len || !self.rx.queued.is_empty()
+    }
+
+    /// The event loop saw one of the device's sockets (its own or a group's) readable. That
+    /// may be a datagram that came after the last `recvmmsg` found the socket empty, while its
+    /// datagrams were still being handed out: the next receive after them asks the kernel.
+    pub fn mark_readable(&mut self) {
+        self.readable = true;
+        self.rx.drained = false;
     }
 
     /// Joins multicast group `mgid` on the device's interface (its first QP attached).
@@ -358,19 +408,18 @@ impl NetDev {
         // Every device of a deployment listens on the same port (4791 outside tests).
         let to = SocketAddr::new(dst_ip, self.port);
         if self.faults.is_none() {
-            let b = &self.tx;
-            let fits = b.to == Some(to)
-                && b.lens.len() < MAX_SEGMENTS
-                && b.buf.len() + pkt.len() <= MAX_BATCH_BYTES
-                // Segments of one size; a shorter one ends the batch.
-                && b.lens.first().is_some_and(|&l| pkt.len() <= l)
-                && b.lens.last() == b.lens.first();
-            if !fits {
+            if pkt.len() > softverbs_transport::MAX_PACKET {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "packet longer than MAX_PACKET",
+                ));
+            }
+            if !self.fits(to, pkt.len()) {
                 self.flush()?;
             }
-            self.tx.to = Some(to);
-            self.tx.buf.extend_from_slice(pkt);
-            self.tx.lens.push(pkt.len());
+            let at = self.tx.used;
+            self.tx.buf[at..at + pkt.len()].copy_from_slice(pkt);
+            self.queue(to, pkt.len());
             return Ok(());
         }
         let udp = self.udp_out();
@@ -403,6 +452,67 @@ impl NetDev {
         Ok(())
     }
 
+    /// Whether a packet of `len` bytes for `to` joins the batch queued.
+    fn fits(&self, to: SocketAddr, len: usize) -> bool {
+        let b = &self.tx;
+        b.to == Some(to)
+            && b.lens.len() < MAX_SEGMENTS
+            && b.used + len <= MAX_BATCH_BYTES
+            // Segments of one size; a shorter one ends the batch.
+            && b.lens.first().is_some_and(|&l| len <= l)
+            && b.lens.last() == b.lens.first()
+    }
+
+    /// Counts the `len` bytes at `buf[used..]` into the batch for `to`.
+    fn queue(&mut self, to: SocketAddr, len: usize) {
+        self.tx.to = Some(to);
+        self.tx.lens.push(len);
+        self.tx.used += len;
+    }
+
+    /// Whether the engine may write packets straight into the batch ([`stage`](Self::stage)):
+    /// not with fault injection on, which sends each packet alone.
+    pub fn can_stage(&self) -> bool {
+        self.faults.is_none()
+    }
+
+    /// Room for the next packet (a full [`MAX_PACKET`](softverbs_transport::MAX_PACKET)),
+    /// right behind the batch queued: the engine writes its packet here and
+    /// [`send_staged`](Self::send_staged) queues it where it lies. That saves the copy of
+    /// every payload byte that [`send`](Self::send) makes from the engine's buffer.
+    pub fn stage(&mut self) -> &mut [u8] {
+        let at = self.tx.used;
+        &mut self.tx.buf[at..at + softverbs_transport::MAX_PACKET]
+    }
+
+    /// The packet [`stage`](Self::stage)d (its first `len` bytes).
+    pub fn staged(&self, len: usize) -> &[u8] {
+        &self.tx.buf[self.tx.used..self.tx.used + len]
+    }
+
+    /// [`send`](Self::send) for the packet the engine wrote into [`stage`](Self::stage):
+    /// it joins the batch; if it cannot, the batch before it leaves first and the packet
+    /// moves to the front (one copy per batch, not per packet).
+    pub fn send_staged(&mut self, tx: &Transmit) -> io::Result<()> {
+        if !self.can_stage() {
+            let mut pkt = self.staged(tx.len).to_vec();
+            return self.send(tx, &mut pkt);
+        }
+        let dst_ip = tx.dgid.to_ip();
+        if ip_repr(self.local, dst_ip).is_none() {
+            return Ok(());
+        }
+        let to = SocketAddr::new(dst_ip, self.port);
+        if !self.fits(to, tx.len) {
+            let at = self.tx.used;
+            // `flush` sends `buf[..used]` and leaves the bytes behind it alone.
+            self.flush()?;
+            self.tx.buf.copy_within(at..at + tx.len, 0);
+        }
+        self.queue(to, tx.len);
+        Ok(())
+    }
+
     fn udp_out(&self) -> UdpRepr {
         UdpRepr {
             src_port: self.port,
@@ -420,22 +530,33 @@ impl NetDev {
         let mut off = 0;
         let lens = std::mem::take(&mut self.tx.lens);
         let mut buf = std::mem::take(&mut self.tx.buf);
+        let mut sealed = Ok(());
         for (i, &len) in lens.iter().enumerate() {
             if let IpRepr::V4(v4) = &mut ip {
                 v4.identification = if ids_count_up { i as u16 } else { 0 };
             }
             let pkt = &mut buf[off..off + len];
-            let hl = emit_ip_udp(&ip, &udp, len, &mut self.hdr).map_err(io::Error::other)?;
-            icrc::write(&self.hdr[..hl], pkt).map_err(io::Error::other)?;
+            let hl = match emit_ip_udp(&ip, &udp, len, &mut self.hdr) {
+                Ok(hl) => hl,
+                Err(e) => {
+                    sealed = Err(io::Error::other(e));
+                    break;
+                }
+            };
+            if let Err(e) = icrc::write(&self.hdr[..hl], pkt) {
+                sealed = Err(io::Error::other(e));
+                break;
+            }
             if self.capture.is_some() {
                 let copy = pkt.to_vec();
                 self.record(&ip, &udp, &copy);
             }
             off += len;
         }
+        // Put back even on failure: the batch buffer keeps its size (`stage` relies on it).
         self.tx.lens = lens;
         self.tx.buf = buf;
-        Ok(())
+        sealed
     }
 
     /// Sends what is queued: one GSO send, or `sendmmsg` where GSO is refused.
@@ -447,17 +568,21 @@ impl NetDev {
         let result = if n == 0 {
             Ok(())
         } else if n == 1 {
-            self.seal(to, false)?;
-            let bytes = std::mem::take(&mut self.tx.buf);
-            let r = self.raw_send(&bytes, to);
-            self.tx.buf = bytes;
-            r
-        } else if self.gso && self.gso_send(to)? {
-            Ok(())
+            self.seal(to, false).and_then(|()| {
+                let bytes = std::mem::take(&mut self.tx.buf);
+                let r = self.raw_send(&bytes[..self.tx.used], to);
+                self.tx.buf = bytes;
+                r
+            })
         } else {
-            self.mmsg_send(to)
+            match self.gso_send(to) {
+                Ok(true) => Ok(()),
+                Ok(false) => self.mmsg_send(to),
+                Err(e) => Err(e),
+            }
         };
-        self.tx.buf.clear();
+        // A batch that could not be sealed or sent is lost, as on a congested link.
+        self.tx.used = 0;
         self.tx.lens.clear();
         self.tx.to = None;
         result
@@ -467,10 +592,13 @@ impl NetDev {
     /// kernel refuses GSO on this socket or route.
     fn gso_send(&mut self, to: SocketAddr) -> io::Result<bool> {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
+        if !self.gso {
+            return Ok(false);
+        }
         self.seal(to, true)?;
         let seg = self.tx.lens[0] as u16;
         let addr = SockaddrStorage::from(to);
-        let iov = [io::IoSlice::new(&self.tx.buf)];
+        let iov = [io::IoSlice::new(&self.tx.buf[..self.tx.used])];
         let cmsg = [ControlMessage::UdpGsoSegments(&seg)];
         match sendmsg(
             self.sock.as_raw_fd(),
@@ -561,6 +689,27 @@ impl NetDev {
     /// datagrams are counted and skipped. A datagram the kernel coalesced (GRO) is handed out
     /// one segment per call.
     pub fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<(RxMeta, usize)>> {
+        Ok(match self.recv_any(buf)? {
+            Some((meta, Rx::Batch(at, len))) => {
+                buf[..len].copy_from_slice(&self.rx.buf[at..at + len]);
+                Some((meta, len))
+            }
+            Some((meta, Rx::Buf(len))) => Some((meta, len)),
+            None => None,
+        })
+    }
+
+    /// [`recv`](Self::recv) without copying a packet of the device's own socket out of the
+    /// datagram it arrived in (`buf` holds only a group socket's): the packet as a slice.
+    pub fn recv_ref<'a>(&'a mut self, buf: &'a mut [u8]) -> io::Result<Option<(RxMeta, &'a [u8])>> {
+        Ok(match self.recv_any(buf)? {
+            Some((meta, Rx::Batch(at, len))) => Some((meta, &self.rx.buf[at..at + len])),
+            Some((meta, Rx::Buf(len))) => Some((meta, &buf[..len])),
+            None => None,
+        })
+    }
+
+    fn recv_any(&mut self, buf: &mut [u8]) -> io::Result<Option<(RxMeta, Rx)>> {
         if let Some(r) = self.recv_from_socket(None, buf)? {
             return Ok(Some(r));
         }
@@ -570,6 +719,7 @@ impl NetDev {
                 return Ok(Some(r));
             }
         }
+        self.readable = false;
         Ok(None)
     }
 
@@ -577,10 +727,10 @@ impl NetDev {
         &mut self,
         group: Option<IpAddr>,
         buf: &mut [u8],
-    ) -> io::Result<Option<(RxMeta, usize)>> {
+    ) -> io::Result<Option<(RxMeta, Rx)>> {
         let dst = group.unwrap_or(self.local);
         loop {
-            let (len, from, index) = match group {
+            let (at, len, from, index) = match group {
                 None => {
                     if self.rx.off >= self.rx.len && !self.fill()? {
                         return Ok(None);
@@ -589,14 +739,13 @@ impl NetDev {
                     let len = rx.seg.min(rx.len - rx.off);
                     let (from, index) = (rx.from, rx.index);
                     rx.index = rx.index.wrapping_add(1);
+                    let at = rx.off;
+                    rx.off += len;
                     if len > buf.len() {
-                        rx.off += len;
                         self.stats.rejected += 1;
                         continue;
                     }
-                    buf[..len].copy_from_slice(&rx.buf[rx.off..rx.off + len]);
-                    rx.off += len;
-                    (len, from, index)
+                    (Some(at), len, from, index)
                 }
                 // Group sockets do not ask for GRO: one datagram per call. A GSO batch sent to
                 // a group arrives as separate datagrams, so no index is known (the ICRC check
@@ -606,7 +755,7 @@ impl NetDev {
                         return Ok(None);
                     };
                     match sock.recv_from(buf) {
-                        Ok((len, from)) => (len, from, 0),
+                        Ok((len, from)) => (None, len, from, 0),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                         Err(e) => return Err(e),
@@ -621,78 +770,110 @@ impl NetDev {
                 src_port: from.port(),
                 dst_port: self.port,
             };
-            let Some(ip) = self.check_icrc(ip, &udp, &buf[..len], index) else {
-                self.stats.rejected += 1;
-                continue;
+            // The batch's bytes are checked where they lie (taken out of `self` meanwhile).
+            let rxbuf = std::mem::take(&mut self.rx.buf);
+            let pkt = match at {
+                Some(at) => &rxbuf[at..at + len],
+                None => &buf[..len],
             };
-            self.stats.delivered += 1;
-            if self.capture.is_some() {
-                let pkt = buf[..len].to_vec();
+            let checked = self.check_icrc(ip, &udp, pkt, index);
+            if let (Some(ip), true) = (checked, self.capture.is_some()) {
+                let pkt = pkt.to_vec();
                 self.record(&ip, &udp, &pkt);
             }
+            self.rx.buf = rxbuf;
+            if checked.is_none() {
+                self.stats.rejected += 1;
+                continue;
+            }
+            self.stats.delivered += 1;
+            let meta = RxMeta {
+                sgid: Gid::from_ip(from.ip()),
+                dgid: Gid::from_ip(dst),
+            };
             return Ok(Some((
-                RxMeta {
-                    sgid: Gid::from_ip(from.ip()),
-                    dgid: Gid::from_ip(dst),
-                },
-                len,
+                meta,
+                at.map_or(Rx::Buf(len), |at| Rx::Batch(at, len)),
             )));
         }
     }
 
-    /// Reads the next datagram (maybe coalesced) into the receive batch; false if none.
+    /// Makes the next datagram (maybe coalesced) the one handed out; false if none. Takes up
+    /// to [`RX_DATAGRAMS`] at a time with one `recvmmsg`, and when that found the socket
+    /// empty, answers "none" once its datagrams are used up without another call: every
+    /// arrival after it raises a new readiness event (docs/performance.md "Issue 16: two
+    /// daemons"), and a caller that polls regardless makes the call next time.
     fn fill(&mut self) -> io::Result<bool> {
-        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrStorage};
-        let mut cmsg = nix::cmsg_space!(i32);
+        use nix::sys::socket::{
+            recvmmsg, ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage,
+        };
         loop {
-            let mut iov = [io::IoSliceMut::new(&mut self.rx.buf)];
-            let r = recvmsg::<SockaddrStorage>(
-                self.sock.as_raw_fd(),
-                &mut iov,
-                Some(&mut cmsg),
-                MsgFlags::empty(),
+            if let Some((start, len, seg, from)) = self.rx.queued.pop_front() {
+                self.rx.off = start;
+                self.rx.len = start + len;
+                self.rx.seg = seg;
+                self.rx.index = 0;
+                self.rx.from = from;
+                return Ok(true);
+            }
+            if std::mem::take(&mut self.rx.drained) {
+                return Ok(false);
+            }
+            let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(
+                RX_DATAGRAMS,
+                Some(nix::cmsg_space!(i32)),
             );
-            let msg = match r {
-                Ok(m) => m,
+            let mut slots: Vec<[io::IoSliceMut<'_>; 1]> = self
+                .rx
+                .buf
+                .chunks_mut(RX_DATAGRAM)
+                .map(|c| [io::IoSliceMut::new(c)])
+                .collect();
+            let got = match recvmmsg(
+                self.sock.as_raw_fd(),
+                &mut headers,
+                slots.iter_mut(),
+                MsgFlags::MSG_DONTWAIT,
+                None,
+            ) {
+                Ok(r) => r,
                 Err(nix::errno::Errno::EAGAIN) => return Ok(false),
                 Err(nix::errno::Errno::ECONNREFUSED) | Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
             };
-            let len = msg.bytes;
-            let mut seg = len;
-            if let Ok(cmsgs) = msg.cmsgs() {
-                for c in cmsgs {
-                    if let ControlMessageOwned::UdpGroSegments(s) = c {
-                        seg = usize::try_from(s).unwrap_or(len).clamp(1, len.max(1));
+            let mut n = 0;
+            for (i, msg) in got.enumerate() {
+                n += 1;
+                let len = msg.bytes;
+                let mut seg = len;
+                if let Ok(cmsgs) = msg.cmsgs() {
+                    for c in cmsgs {
+                        if let ControlMessageOwned::UdpGroSegments(s) = c {
+                            seg = usize::try_from(s).unwrap_or(len).clamp(1, len.max(1));
+                        }
                     }
                 }
+                let from = msg.address.and_then(|a: SockaddrStorage| {
+                    a.as_sockaddr_in()
+                        .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
+                        .or_else(|| {
+                            a.as_sockaddr_in6()
+                                .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
+                        })
+                });
+                let Some(from) = from.filter(|_| len > 0) else {
+                    self.stats.rejected += 1;
+                    continue;
+                };
+                if seg < len {
+                    self.batch.gro_recvs += 1;
+                    self.batch.gro_segments += len.div_ceil(seg) as u64;
+                }
+                self.rx.queued.push_back((i * RX_DATAGRAM, len, seg, from));
             }
-            let from = msg.address.and_then(|a: SockaddrStorage| {
-                a.as_sockaddr_in()
-                    .map(|v4| SocketAddr::from(std::net::SocketAddrV4::from(*v4)))
-                    .or_else(|| {
-                        a.as_sockaddr_in6()
-                            .map(|v6| SocketAddr::from(std::net::SocketAddrV6::from(*v6)))
-                    })
-            });
-            let Some(from) = from else {
-                self.stats.rejected += 1;
-                continue;
-            };
-            if len == 0 {
-                self.stats.rejected += 1;
-                continue;
-            }
-            if seg < len {
-                self.batch.gro_recvs += 1;
-                self.batch.gro_segments += len.div_ceil(seg) as u64;
-            }
-            self.rx.len = len;
-            self.rx.seg = seg;
-            self.rx.off = 0;
-            self.rx.index = 0;
-            self.rx.from = from;
-            return Ok(true);
+            // Fewer than asked for: the kernel met an empty queue (recvmmsg(2) returns what
+            // it has when the next datagram would block).
+            self.rx.drained = n < RX_DATAGRAMS;
         }
     }
 

@@ -101,7 +101,7 @@ impl Server {
         // cannot play its NIC exits here, before any client could connect to it.
         let mut core = Core::new(config.build_devices());
         core.set_limits(config.limits.clone());
-        let dispatcher = Dispatcher::new(core, config.abi_version, &config.net)?;
+        let mut dispatcher = Dispatcher::new(core, config.abi_version, &config.net)?;
         let listener = softverbs_ipc::listen_seqpacket(path)?;
         // Sender credentials on every request (which process sent it: a fork child may share
         // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
@@ -122,6 +122,8 @@ impl Server {
             waker,
             flag: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
+        // Every readiness event of the sockets reaches `mark_readable` below.
+        dispatcher.dp.gate_receives();
         for (i, fd) in dispatcher.dp.net_fds() {
             poll.registry().register(
                 &mut SourceFd(&fd.as_raw_fd()),
@@ -211,7 +213,8 @@ impl Server {
                 return Err(e);
             }
             if !spinning {
-                self.dispatcher.dp.finish_sleep();
+                let rang = events.iter().any(|e| e.token() == DOORBELL);
+                self.dispatcher.dp.finish_sleep(rang);
             }
             if !events.is_empty() {
                 spin.worked(std::time::Instant::now());
@@ -226,7 +229,12 @@ impl Server {
                             .store(true, std::sync::atomic::Ordering::SeqCst);
                     }
                     WAKER | DOORBELL => {}
-                    Token(t) if (NET_BASE..FIRST_CONN).contains(&t) => {}
+                    // Device sockets are tokens NET_BASE + device; group sockets, of any
+                    // device, share NET_BASE.
+                    Token(t) if t == NET_BASE => self.dispatcher.dp.mark_readable(None),
+                    Token(t) if (NET_BASE..FIRST_CONN).contains(&t) => {
+                        self.dispatcher.dp.mark_readable(Some(t - NET_BASE));
+                    }
                     Token(t) => {
                         if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                             self.read_conn(t);

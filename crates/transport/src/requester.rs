@@ -9,8 +9,8 @@ use std::collections::VecDeque;
 use softverbs_core::types::{QpState, QpType};
 use softverbs_wire::psn::{psn_add, psn_diff};
 use softverbs_wire::{
-    emit_packet, AtomicEthRepr, BthRepr, DethRepr, Headers, IethRepr, ImmDtRepr, Opcode, Operation,
-    RethRepr, Transport, XrcethRepr,
+    emit_packet_with, AtomicEthRepr, BthRepr, DethRepr, Headers, IethRepr, ImmDtRepr, Opcode,
+    Operation, RethRepr, Transport, XrcethRepr,
 };
 
 use crate::completer::{complete_error_at, oldest_unacked};
@@ -308,22 +308,26 @@ pub(crate) fn next_packet<M: Memory>(
     let offset = pkt * mtu;
     let last = op.is_read_or_atomic() || pkt + 1 == npkts;
     let h = request_headers(qp, idx, pkt, psn)?;
-    let mut plen = 0usize;
-    if !op.is_read_or_atomic() {
-        plen = (w.len.saturating_sub(offset)).min(mtu) as usize;
-        scratch.resize(plen, 0);
-        if let Err(status) = gather(
-            qp,
-            env,
-            &qp.sq[idx].wr.payload,
-            offset,
-            &mut scratch[..plen],
-        ) {
+    let plen = if op.is_read_or_atomic() {
+        0
+    } else {
+        (w.len.saturating_sub(offset)).min(mtu) as usize
+    };
+    // The payload is gathered from memory straight into the packet.
+    let written = emit_packet_with(&h, plen, buf, |out| {
+        if op.is_read_or_atomic() {
+            return Ok(());
+        }
+        gather(qp, env, &qp.sq[idx].wr.payload, offset, out)
+    })
+    .ok()?;
+    let len = match written {
+        Ok(len) => len,
+        Err(status) => {
             complete_error_at(qp, env, idx, status);
             return None;
         }
-    }
-    let len = emit_packet(&h, &scratch[..plen], buf).ok()?;
+    };
     let tx = Transmit {
         len,
         dgid: w.wr.ud.map_or(qp.attr.ah_attr.dgid, |u| u.dgid),

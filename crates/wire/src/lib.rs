@@ -43,6 +43,8 @@ pub use deth::{Deth, DethRepr};
 pub use error::{HeaderKind, WireError};
 pub use imm::{Ieth, IethRepr, ImmDt, ImmDtRepr};
 pub use opcode::{Direction, HeaderSet, Opcode, OpcodeInfo, Operation, Position, Transport};
-pub use packet::{emit_packet, packet_len, Headers, Packet, PacketBuilder, PacketRef};
+pub use packet::{
+    emit_packet, emit_packet_with, packet_len, Headers, Packet, PacketBuilder, PacketRef,
+};
 pub use reth::{Reth, RethRepr};
 pub use xrceth::{Xrceth, XrcethRepr};

@@ -298,15 +298,35 @@ pub fn packet_len(headers: &Headers, payload_len: usize) -> usize {
 /// ignored. Fill the ICRC in afterwards with [`crate::icrc::write`], once the IP/UDP headers
 /// are known. On error `buf` may be partly written.
 pub fn emit_packet(headers: &Headers, payload: &[u8], buf: &mut [u8]) -> Result<usize, WireError> {
+    let written = emit_packet_with(headers, payload.len(), buf, |p| {
+        p.copy_from_slice(payload);
+        Ok::<(), core::convert::Infallible>(())
+    })?;
+    match written {
+        Ok(n) => Ok(n),
+        Err(never) => match never {},
+    }
+}
+
+/// [`emit_packet`] with the `payload_len` payload bytes written in place by `fill`, so a
+/// sender gathering them from registered memory writes them once, into the packet, instead
+/// of staging them in a buffer of its own first. `Ok(Err(e))`: `fill` failed with `e` (then
+/// `buf` is partly written).
+pub fn emit_packet_with<E>(
+    headers: &Headers,
+    payload_len: usize,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Result<Result<usize, E>, WireError> {
     let info = headers.check()?;
-    if !info.payload && !payload.is_empty() {
+    if !info.payload && payload_len != 0 {
         return Err(WireError::UnexpectedPayload {
             opcode: headers.bth.opcode.0,
-            len: payload.len(),
+            len: payload_len,
         });
     }
-    let pad = pad_for(payload.len());
-    let total = packet_len(headers, payload.len());
+    let pad = pad_for(payload_len);
+    let total = packet_len(headers, payload_len);
     if buf.len() < total {
         return Err(WireError::BufferTooSmall {
             needed: total,
@@ -326,11 +346,13 @@ pub fn emit_packet(headers: &Headers, payload: &[u8], buf: &mut [u8]) -> Result<
         headers.emit_extension(kind, &mut buf[at..])?;
         at += kind.wire_len();
     }
-    buf[at..at + payload.len()].copy_from_slice(payload);
+    if let Err(e) = fill(&mut buf[at..at + payload_len]) {
+        return Ok(Err(e));
+    }
     // IBA 9.2 wants pad bytes of 0; the ICRC slot is zeroed so a forgotten `icrc::write`
     // shows up as a mismatch rather than stale data.
-    buf[at + payload.len()..].fill(0);
-    Ok(total)
+    buf[at + payload_len..].fill(0);
+    Ok(Ok(total))
 }
 
 /// Fluent construction of a packet, mainly for tests and tools.
@@ -511,6 +533,34 @@ mod tests {
             assert!(pkt.pad().iter().all(|&b| b == 0));
             assert_eq!(pkt.without_icrc().len(), bytes.len() - 4);
         }
+    }
+
+    #[test]
+    fn a_payload_filled_in_place_gives_the_same_packet() {
+        let payload: Vec<u8> = (0..37u8).collect();
+        let headers = Headers::new(BthRepr::new(Opcode(0x04), 7, 9));
+        // Stale bytes where pad and ICRC go: both must come out zero.
+        let mut a = vec![0xEEu8; 128];
+        let mut b = vec![0xEEu8; 128];
+        let n = emit_packet(&headers, &payload, &mut a).unwrap();
+        let m = emit_packet_with(&headers, payload.len(), &mut b, |p| {
+            p.copy_from_slice(&payload);
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!((n, &a[..n]), (m, &b[..m]));
+        let failed = emit_packet_with(&headers, 8, &mut b, |_| Err("gather failed")).unwrap();
+        assert_eq!(failed, Err("gather failed"), "the fill's error comes back");
+        // RC RDMA READ request: no payload allowed.
+        let read = PacketBuilder::new(Opcode(0x0C), 7, 9).reth(0x1000, 0x22, 64);
+        assert!(
+            matches!(
+                emit_packet_with(read.headers(), 4, &mut b, |_| Ok::<(), ()>(())),
+                Err(WireError::UnexpectedPayload { .. })
+            ),
+            "an opcode without payload refuses one"
+        );
     }
 
     #[test]
