@@ -7,6 +7,9 @@
 //! SEND or a WRITE with immediate) and each side's receive-completion ring (produced by the
 //! peer's library, consumed by the owner's `poll_cq`).
 
+mod ops;
+pub use ops::*;
+
 /// Not decided yet (a daemon of this ABI decides at the first ask; kept for the library's
 /// sake, which waits on the word while it reads this).
 pub const PATH_UNDECIDED: u32 = 0;

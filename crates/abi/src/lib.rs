@@ -52,7 +52,9 @@ pub use codec::{
 /// 12: the connection manager's commands (ids 100–129, [`cm`], docs/cm.md §4).
 /// 13: the same-host direct path (`DirectOpen`, `DirectAttach`, `DirectPeerError`, [`direct`],
 /// docs/direct-path.md), and `CmAdopt` (`rdma_migrate_id` of an id with CM state).
-pub const ABI_VERSION: u32 = 13;
+/// 15: the direct path's atomics, memory windows and completion channels (`DirectAtomic`,
+/// `DirectLocalOp`, `DirectWindowTarget`, `DirectRemoteInv`, `DirectNotify`, ids 150–154).
+pub const ABI_VERSION: u32 = 15;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -29,6 +29,8 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::error::{errno, Error, Result};
 use crate::Context;
 
+mod ops;
+
 /// Whether this process asks for the direct path (`SOFTVERBS_DIRECT=1`).
 pub(crate) fn wanted() -> bool {
     std::env::var_os("SOFTVERBS_DIRECT").is_some_and(|v| v == "1")
@@ -46,6 +48,8 @@ struct Inner {
     qps: BTreeMap<u32, DQp>,
     /// Completions of direct QPs per CQ handle, in the order produced.
     cqs: HashMap<u32, VecDeque<WorkCompletion>>,
+    /// CQs of direct QPs that report to a completion channel (`ops::notify_own`).
+    chan_cqs: std::collections::HashSet<u32>,
 }
 
 /// A QP the direct path may take, as created.
@@ -59,6 +63,8 @@ pub(crate) struct NewQp {
     pub(crate) sq_sig_all: bool,
     /// Its CQs have no completion channel.
     pub(crate) able: bool,
+    /// Its send and receive CQs report to a completion channel (`ops`).
+    pub(crate) channels: [bool; 2],
 }
 
 /// A send request waiting (posted while undecided, or a SEND with no receive at the peer).
@@ -213,7 +219,13 @@ impl DirectCtx {
         if !matches!(n.qp_type, QpType::Rc | QpType::Uc) {
             return;
         }
-        self.lock().qps.insert(
+        let mut g = self.lock();
+        for (cq, chan) in [n.send_cq, n.recv_cq].into_iter().zip(n.channels) {
+            if let Some(cq) = cq.filter(|_| chan) {
+                g.chan_cqs.insert(cq);
+            }
+        }
+        g.qps.insert(
             n.handle,
             DQp {
                 qpn: n.qpn,
@@ -268,7 +280,8 @@ impl DirectCtx {
             QpState::Rtr if matches!(q.path, Path::Held) => {
                 let req = DirectAttachReq {
                     qp: U32::new(handle),
-                    able: U32::new(u32::from(q.able)),
+                    // With ABI 15 the library serves completion channels (`ops`).
+                    able: U32::new(u32::from(q.able || ops::offered(ctx))),
                 };
                 let got = ctx
                     .conn
@@ -300,8 +313,11 @@ impl DirectCtx {
                 }
             }
             QpState::Err => {
+                let m = ops::marks(inner);
+                let q = inner.qps.get_mut(&handle)?;
                 let cqs = &mut inner.cqs;
                 fail(ctx, handle, q, cqs, None, false);
+                ops::notify_own(ctx, inner, m);
                 None
             }
             QpState::Reset => {
@@ -321,9 +337,10 @@ impl DirectCtx {
     }
 
     /// `ibv_post_recv` on a QP of the direct path.
-    pub(crate) fn post_recv(&self, handle: u32, req: PostRecvReq) -> Result<()> {
+    pub(crate) fn post_recv(&self, ctx: &Context, handle: u32, req: PostRecvReq) -> Result<()> {
         let mut g = self.lock();
         let inner = &mut *g;
+        let m = ops::marks(inner);
         let Some(q) = inner.qps.get_mut(&handle) else {
             return Err(Error::new("post_recv", errno::EINVAL));
         };
@@ -333,6 +350,7 @@ impl DirectCtx {
             if let Some(cq) = q.recv_cq {
                 inner.cqs.entry(cq).or_default().push_back(wc);
             }
+            ops::notify_own(ctx, inner, m);
             return Ok(());
         }
         match &mut q.path {
@@ -356,6 +374,7 @@ impl DirectCtx {
     ) -> Result<Option<Fallback>> {
         let mut g = self.lock();
         let inner = &mut *g;
+        let m = ops::marks(inner);
         let Some(q) = inner.qps.get_mut(&handle) else {
             return Err(Error::new("post_send", errno::EINVAL));
         };
@@ -367,11 +386,14 @@ impl DirectCtx {
             if let Some(cq) = q.send_cq {
                 inner.cqs.entry(cq).or_default().push_back(wc);
             }
+            ops::notify_own(ctx, inner, m);
             return Ok(None);
         }
         q.pending.push_back(p);
         let cqs = &mut inner.cqs;
-        if progress(ctx, &self.own_table, handle, q, cqs) {
+        let left = progress(ctx, &self.own_table, handle, q, cqs);
+        ops::notify_own(ctx, inner, m);
+        if left {
             return Ok(Some(take_fallback(inner, handle)));
         }
         Ok(None)
@@ -388,6 +410,7 @@ impl DirectCtx {
     ) -> (usize, Vec<(u32, Fallback)>) {
         let mut g = self.lock();
         let inner = &mut *g;
+        let m = ops::marks(inner);
         let mut left = Vec::new();
         let handles: Vec<u32> = inner.qps.keys().copied().collect();
         for h in handles {
@@ -399,6 +422,7 @@ impl DirectCtx {
                 left.push((h, take_fallback(inner, h)));
             }
         }
+        ops::notify_own(ctx, inner, m);
         let mut n = 0;
         if let Some(queue) = inner.cqs.get_mut(&cq) {
             while n < max {
@@ -543,7 +567,11 @@ fn progress(
             return false;
         };
         let signaled = p.signaled || q.sq_sig_all;
-        match execute(own_table, c, q.qp_type, p) {
+        let before = c.cqe_out.produced();
+        let done = ops::execute(ctx, own_table, handle, c, q.qp_type, p)
+            .unwrap_or_else(|| execute(own_table, c, q.qp_type, p));
+        ops::delivered(ctx, handle, c, before, p, &done);
+        match done {
             Exec::Rnr => break,
             Exec::Done(WcStatus::Success, len) => {
                 let p = q.pending.pop_front().expect("front");

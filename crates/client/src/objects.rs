@@ -163,9 +163,9 @@ impl Context {
         }
         if let (Some(d), Some(rings)) = (&self.direct, &rings) {
             if rings.lock().unwrap_or_else(|e| e.into_inner()).rq.is_some() {
-                let able = [init.send_cq, init.recv_cq]
-                    .iter()
-                    .all(|c| c.is_none_or(|c| c.channel.is_none()));
+                let channels =
+                    [init.send_cq, init.recv_cq].map(|c| c.is_some_and(|c| c.channel.is_some()));
+                let able = !channels.contains(&true);
                 d.add_qp(crate::direct::NewQp {
                     handle: r.handle.get(),
                     qpn: r.qpn.get(),
@@ -174,6 +174,7 @@ impl Context {
                     recv_cq: create.recv_cq,
                     sq_sig_all: init.sq_sig_all,
                     able,
+                    channels,
                 });
             }
         }

@@ -14,7 +14,7 @@ use softverbs::{AhAttr, Mtu, SendOp, SendRequest, Sge, WcOpcode, WcStatus, WorkC
 
 mod common;
 
-/// No remote atomics: a pair whose QPs allow them stays on the daemon path.
+/// Local write, remote write and read (atomics: tests/direct_ops.rs).
 const RWR: Access = Access(0x07);
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -271,7 +271,7 @@ fn a_mixed_uc_sequence_completes_the_same_on_both_paths() {
 }
 
 #[test]
-fn a_pair_that_allows_remote_atomics_stays_on_the_daemon_path() {
+fn a_pair_that_allows_remote_atomics_goes_direct_and_adds() {
     let (d, _dir) = common::daemon("datomic", None);
     let p = open_pair(&d.socket, true);
     let (sa, sb) = (side(&p.a), side(&p.b));
@@ -279,7 +279,10 @@ fn a_pair_that_allows_remote_atomics_stays_on_the_daemon_path() {
     let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
     connect(&qa, gb, qb.qpn(), Access(0x0f));
     connect(&qb, ga, qa.qpn(), Access(0x0f));
-    assert!(!qa.is_direct() && !qb.is_direct());
+    assert!(
+        qa.is_direct() && qb.is_direct(),
+        "ABI 15: atomics run on the direct path"
+    );
     let mut buf = vec![0u8; 64];
     let mr = sb.pd.reg_slice(&mut buf, Access(0x0f)).unwrap();
     let mut out = vec![0u8; 8];

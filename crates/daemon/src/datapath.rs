@@ -33,8 +33,10 @@ use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
 
+mod direct_ops;
 mod mcast;
 use crate::sq_retire::SqRetire;
+pub use direct_ops::RemoteRefusal;
 
 use softverbs_core::errno::{EBUSY, EEXIST, EINVAL, ENOENT, ENOMEM};
 
@@ -464,8 +466,8 @@ impl DataPath {
         Ok((h, client))
     }
 
-    /// Whether CQ `cq` of `ctx` reports to a completion channel (the same-host direct path
-    /// does not signal channels, crates/daemon/src/direct.rs).
+    /// Whether CQ `cq` of `ctx` reports to a completion channel (the same-host direct path's
+    /// libraries then tell the daemon of their completions, crates/daemon/src/direct.rs).
     pub fn cq_has_channel(&self, ctx: CtxId, cq: softverbs_core::ids::Handle) -> bool {
         self.cqs
             .get(&cq_id(ctx, cq))

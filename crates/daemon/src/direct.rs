@@ -12,12 +12,14 @@ use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::QpTarget;
 use softverbs_core::errno::{EINVAL, ENOMEM};
 use softverbs_core::ids::{CtxId, Handle};
-use softverbs_core::types::{Access, AttrMask, EventType, QpState, QpType};
+use softverbs_core::types::{AttrMask, EventType, QpState, QpType};
 use softverbs_core::Core;
 use softverbs_shm::{Region, RingLayout};
 
 use crate::datapath::DataPath;
 use zerocopy::little_endian::{U32, U64};
+
+mod ops;
 
 /// A context that opened the direct path.
 #[derive(Debug)]
@@ -122,7 +124,7 @@ impl Direct {
     fn eligible(
         &self,
         core: &Core,
-        dp: &DataPath,
+        _dp: &DataPath,
         ctx: CtxId,
         qp: Handle,
     ) -> Option<(CtxId, Handle, u32, u32, QpAttr, QpAttr)> {
@@ -130,8 +132,7 @@ impl Direct {
         let info = core.owned_qp_info(ctx, qp)?;
         let q = core.query_qp(ctx, qp).ok()?;
         let ok_type = matches!(info.qp_type, QpType::Rc | QpType::Uc);
-        let atomic = |a: &QpAttr| a.qp_access_flags.contains(Access::REMOTE_ATOMIC);
-        if !ok_type || info.srq.is_some() || atomic(&q.attr) || me.overflow {
+        if !ok_type || info.srq.is_some() || me.overflow {
             return None;
         }
         if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts) {
@@ -163,15 +164,11 @@ impl Direct {
         }
         let pinfo = core.owned_qp_info(pctx, ph)?;
         let pq = core.query_qp(pctx, ph).ok()?;
-        if pinfo.srq.is_some() || atomic(&pq.attr) {
+        if pinfo.srq.is_some() {
             return None;
         }
-        let signalled = |c: CtxId, i: &softverbs_core::datapath::OwnedQpInfo| {
-            dp.cq_has_channel(c, i.send_cq) || i.recv_cq.is_some_and(|r| dp.cq_has_channel(c, r))
-        };
-        if signalled(ctx, &info) || signalled(pctx, &pinfo) {
-            return None;
-        }
+        // Remote atomics and completion channels do not keep a pair off the direct path
+        // (ABI 15, `ops`).
         let peer_connected = matches!(pq.attr.qp_state, QpState::Rtr | QpState::Rts);
         if peer_connected && pq.attr.dest_qp_num != info.qpn {
             return None;
@@ -232,6 +229,16 @@ impl Direct {
             pair.region
                 .atomic_u32(CH_ACCESS[1 - side])
                 .store(peer_attr.qp_access_flags.0, Release);
+            // Whose receive completions must raise events (ABI 15, `ops::notify`).
+            for (s, (c, h)) in [(side, (ctx, qp)), (1 - side, (pctx, ph))] {
+                let chan = core
+                    .owned_qp_info(c, h)
+                    .and_then(|i| i.recv_cq)
+                    .is_some_and(|cq| dp.cq_has_channel(c, cq));
+                pair.region
+                    .atomic_u32(CH_RECV_CHANNEL[s])
+                    .store(u32::from(chan), Release);
+            }
             pair.region.atomic_u32(CH_PATH).store(PATH_DIRECT, Release);
             self.pairs.insert(key, pair);
         }

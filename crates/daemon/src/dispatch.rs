@@ -391,6 +391,34 @@ impl Dispatcher {
                 )?);
                 ok::<cmd::DirectPeerError>(())
             }
+            Cmd::DirectAtomic => {
+                let (c, r) = (ctx()?, read!(DirectAtomic));
+                ok::<cmd::DirectAtomic>(self.direct.atomic(&self.core, &mut self.dp, c, &r)?)
+            }
+            Cmd::DirectLocalOp => {
+                let (c, r) = (ctx()?, read!(DirectLocalOp));
+                ok::<cmd::DirectLocalOp>(self.direct.local_op(&self.core, &mut self.dp, c, &r)?)
+            }
+            Cmd::DirectWindowTarget => {
+                let (c, r) = (ctx()?, read!(DirectWindowTarget));
+                ok::<cmd::DirectWindowTarget>(
+                    self.direct.window_target(&self.core, &self.dp, c, &r)?,
+                )
+            }
+            Cmd::DirectRemoteInv => {
+                let (c, r) = (ctx()?, read!(DirectRemoteInv));
+                ok::<cmd::DirectRemoteInv>(self.direct.remote_inv(
+                    &self.core,
+                    &mut self.dp,
+                    c,
+                    &r,
+                )?)
+            }
+            Cmd::DirectNotify => {
+                let (c, r) = (ctx()?, read!(DirectNotify));
+                self.direct.notify(&self.core, &mut self.dp, c, &r)?;
+                ok::<cmd::DirectNotify>(())
+            }
         }
     }
 

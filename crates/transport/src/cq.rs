@@ -113,6 +113,21 @@ impl CompletionQueue {
         }
     }
 
+    /// A completion was stored elsewhere (the same-host direct path keeps its completions in
+    /// the library, docs/direct-path.md): the arm fires as [`complete`](Self::complete)'s
+    /// would for a completion that is `solicited` (or unsuccessful), and names the channel
+    /// to notify.
+    pub fn completed_elsewhere(&mut self, solicited: bool) -> Option<u32> {
+        let fires = self
+            .armed
+            .is_some_and(|solicited_only| !solicited_only || solicited);
+        if !fires {
+            return None;
+        }
+        self.armed = None;
+        self.channel
+    }
+
     /// `ibv_poll_cq` on the CQ's own queue: up to `max` completions, oldest first.
     pub fn poll(&mut self, max: usize) -> Vec<WorkCompletion> {
         let n = max.min(self.queue.len());

@@ -1,0 +1,23 @@
+//! The direct path's operations that run in the daemon (ABI 15, docs/direct-path.md,
+//! "Atomics and memory windows", "Completion channels"): operands of the commands and the
+//! channel header's notification words.
+
+/// [`DirectAtomicReq::op`](crate::msg::DirectAtomicReq): `IBV_WR_ATOMIC_CMP_AND_SWP`.
+pub const ATOMIC_CMP_SWP: u32 = 0;
+/// [`DirectAtomicReq::op`](crate::msg::DirectAtomicReq): `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+pub const ATOMIC_FETCH_ADD: u32 = 1;
+
+/// [`DirectLocalOpReq::op`](crate::msg::DirectLocalOpReq): a memory window bind.
+pub const LOCAL_BIND: u32 = 0;
+/// [`DirectLocalOpReq::op`](crate::msg::DirectLocalOpReq): a local invalidate.
+pub const LOCAL_INV: u32 = 1;
+
+/// [`DirectNotifyReq::target`](crate::msg::DirectNotifyReq): a CQ of the caller's context.
+pub const NOTIFY_OWN: u32 = 0;
+/// [`DirectNotifyReq::target`](crate::msg::DirectNotifyReq): the receive CQ of the peer QP.
+pub const NOTIFY_PEER_RECV: u32 = 1;
+
+/// Header word (`u32`) per side, written by the daemon when the pair is made: 1 if that
+/// side's receive CQ reports to a completion channel, so the library that produces its
+/// receive completions tells the daemon ([`crate::msg::cmd::DirectNotify`]).
+pub const CH_RECV_CHANNEL: [usize; 2] = [896, 1024];

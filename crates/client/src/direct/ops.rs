@@ -1,0 +1,502 @@
+//! The direct path's requests that need the daemon (ABI 15, docs/direct-path.md, "Atomics
+//! and memory windows"), and completion events for the completions the libraries keep
+//! ("Completion channels").
+//!
+//! Atomics and memory windows keep the daemon as their one authority: an atomic must be
+//! atomic with respect to the engine's atomics on the same memory (`IBV_ATOMIC_HCA`), and a
+//! window's binding is the engine's (`crates/transport/src/mw.rs`), seen by daemon-path QPs
+//! too. So the requester's library, executing its queue in posting order as for every other
+//! request, runs each of these as one synchronous command: the daemon checks what the
+//! responder's engine checks and answers the requester's status and the responder's event;
+//! the data still moves between the two processes directly.
+
+use softverbs_abi::direct::{
+    ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_RECV_CHANNEL, LOCAL_BIND, LOCAL_INV, NOTIFY_OWN,
+    NOTIFY_PEER_RECV, SIDE_OPEN, SIDE_PENDING,
+};
+use softverbs_abi::msg::{
+    cmd, send_flags, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
+    DirectRemoteInvReq, DirectWindowReq, PostRecvReq, WcWire,
+};
+use softverbs_core::mw::is_window_key;
+use softverbs_core::types::{Access, EventType, QpType};
+use softverbs_core::wr::{SendOp, WcOpcode, WcStatus, WorkCompletion, WC_WITH_INV};
+use softverbs_memaccess::{PeerFault, PeerMemory};
+use std::sync::atomic::{fence, Ordering};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::{check, local_pieces, peer_state, push_entry, scatter, Chan, Exec, Inner, Pending};
+use crate::Context;
+use softverbs_abi::direct::{CH_ACCESS, CH_BUSY, NO_EVENT};
+use softverbs_shm::Region;
+
+/// Whether the daemon speaks the commands of this module.
+pub(super) fn offered(ctx: &Context) -> bool {
+    ctx.conn.abi >= <cmd::DirectAtomic as Command>::CMD.since_abi()
+}
+
+/// What a request finds before anything is checked: the peer's side as the engine's
+/// requester would find its responder (`super::execute`'s first rule).
+fn gate(c: &Chan, reliable: bool) -> Option<Exec> {
+    match peer_state(c) {
+        SIDE_OPEN => None,
+        SIDE_PENDING => Some(Exec::Rnr),
+        _ if reliable => Some(Exec::Done(WcStatus::RetryExcErr, 0)),
+        _ => Some(Exec::Done(WcStatus::Success, 0)),
+    }
+}
+
+/// The daemon's answer as the request's end: done, or the rule the responder found broken
+/// (the library then fails the responder with its event, `DirectPeerError`).
+fn answered(r: &DirectOpResp) -> std::result::Result<u64, Exec> {
+    match WcStatus::from_raw(r.status.get()) {
+        Some(WcStatus::Success) => Ok(r.value.get()),
+        Some(s) => {
+            let event = match r.reserved.get() {
+                NO_EVENT => None,
+                e => EventType::from_raw(e),
+            };
+            Err(Exec::PeerFault(s, event))
+        }
+        None => Err(Exec::PeerFault(
+            WcStatus::RemOpErr,
+            Some(EventType::QpFatal),
+        )),
+    }
+}
+
+/// A command failed (the pair is gone from the daemon: the peer was destroyed or its
+/// context closed): the responder never answers.
+fn unanswered(reliable: bool) -> Exec {
+    if reliable {
+        Exec::Done(WcStatus::RetryExcErr, 0)
+    } else {
+        Exec::Done(WcStatus::Success, 0)
+    }
+}
+
+/// Runs the requests of this module; `None`: `super::execute` runs it.
+pub(super) fn execute(
+    ctx: &Context,
+    own_table: &Region,
+    handle: u32,
+    c: &mut Chan,
+    qp_type: QpType,
+    p: &Pending,
+) -> Option<Exec> {
+    let reliable = qp_type == QpType::Rc;
+    let window = |rkey: u32| is_window_key(rkey) && offered(ctx);
+    match p.op {
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } if offered(ctx) => {
+            Some(gate(c, reliable).unwrap_or_else(|| atomic(ctx, own_table, handle, c, p)))
+        }
+        SendOp::BindMw(_) | SendOp::LocalInv(_) if offered(ctx) => Some(local_op(ctx, handle, p)),
+        SendOp::SendWithInv(rkey) if offered(ctx) => Some(
+            gate(c, reliable)
+                .unwrap_or_else(|| send_with_inv(ctx, own_table, handle, c, reliable, p, rkey)),
+        ),
+        SendOp::Write { rkey, .. }
+        | SendOp::WriteWithImm { rkey, .. }
+        | SendOp::Read { rkey, .. }
+            if window(rkey) =>
+        {
+            Some(
+                gate(c, reliable).unwrap_or_else(|| {
+                    through_window(ctx, own_table, handle, c, reliable, p, rkey)
+                }),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// An atomic: the read-modify-write in the daemon (`DirectAtomic`), then the original value
+/// into the requester's own SGEs, as the engine's completer places the atomic ACK (a local
+/// key that fails there fails here: `LOC_PROT_ERR`, after the responder executed it).
+fn atomic(ctx: &Context, own_table: &Region, handle: u32, c: &Chan, p: &Pending) -> Exec {
+    let (op, remote_addr, rkey, compare, swap_add) = match p.op {
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => (ATOMIC_CMP_SWP, remote_addr, rkey, compare, swap),
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => (ATOMIC_FETCH_ADD, remote_addr, rkey, 0, add),
+        _ => return Exec::Done(WcStatus::LocQpOpErr, 0),
+    };
+    let req = DirectAtomicReq {
+        qp: U32::new(handle),
+        op: U32::new(op),
+        remote_addr: U64::new(remote_addr),
+        rkey: U32::new(rkey),
+        reserved: U32::new(0),
+        compare: U64::new(compare),
+        swap_add: U64::new(swap_add),
+    };
+    let Ok(r) = ctx.conn.call::<cmd::DirectAtomic>("direct_atomic", 0, &req) else {
+        return unanswered(true);
+    };
+    let orig = match answered(&r) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    match place_own(own_table, c, p, &orig.to_ne_bytes()) {
+        Ok(()) => Exec::Done(WcStatus::Success, 8),
+        Err(s) => Exec::Done(s, 0),
+    }
+}
+
+/// Writes `data` into the request's own SGEs in order (the completer's `place`): each piece
+/// checked in this context's MR table for `LOCAL_WRITE` (`LOC_PROT_ERR`), `LOC_LEN_ERR` if
+/// they hold less.
+fn place_own(
+    own_table: &Region,
+    c: &Chan,
+    p: &Pending,
+    data: &[u8],
+) -> std::result::Result<(), WcStatus> {
+    let mut off = 0usize;
+    // This process's own memory, through the kernel (an unmapped buffer is an error, not a
+    // fault); opened per use, so a forked child never writes its parent's.
+    let own = softverbs_memaccess::open_own_memory()
+        .map(PeerMemory::new)
+        .map_err(|_| WcStatus::LocProtErr)?;
+    for s in &p.sges {
+        if off == data.len() {
+            break;
+        }
+        let take = (s.length as usize).min(data.len() - off);
+        let at = check(
+            own_table,
+            c.own_pd,
+            s.lkey,
+            s.addr,
+            take as u64,
+            Access::LOCAL_WRITE,
+        )
+        .ok_or(WcStatus::LocProtErr)?;
+        let src = data[off..off + take].as_ptr() as u64;
+        own.write_from(&[(src, take as u64)], at)
+            .map_err(|_| WcStatus::LocProtErr)?;
+        off += take;
+    }
+    if off < data.len() {
+        return Err(WcStatus::LocLenErr);
+    }
+    Ok(())
+}
+
+/// A bind or local invalidate, on the engine's windows (`DirectLocalOp`): `MW_BIND_ERR` or
+/// `LOC_QP_OP_ERR` when refused, the QP then in error (`requester::local_op`).
+fn local_op(ctx: &Context, handle: u32, p: &Pending) -> Exec {
+    let mut req = DirectLocalOpReq {
+        qp: U32::new(handle),
+        ..DirectLocalOpReq::default()
+    };
+    let fail = match p.op {
+        SendOp::BindMw(b) => {
+            req.op = U32::new(LOCAL_BIND);
+            req.mw_rkey = U32::new(b.mw_rkey);
+            req.new_rkey = U32::new(b.new_rkey);
+            req.mr_lkey = U32::new(b.mr_lkey);
+            req.access = U32::new(b.access.0);
+            req.addr = U64::new(b.addr);
+            req.length = U64::new(b.length);
+            WcStatus::MwBindErr
+        }
+        SendOp::LocalInv(rkey) => {
+            req.op = U32::new(LOCAL_INV);
+            req.mw_rkey = U32::new(rkey);
+            WcStatus::LocQpOpErr
+        }
+        _ => return Exec::Done(WcStatus::LocQpOpErr, 0),
+    };
+    match ctx
+        .conn
+        .call::<cmd::DirectLocalOp>("direct_local_op", 0, &req)
+    {
+        Ok(r) if r.status.get() == WcStatus::Success as u32 => Exec::Done(WcStatus::Success, 0),
+        Ok(r) => Exec::Done(WcStatus::from_raw(r.status.get()).unwrap_or(fail), 0),
+        Err(_) => Exec::Done(fail, 0),
+    }
+}
+
+/// An RDMA WRITE (with immediate) or READ through a window's R_Key: the daemon checks the
+/// window for the peer QP (`DirectWindowTarget`) where the MR table would have checked an
+/// MR's key; the data moves directly as for an MR.
+fn through_window(
+    ctx: &Context,
+    own_table: &Region,
+    handle: u32,
+    c: &mut Chan,
+    reliable: bool,
+    p: &Pending,
+    rkey: u32,
+) -> Exec {
+    let (remote_addr, need, write) = match p.op {
+        SendOp::Write { remote_addr, .. } | SendOp::WriteWithImm { remote_addr, .. } => {
+            (remote_addr, (Access::EMPTY, Access::REMOTE_WRITE), true)
+        }
+        SendOp::Read { remote_addr, .. } => (
+            remote_addr,
+            (Access::LOCAL_WRITE, Access::REMOTE_READ),
+            false,
+        ),
+        _ => return Exec::Done(WcStatus::LocQpOpErr, 0),
+    };
+    let access_err = || {
+        if reliable {
+            Exec::PeerFault(WcStatus::RemAccessErr, Some(EventType::QpAccessErr))
+        } else {
+            Exec::Done(WcStatus::Success, 0)
+        }
+    };
+    let peer_access = Access(
+        c.region
+            .atomic_u32(CH_ACCESS[1 - c.side])
+            .load(Ordering::Acquire),
+    );
+    // The local keys, then the responder QP's flags (the engine's order, `rdma_target`).
+    let local = match local_pieces(own_table, c, p, need.0) {
+        Ok(l) => l,
+        Err(s) => return Exec::Done(s, 0),
+    };
+    if !peer_access.contains(need.1) {
+        return access_err();
+    }
+    let total: u64 = local.iter().map(|&(_, l)| l).sum();
+    if total > 0 {
+        let req = DirectWindowReq {
+            qp: U32::new(handle),
+            rkey: U32::new(rkey),
+            va: U64::new(remote_addr),
+            len: U64::new(total),
+            need: U32::new(need.1 .0),
+            reserved: U32::new(0),
+        };
+        let Ok(r) = ctx
+            .conn
+            .call::<cmd::DirectWindowTarget>("direct_window_target", 0, &req)
+        else {
+            return unanswered(reliable);
+        };
+        let target = match answered(&r) {
+            Ok(a) => a,
+            Err(_) => return access_err(),
+        };
+        let moved = if write {
+            c.peer.write_from(&local, target)
+        } else {
+            c.peer.read_into(&local, target)
+        };
+        match moved {
+            Ok(()) => {}
+            Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
+            Err(PeerFault::Gone) => return unanswered(reliable),
+            Err(PeerFault::Remote) if reliable => {
+                return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal))
+            }
+            Err(PeerFault::Remote) => return Exec::Done(WcStatus::Success, 0),
+        }
+    }
+    if let SendOp::WriteWithImm { imm, .. } = p.op {
+        return match super::deliver(
+            c,
+            reliable,
+            total,
+            0,
+            Some(imm),
+            WcOpcode::RecvRdmaWithImm,
+            |_, _| Ok(()),
+        ) {
+            Exec::Done(WcStatus::Success, _) => Exec::Done(WcStatus::Success, total as u32),
+            e => e,
+        };
+    }
+    Exec::Done(WcStatus::Success, total as u32)
+}
+
+/// A Send with Invalidate (RC only, IBA 10.6.7.2.5): delivered as a SEND
+/// (`super::deliver`'s rules), then the peer QP invalidates the key (`DirectRemoteInv`).
+/// Refused, the receive completes `REM_INV_REQ_ERR`, the requester gets `REM_INV_REQ_ERR`
+/// and the responder `QP_REQ_ERR` (class J); done, the receive carries `IBV_WC_WITH_INV`
+/// and the key.
+fn send_with_inv(
+    ctx: &Context,
+    own_table: &Region,
+    handle: u32,
+    c: &mut Chan,
+    reliable: bool,
+    p: &Pending,
+    rkey: u32,
+) -> Exec {
+    let local = match local_pieces(own_table, c, p, Access::EMPTY) {
+        Ok(l) => l,
+        Err(s) => return Exec::Done(s, 0),
+    };
+    let total: u64 = local.iter().map(|&(_, l)| l).sum();
+    let me = c.side;
+    c.region.atomic_u32(CH_BUSY[me]).store(1, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    let result = (|| {
+        if let Some(e) = gate(c, reliable) {
+            return e;
+        }
+        let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
+        match c.rq_in.pop(&mut buf) {
+            Ok(true) => {}
+            Ok(false) => return Exec::Rnr,
+            Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
+        }
+        let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
+            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+        };
+        let n = (r.num_sge.get() as usize).min(r.sg_list.len());
+        let mut remote = Vec::new();
+        let mut need = total;
+        let mut status = WcStatus::Success;
+        for s in &r.sg_list[..n] {
+            if need == 0 {
+                break;
+            }
+            let take = u64::from(s.length.get()).min(need);
+            match check(
+                &c.peer_table,
+                c.peer_pd,
+                s.lkey.get(),
+                s.addr.get(),
+                take,
+                Access::LOCAL_WRITE,
+            ) {
+                Some(a) => remote.push((a, take)),
+                None => {
+                    status = WcStatus::LocProtErr;
+                    break;
+                }
+            }
+            need -= take;
+        }
+        if status == WcStatus::Success && need > 0 {
+            status = WcStatus::LocLenErr;
+        }
+        if status == WcStatus::Success {
+            match scatter(&c.peer, &local, &remote) {
+                Ok(()) => {}
+                Err(PeerFault::Gone) => return Exec::Done(WcStatus::RetryExcErr, 0),
+                Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
+                Err(PeerFault::Remote) => status = WcStatus::LocProtErr,
+            }
+        }
+        let mut inv_refused = None;
+        if status == WcStatus::Success {
+            let req = DirectRemoteInvReq {
+                qp: U32::new(handle),
+                rkey: U32::new(rkey),
+            };
+            match ctx
+                .conn
+                .call::<cmd::DirectRemoteInv>("direct_remote_inv", 0, &req)
+            {
+                Ok(r) => {
+                    if let Err(e) = answered(&r) {
+                        status = WcStatus::RemInvReqErr;
+                        inv_refused = Some(e);
+                    }
+                }
+                Err(_) => return Exec::Done(WcStatus::RetryExcErr, 0),
+            }
+        }
+        let mut wc = WorkCompletion::new(r.wr_id.get(), status, WcOpcode::Recv, c.peer_qpn);
+        if status == WcStatus::Success {
+            wc.byte_len = total as u32;
+            wc.imm_data = rkey;
+            wc.wc_flags |= WC_WITH_INV;
+        }
+        if push_entry(&mut c.cqe_out, WcWire::from(&wc).as_bytes()).is_err() {
+            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+        }
+        match status {
+            WcStatus::Success => Exec::Done(WcStatus::Success, total as u32),
+            WcStatus::LocLenErr => Exec::PeerFault(WcStatus::RemInvReqErr, None),
+            WcStatus::RemInvReqErr => inv_refused.unwrap_or(Exec::PeerFault(
+                WcStatus::RemInvReqErr,
+                Some(EventType::QpReqErr),
+            )),
+            _ => Exec::PeerFault(WcStatus::RemOpErr, None),
+        }
+    })();
+    c.region.atomic_u32(CH_BUSY[me]).store(0, Ordering::SeqCst);
+    result
+}
+
+/// After a request ran: if it produced a receive completion for the peer whose receive CQ
+/// has a completion channel, the daemon raises the CQ's event if it is armed (solicited:
+/// the request asked for it, or the receive failed).
+pub(super) fn delivered(ctx: &Context, handle: u32, c: &Chan, before: u32, p: &Pending, e: &Exec) {
+    if c.cqe_out.produced() == before || !offered(ctx) {
+        return;
+    }
+    let peer = 1 - c.side;
+    if c.region
+        .atomic_u32(CH_RECV_CHANNEL[peer])
+        .load(Ordering::Acquire)
+        == 0
+    {
+        return;
+    }
+    let solicited = p.wire.send_flags.get() & send_flags::SOLICITED != 0
+        || !matches!(e, Exec::Done(WcStatus::Success, _));
+    let req = DirectNotifyReq {
+        qp: U32::new(handle),
+        target: U32::new(NOTIFY_PEER_RECV),
+        cq: U32::new(0),
+        solicited: U32::new(u32::from(solicited)),
+    };
+    let _ = ctx.conn.call::<cmd::DirectNotify>("direct_notify", 0, &req);
+}
+
+/// Lengths of the library's queues of the CQs that have completion channels, before an
+/// operation adds to them.
+pub(super) struct Marks(Vec<(u32, usize)>);
+
+pub(super) fn marks(inner: &Inner) -> Marks {
+    Marks(
+        inner
+            .chan_cqs
+            .iter()
+            .map(|&cq| (cq, inner.cqs.get(&cq).map_or(0, |q| q.len())))
+            .collect(),
+    )
+}
+
+/// The completions this library itself added to a channel's CQ since `m` — its send
+/// completions and flushes, not the receive completions its peer produced (the peer told
+/// the daemon of those) — make an armed CQ raise its event.
+pub(super) fn notify_own(ctx: &Context, inner: &Inner, m: Marks) {
+    for (cq, old) in m.0 {
+        let Some(q) = inner.cqs.get(&cq) else {
+            continue;
+        };
+        let mut own = q.iter().skip(old).filter(|w| {
+            !matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+                || w.status == WcStatus::WrFlushErr
+        });
+        let Some(first) = own.next() else {
+            continue;
+        };
+        let failed =
+            first.status != WcStatus::Success || own.any(|w| w.status != WcStatus::Success);
+        let req = DirectNotifyReq {
+            qp: U32::new(0),
+            target: U32::new(NOTIFY_OWN),
+            cq: U32::new(cq),
+            solicited: U32::new(u32::from(failed)),
+        };
+        let _ = ctx.conn.call::<cmd::DirectNotify>("direct_notify", 0, &req);
+    }
+}
