@@ -358,6 +358,7 @@ impl DirectCtx {
             Path::Undecided(c) | Path::Direct(c) => {
                 push_entry(&mut c.rq_out, req.as_bytes())
                     .map_err(|e| Error::new("post_recv", e))?;
+                ops::posted_recv(ctx, handle, c);
             }
         }
         Ok(())
@@ -570,7 +571,7 @@ fn progress(
         let before = c.cqe_out.produced();
         let done = ops::execute(ctx, own_table, handle, c, q.qp_type, p)
             .unwrap_or_else(|| execute(own_table, c, q.qp_type, p));
-        ops::delivered(ctx, handle, c, before, p, &done);
+        ops::delivered(ctx, handle, c, q.send_cq, (before, p, &done));
         match done {
             Exec::Rnr => break,
             Exec::Done(WcStatus::Success, len) => {

@@ -697,7 +697,15 @@ fn channels(socket: &std::path::Path, direct: bool) -> (Vec<bool>, Vec<Shape>, V
     cqa.req_notify(false).unwrap();
     send(4, false, true);
     seen.push(woke(&cha, &cqa));
-    let wa = wait(&cqa, 1);
+    let mut wa = wait(&cqa, 1);
+    wb.extend(wait(&cqb, 1));
+    // A SEND that finds no receive waits (RNR); the receive B posts then lets it complete,
+    // and A, blocked on its armed CQ, is woken for it.
+    cqa.req_notify(false).unwrap();
+    send(6, false, true);
+    qb.post_recv(14, &[mb.sge(1024, 64).unwrap()]).unwrap();
+    seen.push(woke(&cha, &cqa));
+    wa.extend(wait(&cqa, 1));
     wb.extend(wait(&cqb, 1));
     // An error completion wakes a solicited-only arm: a write with a bad key.
     cqa.req_notify(true).unwrap();
@@ -707,7 +715,6 @@ fn channels(socket: &std::path::Path, direct: bool) -> (Vec<bool>, Vec<Shape>, V
     };
     qa.post_send(&SendRequest::new(5, bad, &s)).unwrap();
     seen.push(woke(&cha, &cqa));
-    let mut wa = wa;
     wa.extend(wait(&cqa, 1));
     (seen, wa, wb, is_direct)
 }
@@ -723,7 +730,7 @@ fn completion_channels_wake_for_direct_completions_as_for_the_daemons() {
     );
     assert_eq!(
         engine.0,
-        vec![true, false, true, true, true],
+        vec![true, false, true, true, true, true],
         "the daemon path's events"
     );
     assert_eq!(direct.0, engine.0, "events");

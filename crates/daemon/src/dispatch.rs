@@ -323,6 +323,8 @@ impl Dispatcher {
             Cmd::DestroyQp => {
                 let (c, r) = (ctx()?, read!(DestroyQp));
                 if let Ok(qpn) = self.core.qp_num(c, handle_of(r.handle)) {
+                    self.direct
+                        .wake_partners(&self.core, &mut self.dp, qpn, true);
                     self.direct.qp_gone(qpn);
                 }
                 self.destroy_qp(c, r)
@@ -379,6 +381,11 @@ impl Dispatcher {
                 let c = ctx()?;
                 let r = read!(DirectAttach);
                 let (resp, fds) = self.direct.attach(&self.core, &self.dp, c, &r)?;
+                if let Ok(qpn) = self.core.qp_num(c, handle_of(r.qp)) {
+                    // A partner whose requests waited for this side may go on.
+                    self.direct
+                        .wake_partners(&self.core, &mut self.dp, qpn, false);
+                }
                 with_fds::<cmd::DirectAttach>(resp, fds)
             }
             Cmd::DirectPeerError => {
@@ -389,6 +396,10 @@ impl Dispatcher {
                     handle_of(r.qp),
                     r.event.get(),
                 )?);
+                if let Ok(qpn) = self.core.qp_num(c, handle_of(r.qp)) {
+                    self.direct
+                        .wake_partners(&self.core, &mut self.dp, qpn, true);
+                }
                 ok::<cmd::DirectPeerError>(())
             }
             Cmd::DirectAtomic => {
@@ -425,6 +436,8 @@ impl Dispatcher {
     /// Tears a context down (its connection closed) in the core and the data path.
     pub fn close_context(&mut self, ctx: CtxId) -> Result<(), Error> {
         let qpns = self.core.context_qpns(ctx);
+        self.direct
+            .wake_partners_of_context(&self.core, &mut self.dp, ctx);
         self.direct.context_closed(ctx, &qpns);
         let r = self.core.close_context(ctx);
         self.apply_changes();

@@ -17,6 +17,15 @@ pub const NOTIFY_OWN: u32 = 0;
 /// [`DirectNotifyReq::target`](crate::msg::DirectNotifyReq): the receive CQ of the peer QP.
 pub const NOTIFY_PEER_RECV: u32 = 1;
 
+/// [`DirectNotifyReq::target`](crate::msg::DirectNotifyReq): the send CQ of the peer QP,
+/// whose request waits for a receive that was just posted ([`CH_WAITING`]).
+pub const NOTIFY_PEER_SEND: u32 = 2;
+
+/// Header word (`u32`) per side: 1 while that side's oldest request waits for a receive of
+/// the peer (RNR), so the peer's `post_recv` has the daemon wake that side's armed send CQ
+/// (a program blocked in `ibv_get_cq_event` then polls, which runs the request).
+pub const CH_WAITING: [usize; 2] = [1152, 1280];
+
 /// Header word (`u32`) per side, written by the daemon when the pair is made: 1 if that
 /// side's receive CQ reports to a completion channel, so the library that produces its
 /// receive completions tells the daemon ([`crate::msg::cmd::DirectNotify`]).

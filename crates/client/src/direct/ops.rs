@@ -11,8 +11,8 @@
 //! the data still moves between the two processes directly.
 
 use softverbs_abi::direct::{
-    ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_RECV_CHANNEL, LOCAL_BIND, LOCAL_INV, NOTIFY_OWN,
-    NOTIFY_PEER_RECV, SIDE_OPEN, SIDE_PENDING,
+    ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_RECV_CHANNEL, CH_WAITING, LOCAL_BIND, LOCAL_INV,
+    NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, SIDE_OPEN, SIDE_PENDING,
 };
 use softverbs_abi::msg::{
     cmd, send_flags, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
@@ -437,8 +437,35 @@ fn send_with_inv(
 /// After a request ran: if it produced a receive completion for the peer whose receive CQ
 /// has a completion channel, the daemon raises the CQ's event if it is armed (solicited:
 /// the request asked for it, or the receive failed).
-pub(super) fn delivered(ctx: &Context, handle: u32, c: &Chan, before: u32, p: &Pending, e: &Exec) {
-    if c.cqe_out.produced() == before || !offered(ctx) {
+///
+/// A request left waiting for a receive (RNR) says so in the channel ([`CH_WAITING`]), so
+/// that the peer's next `post_recv` wakes this side's armed send CQ ([`posted_recv`]); if a
+/// receive came in meanwhile, this side wakes its own CQ (the two sides store, then load:
+/// one of them sees the other).
+pub(super) fn delivered(
+    ctx: &Context,
+    handle: u32,
+    c: &mut Chan,
+    send_cq: Option<u32>,
+    (before, p, e): (u32, &Pending, &Exec),
+) {
+    if !offered(ctx) {
+        return;
+    }
+    let waiting = c.region.atomic_u32(CH_WAITING[c.side]);
+    if matches!(e, Exec::Rnr) {
+        if waiting.swap(1, Ordering::SeqCst) == 0 && peer_state(c) == SIDE_OPEN {
+            fence(Ordering::SeqCst);
+            if c.rq_in.available().unwrap_or(0) > 0 {
+                if let Some(cq) = send_cq {
+                    notify(ctx, 0, NOTIFY_OWN, cq, false);
+                }
+            }
+        }
+    } else if waiting.load(Ordering::Relaxed) != 0 {
+        waiting.store(0, Ordering::Relaxed);
+    }
+    if c.cqe_out.produced() == before {
         return;
     }
     let peer = 1 - c.side;
@@ -451,13 +478,27 @@ pub(super) fn delivered(ctx: &Context, handle: u32, c: &Chan, before: u32, p: &P
     }
     let solicited = p.wire.send_flags.get() & send_flags::SOLICITED != 0
         || !matches!(e, Exec::Done(WcStatus::Success, _));
+    notify(ctx, handle, NOTIFY_PEER_RECV, 0, solicited);
+}
+
+fn notify(ctx: &Context, qp: u32, target: u32, cq: u32, solicited: bool) {
     let req = DirectNotifyReq {
-        qp: U32::new(handle),
-        target: U32::new(NOTIFY_PEER_RECV),
-        cq: U32::new(0),
+        qp: U32::new(qp),
+        target: U32::new(target),
+        cq: U32::new(cq),
         solicited: U32::new(u32::from(solicited)),
     };
     let _ = ctx.conn.call::<cmd::DirectNotify>("direct_notify", 0, &req);
+}
+
+/// A receive was posted to the channel: a peer request waiting for one ([`CH_WAITING`])
+/// can go on, and the daemon wakes the peer's armed send CQ.
+pub(super) fn posted_recv(ctx: &Context, handle: u32, c: &Chan) {
+    fence(Ordering::SeqCst);
+    let peer = 1 - c.side;
+    if c.region.atomic_u32(CH_WAITING[peer]).load(Ordering::SeqCst) != 0 && offered(ctx) {
+        notify(ctx, handle, NOTIFY_PEER_SEND, 0, false);
+    }
 }
 
 /// Lengths of the library's queues of the CQs that have completion channels, before an
@@ -491,12 +532,6 @@ pub(super) fn notify_own(ctx: &Context, inner: &Inner, m: Marks) {
         };
         let failed =
             first.status != WcStatus::Success || own.any(|w| w.status != WcStatus::Success);
-        let req = DirectNotifyReq {
-            qp: U32::new(0),
-            target: U32::new(NOTIFY_OWN),
-            cq: U32::new(cq),
-            solicited: U32::new(u32::from(failed)),
-        };
-        let _ = ctx.conn.call::<cmd::DirectNotify>("direct_notify", 0, &req);
+        notify(ctx, 0, NOTIFY_OWN, cq, failed);
     }
 }

@@ -11,7 +11,7 @@
 //! the library finds a rule broken itself).
 
 use softverbs_abi::direct::{ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, LOCAL_BIND, LOCAL_INV, NO_EVENT};
-use softverbs_abi::direct::{NOTIFY_OWN, NOTIFY_PEER_RECV};
+use softverbs_abi::direct::{NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND};
 use softverbs_abi::msg::{
     DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp, DirectRemoteInvReq,
     DirectWindowReq,
@@ -236,8 +236,56 @@ impl Direct {
                     dp.direct_completed(p.ctx, cq, solicited);
                 }
             }
+            NOTIFY_PEER_SEND => {
+                let p = self.peer_of(core, ctx, Handle(r.qp.get()))?;
+                let info = core.owned_qp_info(p.ctx, p.handle).ok_or(EINVAL)?;
+                dp.direct_completed(p.ctx, info.send_cq, false);
+            }
             _ => return Err(EINVAL),
         }
         Ok(())
+    }
+}
+
+/// Wakes the armed CQs of QP `qpn` (its send CQ and receive CQ), as completions would.
+fn wake_qp(core: &Core, dp: &mut DataPath, qpn: u32, solicited: bool) {
+    let Some(QpTarget::Owned { ctx, handle, .. }) = core.qp_target(qpn) else {
+        return;
+    };
+    let Some(info) = core.owned_qp_info(ctx, handle) else {
+        return;
+    };
+    dp.direct_completed(ctx, info.send_cq, solicited);
+    if let Some(cq) = info.recv_cq.filter(|&r| r != info.send_cq) {
+        dp.direct_completed(ctx, cq, solicited);
+    }
+}
+
+impl Direct {
+    /// The daemon changed what a direct QP's library can do next — its peer attached
+    /// (`solicited` false: the waiting requests can now complete), failed or went
+    /// (`solicited` true: the QP flushes with errors) — but only that library moves the QP
+    /// on, at its next post or poll. Its armed CQs fire, so a program blocked in
+    /// `ibv_get_cq_event` polls (the daemon path's completions would have woken it).
+    /// `qpn`'s partners are woken.
+    pub fn wake_partners(&self, core: &Core, dp: &mut DataPath, qpn: u32, solicited: bool) {
+        for &(a, b) in self.pairs.keys() {
+            if a == qpn {
+                wake_qp(core, dp, b, solicited);
+            } else if b == qpn {
+                wake_qp(core, dp, a, solicited);
+            }
+        }
+    }
+
+    /// [`wake_partners`](Self::wake_partners) of every QP of `ctx` (it is closing).
+    pub fn wake_partners_of_context(&self, core: &Core, dp: &mut DataPath, ctx: CtxId) {
+        for (&(a, b), p) in &self.pairs {
+            if p.ctx[0] == ctx && p.ctx[1] != ctx {
+                wake_qp(core, dp, b, true);
+            } else if p.ctx[1] == ctx && p.ctx[0] != ctx {
+                wake_qp(core, dp, a, true);
+            }
+        }
     }
 }
