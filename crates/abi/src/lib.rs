@@ -53,7 +53,8 @@ pub use codec::{
 /// 13: the same-host direct path (`DirectOpen`, `DirectAttach`, `DirectPeerError`, [`direct`],
 /// docs/direct-path.md), and `CmAdopt` (`rdma_migrate_id` of an id with CM state).
 /// 15: the direct path's atomics, memory windows and completion channels (`DirectAtomic`,
-/// `DirectLocalOp`, `DirectWindowTarget`, `DirectRemoteInv`, `DirectNotify`, ids 150–154).
+/// `DirectLocalOp`, `DirectWindowTarget`, `DirectRemoteInv`, `DirectNotify`, `DirectCqOverrun`,
+/// ids 150–155).
 pub const ABI_VERSION: u32 = 15;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;

@@ -285,6 +285,9 @@ commands! {
     /// ABI 15: a direct completion landed on a CQ that has a completion channel: an armed
     /// CQ raises its event (ibv_req_notify_cq(3)).
     DirectNotify = 154 since 15 : DirectNotifyReq => (),
+    /// ABI 15: the completions the library keeps for a direct QP overran the CQ `handle`
+    /// (its `cqe`): the owner gets `IBV_EVENT_CQ_ERR` (IBA 11.4.2.1).
+    DirectCqOverrun = 155 since 15 : HandleReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.

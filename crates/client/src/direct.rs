@@ -1,4 +1,4 @@
-//! The same-host direct path (docs/direct-path.md), opt-in with `SOFTVERBS_DIRECT=1`: an RC
+//! The same-host direct path (docs/direct-path.md), on unless `SOFTVERBS_DIRECT=0`: an RC
 //! or UC QP whose peer is a QP of another direct-capable context of the same daemon and uid
 //! exchanges work with it through a channel memfd, the daemon on the control path only.
 //!
@@ -31,9 +31,9 @@ use crate::Context;
 
 mod ops;
 
-/// Whether this process asks for the direct path (`SOFTVERBS_DIRECT=1`).
+/// Whether this process asks for the direct path: unless `SOFTVERBS_DIRECT=0`.
 pub(crate) fn wanted() -> bool {
-    std::env::var_os("SOFTVERBS_DIRECT").is_some_and(|v| v == "1")
+    std::env::var_os("SOFTVERBS_DIRECT").is_none_or(|v| v != "0")
 }
 
 /// A context's direct-path state.
@@ -50,6 +50,9 @@ struct Inner {
     cqs: HashMap<u32, VecDeque<WorkCompletion>>,
     /// CQs of direct QPs that report to a completion channel (`ops::notify_own`).
     chan_cqs: std::collections::HashSet<u32>,
+    /// Entries of the CQs of direct QPs (`ibv_create_cq`/`ibv_resize_cq`), which the
+    /// queues above may not exceed (`ops::notify_own`).
+    cq_cap: HashMap<u32, u32>,
 }
 
 /// A QP the direct path may take, as created.
@@ -65,6 +68,8 @@ pub(crate) struct NewQp {
     pub(crate) able: bool,
     /// Its send and receive CQs report to a completion channel (`ops`).
     pub(crate) channels: [bool; 2],
+    /// Its send and receive CQs' entries.
+    pub(crate) cqes: [u32; 2],
 }
 
 /// A send request waiting (posted while undecided, or a SEND with no receive at the peer).
@@ -220,9 +225,16 @@ impl DirectCtx {
             return;
         }
         let mut g = self.lock();
-        for (cq, chan) in [n.send_cq, n.recv_cq].into_iter().zip(n.channels) {
+        for ((cq, chan), cqe) in [n.send_cq, n.recv_cq]
+            .into_iter()
+            .zip(n.channels)
+            .zip(n.cqes)
+        {
             if let Some(cq) = cq.filter(|_| chan) {
                 g.chan_cqs.insert(cq);
+            }
+            if let Some(cq) = cq {
+                g.cq_cap.insert(cq, cqe);
             }
         }
         g.qps.insert(
@@ -411,6 +423,9 @@ impl DirectCtx {
     ) -> (usize, Vec<(u32, Fallback)>) {
         let mut g = self.lock();
         let inner = &mut *g;
+        if ctx.fatal.is_dead() {
+            ops::device_gone(ctx, inner);
+        }
         let m = ops::marks(inner);
         let mut left = Vec::new();
         let handles: Vec<u32> = inner.qps.keys().copied().collect();
@@ -557,9 +572,11 @@ fn progress(
         .region
         .atomic_u32(CH_STATE[1 - c.side])
         .load(Ordering::Acquire);
-    if peer_state == SIDE_GONE && q.qp_type == QpType::Rc {
+    if peer_state == SIDE_GONE && q.qp_type == QpType::Rc && !q.pending.is_empty() {
         // The peer's context closed or its QP was destroyed: what an RC requester learns
-        // from its retries running out (crates/transport/src/completer.rs), at once.
+        // from its retries running out (crates/transport/src/completer.rs), at once. An
+        // idle QP learns nothing, as on the engine: its receives stay posted until it
+        // sends.
         fail(ctx, handle, q, cqs, Some(WcStatus::RetryExcErr), true);
         return false;
     }
@@ -571,6 +588,7 @@ fn progress(
         let before = c.cqe_out.produced();
         let done = ops::execute(ctx, own_table, handle, c, q.qp_type, p)
             .unwrap_or_else(|| execute(own_table, c, q.qp_type, p));
+        let done = ops::adjusted(c, p, done);
         ops::delivered(ctx, handle, c, q.send_cq, (before, p, &done));
         match done {
             Exec::Rnr => break,

@@ -523,7 +523,7 @@ fn victim(socket: &std::path::Path, q: &Qp<'_>, gid: softverbs::Gid) -> (Reaped,
 }
 
 #[test]
-fn an_idle_partner_of_a_killed_peer_has_its_receives_flushed() {
+fn an_idle_partner_of_a_killed_peer_fails_at_its_next_request() {
     let (d, _dir) = common::daemon("didle", None);
     let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
     let s = side(&ctx);
@@ -554,10 +554,22 @@ fn an_idle_partner_of_a_killed_peer_has_its_receives_flushed() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let got = wait(&s.cq, 3);
+    // As on the engine, an RC QP with nothing to send learns nothing of it: its receives
+    // stay posted (ibv_rc_pingpong's last receives, when its peer exits first)...
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        s.cq.poll(16).unwrap().is_empty(),
+        "nothing completes by itself"
+    );
+    assert_eq!(q.query().unwrap().attr.qp_state, QpState::Rts);
+    // ...until it sends: its retries run out, and its receives flush.
+    q.post_send(&SendRequest::new(9, SendOp::Send, &[mr.sge(0, 8).unwrap()]))
+        .unwrap();
+    let got = wait(&s.cq, 4);
     assert_eq!(
         got.iter().map(|w| (w.0, w.1)).collect::<Vec<_>>(),
         vec![
+            (9, WcStatus::RetryExcErr),
             (0, WcStatus::WrFlushErr),
             (1, WcStatus::WrFlushErr),
             (2, WcStatus::WrFlushErr)

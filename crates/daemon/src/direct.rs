@@ -211,10 +211,18 @@ impl Direct {
             self.declined.insert(own_qpn);
             return Ok((daemon, Vec::new()));
         };
-        self.declined.remove(&qpn);
-        self.decide_others(qpn, Some(pqpn));
         let key = (qpn.min(pqpn), qpn.max(pqpn));
         let side = usize::from(qpn > pqpn);
+        if self.pairs.get(&key).is_some_and(|p| p.asked[side]) {
+            // Asked before: the QP was reset and connected again. Its partner holds the old
+            // channel, whose rings are stale, so this connection is the engine's; the
+            // partner finds its peer gone.
+            self.decide_others(qpn, None);
+            self.declined.insert(qpn);
+            return Ok((daemon, Vec::new()));
+        }
+        self.declined.remove(&qpn);
+        self.decide_others(qpn, Some(pqpn));
         if !self.pairs.contains_key(&key) {
             // A peer library asks right after its RTR (a command of its own, so this one may
             // come in between): only a peer that asked and was refused stays away.

@@ -425,6 +425,19 @@ impl Dispatcher {
                     &r,
                 )?)
             }
+            Cmd::DirectCqOverrun => {
+                let (c, r) = (ctx()?, read!(DirectCqOverrun));
+                let cq = handle_of(r.handle);
+                self.dp.cq_outstanding(c, cq).ok_or(EINVAL)?;
+                if self.core.raise_object_event(
+                    c,
+                    softverbs_core::event::EventElement::Cq(cq),
+                    EventType::CqErr,
+                ) {
+                    woken.push(c);
+                }
+                ok::<cmd::DirectCqOverrun>(())
+            }
             Cmd::DirectNotify => {
                 let (c, r) = (ctx()?, read!(DirectNotify));
                 self.direct.notify(&self.core, &mut self.dp, c, &r)?;

@@ -518,7 +518,8 @@ pub(super) fn marks(inner: &Inner) -> Marks {
 /// The completions this library itself added to a channel's CQ since `m` — its send
 /// completions and flushes, not the receive completions its peer produced (the peer told
 /// the daemon of those) — make an armed CQ raise its event.
-pub(super) fn notify_own(ctx: &Context, inner: &Inner, m: Marks) {
+pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
+    overrun(ctx, inner);
     for (cq, old) in m.0 {
         let Some(q) = inner.cqs.get(&cq) else {
             continue;
@@ -533,5 +534,74 @@ pub(super) fn notify_own(ctx: &Context, inner: &Inner, m: Marks) {
         let failed =
             first.status != WcStatus::Success || own.any(|w| w.status != WcStatus::Success);
         notify(ctx, 0, NOTIFY_OWN, cq, failed);
+    }
+}
+
+/// The daemon died (the device is gone, `crate::fatal`): every direct QP flushes its
+/// requests and receives once, as the rings' QPs do (`crate::flush`, IBA 10.3.1.9); the
+/// daemon is not told (nothing is left to tell).
+pub(super) fn device_gone(ctx: &Context, inner: &mut Inner) {
+    let handles: Vec<u32> = inner.qps.keys().copied().collect();
+    for h in handles {
+        if let Some(q) = inner.qps.get_mut(&h) {
+            super::fail(ctx, h, q, &mut inner.cqs, None, false);
+        }
+    }
+}
+
+/// A CQ holds `cqe` completions (ibv_create_cq(3)): past that, the completions the library
+/// keeps for it are lost and its owner gets `IBV_EVENT_CQ_ERR` (IBA 11.4.2.1, the engine's
+/// `Delivery::Overrun`). Counted per CQ over the direct path's own queue; the daemon counts
+/// its ring's for its QPs.
+fn overrun(ctx: &Context, inner: &mut Inner) {
+    for (&cq, &cap) in &inner.cq_cap {
+        let Some(q) = inner.cqs.get_mut(&cq) else {
+            continue;
+        };
+        if q.len() <= cap as usize {
+            continue;
+        }
+        q.truncate(cap as usize);
+        let req = softverbs_abi::msg::HandleReq {
+            handle: U32::new(cq),
+        };
+        let _ = ctx
+            .conn
+            .call::<cmd::DirectCqOverrun>("direct_cq_overrun", 0, &req);
+    }
+}
+
+impl super::DirectCtx {
+    /// Completions the direct path holds for CQ `cq`.
+    pub(crate) fn queued(&self, cq: u32) -> usize {
+        self.lock().cqs.get(&cq).map_or(0, |q| q.len())
+    }
+
+    /// CQ `cq` was resized to `cqe` entries.
+    pub(crate) fn cq_resized(&self, cq: u32, cqe: u32) {
+        if let Some(c) = self.lock().cq_cap.get_mut(&cq) {
+            *c = cqe;
+        }
+    }
+}
+
+/// A memory fault behind an on-demand-paging MR of the peer is the access error a NIC
+/// reports for a failed ODP page fault, not an operational error (the engine's rule,
+/// docs/registered-memory.md).
+pub(super) fn adjusted(c: &Chan, p: &Pending, e: Exec) -> Exec {
+    let Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)) = e else {
+        return e;
+    };
+    let rkey = match p.op {
+        SendOp::Write { rkey, .. }
+        | SendOp::WriteWithImm { rkey, .. }
+        | SendOp::Read { rkey, .. } => rkey,
+        _ => return e,
+    };
+    match super::lookup(&c.peer_table, rkey) {
+        Some(m) if Access(m.access).contains(Access::ON_DEMAND) => {
+            Exec::PeerFault(WcStatus::RemAccessErr, Some(EventType::QpAccessErr))
+        }
+        _ => e,
     }
 }
