@@ -737,3 +737,51 @@ fn completion_channels_wake_for_direct_completions_as_for_the_daemons() {
     assert_eq!(direct.1, engine.1, "A's completions");
     assert_eq!(direct.2, engine.2, "B's completions");
 }
+
+/// B takes remote write away from its QP after the pair was decided (RTS→RTS,
+/// `IBV_QP_ACCESS_FLAGS`): A's next WRITE is refused as the engine refuses it.
+fn access_taken_back(socket: &std::path::Path, direct: bool) -> Violation {
+    let (a, b) = open(socket, direct);
+    let (sa, sb) = (side(&a), side(&b));
+    let (qa, qb) = (rc(&sa), rc(&sb));
+    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![1u8; 64];
+    let mut bbuf = vec![0u8; 4096];
+    let ma = sa.pd.reg_slice(&mut abuf, ALL).unwrap();
+    let mb = sb.pd.reg_slice(&mut bbuf, ALL).unwrap();
+    connect(&qa, gb, qb.qpn(), ALL);
+    connect(&qb, ga, qa.qpn(), ALL);
+    assert_eq!(qa.is_direct(), direct);
+    let r = mb.remote();
+    let write = || SendOp::Write {
+        remote_addr: r.addr,
+        rkey: r.rkey,
+    };
+    qa.post_send(&SendRequest::new(1, write(), &[ma.sge(0, 8).unwrap()]))
+        .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    let local_only = QpAttr {
+        qp_state: QpState::Rts,
+        qp_access_flags: Access(0x01),
+        ..QpAttr::default()
+    };
+    qb.modify(&local_only, M::STATE | M::ACCESS_FLAGS).unwrap();
+    qb.post_recv(10, &[mb.sge(1024, 16).unwrap()]).unwrap();
+    qb.post_recv(11, &[mb.sge(2048, 16).unwrap()]).unwrap();
+    let s = [ma.sge(0, 8).unwrap()];
+    let post = || {
+        qa.post_send(&SendRequest::new(2, write(), &s)).unwrap();
+        qa.post_send(&SendRequest::new(3, SendOp::Send, &s))
+            .unwrap();
+    };
+    outcome(&a, &b, (&qa, &qb), (&sa.cq, &sb.cq), post, 2)
+}
+
+#[test]
+fn access_flags_changed_after_the_decision_are_the_ones_checked() {
+    let (d, _dir) = common::daemon("opsaccess", None);
+    let engine = access_taken_back(&d.socket, false);
+    let direct = access_taken_back(&d.socket, true);
+    assert_eq!(engine.a[0].1, WcStatus::RemAccessErr, "{engine:?}");
+    assert_eq!(direct, engine);
+}

@@ -318,7 +318,14 @@ impl Dispatcher {
             Cmd::OpenXrcd => self.open_xrcd(ctx()?, read!(OpenXrcd), fds),
             Cmd::CloseXrcd => self.close_xrcd(ctx()?, read!(CloseXrcd)),
             Cmd::CreateQp => self.create_qp(ctx()?, read!(CreateQp)),
-            Cmd::ModifyQp => self.modify_qp(ctx()?, read!(ModifyQp)),
+            Cmd::ModifyQp => {
+                let (c, r) = (ctx()?, read!(ModifyQp));
+                let qp = handle_of(r.handle);
+                let done = self.modify_qp(c, r)?;
+                // A direct peer checks this QP's access flags as they are now.
+                self.direct.access_changed(&self.core, c, qp);
+                Ok(done)
+            }
             Cmd::QueryQp => self.query_qp(ctx()?, read!(QueryQp)),
             Cmd::DestroyQp => {
                 let (c, r) = (ctx()?, read!(DestroyQp));

@@ -289,3 +289,32 @@ impl Direct {
         }
     }
 }
+
+impl Direct {
+    /// `(ctx, qp)` was modified: if it is half of a pair, the channel's word of its access
+    /// flags (`CH_ACCESS`, which its peer's library checks WRITEs and READs against, IBA
+    /// 10.2.4.3) follows `ibv_modify_qp(IBV_QP_ACCESS_FLAGS)`.
+    pub fn access_changed(&self, core: &Core, ctx: CtxId, qp: Handle) {
+        let Ok(qpn) = core.qp_num(ctx, qp) else {
+            return;
+        };
+        let Ok(q) = core.query_qp(ctx, qp) else {
+            return;
+        };
+        for (&(a, b), p) in &self.pairs {
+            let side = if a == qpn && p.ctx[0] == ctx {
+                0
+            } else if b == qpn && p.ctx[1] == ctx {
+                1
+            } else {
+                continue;
+            };
+            p.region
+                .atomic_u32(softverbs_abi::direct::CH_ACCESS[side])
+                .store(
+                    q.attr.qp_access_flags.0,
+                    std::sync::atomic::Ordering::Release,
+                );
+        }
+    }
+}
