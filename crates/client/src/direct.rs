@@ -117,6 +117,9 @@ struct Chan {
     /// Receive completions taken from `cqe_in`: the receives `[rq_completed, produced)` of
     /// `rq_out` are still outstanding.
     rq_completed: u32,
+    /// When a request's retries to a peer that stopped answering run out (`ops`): unset
+    /// until a request first finds it so, `Some(None)` never (timeout 0).
+    retry_deadline: Option<Option<Instant>>,
 }
 
 #[derive(Debug)]
@@ -501,6 +504,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         cqe_in: Consumer::attach(region.clone(), at(r.cqe_offset[side]), cq(side)?).ok()?,
         region,
         rq_completed: 0,
+        retry_deadline: None,
     })
 }
 
@@ -572,11 +576,15 @@ fn progress(
         .region
         .atomic_u32(CH_STATE[1 - c.side])
         .load(Ordering::Acquire);
-    if peer_state == SIDE_GONE && q.qp_type == QpType::Rc && !q.pending.is_empty() {
+    if peer_state == SIDE_GONE
+        && q.qp_type == QpType::Rc
+        && !q.pending.is_empty()
+        && ops::retries_run_out(ctx, handle, c)
+    {
         // The peer's context closed or its QP was destroyed: what an RC requester learns
-        // from its retries running out (crates/transport/src/completer.rs), at once. An
-        // idle QP learns nothing, as on the engine: its receives stay posted until it
-        // sends.
+        // from its retries running out (crates/transport/src/completer.rs), once they
+        // would have (`ops::retries_run_out`). An idle QP learns nothing, as on the
+        // engine: its receives stay posted until it sends.
         fail(ctx, handle, q, cqs, Some(WcStatus::RetryExcErr), true);
         return false;
     }

@@ -785,3 +785,53 @@ fn access_flags_changed_after_the_decision_are_the_ones_checked() {
     assert_eq!(engine.a[0].1, WcStatus::RemAccessErr, "{engine:?}");
     assert_eq!(direct, engine);
 }
+
+/// B moves its QP to ERR; A, blocked on its armed CQ, is woken once its SEND's retries ran
+/// out and gets `RETRY_EXC_ERR`, as from the engine (no sooner: it waited as retries would).
+fn unanswered(socket: &std::path::Path, direct: bool) -> (bool, Vec<Shape>, Duration) {
+    let (a, b) = open(socket, direct);
+    let cha = a.create_comp_channel().unwrap();
+    let pa = a.alloc_pd().unwrap();
+    let cqa = a.create_cq_with_channel(16, &cha).unwrap();
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
+        .unwrap();
+    let sb = side(&b);
+    let qb = rc(&sb);
+    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![0u8; 64];
+    let ma = pa.reg_slice(&mut abuf, ALL).unwrap();
+    connect(&qa, gb, qb.qpn(), ALL);
+    connect(&qb, ga, qa.qpn(), ALL);
+    assert_eq!(qa.is_direct(), direct);
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    qb.modify(&err, M::STATE).unwrap();
+    cqa.req_notify(false).unwrap();
+    let start = Instant::now();
+    qa.post_send(&SendRequest::new(1, SendOp::Send, &[ma.sge(0, 8).unwrap()]))
+        .unwrap();
+    let woke = cha
+        .get_event(Some(Duration::from_secs(10)))
+        .unwrap()
+        .is_some_and(|h| h == cqa.handle());
+    let got = wait(&cqa, 1);
+    (woke, got, start.elapsed())
+}
+
+#[test]
+fn a_blocked_requester_is_woken_when_its_retries_to_a_silent_peer_run_out() {
+    let (d, _dir) = common::daemon("opsretry", None);
+    let engine = unanswered(&d.socket, false);
+    let direct = unanswered(&d.socket, true);
+    assert!(
+        engine.0 && direct.0,
+        "woken: engine {engine:?}, direct {direct:?}"
+    );
+    assert_eq!(engine.1[0].1, WcStatus::RetryExcErr);
+    assert_eq!(direct.1, engine.1);
+    // timeout 10 (4.2 ms) and retry_cnt 2: three timeouts before the error.
+    assert!(direct.2 >= Duration::from_millis(12), "{:?}", direct.2);
+}

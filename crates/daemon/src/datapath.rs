@@ -148,6 +148,8 @@ pub struct DataPath {
     buf: Vec<u8>,
     /// The devices' connection managers on QP1 (docs/cm.md §4).
     pub cm: crate::cm::CmPorts,
+    /// CQs of direct QPs to wake when their retries would have run out (`direct_ops`).
+    direct_wakes: Vec<(Instant, CtxId, Handle)>,
 }
 
 /// Whether the process path batches (docs/registered-memory.md, "One system call per work
@@ -265,6 +267,7 @@ impl DataPath {
             .map(|d| d.gids.iter().map(|g| g.to_ip()).collect())
             .collect();
         Ok(DataPath {
+            direct_wakes: Vec::new(),
             cm: crate::cm::CmPorts::new(&ips),
             devs,
             mem: SharedMappings::with_fallback(ProcessMem::new().with_batching(mem_batching())),
@@ -311,6 +314,9 @@ impl DataPath {
             .chain(self.cm.poll_timeout())
             .min()
             .map(|t| until(self.epoch, t))
+            .into_iter()
+            .chain(self.direct_next_wake())
+            .min()
     }
 
     /// Flushes capture files.
@@ -731,6 +737,7 @@ impl DataPath {
     /// daemon's own devices, by UDP to others), receives, timers, and outputs. Returns the
     /// contexts that got async events.
     pub fn drive(&mut self, core: &mut Core) -> Vec<CtxId> {
+        self.direct_fire_due();
         let mut woken = Vec::new();
         let mut buf = std::mem::take(&mut self.buf);
         self.moved_packets = false;

@@ -323,7 +323,7 @@ impl Dispatcher {
                 let qp = handle_of(r.handle);
                 let done = self.modify_qp(c, r)?;
                 // A direct peer checks this QP's access flags as they are now.
-                self.direct.access_changed(&self.core, c, qp);
+                self.direct.modified(&self.core, &mut self.dp, c, qp);
                 Ok(done)
             }
             Cmd::QueryQp => self.query_qp(ctx()?, read!(QueryQp)),

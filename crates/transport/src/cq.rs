@@ -232,6 +232,24 @@ mod tests {
         assert_eq!(cq.complete(ok(1), None), Delivery::Stored { notify: None });
     }
 
+    /// A completion stored elsewhere (the same-host direct path's) fires the arm by the same
+    /// rules, once, and stores nothing here.
+    #[test]
+    fn a_completion_stored_elsewhere_fires_the_arm_by_the_same_rules() {
+        let mut cq = CompletionQueue::new(8, Some(5));
+        assert_eq!(cq.completed_elsewhere(true), None, "not armed");
+        cq.arm(true);
+        assert_eq!(cq.completed_elsewhere(false), None, "unsolicited");
+        assert_eq!(cq.completed_elsewhere(true), Some(5));
+        assert_eq!(cq.completed_elsewhere(true), None, "one event per arm");
+        cq.arm(false);
+        assert_eq!(cq.completed_elsewhere(false), Some(5));
+        assert_eq!(cq.queued(), 0);
+        let mut none = CompletionQueue::new(8, None);
+        none.arm(false);
+        assert_eq!(none.completed_elsewhere(true), None, "no channel");
+    }
+
     /// IBA 11.4.2.2: solicited-only fires on a solicited or an unsuccessful completion; an
     /// arm for any completion wins over a solicited-only one.
     #[test]

@@ -21,6 +21,11 @@ pub const NOTIFY_PEER_RECV: u32 = 1;
 /// whose request waits for a receive that was just posted ([`CH_WAITING`]).
 pub const NOTIFY_PEER_SEND: u32 = 2;
 
+/// [`DirectNotifyReq::target`](crate::msg::DirectNotifyReq): the caller's QP `qp` found
+/// its peer not answering; the daemon wakes its armed CQs when the QP's retries would have
+/// run out (local ACK timeout × (`retry_cnt` + 1)), when the library fails the request.
+pub const NOTIFY_RETRY: u32 = 3;
+
 /// Header word (`u32`) per side: 1 while that side's oldest request waits for a receive of
 /// the peer (RNR), so the peer's `post_recv` has the daemon wake that side's armed send CQ
 /// (a program blocked in `ibv_get_cq_event` then polls, which runs the request).

@@ -12,7 +12,8 @@
 
 use softverbs_abi::direct::{
     ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_RECV_CHANNEL, CH_WAITING, LOCAL_BIND, LOCAL_INV,
-    NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, SIDE_OPEN, SIDE_PENDING,
+    NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY, SIDE_ERROR, SIDE_GONE, SIDE_OPEN,
+    SIDE_PENDING,
 };
 use softverbs_abi::msg::{
     cmd, send_flags, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
@@ -87,6 +88,15 @@ pub(super) fn execute(
 ) -> Option<Exec> {
     let reliable = qp_type == QpType::Rc;
     let window = |rkey: u32| is_window_key(rkey) && offered(ctx);
+    if reliable && matches!(peer_state(c), SIDE_ERROR | SIDE_GONE) {
+        // A responder in ERR or gone answers nothing: the request waits as its retries
+        // would, then fails.
+        return Some(if retries_run_out(ctx, handle, c) {
+            Exec::Done(WcStatus::RetryExcErr, 0)
+        } else {
+            Exec::Rnr
+        });
+    }
     match p.op {
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } if offered(ctx) => {
             Some(gate(c, reliable).unwrap_or_else(|| atomic(ctx, own_table, handle, c, p)))
@@ -604,4 +614,27 @@ pub(super) fn adjusted(c: &Chan, p: &Pending, e: Exec) -> Exec {
         }
         _ => e,
     }
+}
+
+/// Whether the retries of a request to a peer that stopped answering (in ERR, or gone) have
+/// run out: an engine requester resends `retry_cnt` times, each after the local ACK timeout
+/// (4.096 µs · 2^`timeout`, IBA 9.7.6.1.3; `timeout` 0: never), so the direct path reports
+/// `RETRY_EXC_ERR` no sooner. (A peer that closes the connection right after its last
+/// message, as rsocket does, must not fail its partner's last credits at once.) The daemon
+/// wakes the QP's armed CQs when the time has passed (`NOTIFY_RETRY`).
+pub(super) fn retries_run_out(ctx: &Context, handle: u32, c: &mut Chan) -> bool {
+    let deadline = *c.retry_deadline.get_or_insert_with(|| {
+        let now = std::time::Instant::now();
+        match crate::objects::query_qp(ctx, "query_qp", handle) {
+            Ok(q) if q.attr.timeout == 0 => None,
+            Ok(q) => {
+                let each = std::time::Duration::from_nanos(4096u64 << q.attr.timeout.min(31));
+                // The daemon wakes this QP's armed CQs a little after this.
+                notify(ctx, handle, NOTIFY_RETRY, 0, true);
+                Some(now + each * (u32::from(q.attr.retry_cnt) + 1))
+            }
+            Err(_) => Some(now),
+        }
+    });
+    deadline.is_some_and(|d| std::time::Instant::now() >= d)
 }

@@ -106,3 +106,34 @@ impl DataPath {
         }
     }
 }
+
+impl DataPath {
+    /// Wakes CQ `cq` of `ctx` (if armed) at `at`: a direct QP's requests to a peer that
+    /// stopped answering fail only when their retries would have run out, at the QP's own
+    /// next poll, and a program blocked in `ibv_get_cq_event` must poll then.
+    pub fn direct_wake_at(&mut self, at: std::time::Instant, ctx: CtxId, cq: Handle) {
+        self.direct_wakes.push((at, ctx, cq));
+    }
+
+    /// Time until the next wake.
+    pub(super) fn direct_next_wake(&self) -> Option<std::time::Duration> {
+        let now = std::time::Instant::now();
+        self.direct_wakes
+            .iter()
+            .map(|w| w.0.saturating_duration_since(now))
+            .min()
+    }
+
+    /// Fires the wakes that are due.
+    pub(super) fn direct_fire_due(&mut self) {
+        if self.direct_wakes.is_empty() {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = self.direct_wakes.drain(..).partition(|w| w.0 <= now);
+        self.direct_wakes = later;
+        for (_, ctx, cq) in due {
+            self.direct_completed(ctx, cq, true);
+        }
+    }
+}

@@ -11,7 +11,7 @@
 //! the library finds a rule broken itself).
 
 use softverbs_abi::direct::{ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, LOCAL_BIND, LOCAL_INV, NO_EVENT};
-use softverbs_abi::direct::{NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND};
+use softverbs_abi::direct::{NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY};
 use softverbs_abi::msg::{
     DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp, DirectRemoteInvReq,
     DirectWindowReq,
@@ -236,6 +236,13 @@ impl Direct {
                     dp.direct_completed(p.ctx, cq, solicited);
                 }
             }
+            NOTIFY_RETRY => {
+                // The pair may be gone already (its peer was destroyed): any QP of the
+                // caller's own context.
+                let qp = Handle(r.qp.get());
+                core.qp_num(ctx, qp).map_err(|e| e.errno())?;
+                wake_after_retries(core, dp, ctx, qp);
+            }
             NOTIFY_PEER_SEND => {
                 let p = self.peer_of(core, ctx, Handle(r.qp.get()))?;
                 let info = core.owned_qp_info(p.ctx, p.handle).ok_or(EINVAL)?;
@@ -255,9 +262,33 @@ fn wake_qp(core: &Core, dp: &mut DataPath, qpn: u32, solicited: bool) {
     let Some(info) = core.owned_qp_info(ctx, handle) else {
         return;
     };
-    dp.direct_completed(ctx, info.send_cq, solicited);
-    if let Some(cq) = info.recv_cq.filter(|&r| r != info.send_cq) {
+    let cqs = [
+        Some(info.send_cq),
+        info.recv_cq.filter(|&r| r != info.send_cq),
+    ];
+    for cq in cqs.into_iter().flatten() {
         dp.direct_completed(ctx, cq, solicited);
+    }
+}
+
+/// QP `qpn`'s requests wait for a peer that stopped answering: its armed CQs wake when its
+/// retries would have run out (the library's `retries_run_out`, which started counting
+/// just before it asked), so a program blocked in `ibv_get_cq_event` polls and gets the
+/// `RETRY_EXC_ERR` its engine would have given.
+fn wake_after_retries(core: &Core, dp: &mut DataPath, ctx: CtxId, handle: Handle) {
+    let (Some(info), Ok(q)) = (core.owned_qp_info(ctx, handle), core.query_qp(ctx, handle)) else {
+        return;
+    };
+    if q.attr.timeout == 0 {
+        return;
+    }
+    let each = std::time::Duration::from_nanos(4096u64 << q.attr.timeout.min(31));
+    let at = std::time::Instant::now()
+        + each * (u32::from(q.attr.retry_cnt) + 1)
+        + std::time::Duration::from_millis(1);
+    dp.direct_wake_at(at, ctx, info.send_cq);
+    if let Some(cq) = info.recv_cq.filter(|&r| r != info.send_cq) {
+        dp.direct_wake_at(at, ctx, cq);
     }
 }
 
@@ -291,10 +322,22 @@ impl Direct {
 }
 
 impl Direct {
-    /// `(ctx, qp)` was modified: if it is half of a pair, the channel's word of its access
+    /// `(ctx, qp)` was modified: its partner learns of an ERR (`wake_partners`), and the
+    /// channel's word of its access
     /// flags (`CH_ACCESS`, which its peer's library checks WRITEs and READs against, IBA
     /// 10.2.4.3) follows `ibv_modify_qp(IBV_QP_ACCESS_FLAGS)`.
-    pub fn access_changed(&self, core: &Core, ctx: CtxId, qp: Handle) {
+    pub fn modified(&self, core: &Core, dp: &mut DataPath, ctx: CtxId, qp: Handle) {
+        self.access_changed(core, ctx, qp);
+        let in_error = core
+            .query_qp(ctx, qp)
+            .is_ok_and(|q| q.attr.qp_state == softverbs_core::types::QpState::Err);
+        if let (true, Ok(qpn)) = (in_error, core.qp_num(ctx, qp)) {
+            // Its peer's requests go unanswered from now on.
+            self.wake_partners(core, dp, qpn, true);
+        }
+    }
+
+    fn access_changed(&self, core: &Core, ctx: CtxId, qp: Handle) {
         let Ok(qpn) = core.qp_num(ctx, qp) else {
             return;
         };
