@@ -111,8 +111,17 @@ impl DataPath {
     /// Wakes CQ `cq` of `ctx` (if armed) at `at`: a direct QP's requests to a peer that
     /// stopped answering fail only when their retries would have run out, at the QP's own
     /// next poll, and a program blocked in `ibv_get_cq_event` must poll then.
+    /// One wake per CQ is kept (the latest asked for), so a client cannot grow the list
+    /// beyond its CQs.
     pub fn direct_wake_at(&mut self, at: std::time::Instant, ctx: CtxId, cq: Handle) {
-        self.direct_wakes.push((at, ctx, cq));
+        match self
+            .direct_wakes
+            .iter_mut()
+            .find(|w| (w.1, w.2) == (ctx, cq))
+        {
+            Some(w) => w.0 = w.0.max(at),
+            None => self.direct_wakes.push((at, ctx, cq)),
+        }
     }
 
     /// Time until the next wake.
