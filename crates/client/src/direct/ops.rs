@@ -172,10 +172,18 @@ fn place_own(
 ) -> std::result::Result<(), WcStatus> {
     let mut off = 0usize;
     // This process's own memory, through the kernel (an unmapped buffer is an error, not a
-    // fault); opened per use, so a forked child never writes its parent's.
-    let own = softverbs_memaccess::open_own_memory()
-        .map(PeerMemory::new)
-        .map_err(|_| WcStatus::LocProtErr)?;
+    // fault), opened once per process: a forked child opens its own, never writing its
+    // parent's.
+    static OWN: std::sync::Mutex<Option<(u32, PeerMemory)>> = std::sync::Mutex::new(None);
+    let mut g = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    if g.as_ref().is_none_or(|(p, _)| *p != pid) {
+        let m = softverbs_memaccess::open_own_memory().map_err(|_| WcStatus::LocProtErr)?;
+        *g = Some((pid, PeerMemory::new(m)));
+    }
+    let Some((_, own)) = g.as_ref() else {
+        return Err(WcStatus::LocProtErr);
+    };
     for s in &p.sges {
         if off == data.len() {
             break;
