@@ -120,6 +120,11 @@ struct Chan {
     /// When a request's retries to a peer that stopped answering run out (`ops`): unset
     /// until a request first finds it so, `Some(None)` never (timeout 0).
     retry_deadline: Option<Option<Instant>>,
+    /// When the RNR retries of the oldest request run out (`ops`): unset while it is not
+    /// waiting for a receive, `Some(None)` never (`rnr_retry` 7).
+    rnr_deadline: Option<Option<Instant>>,
+    /// The QP's `rnr_retry`, once asked (`ops`).
+    rnr_retry: Option<u8>,
 }
 
 #[derive(Debug)]
@@ -505,6 +510,8 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         region,
         rq_completed: 0,
         retry_deadline: None,
+        rnr_deadline: None,
+        rnr_retry: None,
     })
 }
 
@@ -596,7 +603,7 @@ fn progress(
         let before = c.cqe_out.produced();
         let done = ops::execute(ctx, own_table, handle, c, q.qp_type, p)
             .unwrap_or_else(|| execute(own_table, c, q.qp_type, p));
-        let done = ops::adjusted(c, p, done);
+        let done = ops::adjusted(ctx, handle, c, p, done);
         ops::delivered(ctx, handle, c, q.send_cq, (before, p, &done));
         match done {
             Exec::Rnr => break,

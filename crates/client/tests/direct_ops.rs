@@ -30,6 +30,11 @@ fn cap() -> QpCap {
 
 /// RESET→INIT→RTR→RTS towards `remote_qpn` with `access`.
 fn connect(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access) {
+    connect_rnr(qp, gid, remote_qpn, access, 7);
+}
+
+/// [`connect`] with `rnr_retry` (the RNR timer asked of the peer is code 1, 10 µs).
+fn connect_rnr(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access, rnr_retry: u8) {
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -68,7 +73,7 @@ fn connect(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access) {
         qp_state: QpState::Rts,
         timeout: 10,
         retry_cnt: 2,
-        rnr_retry: 7,
+        rnr_retry,
         max_rd_atomic: 4,
         ..rtr
     };
@@ -834,4 +839,51 @@ fn a_blocked_requester_is_woken_when_its_retries_to_a_silent_peer_run_out() {
     assert_eq!(direct.1, engine.1);
     // timeout 10 (4.2 ms) and retry_cnt 2: three timeouts before the error.
     assert!(direct.2 >= Duration::from_millis(12), "{:?}", direct.2);
+}
+
+/// A SEND that finds no receive with a finite `rnr_retry` fails `RNR_RETRY_EXC_ERR` once
+/// its RNR retries ran out, as from the engine; the responder is untouched.
+fn rnr_exhausted(socket: &std::path::Path, direct: bool, rnr_retry: u8) -> Violation {
+    let (a, b) = open(socket, direct);
+    let (sa, sb) = (side(&a), side(&b));
+    let (qa, qb) = (rc(&sa), rc(&sb));
+    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![0u8; 64];
+    let ma = sa.pd.reg_slice(&mut abuf, ALL).unwrap();
+    connect_rnr(&qa, gb, qb.qpn(), ALL, rnr_retry);
+    connect(&qb, ga, qa.qpn(), ALL);
+    assert_eq!(qa.is_direct(), direct);
+    let s = [ma.sge(0, 8).unwrap()];
+    qa.post_send(&SendRequest::new(1, SendOp::Send, &s))
+        .unwrap();
+    qa.post_send(&SendRequest::new(2, SendOp::Send, &s))
+        .unwrap();
+    let wa = wait(&sa.cq, 2);
+    Violation {
+        a: wa,
+        b: sb.cq.poll(16).unwrap().iter().map(shape).collect(),
+        b_events: b
+            .try_get_async_event()
+            .unwrap()
+            .into_iter()
+            .flat_map(|e| e.event_type)
+            .collect(),
+        a_state: qa.query().unwrap().attr.qp_state,
+        b_state: qb.query().unwrap().attr.qp_state,
+    }
+}
+
+#[test]
+fn a_finite_rnr_retry_runs_out_as_on_the_daemon_path() {
+    let (d, _dir) = common::daemon("opsrnr", None);
+    for r in [0, 3] {
+        let engine = rnr_exhausted(&d.socket, false, r);
+        let direct = rnr_exhausted(&d.socket, true, r);
+        assert_eq!(
+            engine.a[0].1,
+            WcStatus::RnrRetryExcErr,
+            "rnr_retry {r}: {engine:?}"
+        );
+        assert_eq!(direct, engine, "rnr_retry {r}");
+    }
 }

@@ -26,6 +26,16 @@ pub const NOTIFY_PEER_SEND: u32 = 2;
 /// run out (local ACK timeout × (`retry_cnt` + 1)), when the library fails the request.
 pub const NOTIFY_RETRY: u32 = 3;
 
+/// [`DirectNotifyReq::target`](crate::msg::DirectNotifyReq): the caller's QP `qp` met no
+/// receive at its peer (RNR) with a finite `rnr_retry`; the daemon wakes its armed CQs when
+/// its RNR retries would have run out (`rnr_retry` × the peer's RNR timer).
+pub const NOTIFY_RNR: u32 = 4;
+
+/// Header word (`u32`) per side: that side's `min_rnr_timer` (the code of IBA table 45),
+/// written by the daemon at attach and after every modify: how long the peer's requester
+/// waits between RNR retries.
+pub const CH_MIN_RNR: [usize; 2] = [1408, 1536];
+
 /// Header word (`u32`) per side: 1 while that side's oldest request waits for a receive of
 /// the peer (RNR), so the peer's `post_recv` has the daemon wake that side's armed send CQ
 /// (a program blocked in `ibv_get_cq_event` then polls, which runs the request).

@@ -11,9 +11,9 @@
 //! the data still moves between the two processes directly.
 
 use softverbs_abi::direct::{
-    ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_RECV_CHANNEL, CH_WAITING, LOCAL_BIND, LOCAL_INV,
-    NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY, SIDE_ERROR, SIDE_GONE, SIDE_OPEN,
-    SIDE_PENDING,
+    ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_MIN_RNR, CH_RECV_CHANNEL, CH_WAITING, LOCAL_BIND,
+    LOCAL_INV, NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY, NOTIFY_RNR,
+    SIDE_ERROR, SIDE_GONE, SIDE_OPEN, SIDE_PENDING,
 };
 use softverbs_abi::msg::{
     cmd, send_flags, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
@@ -606,7 +606,16 @@ impl super::DirectCtx {
 /// A memory fault behind an on-demand-paging MR of the peer is the access error a NIC
 /// reports for a failed ODP page fault, not an operational error (the engine's rule,
 /// docs/registered-memory.md).
-pub(super) fn adjusted(c: &Chan, p: &Pending, e: Exec) -> Exec {
+///
+/// And a request that meets no receive (RNR) waits as the engine's requester would retry:
+/// `rnr_retry` times the peer's RNR timer (`min_rnr_timer`, IBA table 45), then completes
+/// `RNR_RETRY_EXC_ERR` (IBA 9.7.5.2.8, `crates/transport/src/completer.rs`); 7 waits
+/// forever. The daemon wakes the QP's armed CQs when that time has passed (`NOTIFY_RNR`).
+pub(super) fn adjusted(ctx: &Context, handle: u32, c: &mut Chan, p: &Pending, e: Exec) -> Exec {
+    if matches!(e, Exec::Rnr) {
+        return rnr(ctx, handle, c, e);
+    }
+    c.rnr_deadline = None;
     let Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)) = e else {
         return e;
     };
@@ -645,4 +654,42 @@ pub(super) fn retries_run_out(ctx: &Context, handle: u32, c: &mut Chan) -> bool 
         }
     });
     deadline.is_some_and(|d| std::time::Instant::now() >= d)
+}
+
+/// IBA table 45: the RNR NAK timer, in microseconds, by the 5-bit code (0 is the longest).
+const RNR_TIMER_US: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
+];
+
+fn rnr(ctx: &Context, handle: u32, c: &mut Chan, e: Exec) -> Exec {
+    if peer_state(c) != SIDE_OPEN {
+        // Not an RNR: the peer has not attached yet, or does not answer (`retries_run_out`).
+        return e;
+    }
+    let retry = *c.rnr_retry.get_or_insert_with(|| {
+        crate::objects::query_qp(ctx, "query_qp", handle).map_or(7, |q| q.attr.rnr_retry)
+    });
+    let deadline = *c.rnr_deadline.get_or_insert_with(|| {
+        if retry >= 7 {
+            return None;
+        }
+        let code = c
+            .region
+            .atomic_u32(CH_MIN_RNR[1 - c.side])
+            .load(Ordering::Acquire);
+        let each = std::time::Duration::from_micros(u64::from(RNR_TIMER_US[(code & 31) as usize]));
+        if retry > 0 {
+            notify(ctx, handle, NOTIFY_RNR, 0, false);
+        }
+        Some(std::time::Instant::now() + each * u32::from(retry))
+    });
+    match deadline {
+        Some(d) if std::time::Instant::now() >= d => {
+            c.rnr_deadline = None;
+            Exec::Done(WcStatus::RnrRetryExcErr, 0)
+        }
+        _ => e,
+    }
 }

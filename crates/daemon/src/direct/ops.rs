@@ -11,7 +11,9 @@
 //! the library finds a rule broken itself).
 
 use softverbs_abi::direct::{ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, LOCAL_BIND, LOCAL_INV, NO_EVENT};
-use softverbs_abi::direct::{NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY};
+use softverbs_abi::direct::{
+    NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY, NOTIFY_RNR,
+};
 use softverbs_abi::msg::{
     DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp, DirectRemoteInvReq,
     DirectWindowReq,
@@ -243,6 +245,24 @@ impl Direct {
                 core.qp_num(ctx, qp).map_err(|e| e.errno())?;
                 wake_after_retries(core, dp, ctx, qp);
             }
+            NOTIFY_RNR => {
+                let qp = Handle(r.qp.get());
+                let p = self.peer_of(core, ctx, qp)?;
+                let (Ok(q), Ok(pq), Some(info)) = (
+                    core.query_qp(ctx, qp),
+                    core.query_qp(p.ctx, p.handle),
+                    core.owned_qp_info(ctx, qp),
+                ) else {
+                    return Err(EINVAL);
+                };
+                if q.attr.rnr_retry < 7 {
+                    let each = softverbs_transport::time::rnr_delay(pq.attr.min_rnr_timer);
+                    let at = std::time::Instant::now()
+                        + each * u32::from(q.attr.rnr_retry)
+                        + std::time::Duration::from_millis(1);
+                    dp.direct_wake_at(at, ctx, info.send_cq);
+                }
+            }
             NOTIFY_PEER_SEND => {
                 let p = self.peer_of(core, ctx, Handle(r.qp.get()))?;
                 let info = core.owned_qp_info(p.ctx, p.handle).ok_or(EINVAL)?;
@@ -337,6 +357,14 @@ impl Direct {
         }
     }
 
+    /// After `DirectAttach`: both sides' words of the pair of `(ctx, qp)`.
+    pub fn publish_attrs(&self, core: &Core, ctx: CtxId, qp: Handle) {
+        self.access_changed(core, ctx, qp);
+        if let Ok(p) = self.peer_of(core, ctx, qp) {
+            self.access_changed(core, p.ctx, p.handle);
+        }
+    }
+
     fn access_changed(&self, core: &Core, ctx: CtxId, qp: Handle) {
         let Ok(qpn) = core.qp_num(ctx, qp) else {
             return;
@@ -356,6 +384,12 @@ impl Direct {
                 .atomic_u32(softverbs_abi::direct::CH_ACCESS[side])
                 .store(
                     q.attr.qp_access_flags.0,
+                    std::sync::atomic::Ordering::Release,
+                );
+            p.region
+                .atomic_u32(softverbs_abi::direct::CH_MIN_RNR[side])
+                .store(
+                    u32::from(q.attr.min_rnr_timer),
                     std::sync::atomic::Ordering::Release,
                 );
         }
