@@ -8,6 +8,8 @@
 //! peer's library, consumed by the owner's `poll_cq`).
 
 pub mod inline;
+mod ops;
+pub use ops::*;
 
 /// Not decided yet (a daemon of this ABI decides at the first ask; kept for the library's
 /// sake, which waits on the word while it reads this).
@@ -152,5 +154,28 @@ mod tests {
         assert_eq!(e.translate(0x1010, 64), None, "past the end");
         assert_eq!(e.translate(0xfff, 1), None, "before the start");
         assert_eq!(e.translate(u64::MAX, 2), None, "overflow");
+    }
+
+    /// Every header word has its own 128-byte block inside the header page: two words
+    /// sharing a block (or an offset) would let one side's writes clobber another field.
+    #[test]
+    fn header_words_have_distinct_blocks() {
+        let mut words = vec![CH_PATH];
+        for w in [
+            CH_STATE,
+            CH_BUSY,
+            CH_ACCESS,
+            CH_INLINE,
+            CH_MIN_RNR,
+            CH_WAITING,
+            CH_RECV_CHANNEL,
+        ] {
+            words.extend(w);
+        }
+        let mut blocks: Vec<usize> = words.iter().map(|w| w / 128).collect();
+        assert!(words.iter().all(|w| w % 128 == 0 && w + 4 <= CH_HEADER));
+        blocks.sort_unstable();
+        blocks.dedup();
+        assert_eq!(blocks.len(), words.len(), "{words:?}");
     }
 }

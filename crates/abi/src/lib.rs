@@ -55,7 +55,10 @@ pub use codec::{
 /// 14: the direct path's speed: inline-payload slots in the channel
 /// (`DirectAttachResp::inline_offset`), [`direct::MR_SHARED`] in the MR table and
 /// `DirectMrFd` (id 143).
-pub const ABI_VERSION: u32 = 14;
+/// 15: the direct path's atomics, memory windows and completion channels (`DirectAtomic`,
+/// `DirectLocalOp`, `DirectWindowTarget`, `DirectRemoteInv`, `DirectNotify`, `DirectCqOverrun`,
+/// ids 150–155).
+pub const ABI_VERSION: u32 = 15;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

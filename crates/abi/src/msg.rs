@@ -271,6 +271,27 @@ commands! {
     /// marks it [`direct::MR_SHARED`](crate::direct::MR_SHARED)), for the library to map and
     /// reach with `memcpy` instead of the peer's `/proc/<pid>/mem` (docs/direct-path.md).
     DirectMrFd = 143 since 14 : DirectMrFdReq => DirectMrFdResp,
+    /// ABI 15: an atomic posted on a direct QP, executed in the daemon's thread (so atomic
+    /// with respect to the engine's atomics, `IBV_ATOMIC_HCA`) against the peer QP's memory
+    /// with the responder's checks; a refusal fails the peer as its engine would
+    /// (docs/direct-path.md, "Atomics and memory windows").
+    DirectAtomic = 150 since 15 : DirectAtomicReq => DirectOpResp,
+    /// ABI 15: a bind (`IBV_WR_BIND_MW`, `ibv_bind_mw`) or `IBV_WR_LOCAL_INV` posted on a
+    /// direct QP, executed on the engine's windows in posting order.
+    DirectLocalOp = 151 since 15 : DirectLocalOpReq => DirectOpResp,
+    /// ABI 15: an RDMA WRITE or READ of a direct QP names a memory window's R_Key: the
+    /// engine's check for the peer QP (window bound, its QP for type 2, PD, access, range);
+    /// `value` is the address in the peer's memory.
+    DirectWindowTarget = 152 since 15 : DirectWindowReq => DirectOpResp,
+    /// ABI 15: a Send with Invalidate of a direct QP reached the peer's receive: the peer QP
+    /// invalidates the key as its engine would (IBA 10.6.7.2.5).
+    DirectRemoteInv = 153 since 15 : DirectRemoteInvReq => DirectOpResp,
+    /// ABI 15: a direct completion landed on a CQ that has a completion channel: an armed
+    /// CQ raises its event (ibv_req_notify_cq(3)).
+    DirectNotify = 154 since 15 : DirectNotifyReq => (),
+    /// ABI 15: the completions the library keeps for a direct QP overran the CQ `handle`
+    /// (its `cqe`): the owner gets `IBV_EVENT_CQ_ERR` (IBA 11.4.2.1).
+    DirectCqOverrun = 155 since 15 : HandleReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -367,6 +388,66 @@ wire! {
         /// `enum ibv_event_type` to raise on the peer QP, or
         /// [`direct::NO_EVENT`](crate::direct::NO_EVENT).
         pub event: U32,
+    }
+
+    /// [`cmd::DirectAtomic`]: `op` is [`direct::ATOMIC_CMP_SWP`](crate::direct) or
+    /// `ATOMIC_FETCH_ADD`; `swap_add` the swap or add operand.
+    pub struct DirectAtomicReq {
+        pub qp: U32,
+        pub op: U32,
+        pub remote_addr: U64,
+        pub rkey: U32,
+        pub reserved: U32,
+        pub compare: U64,
+        pub swap_add: U64,
+    }
+
+    /// Answer of the direct path's operations: `status` an `enum ibv_wc_status` (0: done),
+    /// `value` the atomic's original value or the window's address.
+    pub struct DirectOpResp {
+        pub status: U32,
+        pub reserved: U32,
+        pub value: U64,
+    }
+
+    /// [`cmd::DirectLocalOp`]: `op` is [`direct::LOCAL_BIND`](crate::direct) (`mw_rkey`,
+    /// `new_rkey`, `mr_lkey`, `access`, `addr`, `length` as in `ibv_mw_bind_info`) or
+    /// `LOCAL_INV` (`mw_rkey` the key invalidated).
+    pub struct DirectLocalOpReq {
+        pub qp: U32,
+        pub op: U32,
+        pub mw_rkey: U32,
+        pub new_rkey: U32,
+        pub mr_lkey: U32,
+        pub access: U32,
+        pub addr: U64,
+        pub length: U64,
+    }
+
+    /// [`cmd::DirectWindowTarget`]: `need` is the `ibv_access_flags` bit asked for.
+    pub struct DirectWindowReq {
+        pub qp: U32,
+        pub rkey: U32,
+        pub va: U64,
+        pub len: U64,
+        pub need: U32,
+        pub reserved: U32,
+    }
+
+    /// [`cmd::DirectRemoteInv`].
+    pub struct DirectRemoteInvReq {
+        pub qp: U32,
+        pub rkey: U32,
+    }
+
+    /// [`cmd::DirectNotify`]: `target` [`direct::NOTIFY_OWN`](crate::direct) names this
+    /// context's CQ `cq`; `NOTIFY_PEER_RECV` the receive CQ of `qp`'s direct peer.
+    /// `solicited`: the completion was solicited or unsuccessful (IBA 11.4.2.2).
+    pub struct DirectNotifyReq {
+        pub qp: U32,
+        pub target: U32,
+        pub cq: U32,
+        pub solicited: U32,
     }
 
     /// First message of a connection.

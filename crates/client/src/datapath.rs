@@ -194,7 +194,7 @@ impl Qp<'_> {
                     return Err(Error::new("post_recv", errno::ENOMEM));
                 }
                 if let Some(d) = self.ctx.direct.as_ref().filter(|d| d.owns(self.handle())) {
-                    d.post_recv(self.handle(), req)?;
+                    d.post_recv(self.ctx, self.handle(), req)?;
                     if let Some(c) = count {
                         c.fetch_add(1, Ordering::AcqRel);
                     }

@@ -1,4 +1,4 @@
-//! The same-host direct path (docs/direct-path.md), opt-in with `SOFTVERBS_DIRECT=1`: an RC
+//! The same-host direct path (docs/direct-path.md), on unless `SOFTVERBS_DIRECT=0`: an RC
 //! or UC QP whose peer is a QP of another direct-capable context of the same daemon and uid
 //! exchanges work with it through a channel memfd, the daemon on the control path only.
 //!
@@ -32,10 +32,11 @@ use crate::Context;
 
 mod inline;
 mod mapped;
+mod ops;
 
-/// Whether this process asks for the direct path (`SOFTVERBS_DIRECT=1`).
+/// Whether this process asks for the direct path: unless `SOFTVERBS_DIRECT=0`.
 pub(crate) fn wanted() -> bool {
-    std::env::var_os("SOFTVERBS_DIRECT").is_some_and(|v| v == "1")
+    std::env::var_os("SOFTVERBS_DIRECT").is_none_or(|v| v != "0")
 }
 
 /// A context's direct-path state.
@@ -50,6 +51,11 @@ struct Inner {
     qps: BTreeMap<u32, DQp>,
     /// Completions of direct QPs per CQ handle, in the order produced.
     cqs: HashMap<u32, VecDeque<WorkCompletion>>,
+    /// CQs of direct QPs that report to a completion channel (`ops::notify_own`).
+    chan_cqs: std::collections::HashSet<u32>,
+    /// Entries of the CQs of direct QPs (`ibv_create_cq`/`ibv_resize_cq`), which the
+    /// queues above may not exceed (`ops::notify_own`).
+    cq_cap: HashMap<u32, u32>,
 }
 
 /// A QP the direct path may take, as created.
@@ -63,6 +69,10 @@ pub(crate) struct NewQp {
     pub(crate) sq_sig_all: bool,
     /// Its CQs have no completion channel.
     pub(crate) able: bool,
+    /// Its send and receive CQs report to a completion channel (`ops`).
+    pub(crate) channels: [bool; 2],
+    /// Its send and receive CQs' entries.
+    pub(crate) cqes: [u32; 2],
 }
 
 /// A send request waiting (posted while undecided, or a SEND with no receive at the peer).
@@ -120,6 +130,14 @@ struct Chan {
     settled_to: u32,
     /// The peer's shared-memory MRs mapped here.
     maps: mapped::Maps,
+    /// When a request's retries to a peer that stopped answering run out (`ops`): unset
+    /// until a request first finds it so, `Some(None)` never (timeout 0).
+    retry_deadline: Option<Option<Instant>>,
+    /// When the RNR retries of the oldest request run out (`ops`): unset while it is not
+    /// waiting for a receive, `Some(None)` never (`rnr_retry` 7).
+    rnr_deadline: Option<Option<Instant>>,
+    /// The QP's `rnr_retry`, once asked (`ops`).
+    rnr_retry: Option<u8>,
 }
 
 #[derive(Debug)]
@@ -244,7 +262,20 @@ impl DirectCtx {
         if !matches!(n.qp_type, QpType::Rc | QpType::Uc) {
             return;
         }
-        self.lock().qps.insert(
+        let mut g = self.lock();
+        for ((cq, chan), cqe) in [n.send_cq, n.recv_cq]
+            .into_iter()
+            .zip(n.channels)
+            .zip(n.cqes)
+        {
+            if let Some(cq) = cq.filter(|_| chan) {
+                g.chan_cqs.insert(cq);
+            }
+            if let Some(cq) = cq {
+                g.cq_cap.insert(cq, cqe);
+            }
+        }
+        g.qps.insert(
             n.handle,
             DQp {
                 qpn: n.qpn,
@@ -338,7 +369,8 @@ impl DirectCtx {
             QpState::Rtr if matches!(q.path, Path::Held) => {
                 let req = DirectAttachReq {
                     qp: U32::new(handle),
-                    able: U32::new(u32::from(q.able)),
+                    // With ABI 15 the library serves completion channels (`ops`).
+                    able: U32::new(u32::from(q.able || ops::offered(ctx))),
                 };
                 let got = ctx
                     .conn
@@ -372,8 +404,11 @@ impl DirectCtx {
                 }
             }
             QpState::Err => {
+                let m = ops::marks(inner);
+                let q = inner.qps.get_mut(&handle)?;
                 let cqs = &mut inner.cqs;
                 fail(ctx, handle, q, cqs, None, false);
+                ops::notify_own(ctx, inner, m);
                 None
             }
             QpState::Reset => {
@@ -393,9 +428,10 @@ impl DirectCtx {
     }
 
     /// `ibv_post_recv` on a QP of the direct path.
-    pub(crate) fn post_recv(&self, handle: u32, req: PostRecvReq) -> Result<()> {
+    pub(crate) fn post_recv(&self, ctx: &Context, handle: u32, req: PostRecvReq) -> Result<()> {
         let mut g = self.lock();
         let inner = &mut *g;
+        let m = ops::marks(inner);
         let Some(q) = inner.qps.get_mut(&handle) else {
             return Err(Error::new("post_recv", errno::EINVAL));
         };
@@ -405,6 +441,7 @@ impl DirectCtx {
             if let Some(cq) = q.recv_cq {
                 inner.cqs.entry(cq).or_default().push_back(wc);
             }
+            ops::notify_own(ctx, inner, m);
             return Ok(());
         }
         match &mut q.path {
@@ -412,6 +449,7 @@ impl DirectCtx {
             Path::Undecided(c) | Path::Direct(c) => {
                 push_entry(&mut c.rq_out, req.as_bytes())
                     .map_err(|e| Error::new("post_recv", e))?;
+                ops::posted_recv(ctx, handle, c);
             }
         }
         Ok(())
@@ -428,6 +466,7 @@ impl DirectCtx {
     ) -> Result<Option<Fallback>> {
         let mut g = self.lock();
         let inner = &mut *g;
+        let m = ops::marks(inner);
         let Some(q) = inner.qps.get_mut(&handle) else {
             return Err(Error::new("post_send", errno::EINVAL));
         };
@@ -439,11 +478,14 @@ impl DirectCtx {
             if let Some(cq) = q.send_cq {
                 inner.cqs.entry(cq).or_default().push_back(wc);
             }
+            ops::notify_own(ctx, inner, m);
             return Ok(None);
         }
         q.pending.push_back(p);
         let cqs = &mut inner.cqs;
-        if progress(ctx, &self.own_table, handle, q, cqs) {
+        let left = progress(ctx, &self.own_table, handle, q, cqs);
+        ops::notify_own(ctx, inner, m);
+        if left {
             return Ok(Some(take_fallback(inner, handle)));
         }
         Ok(None)
@@ -460,6 +502,10 @@ impl DirectCtx {
     ) -> (usize, Vec<(u32, Fallback)>) {
         let mut g = self.lock();
         let inner = &mut *g;
+        if ctx.fatal.is_dead() {
+            ops::device_gone(ctx, inner);
+        }
+        let m = ops::marks(inner);
         let mut left = Vec::new();
         // No allocation on the poll path: QPs that leave the direct path are rare.
         let mut leaving = Vec::new();
@@ -471,6 +517,7 @@ impl DirectCtx {
         for h in leaving {
             left.push((h, take_fallback(inner, h)));
         }
+        ops::notify_own(ctx, inner, m);
         let mut n = 0;
         if let Some(queue) = inner.cqs.get_mut(&cq) {
             while n < max {
@@ -553,6 +600,9 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         cqe_in: Consumer::attach(region.clone(), at(r.cqe_offset[side]), cq(side)?).ok()?,
         region,
         rq_completed: 0,
+        retry_deadline: None,
+        rnr_deadline: None,
+        rnr_retry: None,
     })
 }
 
@@ -624,9 +674,15 @@ fn progress(
         .region
         .atomic_u32(CH_STATE[1 - c.side])
         .load(Ordering::Acquire);
-    if peer_state == SIDE_GONE && q.qp_type == QpType::Rc {
+    if peer_state == SIDE_GONE
+        && q.qp_type == QpType::Rc
+        && !q.pending.is_empty()
+        && ops::retries_run_out(ctx, handle, c)
+    {
         // The peer's context closed or its QP was destroyed: what an RC requester learns
-        // from its retries running out (crates/transport/src/completer.rs), at once.
+        // from its retries running out (crates/transport/src/completer.rs), once they
+        // would have (`ops::retries_run_out`). An idle QP learns nothing, as on the
+        // engine: its receives stay posted until it sends.
         fail(ctx, handle, q, cqs, Some(WcStatus::RetryExcErr), true);
         return false;
     }
@@ -635,16 +691,20 @@ fn progress(
             return false;
         };
         let signaled = p.signaled || q.sq_sig_all;
+        let before = c.cqe_out.produced();
         // Busy from before its checks until after its copies: the peer's `dereg_mr` waits
         // for 0 (`DirectCtx::revoked`), and a peer flushing its receives likewise.
         c.region
             .atomic_u32(CH_BUSY[c.side])
             .store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        let done = execute(ctx, own_table, c, q.qp_type, p);
+        let done = ops::execute(ctx, own_table, handle, c, q.qp_type, p)
+            .unwrap_or_else(|| execute(ctx, own_table, c, q.qp_type, p));
         c.region
             .atomic_u32(CH_BUSY[c.side])
             .store(0, Ordering::SeqCst);
+        let done = ops::adjusted(ctx, handle, c, p, done);
+        ops::delivered(ctx, handle, c, q.send_cq, (before, p, &done));
         match done {
             Exec::Rnr => break,
             Exec::Done(WcStatus::Success, len) => {

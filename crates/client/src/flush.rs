@@ -53,7 +53,11 @@ fn flushed(wr_id: u64, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
 pub(crate) fn collect(ctx: &Context, cq: u32, cq_written: Option<u32>) -> VecDeque<WorkCompletion> {
     let mut out = VecDeque::new();
     let qps = ctx.ring_qps.lock().unwrap_or_else(|e| e.into_inner());
-    for q in qps.values() {
+    for (&handle, q) in qps.iter() {
+        if ctx.direct.as_ref().is_some_and(|d| d.owns(handle)) {
+            // The direct path holds its QPs' work and flushes it (`crate::direct`).
+            continue;
+        }
         let mut r = q.rings.lock().unwrap_or_else(|e| e.into_inner());
         if q.send_cq == Some(cq) && !r.sq_flushed {
             r.sq_flushed = true;

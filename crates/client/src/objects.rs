@@ -163,9 +163,10 @@ impl Context {
         }
         if let (Some(d), Some(rings)) = (&self.direct, &rings) {
             if rings.lock().unwrap_or_else(|e| e.into_inner()).rq.is_some() {
-                let able = [init.send_cq, init.recv_cq]
-                    .iter()
-                    .all(|c| c.is_none_or(|c| c.channel.is_none()));
+                let channels =
+                    [init.send_cq, init.recv_cq].map(|c| c.is_some_and(|c| c.channel.is_some()));
+                let able = !channels.contains(&true);
+                let cqes = [init.send_cq, init.recv_cq].map(|c| c.map_or(0, |c| c.cqe()));
                 d.add_qp(crate::direct::NewQp {
                     handle: r.handle.get(),
                     qpn: r.qpn.get(),
@@ -174,6 +175,8 @@ impl Context {
                     recv_cq: create.recv_cq,
                     sq_sig_all: init.sq_sig_all,
                     able,
+                    channels,
+                    cqes,
                 });
             }
         }
@@ -546,12 +549,22 @@ impl Cq<'_> {
 
     /// `ibv_resize_cq`; returns the entries granted.
     pub fn resize(&self, cqe: u32) -> Result<u32> {
+        if let Some(d) = &self.ctx.direct {
+            // The completions the direct path holds count too (ibv_resize_cq(3): EINVAL
+            // below the completions in the CQ).
+            if d.queued(self.handle) > cqe as usize {
+                return Err(Error::new("resize_cq", errno::EINVAL));
+            }
+        }
         let req = softverbs_abi::msg::ResizeCqReq {
             handle: U32::new(self.handle),
             cqe: U32::new(cqe),
         };
         let r: CreateCqResp = self.ctx.conn.call::<cmd::ResizeCq>("resize_cq", 0, &req)?;
         self.cqe.store(r.cqe.get(), Ordering::Relaxed);
+        if let Some(d) = &self.ctx.direct {
+            d.cq_resized(self.handle, r.cqe.get());
+        }
         // The daemon's rule (DataPath::cq_resized): rings are not remapped, so a CQ grown past
         // its ring gets its newer completions by PollCq.
         if let Some(ring) = &self.ring {

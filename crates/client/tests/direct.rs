@@ -14,7 +14,7 @@ use softverbs::{AhAttr, Mtu, SendOp, SendRequest, Sge, WcOpcode, WcStatus, WorkC
 
 mod common;
 
-/// No remote atomics: a pair whose QPs allow them stays on the daemon path.
+/// Local write, remote write and read (atomics: tests/direct_ops.rs).
 const RWR: Access = Access(0x07);
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -271,7 +271,7 @@ fn a_mixed_uc_sequence_completes_the_same_on_both_paths() {
 }
 
 #[test]
-fn a_pair_that_allows_remote_atomics_stays_on_the_daemon_path() {
+fn a_pair_that_allows_remote_atomics_goes_direct_and_adds() {
     let (d, _dir) = common::daemon("datomic", None);
     let p = open_pair(&d.socket, true);
     let (sa, sb) = (side(&p.a), side(&p.b));
@@ -279,7 +279,10 @@ fn a_pair_that_allows_remote_atomics_stays_on_the_daemon_path() {
     let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
     connect(&qa, gb, qb.qpn(), Access(0x0f));
     connect(&qb, ga, qa.qpn(), Access(0x0f));
-    assert!(!qa.is_direct() && !qb.is_direct());
+    assert!(
+        qa.is_direct() && qb.is_direct(),
+        "ABI 15: atomics run on the direct path"
+    );
     let mut buf = vec![0u8; 64];
     let mr = sb.pd.reg_slice(&mut buf, Access(0x0f)).unwrap();
     let mut out = vec![0u8; 8];
@@ -544,7 +547,7 @@ fn victim_with(
 }
 
 #[test]
-fn an_idle_partner_of_a_killed_peer_has_its_receives_flushed() {
+fn an_idle_partner_of_a_killed_peer_fails_at_its_next_request() {
     let (d, _dir) = common::daemon("didle", None);
     let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
     let s = side(&ctx);
@@ -575,10 +578,22 @@ fn an_idle_partner_of_a_killed_peer_has_its_receives_flushed() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let got = wait(&s.cq, 3);
+    // As on the engine, an RC QP with nothing to send learns nothing of it: its receives
+    // stay posted (ibv_rc_pingpong's last receives, when its peer exits first)...
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        s.cq.poll(16).unwrap().is_empty(),
+        "nothing completes by itself"
+    );
+    assert_eq!(q.query().unwrap().attr.qp_state, QpState::Rts);
+    // ...until it sends: its retries run out, and its receives flush.
+    q.post_send(&SendRequest::new(9, SendOp::Send, &[mr.sge(0, 8).unwrap()]))
+        .unwrap();
+    let got = wait(&s.cq, 4);
     assert_eq!(
         got.iter().map(|w| (w.0, w.1)).collect::<Vec<_>>(),
         vec![
+            (9, WcStatus::RetryExcErr),
             (0, WcStatus::WrFlushErr),
             (1, WcStatus::WrFlushErr),
             (2, WcStatus::WrFlushErr)

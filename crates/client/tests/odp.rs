@@ -360,7 +360,9 @@ fn odp_registration_over_unmapped_memory_and_local_faults() {
 fn an_odp_access_bypasses_a_shared_mapping_of_the_same_address() {
     let _serial = serial();
     let (d, _dir) = daemon("odpshared", None);
-    let ctx = Context::open_at(&d.socket, 0).unwrap();
+    // The engine's reach into a shared MR (its memfd mapping) is what is checked; the
+    // direct path reaches a peer's memory as it is mapped now (docs/direct-path.md).
+    let ctx = Context::open_at_direct(&d.socket, 0, false).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8).unwrap();
     let page = map_pages(1, 0x33);

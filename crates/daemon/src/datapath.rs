@@ -33,8 +33,10 @@ use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
 
+mod direct_ops;
 mod mcast;
 use crate::sq_retire::SqRetire;
+pub use direct_ops::RemoteRefusal;
 
 use softverbs_core::errno::{EBUSY, EEXIST, EINVAL, ENOENT, ENOMEM};
 
@@ -146,6 +148,8 @@ pub struct DataPath {
     gate_rx: bool,
     /// The devices' connection managers on QP1 (docs/cm.md §4).
     pub cm: crate::cm::CmPorts,
+    /// CQs of direct QPs to wake when their retries would have run out (`direct_ops`).
+    direct_wakes: Vec<(Instant, CtxId, Handle)>,
 }
 
 /// Whether the process path batches (docs/registered-memory.md, "One system call per work
@@ -263,6 +267,7 @@ impl DataPath {
             .map(|d| d.gids.iter().map(|g| g.to_ip()).collect())
             .collect();
         Ok(DataPath {
+            direct_wakes: Vec::new(),
             cm: crate::cm::CmPorts::new(&ips),
             devs,
             mem: SharedMappings::with_fallback(ProcessMem::new().with_batching(mem_batching())),
@@ -334,6 +339,9 @@ impl DataPath {
             .chain(self.cm.poll_timeout())
             .min()
             .map(|t| until(self.epoch, t))
+            .into_iter()
+            .chain(self.direct_next_wake())
+            .min()
     }
 
     /// Flushes capture files.
@@ -490,8 +498,8 @@ impl DataPath {
         Ok((h, client))
     }
 
-    /// Whether CQ `cq` of `ctx` reports to a completion channel (the same-host direct path
-    /// does not signal channels, crates/daemon/src/direct.rs).
+    /// Whether CQ `cq` of `ctx` reports to a completion channel (the same-host direct path's
+    /// libraries then tell the daemon of their completions, crates/daemon/src/direct.rs).
     pub fn cq_has_channel(&self, ctx: CtxId, cq: softverbs_core::ids::Handle) -> bool {
         self.cqs
             .get(&cq_id(ctx, cq))
@@ -767,6 +775,7 @@ impl DataPath {
     /// daemon's own devices, by UDP to others), receives, timers, and outputs. Returns the
     /// contexts that got async events.
     pub fn drive(&mut self, core: &mut Core) -> Vec<CtxId> {
+        self.direct_fire_due();
         let mut woken = Vec::new();
         let mut buf = std::mem::take(&mut self.buf);
         let mut scratch = std::mem::take(&mut self.rx_scratch);

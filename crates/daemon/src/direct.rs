@@ -12,7 +12,7 @@ use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::QpTarget;
 use softverbs_core::errno::{EINVAL, ENOMEM};
 use softverbs_core::ids::{CtxId, Handle};
-use softverbs_core::types::{Access, AttrMask, EventType, QpState, QpType};
+use softverbs_core::types::{AttrMask, EventType, QpState, QpType};
 use softverbs_core::Core;
 use softverbs_shm::{Region, RingLayout};
 
@@ -20,6 +20,7 @@ use crate::datapath::DataPath;
 use zerocopy::little_endian::{U32, U64};
 
 mod mr_fd;
+mod ops;
 
 /// A context that opened the direct path.
 #[derive(Debug)]
@@ -130,7 +131,7 @@ impl Direct {
     fn eligible(
         &self,
         core: &Core,
-        dp: &DataPath,
+        _dp: &DataPath,
         ctx: CtxId,
         qp: Handle,
     ) -> Option<(CtxId, Handle, u32, u32, QpAttr, QpAttr)> {
@@ -138,8 +139,7 @@ impl Direct {
         let info = core.owned_qp_info(ctx, qp)?;
         let q = core.query_qp(ctx, qp).ok()?;
         let ok_type = matches!(info.qp_type, QpType::Rc | QpType::Uc);
-        let atomic = |a: &QpAttr| a.qp_access_flags.contains(Access::REMOTE_ATOMIC);
-        if !ok_type || info.srq.is_some() || atomic(&q.attr) || me.overflow {
+        if !ok_type || info.srq.is_some() || me.overflow {
             return None;
         }
         if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts) {
@@ -171,15 +171,11 @@ impl Direct {
         }
         let pinfo = core.owned_qp_info(pctx, ph)?;
         let pq = core.query_qp(pctx, ph).ok()?;
-        if pinfo.srq.is_some() || atomic(&pq.attr) {
+        if pinfo.srq.is_some() {
             return None;
         }
-        let signalled = |c: CtxId, i: &softverbs_core::datapath::OwnedQpInfo| {
-            dp.cq_has_channel(c, i.send_cq) || i.recv_cq.is_some_and(|r| dp.cq_has_channel(c, r))
-        };
-        if signalled(ctx, &info) || signalled(pctx, &pinfo) {
-            return None;
-        }
+        // Remote atomics and completion channels do not keep a pair off the direct path
+        // (ABI 15, `ops`).
         let peer_connected = matches!(pq.attr.qp_state, QpState::Rtr | QpState::Rts);
         if peer_connected && pq.attr.dest_qp_num != info.qpn {
             return None;
@@ -222,10 +218,18 @@ impl Direct {
             self.declined.insert(own_qpn);
             return Ok((daemon, Vec::new()));
         };
-        self.declined.remove(&qpn);
-        self.decide_others(qpn, Some(pqpn));
         let key = (qpn.min(pqpn), qpn.max(pqpn));
         let side = usize::from(qpn > pqpn);
+        if self.pairs.get(&key).is_some_and(|p| p.asked[side]) {
+            // Asked before: the QP was reset and connected again. Its partner holds the old
+            // channel, whose rings are stale, so this connection is the engine's; the
+            // partner finds its peer gone.
+            self.decide_others(qpn, None);
+            self.declined.insert(qpn);
+            return Ok((daemon, Vec::new()));
+        }
+        self.declined.remove(&qpn);
+        self.decide_others(qpn, Some(pqpn));
         if !self.pairs.contains_key(&key) {
             // A peer library asks right after its RTR (a command of its own, so this one may
             // come in between): only a peer that asked and was refused stays away.
@@ -240,6 +244,16 @@ impl Direct {
             pair.region
                 .atomic_u32(CH_ACCESS[1 - side])
                 .store(peer_attr.qp_access_flags.0, Release);
+            // Whose receive completions must raise events (ABI 15, `ops::notify`).
+            for (s, (c, h)) in [(side, (ctx, qp)), (1 - side, (pctx, ph))] {
+                let chan = core
+                    .owned_qp_info(c, h)
+                    .and_then(|i| i.recv_cq)
+                    .is_some_and(|cq| dp.cq_has_channel(c, cq));
+                pair.region
+                    .atomic_u32(CH_RECV_CHANNEL[s])
+                    .store(u32::from(chan), Release);
+            }
             pair.region.atomic_u32(CH_PATH).store(PATH_DIRECT, Release);
             self.pairs.insert(key, pair);
         }

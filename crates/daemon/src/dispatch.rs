@@ -318,11 +318,20 @@ impl Dispatcher {
             Cmd::OpenXrcd => self.open_xrcd(ctx()?, read!(OpenXrcd), fds),
             Cmd::CloseXrcd => self.close_xrcd(ctx()?, read!(CloseXrcd)),
             Cmd::CreateQp => self.create_qp(ctx()?, read!(CreateQp)),
-            Cmd::ModifyQp => self.modify_qp(ctx()?, read!(ModifyQp)),
+            Cmd::ModifyQp => {
+                let (c, r) = (ctx()?, read!(ModifyQp));
+                let qp = handle_of(r.handle);
+                let done = self.modify_qp(c, r)?;
+                // A direct peer checks this QP's access flags as they are now.
+                self.direct.modified(&self.core, &mut self.dp, c, qp);
+                Ok(done)
+            }
             Cmd::QueryQp => self.query_qp(ctx()?, read!(QueryQp)),
             Cmd::DestroyQp => {
                 let (c, r) = (ctx()?, read!(DestroyQp));
                 if let Ok(qpn) = self.core.qp_num(c, handle_of(r.handle)) {
+                    self.direct
+                        .wake_partners(&self.core, &mut self.dp, qpn, true);
                     self.direct.qp_gone(qpn);
                 }
                 self.destroy_qp(c, r)
@@ -381,6 +390,12 @@ impl Dispatcher {
                 let c = ctx()?;
                 let r = read!(DirectAttach);
                 let (resp, fds) = self.direct.attach(&self.core, &self.dp, c, &r)?;
+                self.direct.publish_attrs(&self.core, c, handle_of(r.qp));
+                if let Ok(qpn) = self.core.qp_num(c, handle_of(r.qp)) {
+                    // A partner whose requests waited for this side may go on.
+                    self.direct
+                        .wake_partners(&self.core, &mut self.dp, qpn, false);
+                }
                 with_fds::<cmd::DirectAttach>(resp, fds)
             }
             Cmd::DirectPeerError => {
@@ -391,6 +406,10 @@ impl Dispatcher {
                     handle_of(r.qp),
                     r.event.get(),
                 )?);
+                if let Ok(qpn) = self.core.qp_num(c, handle_of(r.qp)) {
+                    self.direct
+                        .wake_partners(&self.core, &mut self.dp, qpn, true);
+                }
                 ok::<cmd::DirectPeerError>(())
             }
             Cmd::DirectMrFd => {
@@ -398,12 +417,55 @@ impl Dispatcher {
                 let (resp, fd) = self.direct.mr_fd(&self.core, &self.dp, c, &r)?;
                 with_fds::<cmd::DirectMrFd>(resp, vec![fd])
             }
+            Cmd::DirectAtomic => {
+                let (c, r) = (ctx()?, read!(DirectAtomic));
+                ok::<cmd::DirectAtomic>(self.direct.atomic(&self.core, &mut self.dp, c, &r)?)
+            }
+            Cmd::DirectLocalOp => {
+                let (c, r) = (ctx()?, read!(DirectLocalOp));
+                ok::<cmd::DirectLocalOp>(self.direct.local_op(&self.core, &mut self.dp, c, &r)?)
+            }
+            Cmd::DirectWindowTarget => {
+                let (c, r) = (ctx()?, read!(DirectWindowTarget));
+                ok::<cmd::DirectWindowTarget>(
+                    self.direct.window_target(&self.core, &self.dp, c, &r)?,
+                )
+            }
+            Cmd::DirectRemoteInv => {
+                let (c, r) = (ctx()?, read!(DirectRemoteInv));
+                ok::<cmd::DirectRemoteInv>(self.direct.remote_inv(
+                    &self.core,
+                    &mut self.dp,
+                    c,
+                    &r,
+                )?)
+            }
+            Cmd::DirectCqOverrun => {
+                let (c, r) = (ctx()?, read!(DirectCqOverrun));
+                let cq = handle_of(r.handle);
+                self.dp.cq_outstanding(c, cq).ok_or(EINVAL)?;
+                if self.core.raise_object_event(
+                    c,
+                    softverbs_core::event::EventElement::Cq(cq),
+                    EventType::CqErr,
+                ) {
+                    woken.push(c);
+                }
+                ok::<cmd::DirectCqOverrun>(())
+            }
+            Cmd::DirectNotify => {
+                let (c, r) = (ctx()?, read!(DirectNotify));
+                self.direct.notify(&self.core, &mut self.dp, c, &r)?;
+                ok::<cmd::DirectNotify>(())
+            }
         }
     }
 
     /// Tears a context down (its connection closed) in the core and the data path.
     pub fn close_context(&mut self, ctx: CtxId) -> Result<(), Error> {
         let qpns = self.core.context_qpns(ctx);
+        self.direct
+            .wake_partners_of_context(&self.core, &mut self.dp, ctx);
         self.direct.context_closed(ctx, &qpns);
         let r = self.core.close_context(ctx);
         self.apply_changes();

@@ -113,6 +113,21 @@ impl CompletionQueue {
         }
     }
 
+    /// A completion was stored elsewhere (the same-host direct path keeps its completions in
+    /// the library, docs/direct-path.md): the arm fires as [`complete`](Self::complete)'s
+    /// would for a completion that is `solicited` (or unsuccessful), and names the channel
+    /// to notify.
+    pub fn completed_elsewhere(&mut self, solicited: bool) -> Option<u32> {
+        let fires = self
+            .armed
+            .is_some_and(|solicited_only| !solicited_only || solicited);
+        if !fires {
+            return None;
+        }
+        self.armed = None;
+        self.channel
+    }
+
     /// `ibv_poll_cq` on the CQ's own queue: up to `max` completions, oldest first.
     pub fn poll(&mut self, max: usize) -> Vec<WorkCompletion> {
         let n = max.min(self.queue.len());
@@ -215,6 +230,24 @@ mod tests {
         );
         assert_eq!(cq.armed(), None);
         assert_eq!(cq.complete(ok(1), None), Delivery::Stored { notify: None });
+    }
+
+    /// A completion stored elsewhere (the same-host direct path's) fires the arm by the same
+    /// rules, once, and stores nothing here.
+    #[test]
+    fn a_completion_stored_elsewhere_fires_the_arm_by_the_same_rules() {
+        let mut cq = CompletionQueue::new(8, Some(5));
+        assert_eq!(cq.completed_elsewhere(true), None, "not armed");
+        cq.arm(true);
+        assert_eq!(cq.completed_elsewhere(false), None, "unsolicited");
+        assert_eq!(cq.completed_elsewhere(true), Some(5));
+        assert_eq!(cq.completed_elsewhere(true), None, "one event per arm");
+        cq.arm(false);
+        assert_eq!(cq.completed_elsewhere(false), Some(5));
+        assert_eq!(cq.queued(), 0);
+        let mut none = CompletionQueue::new(8, None);
+        none.arm(false);
+        assert_eq!(none.completed_elsewhere(true), None, "no channel");
     }
 
     /// IBA 11.4.2.2: solicited-only fires on a solicited or an unsuccessful completion; an

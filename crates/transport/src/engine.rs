@@ -116,6 +116,50 @@ impl Engine {
         self.windows.poll_note()
     }
 
+    /// For the same-host direct path (docs/direct-path.md), whose libraries run a QP's work
+    /// themselves but leave windows to the engine: checks a remote access with R_Key `rkey`
+    /// arriving on QP `qpn` of PD `pd` as the responder does (through a window if the key
+    /// names one, IBA 10.6.7.3; else through the MR).
+    pub fn check_remote_key(
+        &self,
+        core: &Core,
+        qpn: u32,
+        pd: softverbs_core::datapath::PdRef,
+        rkey: u32,
+        range: (u64, u64),
+        need: softverbs_core::types::Access,
+    ) -> Result<softverbs_core::datapath::MemTarget, softverbs_core::datapath::MemError> {
+        self.windows.check_remote(core, qpn, pd, rkey, range, need)
+    }
+
+    /// For the direct path: a bind or local invalidate at the head of direct QP `qpn`'s send
+    /// queue, by the rules its send queue applies here (`requester::local_op`). `false`:
+    /// refused (the request completes `MW_BIND_ERR` or `LOC_QP_OP_ERR`).
+    pub fn direct_local_op(
+        &mut self,
+        core: &Core,
+        qpn: u32,
+        pd: softverbs_core::datapath::PdRef,
+        op: SendOp,
+    ) -> bool {
+        match op {
+            SendOp::BindMw(b) => self.windows.bind(core, qpn, pd, &b).is_ok(),
+            SendOp::LocalInv(rkey) => self.windows.invalidate(qpn, pd, rkey, false).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// For the direct path: a Send with Invalidate of `rkey` arrived on QP `qpn` of PD `pd`
+    /// (the responder's rule, IBA 10.6.7.2.5). `false`: refused.
+    pub fn direct_remote_invalidate(
+        &mut self,
+        qpn: u32,
+        pd: softverbs_core::datapath::PdRef,
+        rkey: u32,
+    ) -> bool {
+        self.windows.invalidate(qpn, pd, rkey, true).is_ok()
+    }
+
     /// Memory windows mirrored on this engine.
     pub fn windows(&self) -> usize {
         self.windows.len()

@@ -1,0 +1,711 @@
+//! The direct path's requests that need the daemon (ABI 15, docs/direct-path.md, "Atomics
+//! and memory windows"), and completion events for the completions the libraries keep
+//! ("Completion channels").
+//!
+//! Atomics and memory windows keep the daemon as their one authority: an atomic must be
+//! atomic with respect to the engine's atomics on the same memory (`IBV_ATOMIC_HCA`), and a
+//! window's binding is the engine's (`crates/transport/src/mw.rs`), seen by daemon-path QPs
+//! too. So the requester's library, executing its queue in posting order as for every other
+//! request, runs each of these as one synchronous command: the daemon checks what the
+//! responder's engine checks and answers the requester's status and the responder's event;
+//! the data still moves between the two processes directly.
+
+use softverbs_abi::direct::{
+    ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_MIN_RNR, CH_RECV_CHANNEL, CH_WAITING, LOCAL_BIND,
+    LOCAL_INV, NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY, NOTIFY_RNR,
+    SIDE_ERROR, SIDE_GONE, SIDE_OPEN, SIDE_PENDING,
+};
+use softverbs_abi::msg::{
+    cmd, send_flags, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
+    DirectRemoteInvReq, DirectWindowReq, PostRecvReq, WcWire,
+};
+use softverbs_core::mw::is_window_key;
+use softverbs_core::types::{Access, EventType, QpType};
+use softverbs_core::wr::{SendOp, WcOpcode, WcStatus, WorkCompletion, WC_WITH_INV};
+use softverbs_memaccess::{PeerFault, PeerMemory};
+use std::sync::atomic::{fence, Ordering};
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, IntoBytes};
+
+use super::{
+    check, check_entry, local_pieces, peer_state, push_entry, scatter, settle, Chan, Exec, Inner,
+    Pending,
+};
+use crate::Context;
+use softverbs_abi::direct::{CH_ACCESS, NO_EVENT};
+use softverbs_shm::Region;
+
+/// Whether the daemon speaks the commands of this module.
+pub(super) fn offered(ctx: &Context) -> bool {
+    ctx.conn.abi >= <cmd::DirectAtomic as Command>::CMD.since_abi()
+}
+
+/// What a request finds before anything is checked: the peer's side as the engine's
+/// requester would find its responder (`super::execute`'s first rule).
+fn gate(c: &Chan, reliable: bool) -> Option<Exec> {
+    match peer_state(c) {
+        SIDE_OPEN => None,
+        SIDE_PENDING => Some(Exec::Rnr),
+        _ if reliable => Some(Exec::Done(WcStatus::RetryExcErr, 0)),
+        _ => Some(Exec::Done(WcStatus::Success, 0)),
+    }
+}
+
+/// The daemon's answer as the request's end: done, or the rule the responder found broken
+/// (the library then fails the responder with its event, `DirectPeerError`).
+fn answered(r: &DirectOpResp) -> std::result::Result<u64, Exec> {
+    match WcStatus::from_raw(r.status.get()) {
+        Some(WcStatus::Success) => Ok(r.value.get()),
+        Some(s) => {
+            let event = match r.reserved.get() {
+                NO_EVENT => None,
+                e => EventType::from_raw(e),
+            };
+            Err(Exec::PeerFault(s, event))
+        }
+        None => Err(Exec::PeerFault(
+            WcStatus::RemOpErr,
+            Some(EventType::QpFatal),
+        )),
+    }
+}
+
+/// A command failed (the pair is gone from the daemon: the peer was destroyed or its
+/// context closed): the responder never answers.
+fn unanswered(reliable: bool) -> Exec {
+    if reliable {
+        Exec::Done(WcStatus::RetryExcErr, 0)
+    } else {
+        Exec::Done(WcStatus::Success, 0)
+    }
+}
+
+/// Runs the requests of this module; `None`: `super::execute` runs it.
+pub(super) fn execute(
+    ctx: &Context,
+    own_table: &Region,
+    handle: u32,
+    c: &mut Chan,
+    qp_type: QpType,
+    p: &Pending,
+) -> Option<Exec> {
+    let reliable = qp_type == QpType::Rc;
+    let window = |rkey: u32| is_window_key(rkey) && offered(ctx);
+    if reliable && matches!(peer_state(c), SIDE_ERROR | SIDE_GONE) {
+        // A responder in ERR or gone answers nothing: the request waits as its retries
+        // would, then fails.
+        return Some(if retries_run_out(ctx, handle, c) {
+            Exec::Done(WcStatus::RetryExcErr, 0)
+        } else {
+            Exec::Rnr
+        });
+    }
+    // What these requests do to the peer's memory comes after the bytes of earlier small
+    // SENDs that wait in inline slots (IBA 9.5: the responder executes in order), and a
+    // completion they push must find its slot free (`super::settle`).
+    let touches_peer = match p.op {
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::SendWithInv(_) => {
+            offered(ctx)
+        }
+        SendOp::Write { rkey, .. }
+        | SendOp::WriteWithImm { rkey, .. }
+        | SendOp::Read { rkey, .. } => window(rkey),
+        _ => false,
+    };
+    if touches_peer {
+        settle(ctx, c);
+    }
+    match p.op {
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } if offered(ctx) => {
+            Some(gate(c, reliable).unwrap_or_else(|| atomic(ctx, own_table, handle, c, p)))
+        }
+        SendOp::BindMw(_) | SendOp::LocalInv(_) if offered(ctx) => Some(local_op(ctx, handle, p)),
+        SendOp::SendWithInv(rkey) if offered(ctx) => Some(
+            gate(c, reliable)
+                .unwrap_or_else(|| send_with_inv(ctx, own_table, handle, c, reliable, p, rkey)),
+        ),
+        SendOp::Write { rkey, .. }
+        | SendOp::WriteWithImm { rkey, .. }
+        | SendOp::Read { rkey, .. }
+            if window(rkey) =>
+        {
+            Some(
+                gate(c, reliable).unwrap_or_else(|| {
+                    through_window(ctx, own_table, handle, c, reliable, p, rkey)
+                }),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// An atomic: the read-modify-write in the daemon (`DirectAtomic`), then the original value
+/// into the requester's own SGEs, as the engine's completer places the atomic ACK (a local
+/// key that fails there fails here: `LOC_PROT_ERR`, after the responder executed it).
+fn atomic(ctx: &Context, own_table: &Region, handle: u32, c: &Chan, p: &Pending) -> Exec {
+    let (op, remote_addr, rkey, compare, swap_add) = match p.op {
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => (ATOMIC_CMP_SWP, remote_addr, rkey, compare, swap),
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => (ATOMIC_FETCH_ADD, remote_addr, rkey, 0, add),
+        _ => return Exec::Done(WcStatus::LocQpOpErr, 0),
+    };
+    let req = DirectAtomicReq {
+        qp: U32::new(handle),
+        op: U32::new(op),
+        remote_addr: U64::new(remote_addr),
+        rkey: U32::new(rkey),
+        reserved: U32::new(0),
+        compare: U64::new(compare),
+        swap_add: U64::new(swap_add),
+    };
+    let Ok(r) = ctx.conn.call::<cmd::DirectAtomic>("direct_atomic", 0, &req) else {
+        return unanswered(true);
+    };
+    let orig = match answered(&r) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    match place_own(own_table, c, p, &orig.to_ne_bytes()) {
+        Ok(()) => Exec::Done(WcStatus::Success, 8),
+        Err(s) => Exec::Done(s, 0),
+    }
+}
+
+/// Writes `data` into the request's own SGEs in order (the completer's `place`): each piece
+/// checked in this context's MR table for `LOCAL_WRITE` (`LOC_PROT_ERR`), `LOC_LEN_ERR` if
+/// they hold less.
+fn place_own(
+    own_table: &Region,
+    c: &Chan,
+    p: &Pending,
+    data: &[u8],
+) -> std::result::Result<(), WcStatus> {
+    let mut off = 0usize;
+    // This process's own memory, through the kernel (an unmapped buffer is an error, not a
+    // fault), opened once per process: a forked child opens its own, never writing its
+    // parent's.
+    static OWN: std::sync::Mutex<Option<(u32, PeerMemory)>> = std::sync::Mutex::new(None);
+    let mut g = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    if g.as_ref().is_none_or(|(p, _)| *p != pid) {
+        let m = softverbs_memaccess::open_own_memory().map_err(|_| WcStatus::LocProtErr)?;
+        *g = Some((pid, PeerMemory::new(m)));
+    }
+    let Some((_, own)) = g.as_ref() else {
+        return Err(WcStatus::LocProtErr);
+    };
+    for s in &p.sges {
+        if off == data.len() {
+            break;
+        }
+        let take = (s.length as usize).min(data.len() - off);
+        let at = check(
+            own_table,
+            c.own_pd,
+            s.lkey,
+            s.addr,
+            take as u64,
+            Access::LOCAL_WRITE,
+        )
+        .ok_or(WcStatus::LocProtErr)?;
+        let src = data[off..off + take].as_ptr() as u64;
+        own.write_from(&[(src, take as u64)], at)
+            .map_err(|_| WcStatus::LocProtErr)?;
+        off += take;
+    }
+    if off < data.len() {
+        return Err(WcStatus::LocLenErr);
+    }
+    Ok(())
+}
+
+/// A bind or local invalidate, on the engine's windows (`DirectLocalOp`): `MW_BIND_ERR` or
+/// `LOC_QP_OP_ERR` when refused, the QP then in error (`requester::local_op`).
+fn local_op(ctx: &Context, handle: u32, p: &Pending) -> Exec {
+    let mut req = DirectLocalOpReq {
+        qp: U32::new(handle),
+        ..DirectLocalOpReq::default()
+    };
+    let fail = match p.op {
+        SendOp::BindMw(b) => {
+            req.op = U32::new(LOCAL_BIND);
+            req.mw_rkey = U32::new(b.mw_rkey);
+            req.new_rkey = U32::new(b.new_rkey);
+            req.mr_lkey = U32::new(b.mr_lkey);
+            req.access = U32::new(b.access.0);
+            req.addr = U64::new(b.addr);
+            req.length = U64::new(b.length);
+            WcStatus::MwBindErr
+        }
+        SendOp::LocalInv(rkey) => {
+            req.op = U32::new(LOCAL_INV);
+            req.mw_rkey = U32::new(rkey);
+            WcStatus::LocQpOpErr
+        }
+        _ => return Exec::Done(WcStatus::LocQpOpErr, 0),
+    };
+    match ctx
+        .conn
+        .call::<cmd::DirectLocalOp>("direct_local_op", 0, &req)
+    {
+        Ok(r) if r.status.get() == WcStatus::Success as u32 => Exec::Done(WcStatus::Success, 0),
+        Ok(r) => Exec::Done(WcStatus::from_raw(r.status.get()).unwrap_or(fail), 0),
+        Err(_) => Exec::Done(fail, 0),
+    }
+}
+
+/// An RDMA WRITE (with immediate) or READ through a window's R_Key: the daemon checks the
+/// window for the peer QP (`DirectWindowTarget`) where the MR table would have checked an
+/// MR's key; the data moves directly as for an MR.
+fn through_window(
+    ctx: &Context,
+    own_table: &Region,
+    handle: u32,
+    c: &mut Chan,
+    reliable: bool,
+    p: &Pending,
+    rkey: u32,
+) -> Exec {
+    let (remote_addr, need, write) = match p.op {
+        SendOp::Write { remote_addr, .. } | SendOp::WriteWithImm { remote_addr, .. } => {
+            (remote_addr, (Access::EMPTY, Access::REMOTE_WRITE), true)
+        }
+        SendOp::Read { remote_addr, .. } => (
+            remote_addr,
+            (Access::LOCAL_WRITE, Access::REMOTE_READ),
+            false,
+        ),
+        _ => return Exec::Done(WcStatus::LocQpOpErr, 0),
+    };
+    let access_err = || {
+        if reliable {
+            Exec::PeerFault(WcStatus::RemAccessErr, Some(EventType::QpAccessErr))
+        } else {
+            Exec::Done(WcStatus::Success, 0)
+        }
+    };
+    let peer_access = Access(
+        c.region
+            .atomic_u32(CH_ACCESS[1 - c.side])
+            .load(Ordering::Acquire),
+    );
+    // The local keys, then the responder QP's flags (the engine's order, `rdma_target`).
+    let local = match local_pieces(own_table, c, p, need.0) {
+        Ok(l) => l,
+        Err(s) => return Exec::Done(s, 0),
+    };
+    if !peer_access.contains(need.1) {
+        return access_err();
+    }
+    let total: u64 = local.iter().map(|&(_, l)| l).sum();
+    if total > 0 {
+        let req = DirectWindowReq {
+            qp: U32::new(handle),
+            rkey: U32::new(rkey),
+            va: U64::new(remote_addr),
+            len: U64::new(total),
+            need: U32::new(need.1 .0),
+            reserved: U32::new(0),
+        };
+        let Ok(r) = ctx
+            .conn
+            .call::<cmd::DirectWindowTarget>("direct_window_target", 0, &req)
+        else {
+            return unanswered(reliable);
+        };
+        let target = match answered(&r) {
+            Ok(a) => a,
+            Err(_) => return access_err(),
+        };
+        let moved = if write {
+            c.peer.write_from(&local, target)
+        } else {
+            c.peer.read_into(&local, target)
+        };
+        match moved {
+            Ok(()) => {}
+            Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
+            Err(PeerFault::Gone) => return unanswered(reliable),
+            Err(PeerFault::Remote) if reliable => {
+                return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal))
+            }
+            Err(PeerFault::Remote) => return Exec::Done(WcStatus::Success, 0),
+        }
+    }
+    if let SendOp::WriteWithImm { imm, .. } = p.op {
+        return match super::deliver(
+            ctx,
+            c,
+            reliable,
+            total,
+            0,
+            Some(imm),
+            WcOpcode::RecvRdmaWithImm,
+            None,
+        ) {
+            Exec::Done(WcStatus::Success, _) => Exec::Done(WcStatus::Success, total as u32),
+            e => e,
+        };
+    }
+    Exec::Done(WcStatus::Success, total as u32)
+}
+
+/// A Send with Invalidate (RC only, IBA 10.6.7.2.5): delivered as a SEND
+/// (`super::deliver`'s rules), then the peer QP invalidates the key (`DirectRemoteInv`).
+/// Refused, the receive completes `REM_INV_REQ_ERR`, the requester gets `REM_INV_REQ_ERR`
+/// and the responder `QP_REQ_ERR` (class J); done, the receive carries `IBV_WC_WITH_INV`
+/// and the key.
+fn send_with_inv(
+    ctx: &Context,
+    own_table: &Region,
+    handle: u32,
+    c: &mut Chan,
+    reliable: bool,
+    p: &Pending,
+    rkey: u32,
+) -> Exec {
+    let local = match local_pieces(own_table, c, p, Access::EMPTY) {
+        Ok(l) => l,
+        Err(s) => return Exec::Done(s, 0),
+    };
+    let total: u64 = local.iter().map(|&(_, l)| l).sum();
+    // The busy word is raised around the whole request by `super::progress`.
+    let result = (|| {
+        if let Some(e) = gate(c, reliable) {
+            return e;
+        }
+        let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
+        match c.rq_in.pop(&mut buf) {
+            Ok(true) => {}
+            Ok(false) => return Exec::Rnr,
+            Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
+        }
+        let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
+            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+        };
+        let n = (r.num_sge.get() as usize).min(r.sg_list.len());
+        let mut remote = Vec::new();
+        let mut need = total;
+        let mut status = WcStatus::Success;
+        for s in &r.sg_list[..n] {
+            if need == 0 {
+                break;
+            }
+            let take = u64::from(s.length.get()).min(need);
+            match check_entry(
+                &c.peer_table,
+                c.peer_pd,
+                s.lkey.get(),
+                s.addr.get(),
+                take,
+                Access::LOCAL_WRITE,
+            ) {
+                Some((e, a)) => remote.push((e, a, take)),
+                None => {
+                    status = WcStatus::LocProtErr;
+                    break;
+                }
+            }
+            need -= take;
+        }
+        if status == WcStatus::Success && need > 0 {
+            status = WcStatus::LocLenErr;
+        }
+        if status == WcStatus::Success {
+            match scatter(ctx, c, &local, &remote) {
+                Ok(()) => {}
+                Err(PeerFault::Gone) => return Exec::Done(WcStatus::RetryExcErr, 0),
+                Err(PeerFault::Local) => return Exec::Done(WcStatus::LocProtErr, 0),
+                Err(PeerFault::Remote) => status = WcStatus::LocProtErr,
+            }
+        }
+        let mut inv_refused = None;
+        if status == WcStatus::Success {
+            let req = DirectRemoteInvReq {
+                qp: U32::new(handle),
+                rkey: U32::new(rkey),
+            };
+            match ctx
+                .conn
+                .call::<cmd::DirectRemoteInv>("direct_remote_inv", 0, &req)
+            {
+                Ok(r) => {
+                    if let Err(e) = answered(&r) {
+                        status = WcStatus::RemInvReqErr;
+                        inv_refused = Some(e);
+                    }
+                }
+                Err(_) => return Exec::Done(WcStatus::RetryExcErr, 0),
+            }
+        }
+        let mut wc = WorkCompletion::new(r.wr_id.get(), status, WcOpcode::Recv, c.peer_qpn);
+        if status == WcStatus::Success {
+            wc.byte_len = total as u32;
+            wc.imm_data = rkey;
+            wc.wc_flags |= WC_WITH_INV;
+        }
+        if push_entry(&mut c.cqe_out, WcWire::from(&wc).as_bytes()).is_err() {
+            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+        }
+        match status {
+            WcStatus::Success => Exec::Done(WcStatus::Success, total as u32),
+            WcStatus::LocLenErr => Exec::PeerFault(WcStatus::RemInvReqErr, None),
+            WcStatus::RemInvReqErr => inv_refused.unwrap_or(Exec::PeerFault(
+                WcStatus::RemInvReqErr,
+                Some(EventType::QpReqErr),
+            )),
+            _ => Exec::PeerFault(WcStatus::RemOpErr, None),
+        }
+    })();
+    result
+}
+
+/// After a request ran: if it produced a receive completion for the peer whose receive CQ
+/// has a completion channel, the daemon raises the CQ's event if it is armed (solicited:
+/// the request asked for it, or the receive failed).
+///
+/// A request left waiting for a receive (RNR) says so in the channel ([`CH_WAITING`]), so
+/// that the peer's next `post_recv` wakes this side's armed send CQ ([`posted_recv`]); if a
+/// receive came in meanwhile, this side wakes its own CQ (the two sides store, then load:
+/// one of them sees the other).
+pub(super) fn delivered(
+    ctx: &Context,
+    handle: u32,
+    c: &mut Chan,
+    send_cq: Option<u32>,
+    (before, p, e): (u32, &Pending, &Exec),
+) {
+    if !offered(ctx) {
+        return;
+    }
+    let waiting = c.region.atomic_u32(CH_WAITING[c.side]);
+    if matches!(e, Exec::Rnr) {
+        if waiting.swap(1, Ordering::SeqCst) == 0 && peer_state(c) == SIDE_OPEN {
+            fence(Ordering::SeqCst);
+            if c.rq_in.available().unwrap_or(0) > 0 {
+                if let Some(cq) = send_cq {
+                    notify(ctx, 0, NOTIFY_OWN, cq, false);
+                }
+            }
+        }
+    } else if waiting.load(Ordering::Relaxed) != 0 {
+        waiting.store(0, Ordering::Relaxed);
+    }
+    if c.cqe_out.produced() == before {
+        return;
+    }
+    let peer = 1 - c.side;
+    if c.region
+        .atomic_u32(CH_RECV_CHANNEL[peer])
+        .load(Ordering::Acquire)
+        == 0
+    {
+        return;
+    }
+    let solicited = p.wire.send_flags.get() & send_flags::SOLICITED != 0
+        || !matches!(e, Exec::Done(WcStatus::Success, _));
+    notify(ctx, handle, NOTIFY_PEER_RECV, 0, solicited);
+}
+
+fn notify(ctx: &Context, qp: u32, target: u32, cq: u32, solicited: bool) {
+    let req = DirectNotifyReq {
+        qp: U32::new(qp),
+        target: U32::new(target),
+        cq: U32::new(cq),
+        solicited: U32::new(u32::from(solicited)),
+    };
+    let _ = ctx.conn.call::<cmd::DirectNotify>("direct_notify", 0, &req);
+}
+
+/// A receive was posted to the channel: a peer request waiting for one ([`CH_WAITING`])
+/// can go on, and the daemon wakes the peer's armed send CQ.
+pub(super) fn posted_recv(ctx: &Context, handle: u32, c: &Chan) {
+    fence(Ordering::SeqCst);
+    let peer = 1 - c.side;
+    if c.region.atomic_u32(CH_WAITING[peer]).load(Ordering::SeqCst) != 0 && offered(ctx) {
+        notify(ctx, handle, NOTIFY_PEER_SEND, 0, false);
+    }
+}
+
+/// Lengths of the library's queues of the CQs that have completion channels, before an
+/// operation adds to them.
+pub(super) struct Marks(Vec<(u32, usize)>);
+
+pub(super) fn marks(inner: &Inner) -> Marks {
+    Marks(
+        inner
+            .chan_cqs
+            .iter()
+            .map(|&cq| (cq, inner.cqs.get(&cq).map_or(0, |q| q.len())))
+            .collect(),
+    )
+}
+
+/// The completions this library itself added to a channel's CQ since `m` — its send
+/// completions and flushes, not the receive completions its peer produced (the peer told
+/// the daemon of those) — make an armed CQ raise its event.
+pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
+    overrun(ctx, inner);
+    for (cq, old) in m.0 {
+        let Some(q) = inner.cqs.get(&cq) else {
+            continue;
+        };
+        let mut own = q.iter().skip(old).filter(|w| {
+            !matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+                || w.status == WcStatus::WrFlushErr
+        });
+        let Some(first) = own.next() else {
+            continue;
+        };
+        let failed =
+            first.status != WcStatus::Success || own.any(|w| w.status != WcStatus::Success);
+        notify(ctx, 0, NOTIFY_OWN, cq, failed);
+    }
+}
+
+/// The daemon died (the device is gone, `crate::fatal`): every direct QP flushes its
+/// requests and receives once, as the rings' QPs do (`crate::flush`, IBA 10.3.1.9); the
+/// daemon is not told (nothing is left to tell).
+pub(super) fn device_gone(ctx: &Context, inner: &mut Inner) {
+    let handles: Vec<u32> = inner.qps.keys().copied().collect();
+    for h in handles {
+        if let Some(q) = inner.qps.get_mut(&h) {
+            super::fail(ctx, h, q, &mut inner.cqs, None, false);
+        }
+    }
+}
+
+/// A CQ holds `cqe` completions (ibv_create_cq(3)): past that, the completions the library
+/// keeps for it are lost and its owner gets `IBV_EVENT_CQ_ERR` (IBA 11.4.2.1, the engine's
+/// `Delivery::Overrun`). Counted per CQ over the direct path's own queue; the daemon counts
+/// its ring's for its QPs.
+fn overrun(ctx: &Context, inner: &mut Inner) {
+    for (&cq, &cap) in &inner.cq_cap {
+        let Some(q) = inner.cqs.get_mut(&cq) else {
+            continue;
+        };
+        if q.len() <= cap as usize {
+            continue;
+        }
+        q.truncate(cap as usize);
+        let req = softverbs_abi::msg::HandleReq {
+            handle: U32::new(cq),
+        };
+        let _ = ctx
+            .conn
+            .call::<cmd::DirectCqOverrun>("direct_cq_overrun", 0, &req);
+    }
+}
+
+impl super::DirectCtx {
+    /// Completions the direct path holds for CQ `cq`.
+    pub(crate) fn queued(&self, cq: u32) -> usize {
+        self.lock().cqs.get(&cq).map_or(0, |q| q.len())
+    }
+
+    /// CQ `cq` was resized to `cqe` entries.
+    pub(crate) fn cq_resized(&self, cq: u32, cqe: u32) {
+        if let Some(c) = self.lock().cq_cap.get_mut(&cq) {
+            *c = cqe;
+        }
+    }
+}
+
+/// A memory fault behind an on-demand-paging MR of the peer is the access error a NIC
+/// reports for a failed ODP page fault, not an operational error (the engine's rule,
+/// docs/registered-memory.md).
+///
+/// And a request that meets no receive (RNR) waits as the engine's requester would retry:
+/// `rnr_retry` times the peer's RNR timer (`min_rnr_timer`, IBA table 45), then completes
+/// `RNR_RETRY_EXC_ERR` (IBA 9.7.5.2.8, `crates/transport/src/completer.rs`); 7 waits
+/// forever. The daemon wakes the QP's armed CQs when that time has passed (`NOTIFY_RNR`).
+pub(super) fn adjusted(ctx: &Context, handle: u32, c: &mut Chan, p: &Pending, e: Exec) -> Exec {
+    if matches!(e, Exec::Rnr) {
+        return rnr(ctx, handle, c, e);
+    }
+    c.rnr_deadline = None;
+    let Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)) = e else {
+        return e;
+    };
+    let rkey = match p.op {
+        SendOp::Write { rkey, .. }
+        | SendOp::WriteWithImm { rkey, .. }
+        | SendOp::Read { rkey, .. } => rkey,
+        _ => return e,
+    };
+    match super::lookup(&c.peer_table, rkey) {
+        Some(m) if Access(m.access).contains(Access::ON_DEMAND) => {
+            Exec::PeerFault(WcStatus::RemAccessErr, Some(EventType::QpAccessErr))
+        }
+        _ => e,
+    }
+}
+
+/// Whether the retries of a request to a peer that stopped answering (in ERR, or gone) have
+/// run out: an engine requester resends `retry_cnt` times, each after the local ACK timeout
+/// (4.096 µs · 2^`timeout`, IBA 9.7.6.1.3; `timeout` 0: never), so the direct path reports
+/// `RETRY_EXC_ERR` no sooner. (A peer that closes the connection right after its last
+/// message, as rsocket does, must not fail its partner's last credits at once.) The daemon
+/// wakes the QP's armed CQs when the time has passed (`NOTIFY_RETRY`).
+pub(super) fn retries_run_out(ctx: &Context, handle: u32, c: &mut Chan) -> bool {
+    let deadline = *c.retry_deadline.get_or_insert_with(|| {
+        let now = std::time::Instant::now();
+        match crate::objects::query_qp(ctx, "query_qp", handle) {
+            Ok(q) if q.attr.timeout == 0 => None,
+            Ok(q) => {
+                let each = std::time::Duration::from_nanos(4096u64 << q.attr.timeout.min(31));
+                // The daemon wakes this QP's armed CQs a little after this.
+                notify(ctx, handle, NOTIFY_RETRY, 0, true);
+                Some(now + each * (u32::from(q.attr.retry_cnt) + 1))
+            }
+            Err(_) => Some(now),
+        }
+    });
+    deadline.is_some_and(|d| std::time::Instant::now() >= d)
+}
+
+/// IBA table 45: the RNR NAK timer, in microseconds, by the 5-bit code (0 is the longest).
+const RNR_TIMER_US: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
+];
+
+fn rnr(ctx: &Context, handle: u32, c: &mut Chan, e: Exec) -> Exec {
+    if peer_state(c) != SIDE_OPEN {
+        // Not an RNR: the peer has not attached yet, or does not answer (`retries_run_out`).
+        return e;
+    }
+    let retry = *c.rnr_retry.get_or_insert_with(|| {
+        crate::objects::query_qp(ctx, "query_qp", handle).map_or(7, |q| q.attr.rnr_retry)
+    });
+    let deadline = *c.rnr_deadline.get_or_insert_with(|| {
+        if retry >= 7 {
+            return None;
+        }
+        let code = c
+            .region
+            .atomic_u32(CH_MIN_RNR[1 - c.side])
+            .load(Ordering::Acquire);
+        let each = std::time::Duration::from_micros(u64::from(RNR_TIMER_US[(code & 31) as usize]));
+        if retry > 0 {
+            notify(ctx, handle, NOTIFY_RNR, 0, false);
+        }
+        Some(std::time::Instant::now() + each * u32::from(retry))
+    });
+    match deadline {
+        Some(d) if std::time::Instant::now() >= d => {
+            c.rnr_deadline = None;
+            Exec::Done(WcStatus::RnrRetryExcErr, 0)
+        }
+        _ => e,
+    }
+}
