@@ -211,6 +211,55 @@ fn atomics_on_a_direct_pair_give_the_values_of_the_daemon_path() {
     assert_eq!(direct.2, engine.2, "the words after");
 }
 
+/// A small SEND into B's word 0 (its bytes may wait in an inline slot until B polls), then a
+/// fetch-and-add on that word, B not polling in between: the atomic sees the SEND's bytes
+/// (IBA 9.5: the responder executes requests in order). The original value A got, the word
+/// after, and whether the pair was direct.
+fn send_then_atomic(socket: &std::path::Path, direct: bool) -> (u64, u64, bool) {
+    let (a, b) = open(socket, direct);
+    let (sa, sb) = (side(&a), side(&b));
+    let (qa, qb) = (rc(&sa), rc(&sb));
+    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    let mut bbuf = vec![0u8; 64];
+    let mut abuf = vec![0u8; 64];
+    abuf[..8].copy_from_slice(&40u64.to_ne_bytes());
+    let mb = sb.pd.reg_slice(&mut bbuf, ALL).unwrap();
+    let ma = sa.pd.reg_slice(&mut abuf, ALL).unwrap();
+    connect(&qa, gb, qb.qpn(), ALL);
+    connect(&qb, ga, qa.qpn(), ALL);
+    qb.post_recv(1, &[mb.sge(0, 8).unwrap()]).unwrap();
+    let is_direct = qa.is_direct() && qb.is_direct();
+    let r = mb.remote();
+    qa.post_send(&SendRequest::new(1, SendOp::Send, &[ma.sge(0, 8).unwrap()]))
+        .unwrap();
+    let add = SendOp::FetchAdd {
+        remote_addr: r.addr,
+        rkey: r.rkey,
+        add: 2,
+    };
+    qa.post_send(&SendRequest::new(2, add, &[ma.sge(8, 8).unwrap()]))
+        .unwrap();
+    let wa = wait(&sa.cq, 2);
+    assert!(wa.iter().all(|w| w.1 == WcStatus::Success), "{wa:?}");
+    let wb = wait(&sb.cq, 1);
+    assert_eq!(wb[0].1, WcStatus::Success, "{wb:?}");
+    let mut got = vec![0u8; 16];
+    ma.read(0, &mut got).unwrap();
+    let mut after = vec![0u8; 8];
+    mb.read(0, &mut after).unwrap();
+    (words(&got)[1], words(&after)[0], is_direct)
+}
+
+#[test]
+fn an_atomic_sees_the_bytes_of_a_small_send_before_it() {
+    let (d, _dir) = common::daemon("opsorder", None);
+    let engine = send_then_atomic(&d.socket, false);
+    let direct = send_then_atomic(&d.socket, true);
+    assert!(direct.2, "the pair goes direct");
+    assert_eq!((engine.0, engine.1), (40, 42), "the daemon path");
+    assert_eq!((direct.0, direct.1), (40, 42), "the direct path");
+}
+
 /// One broken rule at B by a request of A: A's and B's completions, B's events and states.
 #[derive(Debug, PartialEq)]
 struct Violation {
