@@ -130,6 +130,11 @@ struct Chan {
     settled_to: u32,
     /// The peer's shared-memory MRs mapped here.
     maps: mapped::Maps,
+    /// Whether the request being executed may reach its own local pieces through plain
+    /// pointers (inline payloads, mapped peer MRs): not when one lies in an ODP MR, whose
+    /// pages the program may have unmapped (ibv_reg_mr(3), `IBV_ACCESS_ON_DEMAND`) — the
+    /// kernel's copy reports that as a fault (`LOC_PROT_ERR`), a pointer would raise SIGSEGV.
+    raw_local: bool,
     /// When a request's retries to a peer that stopped answering run out (`ops`): unset
     /// until a request first finds it so, `Some(None)` never (timeout 0).
     retry_deadline: Option<Option<Instant>>,
@@ -588,6 +593,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         slots_in,
         settled_to: 0,
         maps: mapped::Maps::default(),
+        raw_local: true,
         side,
         peer_qpn: r.peer_qpn.get(),
         peer_pd: r.peer_pd.get(),
@@ -698,6 +704,7 @@ fn progress(
             .atomic_u32(CH_BUSY[c.side])
             .store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
+        c.raw_local = p.inline.is_some() || !p.sges.iter().any(|s| on_demand(own_table, s.lkey));
         let done = ops::execute(ctx, own_table, handle, c, q.qp_type, p)
             .unwrap_or_else(|| execute(ctx, own_table, c, q.qp_type, p));
         c.region
@@ -976,6 +983,11 @@ fn write_peer(
     }
 }
 
+/// Whether `key` names an ODP MR in `table` (an unknown key fails its own check later).
+fn on_demand(table: &Region, key: u32) -> bool {
+    lookup(table, key).is_some_and(|e| Access(e.access).contains(Access::ON_DEMAND))
+}
+
 /// Copies the local pieces into the peer's pieces `(entry, address, length)` in order.
 fn scatter(
     ctx: &Context,
@@ -999,7 +1011,11 @@ fn scatter(
                 loff = 0;
             }
         }
-        write_peer(ctx, c.handle, &mut c.maps, &c.peer, e, &pieces, *raddr)?;
+        if c.raw_local {
+            write_peer(ctx, c.handle, &mut c.maps, &c.peer, e, &pieces, *raddr)?;
+        } else {
+            c.peer.write_from(&pieces, *raddr)?;
+        }
     }
     Ok(())
 }
@@ -1147,7 +1163,12 @@ fn execute(ctx: &Context, own_table: &Region, c: &mut Chan, qp_type: QpType, p: 
             if total > 0 {
                 settle(ctx, c);
                 let e = lookup(&c.peer_table, rkey);
-                let moved = match e.as_ref().and_then(|e| c.maps.get(ctx, c.handle, e)) {
+                let raw = c.raw_local;
+                let moved = match e
+                    .as_ref()
+                    .filter(|_| raw)
+                    .and_then(|e| c.maps.get(ctx, c.handle, e))
+                {
                     Some(m) => m.write_from(&local, target),
                     None => c.peer.write_from(&local, target),
                 };
@@ -1200,7 +1221,12 @@ fn execute(ctx: &Context, own_table: &Region, c: &mut Chan, qp_type: QpType, p: 
                 // requests in order).
                 settle(ctx, c);
                 let e = lookup(&c.peer_table, rkey);
-                let moved = match e.as_ref().and_then(|e| c.maps.get(ctx, c.handle, e)) {
+                let raw = c.raw_local;
+                let moved = match e
+                    .as_ref()
+                    .filter(|_| raw)
+                    .and_then(|e| c.maps.get(ctx, c.handle, e))
+                {
                     Some(m) => m.read_into(&local, target),
                     None => c.peer.read_into(&local, target),
                 };
@@ -1310,7 +1336,14 @@ fn deliver(
     let slot = c.cqe_out.produced();
     let mut filled = false;
     if let (WcStatus::Success, Some(local)) = (status, send) {
-        let small = len as usize <= INLINE_MAX && pieces.len() <= INLINE_PIECES;
+        // The receiver places inline bytes with plain pointers: never into an ODP MR (its
+        // page may be unmapped; the kernel's copy here reports that as LOC_PROT_ERR).
+        let small = len as usize <= INLINE_MAX
+            && pieces.len() <= INLINE_PIECES
+            && c.raw_local
+            && remote
+                .iter()
+                .all(|(e, _, _)| !Access(e.access).contains(Access::ON_DEMAND));
         let placed_there = || {
             c.region
                 .atomic_u32(CH_INLINE[1 - c.side])

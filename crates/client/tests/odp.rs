@@ -572,3 +572,53 @@ fn a_send_into_an_unmapped_odp_receive_buffer_fails_on_both_sides() {
     assert_eq!(cqr.wait(1, WAIT).unwrap()[0].status, WcStatus::LocProtErr);
     assert_eq!(cqs.wait(1, WAIT).unwrap()[0].status, WcStatus::RemOpErr);
 }
+
+/// A small SEND (one the direct path would carry inline) from a local buffer of an ODP MR
+/// whose page was unmapped: the sender's completion is `LOC_PROT_ERR`, as a local access
+/// that finds nothing mapped is on the engine, and the process is not killed by the copy.
+#[test]
+fn a_small_send_from_an_unmapped_odp_buffer_is_a_local_protection_error() {
+    let _serial = serial();
+    let (d, _dir) = daemon("odpsend", None);
+    let (cs, cr) = (
+        Context::open_at(&d.socket, 0).unwrap(),
+        Context::open_at(&d.socket, 0).unwrap(),
+    );
+    let (ps, pr) = (cs.alloc_pd().unwrap(), cr.alloc_pd().unwrap());
+    let (cqs, cqr) = (cs.create_cq(8).unwrap(), cr.create_cq(8).unwrap());
+    let page = map_pages(1, 0x55);
+    let send_mr = ps
+        .reg_mr_on_demand(raw(page as u64, PAGE as u64), Access::LOCAL_WRITE)
+        .unwrap();
+    let mut dst = vec![0u8; 64];
+    let recv_mr = pr
+        .reg_mr(raw(dst.as_mut_ptr() as u64, 64), Access::LOCAL_WRITE)
+        .unwrap();
+    let qr = cr
+        .create_qp(&QpInit::new(QpType::Rc, &pr).cqs(&cqr, &cqr).cap(cap()))
+        .unwrap();
+    let qs = cs
+        .create_qp(&QpInit::new(QpType::Rc, &ps).cqs(&cqs, &cqs).cap(cap()))
+        .unwrap();
+    connect(&qs, cr.query_gid(1, 0).unwrap(), qr.qpn());
+    connect(&qr, cs.query_gid(1, 0).unwrap(), qs.qpn());
+    unmap(page, 1);
+    qr.post_recv(
+        1,
+        &[Sge {
+            addr: dst.as_mut_ptr() as u64,
+            length: 64,
+            lkey: recv_mr.lkey(),
+        }],
+    )
+    .unwrap();
+    let sge = [Sge {
+        addr: page as u64,
+        length: 16,
+        lkey: send_mr.lkey(),
+    }];
+    qs.post_send(&SendRequest::new(2, SendOp::Send, &sge))
+        .unwrap();
+    assert_eq!(cqs.wait(1, WAIT).unwrap()[0].status, WcStatus::LocProtErr);
+    assert_eq!(dst, vec![0u8; 64], "nothing reached the receive buffer");
+}
