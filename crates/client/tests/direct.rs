@@ -7,10 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    Access, AttrMask as M, BorrowedMr, Context, Cq, Introspect, Pd, Qp, QpAttr, QpCap, QpInit,
-    QpState, QpType,
+    Access, BorrowedMr, Context, Cq, Introspect, Pd, Qp, QpCap, QpInit, QpState, QpType,
 };
-use softverbs::{AhAttr, Mtu, SendOp, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion};
+use softverbs::{SendOp, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion};
 
 mod common;
 
@@ -29,50 +28,15 @@ fn cap() -> QpCap {
 }
 
 /// RESET→INIT→RTR→RTS towards `remote_qpn` with `access` (the RTR step is where the path is
-/// decided).
+/// decided); a short ACK timeout and two retries, so a vanished peer fails a request soon.
 fn connect(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: access,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: gid,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: remote_qpn,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..init
-    };
-    let rc = qp.qp_type() == QpType::Rc;
-    let mut rtr_mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
-    if rc {
-        rtr_mask = rtr_mask | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
-    }
-    qp.modify(&rtr, rtr_mask).unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
+    let path = common::RcPath {
         timeout: 10,
+        access,
         retry_cnt: 2,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..rtr
+        ..common::RcPath::default()
     };
-    let mut rts_mask = M::STATE | M::SQ_PSN;
-    if rc {
-        rts_mask = rts_mask | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-    }
-    qp.modify(&rts, rts_mask).unwrap();
+    common::connect_with(qp, gid, remote_qpn, path);
 }
 
 /// Two contexts of one daemon, each with a PD, one CQ and a QP of `t`.

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    Access, AhAttr, AttrMask as M, Context, Cq, EventType, Mtu, MwType, Pd, Qp, QpAttr, QpCap,
-    QpInit, QpState, QpType, SendOp, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion,
+    Access, AttrMask as M, Context, Cq, EventType, MwType, Pd, Qp, QpAttr, QpCap, QpInit, QpState,
+    QpType, SendOp, SendRequest, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 mod common;
@@ -35,53 +35,14 @@ fn connect(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access) {
 
 /// [`connect`] with `rnr_retry` (the RNR timer asked of the peer is code 1, 10 µs).
 fn connect_rnr(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access, rnr_retry: u8) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: access,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: gid,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: remote_qpn,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
+    let path = common::RcPath {
         timeout: 10,
+        access,
         retry_cnt: 2,
         rnr_retry,
-        max_rd_atomic: 4,
-        ..rtr
+        ..common::RcPath::default()
     };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    common::connect_with(qp, gid, remote_qpn, path);
 }
 
 type Shape = (u64, WcStatus, WcOpcode, u32, u32, u32);

@@ -2,7 +2,7 @@
 //! connection.
 #![allow(dead_code)]
 
-use softverbs::{AhAttr, AttrMask as M, Gid, Mtu, QpAttr, QpCap, QpState};
+use softverbs::{Access, AhAttr, AttrMask as M, Gid, Mtu, QpAttr, QpCap, QpState};
 use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
 
 pub struct Dir(std::path::PathBuf);
@@ -39,13 +39,17 @@ pub fn cap() -> QpCap {
     }
 }
 
-/// How a test connects an RC QP: local ACK timeout exponent (4.096 µs · 2^timeout), READ and
-/// atomic depth each way, and the starting PSN of both directions.
+/// How a test connects an RC (or UC) QP: local ACK timeout exponent (4.096 µs · 2^timeout),
+/// READ and atomic depth each way, the starting PSN of both directions, the QP's access flags
+/// and its retry counts (ibv_modify_qp(3); a UC QP takes only what UC has).
 #[derive(Clone, Copy)]
 pub struct RcPath {
     pub timeout: u8,
     pub rd_atomic: u8,
     pub psn: u32,
+    pub access: Access,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
 }
 
 impl Default for RcPath {
@@ -54,6 +58,9 @@ impl Default for RcPath {
             timeout: 12,
             rd_atomic: 4,
             psn: 0,
+            access: ALL,
+            retry_cnt: 7,
+            rnr_retry: 7,
         }
     }
 }
@@ -68,11 +75,12 @@ pub fn connect_with(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32, pa
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
-        qp_access_flags: ALL,
+        qp_access_flags: path.access,
         ..QpAttr::default()
     };
     qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
         .unwrap();
+    let rc = qp.qp_type() == softverbs::QpType::Rc;
     let av = AhAttr {
         dgid: remote_gid,
         is_global: true,
@@ -90,29 +98,23 @@ pub fn connect_with(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32, pa
         min_rnr_timer: 1,
         ..init
     };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
+    let mut rtr_mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    if rc {
+        rtr_mask = rtr_mask | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+    }
+    qp.modify(&rtr, rtr_mask).unwrap();
     let rts = QpAttr {
         qp_state: QpState::Rts,
         timeout: path.timeout,
         sq_psn: path.psn,
-        retry_cnt: 7,
-        rnr_retry: 7,
+        retry_cnt: path.retry_cnt,
+        rnr_retry: path.rnr_retry,
         max_rd_atomic: path.rd_atomic,
         ..rtr
     };
-    qp.modify(
-        &rts,
-        M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    let mut rts_mask = M::STATE | M::SQ_PSN;
+    if rc {
+        rts_mask = rts_mask | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+    }
+    qp.modify(&rts, rts_mask).unwrap();
 }
