@@ -1261,43 +1261,17 @@ impl Exec {
     }
 }
 
-/// Takes the peer's next receive and completes it with `opcode` after placing `send`'s
-/// local pieces (a SEND; `None`: the data is placed already) into it (responder
-/// `execute_send`'s rules: a too-short receive is `LOC_LEN_ERR` there and `REM_INV_REQ_ERR`
-/// here, a bad key `LOC_PROT_ERR` there and `REM_OP_ERR` here, both failing the responder
-/// without an event; UC drops instead of failing). A SEND of at most `INLINE_MAX` bytes to
-/// at most `INLINE_PIECES` receive SGEs goes into the completion's inline slot for the
-/// receiver to place (`inline.rs`); a larger one is placed here, after the slots still
-/// unplaced. The caller has raised this side's busy word.
-#[allow(clippy::too_many_arguments)]
-fn deliver(
-    ctx: &Context,
-    c: &mut Chan,
-    reliable: bool,
-    byte_len: u64,
+/// The peer's pieces `(entry, address, length)` that `len` bytes fill along receive `r`'s
+/// SGEs, each checked in the peer's MR table (the peer QP's PD, `LOCAL_WRITE`, bounds), with
+/// the same pieces as the receive named them (for an inline slot), and the receive's status:
+/// `LOC_PROT_ERR` at the first SGE that fails, `LOC_LEN_ERR` when the receive is too short
+/// (the engine responder's checks of a receive WQE, `crates/transport/src/responder.rs`).
+fn receive_pieces(
+    c: &Chan,
+    r: &PostRecvReq,
     len: u64,
-    imm: Option<u32>,
-    opcode: WcOpcode,
-    send: Option<&[(u64, u64)]>,
-) -> Exec {
-    match peer_state(c) {
-        SIDE_OPEN => {}
-        SIDE_PENDING => return Exec::Rnr,
-        _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
-        _ => return Exec::Done(WcStatus::Success, 0),
-    }
-    let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
-    match c.rq_in.pop(&mut buf) {
-        Ok(true) => {}
-        Ok(false) if reliable => return Exec::Rnr,
-        Ok(false) => return Exec::Done(WcStatus::Success, 0),
-        Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
-    }
-    let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
-        return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
-    };
+) -> (Vec<(MrEntry, u64, u64)>, Vec<inline::Piece>, WcStatus) {
     let n = (r.num_sge.get() as usize).min(r.sg_list.len());
-    // Walk the receive's SGEs as far as the message reaches.
     let mut remote = Vec::new();
     let mut pieces = Vec::new();
     let mut need = len;
@@ -1333,6 +1307,45 @@ fn deliver(
     if status == WcStatus::Success && need > 0 {
         status = WcStatus::LocLenErr;
     }
+    (remote, pieces, status)
+}
+
+/// Takes the peer's next receive and completes it with `opcode` after placing `send`'s
+/// local pieces (a SEND; `None`: the data is placed already) into it (responder
+/// `execute_send`'s rules: a too-short receive is `LOC_LEN_ERR` there and `REM_INV_REQ_ERR`
+/// here, a bad key `LOC_PROT_ERR` there and `REM_OP_ERR` here, both failing the responder
+/// without an event; UC drops instead of failing). A SEND of at most `INLINE_MAX` bytes to
+/// at most `INLINE_PIECES` receive SGEs goes into the completion's inline slot for the
+/// receiver to place (`inline.rs`); a larger one is placed here, after the slots still
+/// unplaced. The caller has raised this side's busy word.
+#[allow(clippy::too_many_arguments)]
+fn deliver(
+    ctx: &Context,
+    c: &mut Chan,
+    reliable: bool,
+    byte_len: u64,
+    len: u64,
+    imm: Option<u32>,
+    opcode: WcOpcode,
+    send: Option<&[(u64, u64)]>,
+) -> Exec {
+    match peer_state(c) {
+        SIDE_OPEN => {}
+        SIDE_PENDING => return Exec::Rnr,
+        _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
+        _ => return Exec::Done(WcStatus::Success, 0),
+    }
+    let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
+    match c.rq_in.pop(&mut buf) {
+        Ok(true) => {}
+        Ok(false) if reliable => return Exec::Rnr,
+        Ok(false) => return Exec::Done(WcStatus::Success, 0),
+        Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
+    }
+    let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
+        return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+    };
+    let (remote, pieces, mut status) = receive_pieces(c, &r, len);
     let slot = c.cqe_out.produced();
     let mut filled = false;
     if let (WcStatus::Success, Some(local)) = (status, send) {

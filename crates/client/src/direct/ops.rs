@@ -28,8 +28,8 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, IntoBytes};
 
 use super::{
-    check, check_entry, local_pieces, peer_state, push_entry, scatter, settle, Chan, Exec, Inner,
-    Pending,
+    check, local_pieces, peer_state, push_entry, receive_pieces, scatter, settle, Chan, Exec,
+    Inner, Pending,
 };
 use crate::Context;
 use softverbs_abi::direct::{CH_ACCESS, NO_EVENT};
@@ -391,34 +391,7 @@ fn send_with_inv(
         let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
             return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
         };
-        let n = (r.num_sge.get() as usize).min(r.sg_list.len());
-        let mut remote = Vec::new();
-        let mut need = total;
-        let mut status = WcStatus::Success;
-        for s in &r.sg_list[..n] {
-            if need == 0 {
-                break;
-            }
-            let take = u64::from(s.length.get()).min(need);
-            match check_entry(
-                &c.peer_table,
-                c.peer_pd,
-                s.lkey.get(),
-                s.addr.get(),
-                take,
-                Access::LOCAL_WRITE,
-            ) {
-                Some((e, a)) => remote.push((e, a, take)),
-                None => {
-                    status = WcStatus::LocProtErr;
-                    break;
-                }
-            }
-            need -= take;
-        }
-        if status == WcStatus::Success && need > 0 {
-            status = WcStatus::LocLenErr;
-        }
+        let (remote, _, mut status) = receive_pieces(c, &r, total);
         if status == WcStatus::Success {
             match scatter(ctx, c, &local, &remote) {
                 Ok(()) => {}
