@@ -988,6 +988,36 @@ fn on_demand(table: &Region, key: u32) -> bool {
     lookup(table, key).is_some_and(|e| Access(e.access).contains(Access::ON_DEMAND))
 }
 
+/// Which way [`copy_peer`] moves bytes.
+#[derive(Clone, Copy)]
+enum Dir {
+    ToPeer,
+    FromPeer,
+}
+
+/// Moves the request's local pieces to or from the peer's `raddr` in MR `e`: through the
+/// peer MR's mapping when it is shared memory and the local pieces may be touched with plain
+/// pointers (`Chan::raw_local`), else through the peer's `/proc/<pid>/mem`.
+fn copy_peer(
+    ctx: &Context,
+    c: &mut Chan,
+    e: Option<&MrEntry>,
+    local: &[(u64, u64)],
+    raddr: u64,
+    dir: Dir,
+) -> std::result::Result<(), PeerFault> {
+    let handle = c.handle;
+    let mapped = e
+        .filter(|_| c.raw_local)
+        .and_then(|e| c.maps.get(ctx, handle, e));
+    match (mapped, dir) {
+        (Some(m), Dir::ToPeer) => m.write_from(local, raddr),
+        (Some(m), Dir::FromPeer) => m.read_into(local, raddr),
+        (None, Dir::ToPeer) => c.peer.write_from(local, raddr),
+        (None, Dir::FromPeer) => c.peer.read_into(local, raddr),
+    }
+}
+
 /// Copies the local pieces into the peer's pieces `(entry, address, length)` in order.
 fn scatter(
     ctx: &Context,
@@ -1011,11 +1041,7 @@ fn scatter(
                 loff = 0;
             }
         }
-        if c.raw_local {
-            write_peer(ctx, c.handle, &mut c.maps, &c.peer, e, &pieces, *raddr)?;
-        } else {
-            c.peer.write_from(&pieces, *raddr)?;
-        }
+        copy_peer(ctx, c, Some(e), &pieces, *raddr, Dir::ToPeer)?;
     }
     Ok(())
 }
@@ -1163,15 +1189,7 @@ fn execute(ctx: &Context, own_table: &Region, c: &mut Chan, qp_type: QpType, p: 
             if total > 0 {
                 settle(ctx, c);
                 let e = lookup(&c.peer_table, rkey);
-                let raw = c.raw_local;
-                let moved = match e
-                    .as_ref()
-                    .filter(|_| raw)
-                    .and_then(|e| c.maps.get(ctx, c.handle, e))
-                {
-                    Some(m) => m.write_from(&local, target),
-                    None => c.peer.write_from(&local, target),
-                };
+                let moved = copy_peer(ctx, c, e.as_ref(), &local, target, Dir::ToPeer);
                 match moved {
                     // A mapping outlives its owner: a peer that died meanwhile acknowledges
                     // nothing, as through `/proc` (where the kernel moves nothing).
@@ -1221,15 +1239,7 @@ fn execute(ctx: &Context, own_table: &Region, c: &mut Chan, qp_type: QpType, p: 
                 // requests in order).
                 settle(ctx, c);
                 let e = lookup(&c.peer_table, rkey);
-                let raw = c.raw_local;
-                let moved = match e
-                    .as_ref()
-                    .filter(|_| raw)
-                    .and_then(|e| c.maps.get(ctx, c.handle, e))
-                {
-                    Some(m) => m.read_into(&local, target),
-                    None => c.peer.read_into(&local, target),
-                };
+                let moved = copy_peer(ctx, c, e.as_ref(), &local, target, Dir::FromPeer);
                 match moved {
                     Ok(()) if peer_state(c) == SIDE_GONE => {
                         return Exec::Done(WcStatus::RetryExcErr, 0)
