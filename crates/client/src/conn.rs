@@ -446,9 +446,17 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // A "daemon" that logs its arguments and process group, then fails.
         let bin = dir.join("fake-daemon");
-        std::fs::write(&bin, "#!/bin/sh\necho \"args: $*\" >&2\nexit 1\n").unwrap();
-        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        // Written by a child `install`: a test thread's fork while this process held the
+        // script open for writing would make exec'ing it fail with ETXTBSY.
+        let text = dir.join("fake-daemon.txt");
+        std::fs::write(&text, "#!/bin/sh\necho \"args: $*\" >&2\nexit 1\n").unwrap();
+        let st = std::process::Command::new("install")
+            .args(["-m", "0755"])
+            .arg(&text)
+            .arg(&bin)
+            .status()
             .unwrap();
+        assert!(st.success());
         let sock = dir.join("run").join("s.sock");
         let start = Instant::now();
         let e = connect_inner(&sock, Some(bin)).unwrap_err();

@@ -56,7 +56,7 @@ impl Clients for Daemon {
 fn private_copy_of(d: &Daemon, bin: &Path) -> PathBuf {
     let p = d.dir.join(bin.file_name().unwrap());
     if !p.exists() {
-        std::fs::copy(bin, &p).unwrap();
+        softverbs_testkit::bins::copy_executable(bin, &p);
     }
     p
 }

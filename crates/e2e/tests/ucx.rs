@@ -101,7 +101,7 @@ fn ucx_info_lists_rc_and_ud_verbs_under_run_without_privileges() {
         .start();
     // Copies the unprivileged user can read, wherever the workspace is.
     let bin = d.dir.join("softverbs");
-    std::fs::copy(softverbs_bin(), &bin).unwrap();
+    softverbs_testkit::bins::copy_executable(&softverbs_bin(), &bin);
     let lib = d.dir.join("libibverbs.so.1");
     std::fs::copy(dropin_library(), &lib).unwrap();
     let home = d.dir.join("home");

@@ -353,20 +353,10 @@ impl Segment {
     /// A daemon whose device `softverbs0` is host `h`'s veth address, running in `h`'s
     /// namespace (clients reach it by its Unix socket, which namespaces do not separate).
     fn daemon(&self, h: char, args: &[&str]) -> Daemon {
-        let wrapper = self.dir.join(format!("softverbs-in-{h}"));
-        let script = format!(
-            "#!/bin/sh\nexec ip netns exec {} {} \"$@\"\n",
-            self.ns(h),
-            support::softverbs_bin().display()
-        );
-        std::fs::write(&wrapper, script).expect("wrapper");
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod wrapper");
         let name = format!("mc-{}{h}", self.tag);
         Daemon::start_with_options(
             softverbs_testkit::Daemon::options(&name)
-                .bin(&wrapper)
+                .netns(&self.ns(h))
                 .device("softverbs0", &self.addr(h))
                 .args(args),
         )

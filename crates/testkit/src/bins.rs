@@ -31,3 +31,23 @@ pub fn softverbs_bin() -> PathBuf {
     );
     bin
 }
+
+/// Copies the executable `from` to `to` (mode 0755) by a child `install` process, never by
+/// this one: the tests of one executable run on threads of one process, and a child that
+/// another test forks while this process holds `to` open for writing keeps that descriptor
+/// until it execs, so exec'ing `to` in that window fails with ETXTBSY.
+pub fn copy_executable(from: &std::path::Path, to: &std::path::Path) {
+    let st = std::process::Command::new("install")
+        .arg("-m")
+        .arg("0755")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("run install");
+    assert!(
+        st.success(),
+        "install {} {}: {st}",
+        from.display(),
+        to.display()
+    );
+}

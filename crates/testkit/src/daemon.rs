@@ -19,6 +19,7 @@ pub struct DaemonOptions {
     device: Option<String>,
     args: Vec<OsString>,
     open_to_all: bool,
+    netns: Option<String>,
 }
 
 impl DaemonOptions {
@@ -40,6 +41,16 @@ impl DaemonOptions {
     /// More `softverbs daemon` flags (`--faults ...`, `--capture DIR`).
     pub fn args(mut self, args: &[&str]) -> Self {
         self.args.extend(args.iter().map(OsString::from));
+        self
+    }
+
+    /// Runs the daemon inside the network namespace `ns` (`ip netns exec NS softverbs ...`);
+    /// clients still reach it by its Unix socket, which namespaces do not separate. Not a
+    /// wrapper script: writing an executable and exec'ing it races with the forks of the
+    /// other tests in the process (a child that inherited the write descriptor makes the
+    /// exec fail with ETXTBSY).
+    pub fn netns(mut self, ns: &str) -> Self {
+        self.netns = Some(ns.to_string());
         self
     }
 
@@ -72,7 +83,8 @@ impl DaemonOptions {
             None => args.push("--no-network".into()),
         }
         args.extend(self.args);
-        let child = spawn(&bin, &args, &dir);
+        let netns = self.netns;
+        let child = spawn(netns.as_deref(), &bin, &args, &dir);
         let mut d = Daemon {
             child,
             dir,
@@ -80,6 +92,7 @@ impl DaemonOptions {
             bin,
             name,
             args,
+            netns,
         };
         d.wait_up();
         d
@@ -100,17 +113,27 @@ pub struct Daemon {
     name: String,
     /// What follows the binary on its command line (for [`Daemon::respawn`]).
     args: Vec<OsString>,
+    /// The network namespace it runs in, if not the test's own.
+    netns: Option<String>,
 }
 
-/// `bin ARGS`, logging to `dir/daemon.log` (appended: a respawned daemon adds to its log).
-fn spawn(bin: &Path, args: &[OsString], dir: &Path) -> Child {
+/// `[ip netns exec NS] bin ARGS`, logging to `dir/daemon.log` (appended: a respawned daemon
+/// adds to its log).
+fn spawn(netns: Option<&str>, bin: &Path, args: &[OsString], dir: &Path) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("daemon.log"))
         .expect("the daemon's log");
-    Command::new(bin)
-        .args(args)
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    cmd.args(args)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -126,6 +149,7 @@ impl Daemon {
             device: None,
             args: Vec::new(),
             open_to_all: false,
+            netns: None,
         }
     }
 
@@ -165,7 +189,7 @@ impl Daemon {
             self.child.try_wait().expect("try_wait").is_some(),
             "respawn only a daemon that is gone"
         );
-        self.child = spawn(&self.bin, &self.args, &self.dir);
+        self.child = spawn(self.netns.as_deref(), &self.bin, &self.args, &self.dir);
         self.wait_up();
     }
 
