@@ -101,7 +101,7 @@ pub struct Context {
     /// Receive requests outstanding per QP number, for QPs whose receive queue is a ring:
     /// posts add, polled receive completions subtract, so a post beyond `max_recv_wr` is
     /// refused with `ENOMEM` (ibv_post_recv(3)) although the ring itself has room.
-    pub(crate) rq_outstanding: Mutex<std::collections::HashMap<u32, RqCount>>,
+    pub(crate) rq_outstanding: Mutex<foldhash::HashMap<u32, RqCount>>,
     /// Buffers of work requests posted through the owning API, handed back with their
     /// completions (`crate::wr`).
     pub(crate) in_flight: crate::wr::InFlight,
@@ -177,7 +177,7 @@ impl Context {
             regs: Mutex::new(RegTable::default()),
             doorbell: None,
             ready: None,
-            rq_outstanding: Mutex::new(std::collections::HashMap::new()),
+            rq_outstanding: Mutex::new(foldhash::HashMap::default()),
             in_flight: crate::wr::InFlight::default(),
             direct: None,
         };

@@ -11,7 +11,9 @@
 //! the sender's queue (RC; a UC one is dropped) and is retried at the sender's next post or
 //! poll.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use foldhash::HashMap;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -545,12 +547,47 @@ fn take_fallback(inner: &mut Inner, handle: u32) -> Fallback {
         })
 }
 
+/// Ring entries up to this size are staged on the stack: every SEND and receive on the
+/// direct path pushes or pops one, and a heap buffer for each was a tenth of the round trip.
+const STACK_ENTRY: usize = 1024;
+
+/// Hands `f` a zeroed buffer of `size` bytes, on the stack when it is small enough.
+fn with_entry_buf<T>(size: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    if size <= STACK_ENTRY {
+        let mut stack = [0u8; STACK_ENTRY];
+        f(&mut stack[..size])
+    } else {
+        f(&mut vec![0u8; size])
+    }
+}
+
+/// Takes the peer's oldest posted receive. `Err`: its ring or entry is corrupt (the peer
+/// wrote nonsense into shared memory).
+fn pop_recv(c: &mut Chan) -> std::result::Result<Option<PostRecvReq>, ()> {
+    with_entry_buf(c.rq_in.layout().entry_size(), |buf| {
+        match c.rq_in.pop(buf) {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            Err(_) => return Err(()),
+        }
+        PostRecvReq::read_from_prefix(buf)
+            .map(|(r, _)| Some(r))
+            .map_err(|_| ())
+    })
+}
+
 fn push_entry(p: &mut Producer, bytes: &[u8]) -> std::result::Result<(), i32> {
     let size = p.layout().entry_size();
-    let mut e = vec![0u8; size];
-    let n = bytes.len().min(size);
-    e[..n].copy_from_slice(&bytes[..n]);
-    match p.push(&e) {
+    let pushed = if bytes.len() == size {
+        p.push(bytes)
+    } else {
+        with_entry_buf(size, |e| {
+            let n = bytes.len().min(size);
+            e[..n].copy_from_slice(&bytes[..n]);
+            p.push(e)
+        })
+    };
+    match pushed {
         Ok(_) => Ok(()),
         Err(softverbs_shm::PushError::Full) => Err(errno::ENOMEM),
         Err(softverbs_shm::PushError::Corrupt(_)) => Err(errno::EIO),
@@ -819,20 +856,20 @@ fn place_own(own_table: Option<&Region>, pd: u32, t: &inline::Taken) -> bool {
     let Some(table) = own_table else {
         return false;
     };
-    let total: u64 = t.pieces.iter().map(|p| p.len).sum();
-    if total != t.payload.len() as u64 {
+    let total: u64 = t.pieces().iter().map(|p| p.len).sum();
+    if total != t.payload().len() as u64 {
         return false;
     }
-    let mut targets = Vec::with_capacity(t.pieces.len());
-    for p in &t.pieces {
+    let mut targets = [(0u64, 0usize); INLINE_PIECES];
+    for (p, slot) in t.pieces().iter().zip(targets.iter_mut()) {
         match check(table, pd, p.lkey, p.addr, p.len, Access::LOCAL_WRITE) {
-            Some(a) => targets.push((a, p.len as usize)),
+            Some(a) => *slot = (a, p.len as usize),
             None => return false,
         }
     }
     let mut off = 0;
-    for (a, l) in targets {
-        softverbs_memaccess::write_own(a, &t.payload[off..off + l]);
+    for &(a, l) in &targets[..t.pieces().len()] {
+        softverbs_memaccess::write_own(a, &t.payload()[off..off + l]);
         off += l;
     }
     true
@@ -1083,10 +1120,10 @@ fn settle_one(ctx: &Context, c: &mut Chan, i: u32) {
     };
     // Every piece is checked again (the peer may have deregistered its MR since) before any
     // is written: all of the SEND lands, or none of it and the receive fails.
-    let mut targets = Vec::with_capacity(t.pieces.len());
-    let total: u64 = t.pieces.iter().map(|p| p.len).sum();
-    let mut ok = total == t.payload.len() as u64;
-    for p in &t.pieces {
+    let mut targets = Vec::with_capacity(t.pieces().len());
+    let total: u64 = t.pieces().iter().map(|p| p.len).sum();
+    let mut ok = total == t.payload().len() as u64;
+    for p in t.pieces() {
         match check_entry(
             &c.peer_table,
             c.peer_pd,
@@ -1099,7 +1136,7 @@ fn settle_one(ctx: &Context, c: &mut Chan, i: u32) {
             _ => ok = false,
         }
     }
-    let base = t.payload.as_ptr() as u64;
+    let base = t.payload().as_ptr() as u64;
     let mut off = 0u64;
     if ok {
         for ((e, a), len) in &targets {
@@ -1345,15 +1382,11 @@ fn deliver(
         _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
         _ => return Exec::Done(WcStatus::Success, 0),
     }
-    let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
-    match c.rq_in.pop(&mut buf) {
-        Ok(true) => {}
-        Ok(false) if reliable => return Exec::Rnr,
-        Ok(false) => return Exec::Done(WcStatus::Success, 0),
-        Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
-    }
-    let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
-        return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+    let r = match pop_recv(c) {
+        Ok(Some(r)) => r,
+        Ok(None) if reliable => return Exec::Rnr,
+        Ok(None) => return Exec::Done(WcStatus::Success, 0),
+        Err(()) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
     };
     let (remote, pieces, mut status) = receive_pieces(c, &r, len);
     let slot = c.cqe_out.produced();
@@ -1383,13 +1416,14 @@ fn deliver(
                 settle_one(ctx, c, slot.wrapping_sub(c.cqe_out.layout().capacity()));
             }
             if let Some(sl) = c.slots_out.as_ref().filter(|sl| sl.is_free(slot)) {
-                let mut payload = vec![0u8; len as usize];
+                let mut buf = [0u8; INLINE_MAX];
+                let payload = &mut buf[..len as usize];
                 let mut off = 0;
                 for &(a, l) in local {
                     softverbs_memaccess::read_own(a, &mut payload[off..off + l as usize]);
                     off += l as usize;
                 }
-                sl.fill(slot, &pieces, &payload);
+                sl.fill(slot, &pieces, payload);
                 filled = true;
             }
         }

@@ -76,6 +76,55 @@ const RECV_WR: u32 = 512;
 const LAT_RECVS: usize = 16;
 /// How long one wait may take before the run is declared stuck.
 const STUCK: Duration = Duration::from_secs(20);
+
+/// How long a waiting peer spins through empty polls before it starts yielding its CPU
+/// after each one. A reply in a ping-pong comes within a few microseconds, and a
+/// `sched_yield` costs about as much as the whole hand-over (docs/performance.md, "Issue 16:
+/// spinning before yielding"), so the first microseconds of a wait are spent spinning, as
+/// UCX's and perftest's pollers do throughout; past them a waiting peer yields, so a party
+/// that shares its CPU (the daemon, the other peer on a one-CPU machine) is never kept off
+/// it for longer.
+const SPIN: Duration = Duration::from_micros(20);
+
+/// Empty polls between two reads of the clock while waiting: read on each, it was a third
+/// of a spinning peer's time.
+const CLOCK_EVERY: u32 = 64;
+
+/// How a waiting loop spends an empty poll: a spin-loop hint for the first [`SPIN`] of the
+/// wait, then `sched_yield`.
+struct Backoff {
+    start: Instant,
+    polls: u32,
+    spinning: bool,
+}
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff {
+            start: Instant::now(),
+            polls: 0,
+            spinning: true,
+        }
+    }
+
+    /// Spends one empty poll; `true` once the wait has lasted [`STUCK`].
+    fn empty(&mut self) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls % CLOCK_EVERY == 0 {
+            let waited = self.start.elapsed();
+            if waited > STUCK {
+                return true;
+            }
+            self.spinning = waited < SPIN;
+        }
+        if self.spinning {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+        false
+    }
+}
 /// Bytes in front of a UD receive (the GRH).
 const GRH: usize = 40;
 
@@ -517,9 +566,9 @@ impl Endpoint<'_> {
         r
     }
 
-    /// The next completion, polling (one command per poll) until one comes.
+    /// The next completion, polling until one comes.
     fn next_wc(&mut self) -> R<WorkCompletion> {
-        let start = Instant::now();
+        let mut backoff = Backoff::new();
         loop {
             if let Some(wc) = self.pending.pop_front() {
                 if wc.status != WcStatus::Success {
@@ -528,11 +577,8 @@ impl Endpoint<'_> {
                 return Ok(wc);
             }
             let got = self.cq.poll(32).map_err(e("poll_cq"))?;
-            if got.is_empty() {
-                if start.elapsed() > STUCK {
-                    return Err(format!("no completion for {STUCK:?}"));
-                }
-                std::thread::yield_now();
+            if got.is_empty() && backoff.empty() {
+                return Err(format!("no completion for {STUCK:?}"));
             }
             self.pending.extend(got);
         }
@@ -568,17 +614,14 @@ impl Endpoint<'_> {
         self.mem[size / 8 - 1].store(v, Ordering::Relaxed);
     }
 
-    /// Spins (yielding) until the WRITE of `size` bytes carrying `seq` has landed.
+    /// Spins (then yields) until the WRITE of `size` bytes carrying `seq` has landed.
     fn wait_flag(&mut self, size: usize, seq: u64) -> R<()> {
-        let start = Instant::now();
-        let mut spins = 0u32;
+        let mut backoff = Backoff::new();
         while self.flag_word(size).load(Ordering::Acquire) != seq {
-            spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && start.elapsed() > STUCK {
+            if backoff.empty() {
                 self.poll_now()?;
                 return Err(format!("WRITE {seq:#x} did not land within {STUCK:?}"));
             }
-            std::thread::yield_now();
         }
         Ok(())
     }

@@ -22,7 +22,7 @@ use softverbs_shm::Region;
 const SETTLE_WAIT: Duration = Duration::from_secs(1);
 
 /// One receive SGE a slot's payload goes to, as the receive named it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Piece {
     pub(super) lkey: u32,
     pub(super) addr: u64,
@@ -47,10 +47,25 @@ pub(super) enum Failed {
     Unplaced,
 }
 
-/// What a slot held when it was taken.
+/// What a slot held when it was taken: fixed arrays, not vectors (one is taken for every
+/// small SEND received, and their allocations were a measurable part of the round trip).
 pub(super) struct Taken {
-    pub(super) pieces: Vec<Piece>,
-    pub(super) payload: Vec<u8>,
+    pieces: [Piece; INLINE_PIECES],
+    npieces: usize,
+    payload: [u8; INLINE_MAX],
+    len: usize,
+}
+
+impl Taken {
+    /// The receive's pieces the payload goes to, in order.
+    pub(super) fn pieces(&self) -> &[Piece] {
+        &self.pieces[..self.npieces]
+    }
+
+    /// The SEND's bytes.
+    pub(super) fn payload(&self) -> &[u8] {
+        &self.payload[..self.len]
+    }
 }
 
 impl Slots {
@@ -107,19 +122,22 @@ impl Slots {
         let n =
             (r.atomic_u32(b + SLOT_NPIECES).load(Ordering::Relaxed) as usize).min(INLINE_PIECES);
         let len = (r.atomic_u32(b + SLOT_LEN).load(Ordering::Relaxed) as usize).min(INLINE_MAX);
-        let pieces = (0..n)
-            .map(|i| {
-                let at = b + SLOT_PIECES + i * PIECE;
-                Piece {
-                    lkey: r.atomic_u32(at).load(Ordering::Relaxed),
-                    len: u64::from(r.atomic_u32(at + 4).load(Ordering::Relaxed)),
-                    addr: r.atomic_u64s(at + 8, 1)[0].load(Ordering::Relaxed),
-                }
-            })
-            .collect();
-        let mut payload = vec![0u8; len];
-        r.read(b + SLOT_PAYLOAD, &mut payload);
-        Taken { pieces, payload }
+        let mut t = Taken {
+            pieces: [Piece::default(); INLINE_PIECES],
+            npieces: n,
+            payload: [0u8; INLINE_MAX],
+            len,
+        };
+        for (i, p) in t.pieces[..n].iter_mut().enumerate() {
+            let at = b + SLOT_PIECES + i * PIECE;
+            *p = Piece {
+                lkey: r.atomic_u32(at).load(Ordering::Relaxed),
+                len: u64::from(r.atomic_u32(at + 4).load(Ordering::Relaxed)),
+                addr: r.atomic_u64s(at + 8, 1)[0].load(Ordering::Relaxed),
+            };
+        }
+        r.read(b + SLOT_PAYLOAD, &mut t.payload[..len]);
+        t
     }
 
     /// Takes the slot of entry `index` for placing (`by` is [`SLOT_RECEIVER`] or

@@ -17,7 +17,7 @@ use softverbs_abi::direct::{
 };
 use softverbs_abi::msg::{
     cmd, send_flags, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
-    DirectRemoteInvReq, DirectWindowReq, PostRecvReq, WcWire,
+    DirectRemoteInvReq, DirectWindowReq, WcWire,
 };
 use softverbs_core::mw::is_window_key;
 use softverbs_core::types::{Access, EventType, QpType};
@@ -25,7 +25,7 @@ use softverbs_core::wr::{SendOp, WcOpcode, WcStatus, WorkCompletion, WC_WITH_INV
 use softverbs_memaccess::{PeerFault, PeerMemory};
 use std::sync::atomic::{fence, Ordering};
 use zerocopy::little_endian::{U32, U64};
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 use super::{
     check, local_pieces, peer_state, push_entry, receive_pieces, scatter, settle, Chan, Exec,
@@ -382,14 +382,10 @@ fn send_with_inv(
         if let Some(e) = gate(c, reliable) {
             return e;
         }
-        let mut buf = vec![0u8; c.rq_in.layout().entry_size()];
-        match c.rq_in.pop(&mut buf) {
-            Ok(true) => {}
-            Ok(false) => return Exec::Rnr,
-            Err(_) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
-        }
-        let Ok((r, _)) = PostRecvReq::read_from_prefix(&buf) else {
-            return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal));
+        let r = match super::pop_recv(c) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Exec::Rnr,
+            Err(()) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
         };
         let (remote, _, mut status) = receive_pieces(c, &r, total);
         if status == WcStatus::Success {
