@@ -77,33 +77,38 @@ const LAT_RECVS: usize = 16;
 /// How long one wait may take before the run is declared stuck.
 const STUCK: Duration = Duration::from_secs(20);
 
-/// How long a waiting peer spins through empty polls before it starts yielding its CPU
-/// after each one. A reply in a ping-pong comes within a few microseconds, and a
-/// `sched_yield` costs about as much as the whole hand-over (docs/performance.md, "Issue 16:
-/// spinning before yielding"), so the first microseconds of a wait are spent spinning, as
-/// UCX's and perftest's pollers do throughout; past them a waiting peer yields, so a party
-/// that shares its CPU (the daemon, the other peer on a one-CPU machine) is never kept off
-/// it for longer.
+/// How long a waiting peer of a latency run spins through empty polls before it starts
+/// yielding its CPU after each one. A reply in a ping-pong comes within a few microseconds,
+/// and a `sched_yield` costs about as much as the whole hand-over (docs/performance.md,
+/// "Issue 16: spinning before yielding"), so the first microseconds of a wait are spent
+/// spinning, as UCX's and perftest's pollers do throughout; past them a waiting peer
+/// yields, so a party that shares its CPU (the daemon, the other peer on a one-CPU machine)
+/// is never kept off it for longer. A bandwidth run, and any run through a daemon, yields
+/// at once: what it waits for is usually work a daemon must do, on a CPU the spinning would
+/// take.
 const SPIN: Duration = Duration::from_micros(20);
 
 /// Empty polls between two reads of the clock while waiting: read on each, it was a third
 /// of a spinning peer's time.
 const CLOCK_EVERY: u32 = 64;
 
-/// How a waiting loop spends an empty poll: a spin-loop hint for the first [`SPIN`] of the
-/// wait, then `sched_yield`.
+/// How a waiting loop spends an empty poll: a spin-loop hint for the first part of the
+/// wait ([`SPIN`] in a latency run), then `sched_yield`.
 struct Backoff {
     start: Instant,
     polls: u32,
+    spin: Duration,
     spinning: bool,
 }
 
 impl Backoff {
-    fn new() -> Backoff {
+    /// A wait that spins for its first `spin`.
+    fn new(spin: Duration) -> Backoff {
         Backoff {
             start: Instant::now(),
             polls: 0,
-            spinning: true,
+            spin,
+            spinning: !spin.is_zero(),
         }
     }
 
@@ -115,7 +120,7 @@ impl Backoff {
             if waited > STUCK {
                 return true;
             }
-            self.spinning = waited < SPIN;
+            self.spinning = waited < self.spin;
         }
         if self.spinning {
             std::hint::spin_loop();
@@ -566,9 +571,20 @@ impl Endpoint<'_> {
         r
     }
 
+    /// How long this run's waits spin before they yield: [`SPIN`] in a latency run whose QP
+    /// is on the direct path (its peer is a process polling on its own CPU); nothing where a
+    /// daemon carries the work (it needs a CPU to do it).
+    fn spin(&self) -> Duration {
+        if self.a.mode == Mode::Lat && self.qp.is_direct() {
+            SPIN
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// The next completion, polling until one comes.
     fn next_wc(&mut self) -> R<WorkCompletion> {
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::new(self.spin());
         loop {
             if let Some(wc) = self.pending.pop_front() {
                 if wc.status != WcStatus::Success {
@@ -616,7 +632,7 @@ impl Endpoint<'_> {
 
     /// Spins (then yields) until the WRITE of `size` bytes carrying `seq` has landed.
     fn wait_flag(&mut self, size: usize, seq: u64) -> R<()> {
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::new(self.spin());
         while self.flag_word(size).load(Ordering::Acquire) != seq {
             if backoff.empty() {
                 self.poll_now()?;
