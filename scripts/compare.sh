@@ -17,8 +17,9 @@
 #   scripts/compare.sh          # as root: runs itself in a private network namespace
 #   ITERS=2000 scripts/compare.sh
 #
-# Environment: SOFTVERBS_BIN (default: cargo build --release), ITERS (latency iterations;
-# bandwidth uses twice as many), PT_ITERS (perftest iterations), PEER_ITERS (UCX/libfabric),
+# Environment: SOFTVERBS_BIN (default: cargo build --release), ITERS (bench bandwidth runs
+# use twice as many), PT_ITERS (perftest iterations), PEER_ITERS (UCX/libfabric, and the
+# bench's 8 B latency rows, so both sides of a latency ratio time as many round trips),
 # RUN_TIMEOUT (seconds per run). Every run is bounded by `timeout`. Missing tools give "n/a".
 # The machine this was written on has 2 vCPUs shared with other work: single runs move by
 # 2× or more, so read the ratios, not the absolute figures.
@@ -86,7 +87,7 @@ EOF
 NOSOCK="$WORK/nonet.sock"
 start_daemon "$NOSOCK" --no-network
 say "softverbs bench (one daemon)"
-bench_json sv_lat median_us --socket "$NOSOCK" bench lat --op send --transport rc --sizes 8 --iters "$ITERS"
+bench_json sv_lat median_us --socket "$NOSOCK" bench lat --op send --transport rc --sizes 8 --iters "$PEER_ITERS"
 bench_json sv_bw mb_s --socket "$NOSOCK" bench bw --op write --transport rc --sizes 65536 --iters $((ITERS * 2))
 bench_json sv_bw_private mb_s --socket "$NOSOCK" bench bw --op write --transport rc --sizes 65536 --iters $((ITERS * 2)) --memory private
 
@@ -126,7 +127,7 @@ fi
 # ---- softverbs bench, two daemons over UDP ---------------------------------------------------
 say "softverbs bench --two-daemons"
 bench_json sv2_bw mb_s bench bw --op write --transport rc --sizes 4096,65536 --iters $((ITERS * 2)) --two-daemons
-bench_json sv2_lat median_us bench lat --op send --transport rc --sizes 8 --iters "$ITERS" --two-daemons
+bench_json sv2_lat median_us bench lat --op send --transport rc --sizes 8 --iters "$PEER_ITERS" --two-daemons
 
 # ---- peers -------------------------------------------------------------------------------
 ucx_run() { # tls test size key
