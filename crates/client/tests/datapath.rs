@@ -718,3 +718,93 @@ fn connect_with_timeout(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn:
         },
     );
 }
+
+/// UD sends posted unsignaled and their AH destroyed right after (rdma-core's `mckey -s`
+/// does that, then destroys the QP): a NIC has started on the requests when their doorbell
+/// rang, so they still go out; the daemon runs the rings before a command that takes away
+/// what posted requests use. Before, whenever the destroy reached the daemon before it had
+/// read the send ring, every send was refused (no such AH) and the receiver never got them.
+/// Each round lets the daemon fall asleep first (its adaptive polling lasts 1 ms), so that
+/// the ring's doorbell and the destroy arrive together.
+#[test]
+fn ud_sends_still_go_out_when_their_ah_is_destroyed_right_after_posting() {
+    const ROUNDS: usize = 30;
+    const SENDS: usize = 8;
+    let (d, _dir) = daemon("ud-ah", None);
+    let ctx = Context::open_at(&d.socket, 0).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (scq, rcq) = (ctx.create_cq(64).unwrap(), ctx.create_cq(64).unwrap());
+    let tx = ctx
+        .create_qp(&QpInit::new(QpType::Ud, &pd).cqs(&scq, &scq).cap(cap()))
+        .unwrap();
+    let rx = ctx
+        .create_qp(&QpInit::new(QpType::Ud, &pd).cqs(&rcq, &rcq).cap(cap()))
+        .unwrap();
+    const QKEY: u32 = 0x1111_2222;
+    for qp in [&tx, &rx] {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: QKEY,
+            ..QpAttr::default()
+        };
+        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .unwrap();
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ..init
+        };
+        qp.modify(&rtr, M::STATE).unwrap();
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            ..rtr
+        };
+        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+    }
+    let gid = ctx.query_gid(1, 0).unwrap();
+    let mut sbuf = vec![7u8; 64];
+    let mut rbuf = vec![0u8; 64 * 4];
+    let smr = lend(&pd, &mut sbuf);
+    let rmr = lend(&pd, &mut rbuf);
+    let av = softverbs::AhAttr {
+        dgid: gid,
+        is_global: true,
+        port_num: 1,
+        hop_limit: 64,
+        ..softverbs::AhAttr::default()
+    };
+    for round in 0..ROUNDS {
+        for i in 0..SENDS {
+            rx.post_recv(i as u64, &sge(&rmr, 0, 64 * 4)).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        let ah = pd.create_ah(&av).unwrap();
+        let s = sge(&smr, 0, 16);
+        for i in 0..SENDS {
+            let mut wr = SendRequest::new(i as u64, SendOp::Send, &s);
+            wr.signaled = false;
+            wr.ud = Some(softverbs::UdAddress {
+                ah: &ah,
+                remote_qpn: rx.qpn(),
+                remote_qkey: QKEY,
+            });
+            tx.post_send(&wr).unwrap();
+        }
+        drop(ah);
+        let got = rcq.wait(SENDS, Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            got.len(),
+            SENDS,
+            "round {round}: {} of {SENDS} datagrams arrived",
+            got.len()
+        );
+        assert!(got.iter().all(|w| w.status == WcStatus::Success
+            && w.opcode == WcOpcode::Recv
+            && w.byte_len == 16 + 40));
+        // Unsignaled: nothing to poll on the sender's side unless something failed.
+        assert!(
+            scq.poll(16).unwrap().is_empty(),
+            "round {round}: send errors"
+        );
+    }
+}

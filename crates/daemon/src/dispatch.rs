@@ -258,6 +258,15 @@ impl Dispatcher {
                 req.read::<cmd::$c>(abi).map_err(|e| e.errno())?
             };
         }
+        if session_ctx.is_some() && takes_away(req.cmd) {
+            // A NIC starts on a work request when its doorbell rings; here the daemon may not
+            // have read the rings yet. What the process posted before this command goes out
+            // first, so the command cannot take away what those requests use: rdma-core's
+            // `mckey -s` posts unsignaled UD sends and destroys their AH and QP right after,
+            // and its datagrams were refused (no such AH) whenever the daemon read the send
+            // ring only after the destroy.
+            woken.extend(self.drive());
+        }
         match req.cmd {
             Cmd::Hello => self.hello(s, read!(Hello), req.comp_mask, fds),
             Cmd::QueryDeviceList => self.device_list(read!(QueryDeviceList)),
@@ -462,7 +471,14 @@ impl Dispatcher {
     }
 
     /// Tears a context down (its connection closed) in the core and the data path.
-    pub fn close_context(&mut self, ctx: CtxId) -> Result<(), Error> {
+    /// Tears context `ctx` down; the engines first run what it posted (as for
+    /// `DestroyQp`). Returns the contexts that got async events meanwhile with the result.
+    pub fn close_context(&mut self, ctx: CtxId) -> (Vec<CtxId>, Result<(), Error>) {
+        let woken = self.drive();
+        (woken, self.close_context_now(ctx))
+    }
+
+    fn close_context_now(&mut self, ctx: CtxId) -> Result<(), Error> {
         let qpns = self.core.context_qpns(ctx);
         self.direct
             .wake_partners_of_context(&self.core, &mut self.dp, ctx);
@@ -1361,4 +1377,29 @@ fn opener_only(s: &Session) -> Result<(), i32> {
     } else {
         Err(EPERM)
     }
+}
+
+/// Commands that destroy, deregister, detach or move an object that work requests already
+/// posted to a ring may use (an AH, MR, MW, QP, CQ, SRQ, PD, XRC domain or receive QP, a
+/// multicast attachment, a completion channel): the daemon runs the rings before them.
+fn takes_away(c: Cmd) -> bool {
+    matches!(
+        c,
+        Cmd::DeallocPd
+            | Cmd::ReregMr
+            | Cmd::DeregMr
+            | Cmd::DeallocMw
+            | Cmd::ResizeCq
+            | Cmd::DestroyCq
+            | Cmd::DestroySrq
+            | Cmd::DestroyAh
+            | Cmd::CloseXrcd
+            | Cmd::ModifyQp
+            | Cmd::DestroyQp
+            | Cmd::UnregXrcRcvQp
+            | Cmd::DestroyXrcRcvQp
+            | Cmd::UnregisterXrcRcvQp
+            | Cmd::DestroyCompChannel
+            | Cmd::DetachMcast
+    )
 }

@@ -430,9 +430,11 @@ impl Server {
                     .registry()
                     .deregister(&mut SourceFd(&d.as_raw_fd()));
             }
-            if let Err(e) = self.dispatcher.close_context(ctx) {
+            let (woken, r) = self.dispatcher.close_context(ctx);
+            if let Err(e) = r {
                 tracing::error!(ctx = ctx.0, "context teardown failed: {e}");
             }
+            self.wake(&woken);
             tracing::info!(pid = conn.session.cred.pid, comm = %conn.session.comm, ctx = ctx.0, why, "context closed");
         } else {
             tracing::debug!(pid = conn.session.cred.pid, why, "connection closed");
