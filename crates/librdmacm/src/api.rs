@@ -101,12 +101,15 @@ pub(crate) unsafe extern "C" fn get_cm_event(
     if ch.is_null() || out.is_null() {
         return fail(libc::EINVAL);
     }
-    // SAFETY: a channel of ours.
-    let c = unsafe { &*(ch as *const Chan) };
+    // SAFETY: a channel of ours. The call holds a reference of its own: a program may
+    // destroy the channel while this thread waits in it (rping's main thread does, its CM
+    // thread blocked here), and the wait then goes on, as a `read` on rdma_cm's fd does
+    // after another thread closed it, instead of touching freed memory.
+    let c = unsafe { chan_of(ch) };
     // SAFETY: fcntl on the channel's fd; a program may have made it non-blocking.
     let flags = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) };
     let block = flags >= 0 && flags & libc::O_NONBLOCK == 0;
-    match c.next(block) {
+    match c.next(block, true) {
         Ok(e) => {
             // SAFETY: `out` is the program's pointer slot.
             unsafe { *out = Box::into_raw(e).cast() };
@@ -122,14 +125,16 @@ pub(crate) unsafe extern "C" fn ack_cm_event(e: *mut rdma_cm_event) -> c_int {
         return fail(libc::EINVAL);
     }
     // SAFETY: an event of ours (Box::into_raw in get_cm_event).
-    drop(unsafe { Box::from_raw(e.cast::<Ev>()) });
+    let e = unsafe { Box::from_raw(e.cast::<Ev>()) };
+    e.acked();
+    drop(e);
     0
 }
 export!("rdma_ack_cm_event", "RDMACM_1.0", ack_cm_event);
 
 /// For synchronous ids: waits for the event an operation produces and consumes it.
 pub(crate) fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
-    let e = id.chan.next(true)?;
+    let e = id.chan.next(true, false)?;
     let (kind, status) = (e.ev.event, e.ev.status);
     drop(e);
     if kind == want {
@@ -197,6 +202,10 @@ pub(crate) unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
     }
     crate::mcast::leave_all(i);
     free_cqs(i);
+    // Nothing new reaches the program for this id now (unregistered, its local events
+    // dropped); what it already got must be acked before the id goes (rdma_destroy_id(3)).
+    i.chan.forget_local(id.cast::<Id>());
+    i.unacked.wait_zero();
     // SAFETY: made by Id::new (Box::into_raw); the program no longer uses it.
     drop(unsafe { Box::from_raw(id.cast::<Id>()) });
     0
@@ -666,7 +675,7 @@ unsafe extern "C" fn get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm
         return fail(libc::EINVAL);
     }
     loop {
-        let e = match l.chan.next(true) {
+        let e = match l.chan.next(true, false) {
             Ok(e) => e,
             Err(e) => return fail(e),
         };

@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use softverbs::{CmChannel, CmEvent, CmEventKind, CmId, Context};
 
@@ -34,6 +34,9 @@ pub mod ev {
 pub struct Ev {
     pub ev: rdma_cm_event,
     pd: Vec<u8>,
+    /// The id this event was counted against when the program got it ([`Id::unacked`]),
+    /// null for events the library consumed itself.
+    counted: *const Id,
 }
 
 impl Ev {
@@ -45,7 +48,33 @@ impl Ev {
         ev.status = status;
         ev.id = id.cast();
         ev.listen_id = listen.cast();
-        Box::new(Ev { ev, pd: Vec::new() })
+        Box::new(Ev {
+            ev,
+            pd: Vec::new(),
+            counted: std::ptr::null(),
+        })
+    }
+
+    /// The id rdma_cm counts this event against until it is acked: a CONNECT_REQUEST's
+    /// listener (the new id has reported nothing yet), otherwise the event's own id
+    /// (rdma-core's librdmacm likewise, `rdma_ack_cm_event`).
+    fn accounted_id(&self) -> *const Id {
+        if self.ev.event == ev::CONNECT_REQUEST && !self.ev.listen_id.is_null() {
+            self.ev.listen_id.cast()
+        } else {
+            self.ev.id.cast()
+        }
+    }
+
+    /// The program acknowledged the event (`rdma_ack_cm_event`, which frees it next): its
+    /// id's count of events not yet acked goes down, which may let a `rdma_destroy_id`
+    /// waiting for it go on.
+    pub fn acked(&self) {
+        if !self.counted.is_null() {
+            // SAFETY: an id this event was counted against is not freed before the count
+            // is back to zero (`Id::wait_acked` in rdma_destroy_id).
+            unsafe { &*self.counted }.unacked.release();
+        }
     }
 
     fn set_conn(&mut self, pd: &[u8], e: &CmEvent) {
@@ -233,9 +262,11 @@ impl Chan {
     }
 
     /// The next event; `EAGAIN` without one if `block` is false (or the fd is non-blocking).
-    pub fn next(&self, block: bool) -> Result<Box<Ev>, i32> {
+    /// `for_program`: the event goes to the program (`rdma_get_cm_event`), so its id counts
+    /// it until `rdma_ack_cm_event` ([`Id::unacked`]); the library's own waits pass `false`.
+    pub fn next(&self, block: bool, for_program: bool) -> Result<Box<Ev>, i32> {
         loop {
-            if let Some(e) = self.try_next()? {
+            if let Some(e) = self.try_next(for_program)? {
                 return Ok(e);
             }
             if !block {
@@ -254,29 +285,54 @@ impl Chan {
         }
     }
 
-    fn try_next(&self) -> Result<Option<Box<Ev>>, i32> {
+    fn try_next(&self, for_program: bool) -> Result<Option<Box<Ev>>, i32> {
         let mut st = self.lock();
-        if let Some(e) = st.local.pop_front() {
+        let mut found = st.local.pop_front();
+        if found.is_some() {
             if st.local.is_empty() {
                 let mut b = [0u8; 8];
                 // SAFETY: reading our non-blocking eventfd.
                 unsafe { libc::read(self.local_efd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
             }
-            return Ok(Some(e));
-        }
-        let devs: Vec<usize> = st.devs.keys().copied().collect();
-        for dev in devs {
-            loop {
-                let got = st.devs[&dev].cm.try_event().map_err(|e| e.errno())?;
-                let Some(e) = got else {
-                    break;
-                };
-                if let Some(out) = self.convert(&mut st, dev, e) {
-                    return Ok(Some(out));
+        } else {
+            let devs: Vec<usize> = st.devs.keys().copied().collect();
+            'devs: for dev in devs {
+                loop {
+                    let got = st.devs[&dev].cm.try_event().map_err(|e| e.errno())?;
+                    let Some(e) = got else {
+                        break;
+                    };
+                    if let Some(out) = self.convert(&mut st, dev, e) {
+                        found = Some(out);
+                        break 'devs;
+                    }
                 }
             }
         }
-        Ok(None)
+        if let (Some(e), true) = (found.as_mut(), for_program) {
+            // Counted under the channel's lock: the id is registered here (or its local
+            // events are queued here), and rdma_destroy_id takes this lock to unregister it
+            // before it waits for the count.
+            let counted = e.accounted_id();
+            if !counted.is_null() {
+                // SAFETY: as just said, the id is alive while this lock is held.
+                unsafe { &*counted }.unacked.hold();
+                e.counted = counted;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Drops the local events queued for `id` (rdma_destroy_id: nobody may get them now).
+    pub fn forget_local(&self, id: *mut Id) {
+        let me = id.cast::<rdma_cm_id>();
+        let mut st = self.lock();
+        st.local.retain(|e| e.ev.id != me);
+        if st.local.is_empty() {
+            let mut b = [0u8; 8];
+            // SAFETY: reading our non-blocking eventfd (nothing is left to report).
+            unsafe { libc::read(self.local_efd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        }
     }
 
     /// A daemon CM event as rdma_cm shows it, doing on the way what librdmacm does for a
@@ -445,6 +501,41 @@ pub struct Id {
     pub id: rdma_cm_id,
     pub chan: Arc<Chan>,
     pub st: Mutex<IdState>,
+    /// Events the program got for this id and has not acked yet.
+    pub unacked: Unacked,
+}
+
+/// A count of events handed out and not yet acked, and a way to wait for it to reach zero.
+/// rdma_destroy_id(3): the program acks every event of an id before destroying it, and the
+/// call blocks until it has (rdma-core's librdmacm waits likewise), so an event a program
+/// still holds never points to a freed id, and a thread handling it may still read
+/// `event->id->context` while another thread destroys the id.
+#[derive(Default)]
+pub struct Unacked {
+    n: Mutex<u32>,
+    zero: Condvar,
+}
+
+impl Unacked {
+    fn hold(&self) {
+        *self.n.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+
+    fn release(&self) {
+        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.zero.notify_all();
+        }
+    }
+
+    /// Returns once every event counted so far has been acked.
+    pub fn wait_zero(&self) {
+        let mut n = self.n.lock().unwrap_or_else(|e| e.into_inner());
+        while *n > 0 {
+            n = self.zero.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// An id's state, locked through the field (so the public struct stays writable meanwhile).
@@ -469,6 +560,7 @@ impl Id {
                 sync,
                 ..IdState::default()
             }),
+            unacked: Unacked::default(),
         }))
     }
 

@@ -1,0 +1,92 @@
+/*
+ * The order rping's client tears down in (rdmacm-utils rping.c): a CM thread loops in
+ * rdma_get_cm_event and handles each event before acking it, while the main thread calls
+ * rdma_destroy_id and then rdma_destroy_event_channel. rdma_cm's rules (rdma_destroy_id(3),
+ * rdma_ack_cm_event(3)):
+ *
+ *  - rdma_destroy_id returns only once every event the program got for the id is acked, so
+ *    the handler may still read event->id->context while the main thread destroys the id;
+ *  - a thread blocked in rdma_get_cm_event when the channel is destroyed stays blocked (as a
+ *    read on rdma_cm's fd does after another thread closed it): it neither returns an error
+ *    (rping would exit with one) nor touches freed memory. The process then exits with the
+ *    thread still blocked, as rping does.
+ *
+ * The event is the ADDR_RESOLVED of a loopback address. Prints "ok"; exits 1 with what
+ * differed otherwise.
+ */
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAGIC ((void *)0x5eed)
+
+static struct rdma_event_channel *ch;
+static atomic_int got;     /* the thread holds the event */
+static atomic_int acked;   /* ...and is about to ack it */
+static atomic_int returned; /* its next rdma_get_cm_event returned */
+
+static void fail(const char *what)
+{
+    fprintf(stderr, "%s\n", what);
+    exit(1);
+}
+
+static void *cm_thread(void *arg)
+{
+    (void)arg;
+    struct rdma_cm_event *e;
+    if (rdma_get_cm_event(ch, &e))
+        fail("rdma_get_cm_event (first)");
+    if (e->event != RDMA_CM_EVENT_ADDR_RESOLVED)
+        fail("not ADDR_RESOLVED");
+    atomic_store(&got, 1);
+    /* A slow handler: the main thread is in rdma_destroy_id meanwhile. */
+    usleep(200 * 1000);
+    if (e->id->context != MAGIC)
+        fail("the event's id changed under the handler");
+    atomic_store(&acked, 1);
+    rdma_ack_cm_event(e);
+    /* As rping's CM thread: straight back into the wait. */
+    int r = rdma_get_cm_event(ch, &e);
+    atomic_store(&returned, r == 0 ? 1 : 2);
+    if (r)
+        perror("rdma_get_cm_event (after destroy)");
+    return NULL;
+}
+
+int main(void)
+{
+    ch = rdma_create_event_channel();
+    if (!ch)
+        fail("rdma_create_event_channel");
+    struct rdma_cm_id *id;
+    if (rdma_create_id(ch, &id, MAGIC, RDMA_PS_TCP))
+        fail("rdma_create_id");
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(7600)};
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 1000))
+        fail("rdma_resolve_addr");
+    pthread_t t;
+    if (pthread_create(&t, NULL, cm_thread, NULL))
+        fail("pthread_create");
+    while (!atomic_load(&got))
+        usleep(1000);
+    if (rdma_destroy_id(id))
+        fail("rdma_destroy_id");
+    if (!atomic_load(&acked))
+        fail("rdma_destroy_id returned before the event was acked");
+    /* Let the thread get back into rdma_get_cm_event, then take the channel away. */
+    usleep(100 * 1000);
+    rdma_destroy_event_channel(ch);
+    usleep(300 * 1000);
+    if (atomic_load(&returned))
+        fail("rdma_get_cm_event returned after the channel was destroyed");
+    printf("ok\n");
+    fflush(stdout);
+    return 0;
+}
