@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
         assert!(out.reply.len() >= 16, "every request gets a reply header");
     }
     if let Some(ctx) = s.ctx() {
-        d.close_context(ctx).unwrap();
+        d.close_context(ctx).1.unwrap();
     }
     assert!(d.core.counts().is_empty(), "teardown leaves nothing");
     // The CM ids and listeners of the context (commands 100-111) went with it; what is
