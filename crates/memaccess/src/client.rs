@@ -1,9 +1,9 @@
 //! The client's side: making its own buffer shareable in place, and letting the daemon in.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
-use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+use rustix::fs::{fcntl_add_seals, fstat, ftruncate, memfd_create, MemfdFlags, SealFlags};
 use rustix::process::{set_ptracer, PTracer, Pid};
 
 use crate::map::Mapping;
@@ -99,18 +99,107 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
     let n = hi - lo;
     check_private_anonymous(lo, hi)?;
 
-    let fd = memfd_create(
-        "softverbs-mr",
-        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-    )?;
+    let fd = memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
     ftruncate(&fd, n as u64)?;
     fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
     let copy = Mapping::shared(&fd, n, true)?;
-    let guard = WriteGuard::arm(lo, n).map_err(ShareError::NoWriteProtection)?;
+    let guard = WriteGuard::arm(lo, n, false).map_err(ShareError::NoWriteProtection)?;
     copy.copy_and_move_onto(lo)?;
     // Writes that waited go on now, into the shared pages.
     drop(guard);
+    // From now on a child created by fork() must get its own copy of these pages.
+    crate::fork_child::install();
     Ok(fd)
+}
+
+/// The name [`share_in_place`] gives its memfds, which `/proc/self/maps` shows as
+/// `/memfd:softverbs-mr (deleted)`: how the fork child and [`unshare_in_place`] recognise
+/// the ranges this crate converted.
+pub(crate) const MEMFD_NAME: &str = "softverbs-mr";
+
+/// A range [`share_in_place`] converted, as [`unshare_in_place`] finds it again: the
+/// page-rounded range and the memfd's inode, which tells it from anything the program
+/// mapped there since.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Converted {
+    lo: usize,
+    hi: usize,
+    inode: u64,
+}
+
+impl Converted {
+    /// The conversion of `[addr, addr + len)` that produced `fd`.
+    pub fn of(addr: usize, len: usize, fd: impl AsFd) -> io::Result<Converted> {
+        let page = page_size();
+        let hi = addr
+            .checked_add(len)
+            .and_then(|e| e.checked_next_multiple_of(page))
+            .ok_or(io::ErrorKind::InvalidInput)?;
+        Ok(Converted {
+            lo: addr & !(page - 1),
+            hi,
+            inode: fstat(fd)?.st_ino,
+        })
+    }
+}
+
+/// Turns a range [`share_in_place`] converted back into private anonymous memory with the
+/// same contents, at the same address (what deregistration does, so that after
+/// `ibv_dereg_mr` the memory is what `malloc` gave the program again: a child forked later
+/// copies it, `MADV_DONTNEED` zeroes it, `realloc` may grow it with `mremap`, which on a
+/// sealed memfd would raise `SIGBUS` past its end).
+///
+/// Other threads' writes wait during the move as they do in [`share_in_place`] (the write
+/// guard, here on shared memory: Linux 5.19). Does nothing and says why if the range is no
+/// longer exactly that memfd (the program unmapped or replaced it: then it is the program's
+/// memory, not ours to move) or if writes cannot be held back; the memory then stays as it
+/// is, shared with nobody once the daemon has unmapped it, and still correct to use.
+///
+/// # Contract
+///
+/// The caller (the client library's deregistration) passes a conversion whose memory region
+/// the daemon has deregistered, so no peer writes the pages any more; as in
+/// [`share_in_place`], no thread unmaps them during the call.
+pub fn unshare_in_place(c: &Converted) -> Result<(), ShareError> {
+    check_converted(c)?;
+    let n = c.hi - c.lo;
+    let copy = Mapping::private_anonymous(n)?;
+    let guard = WriteGuard::arm(c.lo, n, true).map_err(ShareError::NoWriteProtection)?;
+    copy.copy_and_move_onto(c.lo)?;
+    drop(guard);
+    Ok(())
+}
+
+/// Checks that `c.lo..c.hi` is covered by read-write shared mappings of `c`'s memfd.
+fn check_converted(c: &Converted) -> Result<(), ShareError> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let mut at = c.lo;
+    for line in maps.lines() {
+        let Some(m) = MapsLine::parse(line) else {
+            continue;
+        };
+        if m.end <= at {
+            continue;
+        }
+        if m.start > at
+            || !m.converted_by_us()
+            || !m.perms.starts_with("rw")
+            || m.inode.parse::<u64>().ok() != Some(c.inode)
+        {
+            return Err(ShareError::Unsupported {
+                addr: at,
+                found: line.to_owned(),
+            });
+        }
+        at = m.end;
+        if at >= c.hi {
+            return Ok(());
+        }
+    }
+    Err(ShareError::Unsupported {
+        addr: at,
+        found: "not mapped".to_owned(),
+    })
 }
 
 /// Checks that `lo..hi` (page-aligned) is covered by private anonymous read-write mappings.
@@ -145,16 +234,16 @@ fn check_private_anonymous(lo: usize, hi: usize) -> Result<(), ShareError> {
 }
 
 /// One line of `/proc/self/maps`: `start-end perms offset dev inode [path]`.
-struct MapsLine<'a> {
-    start: usize,
-    end: usize,
-    perms: &'a str,
-    inode: &'a str,
+pub(crate) struct MapsLine<'a> {
+    pub(crate) start: usize,
+    pub(crate) end: usize,
+    pub(crate) perms: &'a str,
+    pub(crate) inode: &'a str,
     path: &'a str,
 }
 
 impl<'a> MapsLine<'a> {
-    fn parse(line: &'a str) -> Option<Self> {
+    pub(crate) fn parse(line: &'a str) -> Option<Self> {
         let mut f = line.split_ascii_whitespace();
         let (start, end) = f.next()?.split_once('-')?;
         let perms = f.next()?;
@@ -169,6 +258,16 @@ impl<'a> MapsLine<'a> {
             inode,
             path,
         })
+    }
+
+    /// A shared mapping of a memfd [`share_in_place`] made (any permissions: the program may
+    /// have `mprotect`ed it).
+    pub(crate) fn converted_by_us(&self) -> bool {
+        self.perms.ends_with('s')
+            && self
+                .path
+                .strip_prefix("/memfd:")
+                .is_some_and(|p| p.starts_with(MEMFD_NAME))
     }
 
     fn private_anonymous_rw(&self) -> bool {

@@ -33,10 +33,11 @@ impl PeerMapping {
         if len == 0 {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        Ok(PeerMapping {
-            map: Mapping::shared(&fd, len, false)?,
-            base,
-        })
+        let map = Mapping::shared(&fd, len, false)?;
+        // A child of this process must not reach the peer's memory (and the fork child
+        // handler would otherwise copy it for nothing).
+        map.keep_from_children()?;
+        Ok(PeerMapping { map, base })
     }
 
     /// Where peer bytes `[addr, addr + len)` are in the mapping, if it holds them all.

@@ -8,7 +8,9 @@
 //! * [`SharedMappings`]: memory the client turned into a memfd in place
 //!   ([`share_in_place`]) and passed to the daemon, which maps it once at registration and
 //!   then reaches it with `memcpy` and real CPU atomics, no system call per access.
-//!   Unmapped by [`SharedMappings::remove_region`] when the memory region is deregistered.
+//!   Unmapped by [`SharedMappings::remove_region`] when the memory region is deregistered,
+//!   after which the client turns the pages back into private memory ([`unshare_in_place`]);
+//!   a child the client forks meanwhile gets its own copy (`fork_child`).
 //! * [`ProcessMem`]: any other memory, one `pread`/`pwrite` per access on the client's own
 //!   `/proc/self/mem`, which the client opens ([`open_own_memory`]) and passes at context
 //!   open and the daemon checks ([`ProcessMemory::validate`]). The descriptor is bound to
@@ -29,6 +31,8 @@ mod client;
 #[allow(unsafe_code)]
 mod direct_copy;
 #[allow(unsafe_code)]
+mod fork_child;
+#[allow(unsafe_code)]
 mod map;
 #[allow(unsafe_code)]
 mod peer;
@@ -41,7 +45,9 @@ mod shared;
 mod write_guard;
 
 pub use batch::{BatchStats, MAX_HELD, MAX_STREAMS, MIN_STREAM, WINDOW};
-pub use client::{authorize_daemon, share_in_place, Authorization, ShareError};
+pub use client::{
+    authorize_daemon, share_in_place, unshare_in_place, Authorization, Converted, ShareError,
+};
 pub use direct_copy::{read_own, write_own, PeerMapping};
 pub use peer::{PeerFault, PeerMemory};
 pub use process_mem::{

@@ -8,7 +8,9 @@ use std::os::fd::AsFd;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rustix::mm::{mmap, mremap_fixed, munmap, MapFlags, MremapFlags, ProtFlags};
+use rustix::mm::{
+    madvise, mmap, mmap_anonymous, mremap_fixed, munmap, Advice, MapFlags, MremapFlags, ProtFlags,
+};
 use softverbs_core::memory::AtomicOp;
 
 /// `len` bytes of a file mapped read-write and shared at `ptr`, unmapped on drop.
@@ -50,6 +52,36 @@ impl Mapping {
         })
     }
 
+    /// `len` bytes (`len > 0`) of fresh private anonymous read-write memory, wherever the
+    /// kernel likes: what [`unshare_in_place`](crate::unshare_in_place) and the fork child
+    /// (`fork_child.rs`) copy a shared range into before moving it back in place.
+    pub(crate) fn private_anonymous(len: usize) -> std::io::Result<Self> {
+        // SAFETY: as in `shared`: no hint and no MAP_FIXED, so nothing existing is replaced,
+        // and only the new `Mapping` refers to the range.
+        let ptr = unsafe {
+            mmap_anonymous(
+                ptr::null_mut(),
+                len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }?;
+        Ok(Self {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// Keeps the mapping out of children created by `fork()` (`MADV_DONTFORK`, madvise(2)):
+    /// for a peer's memory mapped by this process, which a child has no business reaching
+    /// and which the fork child handler would otherwise copy for nothing.
+    pub(crate) fn keep_from_children(&self) -> std::io::Result<()> {
+        // SAFETY: advice on exactly the range this `Mapping` owns; MADV_DONTFORK changes
+        // only what a future child inherits, nothing in this process.
+        unsafe { madvise(self.ptr.cast::<c_void>(), self.len, Advice::LinuxDontFork) }?;
+        Ok(())
+    }
+
     /// First byte of the mapping (for the raw copies of `direct_copy.rs`, which check their
     /// ranges against [`Mapping::len`]).
     pub(crate) fn ptr(&self) -> *mut u8 {
@@ -63,27 +95,32 @@ impl Mapping {
 
     /// Copies the `self.len()` bytes at address `lo` of this process into the mapping, then
     /// moves the mapping onto `lo` (`mremap` with `MREMAP_FIXED`): the pages there become
-    /// shared pages of the file holding the same bytes. On success the range belongs to
-    /// whoever owned `lo..` before, so nothing is unmapped when this returns.
+    /// pages of this mapping (shared pages of the file, or private ones) holding the same
+    /// bytes. On success the range belongs to whoever owned `lo..` before, so nothing is
+    /// unmapped when this returns.
     ///
-    /// Contract (what [`share_in_place`](crate::share_in_place) checks and documents before
-    /// calling): `lo` is page-aligned, `lo..lo + self.len()` is private anonymous read-write
-    /// memory of this process, and no thread writes or unmaps it during the call.
+    /// Contract (what [`share_in_place`](crate::share_in_place),
+    /// [`unshare_in_place`](crate::unshare_in_place) and the fork child check and document
+    /// before calling): `lo` is page-aligned, `lo..lo + self.len()` is readable memory of
+    /// this process that the program owns (private anonymous, or a memfd this crate put
+    /// there), and no thread writes it (they wait on a write guard, or there is no other
+    /// thread) or unmaps it during the call.
     pub(crate) fn copy_and_move_onto(self, lo: usize) -> rustix::io::Result<()> {
         let n = self.len;
         // SAFETY: `lo..lo+n` is readable memory of this process (checked against
-        // /proc/self/maps by the caller: private anonymous read-write pages, which nothing
-        // but the caller unmaps, per the documented contract). `self` is a fresh mapping of
-        // `n` bytes that nothing else refers to, so the ranges do not overlap. Only raw
+        // /proc/self/maps by the caller: private anonymous read-write pages or a memfd this
+        // crate mapped there, which nothing but the caller unmaps, per the contract). `self`
+        // is a fresh mapping of `n` bytes that nothing else refers to, so the ranges do not
+        // overlap. Only raw
         // pointers are used; the source may hold any bytes (`u8` has no invalid values).
         unsafe { std::ptr::copy_nonoverlapping(lo as *const u8, self.ptr, n) };
         // SAFETY: moves this mapping (owned, `n` bytes) onto `lo..lo+n`, replacing the
-        // private pages there with shared pages holding the same bytes at the same
+        // pages there with pages of this mapping holding the same bytes at the same
         // addresses. Memory the program owns there (the caller's buffer and whatever shares
         // its first and last page) keeps its contents, so no Rust value observes a change;
         // writes by other threads wait on the caller's write guard (write_guard.rs) until the
-        // shared pages are in place, so none lands in the old pages after the copy. The target
-        // range is exactly the checked anonymous range, so no other mapping is replaced.
+        // new pages are in place, so none lands in the old pages after the copy. The target
+        // range is exactly the range the caller checked, so no other mapping is replaced.
         let moved = unsafe {
             mremap_fixed(
                 self.ptr.cast::<c_void>(),

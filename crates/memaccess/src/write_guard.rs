@@ -27,6 +27,7 @@ use rustix::mm::{userfaultfd, UserfaultfdFlags};
 
 const UFFD_API: u64 = 0xAA;
 const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+const UFFD_FEATURE_WP_HUGETLBFS_SHMEM: u64 = 1 << 12;
 const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
 const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
@@ -75,16 +76,24 @@ pub(crate) struct WriteGuard {
 
 impl WriteGuard {
     /// Write-protects the page-aligned range `[lo, lo + len)` of this process's private
-    /// anonymous memory. When this returns, no write to it can complete until the guard is
-    /// dropped (the write-protect ioctl flushes the TLBs of every CPU before it returns).
-    pub(crate) fn arm(lo: usize, len: usize) -> io::Result<WriteGuard> {
+    /// anonymous memory, or with `shmem` of a shared memfd mapping (which needs
+    /// `UFFD_FEATURE_WP_HUGETLBFS_SHMEM`, Linux 5.19). When this returns, no write to it can
+    /// complete until the guard is dropped (the write-protect ioctl flushes the TLBs of every
+    /// CPU before it returns).
+    pub(crate) fn arm(lo: usize, len: usize, shmem: bool) -> io::Result<WriteGuard> {
         // SAFETY: creating the descriptor is harmless; it is used below only to protect
         // pages the caller is about to replace, and closed (which releases every waiting
         // fault) when the guard drops.
         let uffd = unsafe { userfaultfd(UserfaultfdFlags::CLOEXEC | UserfaultfdFlags::NONBLOCK) }?;
         let mut api = UffdioApi {
             api: UFFD_API,
-            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_UNPOPULATED,
+            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP
+                | UFFD_FEATURE_WP_UNPOPULATED
+                | if shmem {
+                    UFFD_FEATURE_WP_HUGETLBFS_SHMEM
+                } else {
+                    0
+                },
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API takes a `struct uffdio_api`, which `UffdioApi` lays out.

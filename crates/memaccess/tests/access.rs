@@ -8,7 +8,8 @@ use common::{pattern, ChildProc, PageBuf};
 use softverbs_core::ids::CtxId;
 use softverbs_core::memory::{AtomicOp, Fault, Memory};
 use softverbs_memaccess::{
-    page_size, share_in_place, NoFallback, ProcessVm, RegionError, ShareError, SharedMappings,
+    page_size, share_in_place, unshare_in_place, Converted, NoFallback, ProcessVm, RegionError,
+    ShareError, SharedMappings,
 };
 
 const CTX: CtxId = CtxId(7);
@@ -419,7 +420,125 @@ fn share_in_place_keeps_contents_and_refuses_other_memory() {
 /// userfaultfd write-protection is unavailable (then nothing is converted at all).
 #[test]
 fn share_in_place_keeps_writes_of_other_threads_and_of_the_kernel() {
-    const ROUNDS: u64 = 60;
+    let done = writes_survive(
+        |buf| Ok((buf.addr(), buf.len())),
+        |&(addr, len)| share_in_place(addr, len).map(|_fd| ()),
+    );
+    if let Some(n) = done {
+        assert_eq!(n, ROUNDS);
+    }
+}
+
+#[test]
+fn unshare_in_place_keeps_writes_of_other_threads_and_of_the_kernel() {
+    let done = writes_survive(
+        |buf| {
+            let fd = share_in_place(buf.addr(), buf.len())?;
+            Ok(Converted::of(buf.addr(), buf.len(), &fd).unwrap())
+        },
+        unshare_in_place,
+    );
+    if let Some(n) = done {
+        assert_eq!(n, ROUNDS);
+    }
+}
+
+#[test]
+fn unshare_in_place_makes_the_pages_private_with_their_bytes() {
+    let p = page_size();
+    let buf = PageBuf::new(3 * p);
+    for i in 0..buf.len() {
+        buf.set(i, pattern(i));
+    }
+    // An MR in the middle of the first and last page, as malloc would place it.
+    let (addr, len) = (buf.addr() + 100, 2 * p);
+    let fd = match share_in_place(addr, len) {
+        Ok(fd) => fd,
+        Err(ShareError::NoWriteProtection(e)) => {
+            eprintln!("SKIP: userfaultfd write-protection unavailable here: {e}");
+            return;
+        }
+        Err(e) => panic!("share_in_place: {e}"),
+    };
+    assert!(maps_line(buf.addr()).contains("memfd:softverbs-mr"));
+    let c = Converted::of(addr, len, &fd).unwrap();
+    drop(fd);
+    buf.set(5, 0xEE);
+    unshare_in_place(&c).unwrap();
+    for at in [buf.addr(), buf.addr() + 2 * p] {
+        let line = maps_line(at);
+        let f: Vec<&str> = line.split_ascii_whitespace().collect();
+        assert!(
+            f[1] == "rw-p" && f[4] == "0" && f.len() == 5,
+            "not private anonymous: {line}"
+        );
+    }
+    for i in 0..buf.len() {
+        let want = if i == 5 { 0xEE } else { pattern(i) };
+        assert_eq!(buf.get(i), want, "byte {i}");
+    }
+    // A second unshare finds no memfd of ours there.
+    assert!(matches!(
+        unshare_in_place(&c),
+        Err(ShareError::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn unshare_in_place_leaves_memory_the_program_replaced() {
+    let p = page_size();
+    let buf = PageBuf::new(2 * p);
+    buf.set(0, 7);
+    let fd = match share_in_place(buf.addr(), buf.len()) {
+        Ok(fd) => fd,
+        Err(ShareError::NoWriteProtection(e)) => {
+            eprintln!("SKIP: userfaultfd write-protection unavailable here: {e}");
+            return;
+        }
+        Err(e) => panic!("share_in_place: {e}"),
+    };
+    let c = Converted::of(buf.addr(), buf.len(), &fd).unwrap();
+    // The program maps other memory over the range (as after freeing a buffer before its
+    // deregistration): that is the program's now, and must stay as it is.
+    buf.replace_with_fresh_anonymous();
+    buf.set(0, 9);
+    assert!(matches!(
+        unshare_in_place(&c),
+        Err(ShareError::Unsupported { .. })
+    ));
+    assert_eq!(buf.get(0), 9);
+    assert!(!maps_line(buf.addr()).contains("memfd:"));
+}
+
+/// Rounds of [`writes_survive`].
+const ROUNDS: u64 = 60;
+
+/// The `/proc/self/maps` line of the mapping holding `addr`.
+fn maps_line(addr: usize) -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .find(|l| {
+            let (lo, hi) = l.split_once(' ').unwrap().0.split_once('-').unwrap();
+            let lo = usize::from_str_radix(lo, 16).unwrap();
+            let hi = usize::from_str_radix(hi, 16).unwrap();
+            lo <= addr && addr < hi
+        })
+        .unwrap()
+        .to_owned()
+}
+
+/// `ROUNDS` times: a fresh four-page buffer, `prepare` (not timed against writers), then
+/// `remap` while one thread stores one word after another into pages 0..3 and another
+/// `pread`s a file into page 3 over and over; afterwards no store and no kernel write may be
+/// missing. `Some(rounds done)`, or `None` (with a SKIP message) where userfaultfd
+/// write-protection is unavailable.
+fn writes_survive<T>(
+    prepare: impl Fn(&PageBuf) -> Result<T, ShareError>,
+    remap: impl Fn(&T) -> Result<(), ShareError> + Sync,
+) -> Option<u64>
+where
+    T: Sync,
+{
     use std::sync::atomic::{AtomicBool, AtomicUsize};
     let p = page_size();
     let words = 3 * p / 8;
@@ -429,12 +548,20 @@ fn share_in_place_keeps_writes_of_other_threads_and_of_the_kernel() {
         rustix::io::write(&f, &src).unwrap();
         f
     };
-    let mut converted = 0;
+    let mut done = 0;
     for round in 1..=ROUNDS {
         let buf = PageBuf::new(4 * p);
         for i in 0..buf.len() {
             buf.set(i, 0);
         }
+        let prepared = match prepare(&buf) {
+            Ok(t) => t,
+            Err(ShareError::NoWriteProtection(e)) => {
+                eprintln!("SKIP: userfaultfd write-protection unavailable here: {e}");
+                return None;
+            }
+            Err(e) => panic!("prepare: {e}"),
+        };
         let stored = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
         let kernel_reads = AtomicUsize::new(0);
@@ -449,7 +576,7 @@ fn share_in_place_keeps_writes_of_other_threads_and_of_the_kernel() {
                     while t0.elapsed() < std::time::Duration::from_nanos(300 * (i as u64 + 1)) {}
                 }
             });
-            // Kernel-mode writes into page 3, over and over until the conversion is done.
+            // Kernel-mode writes into page 3, over and over until the remap is done.
             s.spawn(|| {
                 while !stop.load(Ordering::Acquire) {
                     // SAFETY: page 3 of our live buffer; only raw-pointer access elsewhere.
@@ -464,20 +591,20 @@ fn share_in_place_keeps_writes_of_other_threads_and_of_the_kernel() {
                 }
             });
             while stored.load(Ordering::Acquire) < 16 {}
-            let r = share_in_place(buf.addr(), buf.len());
-            // Let the kernel writer run once more after the conversion.
+            let r = remap(&prepared);
+            // Let the kernel writer run once more after the remap.
             let k = kernel_reads.load(Ordering::Relaxed);
             while kernel_reads.load(Ordering::Relaxed) < k + 1 {}
             stop.store(true, Ordering::Release);
             r
         });
         match result {
-            Ok(_fd) => converted += 1,
+            Ok(()) => done += 1,
             Err(ShareError::NoWriteProtection(e)) => {
                 eprintln!("SKIP: userfaultfd write-protection unavailable here: {e}");
-                return;
+                return None;
             }
-            Err(e) => panic!("share_in_place: {e}"),
+            Err(e) => panic!("round {round}: {e}"),
         }
         for i in 0..words {
             assert_eq!(
@@ -494,5 +621,5 @@ fn share_in_place_keeps_writes_of_other_threads_and_of_the_kernel() {
             );
         }
     }
-    assert_eq!(converted, ROUNDS);
+    Some(done)
 }

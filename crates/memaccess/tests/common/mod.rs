@@ -80,6 +80,23 @@ impl PageBuf {
         unsafe { self.ptr.add(i).write_volatile(v) }
     }
 
+    /// Maps fresh zeroed private anonymous memory over the whole buffer (`MAP_FIXED`), as a
+    /// program reusing the addresses would.
+    #[allow(dead_code)] // Used by some of the test binaries that include this module.
+    pub fn replace_with_fresh_anonymous(&self) {
+        // SAFETY: replaces exactly our own range; nothing holds a reference into it (all
+        // access is through raw pointers).
+        unsafe {
+            rustix::mm::mmap_anonymous(
+                self.ptr.cast(),
+                self.len,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED,
+            )
+        }
+        .unwrap();
+    }
+
     /// The aligned u64 at `off` as an atomic.
     pub fn atomic(&self, off: usize) -> &AtomicU64 {
         assert!(off % 8 == 0 && off + 8 <= self.len());
