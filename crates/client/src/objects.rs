@@ -317,8 +317,30 @@ impl<'c> Pd<'c> {
             .share_in_place()
             .ok_or(Error::new("reg_mr", errno::EINVAL))?
             .ok();
+        let converted = fd
+            .as_ref()
+            .and_then(|fd| softverbs_memaccess::Converted::of(mem.addr(), mem.len(), fd).ok());
         let addr = mem.addr() as u64;
-        self.reg_mr_with(addr, mem.len() as u64, addr, access, fd)
+        let made = self.reg_mr_with(addr, mem.len() as u64, addr, access, fd);
+        match made {
+            Ok(mut mr) => {
+                mr.converted = converted;
+                Ok(mr)
+            }
+            Err(e) => {
+                // The daemon refused the MR: the pages go back to what they were.
+                let Some(c) = converted else {
+                    return Err(e);
+                };
+                let _ = softverbs_memaccess::unshare_in_place(&c);
+                if e.errno != errno::ENOMEM {
+                    return Err(e);
+                }
+                // Over the uid's `mappings` budget (docs/limits.md): the MR itself may still
+                // fit, reached without sharing.
+                self.reg_mr_with(addr, mem.len() as u64, addr, access, None)
+            }
+        }
     }
 
     pub(crate) fn reg_mr_with(
@@ -347,6 +369,7 @@ impl<'c> Pd<'c> {
             handle: r.handle.get(),
             lkey: r.lkey.get(),
             rkey: r.rkey.get(),
+            converted: None,
             _pd: PhantomData,
         })
     }
@@ -411,6 +434,9 @@ pub struct Mr<'a> {
     handle: u32,
     lkey: u32,
     rkey: u32,
+    /// Pages [`Pd::reg_mr_shared`] turned into shared memory, turned back into private
+    /// memory once the daemon has let go of them (deregistration, or a new translation).
+    converted: Option<softverbs_memaccess::Converted>,
     _pd: PhantomData<&'a Pd<'a>>,
 }
 
@@ -466,28 +492,47 @@ impl<'a> Mr<'a> {
         let r: RegMrResp = r?;
         self.lkey = r.lkey.get();
         self.rkey = r.rkey.get();
+        if range.is_some() {
+            // The daemon let go of the old pages (the new range is reached without sharing).
+            self.unshare();
+        }
         Ok(())
     }
 
     /// `ibv_dereg_mr`.
     pub fn dereg(self) -> Result<()> {
-        let this = ManuallyDrop::new(self);
+        let mut this = ManuallyDrop::new(self);
         revoking(this.ctx);
         let r = destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle);
         revoked(this.ctx);
+        if r.is_ok() {
+            this.unshare();
+        }
         r
+    }
+
+    /// After the daemon let go of converted pages: back to private memory. Where that
+    /// cannot be done (no write protection, or the program since unmapped or replaced the
+    /// pages) they stay as they are, correct to use and shared with nobody.
+    fn unshare(&mut self) {
+        if let Some(c) = self.converted.take() {
+            let _ = softverbs_memaccess::unshare_in_place(&c);
+        }
     }
 
     /// `ibv_dereg_mr` that hands the MR back when the daemon refuses it with `EINVAL`
     /// (memory windows are bound to it, IBA 10.6.7.2.6), so the caller may retry once they
     /// are unbound. Any other failure (a dead connection) leaves nothing to hand back.
     pub fn dereg_or_keep(self) -> std::result::Result<(), (Option<Mr<'a>>, Error)> {
-        let this = ManuallyDrop::new(self);
+        let mut this = ManuallyDrop::new(self);
         revoking(this.ctx);
         let r = destroy_plain::<cmd::DeregMr>(this.ctx, "dereg_mr", this.handle);
         revoked(this.ctx);
         match r {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                this.unshare();
+                Ok(())
+            }
             Err(e) if e.errno == errno::EINVAL => Err((Some(ManuallyDrop::into_inner(this)), e)),
             Err(e) => Err((None, e)),
         }
@@ -497,7 +542,9 @@ impl<'a> Mr<'a> {
 impl Drop for Mr<'_> {
     fn drop(&mut self) {
         revoking(self.ctx);
-        let _ = destroy_plain::<cmd::DeregMr>(self.ctx, "dereg_mr", self.handle);
+        if destroy_plain::<cmd::DeregMr>(self.ctx, "dereg_mr", self.handle).is_ok() {
+            self.unshare();
+        }
         revoked(self.ctx);
     }
 }
