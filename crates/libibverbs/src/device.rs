@@ -634,7 +634,9 @@ export!(default "ibv_get_pkey_index", "IBVERBS_1.5", get_pkey_index);
 // ---- fork (ibv_fork_init(3)) -----------------------------------------------------------------
 
 /// `IBV_FORK_UNNEEDED`: registered memory is the client's own pages, which the daemon reaches
-/// through shared mappings or process_vm_*; nothing breaks when a child copies them.
+/// through shared mappings or `/proc/<pid>/mem`; a child gets its own copy of them, pages
+/// shared in place included (the fork child handler of softverbs-memaccess), as Linux ≥ 5.8
+/// copies a NIC's pinned pages.
 const FORK_UNNEEDED: c_int = 2;
 
 extern "C" fn fork_init() -> c_int {

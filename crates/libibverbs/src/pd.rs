@@ -57,14 +57,15 @@ export!(default "ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
 /// `IBV_ACCESS_OPTIONAL_RANGE`: hints a device may ignore (ibv_reg_mr(3)); softverbs does.
 const ACCESS_OPTIONAL_RANGE: c_uint = 0x3ff0_0000;
 
-/// `SOFTVERBS_SHARED_MR=1`: register memory by turning its pages into shared memory in place
-/// (`Pd::reg_mr_shared`), so the daemon copies without a system call — the bench's fast path
-/// (docs/registered-memory.md). Other threads' writes during `ibv_reg_mr` wait for the
-/// conversion and are kept (or, where that cannot be arranged, nothing is converted); opt-in
-/// because a child forked later shares the pages instead of copying them.
+/// Registration turns the pages into shared memory in place (`Pd::reg_mr_shared`), so the
+/// daemon and same-host peers copy without a system call — the bench's fast path
+/// (docs/registered-memory.md, "Sharing by default"). Other threads' writes during
+/// `ibv_reg_mr` wait for the conversion and are kept (where that cannot be arranged, nothing
+/// is converted); a child forked later gets its own copy, and deregistration makes the pages
+/// private again. `SOFTVERBS_SHARED_MR=0` registers without converting.
 fn share_in_place() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("SOFTVERBS_SHARED_MR").is_some_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var_os("SOFTVERBS_SHARED_MR").is_none_or(|v| v != "0"))
 }
 
 fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint) -> *mut ibv_mr {
@@ -82,9 +83,9 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint
     let on_demand = access.contains(Access::ON_DEMAND);
     let made = if share_in_place() && !on_demand && iova == addr as u64 {
         // SAFETY: ibv_reg_mr(3)'s caller keeps `[addr, addr+len)` allocated until
-        // ibv_dereg_mr and reaches it from C only (no Rust references); with
-        // SOFTVERBS_SHARED_MR=1 it opted into the in-place conversion, which holds other
-        // threads' writes back while it runs (docs/registered-memory.md).
+        // ibv_dereg_mr and reaches it from C only (no Rust references); the in-place
+        // conversion keeps its contents and holds other threads' writes back while it runs
+        // (docs/registered-memory.md).
         let mem = unsafe { softverbs::RawMemory::new_shareable(addr as usize, len) };
         p.reg_mr_shared(mem, access)
     } else {

@@ -5,9 +5,10 @@
 //! what the program sees, and an RDMA WRITE into it lands while the bytes beside it keep
 //! theirs (docs/registered-memory.md, "Registration while other threads write").
 //!
-//! Run with the default registration (the daemon reaches the pages through the program's
-//! own `/proc/self/mem`, nothing is remapped) and with `SOFTVERBS_SHARED_MR=1` (the pages
-//! become shared memory in place while the writer runs).
+//! Run with the default registration (the pages become shared memory in place while the
+//! writer runs), with `SOFTVERBS_SHARED_MR=1` (the same, named) and with
+//! `SOFTVERBS_SHARED_MR=0` (the daemon reaches the pages through the program's own
+//! `/proc/self/mem`, nothing is remapped).
 //!
 //! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing.
 
@@ -25,12 +26,16 @@ const CHECKS: &[&str] = &[
 /// `ROUNDS` of the C program.
 const ROUNDS: u32 = 40;
 
-fn run(name: &str, shared_mr: bool) {
+/// `shared_mr`: the value of `SOFTVERBS_SHARED_MR`, or `None` to leave it unset.
+fn run(name: &str, shared_mr: Option<&str>) {
     let Some((d, prog)) = c_program(name, "tests/c/concurrent_reg.c") else {
         return;
     };
     let mut cmd = d.command(&prog, &[]);
-    cmd.env("SOFTVERBS_SHARED_MR", if shared_mr { "1" } else { "0" });
+    cmd.env_remove("SOFTVERBS_SHARED_MR");
+    if let Some(v) = shared_mr {
+        cmd.env("SOFTVERBS_SHARED_MR", v);
+    }
     let out = cmd.output().expect("run concurrent_reg");
     let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -55,7 +60,7 @@ fn run(name: &str, shared_mr: bool) {
         "concurrent_reg exited with {}:\n{text}",
         out.status
     );
-    // With SOFTVERBS_SHARED_MR=1 every registration converts, unless userfaultfd
+    // Unless SOFTVERBS_SHARED_MR=0, every registration converts, unless userfaultfd
     // write-protection is unavailable (no CAP_SYS_PTRACE), when none may.
     let converted = said
         .iter()
@@ -67,9 +72,9 @@ fn run(name: &str, shared_mr: bool) {
             .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
     });
     match (shared_mr, root) {
-        (false, _) => assert_eq!(converted, Some(0), "{text}"),
-        (true, true) => assert_eq!(converted, Some(ROUNDS), "{text}"),
-        (true, false) => assert!(matches!(converted, Some(0) | Some(ROUNDS)), "{text}"),
+        (Some("0"), _) => assert_eq!(converted, Some(0), "{text}"),
+        (_, true) => assert_eq!(converted, Some(ROUNDS), "{text}"),
+        (_, false) => assert!(matches!(converted, Some(0) | Some(ROUNDS)), "{text}"),
     }
     let r = d.wait_until("the program's context is gone", |r| {
         r["contexts"].as_array().is_some_and(Vec::is_empty)
@@ -85,10 +90,15 @@ fn run(name: &str, shared_mr: bool) {
 
 #[test]
 fn default_registration_loses_no_concurrent_write() {
-    run("concurrent-reg", false);
+    run("concurrent-reg", None);
 }
 
 #[test]
-fn shared_registration_loses_no_concurrent_write() {
-    run("concurrent-reg-shared", true);
+fn shared_registration_named_loses_no_concurrent_write() {
+    run("concurrent-reg-shared", Some("1"));
+}
+
+#[test]
+fn registration_without_sharing_loses_no_concurrent_write() {
+    run("concurrent-reg-private", Some("0"));
 }

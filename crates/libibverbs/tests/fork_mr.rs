@@ -1,0 +1,92 @@
+//! Registration shares pages in place by default, and a program cannot tell
+//! (docs/registered-memory.md, "Sharing by default"): `tests/c/fork_mr.c` on the drop-in
+//! forks while a `malloc`ed buffer is registered (the child gets its own copy as of the
+//! fork, its writes to the buffer and its neighbours stay in it, an RDMA WRITE after the
+//! fork reaches the parent only), deregisters (the pages are private again, with their
+//! bytes) and grows a deregistered mmapped chunk with `realloc` (no `SIGBUS`).
+//!
+//! As root the first registration must have converted the pages (otherwise the test would
+//! prove nothing about sharing); without privilege it may not have. Also run with
+//! `SOFTVERBS_SHARED_MR=0`, where nothing is converted and every check holds as well.
+//!
+//! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing.
+
+mod support;
+
+use support::{c_program, SECTIONS};
+
+const CHECKS: &[&str] = &[
+    "child_writes_stay_in_the_child",
+    "rdma_write_after_fork_reaches_the_parent",
+    "child_had_its_own_copy",
+    "dereg_makes_the_pages_private_again",
+    "realloc_after_dereg_grows",
+];
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+    })
+}
+
+fn run(name: &str, shared_mr: Option<&str>) {
+    let Some((d, prog)) = c_program(name, "tests/c/fork_mr.c") else {
+        return;
+    };
+    let mut cmd = d.command(&prog, &[]);
+    cmd.env_remove("SOFTVERBS_SHARED_MR");
+    if let Some(v) = shared_mr {
+        cmd.env("SOFTVERBS_SHARED_MR", v);
+    }
+    let out = cmd.output().expect("run fork_mr");
+    let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let text = format!(
+        "{}\n{}",
+        said.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    let failed: Vec<&String> = said
+        .iter()
+        .filter(|l| !l.starts_with("ok ") && !l.starts_with("info "))
+        .collect();
+    let ok: Vec<&str> = said.iter().filter_map(|l| l.strip_prefix("ok ")).collect();
+    let summary = format!("fork_mr: {} checks, 0 failed", CHECKS.len());
+    assert_eq!(failed, vec![&summary], "{text}");
+    assert_eq!(ok, CHECKS, "{text}");
+    assert!(
+        out.status.success(),
+        "fork_mr exited with {}:\n{text}",
+        out.status
+    );
+    let converted = said.iter().find_map(|l| l.strip_prefix("info converted "));
+    match (shared_mr, is_root()) {
+        (Some("0"), _) => assert_eq!(converted, Some("0"), "{text}"),
+        (_, true) => assert_eq!(converted, Some("1"), "{text}"),
+        (_, false) => assert!(matches!(converted, Some("0" | "1")), "{text}"),
+    }
+    let r = d.wait_until("the program's context is gone", |r| {
+        r["contexts"].as_array().is_some_and(Vec::is_empty)
+    });
+    for section in SECTIONS {
+        assert_eq!(
+            r[section].as_array().map(Vec::len),
+            Some(0),
+            "{section} left over: {r:#}"
+        );
+    }
+}
+
+#[test]
+fn a_forked_child_copies_registered_memory_shared_by_default() {
+    run("fork-mr", None);
+}
+
+#[test]
+fn a_forked_child_copies_registered_memory_without_sharing() {
+    run("fork-mr-private", Some("0"));
+}
