@@ -98,6 +98,12 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
         .ok_or(ShareError::BadRange)?;
     let n = hi - lo;
     check_private_anonymous(lo, hi)?;
+    if !crate::write_guard::may_arm() {
+        // Known unavailable: skip allocating and filling a copy that could not be used.
+        return Err(ShareError::NoWriteProtection(io::Error::from_raw_os_error(
+            libc::EPERM,
+        )));
+    }
 
     let fd = memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
     ftruncate(&fd, n as u64)?;

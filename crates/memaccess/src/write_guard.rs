@@ -21,6 +21,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::ioctl::{ioctl, opcode, Updater};
 use rustix::mm::{userfaultfd, UserfaultfdFlags};
@@ -66,6 +67,17 @@ const UFFDIO_REGISTER: rustix::ioctl::Opcode = opcode::read_write::<UffdioRegist
 const UFFDIO_WRITEPROTECT: rustix::ioctl::Opcode =
     opcode::read_write::<UffdioWriteprotect>(0xAA, 0x06);
 
+/// `userfaultfd(2)` was refused to this process (`EPERM`, `ENOSYS`): [`WriteGuard::arm`]
+/// fails at once from then on.
+static REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a write guard can be armed at all in this process, as far as is known: false once
+/// `userfaultfd(2)` was refused. [`share_in_place`](crate::share_in_place) asks before it
+/// prepares a copy.
+pub(crate) fn may_arm() -> bool {
+    !REFUSED.load(Ordering::Relaxed)
+}
+
 /// While alive, writes to the guarded pages wait; dropping it lets them go on (against
 /// whatever is mapped there then).
 #[derive(Debug)]
@@ -81,10 +93,24 @@ impl WriteGuard {
     /// complete until the guard is dropped (the write-protect ioctl flushes the TLBs of every
     /// CPU before it returns).
     pub(crate) fn arm(lo: usize, len: usize, shmem: bool) -> io::Result<WriteGuard> {
+        if REFUSED.load(Ordering::Relaxed) {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
         // SAFETY: creating the descriptor is harmless; it is used below only to protect
         // pages the caller is about to replace, and closed (which releases every waiting
         // fault) when the guard drops.
-        let uffd = unsafe { userfaultfd(UserfaultfdFlags::CLOEXEC | UserfaultfdFlags::NONBLOCK) }?;
+        let uffd =
+            match unsafe { userfaultfd(UserfaultfdFlags::CLOEXEC | UserfaultfdFlags::NONBLOCK) } {
+                Ok(fd) => fd,
+                Err(e) => {
+                    // No privilege (or no userfaultfd in the kernel): the same answer every time,
+                    // so later registrations skip the work of preparing a conversion.
+                    if matches!(e, rustix::io::Errno::PERM | rustix::io::Errno::NOSYS) {
+                        REFUSED.store(true, Ordering::Relaxed);
+                    }
+                    return Err(e.into());
+                }
+            };
         let mut api = UffdioApi {
             api: UFFD_API,
             features: UFFD_FEATURE_PAGEFAULT_FLAG_WP
