@@ -97,6 +97,7 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
         .checked_next_multiple_of(page)
         .ok_or(ShareError::BadRange)?;
     let n = hi - lo;
+    let _one_at_a_time = conversions();
     check_private_anonymous(lo, hi)?;
     if !crate::write_guard::may_arm() {
         // Known unavailable: skip allocating and filling a copy that could not be used.
@@ -116,6 +117,16 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
     // From now on a child created by fork() must get its own copy of these pages.
     crate::fork_child::install();
     Ok(fd)
+}
+
+/// Serialises [`share_in_place`] and [`unshare_in_place`] in the process. Each checks
+/// `/proc/self/maps` and then moves pages; two threads registering neighbouring buffers that
+/// share a page would otherwise both see it private, and the second would move its own copy
+/// over the first one's memfd page, so that the first MR and the program no longer see the
+/// same byte there. (A conversion takes tens of microseconds to a millisecond per MiB.)
+fn conversions() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The name [`share_in_place`] gives its memfds, which `/proc/self/maps` shows as
@@ -167,6 +178,7 @@ impl Converted {
 /// the daemon has deregistered, so no peer writes the pages any more; as in
 /// [`share_in_place`], no thread unmaps them during the call.
 pub fn unshare_in_place(c: &Converted) -> Result<(), ShareError> {
+    let _one_at_a_time = conversions();
     check_converted(c)?;
     let n = c.hi - c.lo;
     let copy = Mapping::private_anonymous(n)?;

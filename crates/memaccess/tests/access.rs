@@ -623,3 +623,52 @@ where
     }
     Some(done)
 }
+
+#[test]
+fn concurrent_conversions_of_buffers_sharing_a_page_never_both_move_it() {
+    let p = page_size();
+    let probe = PageBuf::new(p);
+    if let Err(ShareError::NoWriteProtection(e)) = share_in_place(probe.addr(), p) {
+        eprintln!("SKIP: userfaultfd write-protection unavailable here: {e}");
+        return;
+    }
+    let (mut both, mut one) = (0, 0);
+    for round in 0..200 {
+        let buf = PageBuf::new(3 * p);
+        for i in 0..buf.len() {
+            buf.set(i, pattern(i));
+        }
+        // Two MRs whose ranges share page 1, registered by two threads at once.
+        let (a, b) = ((buf.addr(), p + 100), (buf.addr() + p + 200, 2 * p - 200));
+        let start = std::sync::Barrier::new(2);
+        let (ra, rb) = std::thread::scope(|s| {
+            let ta = s.spawn(|| {
+                start.wait();
+                share_in_place(a.0, a.1)
+            });
+            let tb = s.spawn(|| {
+                start.wait();
+                share_in_place(b.0, b.1)
+            });
+            (ta.join().unwrap(), tb.join().unwrap())
+        });
+        // Refused (the page is a memfd already, or the other's guard holds it) is fine.
+        both += usize::from(ra.is_ok() && rb.is_ok());
+        one += usize::from(ra.is_ok() != rb.is_ok());
+        // Whichever converted, its memfd holds what the program sees in page 1.
+        for (r, lo) in [(&ra, buf.addr()), (&rb, buf.addr() + p)] {
+            if let Ok(fd) = r {
+                let mut got = vec![0u8; p];
+                rustix::io::pread(fd, &mut got, (buf.addr() + p - lo) as u64).unwrap();
+                for (i, &g) in got.iter().enumerate() {
+                    assert_eq!(g, buf.get(p + i), "round {round}: page 1 byte {i}");
+                }
+            }
+        }
+    }
+    assert_eq!(
+        both, 0,
+        "rounds in which both conversions moved the shared page"
+    );
+    assert!(one > 0, "no round converted either buffer");
+}
