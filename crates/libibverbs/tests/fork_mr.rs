@@ -63,11 +63,16 @@ fn run(name: &str, shared_mr: Option<&str>) {
         "fork_mr exited with {}:\n{text}",
         out.status
     );
-    let converted = said.iter().find_map(|l| l.strip_prefix("info converted "));
-    match (shared_mr, is_root()) {
-        (Some("0"), _) => assert_eq!(converted, Some("0"), "{text}"),
-        (_, true) => assert_eq!(converted, Some("1"), "{text}"),
-        (_, false) => assert!(matches!(converted, Some("0" | "1")), "{text}"),
+    // The small MR, then the 5 MiB one (converted in three pieces).
+    for what in ["info converted ", "info converted big "] {
+        let converted = said
+            .iter()
+            .find_map(|l| l.strip_prefix(what).filter(|v| !v.starts_with("big")));
+        match (shared_mr, is_root()) {
+            (Some("0"), _) => assert_eq!(converted, Some("0"), "{what}: {text}"),
+            (_, true) => assert_eq!(converted, Some("1"), "{what}: {text}"),
+            (_, false) => assert!(matches!(converted, Some("0" | "1")), "{what}: {text}"),
+        }
     }
     let r = d.wait_until("the program's context is gone", |r| {
         r["contexts"].as_array().is_some_and(Vec::is_empty)

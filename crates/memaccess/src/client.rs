@@ -30,7 +30,7 @@ pub enum ShareError {
     /// userfaultfd on these pages). Nothing was changed; register without sharing.
     #[error("cannot hold writes back during the conversion: {0}")]
     NoWriteProtection(io::Error),
-    /// A system call failed (the range is untouched unless the final `mremap` failed, see
+    /// A system call failed (the range keeps its contents, see
     /// [`share_in_place`]).
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -49,11 +49,12 @@ impl From<rustix::io::Errno> for ShareError {
 /// `addr`/`len`): from then on both see each other's writes and the daemon reaches the
 /// buffer with `memcpy` instead of a system call per access.
 ///
-/// How: create a memfd of the rounded size, map it at a fresh address with
-/// `MAP_POPULATE`, copy the pages in, seal the file against shrinking and growing (so the
-/// daemon cannot be made to fault by a truncation), and `mremap` the populated mapping over
-/// the original range (one atomic replacement; the page tables move along, so the client
-/// takes no page faults afterwards). This is the technique measured in
+/// How: create a memfd of the rounded size, seal it against shrinking and growing (so the
+/// daemon cannot be made to fault by a truncation), and, piece by piece of at most 2 MiB
+/// (so the copy never needs more than that much memory besides the program's), map the
+/// piece of the file at a fresh address with `MAP_POPULATE`, copy the pages in and `mremap`
+/// the populated mapping over them (one atomic replacement; the page tables move along, so
+/// the client takes no page faults afterwards). This is the technique measured in
 /// `docs/measurements.md` §2, with `mremap` instead of a second `mmap(MAP_FIXED)`.
 ///
 /// Only private anonymous read-write memory is accepted (heap, `mmap(MAP_ANONYMOUS |
@@ -77,12 +78,15 @@ impl From<rustix::io::Errno> for ShareError {
 /// * **Neighbours are shared too.** The whole pages are shared with the daemon (which only
 ///   accesses the registered bytes, enforced by the core's bounds check), and stay
 ///   memfd-backed after deregistration until the memory is unmapped.
-/// * **fork.** After the conversion the pages are `MAP_SHARED`: a child created by `fork()`
-///   shares them with the parent instead of getting a copy-on-write snapshot (real RDMA has
-///   the same problem, hence `ibv_fork_init`/`MADV_DONTFORK`).
-/// * **Failure.** If the final `mremap` fails (e.g. `ENOMEM`), the kernel may already have
-///   unmapped the original range; that is reported as [`ShareError::Io`] and the range must
-///   be treated as lost. Every earlier failure leaves the range untouched.
+/// * **fork.** After the conversion the pages are `MAP_SHARED`, which a child created by
+///   `fork()` would share with the parent; the first conversion installs a child handler
+///   that gives the child its own copy (`fork_child.rs`).
+/// * **Failure.** If a piece cannot be mapped or moved (e.g. `ENOMEM`), the pieces before it
+///   are already shared pages holding the same bytes and the rest is untouched: reported as
+///   [`ShareError::Io`], the range is still the program's memory with its contents, and the
+///   caller registers it without sharing — unless the failing call was the `mremap` itself,
+///   after which the kernel may have unmapped that piece (then reported the same way; the
+///   program would find the piece gone, as it would after any failed `MAP_FIXED`).
 /// * **Aliasing.** From now on the daemon writes these bytes behind the program's back, as
 ///   a NIC does: the client library must not let Rust references to a registered buffer
 ///   coexist with remote access to it.
@@ -109,9 +113,8 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
     let fd = memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
     ftruncate(&fd, n as u64)?;
     fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
-    let copy = Mapping::shared(&fd, n, true)?;
     let guard = WriteGuard::arm(lo, n, false).map_err(ShareError::NoWriteProtection)?;
-    copy.copy_and_move_onto(lo)?;
+    in_pieces(lo, n, |off, len| Mapping::shared_at(&fd, off, len, true))?;
     // Writes that waited go on now, into the shared pages.
     drop(guard);
     // From now on a child created by fork() must get its own copy of these pages.
@@ -181,10 +184,32 @@ pub fn unshare_in_place(c: &Converted) -> Result<(), ShareError> {
     let _one_at_a_time = conversions();
     check_converted(c)?;
     let n = c.hi - c.lo;
-    let copy = Mapping::private_anonymous(n)?;
     let guard = WriteGuard::arm(c.lo, n, true).map_err(ShareError::NoWriteProtection)?;
-    copy.copy_and_move_onto(c.lo)?;
+    in_pieces(c.lo, n, |_, len| Mapping::private_anonymous(len))?;
     drop(guard);
+    Ok(())
+}
+
+/// Largest piece [`in_pieces`] copies and moves at once.
+const PIECE: usize = 2 << 20;
+
+/// Moves new pages over `[lo, lo + n)` (page-aligned) with the same bytes, in pieces of at
+/// most [`PIECE`]: `fresh(offset, len)` makes the pages for `lo + offset..`, which are filled
+/// from the range and moved onto it. Each piece's old pages are freed as its copy moves over
+/// them, so the move never needs more memory than one piece besides the program's (one copy
+/// of a 12 GiB registration would need 12 GiB more). If a piece fails, the pieces before it
+/// have moved already: the range holds the same bytes throughout, part of it in new pages.
+pub(crate) fn in_pieces(
+    lo: usize,
+    n: usize,
+    mut fresh: impl FnMut(usize, usize) -> io::Result<Mapping>,
+) -> io::Result<()> {
+    let mut off = 0;
+    while off < n {
+        let len = (n - off).min(PIECE);
+        fresh(off, len)?.copy_and_move_onto(lo + off)?;
+        off += len;
+    }
     Ok(())
 }
 

@@ -63,8 +63,7 @@ extern "C" fn privatize_in_child() {
 
 /// Moves a private copy over `[lo, lo + n)`, keeping it read-only if it was.
 fn privatize(lo: usize, n: usize, writable: bool) -> std::io::Result<()> {
-    let copy = Mapping::private_anonymous(n)?;
-    copy.copy_and_move_onto(lo)?;
+    crate::client::in_pieces(lo, n, |_, len| Mapping::private_anonymous(len))?;
     if !writable {
         // SAFETY: takes write permission away from exactly the range just moved in, which
         // was read-only before; nothing in this (single-threaded) child holds a reference

@@ -29,6 +29,17 @@ impl Mapping {
     /// Maps the first `len` bytes of `fd` (`len > 0`) read-write and shared, wherever the
     /// kernel likes.
     pub(crate) fn shared(fd: impl AsFd, len: usize, populate: bool) -> std::io::Result<Self> {
+        Self::shared_at(fd, 0, len, populate)
+    }
+
+    /// Bytes `offset..offset + len` of `fd` (`offset` page-aligned, `len > 0`), read-write and
+    /// shared, wherever the kernel likes.
+    pub(crate) fn shared_at(
+        fd: impl AsFd,
+        offset: usize,
+        len: usize,
+        populate: bool,
+    ) -> std::io::Result<Self> {
         let mut flags = MapFlags::SHARED;
         if populate {
             flags |= MapFlags::POPULATE;
@@ -43,7 +54,7 @@ impl Mapping {
                 ProtFlags::READ | ProtFlags::WRITE,
                 flags,
                 fd,
-                0,
+                offset as u64,
             )
         }?;
         Ok(Self {

@@ -672,3 +672,50 @@ fn concurrent_conversions_of_buffers_sharing_a_page_never_both_move_it() {
     );
     assert!(one > 0, "no round converted either buffer");
 }
+
+#[test]
+fn a_range_larger_than_a_piece_converts_and_comes_back_whole() {
+    let p = page_size();
+    // 5 MiB and a bit: three pieces of the conversion, the last one short.
+    let buf = PageBuf::new((5 << 20) + 3 * p);
+    for i in (0..buf.len()).step_by(61) {
+        buf.set(i, pattern(i));
+    }
+    let fd = match share_in_place(buf.addr() + 10, buf.len() - 20) {
+        Ok(fd) => fd,
+        Err(ShareError::NoWriteProtection(e)) => {
+            eprintln!("SKIP: userfaultfd write-protection unavailable here: {e}");
+            return;
+        }
+        Err(e) => panic!("share_in_place: {e}"),
+    };
+    let mut from_file = vec![0u8; buf.len()];
+    rustix::io::pread(&fd, &mut from_file, 0).unwrap();
+    for i in (0..buf.len()).step_by(61) {
+        assert_eq!(buf.get(i), pattern(i), "program's byte {i}");
+        assert_eq!(from_file[i], pattern(i), "memfd byte {i}");
+    }
+    for at in [
+        buf.addr(),
+        buf.addr() + (2 << 20),
+        buf.addr() + buf.len() - 1,
+    ] {
+        assert!(
+            maps_line(at).contains("memfd:softverbs-mr"),
+            "{at:#x} not shared"
+        );
+    }
+    let c = Converted::of(buf.addr() + 10, buf.len() - 20, &fd).unwrap();
+    drop(fd);
+    unshare_in_place(&c).unwrap();
+    for at in [
+        buf.addr(),
+        buf.addr() + (4 << 20),
+        buf.addr() + buf.len() - 1,
+    ] {
+        assert!(!maps_line(at).contains("memfd:"), "{at:#x} still shared");
+    }
+    for i in (0..buf.len()).step_by(61) {
+        assert_eq!(buf.get(i), pattern(i), "byte {i} after unsharing");
+    }
+}

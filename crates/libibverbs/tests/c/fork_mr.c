@@ -28,6 +28,8 @@
 #define BLOCK (5 * PAGE)
 #define MR_OFF (PAGE + 100)
 #define MR_LEN (3 * PAGE)
+/* A chunk glibc serves with mmap, larger than a piece of the conversion (2 MiB). */
+#define BIG (5 << 20)
 
 static int maps_line_has(const void *p, const char *what)
 {
@@ -190,22 +192,22 @@ int main(void)
 	      "after ibv_dereg_mr the pages are still a memfd, or lost their bytes");
 
 	/* A chunk glibc serves with mmap (above its 128 KiB threshold), grown by mremap. */
-	big = malloc(1 << 20);
+	big = malloc(BIG);
 	if (!big)
-		fatal("malloc 1 MiB");
-	memset(big, 'D', 1 << 20);
-	mr = ibv_reg_mr(pd, big, 1 << 20, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+		fatal("malloc BIG");
+	memset(big, 'D', BIG);
+	mr = ibv_reg_mr(pd, big, BIG, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	if (!mr)
-		fatal("ibv_reg_mr 1 MiB");
+		fatal("ibv_reg_mr BIG");
 	printf("info converted big %d\n", maps_line_has(big, "memfd:"));
 	fflush(stdout);
 	if (ibv_dereg_mr(mr))
-		fatal("ibv_dereg_mr 1 MiB");
+		fatal("ibv_dereg_mr BIG");
 	big = realloc(big, 16 << 20);
 	if (!big)
 		fatal("realloc");
-	memset(big + (1 << 20), 'E', 15 << 20); /* SIGBUS here if the pages stayed a memfd */
-	check("realloc_after_dereg_grows", all(big, 1 << 20, 'D') && all(big + (1 << 20), 15 << 20, 'E'),
+	memset(big + BIG, 'E', (16 << 20) - BIG); /* SIGBUS here if the pages stayed a memfd */
+	check("realloc_after_dereg_grows", all(big, BIG, 'D') && all(big + BIG, (16 << 20) - BIG, 'E'),
 	      "the grown chunk lost its bytes");
 	free(big);
 
