@@ -331,19 +331,9 @@ fn ring_bytes_and_mappings_over_the_limit_get_enomem_and_others_still_work() {
     let m1 = pd
         .reg_mr_shared(raw_shareable(buf1.as_ptr() as u64, 1 << 20), ALL)
         .expect("a 5th mapping");
-    let r = Introspect::connect_at(&d.socket)
-        .unwrap()
-        .resources()
-        .unwrap();
-    let mappings = r["limits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["resource"] == "mappings")
-        .unwrap()["used"]
-        .clone();
     assert_eq!(
-        mappings, 5,
+        mappings_used(&d.socket),
+        5,
         "the shared MR is mapped (not a silent fallback)"
     );
     // Past the context's mappings the daemon refuses the memfd (ENOMEM) and the library
@@ -352,18 +342,7 @@ fn ring_bytes_and_mappings_over_the_limit_get_enomem_and_others_still_work() {
     let m2 = pd
         .reg_mr_shared(raw_shareable(buf2.as_ptr() as u64, 1 << 20), ALL)
         .expect("past the context's mappings, an MR without sharing");
-    let r = Introspect::connect_at(&d.socket)
-        .unwrap()
-        .resources()
-        .unwrap();
-    let used = r["limits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["resource"] == "mappings")
-        .unwrap()["used"]
-        .clone();
-    assert_eq!(used, 5, "the second MR took no mapping");
+    assert_eq!(mappings_used(&d.socket), 5, "the second MR took no mapping");
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
     let at = buf2.as_ptr() as usize;
     let line = maps
@@ -400,6 +379,18 @@ fn ring_bytes_and_mappings_over_the_limit_get_enomem_and_others_still_work() {
     // Another uid still gets rings and moves data.
     other_uid_client_works(&d.socket);
     drop((m1, small, big));
+}
+
+/// The `mappings` the daemon's introspection counts as used.
+fn mappings_used(socket: &Path) -> serde_json::Value {
+    let r = Introspect::connect_at(socket).unwrap().resources().unwrap();
+    r["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["resource"] == "mappings")
+        .unwrap()["used"]
+        .clone()
 }
 
 #[test]

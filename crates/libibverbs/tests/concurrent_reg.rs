@@ -14,7 +14,7 @@
 
 mod support;
 
-use support::{c_program, SECTIONS};
+use support::{assert_nothing_left, c_program, is_root, run_checks};
 
 const CHECKS: &[&str] = &[
     "reg_mr_while_another_thread_writes",
@@ -36,30 +36,8 @@ fn run(name: &str, shared_mr: Option<&str>) {
     if let Some(v) = shared_mr {
         cmd.env("SOFTVERBS_SHARED_MR", v);
     }
-    let out = cmd.output().expect("run concurrent_reg");
-    let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let text = format!(
-        "{}\n{}",
-        said.join("\n"),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    let failed: Vec<&String> = said
-        .iter()
-        .filter(|l| !l.starts_with("ok ") && !l.starts_with("info "))
-        .collect();
-    let ok: Vec<&str> = said.iter().filter_map(|l| l.strip_prefix("ok ")).collect();
-    let summary = format!("concurrent_reg: {} checks, 0 failed", CHECKS.len());
-    assert_eq!(failed, vec![&summary], "{text}");
-    assert_eq!(ok, CHECKS, "{text}");
-    assert!(
-        out.status.success(),
-        "concurrent_reg exited with {}:\n{text}",
-        out.status
-    );
+    let said = run_checks(cmd, "concurrent_reg", CHECKS);
+    let text = said.join("\n");
     // Unless SOFTVERBS_SHARED_MR=0, every registration converts, unless userfaultfd
     // write-protection is unavailable (no CAP_SYS_PTRACE), when none may.
     let converted = said
@@ -67,25 +45,13 @@ fn run(name: &str, shared_mr: Option<&str>) {
         .find_map(|l| l.strip_prefix("info converted "))
         .and_then(|l| l.split(' ').next())
         .and_then(|n| n.parse::<u32>().ok());
-    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-    });
+    let root = is_root();
     match (shared_mr, root) {
         (Some("0"), _) => assert_eq!(converted, Some(0), "{text}"),
         (_, true) => assert_eq!(converted, Some(ROUNDS), "{text}"),
         (_, false) => assert!(matches!(converted, Some(0) | Some(ROUNDS)), "{text}"),
     }
-    let r = d.wait_until("the program's context is gone", |r| {
-        r["contexts"].as_array().is_some_and(Vec::is_empty)
-    });
-    for section in SECTIONS {
-        assert_eq!(
-            r[section].as_array().map(Vec::len),
-            Some(0),
-            "{section} left over: {r:#}"
-        );
-    }
+    assert_nothing_left(&d);
 }
 
 #[test]

@@ -13,7 +13,7 @@
 
 mod support;
 
-use support::{c_program, SECTIONS};
+use support::{assert_nothing_left, c_program, is_root, run_checks};
 
 const CHECKS: &[&str] = &[
     "child_writes_stay_in_the_child",
@@ -22,13 +22,6 @@ const CHECKS: &[&str] = &[
     "dereg_makes_the_pages_private_again",
     "realloc_after_dereg_grows",
 ];
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
-    })
-}
 
 fn run(name: &str, shared_mr: Option<&str>) {
     let Some((d, prog)) = c_program(name, "tests/c/fork_mr.c") else {
@@ -39,30 +32,8 @@ fn run(name: &str, shared_mr: Option<&str>) {
     if let Some(v) = shared_mr {
         cmd.env("SOFTVERBS_SHARED_MR", v);
     }
-    let out = cmd.output().expect("run fork_mr");
-    let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let text = format!(
-        "{}\n{}",
-        said.join("\n"),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    let failed: Vec<&String> = said
-        .iter()
-        .filter(|l| !l.starts_with("ok ") && !l.starts_with("info "))
-        .collect();
-    let ok: Vec<&str> = said.iter().filter_map(|l| l.strip_prefix("ok ")).collect();
-    let summary = format!("fork_mr: {} checks, 0 failed", CHECKS.len());
-    assert_eq!(failed, vec![&summary], "{text}");
-    assert_eq!(ok, CHECKS, "{text}");
-    assert!(
-        out.status.success(),
-        "fork_mr exited with {}:\n{text}",
-        out.status
-    );
+    let said = run_checks(cmd, "fork_mr", CHECKS);
+    let text = said.join("\n");
     // The small MR, then the 5 MiB one (converted in three pieces).
     for what in ["info converted ", "info converted big "] {
         let converted = said
@@ -74,16 +45,7 @@ fn run(name: &str, shared_mr: Option<&str>) {
             (_, false) => assert!(matches!(converted, Some("0" | "1")), "{what}: {text}"),
         }
     }
-    let r = d.wait_until("the program's context is gone", |r| {
-        r["contexts"].as_array().is_some_and(Vec::is_empty)
-    });
-    for section in SECTIONS {
-        assert_eq!(
-            r[section].as_array().map(Vec::len),
-            Some(0),
-            "{section} left over: {r:#}"
-        );
-    }
+    assert_nothing_left(&d);
 }
 
 #[test]

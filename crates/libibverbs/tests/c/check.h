@@ -59,6 +59,47 @@ static inline struct ibv_qp *new_rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, uin
 	return qp;
 }
 
+/* The status of the next completion of `cq`, polling for it (fatal after ~a minute). */
+static inline int wait_one_wc(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+
+	for (long spins = 0; spins < 200000000; spins++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+
+		if (n < 0)
+			fatal("ibv_poll_cq");
+		if (n == 1)
+			return wc.status;
+	}
+	errno = ETIMEDOUT;
+	fatal("no completion");
+	return -1;
+}
+
+/* Whether the /proc/self/maps line of the mapping holding `p` contains `what` (e.g. "memfd:",
+ * which a page the library shared in place at registration shows). */
+static inline int maps_line_has(const void *p, const char *what)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+	int yes = 0;
+
+	if (!f)
+		fatal("fopen /proc/self/maps");
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+
+		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= (unsigned long)p &&
+		    (unsigned long)p < hi) {
+			yes = strstr(line, what) != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return yes;
+}
+
 /* RESET -> INIT -> RTR -> RTS towards `remote` at `gid`, with remote `access`. */
 static inline void connect_rc(struct ibv_qp *qp, const union ibv_gid *gid, uint32_t remote,
 			      unsigned int access)

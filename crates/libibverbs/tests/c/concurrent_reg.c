@@ -70,45 +70,6 @@ static void *writer(void *arg)
 	return NULL;
 }
 
-/* Whether the page at `p` is now shared memory (a memfd the library made at registration). */
-static int converted(const void *p)
-{
-	char line[512];
-	FILE *f = fopen("/proc/self/maps", "r");
-	int yes = 0;
-
-	if (!f)
-		fatal("fopen /proc/self/maps");
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long lo, hi;
-
-		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= (unsigned long)p &&
-		    (unsigned long)p < hi) {
-			yes = strstr(line, "memfd:") != NULL;
-			break;
-		}
-	}
-	fclose(f);
-	return yes;
-}
-
-static int wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	int n;
-
-	for (long spins = 0; spins < 200000000; spins++) {
-		n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			fatal("ibv_poll_cq");
-		if (n == 1)
-			return wc.status;
-	}
-	errno = ETIMEDOUT;
-	fatal("no completion");
-	return -1;
-}
-
 static int rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op, struct ibv_mr *local,
 		uint32_t len, void *remote, uint32_t rkey)
 {
@@ -124,7 +85,7 @@ static int rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op, str
 	wr.wr.rdma.rkey = rkey;
 	if (ibv_post_send(qp, &wr, &bad))
 		fatal("ibv_post_send");
-	return wait_wc(cq);
+	return wait_one_wc(cq);
 }
 
 int main(void)
@@ -198,7 +159,7 @@ int main(void)
 			munmap(buf, PAGES * PAGE);
 			continue;
 		}
-		shared += converted(buf);
+		shared += maps_line_has(buf, "memfd:");
 		for (uint64_t i = 0; i < WORDS; i++) {
 			uint64_t got = s.words[i];
 			if (got != value(round, i)) {

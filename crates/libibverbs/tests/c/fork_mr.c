@@ -31,50 +31,12 @@
 /* A chunk glibc serves with mmap, larger than a piece of the conversion (2 MiB). */
 #define BIG (5 << 20)
 
-static int maps_line_has(const void *p, const char *what)
-{
-	char line[512];
-	FILE *f = fopen("/proc/self/maps", "r");
-	int yes = 0;
-
-	if (!f)
-		fatal("fopen /proc/self/maps");
-	while (fgets(line, sizeof(line), f)) {
-		unsigned long lo, hi;
-
-		if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= (unsigned long)p &&
-		    (unsigned long)p < hi) {
-			yes = strstr(line, what) != NULL;
-			break;
-		}
-	}
-	fclose(f);
-	return yes;
-}
-
 static int all(const unsigned char *p, size_t n, unsigned char v)
 {
 	for (size_t i = 0; i < n; i++)
 		if (p[i] != v)
 			return 0;
 	return 1;
-}
-
-static int wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-
-	for (long spins = 0; spins < 200000000; spins++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-
-		if (n < 0)
-			fatal("ibv_poll_cq");
-		if (n == 1)
-			return wc.status;
-	}
-	errno = ETIMEDOUT;
-	fatal("no completion");
-	return -1;
 }
 
 static int rdma_write(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *src, void *dst,
@@ -92,7 +54,7 @@ static int rdma_write(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *src, 
 	wr.wr.rdma.rkey = rkey;
 	if (ibv_post_send(qp, &wr, &bad))
 		fatal("ibv_post_send");
-	return wait_wc(cq);
+	return wait_one_wc(cq);
 }
 
 /* Child: exit bit 1 if the block was not what the parent had at fork, bit 2 if its own

@@ -310,3 +310,57 @@ pub fn listening(port: u16) -> bool {
         })
     })
 }
+
+/// Runs a C program written against `tests/c/check.h` and asserts that it passed: exactly the
+/// checks `checks` said "ok", in order, nothing else but `info` lines and the summary of
+/// `prog` ("<prog>: N checks, 0 failed"), and a zero exit status. Returns what it printed (for
+/// its `info` lines).
+pub fn run_checks(mut cmd: Command, prog: &str, checks: &[&str]) -> Vec<String> {
+    let out = cmd.output().expect("run the C program");
+    let said: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let text = format!(
+        "{}\n{}",
+        said.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    let failed: Vec<&String> = said
+        .iter()
+        .filter(|l| !l.starts_with("ok ") && !l.starts_with("info "))
+        .collect();
+    let ok: Vec<&str> = said.iter().filter_map(|l| l.strip_prefix("ok ")).collect();
+    let summary = format!("{prog}: {} checks, 0 failed", checks.len());
+    assert_eq!(failed, vec![&summary], "{text}");
+    assert_eq!(ok, checks, "{text}");
+    assert!(
+        out.status.success(),
+        "{prog} exited with {}:\n{text}",
+        out.status
+    );
+    said
+}
+
+/// Waits until the daemon holds no context, then asserts no object of any kind is left.
+pub fn assert_nothing_left(d: &Daemon) {
+    let r = d.wait_until("the program's context is gone", |r| {
+        r["contexts"].as_array().is_some_and(Vec::is_empty)
+    });
+    for section in SECTIONS {
+        assert_eq!(
+            r[section].as_array().map(Vec::len),
+            Some(0),
+            "{section} left over: {r:#}"
+        );
+    }
+}
+
+/// Whether the tests run as root (where registration always shares pages in place).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+    })
+}
