@@ -10,7 +10,7 @@
 
 mod support;
 
-use support::{c_toolchain_missing, compile, Daemon, SECTIONS};
+use support::{assert_nothing_left, c_toolchain_missing, compile, Daemon};
 
 const CHECKS: &[&str] = &[
     "query_device_ex_odp_caps",
@@ -47,14 +47,5 @@ fn odp_and_implicit_mrs_see_memory_as_mapped_at_access_time() {
     assert_eq!(failed, vec![&summary], "{text}");
     assert_eq!(ok, CHECKS, "{text}");
     assert!(status.success(), "odp exited with {status}:\n{text}");
-    let r = d.wait_until("the program's context is gone", |r| {
-        r["contexts"].as_array().is_some_and(Vec::is_empty)
-    });
-    for section in SECTIONS {
-        assert_eq!(
-            r[section].as_array().map(Vec::len),
-            Some(0),
-            "{section} left over: {r:#}"
-        );
-    }
+    assert_nothing_left(&d);
 }

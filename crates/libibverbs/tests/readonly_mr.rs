@@ -9,7 +9,7 @@
 
 mod support;
 
-use support::{c_toolchain_missing, compile, Daemon, SECTIONS};
+use support::{assert_nothing_left, c_toolchain_missing, compile, Daemon};
 
 const CHECKS: &[&str] = &[
     "reg_local_write_over_prot_read",
@@ -42,14 +42,5 @@ fn reg_mr_over_read_only_or_unmapped_pages_is_efault_and_a_write_never_lands() {
         status.success(),
         "readonly_mr exited with {status}:\n{text}"
     );
-    let r = d.wait_until("the program's context is gone", |r| {
-        r["contexts"].as_array().is_some_and(Vec::is_empty)
-    });
-    for section in SECTIONS {
-        assert_eq!(
-            r[section].as_array().map(Vec::len),
-            Some(0),
-            "{section} left over: {r:#}"
-        );
-    }
+    assert_nothing_left(&d);
 }

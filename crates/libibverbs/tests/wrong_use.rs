@@ -8,7 +8,7 @@
 
 mod support;
 
-use support::{c_program, SECTIONS};
+use support::{assert_nothing_left, c_program};
 
 /// Every check the program makes; each must report `ok`.
 const CHECKS: &[&str] = &[
@@ -94,14 +94,5 @@ fn wrong_use_from_c_returns_what_rdma_core_returns() {
     );
     assert!(status.success(), "wrong_use exited with {status}:\n{text}");
 
-    let r = d.wait_until("wrong_use's context is gone", |r| {
-        r["contexts"].as_array().is_some_and(Vec::is_empty)
-    });
-    for section in SECTIONS {
-        assert_eq!(
-            r[section].as_array().map(Vec::len),
-            Some(0),
-            "{section} left over: {r:#}"
-        );
-    }
+    assert_nothing_left(&d);
 }
