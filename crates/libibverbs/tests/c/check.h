@@ -77,6 +77,26 @@ static inline int wait_one_wc(struct ibv_cq *cq)
 	return -1;
 }
 
+/* Posts one signalled RDMA operation `op` of `len` bytes from/to `local` (under `lkey`) and
+ * `remote` (under `rkey`) on `qp`, and returns the status of its completion on `cq`. */
+static inline int rdma_op(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op,
+			  void *local, uint32_t len, uint32_t lkey, void *remote, uint32_t rkey)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = lkey };
+	struct ibv_send_wr wr, *bad;
+
+	memset(&wr, 0, sizeof(wr));
+	wr.opcode = op;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.wr.rdma.remote_addr = (uintptr_t)remote;
+	wr.wr.rdma.rkey = rkey;
+	if (ibv_post_send(qp, &wr, &bad))
+		fatal("ibv_post_send");
+	return wait_one_wc(cq);
+}
+
 /* Whether the /proc/self/maps line of the mapping holding `p` contains `what` (e.g. "memfd:",
  * which a page the library shared in place at registration shows). */
 static inline int maps_line_has(const void *p, const char *what)

@@ -73,19 +73,7 @@ static void *writer(void *arg)
 static int rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op, struct ibv_mr *local,
 		uint32_t len, void *remote, uint32_t rkey)
 {
-	struct ibv_sge sge = { .addr = (uintptr_t)local->addr, .length = len, .lkey = local->lkey };
-	struct ibv_send_wr wr, *bad;
-
-	memset(&wr, 0, sizeof(wr));
-	wr.opcode = op;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.wr.rdma.remote_addr = (uintptr_t)remote;
-	wr.wr.rdma.rkey = rkey;
-	if (ibv_post_send(qp, &wr, &bad))
-		fatal("ibv_post_send");
-	return wait_one_wc(cq);
+	return rdma_op(qp, cq, op, local->addr, len, local->lkey, remote, rkey);
 }
 
 int main(void)

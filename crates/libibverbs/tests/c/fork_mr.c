@@ -42,19 +42,7 @@ static int all(const unsigned char *p, size_t n, unsigned char v)
 static int rdma_write(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *src, void *dst,
 		      uint32_t rkey)
 {
-	struct ibv_sge sge = { .addr = (uintptr_t)src->addr, .length = MR_LEN, .lkey = src->lkey };
-	struct ibv_send_wr wr, *bad;
-
-	memset(&wr, 0, sizeof(wr));
-	wr.opcode = IBV_WR_RDMA_WRITE;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.wr.rdma.remote_addr = (uintptr_t)dst;
-	wr.wr.rdma.rkey = rkey;
-	if (ibv_post_send(qp, &wr, &bad))
-		fatal("ibv_post_send");
-	return wait_one_wc(cq);
+	return rdma_op(qp, cq, IBV_WR_RDMA_WRITE, src->addr, MR_LEN, src->lkey, dst, rkey);
 }
 
 /* Child: exit bit 1 if the block was not what the parent had at fork, bit 2 if its own

@@ -51,30 +51,7 @@ static struct ibv_qp *pair(struct ibv_qp **b)
 static int rdma(struct ibv_qp *qp, enum ibv_wr_opcode op, void *local, uint32_t lkey,
 		uint32_t len, void *remote, uint32_t rkey)
 {
-	struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = lkey };
-	struct ibv_send_wr wr, *bad;
-	struct ibv_wc wc;
-	int n, spins;
-
-	memset(&wr, 0, sizeof(wr));
-	wr.opcode = op;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.wr.rdma.remote_addr = (uintptr_t)remote;
-	wr.wr.rdma.rkey = rkey;
-	if (ibv_post_send(qp, &wr, &bad))
-		fatal("ibv_post_send");
-	for (spins = 0; spins < 20000000; spins++) {
-		n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			fatal("ibv_poll_cq");
-		if (n == 1)
-			return wc.status;
-	}
-	errno = ETIMEDOUT;
-	fatal("no completion");
-	return -1;
+	return rdma_op(qp, cq, op, local, len, lkey, remote, rkey);
 }
 
 static int filled(const unsigned char *p, unsigned char v, size_t n)

@@ -41,30 +41,7 @@ static void expect_efault(const char *name, struct ibv_mr *got)
 static int rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op, struct ibv_mr *local,
 		void *remote, uint32_t rkey)
 {
-	struct ibv_sge sge = { .addr = (uintptr_t)local->addr, .length = PAGE, .lkey = local->lkey };
-	struct ibv_send_wr wr, *bad;
-	struct ibv_wc wc;
-	int n, spins;
-
-	memset(&wr, 0, sizeof(wr));
-	wr.opcode = op;
-	wr.sg_list = &sge;
-	wr.num_sge = 1;
-	wr.send_flags = IBV_SEND_SIGNALED;
-	wr.wr.rdma.remote_addr = (uintptr_t)remote;
-	wr.wr.rdma.rkey = rkey;
-	if (ibv_post_send(qp, &wr, &bad))
-		fatal("ibv_post_send");
-	for (spins = 0; spins < 20000000; spins++) {
-		n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			fatal("ibv_poll_cq");
-		if (n == 1)
-			return wc.status;
-	}
-	errno = ETIMEDOUT;
-	fatal("no completion");
-	return -1;
+	return rdma_op(qp, cq, op, local->addr, PAGE, local->lkey, remote, rkey);
 }
 
 int main(void)
