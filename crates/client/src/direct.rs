@@ -547,8 +547,9 @@ fn take_fallback(inner: &mut Inner, handle: u32) -> Fallback {
         })
 }
 
-/// Ring entries up to this size are staged on the stack: every SEND and receive on the
-/// direct path pushes or pops one, and a heap buffer for each was a tenth of the round trip.
+/// Ring entries up to this size are popped into the stack: every SEND on the direct path
+/// pops one, and a heap buffer for each was a tenth of the round trip (pushes pad in the
+/// slot itself, `Producer::push_padded`).
 const STACK_ENTRY: usize = 1024;
 
 /// Hands `f` a zeroed buffer of `size` bytes, on the stack when it is small enough.
@@ -577,17 +578,7 @@ fn pop_recv(c: &mut Chan) -> std::result::Result<Option<PostRecvReq>, ()> {
 }
 
 fn push_entry(p: &mut Producer, bytes: &[u8]) -> std::result::Result<(), i32> {
-    let size = p.layout().entry_size();
-    let pushed = if bytes.len() == size {
-        p.push(bytes)
-    } else {
-        with_entry_buf(size, |e| {
-            let n = bytes.len().min(size);
-            e[..n].copy_from_slice(&bytes[..n]);
-            p.push(e)
-        })
-    };
-    match pushed {
+    match p.push_padded(bytes) {
         Ok(_) => Ok(()),
         Err(softverbs_shm::PushError::Full) => Err(errno::ENOMEM),
         Err(softverbs_shm::PushError::Corrupt(_)) => Err(errno::EIO),

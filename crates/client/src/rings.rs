@@ -163,21 +163,8 @@ pub(crate) fn push(
     op: &'static str,
     bytes: &[u8],
 ) -> Result<()> {
-    let size = p.layout().entry_size();
-    // Posting is the hot path: pad on the stack, and only when the struct is not already a
-    // whole number of 8-byte words.
-    let mut pad = [0u8; 1024];
-    let pushed = if bytes.len() == size {
-        p.push(bytes)
-    } else if size <= pad.len() {
-        pad[..bytes.len()].copy_from_slice(bytes);
-        p.push(&pad[..size])
-    } else {
-        let mut entry = vec![0u8; size];
-        entry[..bytes.len()].copy_from_slice(bytes);
-        p.push(&entry)
-    };
-    match pushed {
+    // Padded in the slot itself: posting is the hot path.
+    match p.push_padded(bytes) {
         Ok(mut wake) => {
             if let Some(a) = announce {
                 // After the publish (its fence orders our entry before the flag's load).

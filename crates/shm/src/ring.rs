@@ -388,6 +388,13 @@ impl Producer {
     /// [`publish`]: Producer::publish
     pub fn stage(&mut self, entry: &[u8]) -> Result<(), PushError> {
         assert_eq!(entry.len(), self.shared.layout.entry_size(), "entry size");
+        self.stage_padded(entry)
+    }
+
+    /// [`stage`](Producer::stage) of `bytes` shorter than an entry (a wire struct whose size
+    /// is not a whole number of 8-byte words): the rest of the slot is zeroed, so no stale
+    /// bytes of an earlier entry reach the consumer. Bytes past the entry size are not sent.
+    pub fn stage_padded(&mut self, bytes: &[u8]) -> Result<(), PushError> {
         if let Some(c) = self.poisoned {
             return Err(c.into());
         }
@@ -398,7 +405,16 @@ impl Producer {
             }
         }
         let off = self.shared.slot(self.tail);
-        self.shared.region.write(off, entry);
+        let size = self.shared.layout.entry_size();
+        let n = bytes.len().min(size);
+        self.shared.region.write(off, &bytes[..n]);
+        const ZEROS: [u8; 64] = [0; 64];
+        let mut at = n;
+        while at < size {
+            let k = (size - at).min(ZEROS.len());
+            self.shared.region.write(off + at, &ZEROS[..k]);
+            at += k;
+        }
         self.tail = self.tail.wrapping_add(1);
         Ok(())
     }
@@ -423,6 +439,13 @@ impl Producer {
     /// "ring the consumer's doorbell".
     pub fn push(&mut self, entry: &[u8]) -> Result<bool, PushError> {
         self.stage(entry)?;
+        Ok(self.publish())
+    }
+
+    /// [`push`](Producer::push) of `bytes` zero-padded to the entry size
+    /// ([`stage_padded`](Producer::stage_padded)).
+    pub fn push_padded(&mut self, bytes: &[u8]) -> Result<bool, PushError> {
+        self.stage_padded(bytes)?;
         Ok(self.publish())
     }
 
@@ -779,6 +802,24 @@ mod tests {
             }
         }
         assert!(r.atomic_u32(OFF_PRODUCER).load(Ordering::Relaxed) < 100);
+    }
+
+    #[test]
+    fn padded_entries_zero_the_rest_of_their_slot() {
+        let (mut p, mut c, _r) = ring(2, 16);
+        let mut buf = [0u8; 16];
+        // Fill both slots with ones, consume them, then push short entries over them.
+        for _ in 0..2 {
+            p.push(&[0xff; 16]).unwrap();
+            assert!(c.pop(&mut buf).unwrap());
+        }
+        p.push_padded(&[1, 2, 3]).unwrap();
+        assert!(c.pop(&mut buf).unwrap());
+        assert_eq!(buf, [1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        // Longer than an entry: the first 16 bytes go.
+        p.push_padded(&[7; 20]).unwrap();
+        assert!(c.pop(&mut buf).unwrap());
+        assert_eq!(buf, [7; 16]);
     }
 
     #[test]
