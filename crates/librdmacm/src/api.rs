@@ -646,6 +646,9 @@ unsafe extern "C" fn migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel
     if Arc::ptr_eq(&target, &i.chan) {
         return 0;
     }
+    // rdma_migrate_id(3): blocks while events the program got for the id on its current
+    // channel are unacknowledged (a CONNECT_REQUEST counts against its listener).
+    i.unacked.wait_zero();
     // The daemon's CM ids belong to the channel's daemon connection: those the id has move
     // to the target channel's connection (the daemon checks both are this process's).
     let cms: Vec<(usize, CmId)> = {

@@ -11,6 +11,10 @@
  *    (rping would exit with one) nor touches freed memory. The process then exits with the
  *    thread still blocked, as rping does.
  *
+ * First, the same wait in rdma_migrate_id (rdma_migrate_id(3): it blocks while there are
+ * unacknowledged events on the id's current channel): a thread holds an event of an id while
+ * the main thread migrates that id to another channel.
+ *
  * The event is the ADDR_RESOLVED of a loopback address. Prints "ok"; exits 1 with what
  * differed otherwise.
  */
@@ -34,6 +38,55 @@ static void fail(const char *what)
 {
     fprintf(stderr, "%s\n", what);
     exit(1);
+}
+
+static atomic_int m_got, m_acked; /* the migrate phase's thread holds / acks its event */
+
+static void *migrate_thread(void *arg)
+{
+    struct rdma_cm_event *e;
+    if (rdma_get_cm_event(arg, &e))
+        fail("rdma_get_cm_event (migrate phase)");
+    atomic_store(&m_got, 1);
+    usleep(200 * 1000);
+    atomic_store(&m_acked, 1);
+    rdma_ack_cm_event(e);
+    return NULL;
+}
+
+static void resolve(struct rdma_cm_id *id)
+{
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(7600)};
+    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+    if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 1000))
+        fail("rdma_resolve_addr");
+}
+
+static void migrate_waits_for_the_ack(void)
+{
+    struct rdma_event_channel *from = rdma_create_event_channel(), *to = rdma_create_event_channel();
+    struct rdma_cm_id *id;
+    pthread_t t;
+    if (!from || !to)
+        fail("rdma_create_event_channel (migrate phase)");
+    if (rdma_create_id(from, &id, MAGIC, RDMA_PS_TCP))
+        fail("rdma_create_id (migrate phase)");
+    resolve(id);
+    if (pthread_create(&t, NULL, migrate_thread, from))
+        fail("pthread_create");
+    while (!atomic_load(&m_got))
+        usleep(1000);
+    if (rdma_migrate_id(id, to))
+        fail("rdma_migrate_id");
+    if (!atomic_load(&m_acked))
+        fail("rdma_migrate_id returned before the event was acked");
+    pthread_join(t, NULL);
+    if (id->channel != to)
+        fail("the id is not on the new channel");
+    if (rdma_destroy_id(id))
+        fail("rdma_destroy_id (migrate phase)");
+    rdma_destroy_event_channel(from);
+    rdma_destroy_event_channel(to);
 }
 
 static void *cm_thread(void *arg)
@@ -61,16 +114,14 @@ static void *cm_thread(void *arg)
 
 int main(void)
 {
+    migrate_waits_for_the_ack();
     ch = rdma_create_event_channel();
     if (!ch)
         fail("rdma_create_event_channel");
     struct rdma_cm_id *id;
     if (rdma_create_id(ch, &id, MAGIC, RDMA_PS_TCP))
         fail("rdma_create_id");
-    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(7600)};
-    inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-    if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 1000))
-        fail("rdma_resolve_addr");
+    resolve(id);
     pthread_t t;
     if (pthread_create(&t, NULL, cm_thread, NULL))
         fail("pthread_create");
