@@ -215,9 +215,9 @@ pub(crate) fn in_pieces(
 
 /// Checks that `c.lo..c.hi` is covered by read-write shared mappings of `c`'s memfd.
 fn check_converted(c: &Converted) -> Result<(), ShareError> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let lines = crate::vmas::lines_covering(c.lo, c.hi)?;
     let mut at = c.lo;
-    for line in maps.lines() {
+    for line in &lines {
         let Some(m) = MapsLine::parse(line) else {
             continue;
         };
@@ -231,7 +231,7 @@ fn check_converted(c: &Converted) -> Result<(), ShareError> {
         {
             return Err(ShareError::Unsupported {
                 addr: at,
-                found: line.to_owned(),
+                found: line.clone(),
             });
         }
         at = m.end;
@@ -247,9 +247,9 @@ fn check_converted(c: &Converted) -> Result<(), ShareError> {
 
 /// Checks that `lo..hi` (page-aligned) is covered by private anonymous read-write mappings.
 fn check_private_anonymous(lo: usize, hi: usize) -> Result<(), ShareError> {
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let lines = crate::vmas::lines_covering(lo, hi)?;
     let mut at = lo;
-    for line in maps.lines() {
+    for line in &lines {
         let Some(m) = MapsLine::parse(line) else {
             continue;
         };
@@ -262,7 +262,7 @@ fn check_private_anonymous(lo: usize, hi: usize) -> Result<(), ShareError> {
         if !m.private_anonymous_rw() {
             return Err(ShareError::Unsupported {
                 addr: at,
-                found: line.to_owned(),
+                found: line.clone(),
             });
         }
         at = m.end;

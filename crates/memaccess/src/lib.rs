@@ -42,6 +42,8 @@ mod process_vm;
 mod raw;
 mod shared;
 #[allow(unsafe_code)]
+mod vmas;
+#[allow(unsafe_code)]
 mod write_guard;
 
 pub use batch::{BatchStats, MAX_HELD, MAX_STREAMS, MIN_STREAM, WINDOW};
