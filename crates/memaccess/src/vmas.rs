@@ -53,6 +53,11 @@ pub(crate) fn lines_covering(lo: usize, hi: usize) -> io::Result<Vec<String>> {
             Err(e) => return Err(e),
         }
     }
+    from_file(lo, hi)
+}
+
+/// [`lines_covering`] by reading the whole of `/proc/self/maps`.
+fn from_file(lo: usize, hi: usize) -> io::Result<Vec<String>> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     Ok(maps
         .lines()
@@ -160,15 +165,12 @@ mod tests {
             )
         }
         .unwrap();
-        let from_file: Vec<String> = std::fs::read_to_string("/proc/self/maps")
+        let from_file: Vec<String> = from_file(base, base + 3 * p)
             .unwrap()
-            .lines()
-            .filter(|l| {
-                let s = usize::from_str_radix(l.split('-').next().unwrap(), 16).unwrap();
-                (base..base + 3 * p).contains(&s)
-            })
+            .iter()
             .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
             .collect();
+        assert_eq!(from_file.len(), 3, "{from_file:?}");
         match query(base, base + 3 * p) {
             Ok(lines) => {
                 let lines: Vec<String> = lines
