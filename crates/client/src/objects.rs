@@ -542,10 +542,13 @@ impl<'a> Mr<'a> {
 impl Drop for Mr<'_> {
     fn drop(&mut self) {
         revoking(self.ctx);
-        if destroy_plain::<cmd::DeregMr>(self.ctx, "dereg_mr", self.handle).is_ok() {
+        let r = destroy_plain::<cmd::DeregMr>(self.ctx, "dereg_mr", self.handle);
+        // After the direct peers are done with the pages (`revoked`), as in `dereg`: a copy
+        // of theirs still running would land in the memfd after ours was taken.
+        revoked(self.ctx);
+        if r.is_ok() {
             self.unshare();
         }
-        revoked(self.ctx);
     }
 }
 

@@ -76,8 +76,8 @@ impl From<rustix::io::Errno> for ShareError {
 ///   during the call, which would wait for itself. No thread may unmap the pages during the
 ///   call.
 /// * **Neighbours are shared too.** The whole pages are shared with the daemon (which only
-///   accesses the registered bytes, enforced by the core's bounds check), and stay
-///   memfd-backed after deregistration until the memory is unmapped.
+///   accesses the registered bytes, enforced by the core's bounds check), until
+///   [`unshare_in_place`] makes them private again at deregistration.
 /// * **fork.** After the conversion the pages are `MAP_SHARED`, which a child created by
 ///   `fork()` would share with the parent; the first conversion installs a child handler
 ///   that gives the child its own copy (`fork_child.rs`).
@@ -215,38 +215,25 @@ pub(crate) fn in_pieces(
 
 /// Checks that `c.lo..c.hi` is covered by read-write shared mappings of `c`'s memfd.
 fn check_converted(c: &Converted) -> Result<(), ShareError> {
-    let lines = crate::vmas::lines_covering(c.lo, c.hi)?;
-    let mut at = c.lo;
-    for line in &lines {
-        let Some(m) = MapsLine::parse(line) else {
-            continue;
-        };
-        if m.end <= at {
-            continue;
-        }
-        if m.start > at
-            || !m.converted_by_us()
-            || !m.perms.starts_with("rw")
-            || m.inode.parse::<u64>().ok() != Some(c.inode)
-        {
-            return Err(ShareError::Unsupported {
-                addr: at,
-                found: line.clone(),
-            });
-        }
-        at = m.end;
-        if at >= c.hi {
-            return Ok(());
-        }
-    }
-    Err(ShareError::Unsupported {
-        addr: at,
-        found: "not mapped".to_owned(),
+    check_covered(c.lo, c.hi, |m| {
+        m.converted_by_us()
+            && m.perms.starts_with("rw")
+            && m.inode.parse::<u64>().ok() == Some(c.inode)
     })
 }
 
 /// Checks that `lo..hi` (page-aligned) is covered by private anonymous read-write mappings.
 fn check_private_anonymous(lo: usize, hi: usize) -> Result<(), ShareError> {
+    check_covered(lo, hi, |m| m.private_anonymous_rw())
+}
+
+/// Checks that mappings cover `lo..hi` without a hole and that each of them is `fit`;
+/// [`ShareError::Unsupported`] names the first page where that fails.
+fn check_covered(
+    lo: usize,
+    hi: usize,
+    fit: impl Fn(&MapsLine<'_>) -> bool,
+) -> Result<(), ShareError> {
     let lines = crate::vmas::lines_covering(lo, hi)?;
     let mut at = lo;
     for line in &lines {
@@ -256,13 +243,14 @@ fn check_private_anonymous(lo: usize, hi: usize) -> Result<(), ShareError> {
         if m.end <= at {
             continue;
         }
-        if m.start > at {
-            break; // A hole at `at`.
-        }
-        if !m.private_anonymous_rw() {
+        if m.start > at || !fit(&m) {
             return Err(ShareError::Unsupported {
                 addr: at,
-                found: line.clone(),
+                found: if m.start > at {
+                    "not mapped".to_owned()
+                } else {
+                    line.clone()
+                },
             });
         }
         at = m.end;
