@@ -808,3 +808,82 @@ fn ud_sends_still_go_out_when_their_ah_is_destroyed_right_after_posting() {
         );
     }
 }
+
+/// rdma-core's `test_odp_ud_traffic` pattern: one thread posts a receive on one context's UD
+/// QP, then a UD send to it from another context. The daemon reads the two contexts' rings
+/// at different moments of a round, so it could read the receiver's ring just before the
+/// receive and the sender's just after the send, and then dropped the datagram as having no
+/// receive (~3 % of that test's runs). Every receive posted before the send must be there.
+#[test]
+fn a_ud_send_right_after_a_receive_on_another_context_finds_it() {
+    const ROUNDS: usize = 20_000;
+    let (d, _dir) = daemon("ud-order", None);
+    let (ca, cb) = (
+        Context::open_at(&d.socket, 0).unwrap(),
+        Context::open_at(&d.socket, 0).unwrap(),
+    );
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let (rcq, scq) = (ca.create_cq(64).unwrap(), cb.create_cq(64).unwrap());
+    let rx = ca
+        .create_qp(&QpInit::new(QpType::Ud, &pa).cqs(&rcq, &rcq).cap(cap()))
+        .unwrap();
+    let tx = cb
+        .create_qp(&QpInit::new(QpType::Ud, &pb).cqs(&scq, &scq).cap(cap()))
+        .unwrap();
+    const QKEY: u32 = 0x0dd_0dd;
+    for qp in [&tx, &rx] {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: QKEY,
+            ..QpAttr::default()
+        };
+        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .unwrap();
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ..init
+        };
+        qp.modify(&rtr, M::STATE).unwrap();
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            ..rtr
+        };
+        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+    }
+    let gid = ca.query_gid(1, 0).unwrap();
+    let mut sbuf = vec![5u8; 64];
+    let mut rbuf = vec![0u8; 128];
+    let smr = lend(&pb, &mut sbuf);
+    let rmr = lend(&pa, &mut rbuf);
+    let ah = pb
+        .create_ah(&softverbs::AhAttr {
+            dgid: gid,
+            is_global: true,
+            port_num: 1,
+            hop_limit: 64,
+            ..softverbs::AhAttr::default()
+        })
+        .unwrap();
+    let s = sge(&smr, 0, 32);
+    for round in 0..ROUNDS {
+        rx.post_recv(round as u64, &sge(&rmr, 0, 128)).unwrap();
+        let mut wr = SendRequest::new(round as u64, SendOp::Send, &s);
+        wr.ud = Some(softverbs::UdAddress {
+            ah: &ah,
+            remote_qpn: rx.qpn(),
+            remote_qkey: QKEY,
+        });
+        tx.post_send(&wr).unwrap();
+        let sent = scq.wait(1, Duration::from_secs(5)).unwrap();
+        assert!(
+            sent.len() == 1 && sent[0].status == WcStatus::Success,
+            "round {round}: send {sent:?}"
+        );
+        let got = rcq.wait(1, Duration::from_secs(2)).unwrap();
+        assert!(
+            got.len() == 1 && got[0].status == WcStatus::Success && got[0].byte_len == 32 + 40,
+            "round {round}: the datagram found no receive ({got:?})"
+        );
+    }
+}

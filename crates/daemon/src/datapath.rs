@@ -842,6 +842,11 @@ impl DataPath {
                     {
                         // Our own device (any of its addresses): no socket (the ICRC protects
                         // wires, and there is none).
+                        if let Some(qpn) = takes_a_receive(&buf[..tx.len]) {
+                            for (o, refused) in self.catch_up_receives(qpn) {
+                                self.route(core, o, refused, &mut woken);
+                            }
+                        }
                         let meta = softverbs_transport::RxMeta {
                             sgid: self.devs[d].sgid_for(tx.sgid_index, tx.dgid),
                             dgid: tx.dgid,
@@ -1600,27 +1605,8 @@ impl DataPath {
                     }
                 }
             }
-            if let Some(rq) = &mut r.rq {
-                for _ in 0..engine.recv_room(qpn).min(4096) {
-                    match rq.pop(&mut rbuf) {
-                        Ok(true) => {}
-                        Ok(false) => break,
-                        Err(_) => {
-                            failed.push(qpn);
-                            break;
-                        }
-                    }
-                    let Ok((w, _)) = PostRecvReq::read_from_prefix(&rbuf) else {
-                        continue;
-                    };
-                    let res = recv_wr_from_wire(&w)
-                        .and_then(|wr| engine.post_recv(qpn, wr).map_err(post_errno));
-                    if res.is_err() {
-                        let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
-                        wc.opcode = softverbs_transport::wr::WcOpcode::Recv;
-                        errors.push((r.recv_cq, wc, None));
-                    }
-                }
+            if pop_receives(engine, qpn, r, &mut rbuf, &mut errors).is_err() {
+                failed.push(qpn);
             }
             // Still busy: entries the engine had no room for, or send requests in the engine
             // (they retire later, maybe without a completion, and the end of the round that
@@ -1643,11 +1629,21 @@ impl DataPath {
             tracing::warn!(qpn, "corrupt work-queue ring; unmapping it");
             self.forget_qp_rings(qpn);
         }
+        self.pump_srqs(&mut rbuf);
+        self.ring_scratch = (sbuf, rbuf);
+        errors
+            .into_iter()
+            .filter_map(|(cq, wc, pos)| cq.map(|cq| (Output::Completion { cq, wc }, pos)))
+            .collect()
+    }
+
+    /// Moves what the SRQ rings hold into the engine.
+    fn pump_srqs(&mut self, rbuf: &mut [u8]) {
         let mut corrupt = Vec::new();
         for (&key, (dev, c)) in self.srq_rings.iter_mut() {
             let engine = &mut self.devs[*dev].engine;
             for _ in 0..engine.srq_room(key).unwrap_or(0).min(4096) {
-                match c.pop(&mut rbuf) {
+                match c.pop(rbuf) {
                     Ok(true) => {}
                     Ok(false) => break,
                     Err(_) => {
@@ -1655,7 +1651,7 @@ impl DataPath {
                         break;
                     }
                 }
-                let ok = PostRecvReq::read_from_prefix(&rbuf)
+                let ok = PostRecvReq::read_from_prefix(rbuf)
                     .ok()
                     .and_then(|(w, _)| recv_wr_from_wire(&w).ok())
                     .is_some_and(|wr| engine.post_srq_recv(key, wr).is_ok());
@@ -1671,10 +1667,88 @@ impl DataPath {
             self.srq_rings.remove(&key);
             self.srq_faults.push(key);
         }
+    }
+
+    /// Before a packet of this daemon is delivered to QP `qpn` of this daemon: the receives
+    /// posted to it (or to the SRQs) so far go into the engine first. A round reads each
+    /// QP's rings once, in its own order, so it may read the receiver's ring just before a
+    /// receive is posted there and the sender's ring just after a send posted later — by
+    /// the same thread, as rdma-core's tests do (`test_odp_ud_traffic` posts a receive on one
+    /// context, then a UD send to it on another): a UD datagram would then find no receive
+    /// and be dropped (IBA 9.7.6.1.5), an RC SEND draw an RNR NAK and wait out the RNR
+    /// timer. On a NIC the receive's doorbell reaches the device before the send's. Having
+    /// read the send, every receive posted before it is visible now (its ring's release,
+    /// then the sender's, then our acquire), so reading the receiver's rings again closes
+    /// that gap.
+    fn catch_up_receives(&mut self, qpn: u32) -> Vec<(Output, Option<(u32, u32)>)> {
+        let (mut sbuf, mut rbuf) = std::mem::take(&mut self.ring_scratch);
+        rbuf.resize(entry_size::<PostRecvReq>() as usize, 0);
+        let mut errors: Vec<RefusedCompletion> = Vec::new();
+        if let (Some(r), Some(&dev)) = (self.qp_rings.get_mut(&qpn), self.qp_dev.get(&qpn)) {
+            let engine = &mut self.devs[dev].engine;
+            if pop_receives(engine, qpn, r, &mut rbuf, &mut errors).is_err() {
+                tracing::warn!(qpn, "corrupt work-queue ring; unmapping it");
+                self.forget_qp_rings(qpn);
+            }
+        }
+        if !self.srq_rings.is_empty() {
+            self.pump_srqs(&mut rbuf);
+        }
+        sbuf.clear();
         self.ring_scratch = (sbuf, rbuf);
         errors
             .into_iter()
             .filter_map(|(cq, wc, pos)| cq.map(|cq| (Output::Completion { cq, wc }, pos)))
             .collect()
     }
+}
+
+/// The destination QP of a packet (BTH first) that consumes a receive there: the first or
+/// only packet of a SEND, the last or only one of an RDMA WRITE with immediate (IBA 9.4.1,
+/// 9.4.3).
+fn takes_a_receive(pkt: &[u8]) -> Option<u32> {
+    use softverbs_wire::opcode::Operation as Op;
+    let bth = softverbs_wire::bth::Bth::new_checked(pkt).ok()?;
+    let takes = matches!(
+        bth.opcode().operation()?,
+        Op::SendFirst
+            | Op::SendOnly
+            | Op::SendOnlyWithImmediate
+            | Op::SendOnlyWithInvalidate
+            | Op::RdmaWriteLastWithImmediate
+            | Op::RdmaWriteOnlyWithImmediate
+    );
+    takes.then(|| bth.dest_qp())
+}
+
+/// Moves what QP `qpn`'s receive ring holds into the engine, as far as it has room; a refused
+/// receive becomes an error completion in `errors`. `Err` if the ring is corrupt.
+fn pop_receives(
+    engine: &mut Engine,
+    qpn: u32,
+    r: &mut QpRings,
+    rbuf: &mut [u8],
+    errors: &mut Vec<RefusedCompletion>,
+) -> Result<(), ()> {
+    let Some(rq) = &mut r.rq else {
+        return Ok(());
+    };
+    for _ in 0..engine.recv_room(qpn).min(4096) {
+        match rq.pop(rbuf) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(_) => return Err(()),
+        }
+        let Ok((w, _)) = PostRecvReq::read_from_prefix(rbuf) else {
+            continue;
+        };
+        let res =
+            recv_wr_from_wire(&w).and_then(|wr| engine.post_recv(qpn, wr).map_err(post_errno));
+        if res.is_err() {
+            let mut wc = WorkCompletion::new_error(w.wr_id.get(), qpn);
+            wc.opcode = softverbs_transport::wr::WcOpcode::Recv;
+            errors.push((r.recv_cq, wc, None));
+        }
+    }
+    Ok(())
 }
