@@ -742,24 +742,7 @@ fn ud_sends_still_go_out_when_their_ah_is_destroyed_right_after_posting() {
         .unwrap();
     const QKEY: u32 = 0x1111_2222;
     for qp in [&tx, &rx] {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qkey: QKEY,
-            ..QpAttr::default()
-        };
-        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-            .unwrap();
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            ..init
-        };
-        qp.modify(&rtr, M::STATE).unwrap();
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            ..rtr
-        };
-        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+        ud_ready(qp, QKEY);
     }
     let gid = ctx.query_gid(1, 0).unwrap();
     let mut sbuf = vec![7u8; 64];
@@ -832,24 +815,7 @@ fn a_ud_send_right_after_a_receive_on_another_context_finds_it() {
         .unwrap();
     const QKEY: u32 = 0x0dd_0dd;
     for qp in [&tx, &rx] {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qkey: QKEY,
-            ..QpAttr::default()
-        };
-        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-            .unwrap();
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            ..init
-        };
-        qp.modify(&rtr, M::STATE).unwrap();
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            ..rtr
-        };
-        qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+        ud_ready(qp, QKEY);
     }
     let gid = ca.query_gid(1, 0).unwrap();
     let mut sbuf = vec![5u8; 64];
@@ -886,4 +852,26 @@ fn a_ud_send_right_after_a_receive_on_another_context_finds_it() {
             "round {round}: the datagram found no receive ({got:?})"
         );
     }
+}
+
+/// A UD QP through INIT (port 1, `qkey`), RTR and RTS.
+fn ud_ready(qp: &softverbs::Qp<'_>, qkey: u32) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey,
+        ..QpAttr::default()
+    };
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+        .unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..init
+    };
+    qp.modify(&rtr, M::STATE).unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..rtr
+    };
+    qp.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
 }
