@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use foldhash::HashMap;
+use smallvec::SmallVec;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,7 +28,7 @@ use softverbs_core::wr::{SendOp, Sge, WcOpcode, WcStatus, WorkCompletion, WC_WIT
 use softverbs_memaccess::{PeerFault, PeerMemory};
 use softverbs_shm::{Consumer, Producer, Region, RingLayout};
 use zerocopy::little_endian::U32;
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::error::{errno, Error, Result};
 use crate::Context;
@@ -78,31 +79,57 @@ pub(crate) struct NewQp {
 }
 
 /// A send request waiting (posted while undecided, or a SEND with no receive at the peer).
+/// Kept small and without allocation for the common shapes (one 8-byte SEND is posted,
+/// queued and executed in well under a microsecond): the daemon's wire form is built only
+/// if the QP leaves the direct path ([`Pending::wire`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Pending {
-    pub(crate) wire: softverbs_abi::msg::SendWrWire,
     wr_id: u64,
     op: SendOp,
-    sges: Vec<Sge>,
-    inline: Option<Vec<u8>>,
+    sges: SmallVec<[Sge; 2]>,
+    inline: Option<SmallVec<[u8; 64]>>,
     signaled: bool,
+    solicited: bool,
+}
+
+/// What [`DirectCtx::post_send`] did with a request.
+pub(crate) enum Posted {
+    /// The QP is not on the direct path: post it through the daemon.
+    NotDirect,
+    /// Executed or queued.
+    Done,
+    /// The QP left the direct path: post this (which includes the request) through the
+    /// daemon.
+    Left(Fallback),
 }
 
 impl Pending {
-    /// The request as posted, with its wire form for the daemon's ring should the QP leave
-    /// the direct path.
-    pub(crate) fn new(
-        wire: softverbs_abi::msg::SendWrWire,
-        wr: &crate::datapath::SendRequest<'_>,
-    ) -> Pending {
+    /// The request as posted.
+    pub(crate) fn new(wr: &crate::datapath::SendRequest<'_>) -> Pending {
         Pending {
-            wire,
             wr_id: wr.wr_id,
             op: wr.op,
-            sges: wr.sges.to_vec(),
-            inline: wr.inline.map(<[u8]>::to_vec),
+            sges: SmallVec::from_slice(wr.sges),
+            inline: wr.inline.map(SmallVec::from_slice),
             signaled: wr.signaled,
+            solicited: wr.solicited,
         }
+    }
+
+    /// Its wire form for the daemon's ring (the QP left the direct path). Built from what
+    /// was accepted at post time, so the ABI's limits hold.
+    pub(crate) fn wire(&self) -> softverbs_abi::msg::SendWrWire {
+        let wr = crate::datapath::SendRequest {
+            wr_id: self.wr_id,
+            op: self.op,
+            sges: &self.sges,
+            inline: self.inline.as_deref(),
+            signaled: self.signaled,
+            solicited: self.solicited,
+            ud: None,
+            remote_srqn: 0,
+        };
+        crate::datapath::send_wire(&wr).unwrap_or_default()
     }
 }
 
@@ -136,7 +163,7 @@ struct Chan {
     /// pointers (inline payloads, mapped peer MRs): not when one lies in an ODP MR, whose
     /// pages the program may have unmapped (ibv_reg_mr(3), `IBV_ACCESS_ON_DEMAND`) — the
     /// kernel's copy reports that as a fault (`LOC_PROT_ERR`), a pointer would raise SIGSEGV.
-    raw_local: bool,
+    raw_local: std::cell::Cell<bool>,
     /// When a request's retries to a peer that stopped answering run out (`ops`): unset
     /// until a request first finds it so, `Some(None)` never (timeout 0).
     retry_deadline: Option<Option<Instant>>,
@@ -188,8 +215,13 @@ enum Exec {
 }
 
 pub(crate) fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
+    /// Words of one entry (`MRT_ENTRY` bytes): read as atomics in place, not copied out
+    /// and decoded (four lookups per small SEND; the copy was a twentieth of its time).
+    const WORDS: usize = MRT_ENTRY / 8;
+    const _: () = assert!(MRT_ENTRY % 8 == 0 && MRT_ENTRIES % 8 == 0 && WORDS >= 5);
+    let seq = &table.atomic_u64s(MRT_SEQ, 1)[0];
+    let all = table.atomic_u64s(MRT_ENTRIES, MRT_CAPACITY * WORDS);
     for _ in 0..1000 {
-        let seq = &table.atomic_u64s(MRT_SEQ, 1)[0];
         let s = seq.load(Ordering::Acquire);
         if s % 2 == 1 {
             std::hint::spin_loop();
@@ -197,19 +229,23 @@ pub(crate) fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
         }
         let n = (table.atomic_u32(MRT_COUNT).load(Ordering::Relaxed) as usize).min(MRT_CAPACITY);
         let mut found = None;
-        let mut b = [0u8; MRT_ENTRY];
-        for i in 0..n {
+        for w in all[..n * WORDS].chunks_exact(WORDS) {
             // The key is the entry's first word (little-endian): only a match is read whole.
-            let at = MRT_ENTRIES + i * MRT_ENTRY;
-            if u32::from_le(table.atomic_u32(at).load(Ordering::Relaxed)) != key {
+            let w0 = u64::from_le(w[0].load(Ordering::Relaxed));
+            if w0 as u32 != key {
                 continue;
             }
-            table.read(at, &mut b);
-            let e = MrEntry::decode(&b);
-            if e.key == key {
-                found = Some(e);
-                break;
-            }
+            let w1 = u64::from_le(w[1].load(Ordering::Relaxed));
+            found = Some(MrEntry {
+                key,
+                pd: (w0 >> 32) as u32,
+                access: w1 as u32,
+                flags: (w1 >> 32) as u32,
+                iova: u64::from_le(w[2].load(Ordering::Relaxed)),
+                len: u64::from_le(w[3].load(Ordering::Relaxed)),
+                addr: u64::from_le(w[4].load(Ordering::Relaxed)),
+            });
+            break;
         }
         fence(Ordering::Acquire);
         if seq.load(Ordering::Relaxed) == s {
@@ -434,13 +470,16 @@ impl DirectCtx {
         }
     }
 
-    /// `ibv_post_recv` on a QP of the direct path.
-    pub(crate) fn post_recv(&self, ctx: &Context, handle: u32, req: PostRecvReq) -> Result<()> {
+    /// `ibv_post_recv` on a QP of the direct path; `Ok(false)`: the QP is not on it.
+    pub(crate) fn post_recv(&self, ctx: &Context, handle: u32, req: &PostRecvReq) -> Result<bool> {
         let mut g = self.lock();
         let inner = &mut *g;
+        if !inner.qps.contains_key(&handle) {
+            return Ok(false);
+        }
         let m = ops::marks(inner);
         let Some(q) = inner.qps.get_mut(&handle) else {
-            return Err(Error::new("post_recv", errno::EINVAL));
+            return Ok(false);
         };
         if q.error {
             let wc =
@@ -449,17 +488,21 @@ impl DirectCtx {
                 inner.cqs.entry(cq).or_default().push_back(wc);
             }
             ops::notify_own(ctx, inner, m);
-            return Ok(());
+            return Ok(true);
         }
         match &mut q.path {
-            Path::Held => q.held.push(req),
+            Path::Held => q.held.push(*req),
             Path::Undecided(c) | Path::Direct(c) => {
-                push_entry(&mut c.rq_out, req.as_bytes())
+                // Only the SGEs it has: the ring zero-pads the rest of the entry.
+                let n = (req.num_sge.get() as usize).min(req.sg_list.len());
+                let used = std::mem::offset_of!(PostRecvReq, sg_list)
+                    + n * std::mem::size_of::<softverbs_abi::msg::SgeWire>();
+                push_entry(&mut c.rq_out, &req.as_bytes()[..used])
                     .map_err(|e| Error::new("post_recv", e))?;
                 ops::posted_recv(ctx, handle, c);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// `ibv_post_send` on a QP of the direct path. `Ok(Some(f))`: the QP left the direct
@@ -468,14 +511,18 @@ impl DirectCtx {
         &self,
         ctx: &Context,
         handle: u32,
-        p: Pending,
+        wr: &crate::datapath::SendRequest<'_>,
         max_send_wr: u32,
-    ) -> Result<Option<Fallback>> {
+    ) -> Result<Posted> {
         let mut g = self.lock();
         let inner = &mut *g;
+        if !inner.qps.contains_key(&handle) {
+            return Ok(Posted::NotDirect);
+        }
+        let p = Pending::new(wr);
         let m = ops::marks(inner);
         let Some(q) = inner.qps.get_mut(&handle) else {
-            return Err(Error::new("post_send", errno::EINVAL));
+            return Ok(Posted::NotDirect);
         };
         if q.pending.len() as u32 >= max_send_wr {
             return Err(Error::new("post_send", errno::ENOMEM));
@@ -486,16 +533,16 @@ impl DirectCtx {
                 inner.cqs.entry(cq).or_default().push_back(wc);
             }
             ops::notify_own(ctx, inner, m);
-            return Ok(None);
+            return Ok(Posted::Done);
         }
         q.pending.push_back(p);
         let cqs = &mut inner.cqs;
         let left = progress(ctx, &self.own_table, handle, q, cqs);
         ops::notify_own(ctx, inner, m);
         if left {
-            return Ok(Some(take_fallback(inner, handle)));
+            return Ok(Posted::Left(take_fallback(inner, handle)));
         }
-        Ok(None)
+        Ok(Posted::Done)
     }
 
     /// Runs every direct QP of the context and hands out up to `max` completions of CQ `cq`;
@@ -562,24 +609,40 @@ fn with_entry_buf<T>(size: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
     }
 }
 
-/// Takes the peer's oldest posted receive. `Err`: its ring or entry is corrupt (the peer
-/// wrote nonsense into shared memory).
-fn pop_recv(c: &mut Chan) -> std::result::Result<Option<PostRecvReq>, ()> {
+/// Takes the peer's oldest posted receive into `r` (zeroed by the caller): `Ok(false)` when
+/// none is posted, `Err`: its ring or entry is corrupt (the peer wrote nonsense into shared
+/// memory). Filled in place: a receive request is 272 bytes, and moving it through the
+/// `Option`s and `Result`s was a twentieth of an 8-byte SEND.
+fn pop_recv(c: &mut Chan, r: &mut PostRecvReq) -> std::result::Result<bool, ()> {
+    const HEAD: usize = std::mem::offset_of!(PostRecvReq, sg_list);
+    if c.rq_in.layout().entry_size() == std::mem::size_of::<PostRecvReq>() {
+        // The daemon sizes the entries to the request: read its head, then only the SGEs
+        // it has (`push_entry` writes no more).
+        return c
+            .rq_in
+            .pop_with(|region, at| {
+                region.read(at, &mut r.as_mut_bytes()[..HEAD]);
+                let n = (r.num_sge.get() as usize).min(r.sg_list.len());
+                region.read(at + HEAD, r.sg_list[..n].as_mut_bytes());
+            })
+            .map(|got| got.is_some())
+            .map_err(|_| ());
+    }
     with_entry_buf(c.rq_in.layout().entry_size(), |buf| {
         match c.rq_in.pop(buf) {
             Ok(true) => {}
-            Ok(false) => return Ok(None),
+            Ok(false) => return Ok(false),
             Err(_) => return Err(()),
         }
-        PostRecvReq::read_from_prefix(buf)
-            .map(|(r, _)| Some(r))
-            .map_err(|_| ())
+        *r = PostRecvReq::read_from_prefix(buf).map_err(|_| ())?.0;
+        Ok(true)
     })
 }
 
+/// Pushes onto a channel ring: their consumers (the libraries) poll and never sleep on them.
 fn push_entry(p: &mut Producer, bytes: &[u8]) -> std::result::Result<(), i32> {
-    match p.push_padded(bytes) {
-        Ok(_) => Ok(()),
+    match p.push_polled(bytes) {
+        Ok(()) => Ok(()),
         Err(softverbs_shm::PushError::Full) => Err(errno::ENOMEM),
         Err(softverbs_shm::PushError::Corrupt(_)) => Err(errno::EIO),
     }
@@ -621,7 +684,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         slots_in,
         settled_to: 0,
         maps: mapped::Maps::default(),
-        raw_local: true,
+        raw_local: std::cell::Cell::new(true),
         side,
         peer_qpn: r.peer_qpn.get(),
         peer_pd: r.peer_pd.get(),
@@ -728,16 +791,21 @@ fn progress(
         let before = c.cqe_out.produced();
         // Busy from before its checks until after its copies: the peer's `dereg_mr` waits
         // for 0 (`DirectCtx::revoked`), and a peer flushing its receives likewise.
+        // Store ; full fence ; load of the table, paired with the owner's table write ;
+        // full fence ; load of this word (`DirectCtx::revoked`): one of the two sees the
+        // other's store.
         c.region
             .atomic_u32(CH_BUSY[c.side])
-            .store(1, Ordering::SeqCst);
+            .store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        c.raw_local = p.inline.is_some() || !p.sges.iter().any(|s| on_demand(own_table, s.lkey));
+        // Until its local pieces are looked up (`local_pieces`).
+        c.raw_local.set(p.inline.is_some());
         let done = ops::execute(ctx, own_table, handle, c, q.qp_type, p)
             .unwrap_or_else(|| execute(ctx, own_table, c, q.qp_type, p));
+        // Release: the copies above happen before an owner that sees 0 goes on.
         c.region
             .atomic_u32(CH_BUSY[c.side])
-            .store(0, Ordering::SeqCst);
+            .store(0, Ordering::Release);
         let done = ops::adjusted(ctx, handle, c, p, done);
         ops::delivered(ctx, handle, c, q.send_cq, (before, p, &done));
         match done {
@@ -938,29 +1006,34 @@ fn fail(
 }
 
 /// The local pieces of the request in this process: `Err(LOC_PROT_ERR)` for a key that is
-/// not ours, of another PD, out of range, or without `need`.
+/// not ours, of another PD, out of range, or without `need`. Also records whether they may
+/// be touched with plain pointers (`Chan::raw_local`: none lies in an ODP MR), from the
+/// same lookups.
 fn local_pieces(
     table: &Region,
     c: &Chan,
     p: &Pending,
     need: Access,
-) -> std::result::Result<Vec<(u64, u64)>, WcStatus> {
+) -> std::result::Result<Pieces, WcStatus> {
     if let Some(b) = &p.inline {
-        return Ok(vec![(b.as_ptr() as u64, b.len() as u64)]);
+        c.raw_local.set(true);
+        return Ok(smallvec::smallvec![(b.as_ptr() as u64, b.len() as u64)]);
     }
-    p.sges
-        .iter()
-        .map(|s| {
-            let len = u64::from(s.length);
-            check(table, c.own_pd, s.lkey, s.addr, len, need)
-                .map(|a| (a, len))
-                .ok_or(WcStatus::LocProtErr)
-        })
-        .collect()
+    let mut raw = true;
+    let mut out = Pieces::new();
+    for s in &p.sges {
+        let len = u64::from(s.length);
+        let (e, a) =
+            check_entry(table, c.own_pd, s.lkey, s.addr, len, need).ok_or(WcStatus::LocProtErr)?;
+        raw &= !Access(e.access).contains(Access::ON_DEMAND);
+        out.push((a, len));
+    }
+    c.raw_local.set(raw);
+    Ok(out)
 }
 
 /// Address and length of each local piece of a request, in order.
-type Pieces = Vec<(u64, u64)>;
+type Pieces = SmallVec<[(u64, u64); 4]>;
 
 /// An RDMA WRITE's or READ's local pieces and the peer address it reaches, checked in the
 /// order the engine checks them: the local keys (`Err(Some(LOC_PROT_ERR))`), then the
@@ -1011,11 +1084,6 @@ fn write_peer(
     }
 }
 
-/// Whether `key` names an ODP MR in `table` (an unknown key fails its own check later).
-fn on_demand(table: &Region, key: u32) -> bool {
-    lookup(table, key).is_some_and(|e| Access(e.access).contains(Access::ON_DEMAND))
-}
-
 /// Which way [`copy_peer`] moves bytes.
 #[derive(Clone, Copy)]
 enum Dir {
@@ -1036,7 +1104,7 @@ fn copy_peer(
 ) -> std::result::Result<(), PeerFault> {
     let handle = c.handle;
     let mapped = e
-        .filter(|_| c.raw_local)
+        .filter(|_| c.raw_local.get())
         .and_then(|e| c.maps.get(ctx, handle, e));
     match (mapped, dir) {
         (Some(m), Dir::ToPeer) => m.write_from(local, raddr),
@@ -1299,6 +1367,9 @@ impl Exec {
     }
 }
 
+/// The peer's receive pieces a SEND goes to: its MR entry, address there, and length.
+type RemotePieces = SmallVec<[(MrEntry, u64, u64); 4]>;
+
 /// The peer's pieces `(entry, address, length)` that `len` bytes fill along receive `r`'s
 /// SGEs, each checked in the peer's MR table (the peer QP's PD, `LOCAL_WRITE`, bounds), with
 /// the same pieces as the receive named them (for an inline slot), and the receive's status:
@@ -1308,10 +1379,10 @@ fn receive_pieces(
     c: &Chan,
     r: &PostRecvReq,
     len: u64,
-) -> (Vec<(MrEntry, u64, u64)>, Vec<inline::Piece>, WcStatus) {
+) -> (RemotePieces, SmallVec<[inline::Piece; 4]>, WcStatus) {
     let n = (r.num_sge.get() as usize).min(r.sg_list.len());
-    let mut remote = Vec::new();
-    let mut pieces = Vec::new();
+    let mut remote = SmallVec::new();
+    let mut pieces = SmallVec::new();
     let mut need = len;
     let mut status = WcStatus::Success;
     for s in &r.sg_list[..n] {
@@ -1373,12 +1444,13 @@ fn deliver(
         _ if reliable => return Exec::Done(WcStatus::RetryExcErr, 0),
         _ => return Exec::Done(WcStatus::Success, 0),
     }
-    let r = match pop_recv(c) {
-        Ok(Some(r)) => r,
-        Ok(None) if reliable => return Exec::Rnr,
-        Ok(None) => return Exec::Done(WcStatus::Success, 0),
+    let mut r = PostRecvReq::new_zeroed();
+    match pop_recv(c, &mut r) {
+        Ok(true) => {}
+        Ok(false) if reliable => return Exec::Rnr,
+        Ok(false) => return Exec::Done(WcStatus::Success, 0),
         Err(()) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
-    };
+    }
     let (remote, pieces, mut status) = receive_pieces(c, &r, len);
     let slot = c.cqe_out.produced();
     let mut filled = false;
@@ -1387,7 +1459,7 @@ fn deliver(
         // page may be unmapped; the kernel's copy here reports that as LOC_PROT_ERR).
         let small = len as usize <= INLINE_MAX
             && pieces.len() <= INLINE_PIECES
-            && c.raw_local
+            && c.raw_local.get()
             && remote
                 .iter()
                 .all(|(e, _, _)| !Access(e.access).contains(Access::ON_DEMAND));

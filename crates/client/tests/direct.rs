@@ -220,6 +220,55 @@ fn a_mixed_rc_sequence_completes_the_same_on_both_paths() {
     assert_eq!(&direct.2[50000 + 9000..], b"pong");
 }
 
+/// The channel's receive ring carries only the SGEs a receive has (docs/direct-path.md,
+/// "Speed"): a receive with fewer SGEs in a slot a longer one used before must scatter over
+/// its own SGEs only. Twelve rounds through a ring of four, 3, 1 and 2 SGEs in turn.
+#[test]
+fn receives_of_fewer_sges_in_reused_ring_slots_scatter_over_their_own() {
+    let (d, _dir) = common::daemon("dsges", None);
+    let p = open_pair(&d.socket, true);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let small = QpCap {
+        max_recv_wr: 4,
+        ..cap()
+    };
+    fn mk<'a>(s: &'a Side<'a>, cap: QpCap) -> Qp<'a> {
+        s.pd.context()
+            .create_qp(&QpInit::new(QpType::Rc, &s.pd).cqs(&s.cq, &s.cq).cap(cap))
+            .unwrap()
+    }
+    let (qa, qb) = (mk(&sa, small), mk(&sb, small));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    connect(&qb, ga, qa.qpn(), RWR);
+    connect(&qa, gb, qb.qpn(), RWR);
+    assert!(qa.is_direct() && qb.is_direct());
+    let mut abuf = vec![0u8; 4096];
+    let mut bbuf = vec![0u8; 4096];
+    let ma: BorrowedMr<'_> = sa.pd.reg_slice(&mut abuf, RWR).unwrap();
+    let mb: BorrowedMr<'_> = sb.pd.reg_slice(&mut bbuf, RWR).unwrap();
+    for round in 0..12u64 {
+        let n = [3usize, 1, 2][round as usize % 3];
+        // Each receive SGE is 10 bytes at its own 256-byte area; the SEND fills them all.
+        let sges: Vec<Sge> = (0..n).map(|k| mb.sge(256 * k, 10).unwrap()).collect();
+        qb.post_recv(round, &sges).unwrap();
+        let fill = 1 + round as u8;
+        ma.write(0, &vec![fill; 10 * n]).unwrap();
+        let src = [ma.sge(0, 10 * n).unwrap()];
+        let w = SendRequest::new(round, SendOp::Send, &src);
+        qa.post_send(&w).unwrap();
+        let got = wait(&sb.cq, 1);
+        assert_eq!(got[0].0, round);
+        assert_eq!(got[0].1, WcStatus::Success, "round {round}");
+        assert_eq!(got[0].3, 10 * n as u32);
+        for k in 0..n {
+            let mut area = [0u8; 10];
+            mb.read(256 * k, &mut area).unwrap();
+            assert_eq!(area, [fill; 10], "round {round}: receive SGE {k}");
+        }
+        wait(&sa.cq, 1);
+    }
+}
+
 #[test]
 fn a_mixed_uc_sequence_completes_the_same_on_both_paths() {
     let (d, _dir) = common::daemon("dmixuc", None);

@@ -16,8 +16,8 @@ use softverbs_abi::direct::{
     SIDE_ERROR, SIDE_GONE, SIDE_OPEN, SIDE_PENDING,
 };
 use softverbs_abi::msg::{
-    cmd, send_flags, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
-    DirectRemoteInvReq, DirectWindowReq, WcWire,
+    cmd, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
+    DirectRemoteInvReq, DirectWindowReq, PostRecvReq, WcWire,
 };
 use softverbs_core::mw::is_window_key;
 use softverbs_core::types::{Access, EventType, QpType};
@@ -25,7 +25,7 @@ use softverbs_core::wr::{SendOp, WcOpcode, WcStatus, WorkCompletion, WC_WITH_INV
 use softverbs_memaccess::{PeerFault, PeerMemory};
 use std::sync::atomic::{fence, Ordering};
 use zerocopy::little_endian::{U32, U64};
-use zerocopy::IntoBytes;
+use zerocopy::{FromZeros, IntoBytes};
 
 use super::{
     check, local_pieces, peer_state, push_entry, receive_pieces, scatter, settle, Chan, Exec,
@@ -382,11 +382,12 @@ fn send_with_inv(
         if let Some(e) = gate(c, reliable) {
             return e;
         }
-        let r = match super::pop_recv(c) {
-            Ok(Some(r)) => r,
-            Ok(None) => return Exec::Rnr,
+        let mut r = PostRecvReq::new_zeroed();
+        match super::pop_recv(c, &mut r) {
+            Ok(true) => {}
+            Ok(false) => return Exec::Rnr,
             Err(()) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
-        };
+        }
         let (remote, _, mut status) = receive_pieces(c, &r, total);
         if status == WcStatus::Success {
             match scatter(ctx, c, &local, &remote) {
@@ -479,8 +480,7 @@ pub(super) fn delivered(
     {
         return;
     }
-    let solicited = p.wire.send_flags.get() & send_flags::SOLICITED != 0
-        || !matches!(e, Exec::Done(WcStatus::Success, _));
+    let solicited = p.solicited || !matches!(e, Exec::Done(WcStatus::Success, _));
     notify(ctx, handle, NOTIFY_PEER_RECV, 0, solicited);
 }
 
