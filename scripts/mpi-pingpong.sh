@@ -9,6 +9,12 @@
 #   SIZES="1 4096" LOOPS=50 sudo scripts/mpi-pingpong.sh
 #
 # Prints one Markdown table (docs/performance.md, "MPI between two cluster hosts").
+#
+# `--bind-to none`: the cluster's hosts share this machine's CPUs, and each host's launcher
+# binds its rank to "its" first core — the same core for both. Two ranks that spin (the
+# TCP BTL's progress loop) then take turns by the scheduler's 4 ms slices: every TCP BTL
+# message took exactly 4 ms here until the binding was dropped (softverbs, whose ranks
+# yield while they wait, hid it). Real hosts have cores of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${S:-$PWD/target/release/softverbs}
@@ -27,7 +33,8 @@ lap() {
     local size=$1; shift
     local out
     out=$(timeout 300 "$S" cluster exec "$NAME-1" -- mpirun --allow-run-as-root \
-        --hostfile "$D/hostfile" -np 2 --map-by ppr:1:node --mca plm_rsh_agent "$D/softverbs-rsh" \
+        --hostfile "$D/hostfile" -np 2 --map-by ppr:1:node --bind-to none \
+        --mca plm_rsh_agent "$D/softverbs-rsh" \
         "$@" /usr/bin/python3 -m mpi4py.bench ringtest -n "$size" -l "$LOOPS" -s 10 2>&1) || {
         echo "job failed: $out" >&2
         echo nan

@@ -235,6 +235,30 @@ impl Qp<'_> {
 
     /// `ibv_post_recv` of one work request.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        if let (Some(d), Some(_)) = (&self.ctx.direct, &self.rings) {
+            // Before the rings' lock, which a direct QP does not need (its flush on the
+            // daemon's death runs under the direct path's own lock, `direct::ops`).
+            if self.local_state() == softverbs_core::types::QpState::Reset
+                || sges.len() > self.cap().max_recv_sge as usize
+            {
+                return Err(Error::new("post_recv", errno::EINVAL));
+            }
+            let count = self.rq_count.as_ref();
+            if count.is_some_and(|c| c.load(Ordering::Acquire) >= self.cap().max_recv_wr) {
+                return Err(Error::new("post_recv", errno::ENOMEM));
+            }
+            let mut req = PostRecvReq::new_zeroed();
+            fill_recv("post_recv", &mut req, self.handle(), wr_id, sges)?;
+            if self.ctx.fatal.is_dead() && d.owns(self.handle()) {
+                return Err(Error::device_fatal("post_recv"));
+            }
+            if d.post_recv(self.ctx, self.handle(), &req)? {
+                if let Some(c) = count {
+                    c.fetch_add(1, Ordering::AcqRel);
+                }
+                return Ok(());
+            }
+        }
         if let Some(rings) = &self.rings {
             let mut guard = rings.lock().unwrap_or_else(|e| e.into_inner());
             let r = &mut *guard;
@@ -253,14 +277,6 @@ impl Qp<'_> {
                 if count.is_some_and(|c| c.load(Ordering::Acquire) >= self.cap().max_recv_wr) {
                     // ibv_post_recv(3): the receive queue is full.
                     return Err(Error::new("post_recv", errno::ENOMEM));
-                }
-                if let Some(d) = self.ctx.direct.as_ref() {
-                    if d.post_recv(self.ctx, self.handle(), &req)? {
-                        if let Some(c) = count {
-                            c.fetch_add(1, Ordering::AcqRel);
-                        }
-                        return Ok(());
-                    }
                 }
                 crate::rings::push(
                     self.ctx,
@@ -320,6 +336,19 @@ impl Cq<'_> {
     /// `ibv_poll_cq` without allocating: hands up to `max` completions, oldest first, to `f`
     /// and returns how many (the C drop-in writes them straight into the caller's array).
     pub fn poll_with(&self, max: usize, mut f: impl FnMut(&WorkCompletion)) -> Result<usize> {
+        let mut n = 0;
+        if let Some(d) = &self.ctx.direct {
+            // The direct path counts its QPs' receive completions itself, under the lock
+            // it holds anyway (a second lock per poll was a tenth of a small SEND).
+            let (got, left) = d.poll(self.ctx, self.handle, max, &mut f);
+            for (qp, f) in left {
+                post_fallback(self.ctx, qp, f);
+            }
+            n = got;
+            if n == max {
+                return Ok(n);
+            }
+        }
         let mut counts = None;
         let mut each = |wc: &WorkCompletion| {
             if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
@@ -339,17 +368,6 @@ impl Cq<'_> {
             }
             f(wc);
         };
-        let mut n = 0;
-        if let Some(d) = &self.ctx.direct {
-            let (got, left) = d.poll(self.ctx, self.handle, max, &mut each);
-            for (qp, f) in left {
-                post_fallback(self.ctx, qp, f);
-            }
-            n = got;
-            if n == max {
-                return Ok(n);
-            }
-        }
         let Some(ring) = &self.ring else {
             return Ok(n + self.poll_command(max - n, &mut each)?);
         };

@@ -59,10 +59,14 @@ struct Inner {
     /// Entries of the CQs of direct QPs (`ibv_create_cq`/`ibv_resize_cq`), which the
     /// queues above may not exceed (`ops::notify_own`).
     cq_cap: HashMap<u32, u32>,
+    /// Receives outstanding per QP number, lowered as [`DirectCtx::poll`] hands out their
+    /// completions (each receive completes exactly once: success, error or flush). Kept
+    /// after a QP leaves the path, for its completions still queued here.
+    rq_counts: HashMap<u32, crate::context::RqCount>,
 }
 
 /// A QP the direct path may take, as created.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct NewQp {
     pub(crate) handle: u32,
     pub(crate) qpn: u32,
@@ -76,6 +80,9 @@ pub(crate) struct NewQp {
     pub(crate) channels: [bool; 2],
     /// Its send and receive CQs' entries.
     pub(crate) cqes: [u32; 2],
+    /// Its receives outstanding (`ibv_post_recv(3)`'s `ENOMEM` past `max_recv_wr`), which
+    /// this library lowers as it hands out their completions.
+    pub(crate) rq_count: Option<crate::context::RqCount>,
 }
 
 /// A send request waiting (posted while undecided, or a SEND with no receive at the peer).
@@ -318,6 +325,9 @@ impl DirectCtx {
                 g.cq_cap.insert(cq, cqe);
             }
         }
+        if let Some(c) = &n.rq_count {
+            g.rq_counts.insert(n.qpn, c.clone());
+        }
         g.qps.insert(
             n.handle,
             DQp {
@@ -392,8 +402,10 @@ impl DirectCtx {
     }
 
     /// The QP went away (destroyed): its side of the channel says so.
-    pub(crate) fn remove(&self, handle: u32) {
-        if let Some(q) = self.lock().qps.remove(&handle) {
+    pub(crate) fn remove(&self, handle: u32, qpn: u32) {
+        let mut g = self.lock();
+        g.rq_counts.remove(&qpn);
+        if let Some(q) = g.qps.remove(&handle) {
             if let Path::Direct(c) | Path::Undecided(c) = &q.path {
                 c.region
                     .atomic_u32(CH_STATE[c.side])
@@ -576,6 +588,13 @@ impl DirectCtx {
         if let Some(queue) = inner.cqs.get_mut(&cq) {
             while n < max {
                 let Some(wc) = queue.pop_front() else { break };
+                if matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+                    if let Some(c) = inner.rq_counts.get(&wc.qp_num) {
+                        let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                            Some(v.saturating_sub(1))
+                        });
+                    }
+                }
                 f(&wc);
                 n += 1;
             }

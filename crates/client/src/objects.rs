@@ -177,6 +177,7 @@ impl Context {
                     able,
                     channels,
                     cqes,
+                    rq_count: rq_count.clone(),
                 });
             }
         }
@@ -979,7 +980,7 @@ impl Qp<'_> {
 
     fn forget_rq_count(&self) {
         if let Some(d) = &self.ctx.direct {
-            d.remove(self.handle);
+            d.remove(self.handle, self.qpn);
         }
         if self.rings.is_some() {
             self.ctx
