@@ -5,7 +5,9 @@
 //! rules — an XRC domain by file identity, and an XRC receive QP by number inside a domain
 //! the caller has open. Everything else answers "invalid handle" whatever value is guessed.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use foldhash::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -312,24 +314,24 @@ impl Core {
         Core {
             devices,
             usage,
-            contexts: HashMap::new(),
+            contexts: HashMap::default(),
             next_ctx: 1,
             next_handle: 1,
-            xrcds: HashMap::new(),
+            xrcds: HashMap::default(),
             next_xrcd: 1,
-            xrcd_by_file: HashMap::new(),
-            tgt_qps: HashMap::new(),
+            xrcd_by_file: HashMap::default(),
+            tgt_qps: HashMap::default(),
             holders: BTreeMap::new(),
             // 0xFFFFFF is the multicast destination QPN (`crate::mcast`), never a QP's.
             qpns: NumberPool::new(FIRST_QPN, crate::mcast::MULTICAST_QPN - 1),
-            qp_routes: HashMap::new(),
+            qp_routes: HashMap::default(),
             srqns: NumberPool::new(1, MAX_24BIT),
-            srq_routes: HashMap::new(),
+            srq_routes: HashMap::default(),
             keys: NumberPool::new(1, MR_KEY_LAST),
             mw_indices: NumberPool::new(crate::mw::MW_INDEX_FIRST, crate::mw::MW_INDEX_LAST),
-            key_routes: HashMap::new(),
+            key_routes: HashMap::default(),
             limits: Limits::unlimited(),
-            uid_usage: HashMap::new(),
+            uid_usage: HashMap::default(),
             daemon_usage: Usage::default(),
             changes: VecDeque::new(),
             mcast,
@@ -355,19 +357,19 @@ impl Core {
             Context {
                 device,
                 info,
-                pds: HashMap::new(),
-                mrs: HashMap::new(),
-                mws: HashMap::new(),
-                cqs: HashMap::new(),
-                srqs: HashMap::new(),
-                ahs: HashMap::new(),
-                qps: HashMap::new(),
-                xrcds: HashMap::new(),
-                xrc_regs: HashMap::new(),
+                pds: HashMap::default(),
+                mrs: HashMap::default(),
+                mws: HashMap::default(),
+                cqs: HashMap::default(),
+                srqs: HashMap::default(),
+                ahs: HashMap::default(),
+                qps: HashMap::default(),
+                xrcds: HashMap::default(),
+                xrc_regs: HashMap::default(),
                 events: EventQueue::default(),
                 usage: Usage::default(),
-                rings: HashMap::new(),
-                mapped_mrs: HashSet::new(),
+                rings: HashMap::default(),
+                mapped_mrs: HashSet::default(),
             },
         );
         self.add_usage(id, crate::limits::Resource::Contexts, 1);

@@ -6,7 +6,7 @@
 //! UDP to others), runs the engines' timers, and turns engine outputs into CQ entries and
 //! async events.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
@@ -130,7 +130,7 @@ pub struct DataPath {
     cq_rings: HashMap<CqId, Producer>,
     /// CQs grown by `resize_cq` beyond their ring: new completions go to the PollCq queue
     /// (the client drains the ring first, then polls by command), the ring only counts.
-    cq_rings_outgrown: std::collections::HashSet<CqId>,
+    cq_rings_outgrown: HashSet<CqId>,
     /// Receive rings of SRQs, by (owner, handle), with the device whose engine holds the SRQ.
     srq_rings: HashMap<(CtxId, Handle), (usize, Consumer)>,
     /// SRQs whose ring held an entry the engine refused: the owner gets IBV_EVENT_SRQ_ERR.
@@ -271,26 +271,26 @@ impl DataPath {
             cm: crate::cm::CmPorts::new(&ips),
             devs,
             mem: SharedMappings::with_fallback(ProcessMem::new().with_batching(mem_batching())),
-            cqs: HashMap::new(),
-            ctx_cqs: HashMap::new(),
-            qp_dev: HashMap::new(),
-            mr_regions: HashMap::new(),
-            mr_fds: HashMap::new(),
-            channels: HashMap::new(),
+            cqs: HashMap::default(),
+            ctx_cqs: HashMap::default(),
+            qp_dev: HashMap::default(),
+            mr_regions: HashMap::default(),
+            mr_fds: HashMap::default(),
+            channels: HashMap::default(),
             next_channel: 1,
-            qp_rings: HashMap::new(),
+            qp_rings: HashMap::default(),
             qp_sched: ReadySet::with_grace(IDLE_GRACE_ROUNDS),
-            ctx_qp_rings: HashMap::new(),
-            ready: HashMap::new(),
+            ctx_qp_rings: HashMap::default(),
+            ready: HashMap::default(),
             visit: Vec::new(),
             settle: Vec::new(),
             stats: RoundStats::default(),
-            cq_rings: HashMap::new(),
-            cq_rings_outgrown: std::collections::HashSet::new(),
-            srq_rings: HashMap::new(),
+            cq_rings: HashMap::default(),
+            cq_rings_outgrown: HashSet::default(),
+            srq_rings: HashMap::default(),
             srq_faults: Vec::new(),
             ring_scratch: (Vec::new(), Vec::new()),
-            doorbells: HashMap::new(),
+            doorbells: HashMap::default(),
             new_doorbells: Vec::new(),
             epoch: Instant::now(),
             buf: vec![0; MAX_PACKET],
@@ -1357,7 +1357,7 @@ impl DataPath {
             ctx,
             ReadyRing {
                 ring,
-                qps: HashMap::new(),
+                qps: HashMap::default(),
             },
         );
         let resp = QueuesResp {

@@ -7,7 +7,9 @@
 //! answers them ([`crate::responder`]), and the completer matches responses to outstanding
 //! requests and completes them in order ([`crate::completer`]).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::{HashMap, HashSet};
 
 use softverbs_core::attr::QpAttr;
 use softverbs_core::device::Gid;

@@ -4,7 +4,9 @@
 //! requester, responder and completer build on this module; it builds on none of them, so
 //! the transport's modules form a DAG: engine → {requester → completer, responder} → qp.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 
 use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::PdRef;
