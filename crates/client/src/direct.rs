@@ -269,7 +269,7 @@ fn check(table: &Region, pd: u32, key: u32, iova: u64, len: u64, need: Access) -
 }
 
 /// [`check`], with the entry that allowed it.
-fn check_entry(
+pub(super) fn check_entry(
     table: &Region,
     pd: u32,
     key: u32,

@@ -351,12 +351,16 @@ fn refused_atomics_give_the_statuses_and_events_of_the_daemon_path() {
 /// A direct requester's atomics and a daemon-path requester's atomics on the same word of B
 /// interleave as atomics: every fetch-and-add sees a distinct original value and none is
 /// lost (`IBV_ATOMIC_HCA`: atomic among the device's atomics).
-#[test]
-fn direct_atomics_are_atomic_with_the_daemons_own() {
-    let (d, _dir) = common::daemon("opsatomrace", None);
-    let a = Context::open_at_direct(&d.socket, 0, true).unwrap();
-    let b = Context::open_at_direct(&d.socket, 0, true).unwrap();
-    let c = Context::open_at_direct(&d.socket, 0, false).unwrap();
+/// A direct pair (A, B1) and a daemon-path pair (C, B2) add 1 to the same word of B,
+/// concurrently, 300 times each: every add must see a value of its own and the word must end
+/// at 600. `shared`: the word is in a shared-memory MR, whose atomics the direct library
+/// executes itself with a CPU atomic on its mapping and the daemon with one on its own
+/// (docs/direct-path.md, "Atomics"); else in borrowed private memory, where the daemon
+/// executes both.
+fn atomic_race(socket: &std::path::Path, shared: bool) {
+    let a = Context::open_at_direct(socket, 0, true).unwrap();
+    let b = Context::open_at_direct(socket, 0, true).unwrap();
+    let c = Context::open_at_direct(socket, 0, false).unwrap();
     let (sa, sb, sc) = (side(&a), side(&b), side(&c));
     let (qa, qb1, qb2, qc) = (rc(&sa), rc(&sb), rc(&sb), rc(&sc));
     let (ga, gb, gc) = (
@@ -371,8 +375,31 @@ fn direct_atomics_are_atomic_with_the_daemons_own() {
     assert!(qa.is_direct() && qb1.is_direct());
     assert!(!qc.is_direct() && !qb2.is_direct());
     let mut word = vec![0u8; 8];
-    let mb = sb.pd.reg_slice(&mut word, ALL).unwrap();
-    let r = mb.remote();
+    let mut owned;
+    let buf;
+    let borrowed;
+    let (r, read_word): (softverbs::Remote, Box<dyn Fn() -> u64 + '_>) = if shared {
+        owned = sb.pd.alloc_mr(4096, ALL).unwrap();
+        buf = owned.take(8).unwrap();
+        (
+            owned.remote(),
+            Box::new(|| {
+                let mut v = [0u8; 8];
+                buf.read(0, &mut v).unwrap();
+                u64::from_ne_bytes(v)
+            }),
+        )
+    } else {
+        borrowed = sb.pd.reg_slice(&mut word, ALL).unwrap();
+        (
+            borrowed.remote(),
+            Box::new(|| {
+                let mut v = [0u8; 8];
+                borrowed.read(0, &mut v).unwrap();
+                u64::from_ne_bytes(v)
+            }),
+        )
+    };
     const N: usize = 300;
     let run = |qp: &Qp<'_>, s: &Side<'_>| -> Vec<u64> {
         let mut out = vec![0u8; 8];
@@ -404,11 +431,16 @@ fn direct_atomics_are_atomic_with_the_daemons_own() {
     assert_eq!(
         seen,
         (0..2 * N as u64).collect::<Vec<_>>(),
-        "an add was lost or doubled"
+        "shared {shared}: an add was lost or doubled"
     );
-    let mut v = [0u8; 8];
-    mb.read(0, &mut v).unwrap();
-    assert_eq!(u64::from_ne_bytes(v), 2 * N as u64);
+    assert_eq!(read_word(), 2 * N as u64, "shared {shared}");
+}
+
+#[test]
+fn direct_atomics_are_atomic_with_the_daemons_own() {
+    let (d, _dir) = common::daemon("opsatomrace", None);
+    atomic_race(&d.socket, false);
+    atomic_race(&d.socket, true);
 }
 
 /// B binds a type 1 and a type 2 window on its own QP; A writes and reads through them,

@@ -14,6 +14,8 @@
 
 use std::os::fd::OwnedFd;
 
+use softverbs_core::memory::AtomicOp;
+
 use crate::map::Mapping;
 use crate::PeerFault;
 
@@ -64,6 +66,16 @@ impl PeerMapping {
             at += l as usize;
         }
         Ok(())
+    }
+
+    /// Applies `op` as a CPU atomic to the peer's 8 bytes at `remote` and returns their old
+    /// value: the same instructions on the same memfd pages as the daemon's engine uses for
+    /// the atomics it executes on a shared MR (`SharedMappings`), so the two are atomic with
+    /// respect to each other. `Remote` if the mapping does not hold the 8 bytes or they are
+    /// not 8-byte aligned.
+    pub fn atomic(&self, remote: u64, op: AtomicOp) -> Result<u64, PeerFault> {
+        let at = self.offset(remote, 8).ok_or(PeerFault::Remote)?;
+        self.map.atomic(at, op).ok_or(PeerFault::Remote)
     }
 
     /// Copies the peer's `[remote, remote + total)` into the local pieces, in order.

@@ -19,6 +19,7 @@ use softverbs_abi::msg::{
     cmd, Command, DirectAtomicReq, DirectLocalOpReq, DirectNotifyReq, DirectOpResp,
     DirectRemoteInvReq, DirectWindowReq, PostRecvReq, WcWire,
 };
+use softverbs_core::memory::AtomicOp;
 use softverbs_core::mw::is_window_key;
 use softverbs_core::types::{Access, EventType, QpType};
 use softverbs_core::wr::{SendOp, WcOpcode, WcStatus, WorkCompletion, WC_WITH_INV};
@@ -28,7 +29,7 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::{
-    check, local_pieces, peer_state, push_entry, receive_pieces, scatter, settle, Chan, Exec,
+    check_entry, local_pieces, peer_state, push_entry, receive_pieces, scatter, settle, Chan, Exec,
     Inner, Pending,
 };
 use crate::Context;
@@ -142,7 +143,7 @@ pub(super) fn execute(
 /// An atomic: the read-modify-write in the daemon (`DirectAtomic`), then the original value
 /// into the requester's own SGEs, as the engine's completer places the atomic ACK (a local
 /// key that fails there fails here: `LOC_PROT_ERR`, after the responder executed it).
-fn atomic(ctx: &Context, own_table: &Region, handle: u32, c: &Chan, p: &Pending) -> Exec {
+fn atomic(ctx: &Context, own_table: &Region, handle: u32, c: &mut Chan, p: &Pending) -> Exec {
     let (op, remote_addr, rkey, compare, swap_add) = match p.op {
         SendOp::CompareSwap {
             remote_addr,
@@ -157,6 +158,20 @@ fn atomic(ctx: &Context, own_table: &Region, handle: u32, c: &Chan, p: &Pending)
         } => (ATOMIC_FETCH_ADD, remote_addr, rkey, 0, add),
         _ => return Exec::Done(WcStatus::LocQpOpErr, 0),
     };
+    let aop = if op == ATOMIC_CMP_SWP {
+        AtomicOp::CompareSwap {
+            compare,
+            swap: swap_add,
+        }
+    } else {
+        AtomicOp::FetchAdd { add: swap_add }
+    };
+    if let Some(orig) = mapped_atomic(ctx, c, remote_addr, rkey, aop) {
+        return match place_own(own_table, c, p, &orig.to_ne_bytes()) {
+            Ok(()) => Exec::Done(WcStatus::Success, 8),
+            Err(s) => Exec::Done(s, 0),
+        };
+    }
     let req = DirectAtomicReq {
         qp: U32::new(handle),
         op: U32::new(op),
@@ -179,6 +194,35 @@ fn atomic(ctx: &Context, own_table: &Region, handle: u32, c: &Chan, p: &Pending)
     }
 }
 
+/// An atomic on the peer's shared-memory MR, executed here with a CPU atomic on this
+/// library's mapping of the MR's memfd — atomic with respect to the daemon, which executes
+/// the atomics of the engine's QPs on such an MR with the same instructions on its own
+/// mapping (`crates/memaccess/src/shared.rs`) — when nothing about it can fail: the peer QP
+/// allows `REMOTE_ATOMIC`, the address is 8-byte aligned, the key is an MR's (not a
+/// window's) and allows it in the peer's table for the peer QP's PD, and the MR is shared
+/// and not ODP. `None`: the daemon executes it (`DirectAtomic`), which also reports and
+/// raises whatever fails (IBA 9.4.5, the responder's `execute_atomic`). The busy word is up
+/// (`super::progress`), so the owner's `dereg_mr` waits for it.
+fn mapped_atomic(ctx: &Context, c: &mut Chan, va: u64, rkey: u32, op: AtomicOp) -> Option<u64> {
+    if is_window_key(rkey) || va % 8 != 0 {
+        return None;
+    }
+    let peer_access = Access(
+        c.region
+            .atomic_u32(CH_ACCESS[1 - c.side])
+            .load(Ordering::Acquire),
+    );
+    if !peer_access.contains(Access::REMOTE_ATOMIC) {
+        return None;
+    }
+    let (e, addr) = check_entry(&c.peer_table, c.peer_pd, rkey, va, 8, Access::REMOTE_ATOMIC)?;
+    if Access(e.access).contains(Access::ON_DEMAND) {
+        return None;
+    }
+    let handle = c.handle;
+    c.maps.get(ctx, handle, &e)?.atomic(addr, op).ok()
+}
+
 /// Writes `data` into the request's own SGEs in order (the completer's `place`): each piece
 /// checked in this context's MR table for `LOCAL_WRITE` (`LOC_PROT_ERR`), `LOC_LEN_ERR` if
 /// they hold less.
@@ -189,25 +233,12 @@ fn place_own(
     data: &[u8],
 ) -> std::result::Result<(), WcStatus> {
     let mut off = 0usize;
-    // This process's own memory, through the kernel (an unmapped buffer is an error, not a
-    // fault), opened once per process: a forked child opens its own, never writing its
-    // parent's.
-    static OWN: std::sync::Mutex<Option<(u32, PeerMemory)>> = std::sync::Mutex::new(None);
-    let mut g = OWN.lock().unwrap_or_else(|e| e.into_inner());
-    let pid = std::process::id();
-    if g.as_ref().is_none_or(|(p, _)| *p != pid) {
-        let m = softverbs_memaccess::open_own_memory().map_err(|_| WcStatus::LocProtErr)?;
-        *g = Some((pid, PeerMemory::new(m)));
-    }
-    let Some((_, own)) = g.as_ref() else {
-        return Err(WcStatus::LocProtErr);
-    };
     for s in &p.sges {
         if off == data.len() {
             break;
         }
         let take = (s.length as usize).min(data.len() - off);
-        let at = check(
+        let (e, at) = check_entry(
             own_table,
             c.own_pd,
             s.lkey,
@@ -216,15 +247,38 @@ fn place_own(
             Access::LOCAL_WRITE,
         )
         .ok_or(WcStatus::LocProtErr)?;
-        let src = data[off..off + take].as_ptr() as u64;
-        own.write_from(&[(src, take as u64)], at)
-            .map_err(|_| WcStatus::LocProtErr)?;
+        let piece = &data[off..off + take];
+        if Access(e.access).contains(Access::ON_DEMAND) {
+            // Its pages may be unmapped: through the kernel, which reports that as an error.
+            own_memory(|own| own.write_from(&[(piece.as_ptr() as u64, take as u64)], at))
+                .map_err(|_| WcStatus::LocProtErr)?;
+        } else {
+            // Registered memory of this process, allocated while registered (`RawMemory`).
+            softverbs_memaccess::write_own(at, piece);
+        }
         off += take;
     }
     if off < data.len() {
         return Err(WcStatus::LocLenErr);
     }
     Ok(())
+}
+
+/// Runs `f` on this process's own memory through the kernel (an unmapped buffer is an
+/// error, not a fault), opened once per process: a forked child opens its own, never
+/// writing its parent's.
+fn own_memory(
+    f: impl FnOnce(&PeerMemory) -> std::result::Result<(), PeerFault>,
+) -> std::result::Result<(), ()> {
+    static OWN: std::sync::Mutex<Option<(u32, PeerMemory)>> = std::sync::Mutex::new(None);
+    let mut g = OWN.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    if g.as_ref().is_none_or(|(p, _)| *p != pid) {
+        let m = softverbs_memaccess::open_own_memory().map_err(|_| ())?;
+        *g = Some((pid, PeerMemory::new(m)));
+    }
+    let (_, own) = g.as_ref().ok_or(())?;
+    f(own).map_err(|_| ())
 }
 
 /// A bind or local invalidate, on the engine's windows (`DirectLocalOp`): `MW_BIND_ERR` or
