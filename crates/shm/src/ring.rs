@@ -569,21 +569,7 @@ impl Consumer {
     /// If `buf.len()` is not the ring's entry size (a caller bug).
     pub fn pop(&mut self, buf: &mut [u8]) -> Result<bool, Corrupt> {
         assert_eq!(buf.len(), self.shared.layout.entry_size(), "entry size");
-        if let Some(c) = self.poisoned {
-            return Err(c);
-        }
-        if self.head == self.tail {
-            self.refresh_tail()?;
-            if self.head == self.tail {
-                return Ok(false);
-            }
-        }
-        self.shared.region.read(self.shared.slot(self.head), buf);
-        self.head = self.head.wrapping_add(1);
-        // Release: our reads of the slot happen before the producer's acquire of this index
-        // and so before it overwrites the slot.
-        self.shared.consumer().store(self.head, Ordering::Release);
-        Ok(true)
+        Ok(self.pop_with(|region, at| region.read(at, buf))?.is_some())
     }
 
     /// Reads the oldest entry with `read` — given the region and the entry's offset in it,
