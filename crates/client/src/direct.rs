@@ -695,7 +695,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         // From here on this library places what the peer leaves in its slots.
         region
             .atomic_u32(CH_INLINE[side])
-            .store(1, Ordering::Release);
+            .store(inline::NEAR, Ordering::Release);
     }
     Some(Chan {
         handle: 0,
@@ -1482,15 +1482,15 @@ fn deliver(
             && remote
                 .iter()
                 .all(|(e, _, _)| !Access(e.access).contains(Access::ON_DEMAND));
-        let placed_there = || {
-            c.region
-                .atomic_u32(CH_INLINE[1 - c.side])
-                .load(Ordering::Acquire)
-                == 1
-        };
+        // What the receiver's library said it places (`CH_INLINE`): 0 nothing, 1 slots with
+        // the payload at its usual offset, 2 also payloads near the slot's head.
+        let placed_there = c
+            .region
+            .atomic_u32(CH_INLINE[1 - c.side])
+            .load(Ordering::Acquire);
         if small
             && c.slots_out.is_some()
-            && placed_there()
+            && placed_there >= 1
             && matches!(c.cqe_out.free(), Ok(f) if f > 0)
         {
             if !c.slots_out.as_ref().is_some_and(|sl| sl.is_free(slot)) {
@@ -1505,7 +1505,7 @@ fn deliver(
                     softverbs_memaccess::read_own(a, &mut payload[off..off + l as usize]);
                     off += l as usize;
                 }
-                sl.fill(slot, &pieces, payload);
+                sl.fill(slot, &pieces, payload, placed_there == inline::NEAR);
                 filled = true;
             }
         }

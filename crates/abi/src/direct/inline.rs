@@ -14,7 +14,7 @@
 //! bytes placed after it.
 //!
 //! Layout of a slot (little-endian): state `u32`, number of pieces `u32`, payload bytes
-//! `u32`, 0 `u32`, then [`INLINE_PIECES`] pieces of 16 bytes (L_Key `u32`, length `u32`,
+//! `u32`, payload offset `u32` ([`SLOT_PAYLOAD_AT`]: 0 is [`SLOT_PAYLOAD`]), then [`INLINE_PIECES`] pieces of 16 bytes (L_Key `u32`, length `u32`,
 //! address as the receive's SGE names it `u64`), then the payload at [`SLOT_PAYLOAD`].
 
 /// Payload bytes a slot carries at most.
@@ -34,6 +34,30 @@ pub const SLOT_PIECES: usize = 16;
 pub const PIECE: usize = 16;
 /// Byte offset of the payload.
 pub const SLOT_PAYLOAD: usize = 128;
+/// Byte offset of the slot's payload-offset word: 0 puts the payload at [`SLOT_PAYLOAD`];
+/// [`SLOT_NEAR`] right behind the pieces, in the slot's first 128 bytes, which a
+/// receiver that says [`INLINE_NEAR`] reads (ABI 15 libraries of issue 16; a small SEND
+/// then reaches the receiver in the lines it reads anyway).
+pub const SLOT_PAYLOAD_AT: usize = 12;
+/// Where a near payload starts: right behind the first piece, or behind all four (see
+/// [`near_offset`]).
+pub const SLOT_NEAR: [usize; 2] = [SLOT_PIECES + PIECE, SLOT_PIECES + INLINE_PIECES * PIECE];
+/// What a receiver that reads near payloads writes to its `CH_INLINE` word (1: it places
+/// inline slots, payload at [`SLOT_PAYLOAD`] only).
+pub const INLINE_NEAR: u32 = 2;
+
+/// Where a payload of `len` bytes for `pieces` receive SGEs can sit within the slot's first
+/// 128 bytes: behind one piece within the first 64-byte line, else behind all four; `None`
+/// when it does not fit there.
+pub const fn near_offset(pieces: usize, len: usize) -> Option<usize> {
+    if pieces <= 1 && SLOT_NEAR[0] + len <= 64 {
+        Some(SLOT_NEAR[0])
+    } else if pieces <= INLINE_PIECES && SLOT_NEAR[1] + len <= SLOT_PAYLOAD {
+        Some(SLOT_NEAR[1])
+    } else {
+        None
+    }
+}
 /// Bytes per slot (a multiple of 128, so state words never share a cache line).
 pub const INLINE_SLOT: usize = SLOT_PAYLOAD + INLINE_MAX;
 

@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 use softverbs_abi::direct::inline::*;
 use softverbs_shm::Region;
 
+/// What this library writes to its `CH_INLINE` word: it places slots, near payloads too.
+pub(super) const NEAR: u32 = INLINE_NEAR;
+
 /// How long a party waits for the other to finish placing one slot (a copy of at most
 /// [`INLINE_MAX`] bytes; longer only if that process is descheduled or dead).
 const SETTLE_WAIT: Duration = Duration::from_secs(1);
@@ -96,11 +99,18 @@ impl Slots {
         self.state(index).load(Ordering::Acquire) == SLOT_FREE
     }
 
-    /// Sender: fills the free slot of ring entry `index` (the next one it will push).
-    pub(super) fn fill(&self, index: u32, pieces: &[Piece], payload: &[u8]) {
+    /// Sender: fills the free slot of ring entry `index` (the next one it will push); `near`
+    /// (the receiver reads near payloads): a payload that fits goes right behind the pieces,
+    /// in the lines the receiver reads for the slot's state and pieces anyway.
+    pub(super) fn fill(&self, index: u32, pieces: &[Piece], payload: &[u8], near: bool) {
         debug_assert!(pieces.len() <= INLINE_PIECES && payload.len() <= INLINE_MAX);
         let b = self.base(index);
         let r = &self.region;
+        let at = near
+            .then(|| near_offset(pieces.len(), payload.len()))
+            .flatten();
+        r.atomic_u32(b + SLOT_PAYLOAD_AT)
+            .store(at.unwrap_or(0) as u32, Ordering::Relaxed);
         r.atomic_u32(b + SLOT_NPIECES)
             .store(pieces.len() as u32, Ordering::Relaxed);
         r.atomic_u32(b + SLOT_LEN)
@@ -111,7 +121,7 @@ impl Slots {
             r.atomic_u32(at + 4).store(p.len as u32, Ordering::Relaxed);
             r.atomic_u64s(at + 8, 1)[0].store(p.addr, Ordering::Relaxed);
         }
-        r.write(b + SLOT_PAYLOAD, payload);
+        r.write(b + at.unwrap_or(SLOT_PAYLOAD), payload);
         // Release: the bytes above before the state (and the ring entry pushed after it).
         self.state(index).store(SLOT_FILLED, Ordering::Release);
     }
@@ -122,6 +132,14 @@ impl Slots {
         let n =
             (r.atomic_u32(b + SLOT_NPIECES).load(Ordering::Relaxed) as usize).min(INLINE_PIECES);
         let len = (r.atomic_u32(b + SLOT_LEN).load(Ordering::Relaxed) as usize).min(INLINE_MAX);
+        // Where the payload is: only the offsets a sender writes are taken, and a near
+        // payload ends within the slot's head (a peer that wrote anything else gets a length
+        // its pieces do not add up to, and the receive fails `LOC_PROT_ERR`, `place_own`).
+        let (at, len) = match r.atomic_u32(b + SLOT_PAYLOAD_AT).load(Ordering::Relaxed) as usize {
+            0 => (SLOT_PAYLOAD, len),
+            at if SLOT_NEAR.contains(&at) => (at, len.min(SLOT_PAYLOAD - at)),
+            _ => (SLOT_PAYLOAD, 0),
+        };
         let mut t = Taken {
             pieces: [Piece::default(); INLINE_PIECES],
             npieces: n,
@@ -136,7 +154,7 @@ impl Slots {
                 addr: r.atomic_u64s(at + 8, 1)[0].load(Ordering::Relaxed),
             };
         }
-        r.read(b + SLOT_PAYLOAD, &mut t.payload[..len]);
+        r.read(b + at, &mut t.payload[..len]);
         t
     }
 
@@ -179,5 +197,60 @@ impl Slots {
     /// The slot taken with [`Slots::take`] is placed (or given up): free again.
     pub(super) fn release(&self, index: u32) {
         self.state(index).store(SLOT_FREE, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots() -> Slots {
+        let (region, _fd) = Region::create("softverbs-test-slots", 4 * INLINE_SLOT).unwrap();
+        Slots::new(Arc::new(region), 0, 4, INLINE_SLOT as u32).unwrap()
+    }
+
+    fn piece(n: u64) -> Piece {
+        Piece {
+            lkey: 7,
+            addr: 0x1000 * n,
+            len: n,
+        }
+    }
+
+    /// A receiver that reads near payloads gets what a sender filled either way (a sender
+    /// writes near only to such a receiver); an offset no sender writes yields no payload,
+    /// so its pieces do not add up and the receive fails.
+    #[test]
+    fn filled_slots_read_back_near_or_far_and_a_bad_offset_reads_nothing() {
+        let s = slots();
+        let cases: [(&[Piece], usize, bool, usize); 5] = [
+            (&[piece(8)], 8, true, SLOT_NEAR[0]),
+            (&[piece(32)], 32, true, SLOT_NEAR[0]),
+            (&[piece(1), piece(39)], 40, true, SLOT_NEAR[1]),
+            (&[piece(200)], 200, true, SLOT_PAYLOAD),
+            (&[piece(8)], 8, false, SLOT_PAYLOAD),
+        ];
+        for (i, (pieces, len, near, at)) in cases.into_iter().enumerate() {
+            let payload: Vec<u8> = (0..len).map(|b| (b + i) as u8).collect();
+            let idx = i as u32;
+            s.fill(idx, pieces, &payload, near);
+            let word = s.region.atomic_u32(s.base(idx) + SLOT_PAYLOAD_AT);
+            let written = word.load(Ordering::Relaxed) as usize;
+            assert_eq!(
+                if written == 0 { SLOT_PAYLOAD } else { written },
+                at,
+                "case {i}"
+            );
+            let t = s.take(idx, SLOT_RECEIVER, || false).unwrap().unwrap();
+            assert_eq!(t.pieces(), pieces, "case {i}");
+            assert_eq!(t.payload(), &payload[..], "case {i}");
+            s.release(idx);
+        }
+        s.fill(0, &[piece(8)], &[1; 8], true);
+        s.region
+            .atomic_u32(s.base(0) + SLOT_PAYLOAD_AT)
+            .store(100, Ordering::Relaxed);
+        let t = s.take(0, SLOT_RECEIVER, || false).unwrap().unwrap();
+        assert!(t.payload().is_empty(), "an offset no sender writes");
     }
 }
