@@ -74,6 +74,8 @@ const SEND_WR: u32 = 128;
 const RECV_WR: u32 = 512;
 /// Receives kept posted in latency runs.
 const LAT_RECVS: usize = 16;
+/// Inline bytes a latency run sends at most from its stack (the drop-in's limit).
+const INLINE_BUF: usize = 256;
 /// How long one wait may take before the run is declared stuck.
 const STUCK: Duration = Duration::from_secs(20);
 
@@ -558,17 +560,19 @@ impl Endpoint<'_> {
         wr.ud = self.ud;
         wr.remote_srqn = self.remote.srqn;
         // perftest's latency tests send small SENDs and WRITEs inline; its bandwidth tests do not.
-        let mut inline = Vec::new();
-        if self.a.mode == Mode::Lat && self.a.op != Op::Read && size <= self.inline_max {
-            inline = self.mem[..size / 8]
-                .iter()
-                .flat_map(|w| w.load(Ordering::Relaxed).to_ne_bytes())
-                .collect();
-            wr.inline = Some(&inline);
+        // On the stack, as perftest's buffer is its own: no allocation per request.
+        let mut inline = [0u8; INLINE_BUF];
+        if self.a.mode == Mode::Lat
+            && self.a.op != Op::Read
+            && size <= self.inline_max
+            && size <= INLINE_BUF
+        {
+            for (b, w) in inline[..size].chunks_mut(8).zip(self.mem.iter()) {
+                b.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes()[..b.len()]);
+            }
+            wr.inline = Some(&inline[..size]);
         }
-        let r = self.qp.post_send(&wr).map_err(e("post_send"));
-        drop(inline);
-        r
+        self.qp.post_send(&wr).map_err(e("post_send"))
     }
 
     /// How long this run's waits spin before they yield: [`SPIN`] in a latency run whose QP
@@ -592,11 +596,15 @@ impl Endpoint<'_> {
                 }
                 return Ok(wc);
             }
-            let got = self.cq.poll(32).map_err(e("poll_cq"))?;
-            if got.is_empty() && backoff.empty() {
+            // Straight into the queue, as a C program polls into its array: no `Vec` per poll.
+            let pending = &mut self.pending;
+            let got = self
+                .cq
+                .poll_with(32, |wc| pending.push_back(*wc))
+                .map_err(e("poll_cq"))?;
+            if got == 0 && backoff.empty() {
                 return Err(format!("no completion for {STUCK:?}"));
             }
-            self.pending.extend(got);
         }
     }
 
