@@ -110,11 +110,13 @@ impl Region {
     /// The address of the mapping's first byte in this process (page-aligned): what a
     /// memory registration names. An integer, not a pointer: the bytes are reached only
     /// through the accessors.
+    #[inline]
     pub fn addr(&self) -> usize {
         self.ptr.as_ptr() as usize
     }
 
     /// Size of the mapping in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -157,11 +159,13 @@ impl Region {
     }
 
     /// The `AtomicU32` at byte `offset` (4-aligned). Panics as [`Region::atomics`].
+    #[inline]
     pub fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
         &self.atomics::<AtomicU32>(offset, 1)[0]
     }
 
     /// `count` `AtomicU64`s at byte `offset` (8-aligned). Panics as [`Region::atomics`].
+    #[inline]
     pub fn atomic_u64s(&self, offset: usize, count: usize) -> &[AtomicU64] {
         self.atomics::<AtomicU64>(offset, count)
     }
@@ -171,6 +175,7 @@ impl Region {
     /// new bytes, never undefined behaviour; the caller validates what it got. Ordering
     /// with respect to the writer comes from the caller's acquire on an index.
     /// Panics as [`Region::atomics`] if the range is outside the region.
+    #[inline]
     pub fn read(&self, offset: usize, dst: &mut [u8]) {
         let (head, words, tail) = self.split(offset, dst.len());
         let (d_head, rest) = dst.split_at_mut(head.len());
@@ -189,6 +194,7 @@ impl Region {
     /// Copies `src` into the region at `offset` with relaxed atomic stores (the mirror of
     /// [`Region::read`]); the caller publishes it with a release store of an index.
     /// Panics as [`Region::atomics`] if the range is outside the region.
+    #[inline]
     pub fn write(&self, offset: usize, src: &[u8]) {
         let (head, words, tail) = self.split(offset, src.len());
         let (s_head, rest) = src.split_at(head.len());
@@ -206,6 +212,7 @@ impl Region {
     }
 
     /// `offset..offset+len` as unaligned leading bytes, aligned words, trailing bytes.
+    #[inline]
     fn split(&self, offset: usize, len: usize) -> (&[AtomicU8], &[AtomicU64], &[AtomicU8]) {
         let head = ((8 - offset % 8) % 8).min(len);
         let words = (len - head) / 8;

@@ -249,12 +249,15 @@ struct Shared {
 }
 
 impl Shared {
+    #[inline]
     fn word(&self, off: usize) -> &AtomicU32 {
         self.region.atomic_u32(self.base + off)
     }
+    #[inline]
     fn producer(&self) -> &AtomicU32 {
         self.word(OFF_PRODUCER)
     }
+    #[inline]
     fn consumer(&self) -> &AtomicU32 {
         self.word(OFF_CONSUMER)
     }
@@ -267,6 +270,7 @@ impl Shared {
     fn pending(&self) -> &AtomicU64 {
         &self.region.atomic_u64s(self.base + OFF_PENDING, 1)[0]
     }
+    #[inline]
     fn slot(&self, i: u32) -> usize {
         self.base + self.layout.slot(i)
     }
@@ -308,6 +312,7 @@ impl Producer {
     }
 
     /// The ring's layout.
+    #[inline]
     pub fn layout(&self) -> RingLayout {
         self.shared.layout
     }
@@ -317,6 +322,7 @@ impl Producer {
     }
 
     /// Re-reads the consumer index; it must lie between the last value seen and our tail.
+    #[inline]
     fn refresh_head(&mut self) -> Result<(), Corrupt> {
         if let Some(c) = self.poisoned {
             return Err(c);
@@ -339,6 +345,7 @@ impl Producer {
     }
 
     /// Free slots (re-reading the consumer index).
+    #[inline]
     pub fn free(&mut self) -> Result<u32, Corrupt> {
         self.refresh_head()?;
         Ok(self.capacity() - self.tail.wrapping_sub(self.head))
@@ -359,6 +366,7 @@ impl Producer {
 
     /// Index of the next entry to write: how many entries this producer has written since the
     /// ring was initialised (wrapping), staged ones included.
+    #[inline]
     pub fn produced(&self) -> u32 {
         self.tail
     }
@@ -508,12 +516,14 @@ impl Consumer {
     }
 
     /// The ring's layout.
+    #[inline]
     pub fn layout(&self) -> RingLayout {
         self.shared.layout
     }
 
     /// Re-reads the producer index; it must lie between the last value seen and one full
     /// ring ahead of our head.
+    #[inline]
     fn refresh_tail(&mut self) -> Result<(), Corrupt> {
         if let Some(c) = self.poisoned {
             return Err(c);
@@ -537,12 +547,14 @@ impl Consumer {
     }
 
     /// Entries ready to pop (re-reading the producer index).
+    #[inline]
     pub fn available(&mut self) -> Result<u32, Corrupt> {
         self.refresh_tail()?;
         Ok(self.tail.wrapping_sub(self.head))
     }
 
     /// Entries popped so far (a wrapping count: the consumer index).
+    #[inline]
     pub fn consumed(&self) -> u32 {
         self.head
     }

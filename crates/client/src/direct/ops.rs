@@ -442,7 +442,8 @@ fn send_with_inv(
             Ok(false) => return Exec::Rnr,
             Err(()) => return Exec::PeerFault(WcStatus::RemOpErr, Some(EventType::QpFatal)),
         }
-        let (remote, _, mut status) = receive_pieces(c, &r, total);
+        let (mut remote, mut pieces) = (super::RemotePieces::new(), smallvec::SmallVec::new());
+        let mut status = receive_pieces(c, &r, total, &mut remote, &mut pieces);
         if status == WcStatus::Success {
             match scatter(ctx, c, &local, &remote) {
                 Ok(()) => {}
