@@ -371,6 +371,10 @@ impl Cq<'_> {
         let Some(ring) = &self.ring else {
             return Ok(n + self.poll_command(max - n, &mut each)?);
         };
+        let quiet = !self.ctx.fatal.is_dead() && !self.outgrown.load(Ordering::Acquire);
+        if quiet && self.ring_peek.as_ref().is_some_and(|p| !p.maybe_ready()) {
+            return Ok(n);
+        }
         n += drain(ring, max - n, &mut each)?;
         if n == max {
             return Ok(n);

@@ -92,11 +92,15 @@ impl Context {
             let _ = destroy_events::<cmd::DestroyCq>(self, "destroy_cq", r.handle.get());
             Error::new("create_cq", e.errno())
         })?;
+        let ring_peek = ring
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()).peek());
         Ok(Cq {
             ctx: self,
             handle: r.handle.get(),
             cqe: AtomicU32::new(r.cqe.get()),
             ring,
+            ring_peek,
             outgrown: std::sync::atomic::AtomicBool::new(false),
             channel,
             flushed: std::sync::Mutex::new(None),
@@ -577,6 +581,9 @@ pub struct Cq<'c> {
     cqe: AtomicU32,
     /// The completion ring in shared memory, when the daemon mapped it.
     pub(crate) ring: Option<std::sync::Mutex<softverbs_shm::Consumer>>,
+    /// A look at the ring without its lock: most polls of a CQ whose QPs are direct find it
+    /// empty, and taking the lock to see so was a tenth of a small SEND's poll.
+    pub(crate) ring_peek: Option<softverbs_shm::Peek>,
     /// Resized beyond the ring's capacity: after the ring, completions come by command.
     pub(crate) outgrown: std::sync::atomic::AtomicBool,
     /// The completion channel's handle.

@@ -241,7 +241,7 @@ impl RingLayout {
 }
 
 /// The shared words of one ring, resolved once.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Shared {
     region: Arc<Region>,
     base: usize,
@@ -484,6 +484,24 @@ impl Producer {
     }
 }
 
+/// A look at whether a ring may hold entries, without its [`Consumer`] (which its owner
+/// may keep behind a lock): the two indices compared as they are now. `false` is as good as
+/// the consumer's own look at that instant; `true` may be stale or come from a producer that
+/// wrote nonsense, so take the consumer and pop to know.
+#[derive(Debug, Clone)]
+pub struct Peek {
+    shared: Shared,
+}
+
+impl Peek {
+    /// Whether the producer index differs from the consumer's.
+    #[inline]
+    pub fn maybe_ready(&self) -> bool {
+        self.shared.producer().load(Ordering::Acquire)
+            != self.shared.consumer().load(Ordering::Relaxed)
+    }
+}
+
 /// The reading end of a ring. Exactly one `Consumer` may exist per ring.
 #[derive(Debug)]
 pub struct Consumer {
@@ -551,6 +569,13 @@ impl Consumer {
     pub fn available(&mut self) -> Result<u32, Corrupt> {
         self.refresh_tail()?;
         Ok(self.tail.wrapping_sub(self.head))
+    }
+
+    /// A [`Peek`] at this ring.
+    pub fn peek(&self) -> Peek {
+        Peek {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Entries popped so far (a wrapping count: the consumer index).
