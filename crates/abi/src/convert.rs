@@ -411,6 +411,7 @@ pub fn recv_wr_from_wire(r: &PostRecvReq) -> Result<RecvWr, Error> {
 /// has no vendor errors, P_Keys or LIDs on RoCE: those fields are 0; `sl` carries a UD
 /// receive's network header type as mlx5 reports it (docs/roce-wire.md).
 impl From<&WorkCompletion> for WcWire {
+    #[inline]
     fn from(wc: &WorkCompletion) -> Self {
         WcWire {
             wr_id: U64::new(wc.wr_id),
@@ -435,6 +436,7 @@ impl From<&WorkCompletion> for WcWire {
 /// or `SEND` (a newer daemon's value still completes the request); whether the message was
 /// solicited is not on the wire (the daemon consumes it for CQ notification).
 impl From<&WcWire> for WorkCompletion {
+    #[inline]
     fn from(w: &WcWire) -> Self {
         WorkCompletion {
             wr_id: w.wr_id.get(),

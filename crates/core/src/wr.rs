@@ -226,6 +226,7 @@ pub enum WcStatus {
 
 impl WcStatus {
     /// Decodes an `enum ibv_wc_status` value this engine produces.
+    #[inline]
     pub fn from_raw(v: u32) -> Option<WcStatus> {
         use WcStatus::*;
         [
@@ -267,6 +268,7 @@ pub enum WcOpcode {
 
 impl WcOpcode {
     /// Decodes an `enum ibv_wc_opcode` value.
+    #[inline]
     pub fn from_raw(v: u32) -> Option<WcOpcode> {
         use WcOpcode::*;
         [
