@@ -233,29 +233,35 @@ impl Qp<'_> {
         self.ctx.conn.call::<cmd::PostSend>(OP, 0, &req)
     }
 
+    /// A receive for this QP's own receive queue, checked as the engine checks it at post
+    /// time: `EINVAL` in RESET or past `max_recv_sge`, `ENOMEM` when the queue is full
+    /// (ibv_post_recv(3)).
+    fn ring_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<PostRecvReq> {
+        if self.local_state() == softverbs_core::types::QpState::Reset
+            || sges.len() > self.cap().max_recv_sge as usize
+        {
+            return Err(Error::new("post_recv", errno::EINVAL));
+        }
+        let mut req = PostRecvReq::new_zeroed();
+        fill_recv("post_recv", &mut req, self.handle(), wr_id, sges)?;
+        let full = self.rq_count.as_ref();
+        if full.is_some_and(|c| c.load(Ordering::Acquire) >= self.cap().max_recv_wr) {
+            return Err(Error::new("post_recv", errno::ENOMEM));
+        }
+        Ok(req)
+    }
+
     /// `ibv_post_recv` of one work request.
     pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        if let (Some(d), Some(_)) = (&self.ctx.direct, &self.rings) {
+        if let (Some(d), Some(count)) = (&self.ctx.direct, &self.rq_count) {
             // Before the rings' lock, which a direct QP does not need (its flush on the
             // daemon's death runs under the direct path's own lock, `direct::ops`).
-            if self.local_state() == softverbs_core::types::QpState::Reset
-                || sges.len() > self.cap().max_recv_sge as usize
-            {
-                return Err(Error::new("post_recv", errno::EINVAL));
-            }
-            let count = self.rq_count.as_ref();
-            if count.is_some_and(|c| c.load(Ordering::Acquire) >= self.cap().max_recv_wr) {
-                return Err(Error::new("post_recv", errno::ENOMEM));
-            }
-            let mut req = PostRecvReq::new_zeroed();
-            fill_recv("post_recv", &mut req, self.handle(), wr_id, sges)?;
             if self.ctx.fatal.is_dead() && d.owns(self.handle()) {
                 return Err(Error::device_fatal("post_recv"));
             }
+            let req = self.ring_recv(wr_id, sges)?;
             if d.post_recv(self.ctx, self.handle(), &req)? {
-                if let Some(c) = count {
-                    c.fetch_add(1, Ordering::AcqRel);
-                }
+                count.fetch_add(1, Ordering::AcqRel);
                 return Ok(());
             }
         }
@@ -266,18 +272,8 @@ impl Qp<'_> {
                 return Err(Error::device_fatal("post_recv"));
             }
             if let Some(rq) = &mut r.rq {
-                if self.local_state() == softverbs_core::types::QpState::Reset
-                    || sges.len() > self.cap().max_recv_sge as usize
-                {
-                    return Err(Error::new("post_recv", errno::EINVAL));
-                }
-                let mut req = PostRecvReq::new_zeroed();
-                fill_recv("post_recv", &mut req, self.handle(), wr_id, sges)?;
+                let req = self.ring_recv(wr_id, sges)?;
                 let count = self.rq_count.as_ref();
-                if count.is_some_and(|c| c.load(Ordering::Acquire) >= self.cap().max_recv_wr) {
-                    // ibv_post_recv(3): the receive queue is full.
-                    return Err(Error::new("post_recv", errno::ENOMEM));
-                }
                 crate::rings::push(
                     self.ctx,
                     rq,
