@@ -505,7 +505,7 @@ impl DirectCtx {
         match &mut q.path {
             Path::Held => q.held.push(*req),
             Path::Undecided(c) | Path::Direct(c) => {
-                // Only the SGEs it has: the ring zero-pads the rest of the entry.
+                // Only the SGEs it has: the peer reads no more (`pop_recv`).
                 let n = (req.num_sge.get() as usize).min(req.sg_list.len());
                 let used = std::mem::offset_of!(PostRecvReq, sg_list)
                     + n * std::mem::size_of::<softverbs_abi::msg::SgeWire>();
