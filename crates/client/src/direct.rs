@@ -885,13 +885,22 @@ fn drain_cqes(
                 .load(Ordering::Acquire)
                 == SIDE_GONE
         };
+        // The entry first, then the slot: the two lines the sender just wrote are then
+        // fetched together, before the slot's compare-and-swap holds up what follows it.
+        let Ok(Some(w)) = c.cqe_in.peek_with(|region, at| {
+            let mut w = WcWire::new_zeroed();
+            region.read(at, w.as_mut_bytes());
+            w
+        }) else {
+            break;
+        };
         let taken = match &c.slots_in {
             Some(sl) => sl.take(idx, SLOT_RECEIVER, gone, &mut t),
             None => Ok(false),
         };
-        let Ok(Some(w)) = c.cqe_in.pop_value::<WcWire>() else {
+        if !matches!(c.cqe_in.pop_with(|_, _| ()), Ok(Some(()))) {
             break;
-        };
+        }
         c.rq_completed = c.rq_completed.wrapping_add(1);
         let mut wc = WorkCompletion::from(&w);
         match taken {

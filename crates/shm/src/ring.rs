@@ -633,6 +633,24 @@ impl Consumer {
         Ok(Some(v))
     }
 
+    /// Reads the oldest entry with `read` as [`pop_with`](Consumer::pop_with) does, without
+    /// taking it: `Ok(None)` when empty.
+    pub fn peek_with<T>(
+        &mut self,
+        read: impl FnOnce(&Region, usize) -> T,
+    ) -> Result<Option<T>, Corrupt> {
+        if let Some(c) = self.poisoned {
+            return Err(c);
+        }
+        if self.head == self.tail {
+            self.refresh_tail()?;
+            if self.head == self.tail {
+                return Ok(None);
+            }
+        }
+        Ok(Some(read(&self.shared.region, self.shared.slot(self.head))))
+    }
+
     /// [`pop`](Consumer::pop) into a plain-old-data value whose size is the entry size.
     pub fn pop_value<T: FromBytes + IntoBytes>(&mut self) -> Result<Option<T>, Corrupt> {
         let mut v = T::new_zeroed();
@@ -913,10 +931,19 @@ mod tests {
         assert_eq!(head, [1, 2, 3]);
         assert_eq!(&whole[3..], &[0xff; 13], "unpadded: the older bytes stay");
         assert_eq!(c.pop_with(|_, _| ()).unwrap(), None, "empty after one pop");
+        assert_eq!(c.peek_with(|_, _| ()).unwrap(), None, "nothing to peek at");
         // The slot is free again for the producer, and the ring fills as usual.
         p.push_polled(&[4; 16]).unwrap();
         p.push_polled(&[5; 16]).unwrap();
         assert_eq!(p.push_polled(&[6; 16]), Err(PushError::Full));
+        let first = |region: &Region, at: usize| {
+            let mut b = [0u8; 1];
+            region.read(at, &mut b);
+            b[0]
+        };
+        // A peek leaves the entry where it is, however often.
+        assert_eq!(c.peek_with(first).unwrap(), Some(4));
+        assert_eq!(c.peek_with(first).unwrap(), Some(4));
         let firsts: Vec<u8> = std::iter::from_fn(|| {
             c.pop_with(|region, at| {
                 let mut b = [0u8; 1];
