@@ -616,16 +616,9 @@ impl Consumer {
         &mut self,
         read: impl FnOnce(&Region, usize) -> T,
     ) -> Result<Option<T>, Corrupt> {
-        if let Some(c) = self.poisoned {
-            return Err(c);
-        }
-        if self.head == self.tail {
-            self.refresh_tail()?;
-            if self.head == self.tail {
-                return Ok(None);
-            }
-        }
-        let v = read(&self.shared.region, self.shared.slot(self.head));
+        let Some(v) = self.peek_with(read)? else {
+            return Ok(None);
+        };
         self.head = self.head.wrapping_add(1);
         // Release: our reads of the slot happen before the producer's acquire of this index
         // and so before it overwrites the slot.
