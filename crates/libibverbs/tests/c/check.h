@@ -39,6 +39,35 @@ static inline int summary(const char *prog)
 	return failures != 0;
 }
 
+/* The first device's context (fatal if there is none). */
+static inline struct ibv_context *open_first_context(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx;
+
+	if (!list || !list[0])
+		fatal("ibv_get_device_list");
+	ctx = ibv_open_device(list[0]);
+	if (!ctx)
+		fatal("ibv_open_device");
+	ibv_free_device_list(list);
+	return ctx;
+}
+
+/* The first device's context, with a PD and a CQ of `cqe` entries on it (fatal if any is
+ * missing). */
+static inline struct ibv_context *open_first_device(struct ibv_pd **pd, struct ibv_cq **cq,
+						    int cqe)
+{
+	struct ibv_context *ctx = open_first_context();
+
+	*pd = ibv_alloc_pd(ctx);
+	*cq = ibv_create_cq(ctx, cqe, NULL, NULL, 0);
+	if (!*pd || !*cq)
+		fatal("alloc_pd/create_cq");
+	return ctx;
+}
+
 static inline struct ibv_qp *new_rc_qp(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t wrs,
 				       uint32_t send_sges)
 {

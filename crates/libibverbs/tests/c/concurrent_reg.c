@@ -78,7 +78,6 @@ static int rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op, str
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
@@ -92,15 +91,7 @@ int main(void)
 	long step_ns = 200;
 	char why[200];
 
-	if (!list || !list[0])
-		fatal("ibv_get_device_list");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		fatal("ibv_open_device");
-	pd = ibv_alloc_pd(ctx);
-	cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
-	if (!pd || !cq)
-		fatal("alloc_pd/create_cq");
+	ctx = open_first_device(&pd, &cq, 8);
 	copy = mmap(NULL, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (copy == MAP_FAILED)
 		fatal("mmap");
@@ -201,6 +192,5 @@ int main(void)
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	ibv_free_device_list(list);
 	return summary("concurrent_reg");
 }

@@ -66,7 +66,6 @@ static void child(unsigned char *block, int to_parent, int to_child)
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
@@ -78,15 +77,7 @@ int main(void)
 	char c = 0, why[200];
 	pid_t pid;
 
-	if (!list || !list[0])
-		fatal("ibv_get_device_list");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		fatal("ibv_open_device");
-	pd = ibv_alloc_pd(ctx);
-	cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
-	if (!pd || !cq)
-		fatal("alloc_pd/create_cq");
+	ctx = open_first_device(&pd, &cq, 8);
 	a = new_rc_qp(pd, cq, 4, 1);
 	b = new_rc_qp(pd, cq, 4, 1);
 	if (ibv_query_gid(ctx, 1, 0, &gid))
@@ -169,6 +160,5 @@ int main(void)
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	ibv_free_device_list(list);
 	return summary("fork_mr");
 }

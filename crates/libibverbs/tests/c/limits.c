@@ -30,20 +30,6 @@ static void expect_enomem(const char *name, const void *got)
 	check(name, !got && err == ENOMEM, why);
 }
 
-static struct ibv_context *open_first(void)
-{
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx;
-
-	if (!list || !list[0])
-		fatal("ibv_get_device_list");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		fatal("ibv_open_device");
-	ibv_free_device_list(list);
-	return ctx;
-}
-
 /* Two connected RC QPs of `ctx` move 4 KiB from one buffer to another. */
 static int transfer_works(struct ibv_context *ctx)
 {
@@ -103,7 +89,7 @@ static int transfer_works(struct ibv_context *ctx)
 int main(void)
 {
 	static char mem[128 << 10];
-	struct ibv_context *ctx = open_first(), *other;
+	struct ibv_context *ctx = open_first_context(), *other;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
 	struct ibv_qp_init_attr qa;
@@ -143,7 +129,7 @@ int main(void)
 
 	/* Another context (another connection, as another process would have) has its own
 	 * share and moves data. */
-	other = open_first();
+	other = open_first_context();
 	check("other_context_transfers", transfer_works(other), "the other context failed");
 	return summary("limits");
 }

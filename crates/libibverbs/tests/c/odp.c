@@ -79,7 +79,6 @@ static void *map_page(void *at, unsigned char fill)
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
 	struct ibv_device_attr_ex attr;
 	struct ibv_mr *hole, *implicit, *local, *pinned, *mr;
 	struct ibv_qp *a, *b, *a2, *b2, *a3, *b3;
@@ -87,15 +86,9 @@ int main(void)
 	unsigned char *buf, *page;
 	int status, rc;
 
-	if (!list || !list[0])
-		fatal("ibv_get_device_list");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		fatal("ibv_open_device");
-	pd = ibv_alloc_pd(ctx);
-	cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	if (!pd || !cq || ibv_query_gid(ctx, 1, 0, &gid))
-		fatal("alloc_pd/create_cq/query_gid");
+	ctx = open_first_device(&pd, &cq, 16);
+	if (ibv_query_gid(ctx, 1, 0, &gid))
+		fatal("ibv_query_gid");
 
 	memset(&attr, 0, sizeof(attr));
 	rc = ibv_query_device_ex(ctx, NULL, &attr);
@@ -195,7 +188,6 @@ int main(void)
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	ibv_free_device_list(list);
 	munmap(page, PAGE);
 	munmap(buf, PAGE);
 	return summary("odp");

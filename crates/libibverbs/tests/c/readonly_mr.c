@@ -46,7 +46,6 @@ static int rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op, str
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
@@ -56,15 +55,7 @@ int main(void)
 	unsigned char *ro, *buf, before[PAGE];
 	int status;
 
-	if (!list || !list[0])
-		fatal("ibv_get_device_list");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		fatal("ibv_open_device");
-	pd = ibv_alloc_pd(ctx);
-	cq = ibv_create_cq(ctx, 8, NULL, NULL, 0);
-	if (!pd || !cq)
-		fatal("alloc_pd/create_cq");
+	ctx = open_first_device(&pd, &cq, 8);
 
 	ro = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	buf = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -122,6 +113,5 @@ int main(void)
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	ibv_free_device_list(list);
 	return summary("readonly_mr");
 }

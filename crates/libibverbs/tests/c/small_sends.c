@@ -135,7 +135,6 @@ static void expect_loc_prot(const char *name, struct ibv_sge *s)
 
 int main(void)
 {
-	struct ibv_device **list;
 	struct ibv_qp *q[2];
 	struct ibv_mr *src_mr, *dst_mr, *iova_mr, *gone_mr;
 	struct ibv_qp_attr qa;
@@ -147,19 +146,9 @@ int main(void)
 	struct ibv_sge s[3];
 	int i, ok;
 
-	list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		fatal("ibv_get_device_list");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		fatal("ibv_open_device");
-	ibv_free_device_list(list);
+	ctx = open_first_device(&pd, &cq, 64);
 	if (ibv_query_gid(ctx, 1, 0, &gid))
 		fatal("ibv_query_gid");
-	pd = ibv_alloc_pd(ctx);
-	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
-	if (!pd || !cq)
-		fatal("alloc_pd/create_cq");
 	for (i = 0; i < (int)sizeof(src); i++)
 		src[i] = (unsigned char)(i * 7 + 3);
 	src_mr = ibv_reg_mr(pd, src, sizeof(src), 0);
