@@ -2,8 +2,9 @@
 //! NULL) with `errno` set, as librdmacm's do.
 
 use core::ffi::{c_char, c_int, c_void};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use softverbs::{CmId, CmQp, CmTimers};
 use softverbs_wire::cm::{CmaHdr, PortSpace, ServiceId};
@@ -55,9 +56,75 @@ fn port_space(ps: c_int) -> Result<PortSpace, i32> {
 
 // ---- channels ---------------------------------------------------------------------------
 
+/// The channels a program holds, by the address it was given, and the ones it destroyed
+/// lately. The program's reference to a channel lives here, not in the pointer it holds: a
+/// CM thread may come back into `rdma_get_cm_event` after another thread destroyed the
+/// channel (rping's does, between the DISCONNECTED event's ack and the main thread's
+/// `rdma_destroy_event_channel`), and taking a reference from the pointer itself would then
+/// read freed memory and drop the channel's fds a second time.
+struct Channels {
+    live: HashMap<usize, Arc<Chan>>,
+    /// Recently destroyed channels and whether their fd was blocking then; oldest first.
+    gone: VecDeque<(usize, bool)>,
+}
+
+/// How many destroyed channels are remembered: enough for the threads of a program tearing
+/// down; an address reused by a new channel is forgotten at once.
+const GONE_KEPT: usize = 256;
+
+static CHANNELS: Mutex<Option<Channels>> = Mutex::new(None);
+
+fn with_channels<R>(f: impl FnOnce(&mut Channels) -> R) -> R {
+    let mut g = CHANNELS.lock().unwrap_or_else(|e| e.into_inner());
+    f(g.get_or_insert_with(|| Channels {
+        live: HashMap::new(),
+        gone: VecDeque::new(),
+    }))
+}
+
+/// What a program's channel pointer names.
+enum ChanRef {
+    Live(Arc<Chan>),
+    /// Destroyed; its fd was blocking.
+    Gone {
+        blocking: bool,
+    },
+    Unknown,
+}
+
+fn chan_of(ch: *mut rdma_event_channel) -> ChanRef {
+    let key = ch as usize;
+    with_channels(|c| {
+        if let Some(a) = c.live.get(&key) {
+            ChanRef::Live(a.clone())
+        } else if let Some(&(_, blocking)) = c.gone.iter().rev().find(|(k, _)| *k == key) {
+            ChanRef::Gone { blocking }
+        } else {
+            ChanRef::Unknown
+        }
+    })
+}
+
+/// A live channel or the errno for a pointer that is not one: EBADF for a destroyed
+/// channel (what rdma_cm's closed fd gives), EINVAL for anything else.
+fn live_chan(ch: *mut rdma_event_channel) -> Result<Arc<Chan>, i32> {
+    match chan_of(ch) {
+        ChanRef::Live(c) => Ok(c),
+        ChanRef::Gone { .. } => Err(libc::EBADF),
+        ChanRef::Unknown => Err(libc::EINVAL),
+    }
+}
+
 pub(crate) unsafe extern "C" fn create_event_channel() -> *mut rdma_event_channel {
     match Chan::new() {
-        Ok(c) => Arc::into_raw(c) as *mut rdma_event_channel,
+        Ok(c) => {
+            let p = Arc::as_ptr(&c) as *mut rdma_event_channel;
+            with_channels(|cs| {
+                cs.gone.retain(|(k, _)| *k != p as usize);
+                cs.live.insert(p as usize, c);
+            });
+            p
+        }
         Err(e) => {
             set_errno(e);
             std::ptr::null_mut()
@@ -71,28 +138,29 @@ export!(
 );
 
 pub(crate) unsafe extern "C" fn destroy_event_channel(ch: *mut rdma_event_channel) {
-    if !ch.is_null() {
-        // SAFETY: a channel of ours (Arc::into_raw in create_event_channel); ids on it hold
-        // their own references.
-        drop(unsafe { Arc::from_raw(ch as *const Chan) });
-    }
+    let key = ch as usize;
+    let Some(c) = with_channels(|cs| {
+        let c = cs.live.remove(&key)?;
+        // SAFETY: fcntl on the channel's own fd, still open (the Arc is held).
+        let flags = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) };
+        if cs.gone.len() == GONE_KEPT {
+            cs.gone.pop_front();
+        }
+        cs.gone
+            .push_back((key, flags >= 0 && flags & libc::O_NONBLOCK == 0));
+        Some(c)
+    }) else {
+        return;
+    };
+    // Ids on it and threads waiting in it hold their own references; the fds close with
+    // the last of them, outside the registry's lock.
+    drop(c);
 }
 export!(
     "rdma_destroy_event_channel",
     "RDMACM_1.0",
     destroy_event_channel
 );
-
-/// # Safety
-/// `ch` is a channel of ours.
-unsafe fn chan_of(ch: *mut rdma_event_channel) -> Arc<Chan> {
-    let p = ch as *const Chan;
-    // SAFETY: the caller's promise; one more reference for the new holder.
-    unsafe {
-        Arc::increment_strong_count(p);
-        Arc::from_raw(p)
-    }
-}
 
 pub(crate) unsafe extern "C" fn get_cm_event(
     ch: *mut rdma_event_channel,
@@ -101,11 +169,20 @@ pub(crate) unsafe extern "C" fn get_cm_event(
     if ch.is_null() || out.is_null() {
         return fail(libc::EINVAL);
     }
-    // SAFETY: a channel of ours. The call holds a reference of its own: a program may
-    // destroy the channel while this thread waits in it (rping's main thread does, its CM
-    // thread blocked here), and the wait then goes on, as a `read` on rdma_cm's fd does
-    // after another thread closed it, instead of touching freed memory.
-    let c = unsafe { chan_of(ch) };
+    // The call holds a reference of its own: a program may destroy the channel while this
+    // thread waits in it (rping's main thread does, its CM thread blocked here), and the
+    // wait then goes on, as a `read` on rdma_cm's fd does after another thread closed it.
+    // A thread that comes back in just after the destroy (rping's, between acking the
+    // DISCONNECTED event and its next call) waits the same way: the program is tearing
+    // down, its exit ends the wait, and an error would make rping exit with it.
+    let c = match chan_of(ch) {
+        ChanRef::Live(c) => c,
+        ChanRef::Gone { blocking: true } => loop {
+            std::thread::park();
+        },
+        ChanRef::Gone { blocking: false } => return fail(libc::EBADF),
+        ChanRef::Unknown => return fail(libc::EINVAL),
+    };
     // SAFETY: fcntl on the channel's fd; a program may have made it non-blocking.
     let flags = unsafe { libc::fcntl(c.ch.fd, libc::F_GETFL) };
     let block = flags >= 0 && flags & libc::O_NONBLOCK == 0;
@@ -169,8 +246,10 @@ pub(crate) unsafe extern "C" fn create_id(
             Err(e) => return fail(e),
         }
     } else {
-        // SAFETY: a channel of ours.
-        (unsafe { chan_of(ch) }, false)
+        match live_chan(ch) {
+            Ok(c) => (c, false),
+            Err(e) => return fail(e),
+        }
     };
     let id = Id::new(chan, context, ps, sync);
     // SAFETY: the program's pointer slot.
@@ -640,8 +719,10 @@ unsafe extern "C" fn migrate_id(id: *mut rdma_cm_id, ch: *mut rdma_event_channel
             Err(e) => return fail(e),
         }
     } else {
-        // SAFETY: a channel of ours.
-        unsafe { chan_of(ch) }
+        match live_chan(ch) {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        }
     };
     if Arc::ptr_eq(&target, &i.chan) {
         return 0;

@@ -11,6 +11,13 @@
  *    (rping would exit with one) nor touches freed memory. The process then exits with the
  *    thread still blocked, as rping does.
  *
+ * Last, the thread that comes back too late: rping's CM thread acks DISCONNECTED and calls
+ * rdma_get_cm_event again, and under load the main thread may have destroyed the channel
+ * in between. That call waits as the one already waiting does (an error would make rping
+ * exit with it; the drop-in once read the freed channel there and closed its fds twice,
+ * which aborted rping). On a non-blocking channel it fails with EBADF, as a read on
+ * rdma_cm's closed fd does.
+ *
  * First, the same wait in rdma_migrate_id (rdma_migrate_id(3): it blocks while there are
  * unacknowledged events on the id's current channel): a thread holds an event of an id while
  * the main thread migrates that id to another channel.
@@ -19,6 +26,8 @@
  * differed otherwise.
  */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <stdatomic.h>
@@ -112,6 +121,43 @@ static void *cm_thread(void *arg)
     return NULL;
 }
 
+static atomic_int late_returned;
+
+static void *late_thread(void *arg)
+{
+    struct rdma_cm_event *e;
+    int r = rdma_get_cm_event(arg, &e);
+    atomic_store(&late_returned, r == 0 ? 1 : 2);
+    return NULL;
+}
+
+static void late_callers_after_destroy(void)
+{
+    struct rdma_event_channel *c = rdma_create_event_channel();
+    pthread_t t;
+    if (!c)
+        fail("rdma_create_event_channel (late phase)");
+    rdma_destroy_event_channel(c);
+    if (pthread_create(&t, NULL, late_thread, c))
+        fail("pthread_create");
+    pthread_detach(t);
+    usleep(200 * 1000);
+    if (atomic_load(&late_returned))
+        fail("a blocking rdma_get_cm_event on a just-destroyed channel returned");
+
+    struct rdma_event_channel *nb = rdma_create_event_channel();
+    struct rdma_cm_event *e;
+    if (!nb)
+        fail("rdma_create_event_channel (late phase, non-blocking)");
+    if (fcntl(nb->fd, F_SETFL, fcntl(nb->fd, F_GETFL) | O_NONBLOCK))
+        fail("fcntl");
+    if (rdma_get_cm_event(nb, &e) == 0 || errno != EAGAIN)
+        fail("an empty non-blocking channel did not fail with EAGAIN");
+    rdma_destroy_event_channel(nb);
+    if (rdma_get_cm_event(nb, &e) == 0 || errno != EBADF)
+        fail("a destroyed non-blocking channel did not fail with EBADF");
+}
+
 int main(void)
 {
     migrate_waits_for_the_ack();
@@ -137,6 +183,7 @@ int main(void)
     usleep(300 * 1000);
     if (atomic_load(&returned))
         fail("rdma_get_cm_event returned after the channel was destroyed");
+    late_callers_after_destroy();
     printf("ok\n");
     fflush(stdout);
     return 0;
