@@ -19,7 +19,9 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use softverbs_abi::direct::inline::{INLINE_MAX, INLINE_PIECES, SLOT_RECEIVER, SLOT_SENDER};
+use softverbs_abi::direct::inline::{
+    INLINE_FREES_FIRST, INLINE_MAX, INLINE_NEAR, INLINE_PIECES, SLOT_RECEIVER, SLOT_SENDER,
+};
 use softverbs_abi::direct::*;
 use softverbs_abi::msg::{cmd, DirectAttachReq, DirectAttachResp, PostRecvReq, WcWire};
 use softverbs_core::attr::QpAttr;
@@ -695,7 +697,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         // From here on this library places what the peer leaves in its slots.
         region
             .atomic_u32(CH_INLINE[side])
-            .store(inline::NEAR, Ordering::Release);
+            .store(inline::PLACES, Ordering::Release);
     }
     Some(Chan {
         handle: 0,
@@ -898,10 +900,6 @@ fn drain_cqes(
             Some(sl) => sl.take(idx, SLOT_RECEIVER, gone, &mut t),
             None => Ok(false),
         };
-        if !matches!(c.cqe_in.pop_with(|_, _| ()), Ok(Some(()))) {
-            break;
-        }
-        c.rq_completed = c.rq_completed.wrapping_add(1);
         let mut wc = WorkCompletion::from(&w);
         match taken {
             Ok(false) => {}
@@ -931,6 +929,12 @@ fn drain_cqes(
                 }
             }
         }
+        // Popped only once its slot is free (`INLINE_FREES_FIRST`): a sender that sees the
+        // entry gone reuses the slot without reading its state.
+        if !matches!(c.cqe_in.pop_with(|_, _| ()), Ok(Some(()))) {
+            break;
+        }
+        c.rq_completed = c.rq_completed.wrapping_add(1);
         if let Some(cq) = recv_cq {
             cqs.entry(cq).or_default().push_back(wc);
         }
@@ -1505,13 +1509,20 @@ fn deliver(
         if small
             && c.slots_out.is_some()
             && placed_there >= 1
-            && matches!(c.cqe_out.free(), Ok(f) if f > 0)
+            && matches!(c.cqe_out.has_room(), Ok(true))
         {
-            if !c.slots_out.as_ref().is_some_and(|sl| sl.is_free(slot)) {
+            // Room in the ring means the receiver popped the entry this slot held last; one
+            // that frees a slot before popping it has then freed this one.
+            let known_free = placed_there == INLINE_FREES_FIRST;
+            if !known_free && !c.slots_out.as_ref().is_some_and(|sl| sl.is_free(slot)) {
                 // Its previous entry's bytes may still wait for the receiver.
                 settle_one(ctx, c, slot.wrapping_sub(c.cqe_out.layout().capacity()));
             }
-            if let Some(sl) = c.slots_out.as_ref().filter(|sl| sl.is_free(slot)) {
+            if let Some(sl) = c
+                .slots_out
+                .as_ref()
+                .filter(|sl| known_free || sl.is_free(slot))
+            {
                 let mut buf = [0u8; INLINE_MAX];
                 let payload = &mut buf[..len as usize];
                 let mut off = 0;
@@ -1519,7 +1530,7 @@ fn deliver(
                     softverbs_memaccess::read_own(a, &mut payload[off..off + l as usize]);
                     off += l as usize;
                 }
-                sl.fill(slot, &pieces, payload, placed_there == inline::NEAR);
+                sl.fill(slot, &pieces, payload, placed_there >= INLINE_NEAR);
                 filled = true;
             }
         }

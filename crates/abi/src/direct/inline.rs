@@ -46,6 +46,13 @@ pub const SLOT_NEAR: [usize; 2] = [SLOT_PIECES + PIECE, SLOT_PIECES + INLINE_PIE
 /// inline slots, payload at [`SLOT_PAYLOAD`] only).
 pub const INLINE_NEAR: u32 = 2;
 
+/// What a receiver writes to its `CH_INLINE` word when, besides reading near payloads, it
+/// frees a slot before it pops the slot's ring entry (issue 16): a sender that has seen the
+/// consumer index pass entry `i` then knows slot `i % capacity` is free without reading the
+/// slot's state, a line the receiver wrote last. A sender of [`INLINE_NEAR`] libraries reads
+/// this as "not near" and places payloads at [`SLOT_PAYLOAD`] (correct, slower).
+pub const INLINE_FREES_FIRST: u32 = 3;
+
 /// Where a payload of `len` bytes for `pieces` receive SGEs can sit within the slot's first
 /// 128 bytes: behind one piece within the first 64-byte line, else behind all four; `None`
 /// when it does not fit there.

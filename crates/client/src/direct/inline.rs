@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use softverbs_abi::direct::inline::*;
 use softverbs_shm::Region;
 
-/// What this library writes to its `CH_INLINE` word: it places slots, near payloads too.
-pub(super) const NEAR: u32 = INLINE_NEAR;
+/// What this library writes to its `CH_INLINE` word: it places slots, near payloads too,
+/// and frees each slot before it pops the slot's entry.
+pub(super) const PLACES: u32 = INLINE_FREES_FIRST;
 
 /// How long a party waits for the other to finish placing one slot (a copy of at most
 /// [`INLINE_MAX`] bytes; longer only if that process is descheduled or dead).
