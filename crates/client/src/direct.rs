@@ -874,7 +874,8 @@ fn drain_cqes(
     cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
 ) {
     let peer_side = 1 - c.side;
-    let mut t = inline::Taken::default();
+    // Made (and zeroed, 340 bytes) only once an entry is there: most polls find none.
+    let mut taken_buf: Option<inline::Taken> = None;
     loop {
         if !matches!(c.cqe_in.available(), Ok(n) if n > 0) {
             break;
@@ -896,15 +897,16 @@ fn drain_cqes(
         }) else {
             break;
         };
+        let t = taken_buf.get_or_insert_with(inline::Taken::default);
         let taken = match &c.slots_in {
-            Some(sl) => sl.take(idx, SLOT_RECEIVER, gone, &mut t),
+            Some(sl) => sl.take(idx, SLOT_RECEIVER, gone, t),
             None => Ok(false),
         };
         let mut wc = WorkCompletion::from(&w);
         match taken {
             Ok(false) => {}
             Ok(true) => {
-                if !place_own(own_table, c.own_pd, &t) {
+                if !place_own(own_table, c.own_pd, t) {
                     // The receive's MR went away (or the peer wrote nonsense) before the
                     // bytes could be placed: what a NIC reports for a receive whose L_Key
                     // fails (IBA 10.7.2.2), and nothing is written.

@@ -10,6 +10,7 @@
 //! responder's engine checks and answers the requester's status and the responder's event;
 //! the data still moves between the two processes directly.
 
+use smallvec::SmallVec;
 use softverbs_abi::direct::{
     ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_MIN_RNR, CH_RECV_CHANNEL, CH_WAITING, LOCAL_BIND,
     LOCAL_INV, NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY, NOTIFY_RNR,
@@ -561,7 +562,8 @@ pub(super) fn posted_recv(ctx: &Context, handle: u32, c: &Chan) {
 
 /// Lengths of the library's queues of the CQs that have completion channels, before an
 /// operation adds to them.
-pub(super) struct Marks(Vec<(u32, usize)>);
+/// (Inline for up to four such CQs: taken at every poll and post.)
+pub(super) struct Marks(SmallVec<[(u32, usize); 4]>);
 
 pub(super) fn marks(inner: &Inner) -> Marks {
     Marks(
@@ -612,8 +614,13 @@ pub(super) fn device_gone(ctx: &Context, inner: &mut Inner) {
 /// `Delivery::Overrun`). Counted per CQ over the direct path's own queue; the daemon counts
 /// its ring's for its QPs.
 fn overrun(ctx: &Context, inner: &mut Inner) {
-    for (&cq, &cap) in &inner.cq_cap {
-        let Some(q) = inner.cqs.get_mut(&cq) else {
+    for (&cq, q) in inner.cqs.iter_mut() {
+        // A CQ holds at least one entry (the core refuses `cqe` 0), so a queue of one needs
+        // no look at its CQ's size: this runs at every poll, post and completion.
+        if q.len() <= 1 {
+            continue;
+        }
+        let Some(&cap) = inner.cq_cap.get(&cq) else {
             continue;
         };
         if q.len() <= cap as usize {
