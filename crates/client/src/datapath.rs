@@ -365,13 +365,17 @@ impl Cq<'_> {
             f(wc);
         };
         let Some(ring) = &self.ring else {
-            return Ok(n + self.poll_command(max - n, &mut each)?);
+            let k = self.poll_command(max - n, &mut each)?;
+            self.note_daemon(k);
+            return Ok(n + k);
         };
         let quiet = !self.ctx.fatal.is_dead() && !self.outgrown.load(Ordering::Acquire);
         if quiet && self.ring_peek.as_ref().is_some_and(|p| !p.maybe_ready()) {
             return Ok(n);
         }
-        n += drain(ring, max - n, &mut each)?;
+        let k = drain(ring, max - n, &mut each)?;
+        self.note_daemon(k);
+        n += k;
         if n == max {
             return Ok(n);
         }
@@ -385,7 +389,42 @@ impl Cq<'_> {
             return Ok(n);
         }
         // Resized past the ring: the ring is drained, newer completions wait in the daemon.
-        Ok(n + self.poll_command(max - n, &mut each)?)
+        let k = self.poll_command(max - n, &mut each)?;
+        self.note_daemon(k);
+        Ok(n + k)
+    }
+
+    fn note_daemon(&self, delivered: usize) {
+        if delivered > 0 && !self.daemon_fed.load(Ordering::Relaxed) {
+            self.daemon_fed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether this CQ's completions come from the same-host direct path only: every QP of
+    /// the context that completes to it exchanges work with its peer directly now, and the
+    /// daemon never delivered a completion to it (an SRQ's or XRC receive QP's, a QP that
+    /// left the path). A poller that finds it empty then waits for a peer library, which
+    /// runs in the peer's own process, not for a daemon that might need this CPU; a busy
+    /// poller may spin a little before it yields (the drop-in's `ibv_poll_cq`). `false`
+    /// when no such QP exists. Takes two locks: for an occasional look, not every poll.
+    pub fn fed_directly(&self) -> bool {
+        if self.ring.is_none() || self.daemon_fed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Some(d) = &self.ctx.direct else {
+            return false;
+        };
+        let qps = self.ctx.ring_qps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut any = false;
+        for (&h, q) in qps.iter() {
+            if q.send_cq == Some(self.handle) || q.recv_cq == Some(self.handle) {
+                if !d.is_direct(h) {
+                    return false;
+                }
+                any = true;
+            }
+        }
+        any
     }
 
     /// Hands out up to `max` flush completions (collected on the first call).

@@ -104,6 +104,7 @@ impl Context {
             outgrown: std::sync::atomic::AtomicBool::new(false),
             channel,
             flushed: std::sync::Mutex::new(None),
+            daemon_fed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -592,6 +593,9 @@ pub struct Cq<'c> {
     /// poll that found the ring drained collected them).
     pub(crate) flushed:
         std::sync::Mutex<Option<std::collections::VecDeque<softverbs_core::wr::WorkCompletion>>>,
+    /// The daemon has delivered a completion to this CQ (through its ring or by command):
+    /// from then on its pollers may be waiting for the daemon ([`Cq::fed_directly`]).
+    pub(crate) daemon_fed: std::sync::atomic::AtomicBool,
 }
 
 impl Cq<'_> {

@@ -1028,3 +1028,25 @@ fn a_stream_of_small_sends_through_a_shallow_queue_arrives_whole_and_in_order() 
         assert_eq!(next, N, "messages received before the deadline");
     });
 }
+
+/// `Cq::fed_directly` (what the drop-in's `ibv_poll_cq` asks before it spins rather than
+/// yields on an empty poll): true for the CQ of a QP pair on the direct path, false on the
+/// daemon path and for a CQ no QP completes to.
+#[test]
+fn a_cq_is_fed_directly_only_when_its_qps_are_direct() {
+    let (d, _dir) = common::daemon("dfed", None);
+    for direct in [true, false] {
+        let p = open_pair(&d.socket, direct);
+        let (sa, sb) = (side(&p.a), side(&p.b));
+        let lonely = p.a.create_cq(16).unwrap();
+        let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+        let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+        assert!(!sa.cq.fed_directly(), "before the path is decided");
+        connect(&qb, ga, qa.qpn(), RWR);
+        connect(&qa, gb, qb.qpn(), RWR);
+        assert_eq!(qa.is_direct() && qb.is_direct(), direct);
+        assert_eq!(sa.cq.fed_directly(), direct, "direct {direct}");
+        assert_eq!(sb.cq.fed_directly(), direct, "direct {direct}");
+        assert!(!lonely.fed_directly(), "a CQ no QP uses");
+    }
+}

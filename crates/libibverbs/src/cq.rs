@@ -193,6 +193,7 @@ fn make_cq(
         wc_flags,
         poll: Mutex::new(PollState::default()),
         stashed: AtomicBool::new(false),
+        idle: crate::idle::IdlePoll::default(),
     });
     // SAFETY: `p` is fresh; its mutex and cond are initialised once, here.
     unsafe { init_sync(&mut (*p).base.cq.mutex, &mut (*p).base.cq.cond) };
@@ -358,6 +359,7 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) 
             o.stashed.store(false, Ordering::Release);
         }
         if i == n as usize {
+            o.idle.got();
             return i as c_int;
         }
     }
@@ -368,16 +370,26 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) 
         i += 1;
     });
     match r {
-        Ok(0) if stashed > 0 => stashed as c_int,
+        Ok(0) if stashed > 0 => {
+            o.idle.got();
+            stashed as c_int
+        }
         Ok(0) => {
             // Busy-polling programs (every pingpong, perftest) spin on this call; on a machine
             // with fewer cores than spinning parties the daemon that has to produce the
             // completion would wait for the poller's time slice otherwise
-            // (docs/measurements.md §1: pollers must yield).
-            std::thread::yield_now();
+            // (docs/measurements.md §1: pollers must yield). A CQ only the direct path feeds
+            // spins a little first (`crate::idle`).
+            match o.idle.empty(crate::idle::now_ns, || inner.fed_directly()) {
+                crate::idle::Idle::Spin => std::hint::spin_loop(),
+                crate::idle::Idle::Yield => std::thread::yield_now(),
+            }
             0
         }
-        Ok(k) => (stashed + k) as c_int,
+        Ok(k) => {
+            o.idle.got();
+            (stashed + k) as c_int
+        }
         Err(e) => -errno_of(&e),
     }
 }
