@@ -566,6 +566,10 @@ pub(super) fn posted_recv(ctx: &Context, handle: u32, c: &Chan) {
 pub(super) struct Marks(SmallVec<[(u32, usize); 4]>);
 
 pub(super) fn marks(inner: &Inner) -> Marks {
+    // Most programs poll without completion channels: no iteration over an empty set.
+    if inner.chan_cqs.is_empty() {
+        return Marks(SmallVec::new());
+    }
     Marks(
         inner
             .chan_cqs
@@ -580,6 +584,9 @@ pub(super) fn marks(inner: &Inner) -> Marks {
 /// the daemon of those) — make an armed CQ raise its event.
 pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
     overrun(ctx, inner);
+    if m.0.is_empty() {
+        return;
+    }
     for (cq, old) in m.0 {
         let Some(q) = inner.cqs.get(&cq) else {
             continue;
