@@ -166,6 +166,9 @@ struct Chan {
     slots_in: Option<inline::Slots>,
     /// Entries of `cqe_out` below this index have free slots (settled).
     settled_to: u32,
+    /// Where the receiver takes inline slots into: kept, so a received small SEND neither
+    /// zeroes nor moves 340 bytes on the stack (`drain_cqes`).
+    taken: Box<inline::Taken>,
     /// The peer's shared-memory MRs mapped here.
     maps: mapped::Maps,
     /// Whether the request being executed may reach its own local pieces through plain
@@ -704,6 +707,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         slots_out,
         slots_in,
         settled_to: 0,
+        taken: Box::default(),
         maps: mapped::Maps::default(),
         raw_local: std::cell::Cell::new(true),
         side,
@@ -874,8 +878,6 @@ fn drain_cqes(
     cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
 ) {
     let peer_side = 1 - c.side;
-    // Made (and zeroed, 340 bytes) only once an entry is there: most polls find none.
-    let mut taken_buf: Option<inline::Taken> = None;
     loop {
         if !matches!(c.cqe_in.available(), Ok(n) if n > 0) {
             break;
@@ -897,7 +899,7 @@ fn drain_cqes(
         }) else {
             break;
         };
-        let t = taken_buf.get_or_insert_with(inline::Taken::default);
+        let t = &mut *c.taken;
         let taken = match &c.slots_in {
             Some(sl) => sl.take(idx, SLOT_RECEIVER, gone, t),
             None => Ok(false),

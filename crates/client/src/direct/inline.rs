@@ -53,6 +53,7 @@ pub(super) enum Failed {
 
 /// What a slot held when it was taken: fixed arrays, not vectors (one is taken for every
 /// small SEND received, and their allocations were a measurable part of the round trip).
+#[derive(Debug)]
 pub(super) struct Taken {
     pieces: [Piece; INLINE_PIECES],
     npieces: usize,
