@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${S:-$PWD/target/release/softverbs}
 NAME=${NAME:-svpp}
-LOOPS=${LOOPS:-100}
+LOOPS=${LOOPS:-1000}
 SIZES=${SIZES:-"1 64 1024 4096 16384 65536 262144 1048576 4194304"}
 [ -x "$S" ] || { echo "build first: cargo build --release ($S missing)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "needs root (softverbs cluster)" >&2; exit 2; }
