@@ -382,6 +382,12 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) 
             // spins a little first (`crate::idle`).
             match o.idle.empty(crate::idle::now_ns, || inner.fed_directly()) {
                 crate::idle::Idle::Spin => std::hint::spin_loop(),
+                crate::idle::Idle::Yield if o.idle.time_yield() => {
+                    let start = crate::idle::now_ns();
+                    std::thread::yield_now();
+                    let end = crate::idle::now_ns();
+                    o.idle.yielded(end - start, end);
+                }
                 crate::idle::Idle::Yield => std::thread::yield_now(),
             }
             0

@@ -10,6 +10,13 @@
 //! empty polls, then yields as before: a peer that shares the CPU waits at most that long,
 //! as with the bench's pollers (`crates/cli/src/bench/peer.rs`).
 //!
+//! A run that spins for all of [`SPIN`] times its first yield: one that took longer than
+//! [`SWITCHED`] gave the CPU to another task, most likely the peer waiting for this very CPU
+//! (both processes on one CPU: a container with one, or a loaded machine), whose reply the
+//! spin only delayed. Spinning is then off for [`BACK_OFF`], as the daemon's loop backs off
+//! after a starved yield (crates/daemon/src/spin.rs). A quick yield means the CPU is this
+//! poller's and the peer is only slow (a gap of the machine): spinning stays on.
+//!
 //! State per CQ, in relaxed atomics: several threads may poll one CQ, and a lost update only
 //! moves one spin-or-yield decision. The clock is read once every [`CHECK_EVERY`] empty
 //! polls, and whether the CQ is fed directly (two locks) at most every [`RECHECK`].
@@ -27,6 +34,14 @@ pub const CHECK_EVERY: u32 = 64;
 /// How long a CQ's "fed directly" answer is trusted (its QPs may move to or off the path).
 pub const RECHECK: Duration = Duration::from_millis(1);
 
+/// How long polls only yield after a run whose spin delayed its own reply.
+pub const BACK_OFF: Duration = Duration::from_millis(100);
+
+/// A yield that returns later than this let another task run on this CPU (a `sched_yield`
+/// that finds nobody else takes 0.5 µs on the machine of docs/performance.md, a switch to
+/// another process and back 2.5 µs).
+pub const SWITCHED: Duration = Duration::from_nanos(1500);
+
 /// A CQ's run of empty polls.
 #[derive(Debug, Default)]
 pub struct IdlePoll {
@@ -40,6 +55,10 @@ pub struct IdlePoll {
     fed: AtomicBool,
     /// This run spins (set at each clock look).
     spinning: AtomicBool,
+    /// This run spun for all of SPIN; its next yield is timed.
+    spun_out: AtomicBool,
+    /// Runs do not spin before this time (ns since the epoch).
+    no_spin_until: AtomicU64,
 }
 
 /// What an empty poll should do.
@@ -56,6 +75,26 @@ impl IdlePoll {
         if self.empties.load(Ordering::Relaxed) != 0 {
             self.empties.store(0, Ordering::Relaxed);
         }
+        if self.spun_out.load(Ordering::Relaxed) {
+            self.spun_out.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the caller should time its next yield and report it with
+    /// [`yielded`](IdlePoll::yielded).
+    #[inline]
+    pub fn time_yield(&self) -> bool {
+        self.spun_out.load(Ordering::Relaxed)
+    }
+
+    /// The first yield after a spin that ran out took `took` ns, ending at `end` (ns since
+    /// the epoch): a long one backs spinning off.
+    pub fn yielded(&self, took: u64, end: u64) {
+        self.spun_out.store(false, Ordering::Relaxed);
+        if took > SWITCHED.as_nanos() as u64 {
+            self.no_spin_until
+                .store(end + BACK_OFF.as_nanos() as u64, Ordering::Relaxed);
+        }
     }
 
     /// An empty poll at `now()` (ns since an epoch of the caller's, never 0): whether to
@@ -64,10 +103,22 @@ impl IdlePoll {
         let e = self.empties.load(Ordering::Relaxed);
         self.empties.store(e.wrapping_add(1), Ordering::Relaxed);
         if e == 0 {
-            // A new run: spin only if the CQ was fed directly when last looked at; the
-            // clock is not read for runs shorter than CHECK_EVERY (most replies).
-            self.spinning
-                .store(self.fed.load(Ordering::Relaxed), Ordering::Relaxed);
+            // A new run: spin only if the CQ was fed directly when last looked at and no
+            // back-off is on. The clock is read here only during a back-off (whose runs
+            // yield, so they are rarely long enough to reach a clock look), otherwise not
+            // before CHECK_EVERY empty polls (most replies come sooner).
+            let until = self.no_spin_until.load(Ordering::Relaxed);
+            let allowed = until == 0 || {
+                let over = now() >= until;
+                if over {
+                    self.no_spin_until.store(0, Ordering::Relaxed);
+                }
+                over
+            };
+            self.spinning.store(
+                self.fed.load(Ordering::Relaxed) && allowed,
+                Ordering::Relaxed,
+            );
         } else if e % CHECK_EVERY == 0 {
             let t = now();
             if e == CHECK_EVERY {
@@ -80,8 +131,17 @@ impl IdlePoll {
             }
             let young =
                 t.saturating_sub(self.run_since.load(Ordering::Relaxed)) < SPIN.as_nanos() as u64;
+            let until = self.no_spin_until.load(Ordering::Relaxed);
+            if until != 0 && t >= until {
+                self.no_spin_until.store(0, Ordering::Relaxed);
+            }
+            let allowed = until == 0 || t >= until;
+            let fed = self.fed.load(Ordering::Relaxed);
+            if fed && allowed && !young && self.spinning.load(Ordering::Relaxed) {
+                self.spun_out.store(true, Ordering::Relaxed);
+            }
             self.spinning
-                .store(young && self.fed.load(Ordering::Relaxed), Ordering::Relaxed);
+                .store(young && fed && allowed, Ordering::Relaxed);
         }
         if self.spinning.load(Ordering::Relaxed) {
             Idle::Spin
@@ -120,9 +180,28 @@ mod tests {
         // Still young 10 µs into the run; past SPIN it yields.
         assert_eq!(run(&p, CHECK_EVERY, 11_000, true), Idle::Spin);
         assert_eq!(run(&p, CHECK_EVERY, 30_000, true), Idle::Yield);
-        // A completion ends the run; the next one spins from its first empty poll.
+        // The spin ran out; a quick first yield (the CPU is ours, the peer is slow) leaves
+        // spinning on for the next run.
+        assert!(p.time_yield());
+        p.yielded(500, 30_500);
+        assert!(!p.time_yield(), "timed once");
         p.got();
         assert_eq!(p.empty(|| 40_000, || true), Idle::Spin);
+        // This time the first yield switched to another task: runs yield for BACK_OFF.
+        assert_eq!(run(&p, CHECK_EVERY, 40_000, true), Idle::Spin);
+        assert_eq!(run(&p, CHECK_EVERY, 70_000, true), Idle::Yield);
+        assert!(p.time_yield());
+        p.yielded(2_500, 72_500);
+        p.got();
+        assert_eq!(p.empty(|| 73_000, || true), Idle::Yield, "backed off");
+        p.got();
+        let after = 72_500 + BACK_OFF.as_nanos() as u64;
+        assert_eq!(p.empty(|| after, || true), Idle::Spin, "back-off over");
+        // A run that gets its completion while spinning leaves spinning on.
+        assert_eq!(run(&p, CHECK_EVERY, after + 1_000, true), Idle::Spin);
+        assert!(!p.time_yield());
+        p.got();
+        assert_eq!(p.empty(|| after + 3_000, || true), Idle::Spin);
     }
 
     #[test]
