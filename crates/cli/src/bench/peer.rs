@@ -94,23 +94,38 @@ const SPIN: Duration = Duration::from_micros(20);
 /// of a spinning peer's time.
 const CLOCK_EVERY: u32 = 64;
 
+/// A first yield after a spin that takes longer than this let another task run on the CPU
+/// (the drop-in's `ibv_poll_cq` uses the same rule, crates/libibverbs/src/idle.rs).
+const SWITCHED: Duration = Duration::from_nanos(1500);
+
+/// How long waits only yield after a spin that kept the other peer off this CPU.
+const BACK_OFF: Duration = Duration::from_millis(100);
+
 /// How a waiting loop spends an empty poll: a spin-loop hint for the first part of the
-/// wait ([`SPIN`] in a latency run), then `sched_yield`.
+/// wait ([`SPIN`] in a latency run), then `sched_yield`. The first yield after a spin is
+/// timed: one that switched to another task (maybe the other peer, on this same CPU, whose
+/// reply the spin only delayed) sets `switched`; two such waits in a row, with none between
+/// whose reply came while it spun, make the endpoint's next waits yield at once for
+/// [`BACK_OFF`] (one alone is usually some other task, as in crates/libibverbs/src/idle.rs).
 struct Backoff {
     start: Instant,
     polls: u32,
     spin: Duration,
     spinning: bool,
+    timed: bool,
+    switched: bool,
 }
 
 impl Backoff {
-    /// A wait that spins for its first `spin`.
-    fn new(spin: Duration) -> Backoff {
+    /// A wait begun at `start` that spins for its first `spin`.
+    fn new(start: Instant, spin: Duration) -> Backoff {
         Backoff {
-            start: Instant::now(),
+            start,
             polls: 0,
             spin,
             spinning: !spin.is_zero(),
+            timed: spin.is_zero(),
+            switched: false,
         }
     }
 
@@ -126,6 +141,11 @@ impl Backoff {
         }
         if self.spinning {
             std::hint::spin_loop();
+        } else if !self.timed {
+            self.timed = true;
+            let t = Instant::now();
+            std::thread::yield_now();
+            self.switched = t.elapsed() > SWITCHED;
         } else {
             std::thread::yield_now();
         }
@@ -474,6 +494,8 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
         remote,
         posted_recvs: 0,
         pending: Default::default(),
+        no_spin_until: None,
+        strikes: 0,
     };
     loop {
         let line = inbox.next()?;
@@ -513,6 +535,10 @@ struct Endpoint<'a> {
     remote: Remote,
     posted_recvs: usize,
     pending: std::collections::VecDeque<WorkCompletion>,
+    /// Waits do not spin before this (see [`Backoff`]).
+    no_spin_until: Option<Instant>,
+    /// Waits in a row whose first yield after the spin switched to another task.
+    strikes: u32,
 }
 
 impl Endpoint<'_> {
@@ -578,19 +604,41 @@ impl Endpoint<'_> {
     /// How long this run's waits spin before they yield: [`SPIN`] in a latency run whose QP
     /// is on the direct path (its peer is a process polling on its own CPU); nothing where a
     /// daemon carries the work (it needs a CPU to do it).
-    fn spin(&self) -> Duration {
-        if self.a.mode == Mode::Lat && self.qp.is_direct() {
+    fn spin(&self, now: Instant) -> Duration {
+        let backed_off = self.no_spin_until.is_some_and(|u| now < u);
+        if self.a.mode == Mode::Lat && self.qp.is_direct() && !backed_off {
             SPIN
         } else {
             Duration::ZERO
         }
     }
 
+    /// A wait begun now.
+    fn backoff(&self) -> Backoff {
+        let now = Instant::now();
+        Backoff::new(now, self.spin(now))
+    }
+
+    /// A wait ended: after two in a row whose spin may have kept the other peer off this
+    /// CPU, the next ones yield.
+    fn waited(&mut self, b: &Backoff) {
+        if b.switched {
+            self.strikes += 1;
+            if self.strikes >= 2 {
+                self.strikes = 0;
+                self.no_spin_until = Some(Instant::now() + BACK_OFF);
+            }
+        } else if b.spinning {
+            self.strikes = 0;
+        }
+    }
+
     /// The next completion, polling until one comes.
     fn next_wc(&mut self) -> R<WorkCompletion> {
-        let mut backoff = Backoff::new(self.spin());
+        let mut backoff = self.backoff();
         loop {
             if let Some(wc) = self.pending.pop_front() {
+                self.waited(&backoff);
                 if wc.status != WcStatus::Success {
                     return Err(format!("completion {:?} {:?}", wc.opcode, wc.status));
                 }
@@ -640,13 +688,14 @@ impl Endpoint<'_> {
 
     /// Spins (then yields) until the WRITE of `size` bytes carrying `seq` has landed.
     fn wait_flag(&mut self, size: usize, seq: u64) -> R<()> {
-        let mut backoff = Backoff::new(self.spin());
+        let mut backoff = self.backoff();
         while self.flag_word(size).load(Ordering::Acquire) != seq {
             if backoff.empty() {
                 self.poll_now()?;
                 return Err(format!("WRITE {seq:#x} did not land within {STUCK:?}"));
             }
         }
+        self.waited(&backoff);
         Ok(())
     }
 
