@@ -104,7 +104,7 @@ const BACK_OFF: Duration = Duration::from_millis(100);
 /// How a waiting loop spends an empty poll: a spin-loop hint for the first part of the
 /// wait ([`SPIN`] in a latency run), then `sched_yield`. The first yield after a spin is
 /// timed: one that switched to another task (maybe the other peer, on this same CPU, whose
-/// reply the spin only delayed) sets `switched`; two such waits in a row, with none between
+/// reply the spin only delayed) is a strike, a quick one clears them; two such waits in a row, with none between
 /// whose reply came while it spun, make the endpoint's next waits yield at once for
 /// [`BACK_OFF`] (one alone is usually some other task, as in crates/libibverbs/src/idle.rs).
 struct Backoff {
@@ -113,7 +113,8 @@ struct Backoff {
     spin: Duration,
     spinning: bool,
     timed: bool,
-    switched: bool,
+    /// What the timed yield found: `Some(true)` it switched to another task.
+    switched: Option<bool>,
 }
 
 impl Backoff {
@@ -125,7 +126,7 @@ impl Backoff {
             spin,
             spinning: !spin.is_zero(),
             timed: spin.is_zero(),
-            switched: false,
+            switched: None,
         }
     }
 
@@ -145,7 +146,7 @@ impl Backoff {
             self.timed = true;
             let t = Instant::now();
             std::thread::yield_now();
-            self.switched = t.elapsed() > SWITCHED;
+            self.switched = Some(t.elapsed() > SWITCHED);
         } else {
             std::thread::yield_now();
         }
@@ -622,14 +623,18 @@ impl Endpoint<'_> {
     /// A wait ended: after two in a row whose spin may have kept the other peer off this
     /// CPU, the next ones yield.
     fn waited(&mut self, b: &Backoff) {
-        if b.switched {
-            self.strikes += 1;
-            if self.strikes >= 2 {
-                self.strikes = 0;
-                self.no_spin_until = Some(Instant::now() + BACK_OFF);
+        match b.switched {
+            Some(true) => {
+                self.strikes += 1;
+                if self.strikes >= 2 {
+                    self.strikes = 0;
+                    self.no_spin_until = Some(Instant::now() + BACK_OFF);
+                }
             }
-        } else if b.spinning {
-            self.strikes = 0;
+            // A quick yield (the CPU was this peer's), or a reply that came while spinning.
+            Some(false) => self.strikes = 0,
+            None if b.spinning => self.strikes = 0,
+            None => {}
         }
     }
 
