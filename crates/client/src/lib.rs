@@ -91,6 +91,7 @@ mod error;
 mod event;
 mod fatal;
 mod flush;
+pub mod idle;
 mod introspect;
 mod mw;
 mod objects;

@@ -193,7 +193,7 @@ fn make_cq(
         wc_flags,
         poll: Mutex::new(PollState::default()),
         stashed: AtomicBool::new(false),
-        idle: crate::idle::IdlePoll::default(),
+        idle: softverbs::idle::IdlePoll::default(),
     });
     // SAFETY: `p` is fresh; its mutex and cond are initialised once, here.
     unsafe { init_sync(&mut (*p).base.cq.mutex, &mut (*p).base.cq.cond) };
@@ -379,17 +379,8 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) 
             // with fewer cores than spinning parties the daemon that has to produce the
             // completion would wait for the poller's time slice otherwise
             // (docs/measurements.md §1: pollers must yield). A CQ only the direct path feeds
-            // spins a little first (`crate::idle`).
-            match o.idle.empty(crate::idle::now_ns, || inner.fed_directly()) {
-                crate::idle::Idle::Spin => std::hint::spin_loop(),
-                crate::idle::Idle::Yield if o.idle.time_yield() => {
-                    let start = crate::idle::now_ns();
-                    std::thread::yield_now();
-                    let end = crate::idle::now_ns();
-                    o.idle.yielded(end - start, end);
-                }
-                crate::idle::Idle::Yield => std::thread::yield_now(),
-            }
+            // spins a little first (`softverbs::idle`).
+            o.idle.idle(|| inner.fed_directly());
             0
         }
         Ok(k) => {

@@ -23,7 +23,6 @@ mod cq;
 mod device;
 mod events;
 pub mod ffi;
-mod idle;
 mod legacy_xrc;
 mod mcast;
 mod mw;

@@ -264,8 +264,8 @@ pub struct CqObj {
     /// `poll.batch` holds completions `ibv_poll_cq` hands out before the ring's (set when a
     /// QP's reset took the CQ's completions out of the ring to drop that QP's).
     pub stashed: std::sync::atomic::AtomicBool,
-    /// The current run of empty polls (spin or yield, `crate::idle`).
-    pub idle: crate::idle::IdlePoll,
+    /// The current run of empty polls (spin or yield, `softverbs::idle`).
+    pub idle: softverbs::idle::IdlePoll,
 }
 magic!(CqObj, ibv_cq, |o| o.ctx);
 

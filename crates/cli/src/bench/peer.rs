@@ -27,6 +27,7 @@ use std::sync::mpsc::{channel, Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use softverbs::idle::IdlePoll;
 use softverbs::{
     Access, AhAttr, AttrMask as M, Context, Cq, Gid, Mtu, Qp, QpAttr, QpCap, QpInit, QpState,
     QpType, SendOp, SendRequest, Sge, Srq, SrqAttr, UdAddress, WcOpcode, WcStatus, WorkCompletion,
@@ -79,77 +80,38 @@ const INLINE_BUF: usize = 256;
 /// How long one wait may take before the run is declared stuck.
 const STUCK: Duration = Duration::from_secs(20);
 
-/// How long a waiting peer of a latency run spins through empty polls before it starts
-/// yielding its CPU after each one. A reply in a ping-pong comes within a few microseconds,
-/// and a `sched_yield` costs about as much as the whole hand-over (docs/performance.md,
-/// "Issue 16: spinning before yielding"), so the first microseconds of a wait are spent
-/// spinning, as UCX's and perftest's pollers do throughout; past them a waiting peer
-/// yields, so a party that shares its CPU (the daemon, the other peer on a one-CPU machine)
-/// is never kept off it for longer. A bandwidth run, and any run through a daemon, yields
-/// at once: what it waits for is usually work a daemon must do, on a CPU the spinning would
-/// take.
-const SPIN: Duration = Duration::from_micros(20);
-
-/// Empty polls between two reads of the clock while waiting: read on each, it was a third
+/// Empty polls between two reads of the clock for [`STUCK`]: read on each, it was a third
 /// of a spinning peer's time.
 const CLOCK_EVERY: u32 = 64;
 
-/// A first yield after a spin that takes longer than this let another task run on the CPU
-/// (the drop-in's `ibv_poll_cq` uses the same rule, crates/libibverbs/src/idle.rs).
-const SWITCHED: Duration = Duration::from_nanos(1500);
-
-/// How long waits only yield after a spin that kept the other peer off this CPU.
-const BACK_OFF: Duration = Duration::from_millis(100);
-
-/// How a waiting loop spends an empty poll: a spin-loop hint for the first part of the
-/// wait ([`SPIN`] in a latency run), then `sched_yield`. The first yield after a spin is
-/// timed: one that switched to another task (maybe the other peer, on this same CPU, whose
-/// reply the spin only delayed) is a strike, a quick one clears them; two such waits in a row, with none between
-/// whose reply came while it spun, make the endpoint's next waits yield at once for
-/// [`BACK_OFF`] (one alone is usually some other task, as in crates/libibverbs/src/idle.rs).
+/// One wait for a completion or a landed WRITE. Its empty polls are spent as the drop-in's
+/// `ibv_poll_cq` spends them (`softverbs::idle`): a latency run whose QP is on the direct
+/// path spins for the first 20 µs of a wait — a reply comes within a few microseconds, and
+/// a `sched_yield` costs about as much as the whole hand-over (docs/performance.md, "Issue
+/// 16: spinning before yielding") — then yields, and stops spinning for a while when its
+/// spins keep the other peer off this CPU. A bandwidth run, and any run through a daemon,
+/// yields at once: what it waits for is work a daemon must do, on a CPU the spin would take.
 struct Backoff {
     start: Instant,
     polls: u32,
-    spin: Duration,
-    spinning: bool,
-    timed: bool,
-    /// What the timed yield found: `Some(true)` it switched to another task.
-    switched: Option<bool>,
 }
 
 impl Backoff {
-    /// A wait begun at `start` that spins for its first `spin`.
-    fn new(start: Instant, spin: Duration) -> Backoff {
+    fn new() -> Backoff {
         Backoff {
-            start,
+            start: Instant::now(),
             polls: 0,
-            spin,
-            spinning: !spin.is_zero(),
-            timed: spin.is_zero(),
-            switched: None,
         }
     }
 
-    /// Spends one empty poll; `true` once the wait has lasted [`STUCK`].
-    fn empty(&mut self) -> bool {
+    /// Spends one empty poll of `idle` (`spin`: this run may spin); `true` once the wait has
+    /// lasted [`STUCK`].
+    fn empty(&mut self, idle: &IdlePoll, spin: bool) -> bool {
         self.polls = self.polls.wrapping_add(1);
-        if self.polls % CLOCK_EVERY == 0 {
-            let waited = self.start.elapsed();
-            if waited > STUCK {
-                return true;
-            }
-            self.spinning = waited < self.spin;
+        if self.polls % CLOCK_EVERY == 0 && self.start.elapsed() > STUCK {
+            return true;
         }
-        if self.spinning {
-            std::hint::spin_loop();
-        } else if !self.timed {
-            self.timed = true;
-            let t = Instant::now();
-            std::thread::yield_now();
-            self.switched = Some(t.elapsed() > SWITCHED);
-        } else {
-            std::thread::yield_now();
-        }
+        idle.idle(|| spin);
         false
     }
 }
@@ -495,8 +457,7 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
         remote,
         posted_recvs: 0,
         pending: Default::default(),
-        no_spin_until: None,
-        strikes: 0,
+        idle: IdlePoll::default(),
     };
     loop {
         let line = inbox.next()?;
@@ -536,10 +497,8 @@ struct Endpoint<'a> {
     remote: Remote,
     posted_recvs: usize,
     pending: std::collections::VecDeque<WorkCompletion>,
-    /// Waits do not spin before this (see [`Backoff`]).
-    no_spin_until: Option<Instant>,
-    /// Waits in a row whose first yield after the spin switched to another task.
-    strikes: u32,
+    /// This peer's run of empty polls (see [`Backoff`]).
+    idle: IdlePoll,
 }
 
 impl Endpoint<'_> {
@@ -602,48 +561,20 @@ impl Endpoint<'_> {
         self.qp.post_send(&wr).map_err(e("post_send"))
     }
 
-    /// How long this run's waits spin before they yield: [`SPIN`] in a latency run whose QP
-    /// is on the direct path (its peer is a process polling on its own CPU); nothing where a
-    /// daemon carries the work (it needs a CPU to do it).
-    fn spin(&self, now: Instant) -> Duration {
-        let backed_off = self.no_spin_until.is_some_and(|u| now < u);
-        if self.a.mode == Mode::Lat && self.qp.is_direct() && !backed_off {
-            SPIN
-        } else {
-            Duration::ZERO
-        }
-    }
-
-    /// A wait begun now.
-    fn backoff(&self) -> Backoff {
-        let now = Instant::now();
-        Backoff::new(now, self.spin(now))
-    }
-
-    /// A wait ended: after two in a row whose spin may have kept the other peer off this
-    /// CPU, the next ones yield.
-    fn waited(&mut self, b: &Backoff) {
-        match b.switched {
-            Some(true) => {
-                self.strikes += 1;
-                if self.strikes >= 2 {
-                    self.strikes = 0;
-                    self.no_spin_until = Some(Instant::now() + BACK_OFF);
-                }
-            }
-            // A quick yield (the CPU was this peer's), or a reply that came while spinning.
-            Some(false) => self.strikes = 0,
-            None if b.spinning => self.strikes = 0,
-            None => {}
-        }
+    /// Whether this run's waits may spin before they yield: a latency run whose QP is on
+    /// the direct path (its peer is a process polling on its own CPU); not where a daemon
+    /// carries the work (it needs a CPU to do it).
+    fn may_spin(&self) -> bool {
+        self.a.mode == Mode::Lat && self.qp.is_direct()
     }
 
     /// The next completion, polling until one comes.
     fn next_wc(&mut self) -> R<WorkCompletion> {
-        let mut backoff = self.backoff();
+        let mut backoff = Backoff::new();
+        let spin = self.may_spin();
         loop {
             if let Some(wc) = self.pending.pop_front() {
-                self.waited(&backoff);
+                self.idle.got();
                 if wc.status != WcStatus::Success {
                     return Err(format!("completion {:?} {:?}", wc.opcode, wc.status));
                 }
@@ -655,7 +586,7 @@ impl Endpoint<'_> {
                 .cq
                 .poll_with(32, |wc| pending.push_back(*wc))
                 .map_err(e("poll_cq"))?;
-            if got == 0 && backoff.empty() {
+            if got == 0 && backoff.empty(&self.idle, spin) {
                 return Err(format!("no completion for {STUCK:?}"));
             }
         }
@@ -693,14 +624,15 @@ impl Endpoint<'_> {
 
     /// Spins (then yields) until the WRITE of `size` bytes carrying `seq` has landed.
     fn wait_flag(&mut self, size: usize, seq: u64) -> R<()> {
-        let mut backoff = self.backoff();
+        let mut backoff = Backoff::new();
+        let spin = self.may_spin();
         while self.flag_word(size).load(Ordering::Acquire) != seq {
-            if backoff.empty() {
+            if backoff.empty(&self.idle, spin) {
                 self.poll_now()?;
                 return Err(format!("WRITE {seq:#x} did not land within {STUCK:?}"));
             }
         }
-        self.waited(&backoff);
+        self.idle.got();
         Ok(())
     }
 

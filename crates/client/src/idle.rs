@@ -1,4 +1,5 @@
-//! What `ibv_poll_cq` does when it finds nothing (docs/dropin.md, "Empty polls").
+//! What a busy poller does when it finds nothing: the drop-in's `ibv_poll_cq`
+//! (docs/dropin.md, "Empty polls") and the bench's waits (`crates/cli/src/bench/peer.rs`).
 //!
 //! Busy-polling programs — every pingpong, perftest, UCX, MPI — call `ibv_poll_cq` in a
 //! loop. When the completion they wait for must be produced by a daemon that may share their
@@ -7,8 +8,7 @@
 //! library in the peer's own process: a yield then only costs the poller a system call (and
 //! on a VM, often a context switch) per empty poll, which made `ib_send_lat`'s one-way about
 //! twice the bench's. So such a poller spins (`spin_loop`) for the first [`SPIN`] of a run of
-//! empty polls, then yields as before: a peer that shares the CPU waits at most that long,
-//! as with the bench's pollers (`crates/cli/src/bench/peer.rs`).
+//! empty polls, then yields as before: a peer that shares the CPU waits at most that long.
 //!
 //! A run that spins for all of [`SPIN`] times its first yield: one that took longer than
 //! [`SWITCHED`] gave the CPU to another task, maybe the peer waiting for this very CPU (both
@@ -45,7 +45,7 @@ pub const BACK_OFF: Duration = Duration::from_millis(100);
 /// another process and back 2.5 µs).
 pub const SWITCHED: Duration = Duration::from_nanos(1500);
 
-/// A CQ's run of empty polls.
+/// A poller's run of empty polls (one per CQ in the drop-in, per peer in the bench).
 #[derive(Debug, Default)]
 pub struct IdlePoll {
     /// Empty polls since the last completion (wrapping).
@@ -69,7 +69,9 @@ pub struct IdlePoll {
 /// What an empty poll should do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Idle {
+    /// A spin-loop hint: the peer answers on a CPU of its own.
     Spin,
+    /// `sched_yield`: whoever produces the completion may need this CPU.
     Yield,
 }
 
@@ -164,6 +166,24 @@ impl IdlePoll {
             Idle::Spin
         } else {
             Idle::Yield
+        }
+    }
+}
+
+impl IdlePoll {
+    /// Spends one empty poll as [`empty`](IdlePoll::empty) says, on the clock of
+    /// [`now_ns`]: a spin-loop hint, or a yield (the first after a spin that ran out timed
+    /// and reported with [`yielded`](IdlePoll::yielded)).
+    pub fn idle(&self, fed_directly: impl FnOnce() -> bool) {
+        match self.empty(now_ns, fed_directly) {
+            Idle::Spin => std::hint::spin_loop(),
+            Idle::Yield if self.time_yield() => {
+                let start = now_ns();
+                std::thread::yield_now();
+                let end = now_ns();
+                self.yielded(end - start, end);
+            }
+            Idle::Yield => std::thread::yield_now(),
         }
     }
 }
