@@ -35,6 +35,6 @@ pub use reactor::register_readable;
 pub use ready::{ReadySet, WorkFlag, WORK_FLAG_SIZE};
 pub use region::{Atom, Region};
 pub use ring::{
-    Consumer, Corrupt, Index, LayoutError, Peek, Producer, PushError, RingLayout, CACHE_LINE,
-    MAX_CAPACITY, MAX_ENTRY_SIZE, RING_MAGIC,
+    Consumer, Corrupt, Index, LayoutError, Peek, Producer, PushError, RingLayout, SharedConsumer,
+    CACHE_LINE, MAX_CAPACITY, MAX_ENTRY_SIZE, RING_MAGIC,
 };

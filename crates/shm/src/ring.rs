@@ -25,6 +25,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes};
 
 use crate::{Doorbell, Region};
 
+mod shared_consumer;
+pub use shared_consumer::SharedConsumer;
+
 /// Spacing of the header words: 128 bytes, two 64-byte lines, so the adjacent-line
 /// prefetcher of some x86 cores does not couple the producer's and consumer's words either.
 pub const CACHE_LINE: usize = 128;
