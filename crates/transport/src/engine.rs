@@ -193,6 +193,20 @@ impl Engine {
         meta: RxMeta,
         bytes: &[u8],
     ) {
+        self.handle_own_multicast_fed(now, core, mem, &mut crate::NoFeed, meta, bytes)
+    }
+
+    /// [`handle_own_multicast`](Self::handle_own_multicast) with SRQs fed by `feed` when
+    /// they hold no receive ([`SrqFeed`](crate::SrqFeed)).
+    pub fn handle_own_multicast_fed<M: Memory>(
+        &mut self,
+        now: Instant,
+        core: &Core,
+        mem: &mut M,
+        feed: &mut dyn crate::SrqFeed,
+        meta: RxMeta,
+        bytes: &[u8],
+    ) {
         let Ok(pkt) = Packet::parse(bytes) else {
             return;
         };
@@ -200,15 +214,17 @@ impl Engine {
             return;
         }
         let sender = pkt.headers.deth.map(|d| d.src_qp);
-        self.fan_out(now, core, mem, meta, &pkt, sender);
+        self.fan_out(now, core, mem, feed, meta, &pkt, sender);
     }
 
     /// Delivers a copy of multicast datagram `pkt` to every attached QP but `skip`.
+    #[allow(clippy::too_many_arguments)]
     fn fan_out<M: Memory>(
         &mut self,
         now: Instant,
         core: &Core,
         mem: &mut M,
+        feed: &mut dyn crate::SrqFeed,
         meta: RxMeta,
         pkt: &PacketRef<'_>,
         skip: Option<u32>,
@@ -232,6 +248,7 @@ impl Engine {
                 out: &mut self.out,
                 srqs: &mut self.srqs,
                 windows: &mut self.windows,
+                feed: &mut *feed,
             };
             crate::responder::receive(qp, &mut env, meta, pkt, &mut self.scratch);
         }
@@ -330,6 +347,19 @@ impl Engine {
         self.srqs
             .get(&key)
             .map(|s| (s.cfg.max_wr as usize).saturating_sub(s.queue.len()))
+    }
+
+    /// The SRQ's creation-time facts, or `None` if there is no such SRQ on this engine.
+    pub fn srq_config(&self, key: SrqKey) -> Option<SrqConfig> {
+        self.srqs.get(&key).map(|s| s.cfg)
+    }
+
+    /// Disarms the SRQ's limit, returning what was armed (0: nothing): its shell takes over
+    /// deciding the event ([`SrqFeed`](crate::SrqFeed)).
+    pub fn take_srq_limit(&mut self, key: SrqKey) -> u32 {
+        self.srqs
+            .get_mut(&key)
+            .map_or(0, |s| std::mem::take(&mut s.limit))
     }
 
     /// The SRQ's `max_wr`, or `None` if there is no such SRQ on this engine.
@@ -458,12 +488,26 @@ impl Engine {
         meta: RxMeta,
         bytes: &[u8],
     ) {
+        self.handle_packet_fed(now, core, mem, &mut crate::NoFeed, meta, bytes)
+    }
+
+    /// [`handle_packet`](Self::handle_packet) with SRQs fed by `feed` when they hold no
+    /// receive ([`SrqFeed`](crate::SrqFeed)).
+    pub fn handle_packet_fed<M: Memory>(
+        &mut self,
+        now: Instant,
+        core: &Core,
+        mem: &mut M,
+        feed: &mut dyn crate::SrqFeed,
+        meta: RxMeta,
+        bytes: &[u8],
+    ) {
         let Ok(pkt) = Packet::parse(bytes) else {
             return;
         };
         let qpn = pkt.headers.bth.dest_qp;
         if qpn == MULTICAST_QPN {
-            return self.fan_out(now, core, mem, meta, &pkt, None);
+            return self.fan_out(now, core, mem, feed, meta, &pkt, None);
         }
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return;
@@ -482,6 +526,7 @@ impl Engine {
             out: &mut self.out,
             srqs: &mut self.srqs,
             windows: &mut self.windows,
+            feed,
         };
         match pkt.info.direction {
             Direction::Request => {
@@ -516,6 +561,8 @@ impl Engine {
                 out: &mut self.out,
                 srqs: &mut self.srqs,
                 windows: &mut self.windows,
+                // Sending takes no receive.
+                feed: &mut crate::NoFeed,
             };
             let tx = crate::responder::next_packet(qp, &mut env, buf, &mut self.scratch)
                 .or_else(|| crate::requester::next_packet(qp, &mut env, buf, &mut self.scratch));

@@ -30,6 +30,7 @@ pub use engine::{
 };
 pub use faults::{FaultInjector, Faults, NetStats};
 pub use memory::{AtomicOp, Fault, Memory, VecMemory};
+pub use qp::{NoFeed, SrqFeed};
 /// Work requests and completions, and the memory interface, live in the core so the client
 /// can use them without linking the engine; re-exported under their old paths.
 pub use softverbs_core::{memory, wr};

@@ -67,6 +67,26 @@ pub struct QpConfig {
     pub port_mtu: softverbs_core::types::Mtu,
 }
 
+/// Where an SRQ's receives come from when the engine holds none: the shell's queue that
+/// others take from too (the same-host direct path's libraries, docs/direct-path.md,
+/// "SRQs"), so the engine takes one only when a message needs it instead of holding a
+/// stock of them. The feed also decides the SRQ's limit event for what it hands out.
+pub trait SrqFeed {
+    /// The next receive of `key`, if one is posted (oldest first).
+    fn next_recv(&mut self, key: SrqKey) -> Option<softverbs_core::wr::RecvWr>;
+}
+
+/// No feed: an SRQ holds only what [`Engine::post_srq_recv`](crate::Engine::post_srq_recv)
+/// put in.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoFeed;
+
+impl SrqFeed for NoFeed {
+    fn next_recv(&mut self, _key: SrqKey) -> Option<softverbs_core::wr::RecvWr> {
+        None
+    }
+}
+
 /// Creation-time facts of an SRQ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SrqConfig {
@@ -209,6 +229,7 @@ pub(crate) struct Env<'a, M: Memory> {
     pub(crate) out: &'a mut VecDeque<Output>,
     pub(crate) srqs: &'a mut HashMap<SrqKey, Srq>,
     pub(crate) windows: &'a mut crate::mw::Windows,
+    pub(crate) feed: &'a mut dyn SrqFeed,
 }
 
 impl<M: Memory> Env<'_, M> {

@@ -249,7 +249,9 @@ fn take_recv<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, source: RecvSource) -
         RecvSource::Own => qp.rq.pop_front(),
         RecvSource::Srq(k) => {
             let s = env.srqs.get_mut(&k)?;
-            let w = s.queue.pop_front()?;
+            let Some(w) = s.queue.pop_front() else {
+                return env.feed.next_recv(k);
+            };
             if s.limit > 0 && (s.queue.len() as u32) < s.limit {
                 s.limit = 0;
                 env.out.push_back(Output::SrqLimitReached { srq: k });
