@@ -37,8 +37,29 @@ pub const CH_INLINE: [usize; 2] = [896, 1024];
 /// [`DirectPeerErrorReq::event`](crate::msg::DirectPeerErrorReq) when the peer fails with
 /// no async event.
 pub const NO_EVENT: u32 = u32::MAX;
+/// Header block per side (ABI 16): the receive that side's library took from its peer's
+/// SRQ and has not completed yet — a `u32` flag (1 while held) and at +8 the receive's
+/// `wr_id` (`u64`) — so the peer, finding that library's process gone, completes it with
+/// `WR_FLUSH_ERR` instead of losing it (docs/direct-path.md, "SRQs").
+pub const CH_SRQ_HELD: [usize; 2] = [1920, 2048];
 /// Bytes before the first ring.
 pub const CH_HEADER: usize = 4096;
+
+/// [`DirectOpenReq::caps`](crate::msg::DirectOpenReq): the library takes receives from a
+/// peer's SRQ and lets its own SRQ QPs go direct (ABI 16).
+pub const CAP_SRQ: u32 = 1;
+
+/// An SRQ's region (ABI 16) is its ring at offset 0, then, at the offset this returns for
+/// the ring's size, its limit word (`u32`): the armed `srq_limit`, 0 when disarmed. Whoever
+/// takes a receive — the daemon's engine or a peer's library — and leaves fewer posted than
+/// the limit swaps it to 0 and raises the event (IBA 10.2.9.4, ibv_modify_srq(3)).
+pub fn srq_limit_offset(ring_size: usize) -> usize {
+    ring_size.next_multiple_of(128)
+}
+/// Bytes of an SRQ's region whose ring is `ring_size` bytes.
+pub fn srq_region_len(ring_size: usize) -> usize {
+    (srq_limit_offset(ring_size) + 128).max(4096)
+}
 
 /// The side's QP takes and delivers work.
 pub const SIDE_OPEN: u32 = 0;
@@ -169,6 +190,7 @@ mod tests {
             CH_MIN_RNR,
             CH_WAITING,
             CH_RECV_CHANNEL,
+            CH_SRQ_HELD,
         ] {
             words.extend(w);
         }

@@ -58,7 +58,10 @@ pub use codec::{
 /// 15: the direct path's atomics, memory windows and completion channels (`DirectAtomic`,
 /// `DirectLocalOp`, `DirectWindowTarget`, `DirectRemoteInv`, `DirectNotify`, `DirectCqOverrun`,
 /// ids 150–155).
-pub const ABI_VERSION: u32 = 15;
+/// 16: SRQs on the direct path: `DirectOpenReq::caps`, the peer's SRQ in
+/// `DirectAttachResp`, [`direct::srq_limit_offset`], [`direct::CH_SRQ_HELD`] and `DirectSrqLimit`
+/// (id 156).
+pub const ABI_VERSION: u32 = 16;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

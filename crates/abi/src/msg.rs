@@ -259,7 +259,7 @@ commands! {
     /// ABI 13: this context may take the same-host direct path (docs/direct-path.md); its
     /// `/proc/self/mem` comes with the request. The answer's descriptor is the context's MR
     /// table, which the daemon keeps ([`direct`](crate::direct)).
-    DirectOpen = 140 since 13 : () => (),
+    DirectOpen = 140 since 13 : DirectOpenReq => (),
     /// ABI 13: after a modify to RTR, whether the RC/UC QP exchanges work with its peer
     /// directly. With a channel: the channel memfd, the peer's memory and its MR table.
     DirectAttach = 141 since 13 : DirectAttachReq => DirectAttachResp,
@@ -292,6 +292,11 @@ commands! {
     /// ABI 15: the completions the library keeps for a direct QP overran the CQ `handle`
     /// (its `cqe`): the owner gets `IBV_EVENT_CQ_ERR` (IBA 11.4.2.1).
     DirectCqOverrun = 155 since 15 : HandleReq => (),
+    /// ABI 16: the caller's direct QP `handle` took a receive from its peer QP's SRQ and
+    /// found fewer posted than the SRQ's armed limit, which it disarmed
+    /// ([`direct::srq_limit_offset`](crate::direct::srq_limit_offset)): the daemon raises
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED` on that SRQ (ibv_modify_srq(3)).
+    DirectSrqLimit = 156 since 16 : HandleReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -334,6 +339,14 @@ macro_rules! wire {
 }
 
 wire! {
+    /// [`cmd::DirectOpen`] (ABI 16; an older library sends nothing, read as zeros).
+    pub struct DirectOpenReq {
+        /// What the library's direct path can do beyond ABI 15:
+        /// [`direct::CAP_SRQ`](crate::direct::CAP_SRQ).
+        pub caps: U32,
+        pub reserved: U32,
+    }
+
     /// [`cmd::DirectAttach`].
     pub struct DirectAttachReq {
         pub qp: U32,
@@ -365,6 +378,16 @@ wire! {
         pub inline_offset: [U32; 2],
         pub inline_slot: U32,
         pub reserved2: U32,
+        /// ABI 16: the peer QP receives through an SRQ: the SRQ's region (one more
+        /// descriptor; 0: no SRQ), its ring's capacity and entry size (at offset 0), and
+        /// where its limit word is ([`direct::srq_limit_offset`](crate::direct::srq_limit_offset)).
+        pub srq_len: U64,
+        pub srq_capacity: U32,
+        pub srq_entry: U32,
+        pub srq_limit: U32,
+        /// ABI 16: the PD each side's receive buffers are checked in (its SRQ's, or its QP's).
+        pub recv_pd: [U32; 2],
+        pub reserved3: U32,
     }
 
     /// [`cmd::DirectMrFd`]: `qp` is a direct QP of the caller, `key` an MR of its peer.
@@ -1151,6 +1174,9 @@ pub fn request_layout(cmd: Cmd, abi: u32) -> (usize, u64) {
         Cmd::Hello if abi >= 5 => (size_of::<HelloReq>(), HELLO_MEM_FD),
         // Before ABI 3 a CQ had no completion channel.
         Cmd::CreateCq => (size_of::<CreateCqReq>() - 8, 0),
+        Cmd::DirectOpen if abi >= 16 => (size_of::<DirectOpenReq>(), 0),
+        // Before ABI 16 the request was empty.
+        Cmd::DirectOpen => (0, 0),
         _ => (request_size(cmd), 0),
     }
 }

@@ -304,7 +304,12 @@ impl Srq<'_> {
             if self.ctx.fatal.is_dead() {
                 return Err(Error::device_fatal(OP));
             }
-            return crate::rings::push(self.ctx, &mut p, None, OP, req.as_bytes());
+            crate::rings::push(self.ctx, &mut p, None, OP, req.as_bytes())?;
+            drop(p);
+            if let Some(d) = &self.ctx.direct {
+                d.posted_srq_recv(self.ctx, self.handle);
+            }
+            return Ok(());
         }
         post_recv::<cmd::PostSrqRecv>(self.ctx, "post_srq_recv", self.handle, wr_id, sges)
     }

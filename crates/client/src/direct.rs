@@ -28,7 +28,7 @@ use softverbs_core::attr::QpAttr;
 use softverbs_core::types::{Access, AttrMask, EventType, QpState, QpType};
 use softverbs_core::wr::{SendOp, Sge, WcOpcode, WcStatus, WorkCompletion, WC_WITH_IMM};
 use softverbs_memaccess::{PeerFault, PeerMemory};
-use softverbs_shm::{Consumer, Producer, Region, RingLayout};
+use softverbs_shm::{Consumer, Producer, Region, RingLayout, SharedConsumer};
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
@@ -49,6 +49,9 @@ pub(crate) fn wanted() -> bool {
 pub(crate) struct DirectCtx {
     own_table: Region,
     inner: Mutex<Inner>,
+    /// Some QP of the context receives through an SRQ (so an SRQ post looks for peers
+    /// waiting on it, [`DirectCtx::posted_srq_recv`]).
+    srq_qps: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -76,6 +79,8 @@ pub(crate) struct NewQp {
     pub(crate) send_cq: Option<u32>,
     pub(crate) recv_cq: Option<u32>,
     pub(crate) sq_sig_all: bool,
+    /// The SRQ it receives through (ABI 16), by handle.
+    pub(crate) srq: Option<u32>,
     /// Its CQs have no completion channel.
     pub(crate) able: bool,
     /// Its send and receive CQs report to a completion channel (`ops`).
@@ -171,6 +176,15 @@ struct Chan {
     taken: Box<inline::Taken>,
     /// The peer's shared-memory MRs mapped here.
     maps: mapped::Maps,
+    /// The PDs receive buffers are checked in, the peer's and this side's: their SRQs' PDs
+    /// for QPs with an SRQ (IBA 10.2.9), else the QPs' own.
+    peer_recv_pd: u32,
+    own_recv_pd: u32,
+    /// The peer receives through this SRQ (ABI 16): its receives are taken from there.
+    peer_srq: Option<PeerSrq>,
+    /// A receive taken from `peer_srq` left it below its armed limit: the daemon raises the
+    /// event once the request is done (`DirectSrqLimit`).
+    srq_limit_due: bool,
     /// Whether the request being executed may reach its own local pieces through plain
     /// pointers (inline payloads, mapped peer MRs): not when one lies in an ODP MR, whose
     /// pages the program may have unmapped (ibv_reg_mr(3), `IBV_ACCESS_ON_DEMAND`) — the
@@ -184,6 +198,28 @@ struct Chan {
     rnr_deadline: Option<Option<Instant>>,
     /// The QP's `rnr_retry`, once asked (`ops`).
     rnr_retry: Option<u8>,
+}
+
+/// The peer's SRQ, as this library takes from it (docs/direct-path.md, "SRQs").
+#[derive(Debug)]
+struct PeerSrq {
+    taker: SharedConsumer,
+    region: Arc<Region>,
+    limit_at: usize,
+}
+
+impl PeerSrq {
+    /// After a take: fewer posted than the armed limit disarms it, once; `true` for the
+    /// taker that disarmed it (crates/abi/src/direct.rs, `srq_limit_offset`).
+    fn crossed_limit(&self) -> bool {
+        let word = self.region.atomic_u32(self.limit_at);
+        let limit = word.load(Ordering::Acquire);
+        limit > 0
+            && self.taker.available().is_ok_and(|n| n < limit)
+            && word
+                .compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
 }
 
 #[derive(Debug)]
@@ -202,6 +238,7 @@ struct DQp {
     send_cq: Option<u32>,
     recv_cq: Option<u32>,
     sq_sig_all: bool,
+    srq: Option<u32>,
     /// Its CQs have no completion channel (the direct path does not signal them).
     able: bool,
     path: Path,
@@ -297,14 +334,20 @@ impl DirectCtx {
         }
         let mem = softverbs_memaccess::open_own_memory().ok()?;
         let fds = [std::os::fd::AsFd::as_fd(&mem)];
+        // An older daemon reads the request as empty only if it is all zeros.
+        let req = softverbs_abi::msg::DirectOpenReq {
+            caps: U32::new(if ctx.conn.abi >= 16 { CAP_SRQ } else { 0 }),
+            ..Default::default()
+        };
         let (_, mut got): ((), _) = ctx
             .conn
-            .call_fds::<cmd::DirectOpen>("direct_open", 0, &(), &fds)
+            .call_fds::<cmd::DirectOpen>("direct_open", 0, &req, &fds)
             .ok()?;
         let table = Region::map(got.pop()?, MRT_LEN).ok()?;
         Some(DirectCtx {
             own_table: table,
             inner: Mutex::new(Inner::default()),
+            srq_qps: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -312,10 +355,13 @@ impl DirectCtx {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new RC/UC QP with its own receive queue may go direct once connected.
+    /// A new RC/UC QP with its own receive queue or an SRQ may go direct once connected.
     pub(crate) fn add_qp(&self, n: NewQp) {
         if !matches!(n.qp_type, QpType::Rc | QpType::Uc) {
             return;
+        }
+        if n.srq.is_some() {
+            self.srq_qps.store(true, Ordering::Relaxed);
         }
         let mut g = self.lock();
         for ((cq, chan), cqe) in [n.send_cq, n.recv_cq]
@@ -341,6 +387,7 @@ impl DirectCtx {
                 send_cq: n.send_cq,
                 recv_cq: n.recv_cq,
                 sq_sig_all: n.sq_sig_all,
+                srq: n.srq,
                 able: n.able,
                 path: Path::Held,
                 held: Vec::new(),
@@ -437,7 +484,7 @@ impl DirectCtx {
                     .call_fds::<cmd::DirectAttach>("direct_attach", 0, &req, &[]);
                 let chan = match got {
                     Ok((r, fds)) if r.path.get() != PATH_DAEMON => {
-                        chan_from(&r, fds).map(|c| Chan { handle, ..c })
+                        chan_from(&r, fds, ctx.conn.abi).map(|c| Chan { handle, ..c })
                     }
                     _ => None,
                 };
@@ -520,6 +567,20 @@ impl DirectCtx {
             }
         }
         Ok(true)
+    }
+
+    /// A receive was posted to SRQ `srq` of this context: a direct peer of one of its QPs
+    /// whose request waits for a receive may go on (`ops::posted_recv`).
+    pub(crate) fn posted_srq_recv(&self, ctx: &Context, srq: u32) {
+        if !self.srq_qps.load(Ordering::Relaxed) {
+            return;
+        }
+        let g = self.lock();
+        for (&h, q) in g.qps.iter().filter(|(_, q)| q.srq == Some(srq)) {
+            if let Path::Direct(c) = &q.path {
+                ops::posted_recv(ctx, h, c);
+            }
+        }
     }
 
     /// `ibv_post_send` on a QP of the direct path. `Ok(Some(f))`: the QP left the direct
@@ -639,6 +700,34 @@ fn with_entry_buf<T>(size: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
 /// `Option`s and `Result`s was a twentieth of an 8-byte SEND.
 fn pop_recv(c: &mut Chan, r: &mut PostRecvReq) -> std::result::Result<bool, ()> {
     const HEAD: usize = std::mem::offset_of!(PostRecvReq, sg_list);
+    if let Some(s) = &c.peer_srq {
+        let entry = s.taker.layout().entry_size();
+        let got = s.taker.pop_with(|region, at| {
+            let n = HEAD.min(entry);
+            region.read(at, &mut r.as_mut_bytes()[..n]);
+            let sges = (r.num_sge.get() as usize).min(r.sg_list.len());
+            let bytes = (sges * std::mem::size_of::<softverbs_abi::msg::SgeWire>())
+                .min(entry.saturating_sub(HEAD));
+            region.read(at + HEAD, &mut r.sg_list.as_mut_bytes()[..bytes]);
+        });
+        match got {
+            Ok(Some(())) => {}
+            Ok(None) => return Ok(false),
+            Err(_) => return Err(()),
+        }
+        // Held until the request is done (`progress`): a peer that finds this process
+        // gone completes it instead of losing it (`flush_held_by_gone_peer`).
+        let held = CH_SRQ_HELD[c.side];
+        c.region.atomic_u64s(held + 8, 1)[0].store(r.wr_id.get(), Ordering::Relaxed);
+        c.region
+            .atomic_u32(held + 4)
+            .store(c.cqe_out.produced(), Ordering::Relaxed);
+        c.region.atomic_u32(held).store(1, Ordering::Release);
+        if s.crossed_limit() {
+            c.srq_limit_due = true;
+        }
+        return Ok(true);
+    }
     if c.rq_in.layout().entry_size() == std::mem::size_of::<PostRecvReq>() {
         // The daemon sizes the entries to the request: read its head, then only the SGEs
         // it has (`push_entry` writes no more).
@@ -672,10 +761,26 @@ fn push_entry(p: &mut Producer, bytes: &[u8]) -> std::result::Result<(), i32> {
     }
 }
 
-fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option<Chan> {
-    if fds.len() != 3 {
+fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>, abi: u32) -> Option<Chan> {
+    let with_srq = r.srq_len.get() > 0;
+    if fds.len() != 3 + usize::from(with_srq) {
         return None;
     }
+    let peer_srq = if with_srq {
+        let region = Arc::new(Region::map(fds.pop()?, r.srq_len.get() as usize).ok()?);
+        let layout = RingLayout::new(r.srq_capacity.get(), r.srq_entry.get()).ok()?;
+        let limit_at = r.srq_limit.get() as usize;
+        if limit_at % 4 != 0 || limit_at.checked_add(4)? > region.len() {
+            return None;
+        }
+        Some(PeerSrq {
+            taker: SharedConsumer::attach(region.clone(), 0, layout).ok()?,
+            region,
+            limit_at,
+        })
+    } else {
+        None
+    };
     let table_fd = fds.pop()?;
     let mem_fd = fds.pop()?;
     let region = Arc::new(Region::map(fds.pop()?, r.region_len.get() as usize).ok()?);
@@ -714,6 +819,19 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>) -> Option
         peer_qpn: r.peer_qpn.get(),
         peer_pd: r.peer_pd.get(),
         own_pd: r.own_pd.get(),
+        // Before ABI 16 no QP of a direct pair had an SRQ.
+        peer_recv_pd: if abi >= 16 {
+            r.recv_pd[peer].get()
+        } else {
+            r.peer_pd.get()
+        },
+        own_recv_pd: if abi >= 16 {
+            r.recv_pd[side].get()
+        } else {
+            r.own_pd.get()
+        },
+        peer_srq,
+        srq_limit_due: false,
         peer: PeerMemory::new(mem_fd),
         peer_table: Region::map(table_fd, MRT_LEN).ok()?,
         rq_out: Producer::attach(region.clone(), at(r.rq_offset[side]), rq(side)?).ok()?,
@@ -782,6 +900,9 @@ fn progress(
         return false;
     };
     drain_cqes(Some(own_table), c, q.recv_cq, cqs);
+    if q.srq.is_some() {
+        flush_held_by_gone_peer(c, q.qpn, q.recv_cq, cqs);
+    }
     if c.region
         .atomic_u32(CH_STATE[c.side])
         .load(Ordering::Acquire)
@@ -831,6 +952,9 @@ fn progress(
         c.region
             .atomic_u32(CH_BUSY[c.side])
             .store(0, Ordering::Release);
+        if c.peer_srq.is_some() {
+            srq_request_done(ctx, handle, c);
+        }
         let done = ops::adjusted(ctx, handle, c, p, done);
         ops::delivered(ctx, handle, c, q.send_cq, (before, p, &done));
         match done {
@@ -866,6 +990,55 @@ fn progress(
         }
     }
     false
+}
+
+/// After a request of a QP whose peer receives through an SRQ: the receive it took (if
+/// any) is no longer held, and a limit it crossed is the daemon's to raise.
+fn srq_request_done(ctx: &Context, handle: u32, c: &mut Chan) {
+    c.region
+        .atomic_u32(CH_SRQ_HELD[c.side])
+        .store(0, Ordering::Release);
+    if std::mem::take(&mut c.srq_limit_due) {
+        let req = softverbs_abi::msg::HandleReq {
+            handle: U32::new(handle),
+        };
+        let _ = ctx
+            .conn
+            .call::<cmd::DirectSrqLimit>("direct_srq_limit", 0, &req);
+    }
+}
+
+/// This QP receives through an SRQ and its peer is gone: a receive the peer's library took
+/// from the SRQ and never completed (its process died in between, `CH_SRQ_HELD`) completes
+/// here with `WR_FLUSH_ERR`, as a NIC flushes the receive a message was arriving into when
+/// the QP fails (IBA 10.3.1.9), instead of vanishing. Called after the completions the
+/// peer pushed are drained: one pushed for the held receive has then been seen.
+fn flush_held_by_gone_peer(
+    c: &mut Chan,
+    qpn: u32,
+    recv_cq: Option<u32>,
+    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
+) {
+    let peer = 1 - c.side;
+    let region = &c.region;
+    if region.atomic_u32(CH_STATE[peer]).load(Ordering::Acquire) != SIDE_GONE {
+        return;
+    }
+    let held = CH_SRQ_HELD[peer];
+    if region.atomic_u32(held).load(Ordering::Acquire) != 1 {
+        return;
+    }
+    let at = region.atomic_u32(held + 4).load(Ordering::Relaxed);
+    let wr_id = region.atomic_u64s(held + 8, 1)[0].load(Ordering::Relaxed);
+    region.atomic_u32(held).store(0, Ordering::Relaxed);
+    // Its completion would have been the entry at `at`: one drained already went through.
+    if c.cqe_in.consumed().wrapping_sub(at) as i32 > 0 {
+        return;
+    }
+    if let Some(cq) = recv_cq {
+        let wc = WorkCompletion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+        cqs.entry(cq).or_default().push_back(wc);
+    }
 }
 
 /// Takes the receive completions the peer pushed, placing the bytes of inline SENDs into
@@ -908,7 +1081,7 @@ fn drain_cqes(
         match taken {
             Ok(false) => {}
             Ok(true) => {
-                if !place_own(own_table, c.own_pd, t) {
+                if !place_own(own_table, c.own_recv_pd, t) {
                     // The receive's MR went away (or the peer wrote nonsense) before the
                     // bytes could be placed: what a NIC reports for a receive whose L_Key
                     // fails (IBA 10.7.2.2), and nothing is written.
@@ -1014,8 +1187,17 @@ fn fail(
             std::thread::yield_now();
         }
         drain_cqes(ctx.direct.as_ref().map(|d| &d.own_table), c, q.recv_cq, cqs);
+        if q.srq.is_some() {
+            // Its receives are the SRQ's and stay posted there (IBA 10.2.9.5); only one the
+            // peer's library held when it died is this QP's to flush.
+            flush_held_by_gone_peer(c, q.qpn, q.recv_cq, cqs);
+        }
         let produced = c.rq_out.produced();
-        let mut i = c.rq_completed;
+        let mut i = if q.srq.is_some() {
+            produced
+        } else {
+            c.rq_completed
+        };
         let mut buf = vec![0u8; c.rq_out.layout().entry_size()];
         while i != produced {
             if c.rq_out.read_back(i, &mut buf) {
@@ -1223,7 +1405,7 @@ fn settle_one(ctx: &Context, c: &mut Chan, i: u32) {
     for p in t.pieces() {
         match check_entry(
             &c.peer_table,
-            c.peer_pd,
+            c.peer_recv_pd,
             p.lkey,
             p.addr,
             p.len,
@@ -1432,7 +1614,7 @@ fn receive_pieces(
         let take = u64::from(s.length.get()).min(need);
         match check_entry(
             &c.peer_table,
-            c.peer_pd,
+            c.peer_recv_pd,
             s.lkey.get(),
             s.addr.get(),
             take,

@@ -167,7 +167,8 @@ impl Context {
                 );
         }
         if let (Some(d), Some(rings)) = (&self.direct, &rings) {
-            if rings.lock().unwrap_or_else(|e| e.into_inner()).rq.is_some() {
+            let has_rq = rings.lock().unwrap_or_else(|e| e.into_inner()).rq.is_some();
+            if has_rq || init.srq.is_some() {
                 let channels =
                     [init.send_cq, init.recv_cq].map(|c| c.is_some_and(|c| c.channel.is_some()));
                 let able = !channels.contains(&true);
@@ -179,6 +180,7 @@ impl Context {
                     send_cq: create.send_cq,
                     recv_cq: create.recv_cq,
                     sq_sig_all: init.sq_sig_all,
+                    srq: init.srq.map(|s| s.handle),
                     able,
                     channels,
                     cqes,

@@ -34,9 +34,11 @@ use zerocopy::FromBytes;
 use crate::netdev::{engine_time, until, NetDev};
 
 mod direct_ops;
+mod fed_srq;
 mod mcast;
 use crate::sq_retire::SqRetire;
 pub use direct_ops::RemoteRefusal;
+pub use fed_srq::FedSrqShare;
 
 use softverbs_core::errno::{EBUSY, EEXIST, EINVAL, ENOENT, ENOMEM};
 
@@ -135,6 +137,11 @@ pub struct DataPath {
     srq_rings: HashMap<(CtxId, Handle), (usize, Consumer)>,
     /// SRQs whose ring held an entry the engine refused: the owner gets IBV_EVENT_SRQ_ERR.
     srq_faults: Vec<(CtxId, Handle)>,
+    /// SRQs the engine takes from one receive at a time, shared with direct peers
+    /// (`fed_srq`).
+    fed_srqs: HashMap<(CtxId, Handle), fed_srq::FedSrq>,
+    /// Fed SRQs whose limit was crossed: the owner gets IBV_EVENT_SRQ_LIMIT_REACHED.
+    srq_limit_hits: Vec<(CtxId, Handle)>,
     /// Scratch entries for [`pump_rings`](Self::pump_rings) (send WQE, receive WQE).
     ring_scratch: (Vec<u8>, Vec<u8>),
     doorbells: HashMap<CtxId, OwnedFd>,
@@ -289,6 +296,8 @@ impl DataPath {
             cq_rings_outgrown: HashSet::default(),
             srq_rings: HashMap::default(),
             srq_faults: Vec::new(),
+            fed_srqs: HashMap::default(),
+            srq_limit_hits: Vec::new(),
             ring_scratch: (Vec::new(), Vec::new()),
             doorbells: HashMap::default(),
             new_doorbells: Vec::new(),
@@ -471,6 +480,7 @@ impl DataPath {
         }
         self.ready.remove(&ctx);
         self.srq_rings.retain(|(c, _), _| *c != ctx);
+        self.fed_srqs.retain(|(c, _), _| *c != ctx);
         self.doorbells.remove(&ctx);
         self.mem.remove_context(ctx);
         self.mem.fallback_mut().unregister_process(ctx);
@@ -684,6 +694,9 @@ impl DataPath {
 
     /// An SRQ's limit was (re)armed.
     fn srq_limit(&mut self, ctx: CtxId, srq: Handle, limit: u32) {
+        if self.fed_srq_limit((ctx, srq), limit) {
+            return;
+        }
         for d in &mut self.devs {
             d.engine.set_srq_limit((ctx, srq), limit);
         }
@@ -692,6 +705,7 @@ impl DataPath {
     /// An SRQ was destroyed.
     fn srq_destroyed(&mut self, ctx: CtxId, srq: Handle) {
         self.srq_rings.remove(&(ctx, srq));
+        self.fed_srqs.remove(&(ctx, srq));
         for d in &mut self.devs {
             d.engine.destroy_srq((ctx, srq));
         }
@@ -786,11 +800,7 @@ impl DataPath {
             for (o, refused) in self.pump_rings(core) {
                 self.route(core, o, refused, &mut woken);
             }
-            for (ctx, srq) in std::mem::take(&mut self.srq_faults) {
-                if core.raise_object_event(ctx, EventElement::Srq(srq), EventType::SrqErr) {
-                    woken.push(ctx);
-                }
-            }
+            self.raise_srq_events(core, &mut woken);
             for d in 0..self.devs.len() {
                 for _ in 0..256 {
                     // The engine writes into the batch of the device's first socket, where
@@ -851,10 +861,16 @@ impl DataPath {
                             sgid: self.devs[d].sgid_for(tx.sgid_index, tx.dgid),
                             dgid: tx.dgid,
                         };
-                        self.devs[t].engine.handle_packet(
+                        let mut feed = fed_srq::Feed {
+                            srqs: &self.fed_srqs,
+                            faults: &mut self.srq_faults,
+                            limits: &mut self.srq_limit_hits,
+                        };
+                        self.devs[t].engine.handle_packet_fed(
                             now,
                             core,
                             &mut self.mem,
+                            &mut feed,
                             meta,
                             &buf[..tx.len],
                         );
@@ -902,8 +918,19 @@ impl DataPath {
                             if !meta.dgid.is_multicast() && !crate::cm::is_gsi(pkt) =>
                         {
                             progressed = true;
-                            dev.engine
-                                .handle_packet(now, core, &mut self.mem, meta, pkt);
+                            let mut feed = fed_srq::Feed {
+                                srqs: &self.fed_srqs,
+                                faults: &mut self.srq_faults,
+                                limits: &mut self.srq_limit_hits,
+                            };
+                            dev.engine.handle_packet_fed(
+                                now,
+                                core,
+                                &mut self.mem,
+                                &mut feed,
+                                meta,
+                                pkt,
+                            );
                             continue;
                         }
                         Ok(Some((meta, pkt))) => {
@@ -924,10 +951,16 @@ impl DataPath {
                     if crate::cm::is_gsi(&scratch[..len]) {
                         self.cm.receive(now, d, meta.sgid, &scratch[..len]);
                     } else {
-                        self.devs[d].engine.handle_packet(
+                        let mut feed = fed_srq::Feed {
+                            srqs: &self.fed_srqs,
+                            faults: &mut self.srq_faults,
+                            limits: &mut self.srq_limit_hits,
+                        };
+                        self.devs[d].engine.handle_packet_fed(
                             now,
                             core,
                             &mut self.mem,
+                            &mut feed,
                             meta,
                             &scratch[..len],
                         );
@@ -960,9 +993,25 @@ impl DataPath {
                 break;
             }
         }
+        self.raise_srq_events(core, &mut woken);
         self.buf = buf;
         self.rx_scratch = scratch;
         woken
+    }
+
+    /// The SRQ events the rounds found due: bad entries and (fed SRQs) limits crossed.
+    fn raise_srq_events(&mut self, core: &mut Core, woken: &mut Vec<CtxId>) {
+        let faults = std::mem::take(&mut self.srq_faults)
+            .into_iter()
+            .map(|k| (k, EventType::SrqErr));
+        let limits = std::mem::take(&mut self.srq_limit_hits)
+            .into_iter()
+            .map(|k| (k, EventType::SrqLimitReached));
+        for ((ctx, srq), ev) in faults.chain(limits) {
+            if core.raise_object_event(ctx, EventElement::Srq(srq), ev) {
+                woken.push(ctx);
+            }
+        }
     }
 
     /// Makes the payload writes the memory held back (process path: one `pwrite` per
@@ -1403,20 +1452,31 @@ impl DataPath {
     }
 
     /// Maps the receive queue of SRQ `srq` into shared memory: the owner posts receives by
-    /// writing ring entries.
+    /// writing ring entries. `fed`: the context's direct path takes SRQ receives, so a
+    /// basic SRQ becomes a fed one (`fed_srq`); an XRC SRQ (its own CQ) stays the engine's.
     pub fn map_srq(
         &mut self,
         ctx: CtxId,
         srq: Handle,
+        fed: bool,
         admit: impl FnOnce(u64) -> Result<(), i32>,
     ) -> Result<(QueuesResp, OwnedFd), i32> {
         let key = (ctx, srq);
-        let (dev, max_wr) = self
+        let (dev, cfg) = self
             .devs
             .iter()
             .enumerate()
-            .find_map(|(i, d)| d.engine.srq_max_wr(key).map(|m| (i, m)))
+            .find_map(|(i, d)| d.engine.srq_config(key).map(|c| (i, c)))
             .ok_or(EINVAL)?;
+        let max_wr = cfg.max_wr;
+        if fed && cfg.cq.is_none() {
+            let armed = self.devs[dev].engine.take_srq_limit(key);
+            let got = self.map_fed_srq(key, max_wr, admit)?;
+            if armed > 0 {
+                self.fed_srq_limit(key, armed);
+            }
+            return Ok(got);
+        }
         let l = RingLayout::new(ring_capacity(max_wr), entry_size::<PostRecvReq>())
             .map_err(|_| EINVAL)?;
         let len = l.size().max(4096);

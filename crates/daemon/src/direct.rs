@@ -32,6 +32,8 @@ struct Opened {
     table_fd: OwnedFd,
     /// More MRs than the table holds: its QPs stay on the daemon path.
     overflow: bool,
+    /// `DirectOpenReq::caps` (ABI 16).
+    caps: u32,
 }
 
 /// One pair of QPs that asked, by (lower QPN, higher QPN); side 0 is the lower.
@@ -64,6 +66,7 @@ fn ring_capacity(max_recv_wr: u32) -> u32 {
 impl Direct {
     /// `DirectOpen`: `mem` must be `/proc/<pid>/mem` of the context's opener; answers the MR
     /// table's memfd.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         &mut self,
         core: &Core,
@@ -71,6 +74,7 @@ impl Direct {
         ctx: CtxId,
         uid: u32,
         pid: u32,
+        caps: u32,
         mem: OwnedFd,
     ) -> Result<OwnedFd, i32> {
         let check = mem.try_clone().map_err(|_| ENOMEM)?;
@@ -85,10 +89,49 @@ impl Direct {
                 table,
                 table_fd: fd,
                 overflow: false,
+                caps,
             },
         );
         self.mrs_changed(core, dp, ctx);
         Ok(give)
+    }
+
+    /// Whether `ctx`'s library takes receives from its peers' SRQs and lets its own SRQs be
+    /// taken from (ABI 16): its basic SRQs are then fed ones (`datapath::fed_srq`).
+    pub fn takes_srqs(&self, ctx: CtxId) -> bool {
+        self.ctxs.get(&ctx).is_some_and(|o| o.caps & CAP_SRQ != 0)
+    }
+
+    /// The SRQ behind the peer of direct QP `(ctx, qp)`, if it has one.
+    pub fn peer_srq(&self, core: &Core, ctx: CtxId, qp: Handle) -> Option<(CtxId, Handle)> {
+        let qpn = core.qp_num(ctx, qp).ok()?;
+        let (&(a, b), p) = self
+            .pairs
+            .iter()
+            .find(|(&(a, b), p)| (a == qpn && p.ctx[0] == ctx) || (b == qpn && p.ctx[1] == ctx))?;
+        let pqpn = if qpn == a { b } else { a };
+        let QpTarget::Owned {
+            ctx: pctx,
+            handle: ph,
+            ..
+        } = core.qp_target(pqpn)?
+        else {
+            return None;
+        };
+        (p.ctx.contains(&pctx)).then_some(())?;
+        Some((pctx, core.owned_qp_info(pctx, ph)?.srq?))
+    }
+
+    /// Whether `(ctx, qp)`'s receives can be taken on the direct path: from its own queue,
+    /// or from its SRQ when that is a fed one and both libraries take SRQ receives.
+    fn receives_reachable(
+        &self,
+        dp: &DataPath,
+        ctx: CtxId,
+        srq: Option<Handle>,
+        taker: CtxId,
+    ) -> bool {
+        srq.is_none_or(|h| self.takes_srqs(ctx) && self.takes_srqs(taker) && dp.is_fed_srq(ctx, h))
     }
 
     /// Rewrites `ctx`'s MR table after a registration changed (a seqlock: readers retry
@@ -131,7 +174,7 @@ impl Direct {
     fn eligible(
         &self,
         core: &Core,
-        _dp: &DataPath,
+        dp: &DataPath,
         ctx: CtxId,
         qp: Handle,
     ) -> Option<(CtxId, Handle, u32, u32, QpAttr, QpAttr)> {
@@ -139,7 +182,7 @@ impl Direct {
         let info = core.owned_qp_info(ctx, qp)?;
         let q = core.query_qp(ctx, qp).ok()?;
         let ok_type = matches!(info.qp_type, QpType::Rc | QpType::Uc);
-        if !ok_type || info.srq.is_some() || me.overflow {
+        if !ok_type || me.overflow {
             return None;
         }
         if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts) {
@@ -171,7 +214,10 @@ impl Direct {
         }
         let pinfo = core.owned_qp_info(pctx, ph)?;
         let pq = core.query_qp(pctx, ph).ok()?;
-        if pinfo.srq.is_some() {
+        // An SRQ's receives are reachable when its ring is the one queue (ABI 16).
+        if !self.receives_reachable(dp, ctx, info.srq, pctx)
+            || !self.receives_reachable(dp, pctx, pinfo.srq, ctx)
+        {
             return None;
         }
         // Remote atomics and completion channels do not keep a pair off the direct path
@@ -272,12 +318,33 @@ impl Direct {
         let (own_pd, peer_pd) = (core.qp_pd(ctx, qp), core.qp_pd(pctx, ph));
         resp.own_pd = U32::new(own_pd.map_or(0, |p| p.pd.0));
         resp.peer_pd = U32::new(peer_pd.map_or(0, |p| p.pd.0));
+        // Receive buffers are checked in their SRQ's PD (IBA 10.2.9), else the QP's.
+        let srq_of = |c: CtxId, h: Handle| core.owned_qp_info(c, h).and_then(|i| i.srq);
+        let recv_pd = |c: CtxId, h: Handle, qp_pd: Option<softverbs_core::datapath::PdRef>| {
+            srq_of(c, h)
+                .and_then(|s| core.srq_info(c, s))
+                .map(|i| i.pd)
+                .or(qp_pd)
+                .map_or(0, |p| p.pd.0)
+        };
+        resp.recv_pd[side] = U32::new(recv_pd(ctx, qp, own_pd));
+        resp.recv_pd[1 - side] = U32::new(recv_pd(pctx, ph, peer_pd));
         let peer = self.ctxs.get(&pctx).ok_or(EINVAL)?;
-        let fds = vec![
+        let mut fds = vec![
             pair.fd.try_clone().map_err(|_| ENOMEM)?,
             peer.mem.try_clone().map_err(|_| ENOMEM)?,
             peer.table_fd.try_clone().map_err(|_| ENOMEM)?,
         ];
+        if let Some(srq) = srq_of(pctx, ph) {
+            // The peer receives through a fed SRQ (`eligible` checked): this library takes
+            // from its ring.
+            let share = dp.fed_srq_share(pctx, srq).ok_or(EINVAL)?;
+            resp.srq_len = U64::new(share.len);
+            resp.srq_capacity = U32::new(share.layout.capacity());
+            resp.srq_entry = U32::new(share.layout.entry_size() as u32);
+            resp.srq_limit = U32::new(share.limit_at);
+            fds.push(share.fd);
+        }
         Ok((resp, fds))
     }
 
@@ -314,10 +381,17 @@ impl Direct {
         } else {
             ([ctx[1], ctx[0]], [qp[1], qp[0]])
         };
+        // A side on an SRQ may have as many receives completing as its SRQ holds (its own
+        // receive ring stays empty): at least the SRQ ring's capacity (`datapath::fed_srq`).
         let caps: Vec<u32> = (0..2)
             .map(|s| {
-                core.owned_qp_info(ctx_by_side[s], qp_by_side[s])
-                    .map_or(1, |i| ring_capacity(i.cap.max_recv_wr))
+                let (c, h) = (ctx_by_side[s], qp_by_side[s]);
+                core.owned_qp_info(c, h).map_or(1, |i| {
+                    match i.srq.and_then(|srq| core.srq_info(c, srq)) {
+                        Some(srq) => ring_capacity(srq.attr.max_wr.saturating_add(1)).max(8),
+                        None => ring_capacity(i.cap.max_recv_wr),
+                    }
+                })
             })
             .collect();
         let (rq_e, cqe_e) = (entry_size::<PostRecvReq>(), entry_size::<WcWire>());

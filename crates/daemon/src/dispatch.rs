@@ -390,9 +390,10 @@ impl Dispatcher {
                 opener_only(s)?;
                 let mem = fds.pop().ok_or(EINVAL)?;
                 let pid = s.opener_pid.unwrap_or(s.cred.pid);
+                let caps = read!(DirectOpen).caps.get();
                 let table = self
                     .direct
-                    .open(&self.core, &self.dp, c, s.cred.uid, pid, mem)?;
+                    .open(&self.core, &self.dp, c, s.cred.uid, pid, caps, mem)?;
                 with_fds::<cmd::DirectOpen>((), vec![table])
             }
             Cmd::DirectAttach => {
@@ -461,6 +462,22 @@ impl Dispatcher {
                     woken.push(c);
                 }
                 ok::<cmd::DirectCqOverrun>(())
+            }
+            Cmd::DirectSrqLimit => {
+                let (c, r) = (ctx()?, read!(DirectSrqLimit));
+                let srq = self
+                    .direct
+                    .peer_srq(&self.core, c, handle_of(r.handle))
+                    .ok_or(EINVAL)?;
+                self.dp.fed_srq_limit_reached(srq)?;
+                if self.core.raise_object_event(
+                    srq.0,
+                    softverbs_core::event::EventElement::Srq(srq.1),
+                    EventType::SrqLimitReached,
+                ) {
+                    woken.push(srq.0);
+                }
+                ok::<cmd::DirectSrqLimit>(())
             }
             Cmd::DirectNotify => {
                 let (c, r) = (ctx()?, read!(DirectNotify));
@@ -1129,6 +1146,7 @@ impl Dispatcher {
             .read::<cmd::MapQueues>(self.abi)
             .map_err(|e| e.errno())?;
         let h = handle_of(r.handle);
+        let fed = self.direct.takes_srqs(ctx);
         let (core, dp) = (&mut self.core, &mut self.dp);
         let qp = match r.kind.get() {
             QUEUES_QP => Some(core.owned_qp_info(ctx, h).ok_or(EINVAL)?),
@@ -1142,7 +1160,7 @@ impl Dispatcher {
         let admit = |ring: Ring| move |len: u64| core.attach_ring(ctx, ring, len).map_err(core_err);
         let (resp, fd) = match (r.kind.get(), qp) {
             (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
-            (QUEUES_SRQ, _) => dp.map_srq(ctx, h, admit(Ring::Srq(h)))?,
+            (QUEUES_SRQ, _) => dp.map_srq(ctx, h, fed, admit(Ring::Srq(h)))?,
             (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready))?,
             _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
         };

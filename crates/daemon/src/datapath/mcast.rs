@@ -61,10 +61,15 @@ impl DataPath {
             if !e.in_mcast_group(mgid) {
                 continue;
             }
+            let mut feed = super::fed_srq::Feed {
+                srqs: &self.fed_srqs,
+                faults: &mut self.srq_faults,
+                limits: &mut self.srq_limit_hits,
+            };
             if t == from {
-                e.handle_own_multicast(now, core, &mut self.mem, meta, pkt);
+                e.handle_own_multicast_fed(now, core, &mut self.mem, &mut feed, meta, pkt);
             } else {
-                e.handle_packet(now, core, &mut self.mem, meta, pkt);
+                e.handle_packet_fed(now, core, &mut self.mem, &mut feed, meta, pkt);
             }
         }
     }
