@@ -337,3 +337,215 @@ fn a_direct_peer_taking_an_srq_below_its_limit_raises_the_event_once() {
         .expect("the limit event, re-armed");
     assert_eq!(ev.event_type, Some(EventType::SrqLimitReached));
 }
+
+const ROLE: &str = "SOFTVERBS_DIRECT_SRQ_TEST_ROLE";
+const SOCKET: &str = "SOFTVERBS_DIRECT_SRQ_TEST_SOCKET";
+/// Bytes of each SEND the killed sender streams: many packets' worth, so its library is
+/// copying into a receive it took from the SRQ for most of its life.
+const BIG: usize = 1 << 16;
+
+fn pattern(i: usize) -> u8 {
+    (i * 7 % 253) as u8
+}
+
+/// The sender that is killed: connects to the QP number it reads on stdin, prints its own,
+/// then streams `BIG`-byte SENDs until it is killed.
+#[test]
+fn srq_sender_role() {
+    if std::env::var(ROLE).is_err() {
+        return;
+    }
+    use std::io::{BufRead, Write};
+    let socket = std::path::PathBuf::from(std::env::var(SOCKET).unwrap());
+    let ctx = Context::open_at_direct(&socket, 0, true).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let q = ctx
+        .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq).cap(cap()))
+        .unwrap();
+    println!("QPN {}", q.qpn());
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    let peer: u32 = line.trim().parse().unwrap();
+    let mut buf: Vec<u8> = (0..BIG).map(pattern).collect();
+    let mr = pd.reg_slice(&mut buf, RWR).unwrap();
+    connect(&q, ctx.query_gid(1, 0).unwrap(), peer);
+    println!("READY {}", q.is_direct());
+    std::io::stdout().flush().unwrap();
+    let (mut posted, mut done) = (0u64, 0u64);
+    loop {
+        while posted - done < 8 {
+            q.post_send(&SendRequest::new(
+                posted,
+                SendOp::Send,
+                &[mr.sge(0, BIG).unwrap()],
+            ))
+            .unwrap();
+            posted += 1;
+        }
+        done += cq.poll(16).unwrap().len() as u64;
+        std::thread::yield_now();
+    }
+}
+
+/// A child process that is killed and reaped however the test ends.
+struct Reaped(std::process::Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A direct sender SIGKILLed while it streams into an SRQ: the receives it completed hold
+/// whole messages, one it had taken and not finished completes with `WR_FLUSH_ERR` on the
+/// QP it came through, the rest stay posted and serve the next sender, so every receive
+/// completes exactly once; the daemon keeps nothing of the dead process.
+#[test]
+fn a_sender_killed_while_filling_srq_receives_loses_none_of_them() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    const POSTED: u64 = 48;
+    let (d, _dir) = common::daemon("dsrqkill", None);
+    let b = Context::open_at_direct(&d.socket, 0, true).unwrap();
+    let pb = b.alloc_pd().unwrap();
+    let cb = b.create_cq(256).unwrap();
+    let s = srq(&pb, POSTED as u32);
+    let mut bbuf = vec![0u8; BIG * POSTED as usize];
+    let mb: BorrowedMr<'_> = pb.reg_slice(&mut bbuf, RWR).unwrap();
+    for i in 0..POSTED {
+        s.post_recv(i, &[mb.sge(i as usize * BIG, BIG).unwrap()])
+            .unwrap();
+    }
+    let init_b = QpInit::new(QpType::Rc, &pb)
+        .cqs(&cb, &cb)
+        .srq(&s)
+        .cap(cap());
+    let qb1 = b.create_qp(&init_b).unwrap();
+    let gb = b.query_gid(1, 0).unwrap();
+
+    let mut child = Reaped(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["srq_sender_role", "--exact", "--test-threads=1", "--nocapture"])
+            .env(ROLE, "sender")
+            .env(SOCKET, &d.socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let victim_pid = child.0.id();
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut said = |key: &str| -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the sender died early");
+            // libtest may have printed the test's name on the same line.
+            if let Some(at) = line.find(key) {
+                return line[at + key.len()..].trim().to_string();
+            }
+        }
+    };
+    let sender_qpn: u32 = said("QPN ").parse().unwrap();
+    connect(&qb1, gb, sender_qpn);
+    writeln!(child.0.stdin.as_mut().unwrap(), "{}", qb1.qpn()).unwrap();
+    assert_eq!(said("READY "), "true", "the sender's QP went direct");
+    assert!(qb1.is_direct());
+
+    // Let a third of the receives fill, then kill the sender while it copies the next.
+    let mut got: Vec<softverbs::WorkCompletion> = Vec::new();
+    let end = Instant::now() + Duration::from_secs(20);
+    while got.len() < POSTED as usize / 3 {
+        assert!(Instant::now() < end, "only {} receives filled", got.len());
+        got.extend(cb.poll(16).unwrap());
+    }
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
+    let info = softverbs::Introspect::connect_at(&d.socket).unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = info.resources().unwrap();
+        let theirs = ["contexts", "qps", "cqs", "pds", "mrs"]
+            .iter()
+            .flat_map(|k| r[*k].as_array().cloned().unwrap_or_default())
+            .filter(|row| row["pid"].as_u64() == Some(u64::from(victim_pid)))
+            .count();
+        if theirs == 0 {
+            break;
+        }
+        assert!(Instant::now() < end, "left of the sender: {r:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // What the dead sender finished or held has completed by the time the gone peer is
+    // seen; poll a while longer for anything late.
+    let quiet = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < quiet {
+        got.extend(cb.poll(16).unwrap());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let flushed = got
+        .iter()
+        .filter(|w| w.status == WcStatus::WrFlushErr)
+        .count();
+    assert!(flushed <= 1, "one receive at most was held: {got:?}");
+    for w in &got {
+        assert_eq!(w.qp_num, qb1.qpn(), "{w:?}");
+        if w.status == WcStatus::Success {
+            assert_eq!(w.byte_len as usize, BIG, "{w:?}");
+            let mut bytes = vec![0u8; BIG];
+            mb.read(w.wr_id as usize * BIG, &mut bytes).unwrap();
+            assert!(
+                bytes.iter().enumerate().all(|(i, &x)| x == pattern(i)),
+                "receive {} completed with torn bytes",
+                w.wr_id
+            );
+        } else {
+            assert_eq!(w.status, WcStatus::WrFlushErr, "{w:?}");
+        }
+    }
+    println!(
+        "{} receives completed before the sender's death was seen, {flushed} flushed",
+        got.len()
+    );
+
+    // The rest are still the SRQ's: a new sender on another QP fills exactly them.
+    let rest = POSTED as usize - got.len();
+    let a = Context::open_at_direct(&d.socket, 0, true).unwrap();
+    let pa = a.alloc_pd().unwrap();
+    let ca = a.create_cq(64).unwrap();
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&ca, &ca).cap(cap()))
+        .unwrap();
+    let qb2 = b.create_qp(&init_b).unwrap();
+    connect(&qb2, a.query_gid(1, 0).unwrap(), qa.qpn());
+    connect(&qa, gb, qb2.qpn());
+    assert!(qa.is_direct() && qb2.is_direct());
+    let mut abuf: Vec<u8> = (0..BIG).map(pattern).collect();
+    let ma = pa.reg_slice(&mut abuf, RWR).unwrap();
+    for i in 0..rest {
+        qa.post_send(&SendRequest::new(
+            i as u64,
+            SendOp::Send,
+            &[ma.sge(0, BIG).unwrap()],
+        ))
+        .unwrap();
+        if i % 16 == 15 {
+            wait(&ca, 16);
+        }
+    }
+    for w in wait(&ca, rest % 16) {
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    }
+    let later = wait(&cb, rest);
+    assert!(later.iter().all(|w| w.status == WcStatus::Success
+        && w.qp_num == qb2.qpn()
+        && w.byte_len as usize == BIG));
+    let mut ids: Vec<u64> = got.iter().chain(&later).map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..POSTED).collect::<Vec<_>>(), "lost or doubled");
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(cb.poll(16).unwrap().is_empty(), "a receive completed twice");
+}
