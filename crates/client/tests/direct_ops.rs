@@ -929,3 +929,86 @@ fn a_finite_rnr_retry_runs_out_as_on_the_daemon_path() {
         assert_eq!(direct, engine, "rnr_retry {r}");
     }
 }
+
+/// A receiver that sleeps on its channel whenever its CQ is empty (arm, poll again, then
+/// `ibv_get_cq_event`, the verbs pattern) while a direct peer streams SENDs at it: the peer
+/// tells the daemon of a receive completion only while the CQ is armed
+/// (`CH_RECV_CHANNEL`), and no completion that lands around an arm is left without a
+/// wake-up — every SEND arrives and no sleep outlasts its timeout.
+#[test]
+fn a_receiver_sleeping_between_direct_sends_misses_no_wakeup() {
+    const N: u64 = 3000;
+    let (d, _dir) = common::daemon("opssleep", None);
+    let (a, b) = open(&d.socket, true);
+    let chb = b.create_comp_channel().unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let cqa = a.create_cq(64).unwrap();
+    let cqb = b.create_cq_with_channel(64, &chb).unwrap();
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
+        .unwrap();
+    let qb = b
+        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
+        .unwrap();
+    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![7u8; 64];
+    let mut bbuf = vec![0u8; 64 * 32];
+    let ma = pa.reg_slice(&mut abuf, ALL).unwrap();
+    let mb = pb.reg_slice(&mut bbuf, ALL).unwrap();
+    connect(&qa, gb, qb.qpn(), ALL);
+    connect(&qb, ga, qa.qpn(), ALL);
+    assert!(qa.is_direct() && qb.is_direct());
+    for i in 0..32u64 {
+        qb.post_recv(i, &[mb.sge(i as usize % 32 * 64, 64).unwrap()])
+            .unwrap();
+    }
+    let (mut sleeps, mut got) = (0u32, 0u64);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let s = [ma.sge(0, 8).unwrap()];
+            let mut done = 0u64;
+            for i in 0..N {
+                while i - done >= 16 {
+                    done += cqa.poll(16).unwrap().len() as u64;
+                }
+                qa.post_send(&SendRequest::new(i, SendOp::Send, &s))
+                    .unwrap();
+                // Now and then a pause, so the receiver goes to sleep.
+                if i % 7 == 0 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+            while done < N {
+                done += cqa.poll(16).unwrap().len() as u64;
+            }
+        });
+        let mut next = 32u64;
+        while got < N {
+            let mut wcs = cqb.poll(16).unwrap();
+            if wcs.is_empty() {
+                cqb.req_notify(false).unwrap();
+                wcs = cqb.poll(16).unwrap();
+                if wcs.is_empty() {
+                    sleeps += 1;
+                    let woke = chb.get_event(Some(Duration::from_secs(10))).unwrap();
+                    assert!(woke.is_some(), "no wake-up after {got} receives");
+                    continue;
+                }
+            }
+            for w in wcs {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                assert_eq!(w.wr_id, got, "in order");
+                got += 1;
+                qb.post_recv(next, &[mb.sge(next as usize % 32 * 64, 64).unwrap()])
+                    .unwrap();
+                next += 1;
+            }
+        }
+    });
+    assert_eq!(got, N);
+    println!("{N} receives, {sleeps} sleeps on the channel");
+    assert!(
+        sleeps > 0,
+        "the receiver never slept: the test did not test"
+    );
+}

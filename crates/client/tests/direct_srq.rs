@@ -427,7 +427,12 @@ fn a_sender_killed_while_filling_srq_receives_loses_none_of_them() {
 
     let mut child = Reaped(
         Command::new(std::env::current_exe().unwrap())
-            .args(["srq_sender_role", "--exact", "--test-threads=1", "--nocapture"])
+            .args([
+                "srq_sender_role",
+                "--exact",
+                "--test-threads=1",
+                "--nocapture",
+            ])
             .env(ROLE, "sender")
             .env(SOCKET, &d.socket)
             .stdin(Stdio::piped())
@@ -442,7 +447,10 @@ fn a_sender_killed_while_filling_srq_receives_loses_none_of_them() {
         let mut line = String::new();
         loop {
             line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "the sender died early");
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the sender died early"
+            );
             // libtest may have printed the test's name on the same line.
             if let Some(at) = line.find(key) {
                 return line[at + key.len()..].trim().to_string();

@@ -508,12 +508,11 @@ impl DataPath {
         Ok((h, client))
     }
 
-    /// Whether CQ `cq` of `ctx` reports to a completion channel (the same-host direct path's
-    /// libraries then tell the daemon of their completions, crates/daemon/src/direct.rs).
-    pub fn cq_has_channel(&self, ctx: CtxId, cq: softverbs_core::ids::Handle) -> bool {
+    /// Whether CQ `cq` of `ctx` is armed and has a channel to fire (ibv_req_notify_cq(3)).
+    pub fn cq_armed(&self, ctx: CtxId, cq: softverbs_core::ids::Handle) -> bool {
         self.cqs
             .get(&cq_id(ctx, cq))
-            .is_some_and(|c| c.channel().is_some())
+            .is_some_and(|c| c.channel().is_some() && c.armed().is_some())
     }
 
     /// True if `ctx` has channel `h`.

@@ -235,6 +235,30 @@ impl Direct {
         Some((pctx, ph, info.qpn, pinfo.qpn, q.attr, pq.attr))
     }
 
+    /// CQ `cq` of `ctx` was armed (`true`) or fired (`false`): every direct pair whose side
+    /// of `ctx` receives into it learns whether its peer's library must tell the daemon of
+    /// the receive completions it produces (`CH_RECV_CHANNEL`). Stored `SeqCst` before the
+    /// arm is answered: a producer that missed it pushed its completion before the owner's
+    /// poll after arming.
+    pub fn recv_cq_armed(&self, core: &Core, ctx: CtxId, cq: Handle, armed: bool) {
+        for (&(lo, hi), pair) in &self.pairs {
+            for (s, qpn) in [(0, lo), (1, hi)] {
+                if pair.ctx[s] != ctx {
+                    continue;
+                }
+                let Some(QpTarget::Owned { ctx: c, handle, .. }) = core.qp_target(qpn) else {
+                    continue;
+                };
+                let into = core.owned_qp_info(c, handle).and_then(|i| i.recv_cq);
+                if c == ctx && into == Some(cq) {
+                    pair.region
+                        .atomic_u32(CH_RECV_CHANNEL[s])
+                        .store(u32::from(armed), std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
     /// `DirectAttach`: the path of `(ctx, r.qp)`, with the channel and the peer's memory and
     /// MR table unless it is the daemon's. The first QP of a pair to ask decides for both,
     /// from what both QPs are (docs/direct-path.md, "Deciding"); the second joins, or, if it
@@ -290,12 +314,13 @@ impl Direct {
             pair.region
                 .atomic_u32(CH_ACCESS[1 - side])
                 .store(peer_attr.qp_access_flags.0, Release);
-            // Whose receive completions must raise events (ABI 15, `ops::notify`).
+            // Whose receive completions must raise events now (`CH_RECV_CHANNEL`,
+            // `ops::notify`); `recv_cq_armed` keeps it up to date.
             for (s, (c, h)) in [(side, (ctx, qp)), (1 - side, (pctx, ph))] {
                 let chan = core
                     .owned_qp_info(c, h)
                     .and_then(|i| i.recv_cq)
-                    .is_some_and(|cq| dp.cq_has_channel(c, cq));
+                    .is_some_and(|cq| dp.cq_armed(c, cq));
                 pair.region
                     .atomic_u32(CH_RECV_CHANNEL[s])
                     .store(u32::from(chan), Release);

@@ -1053,6 +1053,9 @@ impl Dispatcher {
             .map_err(|e| e.errno())?;
         let solicited_only = r.solicited_only.get() != 0;
         self.dp.req_notify(c, handle_of(r.cq), solicited_only)?;
+        let armed = self.dp.cq_armed(c, handle_of(r.cq));
+        self.direct
+            .recv_cq_armed(&self.core, c, handle_of(r.cq), armed);
         ok::<cmd::ReqNotifyCq>(())
     }
 

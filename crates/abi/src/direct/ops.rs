@@ -41,7 +41,12 @@ pub const CH_MIN_RNR: [usize; 2] = [1408, 1536];
 /// (a program blocked in `ibv_get_cq_event` then polls, which runs the request).
 pub const CH_WAITING: [usize; 2] = [1152, 1280];
 
-/// Header word (`u32`) per side, written by the daemon when the pair is made: 1 if that
-/// side's receive CQ reports to a completion channel, so the library that produces its
-/// receive completions tells the daemon ([`crate::msg::cmd::DirectNotify`]).
+/// Header word (`u32`) per side, kept by the daemon: 1 while that side's receive CQ may be
+/// armed (ibv_req_notify_cq(3) on a CQ with a completion channel, set before the arm is
+/// answered; cleared when a direct completion fires it), so the library that produces its
+/// receive completions tells the daemon ([`crate::msg::cmd::DirectNotify`]) only then, not
+/// for every completion of a program that polls without arming. A producer pushes the
+/// completion, fences (`SeqCst`) and then reads this word; the owner polls after arming
+/// (the verbs rule), so one of them sees the other. Until ABI 16 it was set once, when the
+/// pair was made, to whether the CQ had a channel.
 pub const CH_RECV_CHANNEL: [usize; 2] = [1664, 1792];

@@ -529,9 +529,12 @@ pub(super) fn delivered(
         return;
     }
     let peer = 1 - c.side;
+    // The completion is pushed; the daemon sets the word before it answers the owner's
+    // arm, after which the owner polls: one of the two sees the other (`CH_RECV_CHANNEL`).
+    fence(Ordering::SeqCst);
     if c.region
         .atomic_u32(CH_RECV_CHANNEL[peer])
-        .load(Ordering::Acquire)
+        .load(Ordering::SeqCst)
         == 0
     {
         return;

@@ -236,6 +236,11 @@ impl Direct {
                 let info = core.owned_qp_info(p.ctx, p.handle).ok_or(EINVAL)?;
                 if let Some(cq) = info.recv_cq {
                     dp.direct_completed(p.ctx, cq, solicited);
+                    if !dp.cq_armed(p.ctx, cq) {
+                        // Fired (or never armed): the peer's completions go untold again
+                        // until the owner re-arms.
+                        self.recv_cq_armed(core, p.ctx, cq, false);
+                    }
                 }
             }
             NOTIFY_RETRY => {
