@@ -488,14 +488,7 @@ fn victim_role() {
     }
 }
 
-/// A child process that is killed and reaped however the test ends.
-struct Reaped(std::process::Child);
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::Reaped;
 
 /// Starts the victim, connects `q` to its QP and waits until it is connected (direct).
 fn victim(socket: &std::path::Path, q: &Qp<'_>, gid: softverbs::Gid) -> (Reaped, u32) {
@@ -699,21 +692,7 @@ fn killed_mid_transfer(name: &str, mem: &str, size: usize) {
         .all(|w| w.status == WcStatus::WrFlushErr));
     assert_eq!(q.query().unwrap().attr.qp_state, QpState::Err);
     // The daemon holds nothing of the dead process.
-    let info = Introspect::connect_at(&d.socket).unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let r = info.resources().unwrap();
-        let theirs = ["contexts", "qps", "cqs", "pds", "mrs"]
-            .iter()
-            .flat_map(|k| r[*k].as_array().cloned().unwrap_or_default())
-            .filter(|row| row["pid"].as_u64() == Some(u64::from(victim_pid)))
-            .count();
-        if theirs == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "left of the victim: {r:#}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_until_nothing_of(&d.socket, victim_pid, WAIT);
 }
 
 /// Small SENDs (carried in the completion's inline slot and placed by the receiver's library,

@@ -389,14 +389,7 @@ fn srq_sender_role() {
     }
 }
 
-/// A child process that is killed and reaped however the test ends.
-struct Reaped(std::process::Child);
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::Reaped;
 
 /// A direct sender SIGKILLed while it streams into an SRQ: the receives it completed hold
 /// whole messages, one it had taken and not finished completes with `WR_FLUSH_ERR` on the
@@ -472,21 +465,7 @@ fn a_sender_killed_while_filling_srq_receives_loses_none_of_them() {
     }
     child.0.kill().unwrap(); // SIGKILL
     child.0.wait().unwrap();
-    let info = softverbs::Introspect::connect_at(&d.socket).unwrap();
-    let end = Instant::now() + Duration::from_secs(20);
-    loop {
-        let r = info.resources().unwrap();
-        let theirs = ["contexts", "qps", "cqs", "pds", "mrs"]
-            .iter()
-            .flat_map(|k| r[*k].as_array().cloned().unwrap_or_default())
-            .filter(|row| row["pid"].as_u64() == Some(u64::from(victim_pid)))
-            .count();
-        if theirs == 0 {
-            break;
-        }
-        assert!(Instant::now() < end, "left of the sender: {r:#}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_until_nothing_of(&d.socket, victim_pid, Duration::from_secs(20));
     // What the dead sender finished or held has completed by the time the gone peer is
     // seen; poll a while longer for anything late.
     let quiet = Instant::now() + Duration::from_millis(300);

@@ -118,3 +118,35 @@ pub fn connect_with(qp: &softverbs::Qp<'_>, remote_gid: Gid, remote_qpn: u32, pa
     }
     qp.modify(&rts, rts_mask).unwrap();
 }
+
+/// A child process that is killed and reaped however the test ends.
+pub struct Reaped(pub std::process::Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (up to `within`) until the daemon at `socket` holds no context, QP, CQ, PD or MR
+/// of process `pid` (`softverbs resources`); panics with what is left otherwise.
+pub fn wait_until_nothing_of(socket: &std::path::Path, pid: u32, within: std::time::Duration) {
+    let info = softverbs::Introspect::connect_at(socket).unwrap();
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let r = info.resources().unwrap();
+        let theirs = ["contexts", "qps", "cqs", "pds", "mrs"]
+            .iter()
+            .flat_map(|k| r[*k].as_array().cloned().unwrap_or_default())
+            .filter(|row| row["pid"].as_u64() == Some(u64::from(pid)))
+            .count();
+        if theirs == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left of process {pid}: {r:#}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
