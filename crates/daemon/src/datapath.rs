@@ -209,6 +209,17 @@ fn bind_error(device: &str, ip: std::net::IpAddr, port: u16, e: &std::io::Error)
     )
 }
 
+/// The answer to `MapQueues` for a region of `len` bytes holding the one ring `l` at its start.
+pub(crate) fn one_ring(len: usize, l: &RingLayout) -> QueuesResp {
+    QueuesResp {
+        region_len: U64::new(len as u64),
+        a_offset: U32::new(0),
+        a_capacity: U32::new(l.capacity()),
+        a_entry: U32::new(l.entry_size() as u32),
+        ..Default::default()
+    }
+}
+
 impl DataPath {
     /// A data path for the core's devices. With [`NetOptions::bind`], every device's UDP
     /// port must bind: a device whose address another daemon holds, or that no interface of
@@ -1484,13 +1495,7 @@ impl DataPath {
         let c = Consumer::attach(Arc::new(region), 0, l).map_err(|_| EINVAL)?;
         admit(len as u64)?;
         self.srq_rings.insert(key, (dev, c));
-        let resp = QueuesResp {
-            region_len: U64::new(len as u64),
-            a_offset: U32::new(0),
-            a_capacity: U32::new(l.capacity()),
-            a_entry: U32::new(l.entry_size() as u32),
-            ..Default::default()
-        };
+        let resp = one_ring(len, &l);
         Ok((resp, fd))
     }
 
@@ -1512,13 +1517,7 @@ impl DataPath {
         let len = l.size().max(4096);
         admit(len as u64)?;
         self.cq_rings.insert(id, p);
-        let resp = QueuesResp {
-            region_len: U64::new(len as u64),
-            a_offset: U32::new(0),
-            a_capacity: U32::new(l.capacity()),
-            a_entry: U32::new(l.entry_size() as u32),
-            ..Default::default()
-        };
+        let resp = one_ring(len, &l);
         Ok((resp, fd))
     }
 

@@ -19,7 +19,6 @@ use softverbs_core::ids::{CtxId, Handle};
 use softverbs_shm::{Region, RingLayout, SharedConsumer};
 use softverbs_transport::wr::RecvWr;
 use softverbs_transport::{SrqFeed, SrqKey};
-use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromZeros, IntoBytes};
 
 use super::{entry_size, recv_wr_from_wire, ring_capacity, DataPath};
@@ -133,13 +132,7 @@ impl DataPath {
                 limit_at: srq_limit_offset(l.size()),
             },
         );
-        let resp = QueuesResp {
-            region_len: U64::new(len as u64),
-            a_offset: U32::new(0),
-            a_capacity: U32::new(l.capacity()),
-            a_entry: U32::new(l.entry_size() as u32),
-            ..Default::default()
-        };
+        let resp = super::one_ring(len, &l);
         Ok((resp, give))
     }
 
