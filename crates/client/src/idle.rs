@@ -176,7 +176,13 @@ impl IdlePoll {
     /// and reported with [`yielded`](IdlePoll::yielded)).
     pub fn idle(&self, fed_directly: impl FnOnce() -> bool) {
         match self.empty(now_ns, fed_directly) {
-            Idle::Spin => std::hint::spin_loop(),
+            Idle::Spin => {
+                SPUN_AT.store(now_ns(), Ordering::Relaxed);
+                std::hint::spin_loop()
+            }
+            Idle::Yield if !self.spun_out.load(Ordering::Relaxed) && shares_a_spin(now_ns()) => {
+                std::hint::spin_loop()
+            }
             Idle::Yield if self.time_yield() => {
                 let start = now_ns();
                 std::thread::yield_now();
@@ -186,6 +192,33 @@ impl IdlePoll {
             Idle::Yield => std::thread::yield_now(),
         }
     }
+}
+
+/// When a poller of this process last spun, and when one last yielded (ns since the epoch).
+static SPUN_AT: AtomicU64 = AtomicU64::new(0);
+static YIELDED_AT: AtomicU64 = AtomicU64::new(0);
+
+/// Whether an empty poll that would yield (its CQ is fed by the daemon) may skip it at `now`
+/// because another CQ of this process is in a spinning run, e.g. UCX polling its RC CQs (on
+/// the direct path) and its UD CQs (the daemon's) in one loop, where a yield per UD poll was
+/// a fifth of every round trip (docs/performance.md, "UCX and Open MPI on one host"). The
+/// process still yields once per [`SPIN`], so a daemon sharing this CPU waits no longer
+/// than a spinning poller lets it wait anyway; once the spin ends, every empty poll yields.
+fn shares_a_spin(now: u64) -> bool {
+    skips_yield(now, &SPUN_AT, &YIELDED_AT)
+}
+
+/// [`shares_a_spin`] on the given clocks (tested without the process's statics).
+fn skips_yield(now: u64, spun_at: &AtomicU64, yielded_at: &AtomicU64) -> bool {
+    let spin = SPIN.as_nanos() as u64;
+    if now.saturating_sub(spun_at.load(Ordering::Relaxed)) >= spin {
+        return false;
+    }
+    if now.saturating_sub(yielded_at.load(Ordering::Relaxed)) >= spin {
+        yielded_at.store(now, Ordering::Relaxed);
+        return false;
+    }
+    true
 }
 
 /// Nanoseconds since the first call in this process, at least 1.
@@ -198,6 +231,29 @@ pub fn now_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_daemon_fed_poll_skips_its_yield_only_beside_a_spin_and_once_per_spin_at_most() {
+        let us = |n: u64| n * 1000;
+        let (spun, yielded) = (AtomicU64::new(0), AtomicU64::new(0));
+        // Nobody spun lately: every empty poll yields.
+        assert!(!skips_yield(us(100), &spun, &yielded));
+        assert!(!skips_yield(us(101), &spun, &yielded));
+        // Another CQ spins: the first poll yields (none for a while), the next skip...
+        spun.store(us(200), Ordering::Relaxed);
+        yielded.store(0, Ordering::Relaxed);
+        assert!(!skips_yield(us(201), &spun, &yielded));
+        assert!(skips_yield(us(202), &spun, &yielded));
+        spun.store(us(215), Ordering::Relaxed);
+        assert!(skips_yield(us(220), &spun, &yielded));
+        // ...until a SPIN has passed since that yield: then one yields again.
+        spun.store(us(230), Ordering::Relaxed);
+        assert!(!skips_yield(us(222), &spun, &yielded));
+        assert!(skips_yield(us(223), &spun, &yielded));
+        // The spin stopped SPIN ago: back to yielding every time.
+        assert!(!skips_yield(us(250), &spun, &yielded));
+        assert!(!skips_yield(us(251), &spun, &yielded));
+    }
 
     /// Runs `n` empty polls at `t` ns each and returns what the last one said.
     fn run(p: &IdlePoll, n: u32, t: u64, fed: bool) -> Idle {
