@@ -663,6 +663,9 @@ impl Cq<'_> {
     /// `ibv_req_notify_cq`: the next completion (solicited or unsuccessful only, with
     /// `solicited_only`) makes the CQ's channel readable.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        if let Some(d) = &self.ctx.direct {
+            d.arming(self.handle, solicited_only);
+        }
         let req = ReqNotifyCqReq {
             cq: U32::new(self.handle),
             solicited_only: U32::new(u32::from(solicited_only)),

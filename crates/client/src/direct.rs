@@ -59,8 +59,11 @@ struct Inner {
     qps: BTreeMap<u32, DQp>,
     /// Completions of direct QPs per CQ handle, in the order produced.
     cqs: HashMap<u32, VecDeque<WorkCompletion>>,
-    /// CQs of direct QPs that report to a completion channel (`ops::notify_own`).
-    chan_cqs: std::collections::HashSet<u32>,
+    /// CQs of direct QPs that report to a completion channel, each with the arm this
+    /// library last asked the daemon for and has not seen fire: `Some(solicited_only)`,
+    /// combined as the daemon combines arms (`crates/transport/src/cq.rs`, `Cq::arm`).
+    /// Only an armed CQ's own completions are worth a notification (`ops::notify_own`).
+    chan_cqs: HashMap<u32, Option<bool>>,
     /// Entries of the CQs of direct QPs (`ibv_create_cq`/`ibv_resize_cq`), which the
     /// queues above may not exceed (`ops::notify_own`).
     cq_cap: HashMap<u32, u32>,
@@ -370,7 +373,7 @@ impl DirectCtx {
             .zip(n.cqes)
         {
             if let Some(cq) = cq.filter(|_| chan) {
-                g.chan_cqs.insert(cq);
+                g.chan_cqs.entry(cq).or_insert(None);
             }
             if let Some(cq) = cq {
                 g.cq_cap.insert(cq, cqe);

@@ -754,7 +754,22 @@ fn channels(socket: &std::path::Path, direct: bool) -> (Vec<bool>, Vec<Shape>, V
     seen.push(woke(&cha, &cqa));
     wa.extend(wait(&cqa, 1));
     wb.extend(wait(&cqb, 1));
-    // An error completion wakes a solicited-only arm: a write with a bad key.
+    // A spent arm is not woken again: a second signalled SEND completes without an event.
+    for i in 0..2 {
+        qb.post_recv(20 + i as u64, &[mb.sge(2048 + i * 64, 64).unwrap()])
+            .unwrap();
+    }
+    send(7, false, true);
+    wa.extend(wait(&cqa, 1));
+    wb.extend(wait(&cqb, 1));
+    seen.push(cha.try_get_event().unwrap().is_some());
+    // A solicited-only arm is not woken by a successful send completion...
+    cqa.req_notify(true).unwrap();
+    send(8, false, true);
+    wa.extend(wait(&cqa, 1));
+    wb.extend(wait(&cqb, 1));
+    seen.push(cha.try_get_event().unwrap().is_some());
+    // ...but, armed once more, by an error completion: a write with a bad key.
     cqa.req_notify(true).unwrap();
     let bad = SendOp::Write {
         remote_addr: mb.remote().addr,
@@ -777,7 +792,7 @@ fn completion_channels_wake_for_direct_completions_as_for_the_daemons() {
     );
     assert_eq!(
         engine.0,
-        vec![true, false, true, true, true, true],
+        vec![true, false, true, true, true, false, false, true],
         "the daemon path's events"
     );
     assert_eq!(direct.0, engine.0, "events");

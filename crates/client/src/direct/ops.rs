@@ -563,12 +563,13 @@ pub(super) fn posted_recv(ctx: &Context, handle: u32, c: &Chan) {
     }
 }
 
-/// Lengths of the library's queues of the CQs that have completion channels, before an
+/// Lengths of the library's queues of the armed CQs with completion channels, before an
 /// operation adds to them; taken at every poll and post, so held inline for up to four.
 pub(super) struct Marks(SmallVec<[(u32, usize); 4]>);
 
 pub(super) fn marks(inner: &Inner) -> Marks {
-    // Most programs poll without completion channels: no iteration over an empty set.
+    // Most programs poll without arming (UCX gives every CQ a channel and busy-polls): no
+    // iteration over an empty set, and no marks of a CQ nobody waits on.
     if inner.chan_cqs.is_empty() {
         return Marks(SmallVec::new());
     }
@@ -576,14 +577,19 @@ pub(super) fn marks(inner: &Inner) -> Marks {
         inner
             .chan_cqs
             .iter()
-            .map(|&cq| (cq, inner.cqs.get(&cq).map_or(0, |q| q.len())))
+            .filter(|(_, arm)| arm.is_some())
+            .map(|(&cq, _)| (cq, inner.cqs.get(&cq).map_or(0, |q| q.len())))
             .collect(),
     )
 }
 
-/// The completions this library itself added to a channel's CQ since `m` — its send
+/// The completions this library itself added to an armed channel's CQ since `m` — its send
 /// completions and flushes, not the receive completions its peer produced (the peer told
-/// the daemon of those) — make an armed CQ raise its event.
+/// the daemon of those) — raise the CQ's event: the daemon is told when the arm fires
+/// (any completion, or with a solicited-only arm an unsuccessful one, IBA 11.4.2.2), and
+/// the arm is then spent. An arm the daemon fired for its own completions looks armed
+/// here until the next own completion: one notification the daemon ignores, never a missed
+/// one.
 pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
     overrun(ctx, inner);
     for (cq, old) in m.0 {
@@ -599,7 +605,26 @@ pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
         };
         let failed =
             first.status != WcStatus::Success || own.any(|w| w.status != WcStatus::Success);
+        let Some(arm) = inner.chan_cqs.get_mut(&cq) else {
+            continue;
+        };
+        match *arm {
+            Some(solicited_only) if !solicited_only || failed => *arm = None,
+            _ => continue,
+        }
         notify(ctx, 0, NOTIFY_OWN, cq, failed);
+    }
+}
+
+impl super::DirectCtx {
+    /// The owner is about to arm CQ `cq` (`ibv_req_notify_cq`), before it asks the daemon:
+    /// a completion this library adds from now on tells the daemon (`notify_own`), and one
+    /// that reaches the daemon before the arm does is found by the owner's poll after
+    /// arming (ibv_req_notify_cq(3)).
+    pub(crate) fn arming(&self, cq: u32, solicited_only: bool) {
+        if let Some(arm) = self.lock().chan_cqs.get_mut(&cq) {
+            *arm = Some(arm.map_or(solicited_only, |s| s && solicited_only));
+        }
     }
 }
 
