@@ -58,12 +58,14 @@ pub(crate) struct DirectCtx {
 struct Inner {
     qps: BTreeMap<u32, DQp>,
     /// Completions of direct QPs per CQ handle, in the order produced.
-    cqs: HashMap<u32, VecDeque<WorkCompletion>>,
+    cqs: CqQueues,
     /// CQs of direct QPs that report to a completion channel, each with the arm this
     /// library last asked the daemon for and has not seen fire: `Some(solicited_only)`,
     /// combined as the daemon combines arms (`crates/transport/src/cq.rs`, `Cq::arm`).
     /// Only an armed CQ's own completions are worth a notification (`ops::notify_own`).
     chan_cqs: HashMap<u32, Option<bool>>,
+    /// How many of `chan_cqs` are armed: none, and a post or poll takes no marks.
+    arms: usize,
     /// Entries of the CQs of direct QPs (`ibv_create_cq`/`ibv_resize_cq`), which the
     /// queues above may not exceed (`ops::notify_own`).
     cq_cap: HashMap<u32, u32>,
@@ -71,6 +73,40 @@ struct Inner {
     /// completions (each receive completes exactly once: success, error or flush). Kept
     /// after a QP leaves the path, for its completions still queued here.
     rq_counts: HashMap<u32, crate::context::RqCount>,
+}
+
+/// The direct path's completions per CQ handle, in the order produced, remembering whether
+/// a queue may have grown past one entry since the last overrun check (`ops::overrun`):
+/// that check runs at every post and poll, and a busy poller's queues hold one completion at
+/// most, so it looks at the queues only after one grew.
+#[derive(Debug, Default)]
+pub(crate) struct CqQueues {
+    map: HashMap<u32, VecDeque<WorkCompletion>>,
+    grown: bool,
+}
+
+impl CqQueues {
+    /// Queues `wc` for CQ `cq`.
+    #[inline]
+    pub(crate) fn push(&mut self, cq: u32, wc: WorkCompletion) {
+        let q = self.map.entry(cq).or_default();
+        q.push_back(wc);
+        if q.len() > 1 {
+            self.grown = true;
+        }
+    }
+
+    /// CQ `cq`'s queue.
+    #[inline]
+    pub(crate) fn get(&self, cq: &u32) -> Option<&VecDeque<WorkCompletion>> {
+        self.map.get(cq)
+    }
+
+    /// CQ `cq`'s queue, to take completions from (taking never grows it).
+    #[inline]
+    pub(crate) fn get_mut(&mut self, cq: &u32) -> Option<&mut VecDeque<WorkCompletion>> {
+        self.map.get_mut(cq)
+    }
 }
 
 /// A QP the direct path may take, as created.
@@ -552,7 +588,7 @@ impl DirectCtx {
             let wc =
                 WorkCompletion::new(req.wr_id.get(), WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
             if let Some(cq) = q.recv_cq {
-                inner.cqs.entry(cq).or_default().push_back(wc);
+                inner.cqs.push(cq, wc);
             }
             ops::notify_own(ctx, inner, m);
             return Ok(true);
@@ -611,7 +647,7 @@ impl DirectCtx {
         if q.error {
             let wc = WorkCompletion::new(p.wr_id, WcStatus::WrFlushErr, p.op.wc_opcode(), q.qpn);
             if let Some(cq) = q.send_cq {
-                inner.cqs.entry(cq).or_default().push_back(wc);
+                inner.cqs.push(cq, wc);
             }
             ops::notify_own(ctx, inner, m);
             return Ok(Posted::Done);
@@ -891,7 +927,7 @@ fn progress(
     own_table: &Region,
     handle: u32,
     q: &mut DQp,
-    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
+    cqs: &mut CqQueues,
 ) -> bool {
     if decide(q) {
         return true;
@@ -969,7 +1005,7 @@ fn progress(
                         WorkCompletion::new(p.wr_id, WcStatus::Success, p.op.wc_opcode(), q.qpn);
                     wc.byte_len = len;
                     if let Some(cq) = q.send_cq {
-                        cqs.entry(cq).or_default().push_back(wc);
+                        cqs.push(cq, wc);
                     }
                 }
             }
@@ -1016,12 +1052,7 @@ fn srq_request_done(ctx: &Context, handle: u32, c: &mut Chan) {
 /// here with `WR_FLUSH_ERR`, as a NIC flushes the receive a message was arriving into when
 /// the QP fails (IBA 10.3.1.9), instead of vanishing. Called after the completions the
 /// peer pushed are drained: one pushed for the held receive has then been seen.
-fn flush_held_by_gone_peer(
-    c: &mut Chan,
-    qpn: u32,
-    recv_cq: Option<u32>,
-    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
-) {
+fn flush_held_by_gone_peer(c: &mut Chan, qpn: u32, recv_cq: Option<u32>, cqs: &mut CqQueues) {
     let peer = 1 - c.side;
     let region = &c.region;
     if region.atomic_u32(CH_STATE[peer]).load(Ordering::Acquire) != SIDE_GONE {
@@ -1040,19 +1071,14 @@ fn flush_held_by_gone_peer(
     }
     if let Some(cq) = recv_cq {
         let wc = WorkCompletion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
-        cqs.entry(cq).or_default().push_back(wc);
+        cqs.push(cq, wc);
     }
 }
 
 /// Takes the receive completions the peer pushed, placing the bytes of inline SENDs into
 /// this process's receive buffers first (`inline.rs`), so a completion is visible only once
 /// its data is in place.
-fn drain_cqes(
-    own_table: Option<&Region>,
-    c: &mut Chan,
-    recv_cq: Option<u32>,
-    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
-) {
+fn drain_cqes(own_table: Option<&Region>, c: &mut Chan, recv_cq: Option<u32>, cqs: &mut CqQueues) {
     let peer_side = 1 - c.side;
     loop {
         if !matches!(c.cqe_in.available(), Ok(n) if n > 0) {
@@ -1116,7 +1142,7 @@ fn drain_cqes(
         }
         c.rq_completed = c.rq_completed.wrapping_add(1);
         if let Some(cq) = recv_cq {
-            cqs.entry(cq).or_default().push_back(wc);
+            cqs.push(cq, wc);
         }
     }
 }
@@ -1154,7 +1180,7 @@ fn fail(
     ctx: &Context,
     handle: u32,
     q: &mut DQp,
-    cqs: &mut HashMap<u32, VecDeque<WorkCompletion>>,
+    cqs: &mut CqQueues,
     front: Option<WcStatus>,
     tell: bool,
 ) {
@@ -1167,7 +1193,7 @@ fn fail(
         let st = first.take().unwrap_or(WcStatus::WrFlushErr);
         let wc = WorkCompletion::new(p.wr_id, st, p.op.wc_opcode(), q.qpn);
         if let Some(cq) = q.send_cq {
-            cqs.entry(cq).or_default().push_back(wc);
+            cqs.push(cq, wc);
         }
     }
     let mut recvs: Vec<u64> = q.held.drain(..).map(|r| r.wr_id.get()).collect();
@@ -1215,7 +1241,7 @@ fn fail(
     for wr_id in recvs {
         let wc = WorkCompletion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
         if let Some(cq) = q.recv_cq {
-            cqs.entry(cq).or_default().push_back(wc);
+            cqs.push(cq, wc);
         }
     }
     if tell {

@@ -125,7 +125,10 @@ impl Side {
         let now = self.now();
         let h = &mut self.host;
         let mut acks: Vec<Vec<u8>> = Vec::new();
-        while let Some(tx) = h.engine.poll_transmit(now, &h.core, &mut h.mem, &mut self.pkt) {
+        while let Some(tx) = h
+            .engine
+            .poll_transmit(now, &h.core, &mut h.mem, &mut self.pkt)
+        {
             let ip = IpRepr::V4(Ipv4Repr::new(self.me, *ip4(&self.peer)));
             // The ICRC covers the UDP header as sent, and this socket sends from its bound
             // port, not the engine's per-QP entropy port (`Transmit::udp_sport`).

@@ -570,7 +570,7 @@ pub(super) struct Marks(SmallVec<[(u32, usize); 4]>);
 pub(super) fn marks(inner: &Inner) -> Marks {
     // Most programs poll without arming (UCX gives every CQ a channel and busy-polls): no
     // iteration over an empty set, and no marks of a CQ nobody waits on.
-    if inner.chan_cqs.is_empty() {
+    if inner.arms == 0 {
         return Marks(SmallVec::new());
     }
     Marks(
@@ -609,7 +609,10 @@ pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
             continue;
         };
         match *arm {
-            Some(solicited_only) if !solicited_only || failed => *arm = None,
+            Some(solicited_only) if !solicited_only || failed => {
+                *arm = None;
+                inner.arms -= 1;
+            }
             _ => continue,
         }
         notify(ctx, 0, NOTIFY_OWN, cq, failed);
@@ -622,7 +625,12 @@ impl super::DirectCtx {
     /// that reaches the daemon before the arm does is found by the owner's poll after
     /// arming (ibv_req_notify_cq(3)).
     pub(crate) fn arming(&self, cq: u32, solicited_only: bool) {
-        if let Some(arm) = self.lock().chan_cqs.get_mut(&cq) {
+        let mut g = self.lock();
+        let inner = &mut *g;
+        if let Some(arm) = inner.chan_cqs.get_mut(&cq) {
+            if arm.is_none() {
+                inner.arms += 1;
+            }
             *arm = Some(arm.map_or(solicited_only, |s| s && solicited_only));
         }
     }
@@ -645,12 +653,17 @@ pub(super) fn device_gone(ctx: &Context, inner: &mut Inner) {
 /// `Delivery::Overrun`). Counted per CQ over the direct path's own queue; the daemon counts
 /// its ring's for its QPs.
 fn overrun(ctx: &Context, inner: &mut Inner) {
-    for (&cq, q) in inner.cqs.iter_mut() {
-        // A CQ holds at least one entry (the core refuses `cqe` 0), so a queue of one needs
-        // no look at its CQ's size: this runs at every poll, post and completion.
+    // A CQ holds at least one entry (the core refuses `cqe` 0), so only a queue that grew
+    // past one needs a look at its CQ's size: this runs at every poll, post and completion.
+    if !inner.cqs.grown {
+        return;
+    }
+    let mut grown = false;
+    for (&cq, q) in inner.cqs.map.iter_mut() {
         if q.len() <= 1 {
             continue;
         }
+        grown = true;
         let Some(&cap) = inner.cq_cap.get(&cq) else {
             continue;
         };
@@ -665,6 +678,7 @@ fn overrun(ctx: &Context, inner: &mut Inner) {
             .conn
             .call::<cmd::DirectCqOverrun>("direct_cq_overrun", 0, &req);
     }
+    inner.cqs.grown = grown;
 }
 
 impl super::DirectCtx {
