@@ -663,8 +663,9 @@ impl Cq<'_> {
     /// `ibv_req_notify_cq`: the next completion (solicited or unsuccessful only, with
     /// `solicited_only`) makes the CQ's channel readable.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        // Recorded before and after the daemon's answer (`DirectCtx::armed`).
         if let Some(d) = &self.ctx.direct {
-            d.arming(self.handle, solicited_only);
+            d.armed(self.handle, solicited_only);
         }
         let req = ReqNotifyCqReq {
             cq: U32::new(self.handle),
@@ -673,6 +674,9 @@ impl Cq<'_> {
         self.ctx
             .conn
             .call::<cmd::ReqNotifyCq>("req_notify_cq", 0, &req)?;
+        if let Some(d) = &self.ctx.direct {
+            d.armed(self.handle, solicited_only);
+        }
         if let Some(ch) = self.channel {
             self.ctx
                 .armed

@@ -59,12 +59,11 @@ struct Inner {
     qps: BTreeMap<u32, DQp>,
     /// Completions of direct QPs per CQ handle, in the order produced.
     cqs: CqQueues,
-    /// CQs of direct QPs that report to a completion channel, each with the arm this
-    /// library last asked the daemon for and has not seen fire: `Some(solicited_only)`,
-    /// combined as the daemon combines arms (`crates/transport/src/cq.rs`, `Cq::arm`).
-    /// Only an armed CQ's own completions are worth a notification (`ops::notify_own`).
-    chan_cqs: HashMap<u32, Option<bool>>,
-    /// How many of `chan_cqs` are armed: none, and a post or poll takes no marks.
+    /// CQs of direct QPs that report to a completion channel, each with the arms this
+    /// library asked the daemon for that may still be there (`ops::Arms`): only an armed
+    /// CQ's own completions are worth a notification (`ops::notify_own`).
+    chan_cqs: HashMap<u32, ops::Arms>,
+    /// How many of `chan_cqs` may be armed: none, and a post or poll takes no marks.
     arms: usize,
     /// Entries of the CQs of direct QPs (`ibv_create_cq`/`ibv_resize_cq`), which the
     /// queues above may not exceed (`ops::notify_own`).
@@ -409,7 +408,7 @@ impl DirectCtx {
             .zip(n.cqes)
         {
             if let Some(cq) = cq.filter(|_| chan) {
-                g.chan_cqs.entry(cq).or_insert(None);
+                g.chan_cqs.entry(cq).or_default();
             }
             if let Some(cq) = cq {
                 g.cq_cap.insert(cq, cqe);

@@ -763,14 +763,22 @@ fn channels(socket: &std::path::Path, direct: bool) -> (Vec<bool>, Vec<Shape>, V
     wa.extend(wait(&cqa, 1));
     wb.extend(wait(&cqb, 1));
     seen.push(cha.try_get_event().unwrap().is_some());
-    // A solicited-only arm is not woken by a successful send completion...
+    // An arm a completion A did not produce fired (B's SEND into A's receive)...
+    qa.post_recv(30, &[ma.sge(2048, 64).unwrap()]).unwrap();
+    cqa.req_notify(false).unwrap();
+    let sb = [mb.sge(3072, 16).unwrap()];
+    let mut w = SendRequest::new(31, SendOp::Send, &sb);
+    w.signaled = false;
+    qb.post_send(&w).unwrap();
+    seen.push(woke(&cha, &cqa));
+    wa.extend(wait(&cqa, 1));
+    // ...then a solicited-only arm is not woken by a successful send completion...
     cqa.req_notify(true).unwrap();
     send(8, false, true);
     wa.extend(wait(&cqa, 1));
     wb.extend(wait(&cqb, 1));
     seen.push(cha.try_get_event().unwrap().is_some());
-    // ...but, armed once more, by an error completion: a write with a bad key.
-    cqa.req_notify(true).unwrap();
+    // ...but stays armed, and an error completion wakes it: a write with a bad key.
     let bad = SendOp::Write {
         remote_addr: mb.remote().addr,
         rkey: mb.remote().rkey ^ 0x5555,
@@ -792,7 +800,7 @@ fn completion_channels_wake_for_direct_completions_as_for_the_daemons() {
     );
     assert_eq!(
         engine.0,
-        vec![true, false, true, true, true, false, false, true],
+        vec![true, false, true, true, true, false, true, false, true],
         "the daemon path's events"
     );
     assert_eq!(direct.0, engine.0, "events");
@@ -1026,4 +1034,91 @@ fn a_receiver_sleeping_between_direct_sends_misses_no_wakeup() {
         sleeps > 0,
         "the receiver never slept: the test did not test"
     );
+}
+
+/// One thread of A posts signalled SENDs while another sleeps on A's send CQ (arm, poll,
+/// `ibv_get_cq_event`): the library's own completions notify the daemon only while it may
+/// hold an arm (docs/direct-path.md, "Own completions, only while armed"), and a thread that
+/// arms while the other posts must still be woken for every later completion.
+#[test]
+fn a_thread_sleeping_on_its_send_cq_misses_no_wakeup_from_another_threads_sends() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const N: u64 = 3000;
+    let (d, _dir) = common::daemon("opsownsleep", None);
+    let (a, b) = open(&d.socket, true);
+    let cha = a.create_comp_channel().unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let sq = a.create_cq_with_channel(64, &cha).unwrap();
+    let rq = a.create_cq(64).unwrap();
+    let cqb = b.create_cq(256).unwrap();
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&sq, &rq).cap(cap()))
+        .unwrap();
+    let qb = b
+        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
+        .unwrap();
+    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    let mut abuf = vec![7u8; 64];
+    let mut bbuf = vec![0u8; 64 * 64];
+    let ma = pa.reg_slice(&mut abuf, ALL).unwrap();
+    let mb = pb.reg_slice(&mut bbuf, ALL).unwrap();
+    connect(&qa, gb, qb.qpn(), ALL);
+    connect(&qb, ga, qa.qpn(), ALL);
+    assert!(qa.is_direct() && qb.is_direct());
+    // B keeps 64 receives posted, more than A ever has outstanding.
+    for i in 0..64u64 {
+        qb.post_recv(i, &[mb.sge(i as usize % 64 * 64, 64).unwrap()])
+            .unwrap();
+    }
+    let done = AtomicU64::new(0);
+    let mut sleeps = 0u32;
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            let s = [ma.sge(0, 8).unwrap()];
+            for i in 0..N {
+                while i - done.load(Ordering::Acquire) >= 16 {
+                    std::thread::yield_now();
+                }
+                qa.post_send(&SendRequest::new(i, SendOp::Send, &s))
+                    .unwrap();
+                // Now and then a pause, so the other thread goes to sleep.
+                if i % 7 == 0 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        });
+        sc.spawn(|| {
+            let mut next = 64u64;
+            while next < N + 64 {
+                for _ in cqb.poll(16).unwrap() {
+                    qb.post_recv(next, &[mb.sge(next as usize % 64 * 64, 64).unwrap()])
+                        .unwrap();
+                    next += 1;
+                }
+                std::thread::yield_now();
+            }
+        });
+        let mut got = 0u64;
+        while got < N {
+            let mut wcs = sq.poll(16).unwrap();
+            if wcs.is_empty() {
+                sq.req_notify(false).unwrap();
+                wcs = sq.poll(16).unwrap();
+                if wcs.is_empty() {
+                    sleeps += 1;
+                    let woke = cha.get_event(Some(Duration::from_secs(10))).unwrap();
+                    assert!(woke.is_some(), "no wake-up after {got} send completions");
+                    continue;
+                }
+            }
+            for w in wcs {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                assert_eq!(w.wr_id, got, "in order");
+                got += 1;
+            }
+            done.store(got, Ordering::Release);
+        }
+    });
+    println!("{N} send completions, {sleeps} sleeps on the channel");
+    assert!(sleeps > 0, "the poller never slept: the test did not test");
 }

@@ -563,13 +563,33 @@ pub(super) fn posted_recv(ctx: &Context, handle: u32, c: &Chan) {
     }
 }
 
-/// Lengths of the library's queues of the armed CQs with completion channels, before an
+/// The arms of a channel CQ the daemon may hold, as far as this library can tell.
+///
+/// The daemon fires an arm for completions this library does not see (its own QPs' on the
+/// same CQ, the peer's receive completions, `NOTIFY_PEER_SEND`...), so what is recorded here
+/// is what it *may* hold: an arm for any completion (`any`) and one for solicited or
+/// unsuccessful ones only (`solicited`), each set when `ibv_req_notify_cq` asked for it and
+/// cleared only by a notification that surely spent it (IBA 11.4.2.2: an unsuccessful
+/// completion fires either kind; a successful send completion only the first).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Arms {
+    any: bool,
+    solicited: bool,
+}
+
+impl Arms {
+    fn set(self) -> bool {
+        self.any || self.solicited
+    }
+}
+
+/// Lengths of the library's queues of the CQs with channels that may be armed, before an
 /// operation adds to them; taken at every poll and post, so held inline for up to four.
 pub(super) struct Marks(SmallVec<[(u32, usize); 4]>);
 
 pub(super) fn marks(inner: &Inner) -> Marks {
     // Most programs poll without arming (UCX gives every CQ a channel and busy-polls): no
-    // iteration over an empty set, and no marks of a CQ nobody waits on.
+    // iteration, and no marks of a CQ nobody waits on.
     if inner.arms == 0 {
         return Marks(SmallVec::new());
     }
@@ -577,7 +597,7 @@ pub(super) fn marks(inner: &Inner) -> Marks {
         inner
             .chan_cqs
             .iter()
-            .filter(|(_, arm)| arm.is_some())
+            .filter(|(_, a)| a.set())
             .map(|(&cq, _)| (cq, inner.cqs.get(&cq).map_or(0, |q| q.len())))
             .collect(),
     )
@@ -585,11 +605,9 @@ pub(super) fn marks(inner: &Inner) -> Marks {
 
 /// The completions this library itself added to an armed channel's CQ since `m` — its send
 /// completions and flushes, not the receive completions its peer produced (the peer told
-/// the daemon of those) — raise the CQ's event: the daemon is told when the arm fires
-/// (any completion, or with a solicited-only arm an unsuccessful one, IBA 11.4.2.2), and
-/// the arm is then spent. An arm the daemon fired for its own completions looks armed
-/// here until the next own completion: one notification the daemon ignores, never a missed
-/// one.
+/// the daemon of those) — raise the CQ's event: the daemon is told whenever an arm it may
+/// hold would fire ([`Arms`]); an arm it had already spent costs one notification it
+/// ignores, never a missed one.
 pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
     overrun(ctx, inner);
     for (cq, old) in m.0 {
@@ -605,33 +623,44 @@ pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
         };
         let failed =
             first.status != WcStatus::Success || own.any(|w| w.status != WcStatus::Success);
-        let Some(arm) = inner.chan_cqs.get_mut(&cq) else {
+        let Some(a) = inner.chan_cqs.get_mut(&cq) else {
             continue;
         };
-        match *arm {
-            Some(solicited_only) if !solicited_only || failed => {
-                *arm = None;
-                inner.arms -= 1;
-            }
-            _ => continue,
+        if !(a.any || (failed && a.solicited)) {
+            continue;
+        }
+        // Whatever the daemon holds of what was asked for, this spends it — except a
+        // solicited-only arm, which a successful completion leaves in place.
+        a.any = false;
+        if failed {
+            a.solicited = false;
+        }
+        if !a.set() {
+            inner.arms -= 1;
         }
         notify(ctx, 0, NOTIFY_OWN, cq, failed);
     }
 }
 
 impl super::DirectCtx {
-    /// The owner is about to arm CQ `cq` (`ibv_req_notify_cq`), before it asks the daemon:
-    /// a completion this library adds from now on tells the daemon (`notify_own`), and one
-    /// that reaches the daemon before the arm does is found by the owner's poll after
-    /// arming (ibv_req_notify_cq(3)).
-    pub(crate) fn arming(&self, cq: u32, solicited_only: bool) {
+    /// The owner arms CQ `cq` (`ibv_req_notify_cq`); called before the command leaves and
+    /// again after the daemon answered. Before: a completion this library adds while the
+    /// command is on its way is notified (if it reaches the daemon first, the completion is
+    /// in the queue the owner polls after arming, ibv_req_notify_cq(3)). After: another
+    /// thread's notification may have spent the first record before the daemon armed, and
+    /// from now on a notification reaches the daemon after the arm.
+    pub(crate) fn armed(&self, cq: u32, solicited_only: bool) {
         let mut g = self.lock();
         let inner = &mut *g;
-        if let Some(arm) = inner.chan_cqs.get_mut(&cq) {
-            if arm.is_none() {
+        if let Some(a) = inner.chan_cqs.get_mut(&cq) {
+            if !a.set() {
                 inner.arms += 1;
             }
-            *arm = Some(arm.map_or(solicited_only, |s| s && solicited_only));
+            if solicited_only {
+                a.solicited = true;
+            } else {
+                a.any = true;
+            }
         }
     }
 }
