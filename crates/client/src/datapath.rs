@@ -663,8 +663,10 @@ impl Cq<'_> {
     /// `ibv_req_notify_cq`: the next completion (solicited or unsuccessful only, with
     /// `solicited_only`) makes the CQ's channel readable.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        // Recorded before and after the daemon's answer (`DirectCtx::armed`).
-        if let Some(d) = &self.ctx.direct {
+        // Recorded before and after the daemon's answer (`DirectCtx::armed`); a CQ without
+        // a channel raises no event to record.
+        let direct = self.ctx.direct.as_ref().filter(|_| self.channel.is_some());
+        if let Some(d) = direct {
             d.armed(self.handle, solicited_only);
         }
         let req = ReqNotifyCqReq {
@@ -674,7 +676,7 @@ impl Cq<'_> {
         self.ctx
             .conn
             .call::<cmd::ReqNotifyCq>("req_notify_cq", 0, &req)?;
-        if let Some(d) = &self.ctx.direct {
+        if let Some(d) = direct {
             d.armed(self.handle, solicited_only);
         }
         if let Some(ch) = self.channel {

@@ -652,15 +652,15 @@ impl super::DirectCtx {
     pub(crate) fn armed(&self, cq: u32, solicited_only: bool) {
         let mut g = self.lock();
         let inner = &mut *g;
-        if let Some(a) = inner.chan_cqs.get_mut(&cq) {
-            if !a.set() {
-                inner.arms += 1;
-            }
-            if solicited_only {
-                a.solicited = true;
-            } else {
-                a.any = true;
-            }
+        // A CQ may be armed before any direct QP reports to it (`add_qp` keeps this record).
+        let a = inner.chan_cqs.entry(cq).or_default();
+        if !a.set() {
+            inner.arms += 1;
+        }
+        if solicited_only {
+            a.solicited = true;
+        } else {
+            a.any = true;
         }
     }
 }
