@@ -33,6 +33,25 @@ fn connect(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access) {
     connect_rnr(qp, gid, remote_qpn, access, 7);
 }
 
+/// An RC QP of A on CQs `(send, recv)` and one of B on `cqb`, connected to each other and
+/// on the direct path.
+fn direct_rc_pair<'c>(
+    (a, pa, cqs): (&'c Context, &'c Pd<'c>, (&'c Cq<'c>, &'c Cq<'c>)),
+    (b, pb, cqb): (&'c Context, &'c Pd<'c>, &'c Cq<'c>),
+) -> (Qp<'c>, Qp<'c>) {
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, pa).cqs(cqs.0, cqs.1).cap(cap()))
+        .unwrap();
+    let qb = b
+        .create_qp(&QpInit::new(QpType::Rc, pb).cqs(cqb, cqb).cap(cap()))
+        .unwrap();
+    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    connect(&qa, gb, qb.qpn(), ALL);
+    connect(&qb, ga, qa.qpn(), ALL);
+    assert!(qa.is_direct() && qb.is_direct());
+    (qa, qb)
+}
+
 /// [`connect`] with `rnr_retry` (the RNR timer asked of the peer is code 1, 10 µs).
 fn connect_rnr(qp: &Qp<'_>, gid: softverbs::Gid, remote_qpn: u32, access: Access, rnr_retry: u8) {
     let path = common::RcPath {
@@ -967,20 +986,11 @@ fn a_receiver_sleeping_between_direct_sends_misses_no_wakeup() {
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let cqa = a.create_cq(64).unwrap();
     let cqb = b.create_cq_with_channel(64, &chb).unwrap();
-    let qa = a
-        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
-        .unwrap();
-    let qb = b
-        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
-        .unwrap();
-    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    let (qa, qb) = direct_rc_pair((&a, &pa, (&cqa, &cqa)), (&b, &pb, &cqb));
     let mut abuf = vec![7u8; 64];
     let mut bbuf = vec![0u8; 64 * 32];
     let ma = pa.reg_slice(&mut abuf, ALL).unwrap();
     let mb = pb.reg_slice(&mut bbuf, ALL).unwrap();
-    connect(&qa, gb, qb.qpn(), ALL);
-    connect(&qb, ga, qa.qpn(), ALL);
-    assert!(qa.is_direct() && qb.is_direct());
     for i in 0..32u64 {
         qb.post_recv(i, &[mb.sge(i as usize % 32 * 64, 64).unwrap()])
             .unwrap();
@@ -1051,20 +1061,11 @@ fn a_thread_sleeping_on_its_send_cq_misses_no_wakeup_from_another_threads_sends(
     let sq = a.create_cq_with_channel(64, &cha).unwrap();
     let rq = a.create_cq(64).unwrap();
     let cqb = b.create_cq(256).unwrap();
-    let qa = a
-        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&sq, &rq).cap(cap()))
-        .unwrap();
-    let qb = b
-        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
-        .unwrap();
-    let (ga, gb) = (a.query_gid(1, 0).unwrap(), b.query_gid(1, 0).unwrap());
+    let (qa, qb) = direct_rc_pair((&a, &pa, (&sq, &rq)), (&b, &pb, &cqb));
     let mut abuf = vec![7u8; 64];
     let mut bbuf = vec![0u8; 64 * 64];
     let ma = pa.reg_slice(&mut abuf, ALL).unwrap();
     let mb = pb.reg_slice(&mut bbuf, ALL).unwrap();
-    connect(&qa, gb, qb.qpn(), ALL);
-    connect(&qb, ga, qa.qpn(), ALL);
-    assert!(qa.is_direct() && qb.is_direct());
     // B keeps 64 receives posted, more than A ever has outstanding.
     for i in 0..64u64 {
         qb.post_recv(i, &[mb.sge(i as usize % 64 * 64, 64).unwrap()])
