@@ -12,7 +12,9 @@
 #   5 two daemons, 4 KiB WRITE bandwidth vs loopback UDP at 4 KiB (iperf3)         ≥ 1.0×
 #   6 two daemons, 64 KiB WRITE bandwidth vs UCX tcp                               ≥ 1.0×
 #   7 two daemons, 8 B one-way latency vs UCX tcp                                  ≤ 1.0×
-#   plus, for reference, libfabric's fi_pingpong over shm and tcp at 8 B and 64 KiB.
+#   plus, for reference, libfabric's fi_pingpong over shm and tcp at 8 B and 64 KiB, and the
+#   transport engine run in each process (crates/transport/examples/udp_pingpong.rs, when
+#   built next to SOFTVERBS_BIN) against UCX tcp.
 #
 #   scripts/compare.sh          # as root: runs itself in a private network namespace
 #   ITERS=2000 scripts/compare.sh
@@ -193,6 +195,18 @@ print(e['bits_per_second'] / 8e6 * (1 - e.get('lost_percent', 0) / 100))")"
     wait $srv 2>/dev/null
 fi
 
+# ---- reference: the engine in each process (no daemon on the data path) ---------------------
+# The transport engine's udp_pingpong example next to the binary under test, if built
+# (`cargo build --release -p softverbs-transport --example udp_pingpong`): what the two-daemon
+# one-way row would be with the design of docs/performance.md, "Issue 16: what the engine in
+# the client library would reach".
+ENGINE_EX="$(dirname "$SV")/examples/udp_pingpong"
+if [ -x "$ENGINE_EX" ]; then
+    say "engine in each process (udp_pingpong)"
+    v=$(timeout "$RUN_TIMEOUT" "$ENGINE_EX" "$((PEER_ITERS * 5))" 8 2>/dev/null | sed -n 's/.*median \([0-9.]*\) µs.*/\1/p')
+    [ -n "$v" ] && put engine_lat_8 "$v"
+fi
+
 # ---- table -------------------------------------------------------------------------------
 echo "load average before the table: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
 python3 - "$RES" <<'EOF'
@@ -218,6 +232,7 @@ rows += [
     ("two daemons, 8 B one-way", g("sv2_lat_8"), "UCX tcp", g("ucx_tcp_lat_8"), "µs", "le", 1.0),
     ("reference: one host 8 B one-way vs libfabric shm", g("sv_lat_8"), "fi_pingpong shm", g("fi_shm_lat_8"), "µs", "le", None),
     ("reference: two daemons 8 B one-way vs libfabric tcp", g("sv2_lat_8"), "fi_pingpong tcp", g("fi_tcp_lat_8"), "µs", "le", None),
+    ("reference: engine in each process (no daemon), 8 B one-way vs UCX tcp", g("engine_lat_8"), "UCX tcp", g("ucx_tcp_lat_8"), "µs", "le", None),
 ]
 def fmt(v, unit):
     if v is None: return "n/a"
