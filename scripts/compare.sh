@@ -14,7 +14,9 @@
 #   7 two daemons, 8 B one-way latency vs UCX tcp                                  ≤ 1.0×
 #   plus, for reference, libfabric's fi_pingpong over shm and tcp at 8 B and 64 KiB, and the
 #   transport engine run in each process (crates/transport/examples/udp_pingpong.rs, when
-#   built next to SOFTVERBS_BIN) against UCX tcp.
+#   built next to SOFTVERBS_BIN) against UCX tcp; and, next to each perftest latency row, the
+#   p99.9 / median a bare shared-memory ping-pong of the same round trip gets on this machine
+#   (scripts/tailfloor.c): the floor under that row's target.
 #
 #   scripts/compare.sh          # as root: runs itself in a private network namespace
 #   ITERS=2000 scripts/compare.sh
@@ -109,6 +111,10 @@ perftest() { # prog, args...
     wait $srv 2>/dev/null
     awk 'f && $1 ~ /^[0-9]+$/ { print; exit } /#bytes/ { f = 1 }' "$WORK/pt-cli.out"
 }
+# The machine's own tail for a round trip as long as each latency test's (scripts/tailfloor.c):
+# a bare shared-memory ping-pong, run right after the test so both see the same minutes.
+FLOOR=""
+command -v gcc >/dev/null && gcc -O2 -o "$WORK/tailfloor" scripts/tailfloor.c 2>/dev/null && FLOOR="$WORK/tailfloor"
 if command -v ib_write_bw >/dev/null; then
     say "perftest through softverbs run"
     line=$(perftest ib_write_bw -s 65536 -n "$PT_ITERS")
@@ -120,6 +126,15 @@ if command -v ib_write_bw >/dev/null; then
         if [ -n "$line" ]; then
             put "pt_${t}_typ" "$(echo "$line" | awk '{ print $5 }')"
             put "pt_${t}_p999" "$(echo "$line" | awk '{ print $9 }')"
+            if [ -n "$FLOOR" ]; then
+                # perftest reports one-way times: the round trip is twice the typical one.
+                rtt=$(echo "$line" | awk '{ printf "%d", $5 * 2000 }')
+                f=$(timeout "$RUN_TIMEOUT" "$FLOOR" "$PT_ITERS" "$rtt")
+                if [ -n "$f" ]; then
+                    put "floor_${t}_med" "$(echo "$f" | awk '{ print $1 }')"
+                    put "floor_${t}_p999" "$(echo "$f" | awk '{ print $2 }')"
+                fi
+            fi
         else
             say "$t failed: $(tail -2 "$WORK/pt-cli.out" | tr '\n' ' ')"
         fi
@@ -234,6 +249,9 @@ rows += [
     ("reference: two daemons 8 B one-way vs libfabric tcp", g("sv2_lat_8"), "fi_pingpong tcp", g("fi_tcp_lat_8"), "µs", "le", None),
     ("reference: engine in each process (no daemon), 8 B one-way vs UCX tcp", g("engine_lat_8"), "UCX tcp", g("ucx_tcp_lat_8"), "µs", "le", None),
 ]
+for t in ("ib_write_lat", "ib_send_lat", "ib_read_lat"):
+    rows.append((f"reference: this machine's tail at {t}'s round trip (bare shared-memory ping-pong), p99.9",
+                 g(f"floor_{t}_p999"), "its median", g(f"floor_{t}_med"), "µs", "le", None))
 def fmt(v, unit):
     if v is None: return "n/a"
     return (f"{v:,.0f}" if v >= 100 else f"{v:.2f}") + " " + unit
