@@ -235,9 +235,8 @@ impl Qp<'_> {
 
     /// A receive for this QP's own receive queue, checked as the engine checks it at post
     /// time: `EINVAL` in RESET or past `max_recv_sge`, `ENOMEM` when the queue is full
-    /// (ibv_post_recv(3)).
-    /// Checks a receive and fills its wire form into `req` (zeroed) in place: the 272-byte
-    /// form moved out through a `Result` was a copy per receive on the direct path.
+    /// (ibv_post_recv(3)); its wire form is filled into `req` (zeroed) in place, as moving
+    /// the 272 bytes out through a `Result` was a copy per receive on the direct path.
     fn ring_recv(&self, req: &mut PostRecvReq, wr_id: u64, sges: &[Sge]) -> Result<()> {
         if self.local_state() == softverbs_core::types::QpState::Reset
             || sges.len() > self.cap().max_recv_sge as usize
