@@ -63,7 +63,7 @@ struct Inner {
     /// library asked the daemon for that may still be there (`ops::Arms`): only an armed
     /// CQ's own completions are worth a notification (`ops::notify_own`).
     chan_cqs: HashMap<u32, ops::Arms>,
-    /// How many of `chan_cqs` may be armed: none, and a post or poll takes no marks.
+    /// How many of `chan_cqs` may be armed: none, and no own completion is looked at.
     arms: usize,
     /// Entries of the CQs of direct QPs (`ibv_create_cq`/`ibv_resize_cq`), which the
     /// queues above may not exceed (`ops::notify_own`).
@@ -78,10 +78,16 @@ struct Inner {
 /// a queue may have grown past one entry since the last overrun check (`ops::overrun`):
 /// that check runs at every post and poll, and a busy poller's queues hold one completion at
 /// most, so it looks at the queues only after one grew.
+///
+/// It also keeps, per CQ, whether this library queued completions of its own since the
+/// last look (`own`, with whether one failed): its send completions and flushes, not the
+/// receive completions its peer produced (the peer told the daemon of those). Those are
+/// what may fire an arm the daemon holds (`ops::notify_own`).
 #[derive(Debug, Default)]
 pub(crate) struct CqQueues {
     map: HashMap<u32, VecDeque<WorkCompletion>>,
     grown: bool,
+    own: SmallVec<[(u32, bool); 2]>,
 }
 
 impl CqQueues {
@@ -92,6 +98,15 @@ impl CqQueues {
         q.push_back(wc);
         if q.len() > 1 {
             self.grown = true;
+        }
+        let peers = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+            && wc.status != WcStatus::WrFlushErr;
+        if !peers {
+            let failed = wc.status != WcStatus::Success;
+            match self.own.iter_mut().find(|(c, _)| *c == cq) {
+                Some(e) => e.1 |= failed,
+                None => self.own.push((cq, failed)),
+            }
         }
     }
 
@@ -549,11 +564,10 @@ impl DirectCtx {
                 }
             }
             QpState::Err => {
-                let m = ops::marks(inner);
                 let q = inner.qps.get_mut(&handle)?;
                 let cqs = &mut inner.cqs;
                 fail(ctx, handle, q, cqs, None, false);
-                ops::notify_own(ctx, inner, m);
+                ops::notify_own(ctx, inner);
                 None
             }
             QpState::Reset => {
@@ -579,7 +593,6 @@ impl DirectCtx {
         if !inner.qps.contains_key(&handle) {
             return Ok(false);
         }
-        let m = ops::marks(inner);
         let Some(q) = inner.qps.get_mut(&handle) else {
             return Ok(false);
         };
@@ -589,7 +602,7 @@ impl DirectCtx {
             if let Some(cq) = q.recv_cq {
                 inner.cqs.push(cq, wc);
             }
-            ops::notify_own(ctx, inner, m);
+            ops::notify_own(ctx, inner);
             return Ok(true);
         }
         match &mut q.path {
@@ -636,7 +649,6 @@ impl DirectCtx {
             return Ok(Posted::NotDirect);
         }
         let p = Pending::new(wr);
-        let m = ops::marks(inner);
         let Some(q) = inner.qps.get_mut(&handle) else {
             return Ok(Posted::NotDirect);
         };
@@ -648,13 +660,13 @@ impl DirectCtx {
             if let Some(cq) = q.send_cq {
                 inner.cqs.push(cq, wc);
             }
-            ops::notify_own(ctx, inner, m);
+            ops::notify_own(ctx, inner);
             return Ok(Posted::Done);
         }
         q.pending.push_back(p);
         let cqs = &mut inner.cqs;
         let left = progress(ctx, &self.own_table, handle, q, cqs);
-        ops::notify_own(ctx, inner, m);
+        ops::notify_own(ctx, inner);
         if left {
             return Ok(Posted::Left(take_fallback(inner, handle)));
         }
@@ -675,7 +687,6 @@ impl DirectCtx {
         if ctx.fatal.is_dead() {
             ops::device_gone(ctx, inner);
         }
-        let m = ops::marks(inner);
         let mut left = Vec::new();
         // No allocation on the poll path: QPs that leave the direct path are rare.
         let mut leaving = Vec::new();
@@ -687,7 +698,7 @@ impl DirectCtx {
         for h in leaving {
             left.push((h, take_fallback(inner, h)));
         }
-        ops::notify_own(ctx, inner, m);
+        ops::notify_own(ctx, inner);
         let mut n = 0;
         if let Some(queue) = inner.cqs.get_mut(&cq) {
             while n < max {

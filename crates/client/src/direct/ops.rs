@@ -10,7 +10,6 @@
 //! responder's engine checks and answers the requester's status and the responder's event;
 //! the data still moves between the two processes directly.
 
-use smallvec::SmallVec;
 use softverbs_abi::direct::{
     ATOMIC_CMP_SWP, ATOMIC_FETCH_ADD, CH_MIN_RNR, CH_RECV_CHANNEL, CH_WAITING, LOCAL_BIND,
     LOCAL_INV, NOTIFY_OWN, NOTIFY_PEER_RECV, NOTIFY_PEER_SEND, NOTIFY_RETRY, NOTIFY_RNR,
@@ -583,46 +582,23 @@ impl Arms {
     }
 }
 
-/// Lengths of the library's queues of the CQs with channels that may be armed, before an
-/// operation adds to them; taken at every poll and post, so held inline for up to four.
-pub(super) struct Marks(SmallVec<[(u32, usize); 4]>);
-
-pub(super) fn marks(inner: &Inner) -> Marks {
-    // Most programs poll without arming (UCX gives every CQ a channel and busy-polls): no
-    // iteration, and no marks of a CQ nobody waits on.
-    if inner.arms == 0 {
-        return Marks(SmallVec::new());
-    }
-    Marks(
-        inner
-            .chan_cqs
-            .iter()
-            .filter(|(_, a)| a.set())
-            .map(|(&cq, _)| (cq, inner.cqs.get(&cq).map_or(0, |q| q.len())))
-            .collect(),
-    )
-}
-
-/// The completions this library itself added to an armed channel's CQ since `m` — its send
-/// completions and flushes, not the receive completions its peer produced (the peer told
-/// the daemon of those) — raise the CQ's event: the daemon is told whenever an arm it may
-/// hold would fire ([`Arms`]); an arm it had already spent costs one notification it
-/// ignores, never a missed one.
-pub(super) fn notify_own(ctx: &Context, inner: &mut Inner, m: Marks) {
+/// The completions this library itself queued since the last call (`CqQueues::own`) raise
+/// their CQ's event: the daemon is told whenever an arm it may hold would fire ([`Arms`]);
+/// an arm it had already spent costs one notification it ignores, never a missed one.
+/// Called after every post, poll and modify that may queue completions, and with nothing
+/// queued costs a look at an empty list.
+pub(super) fn notify_own(ctx: &Context, inner: &mut Inner) {
     overrun(ctx, inner);
-    for (cq, old) in m.0 {
-        let Some(q) = inner.cqs.get(&cq) else {
-            continue;
-        };
-        let mut own = q.iter().skip(old).filter(|w| {
-            !matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
-                || w.status == WcStatus::WrFlushErr
-        });
-        let Some(first) = own.next() else {
-            continue;
-        };
-        let failed =
-            first.status != WcStatus::Success || own.any(|w| w.status != WcStatus::Success);
+    if inner.cqs.own.is_empty() {
+        return;
+    }
+    if inner.arms == 0 {
+        // No arm recorded: nothing to fire now, and a later arm fires for later ones only.
+        inner.cqs.own.clear();
+        return;
+    }
+    let own = std::mem::take(&mut inner.cqs.own);
+    for (cq, failed) in own {
         let Some(a) = inner.chan_cqs.get_mut(&cq) else {
             continue;
         };
