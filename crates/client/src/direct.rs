@@ -59,11 +59,11 @@ struct Inner {
     qps: BTreeMap<u32, DQp>,
     /// Completions of direct QPs per CQ handle, in the order produced.
     cqs: CqQueues,
-    /// CQs of direct QPs that report to a completion channel, each with the arms this
-    /// library asked the daemon for that may still be there (`ops::Arms`): only an armed
-    /// CQ's own completions are worth a notification (`ops::notify_own`).
-    chan_cqs: HashMap<u32, ops::Arms>,
-    /// How many of `chan_cqs` may be armed: none, and no own completion is looked at.
+    /// CQs with a completion channel this library armed (`DirectCtx::armed`), each with the
+    /// arms the daemon may still hold (`ops::Arms`): only an armed CQ's own completions are
+    /// worth a notification (`ops::notify_own`).
+    armed_cqs: HashMap<u32, ops::Arms>,
+    /// How many of `armed_cqs` may be armed: none, and no own completion is looked at.
     arms: usize,
     /// Entries of the CQs of direct QPs (`ibv_create_cq`/`ibv_resize_cq`), which the
     /// queues above may not exceed (`ops::notify_own`).
@@ -136,8 +136,6 @@ pub(crate) struct NewQp {
     pub(crate) srq: Option<u32>,
     /// Its CQs have no completion channel.
     pub(crate) able: bool,
-    /// Its send and receive CQs report to a completion channel (`ops`).
-    pub(crate) channels: [bool; 2],
     /// Its send and receive CQs' entries.
     pub(crate) cqes: [u32; 2],
     /// Its receives outstanding (`ibv_post_recv(3)`'s `ENOMEM` past `max_recv_wr`), which
@@ -417,14 +415,7 @@ impl DirectCtx {
             self.srq_qps.store(true, Ordering::Relaxed);
         }
         let mut g = self.lock();
-        for ((cq, chan), cqe) in [n.send_cq, n.recv_cq]
-            .into_iter()
-            .zip(n.channels)
-            .zip(n.cqes)
-        {
-            if let Some(cq) = cq.filter(|_| chan) {
-                g.chan_cqs.entry(cq).or_default();
-            }
+        for (cq, cqe) in [n.send_cq, n.recv_cq].into_iter().zip(n.cqes) {
             if let Some(cq) = cq {
                 g.cq_cap.insert(cq, cqe);
             }

@@ -182,7 +182,6 @@ impl Context {
                     sq_sig_all: init.sq_sig_all,
                     srq: init.srq.map(|s| s.handle),
                     able,
-                    channels,
                     cqes,
                     rq_count: rq_count.clone(),
                 });

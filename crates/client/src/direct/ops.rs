@@ -599,7 +599,7 @@ pub(super) fn notify_own(ctx: &Context, inner: &mut Inner) {
     }
     let own = std::mem::take(&mut inner.cqs.own);
     for (cq, failed) in own {
-        let Some(a) = inner.chan_cqs.get_mut(&cq) else {
+        let Some(a) = inner.armed_cqs.get_mut(&cq) else {
             continue;
         };
         if !(a.any || (failed && a.solicited)) {
@@ -628,8 +628,8 @@ impl super::DirectCtx {
     pub(crate) fn armed(&self, cq: u32, solicited_only: bool) {
         let mut g = self.lock();
         let inner = &mut *g;
-        // A CQ may be armed before any direct QP reports to it (`add_qp` keeps this record).
-        let a = inner.chan_cqs.entry(cq).or_default();
+        // Recorded whether or not a direct QP reports to the CQ yet: one may later.
+        let a = inner.armed_cqs.entry(cq).or_default();
         if !a.set() {
             inner.arms += 1;
         }
