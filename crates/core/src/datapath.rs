@@ -279,3 +279,47 @@ impl Core {
         }
     }
 }
+
+/// The two questions the transport engine asks about keys while it moves data: whether a
+/// key names memory a request may touch (every SGE, R_Key and window target,
+/// `crates/transport/src/sge.rs`, `crates/transport/src/mw.rs`), and what an MR to bind a
+/// window to is. The daemon answers from its [`Core`](crate::Core); a client library that
+/// runs the engine for its own QPs answers from its own MR table
+/// (`crates/client/src/direct/net.rs`).
+pub trait MemKeys {
+    /// As [`Core::check_mem`](crate::Core::check_mem).
+    fn check_mem(
+        &self,
+        pd: PdRef,
+        key: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<MemTarget, MemError>;
+    /// As [`Core::mr_for_bind`](crate::Core::mr_for_bind).
+    fn mr_for_bind(&self, lkey: u32) -> Option<crate::mw::MrForBind>;
+    /// As [`Core::resolve_xrc_srq`](crate::Core::resolve_xrc_srq): only the daemon holds
+    /// XRC receive QPs, so a library's table knows no XRC SRQ.
+    fn resolve_xrc_srq(&self, qpn: u32, srqn: u32) -> Result<XrcSrqTarget, XrcDeliveryError>;
+}
+
+impl MemKeys for crate::Core {
+    fn check_mem(
+        &self,
+        pd: PdRef,
+        key: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<MemTarget, MemError> {
+        crate::Core::check_mem(self, pd, key, va, len, need)
+    }
+
+    fn mr_for_bind(&self, lkey: u32) -> Option<crate::mw::MrForBind> {
+        crate::Core::mr_for_bind(self, lkey)
+    }
+
+    fn resolve_xrc_srq(&self, qpn: u32, srqn: u32) -> Result<XrcSrqTarget, XrcDeliveryError> {
+        crate::Core::resolve_xrc_srq(self, qpn, srqn)
+    }
+}

@@ -16,7 +16,7 @@ use softverbs_core::device::Gid;
 use softverbs_core::ids::CtxId;
 use softverbs_core::mcast::MULTICAST_QPN;
 use softverbs_core::types::{QpState, QpType};
-use softverbs_core::Core;
+use softverbs_core::datapath::MemKeys;
 use softverbs_wire::{Direction, Packet, PacketRef, Transport};
 
 use crate::memory::Memory;
@@ -124,7 +124,7 @@ impl Engine {
     /// names one, IBA 10.6.7.3; else through the MR).
     pub fn check_remote_key(
         &self,
-        core: &Core,
+        core: &dyn MemKeys,
         qpn: u32,
         pd: softverbs_core::datapath::PdRef,
         rkey: u32,
@@ -139,7 +139,7 @@ impl Engine {
     /// refused (the request completes `MW_BIND_ERR` or `LOC_QP_OP_ERR`).
     pub fn direct_local_op(
         &mut self,
-        core: &Core,
+        core: &dyn MemKeys,
         qpn: u32,
         pd: softverbs_core::datapath::PdRef,
         op: SendOp,
@@ -188,7 +188,7 @@ impl Engine {
     pub fn handle_own_multicast<M: Memory>(
         &mut self,
         now: Instant,
-        core: &Core,
+        core: &dyn MemKeys,
         mem: &mut M,
         meta: RxMeta,
         bytes: &[u8],
@@ -201,7 +201,7 @@ impl Engine {
     pub fn handle_own_multicast_fed<M: Memory>(
         &mut self,
         now: Instant,
-        core: &Core,
+        core: &dyn MemKeys,
         mem: &mut M,
         feed: &mut dyn crate::SrqFeed,
         meta: RxMeta,
@@ -222,7 +222,7 @@ impl Engine {
     fn fan_out<M: Memory>(
         &mut self,
         now: Instant,
-        core: &Core,
+        core: &dyn MemKeys,
         mem: &mut M,
         feed: &mut dyn crate::SrqFeed,
         meta: RxMeta,
@@ -483,7 +483,7 @@ impl Engine {
     pub fn handle_packet<M: Memory>(
         &mut self,
         now: Instant,
-        core: &Core,
+        core: &dyn MemKeys,
         mem: &mut M,
         meta: RxMeta,
         bytes: &[u8],
@@ -496,7 +496,7 @@ impl Engine {
     pub fn handle_packet_fed<M: Memory>(
         &mut self,
         now: Instant,
-        core: &Core,
+        core: &dyn MemKeys,
         mem: &mut M,
         feed: &mut dyn crate::SrqFeed,
         meta: RxMeta,
@@ -546,7 +546,7 @@ impl Engine {
     pub fn poll_transmit<M: Memory>(
         &mut self,
         now: Instant,
-        core: &Core,
+        core: &dyn MemKeys,
         mem: &mut M,
         buf: &mut [u8],
     ) -> Option<Transmit> {

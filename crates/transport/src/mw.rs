@@ -28,7 +28,7 @@ use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::mw::{is_window_key, MwInfo, MwType};
 use softverbs_core::types::Access;
 use softverbs_core::wr::BindMw;
-use softverbs_core::Core;
+use softverbs_core::datapath::MemKeys;
 
 /// A window's binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +121,7 @@ impl Windows {
     /// A bind work request posted on QP `qpn` of PD `qp_pd` (the rules in the module doc).
     pub(crate) fn bind(
         &mut self,
-        core: &Core,
+        core: &dyn MemKeys,
         qpn: u32,
         qp_pd: PdRef,
         b: &BindMw,
@@ -222,7 +222,7 @@ impl Windows {
     /// `check_mem`).
     pub(crate) fn check_remote(
         &self,
-        core: &Core,
+        core: &dyn MemKeys,
         qpn: u32,
         pd: PdRef,
         rkey: u32,

@@ -13,7 +13,7 @@ use softverbs_core::datapath::PdRef;
 use softverbs_core::device::Gid;
 use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::types::{EventType, QpState, QpType};
-use softverbs_core::Core;
+use softverbs_core::datapath::MemKeys;
 use softverbs_wire::psn::{psn_add, psn_diff, PSN_MASK};
 use softverbs_wire::{Syndrome, Transport};
 
@@ -224,7 +224,7 @@ impl Qp {
 /// Borrowed environment of one engine call.
 pub(crate) struct Env<'a, M: Memory> {
     pub(crate) now: Instant,
-    pub(crate) core: &'a Core,
+    pub(crate) core: &'a dyn MemKeys,
     pub(crate) mem: &'a mut M,
     pub(crate) out: &'a mut VecDeque<Output>,
     pub(crate) srqs: &'a mut HashMap<SrqKey, Srq>,
