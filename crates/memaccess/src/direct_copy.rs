@@ -120,6 +120,31 @@ pub fn write_own(addr: u64, data: &[u8]) {
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len()) }
 }
 
+/// Applies `op` as a CPU atomic to this process's registered 8 bytes at `addr` (see
+/// [`read_own`]) and returns their old value; `None` if `addr` is not 8-byte aligned (IBA
+/// 9.4.5 requires it; the responder's checks refuse it before). What the library's engine
+/// does for an atomic that reaches a QP it runs itself (docs/net-path.md).
+pub fn atomic_own(addr: u64, op: AtomicOp) -> Option<u64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    if addr % 8 != 0 {
+        return None;
+    }
+    // SAFETY: the 8 bytes at `addr` are registered memory of this process (the caller
+    // checked them against its MR table), aligned (checked above), and reached by others only
+    // through raw pointers or atomics (RawMemory's promise), so viewing them as an AtomicU64
+    // for the duration of this call creates no aliasing Rust relies on.
+    let a = unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) };
+    let old = match op {
+        AtomicOp::CompareSwap { compare, swap } => {
+            match a.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            }
+        }
+        AtomicOp::FetchAdd { add } => a.fetch_add(add, Ordering::SeqCst),
+    };
+    Some(old)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

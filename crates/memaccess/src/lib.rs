@@ -50,7 +50,7 @@ pub use batch::{BatchStats, MAX_HELD, MAX_STREAMS, MIN_STREAM, WINDOW};
 pub use client::{
     authorize_daemon, share_in_place, unshare_in_place, Authorization, Converted, ShareError,
 };
-pub use direct_copy::{read_own, write_own, PeerMapping};
+pub use direct_copy::{atomic_own, read_own, write_own, PeerMapping};
 pub use peer::{PeerFault, PeerMemory};
 pub use process_mem::{
     open_own_maps, open_own_memory, MemFdError, ProcessMem, ProcessMemory, RangeError,

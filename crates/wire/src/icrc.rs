@@ -144,3 +144,35 @@ pub fn verify_datagram(datagram: &[u8]) -> Result<(), WireError> {
     let (ip_udp, packet) = crate::ip::split_ip_udp(datagram)?;
     verify(ip_udp, packet)
 }
+
+/// Checks the ICRC of a packet received on a UDP socket, which never shows the IPv4
+/// identification the sender's kernel gave it: tries `first` (its index in a coalesced
+/// datagram, what a GSO batch delivered whole has), then every other identification in
+/// `0..ids` (a softverbs sender counts them up from 0 within a GSO batch,
+/// docs/roce-wire.md). IPv6 has no identification: one try. Returns the header that
+/// matched and how many tries it took before, `None` if none did. `hdr` holds the IP and
+/// UDP headers while they are built (at least 48 bytes).
+pub fn verify_received(
+    mut ip: crate::ip::IpRepr,
+    udp: &crate::ip::UdpRepr,
+    packet: &[u8],
+    first: u16,
+    ids: u16,
+    hdr: &mut [u8],
+) -> Option<(crate::ip::IpRepr, u16)> {
+    use crate::ip::IpRepr;
+    let first = if first < ids { first } else { 0 };
+    let order = std::iter::once(first).chain((0..ids).filter(move |&i| i != first));
+    for (n, id) in order.enumerate() {
+        match &mut ip {
+            IpRepr::V4(v4) => v4.identification = id,
+            IpRepr::V6(_) if n > 0 => return None,
+            IpRepr::V6(_) => {}
+        }
+        let hl = crate::ip::emit_ip_udp(&ip, udp, packet.len(), hdr).ok()?;
+        if verify(&hdr[..hl], packet).is_ok() {
+            return Some((ip, n as u16));
+        }
+    }
+    None
+}
