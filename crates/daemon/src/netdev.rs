@@ -42,7 +42,7 @@ use softverbs_core::device::Gid;
 use softverbs_transport::faults::{FaultInjector, Faults, NetStats};
 use softverbs_transport::{RxMeta, Transmit};
 use softverbs_wire::icrc;
-use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCE_V2_UDP_PORT};
+use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr};
 use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
 
 mod steer;
@@ -604,10 +604,12 @@ impl NetDev {
         Ok(())
     }
 
+    /// The UDP header of what the device sends: every datagram goes to the device's own port
+    /// at the peer (4791 outside tests), so that is the destination port the ICRC covers.
     fn udp_out(&self) -> UdpRepr {
         UdpRepr {
             src_port: self.port,
-            dst_port: ROCE_V2_UDP_PORT,
+            dst_port: self.port,
         }
     }
 
