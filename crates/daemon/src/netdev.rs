@@ -35,15 +35,18 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use softverbs_core::device::Gid;
 use softverbs_transport::faults::{FaultInjector, Faults, NetStats};
 use softverbs_transport::{RxMeta, Transmit};
 use softverbs_wire::icrc;
-use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr, ROCE_V2_UDP_PORT};
+use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr};
 use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
+
+mod steer;
+pub use steer::MAX_STEERED;
 
 /// Most segments one GSO send may carry (`UDP_MAX_SEGMENTS`, include/linux/udp.h): also the
 /// range of IPv4 identifications a softverbs sender gives its packets.
@@ -85,6 +88,9 @@ struct TxBatch {
     /// Each packet's length (all equal but the last).
     lens: Vec<usize>,
     to: Option<SocketAddr>,
+    /// The first packet's destination QP: every packet of a batch has it, because the
+    /// receiving host steers a GSO datagram by its first segment (steer.rs).
+    qpn: u32,
 }
 
 /// A coalesced datagram being handed out segment by segment.
@@ -136,6 +142,8 @@ pub struct NetDev {
     /// False once a [`recv`](Self::recv) found every socket of the device empty, until the
     /// event loop reports it readable again ([`mark_readable`](Self::mark_readable)).
     readable: bool,
+    /// The reuseport group's pool sockets and which QP goes to which (steer.rs).
+    steer: steer::Steering,
 }
 
 /// The index of the interface that holds IPv6 address `ip`, from `/proc/net/if_inet6`
@@ -230,6 +238,27 @@ fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
 /// lost, which RC then has to recover by timeout.
 const SOCKET_BUFFER: usize = 8 << 20;
 
+/// What the device socket and its pool sockets share: `IP_PMTUDISC_DO` on IPv4 (DF set and
+/// identification 0, which the ICRC covers) and large buffers.
+fn socket_options(sock: &UdpSocket, ip: IpAddr) -> io::Result<()> {
+    if ip.is_ipv4() {
+        rustix::net::sockopt::set_ip_mtu_discover(
+            sock,
+            rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
+        )?;
+    }
+    size_socket_buffers(sock);
+    Ok(())
+}
+
+/// The destination QP of RoCE v2 packet `pkt` (BTH bytes 5..8, big-endian; 0 for a runt).
+fn dest_qp(pkt: &[u8]) -> u32 {
+    match pkt.get(5..8) {
+        Some(q) => u32::from_be_bytes([0, q[0], q[1], q[2]]),
+        None => 0,
+    }
+}
+
 /// Grows the socket's buffers; as root the `_FORCE` variants pass `net.core.rmem_max`.
 /// Failure only costs throughput, so it is logged, not returned.
 fn size_socket_buffers(sock: &UdpSocket) {
@@ -248,22 +277,26 @@ fn size_socket_buffers(sock: &UdpSocket) {
 }
 
 impl NetDev {
-    /// Binds `ip`:`port` (port is 4791 outside tests).
+    /// Binds `ip`:`port` (port is 4791 outside tests; 0 picks one). With steering on
+    /// (`SOFTVERBS_NET_STEER` unset or not `0`, read here) the socket has `SO_REUSEPORT`
+    /// so the device's pool sockets can join it ([`open_steered`](Self::open_steered));
+    /// a plain socket bound first as a probe still makes the bind fail with `EADDRINUSE`
+    /// where another process holds the address (steer.rs: a softverbs daemon starting at
+    /// the same instant could slip past it).
     pub fn bind(ip: IpAddr, port: u16) -> io::Result<NetDev> {
-        let sock = UdpSocket::bind(SocketAddr::new(ip, port))?;
-        sock.set_nonblocking(true)?;
-        if ip.is_ipv4() {
-            rustix::net::sockopt::set_ip_mtu_discover(
-                &sock,
-                rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
-            )?;
+        let steering = std::env::var_os("SOFTVERBS_NET_STEER").is_none_or(|v| v != "0");
+        let addr = SocketAddr::new(ip, port);
+        if steering && port != 0 {
+            drop(steer::bound_socket(addr, false)?);
         }
-        size_socket_buffers(&sock);
+        let sock = steer::bound_socket(addr, steering)?;
+        socket_options(&sock, ip)?;
         if let Err(e) = set_multicast_send(&sock, ip) {
             // Unicast is unaffected; multicast then leaves by the routing table's choice.
             tracing::warn!(addr = %ip, "multicast send options: {e}");
         }
-        // Coalesced receives; without them every datagram is one recvmsg, as before.
+        // Coalesced receives; without them every datagram is one recvmsg, as before. Off
+        // again once a pool socket joins the group (steer.rs).
         let _ =
             nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::UdpGroSegment, &true);
         let port = sock.local_addr()?.port();
@@ -283,6 +316,7 @@ impl NetDev {
                 used: 0,
                 lens: Vec::with_capacity(MAX_SEGMENTS),
                 to: None,
+                qpn: 0,
             },
             gso,
             rx: RxBatch {
@@ -298,6 +332,7 @@ impl NetDev {
             groups: HashMap::new(),
             new_fds: Vec::new(),
             readable: true,
+            steer: steer::Steering::new(steering),
         })
     }
 
@@ -376,9 +411,57 @@ impl NetDev {
         self.local
     }
 
+    /// The device's UDP port (the one bound, where [`bind`](Self::bind) was given 0).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The socket, to register with an event loop.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.sock.as_fd()
+    }
+
+    /// A socket of the device's reuseport group for a process of `uid`, to receive the
+    /// packets of the QPs [`steer`](Self::steer)ed to it: its slot (its index in the group,
+    /// 1 or more) and a duplicate of it (nonblocking, no `UDP_GRO`). A slot `uid` gave back
+    /// ([`close_steered`](Self::close_steered)) is reused, emptied first; a slot never goes
+    /// to another uid. `Unsupported` with steering off (`SOFTVERBS_NET_STEER=0`). The
+    /// first one turns `UDP_GRO` off on the device's socket for good (steer.rs).
+    pub fn open_steered(&mut self, uid: u32) -> io::Result<(u32, OwnedFd)> {
+        let addr = SocketAddr::new(self.local, self.port);
+        self.steer.open(&self.sock, addr, uid)
+    }
+
+    /// Sends the packets for destination QP `qpn` to `slot`'s socket (an open one) instead
+    /// of the device's. `ENOSPC` past [`MAX_STEERED`] QPs: the QP stays on the device.
+    pub fn steer(&mut self, qpn: u32, slot: u32) -> io::Result<()> {
+        self.steer.steer(&self.sock, qpn, slot)
+    }
+
+    /// Sends the packets for `qpn` to the device's socket again.
+    pub fn unsteer(&mut self, qpn: u32) {
+        self.steer.unsteer(&self.sock, qpn)
+    }
+
+    /// Gives `slot` back: its QPs go to the device again, what is queued on it is discarded
+    /// and the socket waits for its uid's next [`open_steered`](Self::open_steered).
+    pub fn close_steered(&mut self, slot: u32) {
+        self.steer.close(&self.sock, slot)
+    }
+
+    /// Whether this device's socket is in a reuseport group (`SOFTVERBS_NET_STEER`).
+    pub fn steering_enabled(&self) -> bool {
+        self.steer.enabled
+    }
+
+    /// QPs steered to a slot.
+    pub fn steered_qps(&self) -> usize {
+        self.steer.steered_qps()
+    }
+
+    /// Pool sockets made (open or given back): the group has one more member, the device's.
+    pub fn pool_len(&self) -> usize {
+        self.steer.pool_len()
     }
 
     fn record(&mut self, ip: &IpRepr, udp: &UdpRepr, pkt: &[u8]) {
@@ -414,12 +497,13 @@ impl NetDev {
                     "packet longer than MAX_PACKET",
                 ));
             }
-            if !self.fits(to, pkt.len()) {
+            let qpn = dest_qp(pkt);
+            if !self.fits(to, pkt.len(), qpn) {
                 self.flush()?;
             }
             let at = self.tx.used;
             self.tx.buf[at..at + pkt.len()].copy_from_slice(pkt);
-            self.queue(to, pkt.len());
+            self.queue(to, pkt.len(), qpn);
             return Ok(());
         }
         let udp = self.udp_out();
@@ -452,10 +536,13 @@ impl NetDev {
         Ok(())
     }
 
-    /// Whether a packet of `len` bytes for `to` joins the batch queued.
-    fn fits(&self, to: SocketAddr, len: usize) -> bool {
+    /// Whether a packet of `len` bytes for `to` and destination QP `qpn` joins the batch
+    /// queued. A batch is for one destination QP: the receiving host delivers a GSO datagram
+    /// whole to the one socket its first segment's QP is steered to (steer.rs).
+    fn fits(&self, to: SocketAddr, len: usize, qpn: u32) -> bool {
         let b = &self.tx;
         b.to == Some(to)
+            && b.qpn == qpn
             && b.lens.len() < MAX_SEGMENTS
             && b.used + len <= MAX_BATCH_BYTES
             // Segments of one size; a shorter one ends the batch.
@@ -463,8 +550,11 @@ impl NetDev {
             && b.lens.last() == b.lens.first()
     }
 
-    /// Counts the `len` bytes at `buf[used..]` into the batch for `to`.
-    fn queue(&mut self, to: SocketAddr, len: usize) {
+    /// Counts the `len` bytes at `buf[used..]` (destination QP `qpn`) into the batch for `to`.
+    fn queue(&mut self, to: SocketAddr, len: usize, qpn: u32) {
+        if self.tx.lens.is_empty() {
+            self.tx.qpn = qpn;
+        }
         self.tx.to = Some(to);
         self.tx.lens.push(len);
         self.tx.used += len;
@@ -503,20 +593,23 @@ impl NetDev {
             return Ok(());
         }
         let to = SocketAddr::new(dst_ip, self.port);
-        if !self.fits(to, tx.len) {
+        let qpn = dest_qp(self.staged(tx.len));
+        if !self.fits(to, tx.len, qpn) {
             let at = self.tx.used;
             // `flush` sends `buf[..used]` and leaves the bytes behind it alone.
             self.flush()?;
             self.tx.buf.copy_within(at..at + tx.len, 0);
         }
-        self.queue(to, tx.len);
+        self.queue(to, tx.len, qpn);
         Ok(())
     }
 
+    /// The UDP header of what the device sends: every datagram goes to the device's own port
+    /// at the peer (4791 outside tests), so that is the destination port the ICRC covers.
     fn udp_out(&self) -> UdpRepr {
         UdpRepr {
             src_port: self.port,
-            dst_port: ROCE_V2_UDP_PORT,
+            dst_port: self.port,
         }
     }
 
