@@ -18,6 +18,17 @@ pub const PATH_UNDECIDED: u32 = 0;
 pub const PATH_DIRECT: u32 = 1;
 /// The pair stays on the daemon's engine.
 pub const PATH_DAEMON: u32 = 2;
+/// ABI 17: the QP is connected to another host and its library runs the transport engine
+/// for it (docs/net-path.md): the one descriptor of the answer is a UDP socket of the
+/// device's `SO_REUSEPORT` group, to which the daemon steers the QP's packets. No channel.
+pub const PATH_NET: u32 = 3;
+
+/// ABI 17: [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit: the library can run
+/// the engine for an RC QP connected to another host ([`PATH_NET`]).
+pub const ABLE_NET: u32 = 2;
+/// [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit: the library can run the QP
+/// on the same-host direct path (what `able == 1` meant before ABI 17).
+pub const ABLE_DIRECT: u32 = 1;
 
 /// Header word (`u32`): the path of the pair, one of the `PATH_*` values; written by the
 /// daemon only.

@@ -61,7 +61,10 @@ pub use codec::{
 /// 16: SRQs on the direct path: `DirectOpenReq::caps`, the peer's SRQ in
 /// `DirectAttachResp`, [`direct::srq_limit_offset`], [`direct::CH_SRQ_HELD`] and `DirectSrqLimit`
 /// (id 156).
-pub const ABI_VERSION: u32 = 16;
+/// 17: the engine in the library for QPs connected to another host (docs/net-path.md):
+/// [`direct::ABLE_NET`] in `DirectAttachReq::able`, [`direct::PATH_NET`] with the context's
+/// steered UDP socket, and `NetQpError` (id 160).
+pub const ABI_VERSION: u32 = 17;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

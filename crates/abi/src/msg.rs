@@ -297,6 +297,10 @@ commands! {
     /// ([`direct::srq_limit_offset`](crate::direct::srq_limit_offset)): the daemon raises
     /// `IBV_EVENT_SRQ_LIMIT_REACHED` on that SRQ (ibv_modify_srq(3)).
     DirectSrqLimit = 156 since 16 : HandleReq => (),
+    /// ABI 17: the library's engine moved its QP (on [`direct::PATH_NET`](crate::direct))
+    /// to ERR: the daemon moves it there too and raises `event` on it, as it does for its
+    /// own engine's errors (docs/net-path.md).
+    NetQpError = 160 since 17 : DirectPeerErrorReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.

@@ -80,7 +80,7 @@ pub(crate) fn list_devices(conn: &Conn) -> Result<Vec<DeviceInfo>> {
 ///
 /// `Context` is `Send + Sync`; requests from several threads are serialized on the socket.
 pub struct Context {
-    pub(crate) conn: Conn,
+    pub(crate) conn: std::sync::Arc<Conn>,
     async_fd: std::sync::Arc<OwnedFd>,
     /// Whether the device is gone (the daemon died: `crate::fatal`).
     pub(crate) fatal: std::sync::Arc<Fatal>,
@@ -168,7 +168,7 @@ impl Context {
         let mut conn = conn;
         conn.watch(fatal.clone());
         let mut ctx = Context {
-            conn,
+            conn: std::sync::Arc::new(conn),
             async_fd,
             fatal,
             ring_qps: Mutex::new(std::collections::BTreeMap::new()),

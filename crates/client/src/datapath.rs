@@ -425,7 +425,7 @@ impl Cq<'_> {
         let mut any = false;
         for (&h, q) in qps.iter() {
             if q.send_cq == Some(self.handle) || q.recv_cq == Some(self.handle) {
-                if !d.is_direct(h) {
+                if !d.is_fed_here(h) {
                     return false;
                 }
                 any = true;

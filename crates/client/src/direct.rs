@@ -37,7 +37,10 @@ use crate::Context;
 
 mod inline;
 mod mapped;
+mod net;
 mod ops;
+mod progress;
+
 
 /// Whether this process asks for the direct path: unless `SOFTVERBS_DIRECT=0`.
 pub(crate) fn wanted() -> bool {
@@ -47,8 +50,13 @@ pub(crate) fn wanted() -> bool {
 /// A context's direct-path state.
 #[derive(Debug)]
 pub(crate) struct DirectCtx {
-    own_table: Region,
-    inner: Mutex<Inner>,
+    own_table: Arc<Region>,
+    inner: Arc<Mutex<Inner>>,
+    /// The net path's progress thread, once a QP took the path (`progress`).
+    progress: Mutex<Option<progress::Progress>>,
+    /// When a program's thread last polled a CQ while the net path runs
+    /// (`progress::stamp`): the progress thread keeps off the socket then.
+    polled: Arc<std::sync::atomic::AtomicU64>,
     /// Some QP of the context receives through an SRQ (so an SRQ post looks for peers
     /// waiting on it, [`DirectCtx::posted_srq_recv`]).
     srq_qps: std::sync::atomic::AtomicBool,
@@ -72,6 +80,8 @@ struct Inner {
     /// completions (each receive completes exactly once: success, error or flush). Kept
     /// after a QP leaves the path, for its completions still queued here.
     rq_counts: HashMap<u32, crate::context::RqCount>,
+    /// The engine of this context's QPs connected to another host (docs/net-path.md).
+    net: Option<Box<net::Net>>,
 }
 
 /// The direct path's completions per CQ handle, in the order produced, remembering whether
@@ -280,6 +290,8 @@ enum Path {
     /// RTR, the peer has not asked yet.
     Undecided(Box<Chan>),
     Direct(Box<Chan>),
+    /// Connected to another host: this library's engine runs it (`net`).
+    Net,
 }
 
 #[derive(Debug)]
@@ -396,14 +408,28 @@ impl DirectCtx {
             .ok()?;
         let table = Region::map(got.pop()?, MRT_LEN).ok()?;
         Some(DirectCtx {
-            own_table: table,
-            inner: Mutex::new(Inner::default()),
+            own_table: Arc::new(table),
+            inner: Arc::new(Mutex::new(Inner::default())),
+            progress: Mutex::new(None),
+            polled: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             srq_qps: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the net path's progress thread, once.
+    fn start_progress(&self, ctx: &Context, inner: &Inner) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if p.is_some() {
+            return;
+        }
+        let Some(sock) = inner.net.as_ref().and_then(|n| n.socket().ok()) else {
+            return;
+        };
+        *p = progress::start(&self.inner, &self.own_table, &ctx.conn, &self.polled, sock).ok();
     }
 
     /// A new RC/UC QP with its own receive queue or an SRQ may go direct once connected.
@@ -449,8 +475,22 @@ impl DirectCtx {
             Path::Undecided(c) => {
                 c.region.atomic_u32(CH_PATH).load(Ordering::Acquire) == PATH_DIRECT
             }
-            Path::Held => false,
+            Path::Held | Path::Net => false,
         })
+    }
+
+    /// Whether the QP's completions are produced in this process: it is direct, or on the
+    /// net path (whose packets this process's own polls receive).
+    pub(crate) fn is_fed_here(&self, handle: u32) -> bool {
+        self.is_direct(handle) || self.is_net(handle)
+    }
+
+    /// Whether this library's engine runs the QP (docs/net-path.md).
+    pub(crate) fn is_net(&self, handle: u32) -> bool {
+        self.lock()
+            .qps
+            .get(&handle)
+            .is_some_and(|q| matches!(q.path, Path::Net))
     }
 
     /// An MR of this context is about to be deregistered or changed: the SENDs peers already
@@ -501,6 +541,9 @@ impl DirectCtx {
     pub(crate) fn remove(&self, handle: u32, qpn: u32) {
         let mut g = self.lock();
         g.rq_counts.remove(&qpn);
+        if let Some(n) = g.net.as_mut() {
+            n.remove(qpn);
+        }
         if let Some(q) = g.qps.remove(&handle) {
             if let Path::Direct(c) | Path::Undecided(c) = &q.path {
                 c.region
@@ -516,16 +559,32 @@ impl DirectCtx {
         let mut g = self.lock();
         let inner = &mut *g;
         let q = inner.qps.get_mut(&handle)?;
+        if matches!(q.path, Path::Net) {
+            self.net_modified(ctx, inner, handle, state);
+            return None;
+        }
         match state {
             QpState::Rtr if matches!(q.path, Path::Held) => {
+                // With ABI 15 the library serves completion channels (`ops`).
+                let mut able = u32::from(q.able || ops::offered(ctx)) * ABLE_DIRECT;
+                if ctx.conn.abi >= 17 && net::wanted() && q.qp_type == QpType::Rc && q.srq.is_none()
+                {
+                    able |= ABLE_NET;
+                }
                 let req = DirectAttachReq {
                     qp: U32::new(handle),
-                    // With ABI 15 the library serves completion channels (`ops`).
-                    able: U32::new(u32::from(q.able || ops::offered(ctx))),
+                    able: U32::new(able),
                 };
                 let got = ctx
                     .conn
                     .call_fds::<cmd::DirectAttach>("direct_attach", 0, &req, &[]);
+                let got = match got {
+                    Ok((r, mut fds)) if r.path.get() == PATH_NET => {
+                        let sock = fds.pop();
+                        return self.take_net(ctx, inner, handle, r.own_pd.get(), sock);
+                    }
+                    got => got,
+                };
                 let chan = match got {
                     Ok((r, fds)) if r.path.get() != PATH_DAEMON => {
                         chan_from(&r, fds, ctx.conn.abi).map(|c| Chan { handle, ..c })
@@ -598,6 +657,14 @@ impl DirectCtx {
         }
         match &mut q.path {
             Path::Held => q.held.push(*req),
+            Path::Net => {
+                let qpn = q.qpn;
+                let Some(n) = inner.net.as_mut() else {
+                    return Err(Error::new("post_recv", errno::EINVAL));
+                };
+                n.post_recv(qpn, req)
+                    .map_err(|e| Error::new("post_recv", e))?;
+            }
             Path::Undecided(c) | Path::Direct(c) => {
                 // Only the SGEs it has: the peer reads no more (`pop_recv`).
                 let n = (req.num_sge.get() as usize).min(req.sg_list.len());
@@ -639,10 +706,22 @@ impl DirectCtx {
         if !inner.qps.contains_key(&handle) {
             return Ok(Posted::NotDirect);
         }
-        let p = Pending::new(wr);
         let Some(q) = inner.qps.get_mut(&handle) else {
             return Ok(Posted::NotDirect);
         };
+        if matches!(q.path, Path::Net) {
+            let qpn = q.qpn;
+            let Some(n) = inner.net.as_mut() else {
+                return Err(Error::new("post_send", errno::EINVAL));
+            };
+            let r = n.post_send(&self.own_table, qpn, wr, &mut inner.cqs);
+            net::tell_errors(&ctx.conn, n);
+            ops::notify_own(ctx, inner);
+            return r
+                .map(|()| Posted::Done)
+                .map_err(|e| Error::new("post_send", e));
+        }
+        let p = Pending::new(wr);
         if q.pending.len() as u32 >= max_send_wr {
             return Err(Error::new("post_send", errno::ENOMEM));
         }
@@ -677,6 +756,12 @@ impl DirectCtx {
         let inner = &mut *g;
         if ctx.fatal.is_dead() {
             ops::device_gone(ctx, inner);
+        }
+        if let Some(n) = inner.net.as_mut() {
+            self.polled
+                .store(progress::stamp(), std::sync::atomic::Ordering::Relaxed);
+            n.drive(&self.own_table, &mut inner.cqs);
+            net::tell_errors(&ctx.conn, n);
         }
         let mut left = Vec::new();
         // No allocation on the poll path: QPs that leave the direct path are rare.
@@ -1216,7 +1301,7 @@ fn fail(
         {
             std::thread::yield_now();
         }
-        drain_cqes(ctx.direct.as_ref().map(|d| &d.own_table), c, q.recv_cq, cqs);
+        drain_cqes(ctx.direct.as_ref().map(|d| &*d.own_table), c, q.recv_cq, cqs);
         if q.srq.is_some() {
             // Its receives are the SRQ's and stay posted there (IBA 10.2.9.5); only one the
             // peer's library held when it died is this QP's to flush.

@@ -971,6 +971,12 @@ impl Qp<'_> {
             .is_some_and(|d| d.is_direct(self.handle))
     }
 
+    /// Whether this process runs the transport engine for the QP itself, connected to a QP
+    /// of another host (docs/net-path.md), rather than the daemon.
+    pub fn is_net(&self) -> bool {
+        self.ctx.direct.as_ref().is_some_and(|d| d.is_net(self.handle))
+    }
+
     /// The state this process last moved the QP to (the daemon may since have moved it to
     /// ERR after a transport error; posting there is allowed and flushes).
     pub(crate) fn local_state(&self) -> QpState {

@@ -36,6 +36,7 @@ use crate::netdev::{engine_time, until, NetDev};
 mod direct_ops;
 mod fed_srq;
 mod mcast;
+mod net_path;
 use crate::sq_retire::SqRetire;
 pub use direct_ops::RemoteRefusal;
 pub use fed_srq::FedSrqShare;
@@ -109,6 +110,9 @@ pub struct DataPath {
     cqs: HashMap<CqId, CompletionQueue>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
+    /// QPs whose library runs their engine, and the contexts' steered sockets
+    /// (docs/net-path.md, `net_path`).
+    net_path: net_path::NetPaths,
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
     /// A descriptor of each shared-memory MR's memfd, with the MR's address and length, for
     /// the direct path's peers to map (`DirectMrFd`, crates/daemon/src/direct/mr_fd.rs).
@@ -292,6 +296,7 @@ impl DataPath {
             cqs: HashMap::default(),
             ctx_cqs: HashMap::default(),
             qp_dev: HashMap::default(),
+            net_path: net_path::NetPaths::default(),
             mr_regions: HashMap::default(),
             mr_fds: HashMap::default(),
             channels: HashMap::default(),
@@ -500,6 +505,7 @@ impl DataPath {
         }
         let now = self.now();
         self.cm.close_context(now, ctx);
+        self.net_context_closed(ctx);
     }
 
     /// `ibv_create_comp_channel`: returns the channel's handle and the client's end of its
@@ -685,6 +691,7 @@ impl DataPath {
 
     /// QP `qpn` is gone from the core (its owner destroyed it, or its last holder left).
     fn qp_destroyed(&mut self, qpn: u32) {
+        self.net_detach(qpn);
         self.forget_qp_rings(qpn);
         if let Some(d) = self.qp_dev.remove(&qpn) {
             self.devs[d].engine.destroy_qp(qpn);

@@ -277,7 +277,7 @@ impl Direct {
             path: U32::new(PATH_DAEMON),
             ..Default::default()
         };
-        let found = if r.able.get() == 1 {
+        let found = if r.able.get() & ABLE_DIRECT != 0 {
             self.eligible(core, dp, ctx, qp)
         } else {
             None

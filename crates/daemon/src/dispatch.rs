@@ -208,7 +208,7 @@ impl Dispatcher {
 
     /// Drains the core's changes into the data path (`Core::poll_change` →
     /// `DataPath::apply`): the one way objects reach the engines.
-    fn apply_changes(&mut self) {
+    pub(crate) fn apply_changes(&mut self) {
         while let Some(c) = self.core.poll_change() {
             self.dp.apply(c);
         }
@@ -400,6 +400,7 @@ impl Dispatcher {
                 let c = ctx()?;
                 let r = read!(DirectAttach);
                 let (resp, fds) = self.direct.attach(&self.core, &self.dp, c, &r)?;
+                let (resp, fds) = self.net_path(c, s.cred.uid, &r, resp, fds);
                 self.direct.publish_attrs(&self.core, c, handle_of(r.qp));
                 if let Ok(qpn) = self.core.qp_num(c, handle_of(r.qp)) {
                     // A partner whose requests waited for this side may go on.
@@ -478,6 +479,11 @@ impl Dispatcher {
                     woken.push(srq.0);
                 }
                 ok::<cmd::DirectSrqLimit>(())
+            }
+            Cmd::NetQpError => {
+                let (c, r) = (ctx()?, read!(NetQpError));
+                woken.extend(self.net_qp_error(c, handle_of(r.qp), r.event.get())?);
+                ok::<cmd::NetQpError>(())
             }
             Cmd::DirectNotify => {
                 let (c, r) = (ctx()?, read!(DirectNotify));

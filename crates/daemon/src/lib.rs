@@ -15,6 +15,7 @@ pub mod datapath;
 pub mod direct;
 pub mod dispatch;
 pub mod link_mtu;
+mod net_path;
 pub mod netdev;
 mod odp;
 pub mod server;

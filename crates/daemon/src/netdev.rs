@@ -454,6 +454,12 @@ impl NetDev {
         self.steer.enabled
     }
 
+    /// Whether the device injects faults or captures: both see only what its own socket
+    /// carries, so none of its QPs is handed to a library (docs/net-path.md).
+    pub fn taps(&self) -> bool {
+        self.faults.is_some() || self.capture.is_some()
+    }
+
     /// QPs steered to a slot.
     pub fn steered_qps(&self) -> usize {
         self.steer.steered_qps()

@@ -32,6 +32,7 @@ use super::{
     check_entry, local_pieces, peer_state, push_entry, receive_pieces, scatter, settle, Chan, Exec,
     Inner, Pending,
 };
+use crate::conn::Conn;
 use crate::Context;
 use softverbs_abi::direct::{CH_ACCESS, NO_EVENT};
 use softverbs_shm::Region;
@@ -543,13 +544,17 @@ pub(super) fn delivered(
 }
 
 fn notify(ctx: &Context, qp: u32, target: u32, cq: u32, solicited: bool) {
+    notify_on(&ctx.conn, qp, target, cq, solicited);
+}
+
+fn notify_on(conn: &Conn, qp: u32, target: u32, cq: u32, solicited: bool) {
     let req = DirectNotifyReq {
         qp: U32::new(qp),
         target: U32::new(target),
         cq: U32::new(cq),
         solicited: U32::new(u32::from(solicited)),
     };
-    let _ = ctx.conn.call::<cmd::DirectNotify>("direct_notify", 0, &req);
+    let _ = conn.call::<cmd::DirectNotify>("direct_notify", 0, &req);
 }
 
 /// A receive was posted to the channel: a peer request waiting for one ([`CH_WAITING`])
@@ -588,7 +593,13 @@ impl Arms {
 /// Called after every post, poll and modify that may queue completions, and with nothing
 /// queued costs a look at an empty list.
 pub(super) fn notify_own(ctx: &Context, inner: &mut Inner) {
-    overrun(ctx, inner);
+    notify_own_on(&ctx.conn, inner);
+}
+
+/// [`notify_own`] through the connection alone (the net path's progress thread, which has
+/// no `Context`).
+pub(super) fn notify_own_on(conn: &Conn, inner: &mut Inner) {
+    overrun(conn, inner);
     if inner.cqs.own.is_empty() {
         return;
     }
@@ -614,7 +625,7 @@ pub(super) fn notify_own(ctx: &Context, inner: &mut Inner) {
         if !a.set() {
             inner.arms -= 1;
         }
-        notify(ctx, 0, NOTIFY_OWN, cq, failed);
+        notify_on(conn, 0, NOTIFY_OWN, cq, failed);
     }
 }
 
@@ -645,6 +656,9 @@ impl super::DirectCtx {
 /// requests and receives once, as the rings' QPs do (`crate::flush`, IBA 10.3.1.9); the
 /// daemon is not told (nothing is left to tell).
 pub(super) fn device_gone(ctx: &Context, inner: &mut Inner) {
+    if let Some(n) = inner.net.as_mut() {
+        n.fail_all(&mut inner.cqs);
+    }
     let handles: Vec<u32> = inner.qps.keys().copied().collect();
     for h in handles {
         if let Some(q) = inner.qps.get_mut(&h) {
@@ -657,7 +671,7 @@ pub(super) fn device_gone(ctx: &Context, inner: &mut Inner) {
 /// keeps for it are lost and its owner gets `IBV_EVENT_CQ_ERR` (IBA 11.4.2.1, the engine's
 /// `Delivery::Overrun`). Counted per CQ over the direct path's own queue; the daemon counts
 /// its ring's for its QPs.
-fn overrun(ctx: &Context, inner: &mut Inner) {
+fn overrun(conn: &Conn, inner: &mut Inner) {
     // A CQ holds at least one entry (the core refuses `cqe` 0), so only a queue that grew
     // past one needs a look at its CQ's size: this runs at every poll, post and completion.
     if !inner.cqs.grown {
@@ -679,9 +693,7 @@ fn overrun(ctx: &Context, inner: &mut Inner) {
         let req = softverbs_abi::msg::HandleReq {
             handle: U32::new(cq),
         };
-        let _ = ctx
-            .conn
-            .call::<cmd::DirectCqOverrun>("direct_cq_overrun", 0, &req);
+        let _ = conn.call::<cmd::DirectCqOverrun>("direct_cq_overrun", 0, &req);
     }
     inner.cqs.grown = grown;
 }

@@ -13,6 +13,15 @@ impl Drop for Dir {
 }
 
 pub fn daemon(name: &str, ip: Option<&str>) -> (TestDaemon, Dir) {
+    daemon_with(name, ip, None)
+}
+
+/// [`daemon`], its device injecting `faults` into what it sends.
+pub fn daemon_with(
+    name: &str,
+    ip: Option<&str>,
+    faults: Option<softverbs_transport::Faults>,
+) -> (TestDaemon, Dir) {
     let dir = std::env::temp_dir().join(format!("svown-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -23,6 +32,7 @@ pub fn daemon(name: &str, ip: Option<&str>) -> (TestDaemon, Dir) {
             ips: vec![ip.parse().unwrap()],
         }];
         c.net.bind = true;
+        c.net.faults = faults;
     }
     (spawn_daemon_with(c).unwrap(), Dir(dir))
 }

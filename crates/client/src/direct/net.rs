@@ -1,0 +1,590 @@
+//! The engine in the library (docs/net-path.md): an RC QP connected to a QP of another host
+//! is run by this process itself — the transport engine of `crates/transport`, fed from a
+//! UDP socket of the device's `SO_REUSEPORT` group that the daemon steers the QP's packets
+//! to — so a message costs one `sendmsg` in the sender and one `recvmsg` in the receiver,
+//! as UCX over TCP does, instead of a turn of both daemons (docs/performance.md, "Issue 16:
+//! what the engine in the client library would reach"). The daemon keeps the control path:
+//! creation, connection, the QP's state as `ibv_query_qp` shows it, async events, cleanup.
+//!
+//! Keys are checked against the context's MR table, which the daemon keeps in shared memory
+//! (`crates/abi/src/direct.rs`, [`super::lookup`]), with the core's rules
+//! (`crates/core/src/datapath.rs`, `check_mem`); bytes move with plain copies into this
+//! process's registered memory (`softverbs_memaccess::{read_own, write_own}`), or through
+//! `/proc/self/mem` for on-demand-paging MRs, whose pages the program may have unmapped.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use foldhash::HashMap;
+use softverbs_abi::direct::MrEntry;
+use softverbs_abi::msg::PostRecvReq;
+use softverbs_core::attr::QpAttr;
+use softverbs_core::datapath::{
+    MemError, MemKeys, MemTarget, PdRef, XrcDeliveryError, XrcSrqTarget,
+};
+use softverbs_core::device::Gid;
+use softverbs_core::ids::{CtxId, Handle};
+use softverbs_core::memory::{AtomicOp, Fault, Memory};
+use softverbs_core::types::{Access, EventType};
+use softverbs_core::wr::{Payload, RecvWr, SendWr, Sge};
+use softverbs_shm::Region;
+use softverbs_transport::{Engine, Instant, Output, PostError, QpConfig, RxMeta, MAX_PACKET};
+use softverbs_wire::icrc;
+use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr};
+
+use super::CqQueues;
+use crate::error::errno;
+
+/// The context every key and address of the library's engine belongs to: its own.
+pub(super) const OWN: CtxId = CtxId(1);
+
+/// Identifications a softverbs sender gives the packets of one GSO batch (0..64,
+/// `crates/daemon/src/netdev.rs`): what a received packet's ICRC is checked with.
+const IDS: u16 = 64;
+
+/// `IBV_ACCESS_ON_DEMAND` (verbs.h).
+const ON_DEMAND: u32 = 1 << 6;
+
+/// Whether this process runs the engine for its QPs connected to another host: unless
+/// `SOFTVERBS_NET=0` (the same-host direct path must be on too, `SOFTVERBS_DIRECT`).
+pub(crate) fn wanted() -> bool {
+    std::env::var_os("SOFTVERBS_NET").is_none_or(|v| v != "0")
+}
+
+/// The context's MR table as the engine's key checks see it.
+struct OwnKeys<'a>(&'a Region);
+
+impl MemKeys for OwnKeys<'_> {
+    fn check_mem(
+        &self,
+        pd: PdRef,
+        key: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<MemTarget, MemError> {
+        let e: MrEntry = super::lookup(self.0, key).ok_or(MemError::UnknownKey)?;
+        // The core's order: key, PD, bounds, access.
+        if pd.ctx != OWN || e.pd != pd.pd.0 {
+            return Err(MemError::WrongPd);
+        }
+        let addr = e.translate(va, len).ok_or(MemError::OutOfBounds)?;
+        if !Access(e.access).contains(need) {
+            return Err(MemError::AccessDenied);
+        }
+        Ok(MemTarget {
+            ctx: OWN,
+            mr: Handle(key),
+            addr,
+            len,
+            on_demand: e.access & ON_DEMAND != 0,
+        })
+    }
+
+    /// Memory windows are bound by the daemon's engine only: a bind posted on a QP of this
+    /// path fails (`MW_BIND_ERR`), as for an MR the core does not know.
+    fn mr_for_bind(&self, _lkey: u32) -> Option<softverbs_core::mw::MrForBind> {
+        None
+    }
+
+    fn resolve_xrc_srq(&self, _qpn: u32, _srqn: u32) -> Result<XrcSrqTarget, XrcDeliveryError> {
+        Err(XrcDeliveryError::NotXrcRecv)
+    }
+}
+
+/// This process's registered memory.
+struct OwnMem {
+    /// `/proc/self/mem`, for on-demand-paging MRs (a fault there is an error, not SIGSEGV).
+    mem: Option<std::fs::File>,
+}
+
+impl OwnMem {
+    fn mem(&mut self, addr: u64) -> Result<&std::fs::File, Fault> {
+        if self.mem.is_none() {
+            self.mem = softverbs_memaccess::open_own_memory().ok().map(std::fs::File::from);
+        }
+        self.mem.as_ref().ok_or(Fault { ctx: OWN, addr })
+    }
+}
+
+impl Memory for OwnMem {
+    fn read(&mut self, _ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        softverbs_memaccess::read_own(addr, buf);
+        Ok(())
+    }
+
+    fn write(&mut self, _ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        softverbs_memaccess::write_own(addr, data);
+        Ok(())
+    }
+
+    fn atomic(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
+        softverbs_memaccess::atomic_own(addr, op).ok_or(Fault { ctx, addr })
+    }
+
+    fn read_mapped(&mut self, _ctx: CtxId, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.mem(addr)?
+            .read_exact_at(buf, addr)
+            .map_err(|_| Fault { ctx: OWN, addr })
+    }
+
+    fn write_mapped(&mut self, _ctx: CtxId, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.mem(addr)?
+            .write_all_at(data, addr)
+            .map_err(|_| Fault { ctx: OWN, addr })
+    }
+
+    fn atomic_mapped(&mut self, ctx: CtxId, addr: u64, op: AtomicOp) -> Result<u64, Fault> {
+        // Read, apply, write through the descriptor: atomic with respect to this engine's
+        // other atomics (one thread holds it), as the daemon's engine is with its own.
+        let mut b = [0u8; 8];
+        self.read_mapped(ctx, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        self.write_mapped(ctx, addr, &op.apply(old).to_ne_bytes())?;
+        Ok(old)
+    }
+}
+
+/// The engine of one context's QPs on this path, with their socket.
+pub(super) struct Net {
+    engine: Engine,
+    sock: UdpSocket,
+    local: IpAddr,
+    gid: Gid,
+    port: u16,
+    epoch: std::time::Instant,
+    mem: OwnMem,
+    /// The packet being built or received.
+    pkt: Vec<u8>,
+    hdr: [u8; 64],
+    /// ACKs of one round, sent after its requests (docs/net-path.md, "Order").
+    acks: Vec<u8>,
+    ack_ends: Vec<(usize, SocketAddr)>,
+    /// QP numbers this engine runs, with their handles.
+    qps: HashMap<u32, u32>,
+    /// QPs the engine moved to ERR, with their event, for the daemon to learn
+    /// ([`Net::take_errors`]).
+    errors: Vec<(u32, Option<EventType>)>,
+    /// Packets dropped here: ICRC mismatch, or for a QP this engine does not run.
+    pub(super) rejected: u64,
+}
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Net")
+            .field("local", &self.local)
+            .field("qps", &self.qps.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `ibv_post_send`/`ibv_post_recv`'s errno for an engine refusal.
+fn post_errno(e: PostError) -> i32 {
+    match e {
+        PostError::Full => errno::ENOMEM,
+        PostError::NoQueue | PostError::BadState | PostError::Invalid => errno::EINVAL,
+    }
+}
+
+/// A receive as the ring carries it, for the engine.
+pub(super) fn recv_wr(r: &PostRecvReq) -> RecvWr {
+    let n = (r.num_sge.get() as usize).min(r.sg_list.len());
+    RecvWr {
+        wr_id: r.wr_id.get(),
+        sges: r.sg_list[..n]
+            .iter()
+            .map(|s| Sge {
+                addr: s.addr.get(),
+                length: s.length.get(),
+                lkey: s.lkey.get(),
+            })
+            .collect(),
+    }
+}
+
+impl Net {
+    /// The engine over `sock`, the device's steered socket the daemon handed out.
+    pub(super) fn new(sock: OwnedFd) -> io::Result<Net> {
+        let sock = UdpSocket::from(sock);
+        sock.set_nonblocking(true)?;
+        let at = sock.local_addr()?;
+        Ok(Net {
+            engine: Engine::new(),
+            sock,
+            local: at.ip(),
+            gid: Gid::from_ip(at.ip()),
+            port: at.port(),
+            epoch: std::time::Instant::now(),
+            mem: OwnMem { mem: None },
+            pkt: vec![0; MAX_PACKET],
+            hdr: [0; 64],
+            acks: Vec::new(),
+            ack_ends: Vec::new(),
+            qps: HashMap::default(),
+            errors: Vec::new(),
+            rejected: 0,
+        })
+    }
+
+    /// The socket, for a thread that waits on it.
+    pub(super) fn socket(&self) -> io::Result<OwnedFd> {
+        self.sock.as_fd().try_clone_to_owned()
+    }
+
+    fn now(&self) -> Instant {
+        Instant(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Takes QP `qpn` (`handle`) over with `cfg`, in the state `attr` says (RTR or later:
+    /// the expected PSN is loaded), and the receives posted before.
+    pub(super) fn add_qp(
+        &mut self,
+        handle: u32,
+        cfg: QpConfig,
+        attr: &QpAttr,
+        held: &[PostRecvReq],
+    ) -> Result<(), i32> {
+        let qpn = cfg.qpn;
+        self.engine.create_qp(cfg);
+        // From RESET to the daemon's state in one step: the engine loads what each state
+        // needs (`Engine::modify_qp`).
+        let rtr = QpAttr {
+            qp_state: softverbs_core::types::QpState::Rtr,
+            ..*attr
+        };
+        self.engine.modify_qp(qpn, &rtr);
+        if attr.qp_state != rtr.qp_state {
+            self.engine.modify_qp(qpn, attr);
+        }
+        self.qps.insert(qpn, handle);
+        for r in held {
+            self.engine
+                .post_recv(qpn, recv_wr(r))
+                .map_err(post_errno)?;
+        }
+        Ok(())
+    }
+
+    /// The daemon's attributes of `qpn` after a modify.
+    pub(super) fn modify(&mut self, qpn: u32, attr: &QpAttr) {
+        self.engine.modify_qp(qpn, attr);
+    }
+
+    /// `qpn` leaves the engine (destroyed or reset).
+    pub(super) fn remove(&mut self, qpn: u32) {
+        self.engine.destroy_qp(qpn);
+        self.qps.remove(&qpn);
+    }
+
+    pub(super) fn post_send(
+        &mut self,
+        table: &Region,
+        qpn: u32,
+        wr: &crate::datapath::SendRequest<'_>,
+        cqs: &mut CqQueues,
+    ) -> Result<(), i32> {
+        let payload = match wr.inline {
+            Some(b) => Payload::Inline(b.to_vec()),
+            None => Payload::Sges(wr.sges.to_vec()),
+        };
+        let w = SendWr {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            payload,
+            signaled: wr.signaled,
+            solicited: wr.solicited,
+            ud: None,
+            remote_srqn: 0,
+        };
+        self.engine.post_send(qpn, w).map_err(post_errno)?;
+        // Send at once: the peer waits for it, and nothing here waits for more to batch.
+        self.transmit(table);
+        self.outputs(cqs);
+        Ok(())
+    }
+
+    pub(super) fn post_recv(&mut self, qpn: u32, r: &PostRecvReq) -> Result<(), i32> {
+        self.engine.post_recv(qpn, recv_wr(r)).map_err(post_errno)
+    }
+
+    /// One round: takes every datagram waiting, runs the timers that are due, sends what
+    /// is ready and queues the completions. True if a packet came in.
+    pub(super) fn drive(&mut self, table: &Region, cqs: &mut CqQueues) -> bool {
+        let got = self.receive(table);
+        let now = self.now();
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+        }
+        self.transmit(table);
+        self.outputs(cqs);
+        got
+    }
+
+    /// How long until the engine's next timer, if it has one.
+    pub(super) fn next_timeout(&self) -> Option<Duration> {
+        let t = self.engine.poll_timeout()?;
+        Some(Duration::from_nanos(t.0.saturating_sub(self.now().0)))
+    }
+
+    /// QPs the engine moved to ERR since the last call, by handle, with their event.
+    pub(super) fn take_errors(&mut self) -> Vec<(u32, Option<EventType>)> {
+        std::mem::take(&mut self.errors)
+    }
+
+    fn ip_repr(&self, src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => Some(IpRepr::V4(Ipv4Repr::new(s, d))),
+            (IpAddr::V6(s), IpAddr::V6(d)) => Some(IpRepr::V6(Ipv6Repr::new(s, d))),
+            _ => None,
+        }
+    }
+
+    fn receive(&mut self, table: &Region) -> bool {
+        let keys = OwnKeys(table);
+        let mut any = false;
+        loop {
+            let (n, from) = match self.sock.recv_from(&mut self.pkt) {
+                Ok(r) => r,
+                // EAGAIN, or an error the socket reports (an ICMP unreachable): no packet.
+                Err(_) => return any,
+            };
+            any = true;
+            let Some(ip) = self.ip_repr(from.ip(), self.local) else {
+                self.rejected += 1;
+                continue;
+            };
+            let udp = UdpRepr {
+                src_port: from.port(),
+                dst_port: self.port,
+            };
+            let pkt = &self.pkt[..n];
+            if icrc::verify_received(ip, &udp, pkt, 0, IDS, &mut self.hdr).is_none() {
+                self.rejected += 1;
+                continue;
+            }
+            // BTH destination QP (IBA 9.2): a packet steered here for a QP this engine
+            // does not run (a coalesced datagram, docs/net-path.md) is dropped, and the
+            // requester retransmits it.
+            let dqp = if n >= 8 {
+                u32::from_be_bytes([0, pkt[5], pkt[6], pkt[7]])
+            } else {
+                0
+            };
+            if !self.qps.contains_key(&dqp) {
+                self.rejected += 1;
+                continue;
+            }
+            let meta = RxMeta {
+                sgid: Gid::from_ip(from.ip()),
+                dgid: self.gid,
+            };
+            let now = self.now();
+            self.engine
+                .handle_packet(now, &keys, &mut self.mem, meta, &self.pkt[..n]);
+        }
+    }
+
+    /// Sends what the engine has ready, each packet with its ICRC; ACKs after the requests
+    /// of the same round, which is what a ping-pong's peer waits for
+    /// (`crates/transport/examples/udp_pingpong.rs`).
+    fn transmit(&mut self, table: &Region) {
+        let keys = OwnKeys(table);
+        let now = self.now();
+        let udp = UdpRepr {
+            src_port: self.port,
+            dst_port: self.port,
+        };
+        while let Some(tx) = self
+            .engine
+            .poll_transmit(now, &keys, &mut self.mem, &mut self.pkt)
+        {
+            let dst = tx.dgid.to_ip();
+            let Some(ip) = self.ip_repr(self.local, dst) else {
+                continue;
+            };
+            // The kernel sends a lone datagram of an unconnected socket with
+            // identification 0 (crates/daemon/src/netdev.rs).
+            let Ok(hl) = emit_ip_udp(&ip, &udp, tx.len, &mut self.hdr) else {
+                continue;
+            };
+            if icrc::write(&self.hdr[..hl], &mut self.pkt[..tx.len]).is_err() {
+                continue;
+            }
+            // Every device of a deployment listens on the port this one is bound to (4791
+            // outside tests), as the daemon's devices send.
+            let to = SocketAddr::new(dst, self.port);
+            // BTH opcode 0x11: RC Acknowledge (IBA table 38).
+            if self.pkt[0] == 0x11 {
+                self.acks.extend_from_slice(&self.pkt[..tx.len]);
+                self.ack_ends.push((self.acks.len(), to));
+                continue;
+            }
+            send(&self.sock, &self.pkt[..tx.len], to);
+        }
+        let mut start = 0;
+        for &(end, to) in &self.ack_ends {
+            send(&self.sock, &self.acks[start..end], to);
+            start = end;
+        }
+        self.acks.clear();
+        self.ack_ends.clear();
+    }
+
+    fn outputs(&mut self, cqs: &mut CqQueues) {
+        while let Some(o) = self.engine.poll_output() {
+            match o {
+                Output::Completion { cq, wc } => cqs.push(cq as u32, wc),
+                Output::QpError { qpn, event } => {
+                    if let Some(&h) = self.qps.get(&qpn) {
+                        self.errors.push((h, event));
+                    }
+                }
+                Output::SrqLimitReached { .. } => {}
+            }
+        }
+    }
+}
+
+/// A full socket buffer is a lost packet, as on a congested link: the engine retransmits.
+fn send(sock: &UdpSocket, p: &[u8], to: SocketAddr) {
+    let _ = sock.send_to(p, to);
+}
+
+impl Net {
+    /// Every QP of the engine goes to ERR (the daemon is gone): their work requests flush.
+    pub(super) fn fail_all(&mut self, cqs: &mut CqQueues) {
+        let err = QpAttr {
+            qp_state: softverbs_core::types::QpState::Err,
+            ..QpAttr::default()
+        };
+        for &qpn in self.qps.keys() {
+            self.engine.modify_qp(qpn, &err);
+        }
+        self.outputs(cqs);
+    }
+}
+
+/// Tells the daemon of the QPs the engine moved to ERR (`NetQpError`): it moves them there
+/// too, so `ibv_query_qp` shows it, and raises their async event.
+pub(super) fn tell_errors(conn: &crate::conn::Conn, net: &mut Net) {
+    for (handle, event) in net.take_errors() {
+        let req = softverbs_abi::msg::DirectPeerErrorReq {
+            qp: zerocopy::little_endian::U32::new(handle),
+            event: zerocopy::little_endian::U32::new(
+                event.map_or(softverbs_abi::direct::NO_EVENT, |e| e as u32),
+            ),
+        };
+        let _ = conn.call::<softverbs_abi::msg::cmd::NetQpError>("net_qp_error", 0, &req);
+    }
+}
+
+impl super::DirectCtx {
+    /// The daemon put QP `handle` on the net path and handed over the device's steered
+    /// socket: the engine takes it over with the receives held since before RTR. If that
+    /// cannot be done, the QP fails (its packets reach no one else now).
+    pub(super) fn take_net(
+        &self,
+        ctx: &crate::Context,
+        inner: &mut super::Inner,
+        handle: u32,
+        own_pd: u32,
+        sock: Option<OwnedFd>,
+    ) -> Option<super::Fallback> {
+        let taken = self.try_take_net(ctx, inner, handle, own_pd, sock);
+        let q = inner.qps.get_mut(&handle)?;
+        match taken {
+            Ok(()) => {
+                q.held.clear();
+                q.path = super::Path::Net;
+                self.start_progress(ctx, inner);
+            }
+            Err(_) => {
+                super::fail(ctx, handle, q, &mut inner.cqs, None, true);
+                ops::notify_own(ctx, inner);
+            }
+        }
+        None
+    }
+
+    fn try_take_net(
+        &self,
+        ctx: &crate::Context,
+        inner: &mut super::Inner,
+        handle: u32,
+        own_pd: u32,
+        sock: Option<OwnedFd>,
+    ) -> Result<(), i32> {
+        let q = inner.qps.get(&handle).ok_or(errno::EINVAL)?;
+        let qq = crate::objects::query_qp(ctx, "query_qp", handle).map_err(|e| e.errno())?;
+        if inner.net.is_none() {
+            let sock = sock.ok_or(errno::EINVAL)?;
+            inner.net = Some(Box::new(Net::new(sock).map_err(|_| errno::EINVAL)?));
+        }
+        let cap = qq.init.cap;
+        let cfg = QpConfig {
+            qpn: q.qpn,
+            qp_type: q.qp_type,
+            pd: Some(PdRef {
+                ctx: OWN,
+                pd: Handle(own_pd),
+            }),
+            send_cq: q.send_cq.map(u64::from),
+            recv_cq: q.recv_cq.map(u64::from),
+            srq: None,
+            sq_sig_all: q.sq_sig_all,
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline: cap.max_inline_data,
+            port_mtu: qq.attr.path_mtu,
+        };
+        let net = inner.net.as_mut().ok_or(errno::EINVAL)?;
+        net.add_qp(handle, cfg, &qq.attr, &q.held)
+    }
+
+    /// A QP of the net path was modified (to `state`): the engine follows the daemon's
+    /// attributes; at RESET the QP leaves the engine and holds its receives again until its
+    /// next RTR asks anew.
+    pub(super) fn net_modified(
+        &self,
+        ctx: &crate::Context,
+        inner: &mut super::Inner,
+        handle: u32,
+        state: softverbs_core::types::QpState,
+    ) {
+        let Some(q) = inner.qps.get_mut(&handle) else {
+            return;
+        };
+        let qpn = q.qpn;
+        let Some(net) = inner.net.as_mut() else {
+            return;
+        };
+        if state == softverbs_core::types::QpState::Reset {
+            net.remove(qpn);
+            q.path = super::Path::Held;
+            q.held.clear();
+            q.pending.clear();
+            q.error = false;
+            return;
+        }
+        match crate::objects::query_qp(ctx, "query_qp", handle) {
+            Ok(qq) => net.modify(qpn, &qq.attr),
+            Err(_) => {
+                let err = QpAttr {
+                    qp_state: softverbs_core::types::QpState::Err,
+                    ..QpAttr::default()
+                };
+                net.modify(qpn, &err);
+            }
+        }
+        net.drive(&self.own_table, &mut inner.cqs);
+        tell_errors(&ctx.conn, net);
+        ops::notify_own(ctx, inner);
+    }
+}
+
+use super::ops;

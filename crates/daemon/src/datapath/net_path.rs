@@ -1,0 +1,94 @@
+//! The daemon's side of the net path (docs/net-path.md): which QPs a client library runs
+//! itself over a socket of the device's `SO_REUSEPORT` group, and which socket of the group
+//! each context holds. The daemon's engine keeps its copy of such a QP (its state mirrors
+//! the core's) but never sees its packets: the device steers them to the library's socket
+//! (`crate::netdev`, `NetDev::steer`).
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use softverbs_core::errno::{EINVAL, ENOMEM};
+use softverbs_core::ids::CtxId;
+
+use super::DataPath;
+
+/// The net path's bookkeeping.
+#[derive(Debug, Default)]
+pub(super) struct NetPaths {
+    /// Each context's slot in a device's group, by (context, device).
+    slots: HashMap<(CtxId, usize), u32>,
+    /// QPs on the path, with their device.
+    qps: HashMap<u32, usize>,
+}
+
+impl DataPath {
+    /// Whether QP `qpn`'s device may hand its traffic to a library: it is on the network
+    /// with its first address, and neither injects faults nor captures (both only see what
+    /// the daemon's own socket carries).
+    pub fn net_capable(&self, qpn: u32) -> bool {
+        let Some(&d) = self.qp_dev.get(&qpn) else {
+            return false;
+        };
+        self.devs[d]
+            .net
+            .as_ref()
+            .is_some_and(|n| n.steering_enabled() && !n.taps())
+    }
+
+    /// Puts QP `qpn` of `ctx` (whose owner runs as `uid`) on the net path: its packets go
+    /// to the context's socket from now on. The socket comes back the first time the
+    /// context asks (the library keeps it); `Ok(None)` after that.
+    pub fn net_attach(&mut self, ctx: CtxId, uid: u32, qpn: u32) -> Result<Option<OwnedFd>, i32> {
+        let &d = self.qp_dev.get(&qpn).ok_or(EINVAL)?;
+        let net = self.devs[d].net.as_mut().ok_or(EINVAL)?;
+        let (slot, fd) = match self.net_path.slots.get(&(ctx, d)) {
+            Some(&slot) => (slot, None),
+            None => {
+                let (slot, fd) = net.open_steered(uid).map_err(|_| ENOMEM)?;
+                self.net_path.slots.insert((ctx, d), slot);
+                (slot, Some(fd))
+            }
+        };
+        net.steer(qpn, slot).map_err(|_| ENOMEM)?;
+        self.net_path.qps.insert(qpn, d);
+        Ok(fd)
+    }
+
+    /// QP `qpn` leaves the net path (destroyed, or connected anew elsewhere): its packets
+    /// reach the daemon's socket again.
+    pub fn net_detach(&mut self, qpn: u32) {
+        if let Some(d) = self.net_path.qps.remove(&qpn) {
+            if let Some(n) = self.devs[d].net.as_mut() {
+                n.unsteer(qpn);
+            }
+        }
+    }
+
+    /// Whether QP `qpn` is on the net path.
+    pub fn on_net_path(&self, qpn: u32) -> bool {
+        self.net_path.qps.contains_key(&qpn)
+    }
+
+    /// How many QPs are on the net path.
+    pub fn net_qps(&self) -> usize {
+        self.net_path.qps.len()
+    }
+
+    /// Context `ctx` is gone: its sockets go back to their devices' pools (its QPs were
+    /// detached as they were destroyed).
+    pub(super) fn net_context_closed(&mut self, ctx: CtxId) {
+        let mine: Vec<(usize, u32)> = self
+            .net_path
+            .slots
+            .iter()
+            .filter(|((c, _), _)| *c == ctx)
+            .map(|(&(_, d), &s)| (d, s))
+            .collect();
+        for (d, slot) in mine {
+            self.net_path.slots.remove(&(ctx, d));
+            if let Some(n) = self.devs[d].net.as_mut() {
+                n.close_steered(slot);
+            }
+        }
+    }
+}

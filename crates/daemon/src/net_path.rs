@@ -1,0 +1,117 @@
+//! Which QPs go on the net path (docs/net-path.md, "Who goes on the net path"), decided at
+//! `DirectAttach` after the same-host direct path has said no, and the errors a library's
+//! engine reports (`NetQpError`).
+
+use std::os::fd::OwnedFd;
+
+use softverbs_abi::direct::{ABLE_NET, NO_EVENT, PATH_DAEMON, PATH_NET};
+use softverbs_abi::msg::{DirectAttachReq, DirectAttachResp};
+use softverbs_core::attr::QpAttr;
+use softverbs_core::device::Gid;
+use softverbs_core::errno::EINVAL;
+use softverbs_core::ids::{CtxId, Handle};
+use softverbs_core::types::{AttrMask, EventType, QpState, QpType};
+use zerocopy::little_endian::U32;
+
+use crate::dispatch::Dispatcher;
+
+impl Dispatcher {
+    /// `DirectAttach`'s answer once the direct path decided: a QP it left to the daemon goes
+    /// on the net path if its library can run it and it is an RC QP on its own receive queue,
+    /// connected (RTR or RTS) to a GID of no device of this daemon, on a device that neither
+    /// injects faults nor captures. Any other answer takes the QP off the net path.
+    pub(crate) fn net_path(
+        &mut self,
+        ctx: CtxId,
+        uid: u32,
+        r: &DirectAttachReq,
+        resp: DirectAttachResp,
+        fds: Vec<OwnedFd>,
+    ) -> (DirectAttachResp, Vec<OwnedFd>) {
+        let qp = Handle(r.qp.get());
+        let Ok(qpn) = self.core.qp_num(ctx, qp) else {
+            return (resp, fds);
+        };
+        let wanted = resp.path.get() == PATH_DAEMON && r.able.get() & ABLE_NET != 0;
+        if !wanted || !self.net_eligible(ctx, qp, qpn) {
+            self.dp.net_detach(qpn);
+            return (resp, fds);
+        }
+        match self.dp.net_attach(ctx, uid, qpn) {
+            Ok(sock) => {
+                let pd = self.core.qp_pd(ctx, qp).map_or(0, |p| p.pd.0);
+                let resp = DirectAttachResp {
+                    path: U32::new(PATH_NET),
+                    own_pd: U32::new(pd),
+                    ..Default::default()
+                };
+                tracing::debug!(qpn, "QP on the net path");
+                (resp, sock.into_iter().collect())
+            }
+            Err(e) => {
+                tracing::debug!(qpn, errno = e, "QP stays on the daemon's engine");
+                (resp, fds)
+            }
+        }
+    }
+
+    fn net_eligible(&self, ctx: CtxId, qp: Handle, qpn: u32) -> bool {
+        let Some(info) = self.core.owned_qp_info(ctx, qp) else {
+            return false;
+        };
+        let Ok(q) = self.core.query_qp(ctx, qp) else {
+            return false;
+        };
+        if info.qp_type != QpType::Rc || info.srq.is_some() {
+            return false;
+        }
+        if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts) {
+            return false;
+        }
+        // The first address of the device: the one its steered sockets are bound to.
+        if q.attr.ah_attr.sgid_index != 0 {
+            return false;
+        }
+        let dgid = q.attr.ah_attr.dgid;
+        if dgid == Gid::default() {
+            return false;
+        }
+        let local = self
+            .core
+            .devices()
+            .iter()
+            .any(|d| d.ports.iter().any(|p| p.gids.contains(&dgid)));
+        !local && self.dp.net_capable(qpn)
+    }
+
+    /// `NetQpError`: the library's engine moved QP `qp` to ERR; the core follows (and the
+    /// daemon's engine with it), and `event` is raised on the QP.
+    pub(crate) fn net_qp_error(
+        &mut self,
+        ctx: CtxId,
+        qp: Handle,
+        event: u32,
+    ) -> Result<Vec<CtxId>, i32> {
+        let qpn = self.core.qp_num(ctx, qp).map_err(|e| e.errno())?;
+        if !self.dp.on_net_path(qpn) {
+            return Err(EINVAL);
+        }
+        let event = match event {
+            NO_EVENT => None,
+            e => Some(EventType::from_raw(e).ok_or(EINVAL)?),
+        };
+        if !matches!(
+            event,
+            None | Some(EventType::QpAccessErr | EventType::QpReqErr | EventType::QpFatal)
+        ) {
+            return Err(EINVAL);
+        }
+        let attr = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        let _ = self.core.modify_qp(ctx, qp, &attr, AttrMask::STATE);
+        self.apply_changes();
+        Ok(event.map_or_else(Vec::new, |e| self.core.raise_qp_event(qpn, e)))
+    }
+}
