@@ -13,20 +13,30 @@
 //! only the groups it joined itself (`IP_MULTICAST_ALL` off): [`NetDev::join`] when the
 //! device's first QP attaches, [`NetDev::leave`] (the socket closes) when its last detaches.
 //!
+//! **Steering (`steer.rs`).** The device socket is bound with `SO_REUSEPORT` (unless
+//! `SOFTVERBS_NET_STEER=0`) so that pool sockets the device makes join its reuseport group,
+//! and a classic BPF program sends each datagram to the socket its BTH destination QP is
+//! steered to, the device's own by default: [`NetDev::open_steered`], [`NetDev::steer`],
+//! [`NetDev::unsteer`], [`NetDev::close_steered`] — for a client process to receive its own
+//! QPs' packets (docs/performance.md, "Issue 16: what the engine in the client library
+//! would reach").
+//!
 //! The kernel builds the IP/UDP headers, so the ICRC must be computed over what it will
 //! emit. With an unconnected socket and `IP_PMTUDISC_DO`, Linux sends IPv4 with DF set and
 //! identification 0 (`ip_select_ident_segs`); TOS, TTL and the checksums are masked out of
 //! the ICRC, the identification is not (docs/roce-wire.md). The UDP source port is the bound
 //! port (4791) for every QP: one socket cannot vary it, so there is no per-QP ECMP entropy.
 //!
-//! **Batching (docs/performance.md "UDP batching").** Packets to one peer queue up and leave
-//! in one `sendmsg` with `UDP_SEGMENT` (GSO): up to 64 segments of one size (the last may be
-//! shorter) and at most 64 KiB. The kernel gives segment *i* of such a send the IPv4
+//! **Batching (docs/performance.md "UDP batching").** Packets to one peer and one destination
+//! QP (a receiving host steers a GSO datagram whole, by its first segment: `steer.rs`) queue
+//! up and leave in one `sendmsg` with `UDP_SEGMENT` (GSO): up to 64 segments of one size (the
+//! last may be shorter) and at most 64 KiB. The kernel gives segment *i* of such a send the IPv4
 //! identification *i* (base 0: DF on an unconnected socket; `inet_gso_segment` counts up),
 //! so each segment's ICRC is computed with identification *i* — what any receiver that sees
 //! the wire (tshark, a NIC, rxe) checks. Where GSO is refused the batch goes by `sendmmsg`,
-//! every datagram with identification 0. The receive side asks for `UDP_GRO` and splits what
-//! arrives by the segment size the kernel reports. A UDP socket never shows the
+//! every datagram with identification 0. The receive side asks for `UDP_GRO` (until a pool socket
+//! joins the group: `steer.rs`) and splits what arrives by the segment size the kernel
+//! reports, or takes each datagram whole where it reports none. A UDP socket never shows the
 //! identification, so the receiver checks the ICRC first with the segment's index in the
 //! coalesced datagram (what a GSO batch delivered whole has), then with every other
 //! identification a softverbs sender uses (0..64): a corrupted packet still fails all 64,

@@ -575,3 +575,300 @@ fn an_event_during_a_batch_makes_the_next_receive_ask_again() {
     );
     assert!(next(&mut b).is_none());
 }
+
+/// A packet for destination QP `dqpn` of `len` bytes: a BTH of opcode 0x04 (RC SEND only),
+/// then `fill` repeated, then the ICRC slot.
+fn packet_for(dqpn: u32, len: usize, fill: u8) -> Vec<u8> {
+    let mut p = vec![fill; len];
+    p[..12].fill(0);
+    p[0] = 0x04;
+    p[5..8].copy_from_slice(&dqpn.to_be_bytes()[1..]);
+    p[len - 4..].fill(0);
+    p
+}
+
+/// A transmit of `len` bytes to `to`.
+fn tx_to(to: IpAddr, len: usize) -> softverbs_transport::Transmit {
+    softverbs_transport::Transmit {
+        len,
+        dgid: softverbs_core::device::Gid::from_ip(to),
+        sgid_index: 0,
+        udp_sport: 0,
+    }
+}
+
+/// Whether `pkt`'s ICRC checks out for a datagram `from` → `to` under one of the IPv4
+/// identifications a softverbs sender uses (what the engine in a client would check).
+fn icrc_good(from: std::net::SocketAddr, to: std::net::SocketAddr, pkt: &[u8]) -> bool {
+    use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, UdpRepr};
+    let (IpAddr::V4(s), IpAddr::V4(d)) = (from.ip(), to.ip()) else {
+        return false;
+    };
+    let udp = UdpRepr {
+        src_port: from.port(),
+        dst_port: to.port(),
+    };
+    let mut hdr = [0u8; 48];
+    (0..softverbs_daemon::netdev::MAX_SEGMENTS as u16).any(|id| {
+        let mut ip = Ipv4Repr::new(s, d);
+        ip.identification = id;
+        let hl = emit_ip_udp(&IpRepr::V4(ip), &udp, pkt.len(), &mut hdr).unwrap();
+        softverbs_wire::icrc::verify(&hdr[..hl], pkt).is_ok()
+    })
+}
+
+/// What is queued on a pool socket, each datagram (its ICRC checked) without its ICRC,
+/// waiting up to `want` datagrams or a short while.
+fn slot_datagrams(sock: &std::net::UdpSocket, want: usize) -> Vec<Vec<u8>> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = Vec::new();
+    let to = sock.local_addr().unwrap();
+    let deadline = Instant::now() + Duration::from_millis(if want == 0 { 50 } else { 2000 });
+    while (want == 0 || got.len() < want) && Instant::now() < deadline {
+        match sock.recv_from(&mut buf) {
+            Ok((len, from)) => {
+                assert!(icrc_good(from, to, &buf[..len]), "a good ICRC");
+                got.push(buf[..len - 4].to_vec())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    got
+}
+
+/// What the device receives (ICRC checked), without the ICRC.
+fn device_packets(dev: &mut NetDev, want: usize) -> Vec<Vec<u8>> {
+    let mut buf = vec![0u8; MAX_PACKET];
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_millis(if want == 0 { 50 } else { 2000 });
+    while (want == 0 || got.len() < want) && Instant::now() < deadline {
+        dev.mark_readable();
+        match dev.recv(&mut buf).unwrap() {
+            Some((_, len)) => got.push(buf[..len - 4].to_vec()),
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    got
+}
+
+/// The receiving device binds port 0 (its pool sockets must join at the port it got) and the
+/// sender the same port on its own address (a device sends to its own port).
+fn steering_pair(a: &str, b: &str) -> (NetDev, NetDev, IpAddr) {
+    let b_ip: IpAddr = b.parse().unwrap();
+    let dev_b = NetDev::bind(b_ip, 0).unwrap();
+    assert!(dev_b.steering_enabled());
+    let dev_a = NetDev::bind(a.parse().unwrap(), dev_b.port()).unwrap();
+    (dev_a, dev_b, b_ip)
+}
+
+/// A QP steered to a slot has its datagrams queued on the slot's socket and nowhere else;
+/// other QPs and a runt reach the device; unsteered, the QP reaches the device again; a
+/// slot given back is reused by its uid, empty, and never given to another uid.
+#[test]
+fn steered_qps_reach_their_slot_and_the_rest_the_device() {
+    use nix::sys::socket::{getsockopt, sockopt::UdpGroSegment};
+    let (mut a, mut b, b_ip) = steering_pair("127.77.6.1", "127.77.6.2");
+    assert!(rustix::net::sockopt::socket_reuseport(b.fd()).unwrap());
+    assert!(
+        getsockopt(&b.fd(), UdpGroSegment).unwrap(),
+        "GRO while alone"
+    );
+    let (slot, fd) = b.open_steered(1000).unwrap();
+    assert!(
+        !getsockopt(&b.fd(), UdpGroSegment).unwrap(),
+        "no GRO on the device once the group has a pool socket"
+    );
+    assert_eq!(slot, 1, "the device's socket is index 0");
+    assert_eq!(b.pool_len(), 1);
+    let sock = std::net::UdpSocket::from(fd);
+    assert_eq!(sock.local_addr().unwrap(), (b_ip, b.port()).into());
+    b.steer(0x11, slot).unwrap();
+    assert_eq!(b.steered_qps(), 1);
+
+    let send = |a: &mut NetDev, p: &[u8]| {
+        let mut p = p.to_vec();
+        a.send(&tx_to(b_ip, p.len()), &mut p).unwrap();
+        a.flush().unwrap();
+    };
+    let steered = packet_for(0x11, 64, 1);
+    let other = packet_for(0x12, 64, 2);
+    send(&mut a, &steered);
+    send(&mut a, &other);
+    // A 2-byte datagram: the program's load is out of bounds, which selects the device.
+    let runt = std::net::UdpSocket::bind(("127.77.6.3", 0)).unwrap();
+    runt.send_to(&[0x04, 0], (b_ip, b.port())).unwrap();
+
+    assert_eq!(slot_datagrams(&sock, 1), vec![steered[..60].to_vec()]);
+    assert_eq!(
+        device_packets(&mut b, 1),
+        vec![other[..60].to_vec()],
+        "the unsteered QP reached the device"
+    );
+    assert!(device_packets(&mut b, 0).is_empty());
+    assert_eq!(b.stats.rejected, 1, "the runt reached the device");
+    assert!(
+        slot_datagrams(&sock, 0).is_empty(),
+        "nothing else on the slot"
+    );
+
+    b.unsteer(0x11);
+    assert_eq!(b.steered_qps(), 0);
+    send(&mut a, &steered);
+    assert_eq!(device_packets(&mut b, 1), vec![steered[..60].to_vec()]);
+    assert!(
+        slot_datagrams(&sock, 0).is_empty(),
+        "unsteered: not on the slot"
+    );
+
+    // Given back with a datagram queued: the next owner does not see it.
+    b.steer(0x11, slot).unwrap();
+    send(&mut a, &steered);
+    std::thread::sleep(Duration::from_millis(20));
+    b.close_steered(slot);
+    assert_eq!(b.steered_qps(), 0, "closing unsteers the slot's QPs");
+    assert!(b.steer(0x11, slot).is_err(), "a closed slot takes no QP");
+    send(&mut a, &steered);
+    assert_eq!(
+        device_packets(&mut b, 1),
+        vec![steered[..60].to_vec()],
+        "after close the QP is the device's"
+    );
+    let (other_uid_slot, other_fd) = b.open_steered(2000).unwrap();
+    assert_ne!(other_uid_slot, slot, "a slot is never given to another uid");
+    assert_eq!(b.pool_len(), 2);
+    let (again, fd2) = b.open_steered(1000).unwrap();
+    assert_eq!(again, slot, "the uid's slot is reused");
+    assert_eq!(b.pool_len(), 2);
+    let sock2 = std::net::UdpSocket::from(fd2);
+    assert!(slot_datagrams(&sock2, 0).is_empty(), "no stale datagram");
+    b.steer(0x11, again).unwrap();
+    b.steer(0x22, other_uid_slot).unwrap();
+    let for_other = packet_for(0x22, 64, 3);
+    send(&mut a, &steered);
+    send(&mut a, &for_other);
+    // The old duplicate and the new one are the same socket: either reads the slot.
+    assert_eq!(slot_datagrams(&sock, 1), vec![steered[..60].to_vec()]);
+    let other_sock = std::net::UdpSocket::from(other_fd);
+    assert_eq!(
+        slot_datagrams(&other_sock, 1),
+        vec![for_other[..60].to_vec()]
+    );
+    assert!(device_packets(&mut b, 0).is_empty());
+}
+
+/// A GSO batch is delivered whole to the socket its first segment selects, so the sender
+/// ends a batch where the destination QP changes: packets of one size alternating in runs
+/// between two QPs steered to two slots all arrive, each on its QP's slot, in order and
+/// byte for byte, by the staged path and by the copying one, in more than one send.
+#[test]
+fn gso_batches_end_where_the_destination_qp_changes() {
+    let (mut a, mut b, b_ip) = steering_pair("127.77.7.1", "127.77.7.2");
+    let (s1, f1) = b.open_steered(1000).unwrap();
+    let (s2, f2) = b.open_steered(1000).unwrap();
+    assert_eq!((s1, s2), (1, 2));
+    let (q1, q2) = (0x0012_3456, 0x22);
+    b.steer(q1, s1).unwrap();
+    b.steer(q2, s2).unwrap();
+    let socks = [std::net::UdpSocket::from(f1), std::net::UdpSocket::from(f2)];
+    let plan = [q1, q1, q1, q2, q2, q1, q2, q2, q2, q2, q1, q1];
+    let len = 1040;
+    for staged in [true, false] {
+        let sends_before = a.batch.gso_sends + a.batch.mmsg_sends + a.stats.sent;
+        let mut want: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
+        for (i, &q) in plan.iter().enumerate() {
+            let p = packet_for(q, len, (i as u8) * 7 + staged as u8);
+            want[usize::from(q == q2)].push(p[..len - 4].to_vec());
+            if staged {
+                a.stage()[..len].copy_from_slice(&p);
+                a.send_staged(&tx_to(b_ip, len)).unwrap();
+            } else {
+                let mut p = p;
+                a.send(&tx_to(b_ip, len), &mut p).unwrap();
+            }
+        }
+        a.flush().unwrap();
+        for (k, sock) in socks.iter().enumerate() {
+            let got = slot_datagrams(sock, want[k].len());
+            assert_eq!(got.len(), want[k].len(), "staged {staged}: slot {}", k + 1);
+            for (j, (g, w)) in got.iter().zip(&want[k]).enumerate() {
+                assert!(g == w, "staged {staged}: slot {} packet {j} as sent", k + 1);
+            }
+            assert!(slot_datagrams(sock, 0).is_empty());
+        }
+        assert!(
+            device_packets(&mut b, 0).is_empty(),
+            "nothing for the device"
+        );
+        assert!(
+            a.batch.gso_sends + a.batch.mmsg_sends + a.stats.sent - sends_before > 1,
+            "{:?}",
+            a.batch
+        );
+    }
+    // Runs of 3, 2, 1, 4 and 2 packets, twice: the runs of more than one went by GSO (where
+    // the kernel takes it) or sendmmsg.
+    assert!(
+        a.batch.gso_sends >= 8 || a.batch.mmsg_sends >= 8,
+        "{:?}",
+        a.batch
+    );
+}
+
+/// The steering program holds at most `MAX_STEERED` QPs: one more is refused with ENOSPC
+/// and stays on the device, while the last one that fit is steered by the kernel's copy
+/// of the longest program; unsteering one makes room again.
+#[test]
+fn the_steering_program_refuses_more_qps_than_fit() {
+    use softverbs_daemon::netdev::MAX_STEERED;
+    let (mut a, mut b, b_ip) = steering_pair("127.77.8.1", "127.77.8.2");
+    let (slot, fd) = b.open_steered(1000).unwrap();
+    let sock = std::net::UdpSocket::from(fd);
+    for q in 0..MAX_STEERED as u32 {
+        b.steer(q + 1, slot).unwrap();
+    }
+    assert_eq!(b.steered_qps(), MAX_STEERED);
+    let extra = MAX_STEERED as u32 + 1;
+    let e = b.steer(extra, slot).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(28), "ENOSPC: {e}");
+    assert_eq!(b.steered_qps(), MAX_STEERED);
+    b.steer(5, slot).unwrap();
+    assert!(b.steer(1 << 24, slot).is_err(), "24-bit QP numbers");
+
+    let send = |a: &mut NetDev, p: &[u8]| {
+        let mut p = p.to_vec();
+        a.send(&tx_to(b_ip, p.len()), &mut p).unwrap();
+        a.flush().unwrap();
+    };
+    let last = packet_for(MAX_STEERED as u32, 64, 1);
+    let refused = packet_for(extra, 64, 2);
+    send(&mut a, &last);
+    send(&mut a, &refused);
+    assert_eq!(slot_datagrams(&sock, 1), vec![last[..60].to_vec()]);
+    assert_eq!(device_packets(&mut b, 1), vec![refused[..60].to_vec()]);
+
+    b.unsteer(1);
+    b.steer(extra, slot).unwrap();
+    send(&mut a, &refused);
+    assert_eq!(slot_datagrams(&sock, 1), vec![refused[..60].to_vec()]);
+}
+
+/// `SO_REUSEPORT` on the device socket must not let a second device (another daemon of the
+/// same uid) bind a taken address: the probe bind refuses it with `EADDRINUSE`, as before.
+#[test]
+fn a_second_device_on_a_taken_address_is_refused() {
+    let ip: IpAddr = "127.77.9.1".parse().unwrap();
+    let first = NetDev::bind(ip, 4791).unwrap();
+    assert!(first.steering_enabled());
+    let e = NetDev::bind(ip, 4791).err().expect("the address is taken");
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    // Held by a plain socket of someone else: refused too.
+    let other: IpAddr = "127.77.9.2".parse().unwrap();
+    let _held = std::net::UdpSocket::bind((other, 4791)).unwrap();
+    let e = NetDev::bind(other, 4791)
+        .err()
+        .expect("the address is taken");
+    assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+}

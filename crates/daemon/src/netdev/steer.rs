@@ -32,12 +32,14 @@
 //! socket its first segment selects.
 //!
 //! **Why turn it off.** `SO_REUSEPORT` lets any process of the daemon's uid bind the device's
-//! address and port too and join the group (it gets only what the program sends to its
-//! index, which is nothing unless it takes a pool socket's place, but it can make its index
-//! collide with the daemon's next pool socket). A daemon running as a shared uid may prefer
+//! address and port too and join the group. It then takes the next index, so the daemon's
+//! next pool socket is one further than the slot the daemon counts, and the QPs steered to
+//! that slot go to the intruder (and a member that closes moves the last one into its
+//! index). A daemon running under a uid that other programs share may prefer
 //! `SOFTVERBS_NET_STEER=0`: a plain socket, no group, [`Steering::open`] refused. Another
-//! softverbs daemon on the same address still fails with `EADDRINUSE`: the device first binds
-//! a plain socket to the address as a probe (`NetDev::bind`).
+//! softverbs daemon on the same address still fails with `EADDRINUSE`: the device first
+//! binds a plain socket to the address as a probe (`NetDev::bind`); only two daemons
+//! binding in the same instant could both pass it.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -54,13 +56,14 @@ const MAX_INSNS: usize = 4096;
 pub const MAX_STEERED: usize = (MAX_INSNS - 3) / 2;
 
 // Classic BPF opcodes (include/uapi/linux/bpf_common.h): class | size | mode | op | source.
-/// `BPF_LD | BPF_W | BPF_ABS`: load the 32-bit word at an absolute offset, big-endian.
-const LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
-/// `BPF_ALU | BPF_AND | BPF_K`.
-const AND_K: u16 = 0x04 | 0x50;
-/// `BPF_JMP | BPF_JEQ | BPF_K`.
-const JEQ_K: u16 = 0x05 | 0x10;
-/// `BPF_RET | BPF_K`.
+/// `BPF_LD (0) | BPF_W (0) | BPF_ABS (0x20)`: load the 32-bit word at an absolute offset,
+/// big-endian.
+const LD_W_ABS: u16 = 0x20;
+/// `BPF_ALU (0x04) | BPF_AND (0x50) | BPF_K (0)`.
+const AND_K: u16 = 0x54;
+/// `BPF_JMP (0x05) | BPF_JEQ (0x10) | BPF_K (0)`.
+const JEQ_K: u16 = 0x15;
+/// `BPF_RET (0x06) | BPF_K (0)`.
 const RET_K: u16 = 0x06;
 
 fn insn(code: u16, jt: u8, jf: u8, k: u32) -> sock_filter {
