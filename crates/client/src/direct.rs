@@ -41,7 +41,6 @@ mod net;
 mod ops;
 mod progress;
 
-
 /// Whether this process asks for the direct path: unless `SOFTVERBS_DIRECT=0`.
 pub(crate) fn wanted() -> bool {
     std::env::var_os("SOFTVERBS_DIRECT").is_none_or(|v| v != "0")
@@ -117,6 +116,17 @@ impl CqQueues {
                 Some(e) => e.1 |= failed,
                 None => self.own.push((cq, failed)),
             }
+        }
+    }
+
+    /// [`push`](Self::push) for a completion this library produced whatever its kind: the
+    /// net path's receive completions are its own too (no peer library told the daemon).
+    pub(crate) fn push_own(&mut self, cq: u32, wc: WorkCompletion) {
+        self.push(cq, wc);
+        let failed = wc.status != WcStatus::Success;
+        match self.own.iter_mut().find(|(c, _)| *c == cq) {
+            Some(e) => e.1 |= failed,
+            None => self.own.push((cq, failed)),
         }
     }
 
@@ -1301,7 +1311,12 @@ fn fail(
         {
             std::thread::yield_now();
         }
-        drain_cqes(ctx.direct.as_ref().map(|d| &*d.own_table), c, q.recv_cq, cqs);
+        drain_cqes(
+            ctx.direct.as_ref().map(|d| &*d.own_table),
+            c,
+            q.recv_cq,
+            cqs,
+        );
         if q.srq.is_some() {
             // Its receives are the SRQ's and stay posted there (IBA 10.2.9.5); only one the
             // peer's library held when it died is this QP's to flush.

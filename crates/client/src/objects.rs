@@ -974,7 +974,10 @@ impl Qp<'_> {
     /// Whether this process runs the transport engine for the QP itself, connected to a QP
     /// of another host (docs/net-path.md), rather than the daemon.
     pub fn is_net(&self) -> bool {
-        self.ctx.direct.as_ref().is_some_and(|d| d.is_net(self.handle))
+        self.ctx
+            .direct
+            .as_ref()
+            .is_some_and(|d| d.is_net(self.handle))
     }
 
     /// The state this process last moved the QP to (the daemon may since have moved it to

@@ -12,11 +12,11 @@ use std::collections::VecDeque;
 use foldhash::{HashMap, HashSet};
 
 use softverbs_core::attr::QpAttr;
+use softverbs_core::datapath::MemKeys;
 use softverbs_core::device::Gid;
 use softverbs_core::ids::CtxId;
 use softverbs_core::mcast::MULTICAST_QPN;
 use softverbs_core::types::{QpState, QpType};
-use softverbs_core::datapath::MemKeys;
 use softverbs_wire::{Direction, Packet, PacketRef, Transport};
 
 use crate::memory::Memory;

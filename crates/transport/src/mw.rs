@@ -23,12 +23,12 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use softverbs_core::datapath::MemKeys;
 use softverbs_core::datapath::{MemError, MemTarget, PdRef};
 use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::mw::{is_window_key, MwInfo, MwType};
 use softverbs_core::types::Access;
 use softverbs_core::wr::BindMw;
-use softverbs_core::datapath::MemKeys;
 
 /// A window's binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

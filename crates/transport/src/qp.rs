@@ -9,11 +9,11 @@ use std::collections::VecDeque;
 use foldhash::HashMap;
 
 use softverbs_core::attr::QpAttr;
+use softverbs_core::datapath::MemKeys;
 use softverbs_core::datapath::PdRef;
 use softverbs_core::device::Gid;
 use softverbs_core::ids::{CtxId, Handle};
 use softverbs_core::types::{EventType, QpState, QpType};
-use softverbs_core::datapath::MemKeys;
 use softverbs_wire::psn::{psn_add, psn_diff, PSN_MASK};
 use softverbs_wire::{Syndrome, Transport};
 

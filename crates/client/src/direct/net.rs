@@ -104,7 +104,9 @@ struct OwnMem {
 impl OwnMem {
     fn mem(&mut self, addr: u64) -> Result<&std::fs::File, Fault> {
         if self.mem.is_none() {
-            self.mem = softverbs_memaccess::open_own_memory().ok().map(std::fs::File::from);
+            self.mem = softverbs_memaccess::open_own_memory()
+                .ok()
+                .map(std::fs::File::from);
         }
         self.mem.as_ref().ok_or(Fault { ctx: OWN, addr })
     }
@@ -261,9 +263,7 @@ impl Net {
         }
         self.qps.insert(qpn, handle);
         for r in held {
-            self.engine
-                .post_recv(qpn, recv_wr(r))
-                .map_err(post_errno)?;
+            self.engine.post_recv(qpn, recv_wr(r)).map_err(post_errno)?;
         }
         Ok(())
     }
@@ -436,7 +436,7 @@ impl Net {
     fn outputs(&mut self, cqs: &mut CqQueues) {
         while let Some(o) = self.engine.poll_output() {
             match o {
-                Output::Completion { cq, wc } => cqs.push(cq as u32, wc),
+                Output::Completion { cq, wc } => cqs.push_own(cq as u32, wc),
                 Output::QpError { qpn, event } => {
                     if let Some(&h) = self.qps.get(&qpn) {
                         self.errors.push((h, event));
