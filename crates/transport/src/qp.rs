@@ -308,6 +308,10 @@ pub(crate) enum InMsg {
         on_demand: bool,
         remaining: u32,
         total: u32,
+        /// The RETH's R_Key and the address the next packet lands at, checked again for
+        /// every packet (`responder::execute_write`).
+        rkey: u32,
+        va: u64,
     },
 }
 

@@ -503,13 +503,44 @@ fn execute_write<M: Memory>(
             on_demand,
             remaining: reth.dma_len,
             total: reth.dma_len,
+            rkey: reth.rkey,
+            va: reth.va,
         });
+    } else if let Some(&InMsg::Write { rkey, va, .. }) = qp.resp.cur.as_ref() {
+        // Every later packet is checked again, as a NIC checks each against the memory
+        // key: the MR may have been deregistered since the first (a library that runs this
+        // engine writes with plain pointers, docs/net-path.md), and then the rest of the
+        // message is refused with an access error instead of landing in freed memory.
+        if !payload.is_empty() {
+            let checked = env.windows.check_remote(
+                env.core,
+                qp.cfg.qpn,
+                t.pd,
+                rkey,
+                (va, payload.len() as u64),
+                Access::REMOTE_WRITE,
+            );
+            match checked {
+                Err(_) => {
+                    qp.resp.cur = None;
+                    return Err(Refusal::access_error());
+                }
+                Ok(m) => {
+                    if let Some(InMsg::Write { addr, .. }) = &mut qp.resp.cur {
+                        // Re-registered elsewhere (rereg_mr): the bytes go where the key
+                        // says now.
+                        *addr = m.addr;
+                    }
+                }
+            }
+        }
     }
     let Some(InMsg::Write {
         ctx,
         addr,
         on_demand,
         remaining,
+        va,
         ..
     }) = &mut qp.resp.cur
     else {
@@ -534,6 +565,7 @@ fn execute_write<M: Memory>(
             return Err(refusal.unless_unreliable(qp));
         }
         *addr += payload.len() as u64;
+        *va += payload.len() as u64;
         *remaining -= payload.len() as u32;
     }
     if last {
@@ -542,10 +574,14 @@ fn execute_write<M: Memory>(
             let Some(wqe) = take_recv(qp, env, t.source) else {
                 // The data is placed; the retransmitted LAST packet will find a WQE.
                 if let Some(InMsg::Write {
-                    remaining, addr, ..
+                    remaining,
+                    addr,
+                    va,
+                    ..
                 }) = &mut qp.resp.cur
                 {
                     *addr -= payload.len() as u64;
+                    *va -= payload.len() as u64;
                     *remaining += payload.len() as u32;
                 }
                 return Err(Refusal::Rnr);

@@ -1201,3 +1201,68 @@ fn atomics_survive_loss_duplication_and_reordering() {
         );
     }
 }
+
+/// A multi-packet RDMA WRITE whose target MR is deregistered after its first packet landed:
+/// the rest is refused (every packet is checked against the memory key, as a NIC does), so
+/// nothing reaches memory no longer registered, and the requester gets `REM_ACCESS_ERR`.
+/// Packets are handed from engine to engine one by one, so the deregistration falls between
+/// the first and the second.
+#[test]
+fn a_write_into_an_mr_deregistered_mid_message_is_refused_for_the_rest() {
+    let mut p = Pair::rc();
+    let (ca, cb, qa) = (p.ca, p.cb, p.qa);
+    let pb = p.pb;
+    let keys = p
+        .b()
+        .core
+        .reg_mr(cb, pb.pd, WIN, 0x4000, WIN, ALL)
+        .expect("mr");
+    let before = p.b().mem.space(cb)[..].to_vec();
+    let wr = SendWr::new(
+        7,
+        SendOp::Write {
+            remote_addr: WIN,
+            rkey: keys.rkey,
+        },
+        sge(SRC, 4096, p.ka),
+    );
+    p.a().engine.post_send(qa, wr).expect("post");
+    let now = Instant(0);
+    let (ga, gb) = (p.net.hosts[0].gid, p.net.hosts[1].gid);
+    let mut buf = vec![0u8; softverbs_transport::MAX_PACKET];
+    let mut pkts = Vec::new();
+    {
+        let a = &mut p.net.hosts[0];
+        while let Some(tx) = a.engine.poll_transmit(now, &a.core, &mut a.mem, &mut buf) {
+            pkts.push(buf[..tx.len].to_vec());
+        }
+    }
+    assert_eq!(pkts.len(), 4, "4 KiB at MTU 1024");
+    let to_b = softverbs_transport::RxMeta { sgid: ga, dgid: gb };
+    let to_a = softverbs_transport::RxMeta { sgid: gb, dgid: ga };
+    for (i, pkt) in pkts.iter().enumerate() {
+        let b = &mut p.net.hosts[1];
+        b.engine.handle_packet(now, &b.core, &mut b.mem, to_b, pkt);
+        if i == 0 {
+            b.core.dereg_mr(cb, keys.handle).expect("dereg");
+        }
+    }
+    let mut replies = Vec::new();
+    {
+        let b = &mut p.net.hosts[1];
+        while let Some(tx) = b.engine.poll_transmit(now, &b.core, &mut b.mem, &mut buf) {
+            replies.push(buf[..tx.len].to_vec());
+        }
+    }
+    for r in &replies {
+        let a = &mut p.net.hosts[0];
+        a.engine.handle_packet(now, &a.core, &mut a.mem, to_a, r);
+    }
+    p.a().pump();
+    assert_eq!(p.a_wcs(), vec![(7, WcStatus::RemAccessErr)]);
+    let src = p.a().mem.space(ca)[SRC as usize..SRC as usize + 1024].to_vec();
+    let after = &p.b().mem.space(cb)[..];
+    let w = WIN as usize;
+    assert_eq!(after[w..w + 1024], src[..], "the first packet landed");
+    assert_eq!(after[w + 1024..], before[w + 1024..], "nothing after it");
+}
