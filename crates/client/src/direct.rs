@@ -770,7 +770,7 @@ impl DirectCtx {
         if let Some(n) = inner.net.as_mut() {
             self.polled
                 .store(progress::stamp(), std::sync::atomic::Ordering::Relaxed);
-            n.drive(&self.own_table, &mut inner.cqs);
+            n.drive(&self.own_table, &mut inner.cqs, true);
             net::tell_errors(&ctx.conn, n);
         }
         let mut left = Vec::new();

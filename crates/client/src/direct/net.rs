@@ -301,7 +301,7 @@ impl Net {
         };
         self.engine.post_send(qpn, w).map_err(post_errno)?;
         // Send at once: the peer waits for it, and nothing here waits for more to batch.
-        self.transmit(table);
+        self.transmit(table, false);
         self.outputs(cqs);
         Ok(())
     }
@@ -312,13 +312,21 @@ impl Net {
 
     /// One round: takes every datagram waiting, runs the timers that are due, sends what
     /// is ready and queues the completions. True if a packet came in.
-    pub(super) fn drive(&mut self, table: &Region, cqs: &mut CqQueues) -> bool {
+    ///
+    /// With `polling` (a program's `ibv_poll_cq`), a round that queued a completion keeps
+    /// its ACKs back for the next round, post or poll: the program is about to look at the
+    /// completion and, in a ping-pong, to post the reply the peer waits for, which then
+    /// leaves first — a loopback `sendto` of the ACK before it cost a third of an 8-byte
+    /// one-way (docs/net-path.md, "Order"). A poller comes back within microseconds; the
+    /// progress thread sends what is held within a millisecond if it does not.
+    pub(super) fn drive(&mut self, table: &Region, cqs: &mut CqQueues, polling: bool) -> bool {
         let got = self.receive(table);
         let now = self.now();
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
-        self.transmit(table);
+        let queued = self.outputs(cqs);
+        self.transmit(table, polling && queued);
         self.outputs(cqs);
         got
     }
@@ -390,7 +398,7 @@ impl Net {
     /// Sends what the engine has ready, each packet with its ICRC; ACKs after the requests
     /// of the same round, which is what a ping-pong's peer waits for
     /// (`crates/transport/examples/udp_pingpong.rs`).
-    fn transmit(&mut self, table: &Region) {
+    fn transmit(&mut self, table: &Region, hold_acks: bool) {
         let keys = OwnKeys(table);
         let now = self.now();
         let udp = UdpRepr {
@@ -424,6 +432,9 @@ impl Net {
             }
             send(&self.sock, &self.pkt[..tx.len], to);
         }
+        if hold_acks {
+            return;
+        }
         let mut start = 0;
         for &(end, to) in &self.ack_ends {
             send(&self.sock, &self.acks[start..end], to);
@@ -433,10 +444,15 @@ impl Net {
         self.ack_ends.clear();
     }
 
-    fn outputs(&mut self, cqs: &mut CqQueues) {
+    /// Hands the engine's outputs on; true if a completion was among them.
+    fn outputs(&mut self, cqs: &mut CqQueues) -> bool {
+        let mut completed = false;
         while let Some(o) = self.engine.poll_output() {
             match o {
-                Output::Completion { cq, wc } => cqs.push_own(cq as u32, wc),
+                Output::Completion { cq, wc } => {
+                    cqs.push_own(cq as u32, wc);
+                    completed = true;
+                }
                 Output::QpError { qpn, event } => {
                     if let Some(&h) = self.qps.get(&qpn) {
                         self.errors.push((h, event));
@@ -445,6 +461,7 @@ impl Net {
                 Output::SrqLimitReached { .. } => {}
             }
         }
+        completed
     }
 }
 
@@ -581,7 +598,7 @@ impl super::DirectCtx {
                 net.modify(qpn, &err);
             }
         }
-        net.drive(&self.own_table, &mut inner.cqs);
+        net.drive(&self.own_table, &mut inner.cqs, false);
         tell_errors(&ctx.conn, net);
         ops::notify_own(ctx, inner);
     }

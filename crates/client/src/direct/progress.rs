@@ -111,7 +111,7 @@ fn run(s: Shared, sock: OwnedFd) {
         let Some(n) = inner.net.as_mut() else {
             continue;
         };
-        n.drive(&table, &mut inner.cqs);
+        n.drive(&table, &mut inner.cqs, false);
         net::tell_errors(&conn, n);
         ops::notify_own_on(&conn, inner);
     }
