@@ -192,6 +192,19 @@ impl Core {
         })
     }
 
+    /// Whether PD `pd` has memory windows, or MRs a window may be bound to
+    /// (`IBV_ACCESS_MW_BIND`): binds and window keys are checked by the daemon's engine only,
+    /// so its QPs stay there (docs/net-path.md).
+    pub fn pd_uses_windows(&self, pd: PdRef) -> bool {
+        let Some(c) = self.contexts.get(&pd.ctx) else {
+            return false;
+        };
+        c.mws.values().any(|w| w.pd == pd.pd)
+            || c.mrs
+                .values()
+                .any(|m| m.pd == pd.pd && m.access.contains(Access::MW_BIND))
+    }
+
     /// The transport bound (`bound`) or unbound a window on MR `mr`: while any is bound the
     /// MR cannot be deregistered or re-registered.
     pub fn note_window_binding(&mut self, ctx: CtxId, mr: Handle, bound: bool) {

@@ -68,6 +68,13 @@ impl Dispatcher {
         if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts) {
             return false;
         }
+        if self
+            .core
+            .qp_pd(ctx, qp)
+            .is_none_or(|pd| self.core.pd_uses_windows(pd))
+        {
+            return false;
+        }
         // The first address of the device: the one its steered sockets are bound to.
         if q.attr.ah_attr.sgid_index != 0 {
             return false;
