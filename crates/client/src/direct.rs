@@ -40,6 +40,7 @@ mod mapped;
 mod net;
 mod ops;
 mod progress;
+mod udp;
 
 /// Whether this process asks for the direct path: unless `SOFTVERBS_DIRECT=0`.
 pub(crate) fn wanted() -> bool {

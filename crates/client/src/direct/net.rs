@@ -13,7 +13,7 @@
 //! `/proc/self/mem` for on-demand-paging MRs, whose pages the program may have unmapped.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
@@ -31,9 +31,9 @@ use softverbs_core::memory::{AtomicOp, Fault, Memory};
 use softverbs_core::types::{Access, EventType};
 use softverbs_core::wr::{Payload, RecvWr, SendWr, Sge};
 use softverbs_shm::Region;
-use softverbs_transport::{Engine, Instant, Output, PostError, QpConfig, RxMeta, MAX_PACKET};
+use softverbs_transport::{Engine, Instant, Output, PostError, QpConfig, RxMeta};
 use softverbs_wire::icrc;
-use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr};
+use softverbs_wire::ip::UdpRepr;
 
 use super::CqQueues;
 use crate::error::errno;
@@ -153,16 +153,11 @@ impl Memory for OwnMem {
 /// The engine of one context's QPs on this path, with their socket.
 pub(super) struct Net {
     engine: Engine,
-    sock: UdpSocket,
-    local: IpAddr,
+    udp: super::udp::Udp,
     gid: Gid,
-    port: u16,
     epoch: std::time::Instant,
     mem: OwnMem,
-    /// The packet being built or received.
-    pkt: Vec<u8>,
-    hdr: [u8; 64],
-    /// ACKs of one round, sent after its requests (docs/net-path.md, "Order").
+    /// ACKs of one round, sealed, sent after its requests (docs/net-path.md, "Order").
     acks: Vec<u8>,
     ack_ends: Vec<(usize, SocketAddr)>,
     /// QP numbers this engine runs, with their handles.
@@ -177,7 +172,7 @@ pub(super) struct Net {
 impl std::fmt::Debug for Net {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Net")
-            .field("local", &self.local)
+            .field("local", &self.udp.local)
             .field("qps", &self.qps.len())
             .finish_non_exhaustive()
     }
@@ -210,19 +205,13 @@ pub(super) fn recv_wr(r: &PostRecvReq) -> RecvWr {
 impl Net {
     /// The engine over `sock`, the device's steered socket the daemon handed out.
     pub(super) fn new(sock: OwnedFd) -> io::Result<Net> {
-        let sock = UdpSocket::from(sock);
-        sock.set_nonblocking(true)?;
-        let at = sock.local_addr()?;
+        let udp = super::udp::Udp::new(UdpSocket::from(sock))?;
         Ok(Net {
             engine: Engine::new(),
-            sock,
-            local: at.ip(),
-            gid: Gid::from_ip(at.ip()),
-            port: at.port(),
+            gid: Gid::from_ip(udp.local),
+            udp,
             epoch: std::time::Instant::now(),
             mem: OwnMem { mem: None },
-            pkt: vec![0; MAX_PACKET],
-            hdr: [0; 64],
             acks: Vec::new(),
             ack_ends: Vec::new(),
             qps: HashMap::default(),
@@ -233,7 +222,7 @@ impl Net {
 
     /// The socket, for a thread that waits on it.
     pub(super) fn socket(&self) -> io::Result<OwnedFd> {
-        self.sock.as_fd().try_clone_to_owned()
+        self.udp.sock.as_fd().try_clone_to_owned()
     }
 
     fn now(&self) -> Instant {
@@ -342,102 +331,77 @@ impl Net {
         std::mem::take(&mut self.errors)
     }
 
-    fn ip_repr(&self, src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
-        match (src, dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => Some(IpRepr::V4(Ipv4Repr::new(s, d))),
-            (IpAddr::V6(s), IpAddr::V6(d)) => Some(IpRepr::V6(Ipv6Repr::new(s, d))),
-            _ => None,
-        }
-    }
-
     fn receive(&mut self, table: &Region) -> bool {
         let keys = OwnKeys(table);
-        let mut any = false;
-        loop {
-            let (n, from) = match self.sock.recv_from(&mut self.pkt) {
-                Ok(r) => r,
-                // EAGAIN, or an error the socket reports (an ICMP unreachable): no packet.
-                Err(_) => return any,
-            };
-            any = true;
-            let Some(ip) = self.ip_repr(from.ip(), self.local) else {
-                self.rejected += 1;
-                continue;
+        let (engine, mem, qps, rejected) = (
+            &mut self.engine,
+            &mut self.mem,
+            &self.qps,
+            &mut self.rejected,
+        );
+        let (local, port, gid, epoch) = (self.udp.local, self.udp.port, self.gid, self.epoch);
+        let mut hdr = [0u8; 64];
+        self.udp.receive(|pkt, from, index| {
+            let Some(ip) = super::udp::ip_repr(from.ip(), local) else {
+                *rejected += 1;
+                return;
             };
             let udp = UdpRepr {
                 src_port: from.port(),
-                dst_port: self.port,
+                dst_port: port,
             };
-            let pkt = &self.pkt[..n];
-            if icrc::verify_received(ip, &udp, pkt, 0, IDS, &mut self.hdr).is_none() {
-                self.rejected += 1;
-                continue;
+            if icrc::verify_received(ip, &udp, pkt, index, IDS, &mut hdr).is_none() {
+                *rejected += 1;
+                return;
             }
-            // BTH destination QP (IBA 9.2): a packet steered here for a QP this engine
-            // does not run (a coalesced datagram, docs/net-path.md) is dropped, and the
-            // requester retransmits it.
-            let dqp = if n >= 8 {
-                u32::from_be_bytes([0, pkt[5], pkt[6], pkt[7]])
-            } else {
-                0
-            };
-            if !self.qps.contains_key(&dqp) {
-                self.rejected += 1;
-                continue;
+            // A packet steered here for a QP this engine does not run (a datagram a NIC
+            // coalesced, docs/net-path.md) is dropped; its requester retransmits it.
+            if !qps.contains_key(&super::udp::dest_qp(pkt)) {
+                *rejected += 1;
+                return;
             }
             let meta = RxMeta {
                 sgid: Gid::from_ip(from.ip()),
-                dgid: self.gid,
+                dgid: gid,
             };
-            let now = self.now();
-            self.engine
-                .handle_packet(now, &keys, &mut self.mem, meta, &self.pkt[..n]);
-        }
+            let now = Instant(epoch.elapsed().as_nanos() as u64);
+            engine.handle_packet(now, &keys, mem, meta, pkt);
+        })
     }
 
-    /// Sends what the engine has ready, each packet with its ICRC; ACKs after the requests
-    /// of the same round, which is what a ping-pong's peer waits for
-    /// (`crates/transport/examples/udp_pingpong.rs`).
+    /// Sends what the engine has ready: requests in GSO batches per destination QP
+    /// (`udp`), then the round's ACKs, which is what a ping-pong's peer waits for
+    /// (`crates/transport/examples/udp_pingpong.rs`); with `hold_acks` the ACKs wait for the
+    /// next round ([`Net::drive`]).
     fn transmit(&mut self, table: &Region, hold_acks: bool) {
         let keys = OwnKeys(table);
         let now = self.now();
-        let udp = UdpRepr {
-            src_port: self.port,
-            dst_port: self.port,
-        };
-        while let Some(tx) = self
-            .engine
-            .poll_transmit(now, &keys, &mut self.mem, &mut self.pkt)
-        {
-            let dst = tx.dgid.to_ip();
-            let Some(ip) = self.ip_repr(self.local, dst) else {
-                continue;
+        loop {
+            let Some(tx) = self
+                .engine
+                .poll_transmit(now, &keys, &mut self.mem, self.udp.stage())
+            else {
+                break;
             };
-            // The kernel sends a lone datagram of an unconnected socket with
-            // identification 0 (crates/daemon/src/netdev.rs).
-            let Ok(hl) = emit_ip_udp(&ip, &udp, tx.len, &mut self.hdr) else {
-                continue;
-            };
-            if icrc::write(&self.hdr[..hl], &mut self.pkt[..tx.len]).is_err() {
-                continue;
-            }
             // Every device of a deployment listens on the port this one is bound to (4791
             // outside tests), as the daemon's devices send.
-            let to = SocketAddr::new(dst, self.port);
+            let to = SocketAddr::new(tx.dgid.to_ip(), self.udp.port);
+            let pkt = self.udp.staged(tx.len);
             // BTH opcode 0x11: RC Acknowledge (IBA table 38).
-            if self.pkt[0] == 0x11 {
-                self.acks.extend_from_slice(&self.pkt[..tx.len]);
+            if pkt[0] == 0x11 {
+                self.acks.extend_from_slice(pkt);
                 self.ack_ends.push((self.acks.len(), to));
                 continue;
             }
-            send(&self.sock, &self.pkt[..tx.len], to);
+            self.udp.send_staged(tx.len, to);
         }
+        self.udp.flush();
         if hold_acks {
             return;
         }
         let mut start = 0;
         for &(end, to) in &self.ack_ends {
-            send(&self.sock, &self.acks[start..end], to);
+            self.udp.send_one(&mut self.acks[start..end], to);
             start = end;
         }
         self.acks.clear();
@@ -463,11 +427,6 @@ impl Net {
         }
         completed
     }
-}
-
-/// A full socket buffer is a lost packet, as on a congested link: the engine retransmits.
-fn send(sock: &UdpSocket, p: &[u8], to: SocketAddr) {
-    let _ = sock.send_to(p, to);
 }
 
 impl Net {
