@@ -376,13 +376,10 @@ impl Net {
     fn transmit(&mut self, table: &Region, hold_acks: bool) {
         let keys = OwnKeys(table);
         let now = self.now();
-        loop {
-            let Some(tx) = self
-                .engine
-                .poll_transmit(now, &keys, &mut self.mem, self.udp.stage())
-            else {
-                break;
-            };
+        while let Some(tx) = self
+            .engine
+            .poll_transmit(now, &keys, &mut self.mem, self.udp.stage())
+        {
             // Every device of a deployment listens on the port this one is bound to (4791
             // outside tests), as the daemon's devices send.
             let to = SocketAddr::new(tx.dgid.to_ip(), self.udp.port);
