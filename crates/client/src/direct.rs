@@ -54,8 +54,8 @@ pub(crate) struct DirectCtx {
     inner: Arc<Mutex<Inner>>,
     /// The net path's progress thread, once a QP took the path (`progress`).
     progress: Mutex<Option<progress::Progress>>,
-    /// When a program's thread last polled a CQ while the net path runs
-    /// (`progress::stamp`): the progress thread keeps off the socket then.
+    /// Polls of a program's thread while the net path runs: the progress thread keeps off
+    /// while they go on.
     polled: Arc<std::sync::atomic::AtomicU64>,
     /// Some QP of the context receives through an SRQ (so an SRQ post looks for peers
     /// waiting on it, [`DirectCtx::posted_srq_recv`]).
@@ -770,7 +770,7 @@ impl DirectCtx {
         }
         if let Some(n) = inner.net.as_mut() {
             self.polled
-                .store(progress::stamp(), std::sync::atomic::Ordering::Relaxed);
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             n.drive(&self.own_table, &mut inner.cqs, true);
             net::tell_errors(&ctx.conn, n);
         }

@@ -288,9 +288,17 @@ impl Net {
             ud: None,
             remote_srqn: 0,
         };
+        // With two earlier requests of the QP still outstanding, this one leaves at the next
+        // round (the program's next poll, or the progress thread once their ACK or timer
+        // comes): a burst of posts then goes out in GSO batches with one ACK request,
+        // instead of one datagram and one ACK each (docs/net-path.md, "Batching"). A
+        // ping-pong has one at most — the last request, whose ACK may still be on its way
+        // behind the reply — and its requests leave at once.
+        let busy = self.engine.send_queued(qpn) > 1;
         self.engine.post_send(qpn, w).map_err(post_errno)?;
-        // Send at once: the peer waits for it, and nothing here waits for more to batch.
-        self.transmit(table, false);
+        if !busy {
+            self.transmit(table, false);
+        }
         self.outputs(cqs);
         Ok(())
     }

@@ -2,10 +2,12 @@
 //! a requester retransmit while the program computes, or sleeps in `ibv_get_cq_event`,
 //! and a completion must wake a program that waits on its channel. One thread per context
 //! with a QP on the path does it, and keeps out of the way of a program that polls: while
-//! the program polled in the last [`BUSY`], the thread only naps until the engine's next
-//! timer (at most [`NAP`]), so a busy poller receives its own packets and nobody spins on
-//! a CPU another party needs; otherwise it sleeps on the socket and takes each packet as it
-//! comes.
+//! the program polled during its last nap ([`NAP`]), the thread naps again and touches
+//! nothing, so a busy poller receives its own packets (and runs the timers) and nobody
+//! spins on a CPU another party needs; otherwise it sleeps on the socket (until the
+//! engine's next timer at most) and takes each packet as it
+//! comes — and keeps looking, without sleeping, for [`SPIN`] after each packet while a
+//! stream lasts.
 //!
 //! It holds the context only weakly: when the context goes, the thread ends at its next
 //! wake-up (at most [`IDLE`] later) and keeps nothing of it open.
@@ -20,12 +22,16 @@ use softverbs_shm::Region;
 use super::{net, ops, Inner};
 use crate::conn::Conn;
 
-/// A program that polled this recently is polling: it takes its packets itself.
-pub(super) const BUSY: Duration = Duration::from_millis(2);
-/// The longest nap while the program polls.
+/// The nap while the program polls: a program that polled during the last one is polling,
+/// and takes its packets itself.
 pub(super) const NAP: Duration = Duration::from_millis(1);
 /// The longest sleep on the socket while it does not.
 pub(super) const IDLE: Duration = Duration::from_millis(20);
+/// How long the thread keeps looking for packets after the last one before it sleeps on
+/// the socket again (as a busy poller spins before it yields, `crate::idle::SPIN`): a
+/// stream's next datagram is usually there by then, and a partner sharing the CPU waits
+/// at most this long.
+pub(super) const SPIN: Duration = Duration::from_micros(50);
 
 /// The running thread; dropping this asks it to end.
 #[derive(Debug)]
@@ -37,16 +43,6 @@ impl Drop for Progress {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
     }
-}
-
-/// Nanoseconds since the first call in this process: the clock of [`super::DirectCtx`]'s
-/// last-poll stamp.
-pub(super) fn stamp() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    EPOCH
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos() as u64
 }
 
 struct Shared {
@@ -80,22 +76,35 @@ pub(super) fn start(
 }
 
 fn run(s: Shared, sock: OwnedFd) {
+    // When the last packet came in: while a stream lasts the thread keeps looking instead of
+    // sleeping on the socket, whose every wake-up is a context switch.
+    let mut last_packet: Option<std::time::Instant> = None;
+    let mut seen = s.polled.load(Ordering::Relaxed);
     loop {
         if s.stop.load(Ordering::Acquire) {
             return;
         }
-        let Some(inner) = s.inner.upgrade() else {
-            return;
-        };
-        let timer = {
-            let g = inner.lock().unwrap_or_else(|e| e.into_inner());
-            g.net.as_ref().and_then(|n| n.next_timeout())
-        };
-        drop(inner);
-        let since = stamp().saturating_sub(s.polled.load(Ordering::Relaxed));
-        if since < BUSY.as_nanos() as u64 {
-            std::thread::sleep(timer.unwrap_or(NAP).min(NAP));
+        // The program polled since the last look: its polls receive, run the timers and
+        // send (`Net::drive`), so the thread only naps and takes no lock.
+        let polls = s.polled.load(Ordering::Relaxed);
+        if polls != seen {
+            seen = polls;
+            last_packet = None;
+            std::thread::sleep(NAP);
+            continue;
+        }
+        let streaming = last_packet.is_some_and(|t| t.elapsed() < SPIN);
+        if streaming {
+            std::hint::spin_loop();
         } else {
+            let Some(inner) = s.inner.upgrade() else {
+                return;
+            };
+            let timer = {
+                let g = inner.lock().unwrap_or_else(|e| e.into_inner());
+                g.net.as_ref().and_then(|n| n.next_timeout())
+            };
+            drop(inner);
             let wait = timer.unwrap_or(IDLE).min(IDLE);
             // Round up: a timer due in under a millisecond must not become a busy loop.
             let ms = wait.as_millis().max(1) as i32;
@@ -111,7 +120,9 @@ fn run(s: Shared, sock: OwnedFd) {
         let Some(n) = inner.net.as_mut() else {
             continue;
         };
-        n.drive(&table, &mut inner.cqs, false);
+        if n.drive(&table, &mut inner.cqs, false) {
+            last_packet = Some(std::time::Instant::now());
+        }
         net::tell_errors(&conn, n);
         ops::notify_own_on(&conn, inner);
     }
