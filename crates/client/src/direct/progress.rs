@@ -95,7 +95,8 @@ fn run(s: Shared, sock: OwnedFd) {
         }
         let streaming = last_packet.is_some_and(|t| t.elapsed() < SPIN);
         if streaming {
-            std::hint::spin_loop();
+            // Yield rather than spin: the sender may share this CPU (two CPUs, four parties).
+            std::thread::yield_now();
         } else {
             let Some(inner) = s.inner.upgrade() else {
                 return;
