@@ -281,6 +281,21 @@ struct PeerSrq {
 }
 
 impl PeerSrq {
+    /// The SRQ share `DirectAttach` described in `r` (its ring's memfd `fd`).
+    fn from_resp(r: &DirectAttachResp, fd: std::os::fd::OwnedFd) -> Option<PeerSrq> {
+        let region = Arc::new(Region::map(fd, r.srq_len.get() as usize).ok()?);
+        let layout = RingLayout::new(r.srq_capacity.get(), r.srq_entry.get()).ok()?;
+        let limit_at = r.srq_limit.get() as usize;
+        if limit_at % 4 != 0 || limit_at.checked_add(4)? > region.len() {
+            return None;
+        }
+        Some(PeerSrq {
+            taker: SharedConsumer::attach(region.clone(), 0, layout).ok()?,
+            region,
+            limit_at,
+        })
+    }
+
     /// After a take: fewer posted than the armed limit disarms it, once; `true` for the
     /// taker that disarmed it (crates/abi/src/direct.rs, `srq_limit_offset`).
     fn crossed_limit(&self) -> bool {
@@ -578,8 +593,7 @@ impl DirectCtx {
             QpState::Rtr if matches!(q.path, Path::Held) => {
                 // With ABI 15 the library serves completion channels (`ops`).
                 let mut able = u32::from(q.able || ops::offered(ctx)) * ABLE_DIRECT;
-                if ctx.conn.abi >= 17 && net::wanted() && q.qp_type == QpType::Rc && q.srq.is_none()
-                {
+                if ctx.conn.abi >= 17 && net::wanted() && q.qp_type == QpType::Rc {
                     able |= ABLE_NET;
                 }
                 let req = DirectAttachReq {
@@ -590,9 +604,8 @@ impl DirectCtx {
                     .conn
                     .call_fds::<cmd::DirectAttach>("direct_attach", 0, &req, &[]);
                 let got = match got {
-                    Ok((r, mut fds)) if r.path.get() == PATH_NET => {
-                        let sock = fds.pop();
-                        return self.take_net(ctx, inner, handle, r.own_pd.get(), sock);
+                    Ok((r, fds)) if r.path.get() == PATH_NET => {
+                        return self.take_net(ctx, inner, handle, &r, fds);
                     }
                     got => got,
                 };
@@ -830,6 +843,26 @@ fn with_entry_buf<T>(size: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
     }
 }
 
+/// Takes the oldest receive posted to SRQ `s` into `r` (zeroed by the caller): `Ok(false)`
+/// when none is, `Err` when its ring or entry is corrupt.
+fn pop_srq(s: &PeerSrq, r: &mut PostRecvReq) -> std::result::Result<bool, ()> {
+    const HEAD: usize = std::mem::offset_of!(PostRecvReq, sg_list);
+    let entry = s.taker.layout().entry_size();
+    let got = s.taker.pop_with(|region, at| {
+        let n = HEAD.min(entry);
+        region.read(at, &mut r.as_mut_bytes()[..n]);
+        let sges = (r.num_sge.get() as usize).min(r.sg_list.len());
+        let bytes = (sges * std::mem::size_of::<softverbs_abi::msg::SgeWire>())
+            .min(entry.saturating_sub(HEAD));
+        region.read(at + HEAD, &mut r.sg_list.as_mut_bytes()[..bytes]);
+    });
+    match got {
+        Ok(Some(())) => Ok(true),
+        Ok(None) => Ok(false),
+        Err(_) => Err(()),
+    }
+}
+
 /// Takes the peer's oldest posted receive into `r` (zeroed by the caller): `Ok(false)` when
 /// none is posted, `Err`: its ring or entry is corrupt (the peer wrote nonsense into shared
 /// memory). Filled in place: a receive request is 272 bytes, and moving it through the
@@ -837,19 +870,8 @@ fn with_entry_buf<T>(size: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
 fn pop_recv(c: &mut Chan, r: &mut PostRecvReq) -> std::result::Result<bool, ()> {
     const HEAD: usize = std::mem::offset_of!(PostRecvReq, sg_list);
     if let Some(s) = &c.peer_srq {
-        let entry = s.taker.layout().entry_size();
-        let got = s.taker.pop_with(|region, at| {
-            let n = HEAD.min(entry);
-            region.read(at, &mut r.as_mut_bytes()[..n]);
-            let sges = (r.num_sge.get() as usize).min(r.sg_list.len());
-            let bytes = (sges * std::mem::size_of::<softverbs_abi::msg::SgeWire>())
-                .min(entry.saturating_sub(HEAD));
-            region.read(at + HEAD, &mut r.sg_list.as_mut_bytes()[..bytes]);
-        });
-        match got {
-            Ok(Some(())) => {}
-            Ok(None) => return Ok(false),
-            Err(_) => return Err(()),
+        if !pop_srq(s, r)? {
+            return Ok(false);
         }
         // Held until the request is done (`progress`): a peer that finds this process
         // gone completes it instead of losing it (`flush_held_by_gone_peer`).
@@ -903,17 +925,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>, abi: u32)
         return None;
     }
     let peer_srq = if with_srq {
-        let region = Arc::new(Region::map(fds.pop()?, r.srq_len.get() as usize).ok()?);
-        let layout = RingLayout::new(r.srq_capacity.get(), r.srq_entry.get()).ok()?;
-        let limit_at = r.srq_limit.get() as usize;
-        if limit_at % 4 != 0 || limit_at.checked_add(4)? > region.len() {
-            return None;
-        }
-        Some(PeerSrq {
-            taker: SharedConsumer::attach(region.clone(), 0, layout).ok()?,
-            region,
-            limit_at,
-        })
+        Some(PeerSrq::from_resp(r, fds.pop()?)?)
     } else {
         None
     };

@@ -503,3 +503,86 @@ fn a_net_path_receiver_asleep_on_its_channel_acks_and_wakes() {
         assert_eq!((w[0].wr_id, w[0].byte_len), (round, 100));
     }
 }
+
+/// A net-path QP on an SRQ: its library's engine takes the receives from the SRQ's shared
+/// ring as messages need them (in order, each once, into the right buffer), and a take
+/// that leaves the SRQ below its armed limit raises `SRQ_LIMIT_REACHED` once.
+#[test]
+fn a_net_path_qp_receives_through_its_srq_and_raises_the_limit_event() {
+    use softverbs::{Element, EventType, SrqAttr};
+    let (d1, _x) = daemon("netsa", Some("127.93.4.1"));
+    let (d2, _y) = daemon("netsb", Some("127.93.4.2"));
+    let a = Context::open_at(&d1.socket, 0).unwrap();
+    let b = Context::open_at(&d2.socket, 0).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (cqa, cqb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let s = pb
+        .create_srq(SrqAttr {
+            max_wr: 64,
+            max_sge: 4,
+            srq_limit: 0,
+        })
+        .unwrap();
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
+        .unwrap();
+    let qb = b
+        .create_qp(
+            &QpInit::new(QpType::Rc, &pb)
+                .cqs(&cqb, &cqb)
+                .srq(&s)
+                .cap(cap()),
+        )
+        .unwrap();
+    let mut abuf = vec![0u8; 4096];
+    let mut bbuf = vec![0u8; 16 * 4096];
+    let ma = lend(&pa, &mut abuf);
+    let mb = lend(&pb, &mut bbuf);
+    for i in 0..8u64 {
+        s.post_recv(i, &sge(&mb, i * 4096, 4096)).unwrap();
+    }
+    s.modify(
+        &SrqAttr {
+            srq_limit: 4,
+            ..SrqAttr::default()
+        },
+        softverbs::SRQ_LIMIT,
+    )
+    .unwrap();
+    connect(&qa, b.query_gid(1, 0).unwrap(), qb.qpn());
+    connect(&qb, a.query_gid(1, 0).unwrap(), qa.qpn());
+    assert!(
+        qa.is_net() && qb.is_net(),
+        "an SRQ's QP goes on the net path too"
+    );
+    for id in 0..6u64 {
+        let m = message(id as u32, 9);
+        ma.write(0, &m).unwrap();
+        let sg = sge(&ma, 0, m.len() as u32);
+        qa.post_send(&SendRequest::new(id, SendOp::Send, &sg))
+            .unwrap();
+        let w = cqa.wait(1, T).unwrap();
+        assert_eq!((w[0].wr_id, w[0].status), (id, WcStatus::Success));
+        let w = cqb.wait(1, T).unwrap();
+        assert_eq!(
+            (w[0].wr_id, w[0].status, w[0].qp_num, w[0].byte_len as usize),
+            (id, WcStatus::Success, qb.qpn(), m.len()),
+            "receive {id} is the SRQ's next"
+        );
+        assert_eq!(read(&mb, id as usize * 4096, m.len()), m);
+        if id == 3 {
+            assert!(
+                b.try_get_async_event().unwrap().is_none(),
+                "4 left: not below 4"
+            );
+        }
+    }
+    let ev = b
+        .get_async_event_within(Some(T))
+        .unwrap()
+        .expect("the limit event");
+    assert_eq!(ev.event_type, Some(EventType::SrqLimitReached));
+    assert_eq!(ev.element, Element::Srq(s.handle()));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(b.try_get_async_event().unwrap().is_none(), "once");
+}

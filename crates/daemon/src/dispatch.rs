@@ -466,9 +466,19 @@ impl Dispatcher {
             }
             Cmd::DirectSrqLimit => {
                 let (c, r) = (ctx()?, read!(DirectSrqLimit));
+                // The direct peer's SRQ; for a QP on the net path (docs/net-path.md), whose
+                // library takes from its own SRQ, that one.
+                let own = || {
+                    let qp = handle_of(r.handle);
+                    let qpn = self.core.qp_num(c, qp).ok()?;
+                    self.dp.on_net_path(qpn).then_some(())?;
+                    let srq = self.core.owned_qp_info(c, qp)?.srq?;
+                    Some((c, srq))
+                };
                 let srq = self
                     .direct
                     .peer_srq(&self.core, c, handle_of(r.handle))
+                    .or_else(own)
                     .ok_or(EINVAL)?;
                 self.dp.fed_srq_limit_reached(srq)?;
                 if self.core.raise_object_event(

@@ -37,16 +37,40 @@ impl Dispatcher {
             self.dp.net_detach(qpn);
             return (resp, fds);
         }
+        let srq = self.core.owned_qp_info(ctx, qp).and_then(|i| i.srq);
+        let share = srq.and_then(|h| self.dp.fed_srq_share(ctx, h));
+        if srq.is_some() && share.is_none() {
+            self.dp.net_detach(qpn);
+            return (resp, fds);
+        }
         match self.dp.net_attach(ctx, uid, qpn) {
             Ok(sock) => {
-                let pd = self.core.qp_pd(ctx, qp).map_or(0, |p| p.pd.0);
-                let resp = DirectAttachResp {
+                let pd = self.core.qp_pd(ctx, qp);
+                // Receive buffers are checked in their SRQ's PD (IBA 10.2.9), else the QP's.
+                let recv_pd = srq
+                    .and_then(|h| self.core.srq_info(ctx, h))
+                    .map(|i| i.pd)
+                    .or(pd)
+                    .map_or(0, |p| p.pd.0);
+                let mut resp = DirectAttachResp {
                     path: U32::new(PATH_NET),
-                    own_pd: U32::new(pd),
+                    own_pd: U32::new(pd.map_or(0, |p| p.pd.0)),
+                    // Whether the context's socket comes with this answer (the first time).
+                    side: U32::new(u32::from(sock.is_some())),
                     ..Default::default()
                 };
-                tracing::debug!(qpn, "QP on the net path");
-                (resp, sock.into_iter().collect())
+                resp.recv_pd[0] = U32::new(recv_pd);
+                let mut out = Vec::new();
+                if let Some(share) = share {
+                    resp.srq_len = zerocopy::little_endian::U64::new(share.len);
+                    resp.srq_capacity = U32::new(share.layout.capacity());
+                    resp.srq_entry = U32::new(share.layout.entry_size() as u32);
+                    resp.srq_limit = U32::new(share.limit_at);
+                    out.push(share.fd);
+                }
+                out.extend(sock);
+                tracing::debug!(qpn, srq = srq.is_some(), "QP on the net path");
+                (resp, out)
             }
             Err(e) => {
                 tracing::debug!(qpn, errno = e, "QP stays on the daemon's engine");
@@ -62,7 +86,16 @@ impl Dispatcher {
         let Ok(q) = self.core.query_qp(ctx, qp) else {
             return false;
         };
-        if info.qp_type != QpType::Rc || info.srq.is_some() {
+        if info.qp_type != QpType::Rc {
+            return false;
+        }
+        // A basic SRQ whose receives live in its shared ring (ABI 16, docs/direct-path.md
+        // "SRQs") is reachable by the library's engine as by the daemon's; one the daemon
+        // alone holds is not.
+        if info
+            .srq
+            .is_some_and(|h| !self.direct.takes_srqs(ctx) || !self.dp.is_fed_srq(ctx, h))
+        {
             return false;
         }
         if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts) {

@@ -150,6 +150,49 @@ impl Memory for OwnMem {
     }
 }
 
+/// An SRQ of the context as the engine takes from it: its shared ring, which the daemon's
+/// engine and the program's posts share (docs/direct-path.md, "SRQs").
+pub(super) struct OwnSrq {
+    ring: super::PeerSrq,
+    /// A QP of the net path on it: `DirectSrqLimit` names the SRQ by a QP.
+    qp: u32,
+    /// A receive taken left it below its armed limit, which the take disarmed: the daemon
+    /// raises the event ([`tell_errors`]).
+    limit_due: std::cell::Cell<bool>,
+}
+
+impl OwnSrq {
+    fn from_resp(
+        r: &softverbs_abi::msg::DirectAttachResp,
+        fd: Option<OwnedFd>,
+        qp: u32,
+    ) -> Option<OwnSrq> {
+        Some(OwnSrq {
+            ring: super::PeerSrq::from_resp(r, fd?)?,
+            qp,
+            limit_due: std::cell::Cell::new(false),
+        })
+    }
+}
+
+/// The engine's view of the SRQs: a receive is taken from the ring when a message needs one.
+struct Feed<'a>(&'a HashMap<u32, OwnSrq>);
+
+impl softverbs_transport::SrqFeed for Feed<'_> {
+    fn next_recv(&mut self, key: softverbs_transport::SrqKey) -> Option<RecvWr> {
+        let s = self.0.get(&key.1 .0)?;
+        let mut r = PostRecvReq::default();
+        // A corrupt ring (the program's own memory) holds nothing to take.
+        if !super::pop_srq(&s.ring, &mut r).ok()? {
+            return None;
+        }
+        if s.ring.crossed_limit() {
+            s.limit_due.set(true);
+        }
+        Some(recv_wr(&r))
+    }
+}
+
 /// The engine of one context's QPs on this path, with their socket.
 pub(super) struct Net {
     engine: Engine,
@@ -162,6 +205,8 @@ pub(super) struct Net {
     ack_ends: Vec<(usize, SocketAddr)>,
     /// QP numbers this engine runs, with their handles.
     qps: HashMap<u32, u32>,
+    /// SRQs its QPs receive through, by handle (`OwnSrq`).
+    srqs: HashMap<u32, OwnSrq>,
     /// QPs the engine moved to ERR, with their event, for the daemon to learn
     /// ([`Net::take_errors`]).
     errors: Vec<(u32, Option<EventType>)>,
@@ -215,6 +260,7 @@ impl Net {
             acks: Vec::new(),
             ack_ends: Vec::new(),
             qps: HashMap::default(),
+            srqs: HashMap::default(),
             errors: Vec::new(),
             rejected: 0,
         })
@@ -255,6 +301,25 @@ impl Net {
             self.engine.post_recv(qpn, recv_wr(r)).map_err(post_errno)?;
         }
         Ok(())
+    }
+
+    /// SRQ `handle` (its receive buffers in PD `pd`) feeds QPs of the engine from now on.
+    pub(super) fn add_srq(&mut self, handle: u32, pd: u32, s: OwnSrq) {
+        if self.srqs.contains_key(&handle) {
+            return;
+        }
+        let cap = s.ring.taker.layout().capacity();
+        self.engine.create_srq(softverbs_transport::SrqConfig {
+            key: (OWN, Handle(handle)),
+            pd: PdRef {
+                ctx: OWN,
+                pd: Handle(pd),
+            },
+            cq: None,
+            max_wr: cap,
+            max_sge: PostRecvReq::default().sg_list.len() as u32,
+        });
+        self.srqs.insert(handle, s);
     }
 
     /// The daemon's attributes of `qpn` after a modify.
@@ -347,6 +412,7 @@ impl Net {
             &self.qps,
             &mut self.rejected,
         );
+        let mut feed = Feed(&self.srqs);
         let (local, port, gid, epoch) = (self.udp.local, self.udp.port, self.gid, self.epoch);
         let mut hdr = [0u8; 64];
         self.udp.receive(|pkt, from, index| {
@@ -373,7 +439,7 @@ impl Net {
                 dgid: gid,
             };
             let now = Instant(epoch.elapsed().as_nanos() as u64);
-            engine.handle_packet(now, &keys, mem, meta, pkt);
+            engine.handle_packet_fed(now, &keys, mem, &mut feed, meta, pkt);
         })
     }
 
@@ -451,6 +517,15 @@ impl Net {
 /// Tells the daemon of the QPs the engine moved to ERR (`NetQpError`): it moves them there
 /// too, so `ibv_query_qp` shows it, and raises their async event.
 pub(super) fn tell_errors(conn: &crate::conn::Conn, net: &mut Net) {
+    for s in net.srqs.values() {
+        if s.limit_due.replace(false) {
+            let req = softverbs_abi::msg::HandleReq {
+                handle: zerocopy::little_endian::U32::new(s.qp),
+            };
+            let _ =
+                conn.call::<softverbs_abi::msg::cmd::DirectSrqLimit>("direct_srq_limit", 0, &req);
+        }
+    }
     for (handle, event) in net.take_errors() {
         let req = softverbs_abi::msg::DirectPeerErrorReq {
             qp: zerocopy::little_endian::U32::new(handle),
@@ -471,10 +546,10 @@ impl super::DirectCtx {
         ctx: &crate::Context,
         inner: &mut super::Inner,
         handle: u32,
-        own_pd: u32,
-        sock: Option<OwnedFd>,
+        r: &softverbs_abi::msg::DirectAttachResp,
+        fds: Vec<OwnedFd>,
     ) -> Option<super::Fallback> {
-        let taken = self.try_take_net(ctx, inner, handle, own_pd, sock);
+        let taken = self.try_take_net(ctx, inner, handle, r, fds);
         let q = inner.qps.get_mut(&handle)?;
         match taken {
             Ok(()) => {
@@ -495,10 +570,21 @@ impl super::DirectCtx {
         ctx: &crate::Context,
         inner: &mut super::Inner,
         handle: u32,
-        own_pd: u32,
-        sock: Option<OwnedFd>,
+        r: &softverbs_abi::msg::DirectAttachResp,
+        mut fds: Vec<OwnedFd>,
     ) -> Result<(), i32> {
+        let own_pd = r.own_pd.get();
+        // The descriptors: the SRQ's ring when the QP has one, then the context's socket
+        // the first time (`side` says so).
+        let sock = if r.side.get() == 1 { fds.pop() } else { None };
         let q = inner.qps.get(&handle).ok_or(errno::EINVAL)?;
+        let srq = match q.srq {
+            Some(h) => Some((
+                h,
+                OwnSrq::from_resp(r, fds.pop(), handle).ok_or(errno::EINVAL)?,
+            )),
+            None => None,
+        };
         let qq = crate::objects::query_qp(ctx, "query_qp", handle).map_err(|e| e.errno())?;
         if inner.net.is_none() {
             let sock = sock.ok_or(errno::EINVAL)?;
@@ -514,7 +600,7 @@ impl super::DirectCtx {
             }),
             send_cq: q.send_cq.map(u64::from),
             recv_cq: q.recv_cq.map(u64::from),
-            srq: None,
+            srq: srq.as_ref().map(|&(h, _)| (OWN, Handle(h))),
             sq_sig_all: q.sq_sig_all,
             max_send_wr: cap.max_send_wr,
             max_recv_wr: cap.max_recv_wr,
@@ -524,6 +610,9 @@ impl super::DirectCtx {
             port_mtu: qq.attr.path_mtu,
         };
         let net = inner.net.as_mut().ok_or(errno::EINVAL)?;
+        if let Some((h, s)) = srq {
+            net.add_srq(h, r.recv_pd[0].get(), s);
+        }
         net.add_qp(handle, cfg, &qq.attr, &q.held)
     }
 
