@@ -1217,7 +1217,7 @@ fn a_write_into_an_mr_deregistered_mid_message_is_refused_for_the_rest() {
         .core
         .reg_mr(cb, pb.pd, WIN, 0x4000, WIN, ALL)
         .expect("mr");
-    let before = p.b().mem.space(cb)[..].to_vec();
+    let before = p.b().mem.space(cb).to_vec();
     let wr = SendWr::new(
         7,
         SendOp::Write {
@@ -1261,7 +1261,7 @@ fn a_write_into_an_mr_deregistered_mid_message_is_refused_for_the_rest() {
     p.a().pump();
     assert_eq!(p.a_wcs(), vec![(7, WcStatus::RemAccessErr)]);
     let src = p.a().mem.space(ca)[SRC as usize..SRC as usize + 1024].to_vec();
-    let after = &p.b().mem.space(cb)[..];
+    let after = p.b().mem.space(cb);
     let w = WIN as usize;
     assert_eq!(after[w..w + 1024], src[..], "the first packet landed");
     assert_eq!(after[w + 1024..], before[w + 1024..], "nothing after it");
