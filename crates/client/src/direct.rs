@@ -56,7 +56,7 @@ pub(crate) struct DirectCtx {
     progress: Mutex<Option<progress::Progress>>,
     /// Polls of a program's thread while the net path runs: the progress thread keeps off
     /// while they go on.
-    polled: Arc<std::sync::atomic::AtomicU64>,
+    polled: Arc<progress::Activity>,
     /// Some QP of the context receives through an SRQ (so an SRQ post looks for peers
     /// waiting on it, [`DirectCtx::posted_srq_recv`]).
     srq_qps: std::sync::atomic::AtomicBool,
@@ -437,7 +437,7 @@ impl DirectCtx {
             own_table: Arc::new(table),
             inner: Arc::new(Mutex::new(Inner::default())),
             progress: Mutex::new(None),
-            polled: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            polled: Arc::new(progress::Activity::default()),
             srq_qps: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -738,6 +738,9 @@ impl DirectCtx {
             let Some(n) = inner.net.as_mut() else {
                 return Err(Error::new("post_send", errno::EINVAL));
             };
+            self.polled
+                .calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let r = n.post_send(&self.own_table, qpn, wr, &mut inner.cqs);
             net::tell_errors(&ctx.conn, n);
             ops::notify_own(ctx, inner);
@@ -783,6 +786,7 @@ impl DirectCtx {
         }
         if let Some(n) = inner.net.as_mut() {
             self.polled
+                .calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             n.drive(&self.own_table, &mut inner.cqs, true);
             net::tell_errors(&ctx.conn, n);

@@ -212,6 +212,16 @@ pub(super) struct Net {
     errors: Vec<(u32, Option<EventType>)>,
     /// Packets dropped here: ICRC mismatch, or for a QP this engine does not run.
     pub(super) rejected: u64,
+    /// Shared with the progress thread: whether something waits for a later round.
+    act: std::sync::Arc<super::progress::Activity>,
+}
+
+impl Drop for Net {
+    /// ACKs a poll held back leave before the socket closes: the peer's requests were
+    /// delivered, and a NIC would have acknowledged them on arrival.
+    fn drop(&mut self) {
+        self.send_acks();
+    }
 }
 
 impl std::fmt::Debug for Net {
@@ -249,7 +259,10 @@ pub(super) fn recv_wr(r: &PostRecvReq) -> RecvWr {
 
 impl Net {
     /// The engine over `sock`, the device's steered socket the daemon handed out.
-    pub(super) fn new(sock: OwnedFd) -> io::Result<Net> {
+    pub(super) fn new(
+        sock: OwnedFd,
+        act: std::sync::Arc<super::progress::Activity>,
+    ) -> io::Result<Net> {
         let udp = super::udp::Udp::new(UdpSocket::from(sock))?;
         Ok(Net {
             engine: Engine::new(),
@@ -263,6 +276,7 @@ impl Net {
             srqs: HashMap::default(),
             errors: Vec::new(),
             rejected: 0,
+            act,
         })
     }
 
@@ -327,8 +341,9 @@ impl Net {
         self.engine.modify_qp(qpn, attr);
     }
 
-    /// `qpn` leaves the engine (destroyed or reset).
+    /// `qpn` leaves the engine (destroyed or reset); the ACKs held back leave first.
     pub(super) fn remove(&mut self, qpn: u32) {
+        self.send_acks();
         self.engine.destroy_qp(qpn);
         self.qps.remove(&qpn);
     }
@@ -363,6 +378,10 @@ impl Net {
         self.engine.post_send(qpn, w).map_err(post_errno)?;
         if !busy {
             self.transmit(table, false);
+        } else {
+            self.act
+                .pending
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.outputs(cqs);
         Ok(())
@@ -467,9 +486,16 @@ impl Net {
             self.udp.send_staged(tx.len, to);
         }
         self.udp.flush();
-        if hold_acks {
-            return;
+        self.act.pending.store(
+            hold_acks && !self.acks.is_empty(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if !hold_acks {
+            self.send_acks();
         }
+    }
+
+    fn send_acks(&mut self) {
         let mut start = 0;
         for &(end, to) in &self.ack_ends {
             self.udp.send_one(&mut self.acks[start..end], to);
@@ -588,7 +614,8 @@ impl super::DirectCtx {
         let qq = crate::objects::query_qp(ctx, "query_qp", handle).map_err(|e| e.errno())?;
         if inner.net.is_none() {
             let sock = sock.ok_or(errno::EINVAL)?;
-            inner.net = Some(Box::new(Net::new(sock).map_err(|_| errno::EINVAL)?));
+            let act = self.polled.clone();
+            inner.net = Some(Box::new(Net::new(sock, act).map_err(|_| errno::EINVAL)?));
         }
         let cap = qq.init.cap;
         let cfg = QpConfig {

@@ -33,6 +33,21 @@ pub(super) const IDLE: Duration = Duration::from_millis(20);
 /// at most this long.
 pub(super) const SPIN: Duration = Duration::from_micros(50);
 
+/// What the program's threads do on the net path, as the progress thread sees it without a
+/// lock.
+#[derive(Debug, Default)]
+pub(super) struct Activity {
+    /// Polls and posts so far.
+    pub(super) calls: AtomicU64,
+    /// The engine holds something only a later round sends: ACKs a poll kept back, requests
+    /// a post left for the next round (`Net::drive`, `Net::post_send`).
+    pub(super) pending: AtomicBool,
+}
+
+/// How long the thread naps while the program is active but something waits for a later
+/// round: if the program makes none meanwhile, the thread makes it.
+pub(super) const SHORT: Duration = Duration::from_micros(50);
+
 /// The running thread; dropping this asks it to end.
 #[derive(Debug)]
 pub(super) struct Progress {
@@ -49,7 +64,7 @@ struct Shared {
     inner: Weak<Mutex<Inner>>,
     table: Weak<Region>,
     conn: Weak<Conn>,
-    polled: Arc<AtomicU64>,
+    act: Arc<Activity>,
     stop: Arc<AtomicBool>,
 }
 
@@ -58,7 +73,7 @@ pub(super) fn start(
     inner: &Arc<Mutex<Inner>>,
     table: &Arc<Region>,
     conn: &Arc<Conn>,
-    polled: &Arc<AtomicU64>,
+    act: &Arc<Activity>,
     sock: OwnedFd,
 ) -> std::io::Result<Progress> {
     let stop = Arc::new(AtomicBool::new(false));
@@ -66,7 +81,7 @@ pub(super) fn start(
         inner: Arc::downgrade(inner),
         table: Arc::downgrade(table),
         conn: Arc::downgrade(conn),
-        polled: polled.clone(),
+        act: act.clone(),
         stop: stop.clone(),
     };
     std::thread::Builder::new()
@@ -79,22 +94,26 @@ fn run(s: Shared, sock: OwnedFd) {
     // When the last packet came in: while a stream lasts the thread keeps looking instead of
     // sleeping on the socket, whose every wake-up is a context switch.
     let mut last_packet: Option<std::time::Instant> = None;
-    let mut seen = s.polled.load(Ordering::Relaxed);
+    let mut seen = s.act.calls.load(Ordering::Relaxed);
     loop {
         if s.stop.load(Ordering::Acquire) {
             return;
         }
-        // The program polled since the last look: its polls receive, run the timers and
-        // send (`Net::drive`), so the thread only naps and takes no lock.
-        let polls = s.polled.load(Ordering::Relaxed);
-        if polls != seen {
-            seen = polls;
+        // The program polled or posted since the last look: its polls receive, run the
+        // timers and send (`Net::drive`), so the thread only naps and takes no lock — for
+        // less long if something waits for a round the program may not make.
+        let calls = s.act.calls.load(Ordering::Relaxed);
+        if calls != seen {
+            seen = calls;
             last_packet = None;
-            std::thread::sleep(NAP);
+            let pending = s.act.pending.load(Ordering::Relaxed);
+            std::thread::sleep(if pending { SHORT } else { NAP });
             continue;
         }
         let streaming = last_packet.is_some_and(|t| t.elapsed() < SPIN);
-        if streaming {
+        if s.act.pending.load(Ordering::Relaxed) {
+            // The program went quiet with ACKs held or requests left: send them now.
+        } else if streaming {
             // Yield rather than spin: the sender may share this CPU (two CPUs, four parties).
             std::thread::yield_now();
         } else {
