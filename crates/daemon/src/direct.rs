@@ -96,6 +96,12 @@ impl Direct {
         Ok(give)
     }
 
+    /// Whether `ctx` opened the direct path and its MR table holds every MR it has (at most
+    /// [`MRT_CAPACITY`]): what a library needs to check keys itself (docs/net-path.md).
+    pub fn table_complete(&self, ctx: CtxId) -> bool {
+        self.ctxs.get(&ctx).is_some_and(|o| !o.overflow)
+    }
+
     /// Whether `ctx`'s library takes receives from its peers' SRQs and lets its own SRQs be
     /// taken from (ABI 16): its basic SRQs are then fed ones (`datapath::fed_srq`).
     pub fn takes_srqs(&self, ctx: CtxId) -> bool {

@@ -86,7 +86,8 @@ impl Dispatcher {
         let Ok(q) = self.core.query_qp(ctx, qp) else {
             return false;
         };
-        if info.qp_type != QpType::Rc {
+        // The library checks keys in the context's MR table: it must hold them all.
+        if info.qp_type != QpType::Rc || !self.direct.table_complete(ctx) {
             return false;
         }
         // A basic SRQ whose receives live in its shared ring (ABI 16, docs/direct-path.md

@@ -2,12 +2,13 @@
 //! a requester retransmit while the program computes, or sleeps in `ibv_get_cq_event`,
 //! and a completion must wake a program that waits on its channel. One thread per context
 //! with a QP on the path does it, and keeps out of the way of a program that polls: while
-//! the program polled during its last nap ([`NAP`]), the thread naps again and touches
-//! nothing, so a busy poller receives its own packets (and runs the timers) and nobody
-//! spins on a CPU another party needs; otherwise it sleeps on the socket (until the
-//! engine's next timer at most) and takes each packet as it
-//! comes — and keeps looking, without sleeping, for [`SPIN`] after each packet while a
-//! stream lasts.
+//! the program polled or posted during its last nap ([`NAP`], or [`SHORT`] while ACKs or
+//! requests wait for a later round) the thread naps again and touches nothing, so a busy
+//! poller receives its own packets (and runs the timers) and nobody spins on a CPU another
+//! party needs; when the program went quiet with something waiting, the thread sends it;
+//! otherwise it sleeps on the socket (until the engine's next timer at most) and takes each
+//! packet as it comes — and keeps looking, yielding the CPU between looks, for [`SPIN`]
+//! after each packet while a stream lasts.
 //!
 //! It holds the context only weakly: when the context goes, the thread ends at its next
 //! wake-up (at most [`IDLE`] later) and keeps nothing of it open.
@@ -22,8 +23,8 @@ use softverbs_shm::Region;
 use super::{net, ops, Inner};
 use crate::conn::Conn;
 
-/// The nap while the program polls: a program that polled during the last one is polling,
-/// and takes its packets itself.
+/// The nap while the program polls: a program that polled or posted during the last one is
+/// active, and takes its packets itself.
 pub(super) const NAP: Duration = Duration::from_millis(1);
 /// The longest sleep on the socket while it does not.
 pub(super) const IDLE: Duration = Duration::from_millis(20);
