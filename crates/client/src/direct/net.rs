@@ -154,8 +154,8 @@ impl Memory for OwnMem {
 /// engine and the program's posts share (docs/direct-path.md, "SRQs").
 pub(super) struct OwnSrq {
     ring: super::PeerSrq,
-    /// A QP of the net path on it: `DirectSrqLimit` names the SRQ by a QP.
-    qp: u32,
+    /// The QPs of the net path on it, by handle: `DirectSrqLimit` names the SRQ by one.
+    qps: Vec<u32>,
     /// A receive taken left it below its armed limit, which the take disarmed: the daemon
     /// raises the event ([`tell_errors`]).
     limit_due: std::cell::Cell<bool>,
@@ -169,7 +169,7 @@ impl OwnSrq {
     ) -> Option<OwnSrq> {
         Some(OwnSrq {
             ring: super::PeerSrq::from_resp(r, fd?)?,
-            qp,
+            qps: vec![qp],
             limit_due: std::cell::Cell::new(false),
         })
     }
@@ -200,7 +200,8 @@ pub(super) struct Net {
     gid: Gid,
     epoch: std::time::Instant,
     mem: OwnMem,
-    /// ACKs of one round, sealed, sent after its requests (docs/net-path.md, "Order").
+    /// ACKs of one round, their ICRC slots unwritten, sent after its requests
+    /// (docs/net-path.md, "Order").
     acks: Vec<u8>,
     ack_ends: Vec<(usize, SocketAddr)>,
     /// QP numbers this engine runs, with their handles.
@@ -319,7 +320,8 @@ impl Net {
 
     /// SRQ `handle` (its receive buffers in PD `pd`) feeds QPs of the engine from now on.
     pub(super) fn add_srq(&mut self, handle: u32, pd: u32, s: OwnSrq) {
-        if self.srqs.contains_key(&handle) {
+        if let Some(known) = self.srqs.get_mut(&handle) {
+            known.qps.extend(s.qps);
             return;
         }
         let cap = s.ring.taker.layout().capacity();
@@ -344,6 +346,11 @@ impl Net {
     /// `qpn` leaves the engine (destroyed or reset); the ACKs held back leave first.
     pub(super) fn remove(&mut self, qpn: u32) {
         self.send_acks();
+        if let Some(&h) = self.qps.get(&qpn) {
+            for s in self.srqs.values_mut() {
+                s.qps.retain(|&q| q != h);
+            }
+        }
         self.engine.destroy_qp(qpn);
         self.qps.remove(&qpn);
     }
@@ -540,13 +547,18 @@ impl Net {
     }
 }
 
-/// Tells the daemon of the QPs the engine moved to ERR (`NetQpError`): it moves them there
-/// too, so `ibv_query_qp` shows it, and raises their async event.
+/// Tells the daemon what the engine's last round did that it must act on: SRQs a take left
+/// below their armed limit (`DirectSrqLimit`, the daemon raises `SRQ_LIMIT_REACHED`), and
+/// QPs the engine moved to ERR (`NetQpError`: the daemon moves them there too, so
+/// `ibv_query_qp` shows it, and raises their async event).
 pub(super) fn tell_errors(conn: &crate::conn::Conn, net: &mut Net) {
     for s in net.srqs.values() {
+        let Some(&qp) = s.qps.first() else {
+            continue;
+        };
         if s.limit_due.replace(false) {
             let req = softverbs_abi::msg::HandleReq {
-                handle: zerocopy::little_endian::U32::new(s.qp),
+                handle: zerocopy::little_endian::U32::new(qp),
             };
             let _ =
                 conn.call::<softverbs_abi::msg::cmd::DirectSrqLimit>("direct_srq_limit", 0, &req);
