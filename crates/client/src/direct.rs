@@ -359,7 +359,20 @@ pub(crate) fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
     const _: () = assert!(MRT_ENTRY % 8 == 0 && MRT_ENTRIES % 8 == 0 && WORDS >= 5);
     let seq = &table.atomic_u64s(MRT_SEQ, 1)[0];
     let all = table.atomic_u64s(MRT_ENTRIES, MRT_CAPACITY * WORDS);
-    for _ in 0..1000 {
+    // The daemon rewrites the table in one thread, which the scheduler may stop halfway
+    // (odd sequence): spin briefly, then yield to it, for up to a second — giving up early
+    // would fail a valid key with an access error.
+    let mut deadline = None;
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        if tries > 1000 {
+            let end = *deadline.get_or_insert_with(|| Instant::now() + Duration::from_secs(1));
+            if Instant::now() > end {
+                return None;
+            }
+            std::thread::yield_now();
+        }
         let s = seq.load(Ordering::Acquire);
         if s % 2 == 1 {
             std::hint::spin_loop();
@@ -390,7 +403,6 @@ pub(crate) fn lookup(table: &Region, key: u32) -> Option<MrEntry> {
             return found;
         }
     }
-    None
 }
 
 /// Checks `(key, iova, len)` for a QP in `pd` needing `need` (crates/core/src/datapath.rs
