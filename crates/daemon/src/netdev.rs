@@ -51,8 +51,9 @@ use std::time::{Duration, Instant};
 use softverbs_core::device::Gid;
 use softverbs_transport::faults::{FaultInjector, Faults, NetStats};
 use softverbs_transport::{RxMeta, Transmit};
+use softverbs_wire::bth::dest_qp_of as dest_qp;
 use softverbs_wire::icrc;
-use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr};
+use softverbs_wire::ip::{emit_ip_udp, IpRepr, UdpRepr};
 use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
 
 mod steer;
@@ -221,26 +222,9 @@ fn group_socket(group: IpAddr, local: IpAddr, port: u16) -> io::Result<UdpSocket
     Ok(sock)
 }
 
-/// The IP header the kernel puts on a datagram from `src` to `dst` (multicast: TTL / hop
-/// limit 1, the sockets' default; the ICRC masks it, the capture shows it).
+/// The IP header the kernel puts on a datagram from `src` to `dst`.
 fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let mut ip = Ipv4Repr::new(s, d);
-            if d.is_multicast() {
-                ip.ttl = 1;
-            }
-            Some(IpRepr::V4(ip))
-        }
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
-            let mut ip = Ipv6Repr::new(s, d);
-            if d.is_multicast() {
-                ip.hop_limit = 1;
-            }
-            Some(IpRepr::V6(ip))
-        }
-        _ => None,
-    }
+    IpRepr::between(src, dst)
 }
 
 /// Socket buffer the device asks for: a full window of a few QPs (64 WQEs of 64 KiB is
@@ -259,14 +243,6 @@ fn socket_options(sock: &UdpSocket, ip: IpAddr) -> io::Result<()> {
     }
     size_socket_buffers(sock);
     Ok(())
-}
-
-/// The destination QP of RoCE v2 packet `pkt` (BTH bytes 5..8, big-endian; 0 for a runt).
-fn dest_qp(pkt: &[u8]) -> u32 {
-    match pkt.get(5..8) {
-        Some(q) => u32::from_be_bytes([0, q[0], q[1], q[2]]),
-        None => 0,
-    }
 }
 
 /// Grows the socket's buffers; as root the `_FORCE` variants pass `net.core.rmem_max`.
@@ -988,35 +964,14 @@ impl NetDev {
 
     /// The IP header (its identification as found) under which `pkt`'s ICRC checks out:
     /// identification `index` first (a GSO batch delivered whole), then every other one a
-    /// softverbs sender uses.
-    fn check_icrc(
-        &mut self,
-        mut ip: IpRepr,
-        udp: &UdpRepr,
-        pkt: &[u8],
-        index: u16,
-    ) -> Option<IpRepr> {
-        let first = if (index as usize) < MAX_SEGMENTS {
-            index
-        } else {
-            0
-        };
-        let ids = std::iter::once(first).chain((0..MAX_SEGMENTS as u16).filter(|&i| i != first));
-        for (n, id) in ids.enumerate() {
-            match &mut ip {
-                IpRepr::V4(v4) => v4.identification = id,
-                IpRepr::V6(_) if n > 0 => return None,
-                IpRepr::V6(_) => {}
-            }
-            let hl = emit_ip_udp(&ip, udp, pkt.len(), &mut self.hdr).ok()?;
-            if icrc::verify(&self.hdr[..hl], pkt).is_ok() {
-                if n > 0 {
-                    self.batch.id_searches += 1;
-                }
-                return Some(ip);
-            }
+    /// softverbs sender uses (`icrc::verify_received`).
+    fn check_icrc(&mut self, ip: IpRepr, udp: &UdpRepr, pkt: &[u8], index: u16) -> Option<IpRepr> {
+        let (ip, tries) =
+            icrc::verify_received(ip, udp, pkt, index, MAX_SEGMENTS as u16, &mut self.hdr)?;
+        if tries > 0 {
+            self.batch.id_searches += 1;
         }
-        None
+        Some(ip)
     }
 }
 

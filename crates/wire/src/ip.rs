@@ -199,6 +199,30 @@ pub enum IpRepr {
 }
 
 impl IpRepr {
+    /// The header a Linux UDP socket puts on a datagram from `src` to `dst`: TTL / hop limit
+    /// 64, or 1 to a multicast group (the sockets' default; the ICRC masks it, a capture
+    /// shows it); `None` across address families.
+    pub fn between(src: std::net::IpAddr, dst: std::net::IpAddr) -> Option<IpRepr> {
+        use std::net::IpAddr;
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let mut ip = Ipv4Repr::new(s, d);
+                if d.is_multicast() {
+                    ip.ttl = 1;
+                }
+                Some(IpRepr::V4(ip))
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                let mut ip = Ipv6Repr::new(s, d);
+                if d.is_multicast() {
+                    ip.hop_limit = 1;
+                }
+                Some(IpRepr::V6(ip))
+            }
+            _ => None,
+        }
+    }
+
     /// Header length this emits.
     pub const fn header_len(&self) -> usize {
         match self {

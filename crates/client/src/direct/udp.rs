@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 
 use softverbs_transport::MAX_PACKET;
 use softverbs_wire::icrc;
-use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, Ipv6Repr, UdpRepr};
+use softverbs_wire::ip::{emit_ip_udp, IpRepr, UdpRepr};
 
 /// Most segments of one GSO send (`UDP_MAX_SEGMENTS`, include/linux/udp.h).
 pub(super) const MAX_SEGMENTS: usize = 64;
@@ -24,20 +24,10 @@ const MAX_BATCH_BYTES: usize = 65_507;
 
 /// The IP header of a packet from `src` to `dst`, if both are of one family.
 pub(super) fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => Some(IpRepr::V4(Ipv4Repr::new(s, d))),
-        (IpAddr::V6(s), IpAddr::V6(d)) => Some(IpRepr::V6(Ipv6Repr::new(s, d))),
-        _ => None,
-    }
+    IpRepr::between(src, dst)
 }
 
-/// The destination QP of a RoCE v2 packet (BTH bytes 5..8, IBA 9.2); 0 for a runt.
-pub(super) fn dest_qp(pkt: &[u8]) -> u32 {
-    match pkt.get(5..8) {
-        Some(q) => u32::from_be_bytes([0, q[0], q[1], q[2]]),
-        None => 0,
-    }
-}
+pub(super) use softverbs_wire::bth::dest_qp_of as dest_qp;
 
 /// Writes the ICRC of `pkt` as sent from `local`:`port` to `to` with IPv4 identification
 /// `id`.
