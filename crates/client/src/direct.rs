@@ -54,9 +54,9 @@ pub(crate) struct DirectCtx {
     inner: Arc<Mutex<Inner>>,
     /// The net path's progress thread, once a QP took the path (`progress`).
     progress: Mutex<Option<progress::Progress>>,
-    /// Polls of a program's thread while the net path runs: the progress thread keeps off
-    /// while they go on.
-    polled: Arc<progress::Activity>,
+    /// Polls and posts of the program's threads on the net path: the progress thread keeps
+    /// off while they go on.
+    activity: Arc<progress::Activity>,
     /// Some QP of the context receives through an SRQ (so an SRQ post looks for peers
     /// waiting on it, [`DirectCtx::posted_srq_recv`]).
     srq_qps: std::sync::atomic::AtomicBool,
@@ -112,11 +112,14 @@ impl CqQueues {
         let peers = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
             && wc.status != WcStatus::WrFlushErr;
         if !peers {
-            let failed = wc.status != WcStatus::Success;
-            match self.own.iter_mut().find(|(c, _)| *c == cq) {
-                Some(e) => e.1 |= failed,
-                None => self.own.push((cq, failed)),
-            }
+            self.note_own(cq, wc.status != WcStatus::Success);
+        }
+    }
+
+    fn note_own(&mut self, cq: u32, failed: bool) {
+        match self.own.iter_mut().find(|(c, _)| *c == cq) {
+            Some(e) => e.1 |= failed,
+            None => self.own.push((cq, failed)),
         }
     }
 
@@ -124,11 +127,7 @@ impl CqQueues {
     /// net path's receive completions are its own too (no peer library told the daemon).
     pub(crate) fn push_own(&mut self, cq: u32, wc: WorkCompletion) {
         self.push(cq, wc);
-        let failed = wc.status != WcStatus::Success;
-        match self.own.iter_mut().find(|(c, _)| *c == cq) {
-            Some(e) => e.1 |= failed,
-            None => self.own.push((cq, failed)),
-        }
+        self.note_own(cq, wc.status != WcStatus::Success);
     }
 
     /// CQ `cq`'s queue.
@@ -449,7 +448,7 @@ impl DirectCtx {
             own_table: Arc::new(table),
             inner: Arc::new(Mutex::new(Inner::default())),
             progress: Mutex::new(None),
-            polled: Arc::new(progress::Activity::default()),
+            activity: Arc::new(progress::Activity::default()),
             srq_qps: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -467,7 +466,14 @@ impl DirectCtx {
         let Some(sock) = inner.net.as_ref().and_then(|n| n.socket().ok()) else {
             return;
         };
-        *p = progress::start(&self.inner, &self.own_table, &ctx.conn, &self.polled, sock).ok();
+        *p = progress::start(
+            &self.inner,
+            &self.own_table,
+            &ctx.conn,
+            &self.activity,
+            sock,
+        )
+        .ok();
     }
 
     /// A new RC/UC QP with its own receive queue or an SRQ may go direct once connected.
@@ -750,7 +756,7 @@ impl DirectCtx {
             let Some(n) = inner.net.as_mut() else {
                 return Err(Error::new("post_send", errno::EINVAL));
             };
-            self.polled
+            self.activity
                 .calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let r = n.post_send(&self.own_table, qpn, wr, &mut inner.cqs);
@@ -797,7 +803,7 @@ impl DirectCtx {
             ops::device_gone(ctx, inner);
         }
         if let Some(n) = inner.net.as_mut() {
-            self.polled
+            self.activity
                 .calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             n.drive(&self.own_table, &mut inner.cqs, true);

@@ -626,7 +626,7 @@ impl super::DirectCtx {
         let qq = crate::objects::query_qp(ctx, "query_qp", handle).map_err(|e| e.errno())?;
         if inner.net.is_none() {
             let sock = sock.ok_or(errno::EINVAL)?;
-            let act = self.polled.clone();
+            let act = self.activity.clone();
             inner.net = Some(Box::new(Net::new(sock, act).map_err(|_| errno::EINVAL)?));
         }
         let cap = qq.init.cap;
