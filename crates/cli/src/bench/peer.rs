@@ -562,10 +562,11 @@ impl Endpoint<'_> {
     }
 
     /// Whether this run's waits may spin before they yield: a latency run whose QP is on
-    /// the direct path (its peer is a process polling on its own CPU); not where a daemon
-    /// carries the work (it needs a CPU to do it).
+    /// the direct path or the net path (its peer is a process polling on its own CPU, and
+    /// this process's own polls receive the packets), as the drop-in's `ibv_poll_cq` decides
+    /// (`Cq::fed_directly`); not where a daemon carries the work (it needs a CPU to do it).
     fn may_spin(&self) -> bool {
-        self.a.mode == Mode::Lat && self.qp.is_direct()
+        self.a.mode == Mode::Lat && (self.qp.is_direct() || self.qp.is_net())
     }
 
     /// The next completion, polling until one comes.
