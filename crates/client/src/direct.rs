@@ -756,9 +756,8 @@ impl DirectCtx {
             let Some(n) = inner.net.as_mut() else {
                 return Err(Error::new("post_send", errno::EINVAL));
             };
-            self.activity
-                .calls
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // A post does not count as polling (`progress::Activity`): it sends but
+            // receives nothing.
             let r = n.post_send(&self.own_table, qpn, wr, &mut inner.cqs);
             net::tell_errors(&ctx.conn, n);
             ops::notify_own(ctx, inner);
@@ -803,10 +802,7 @@ impl DirectCtx {
             ops::device_gone(ctx, inner);
         }
         if let Some(n) = inner.net.as_mut() {
-            self.activity
-                .calls
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            n.drive(&self.own_table, &mut inner.cqs, true);
+            n.drive(&self.own_table, &mut inner.cqs, net::Round::Poll);
             net::tell_errors(&ctx.conn, n);
         }
         let mut left = Vec::new();

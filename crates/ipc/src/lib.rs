@@ -247,11 +247,22 @@ pub fn read_memfd(fd: impl AsFd, len: usize) -> std::io::Result<Vec<u8>> {
 /// Waits until `fd` is readable or `timeout_ms` passes (`None`: forever). Returns whether it
 /// is readable.
 pub fn wait_readable(fd: BorrowedFd<'_>, timeout_ms: Option<i32>) -> std::io::Result<bool> {
+    wait_readable_within(
+        fd,
+        timeout_ms.map(|ms| std::time::Duration::from_millis(ms.max(0) as u64)),
+    )
+}
+
+/// Like [`wait_readable`], with a timeout of any precision (`None`: forever).
+pub fn wait_readable_within(
+    fd: BorrowedFd<'_>,
+    timeout: Option<std::time::Duration>,
+) -> std::io::Result<bool> {
     use rustix::event::{poll, PollFd, PollFlags};
     let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-    let timeout = timeout_ms.map(|ms| rustix::event::Timespec {
-        tv_sec: i64::from(ms / 1000),
-        tv_nsec: i64::from(ms % 1000) * 1_000_000,
+    let timeout = timeout.map(|d| rustix::event::Timespec {
+        tv_sec: d.as_secs() as i64,
+        tv_nsec: i64::from(d.subsec_nanos()),
     });
     loop {
         match poll(&mut fds, timeout.as_ref()) {

@@ -215,7 +215,16 @@ pub(super) struct Net {
     pub(super) rejected: u64,
     /// Shared with the progress thread: whether something waits for a later round.
     act: std::sync::Arc<super::progress::Activity>,
+    /// Since when (engine time) ACKs have been kept for the program's next post by the rule
+    /// for WRITEs ([`Round::Poll`]); `None` if they are not.
+    held_since: Option<Instant>,
 }
+
+/// How long a poll keeps back the ACK of a WRITE for the program's next post
+/// ([`Round::Poll`]): in a WRITE ping-pong the post comes within a round trip of the
+/// packets; two programs that both wait for their own ACK while holding the other's are
+/// released within this.
+const HOLD: Duration = Duration::from_micros(20);
 
 impl Drop for Net {
     /// ACKs a poll held back leave before the socket closes: the peer's requests were
@@ -243,6 +252,30 @@ fn post_errno(e: PostError) -> i32 {
 }
 
 /// A receive as the ring carries it, for the engine.
+/// Who drives a round of the engine ([`Net::drive`]), and so whether its ACKs wait.
+///
+/// An ACK sent ahead of the request the program posts next costs the peer a round: in a
+/// ping-pong the peer's poll returns on the ACK, and the request it waits for then lands
+/// while it is no longer polling — and only the peer's progress thread, napping, can take
+/// it (docs/net-path.md, "Order"). A round that is likely to be followed by such a post
+/// keeps its ACKs back; a round that sends requests sends them behind; the progress thread
+/// sends what is held if the program makes no round within `progress::SHORT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Round {
+    /// The program's `ibv_poll_cq`. A round that queued a completion keeps its ACKs for the
+    /// next round (the program is about to look at it and, in a ping-pong, to post the
+    /// reply). A round that took packets while a request of this engine waits for its ACK
+    /// keeps them for up to [`HOLD`]: the program is polling for its own completion and
+    /// posts next — `ib_write_lat`, whose peer's WRITE completes nothing here.
+    Poll,
+    /// The progress thread, for a program that polled lately but is not polling now (it
+    /// spins on its memory for the peer's WRITE): the ACKs wait for the program's post.
+    Between,
+    /// The progress thread, for a program that is not using the path (asleep on a channel,
+    /// a target of WRITEs doing something else), or sending what a round held.
+    Alone,
+}
+
 pub(super) fn recv_wr(r: &PostRecvReq) -> RecvWr {
     let n = (r.num_sge.get() as usize).min(r.sg_list.len());
     RecvWr {
@@ -269,7 +302,7 @@ impl Net {
             engine: Engine::new(),
             gid: Gid::from_ip(udp.local),
             udp,
-            epoch: std::time::Instant::now(),
+            epoch: act.epoch,
             mem: OwnMem { mem: None },
             acks: Vec::new(),
             ack_ends: Vec::new(),
@@ -278,6 +311,7 @@ impl Net {
             errors: Vec::new(),
             rejected: 0,
             act,
+            held_since: None,
         })
     }
 
@@ -384,7 +418,7 @@ impl Net {
         let busy = self.engine.send_queued(qpn) > 1;
         self.engine.post_send(qpn, w).map_err(post_errno)?;
         if !busy {
-            self.transmit(table, false);
+            self.transmit(table, Round::Alone, false, false);
         } else {
             self.act
                 .pending
@@ -399,24 +433,26 @@ impl Net {
     }
 
     /// One round: takes every datagram waiting, runs the timers that are due, sends what
-    /// is ready and queues the completions. True if a packet came in.
-    ///
-    /// With `polling` (a program's `ibv_poll_cq`), a round that queued a completion keeps
-    /// its ACKs back for the next round, post or poll: the program is about to look at the
-    /// completion and, in a ping-pong, to post the reply the peer waits for, which then
-    /// leaves first — a loopback `sendto` of the ACK before it cost a third of an 8-byte
-    /// one-way (docs/net-path.md, "Order"). A poller comes back within microseconds; the
-    /// progress thread sends what is held within a millisecond if it does not.
-    pub(super) fn drive(&mut self, table: &Region, cqs: &mut CqQueues, polling: bool) -> bool {
+    /// is ready and queues the completions. True if a packet came in. `round` says who
+    /// drives it, which decides whether the round's ACKs wait for the next one.
+    pub(super) fn drive(&mut self, table: &Region, cqs: &mut CqQueues, round: Round) -> bool {
         let got = self.receive(table);
         let now = self.now();
+        if round == Round::Poll {
+            self.act.polled(now.0);
+        }
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
         let queued = self.outputs(cqs);
-        self.transmit(table, polling && queued);
+        self.transmit(table, round, got, queued);
         self.outputs(cqs);
         got
+    }
+
+    /// Whether a QP of the engine waits for the ACK of a request of its own.
+    fn awaiting_acks(&self) -> bool {
+        self.qps.keys().any(|&q| self.engine.send_queued(q) > 0)
     }
 
     /// How long until the engine's next timer, if it has one.
@@ -471,11 +507,12 @@ impl Net {
 
     /// Sends what the engine has ready: requests in GSO batches per destination QP
     /// (`udp`), then the round's ACKs, which is what a ping-pong's peer waits for
-    /// (`crates/transport/examples/udp_pingpong.rs`); with `hold_acks` the ACKs wait for the
-    /// next round ([`Net::drive`]).
-    fn transmit(&mut self, table: &Region, hold_acks: bool) {
+    /// (`crates/transport/examples/udp_pingpong.rs`), unless the round keeps them back
+    /// ([`Round`]).
+    fn transmit(&mut self, table: &Region, round: Round, got: bool, queued: bool) {
         let keys = OwnKeys(table);
         let now = self.now();
+        let mut requests = false;
         while let Some(tx) = self
             .engine
             .poll_transmit(now, &keys, &mut self.mem, self.udp.stage())
@@ -491,18 +528,34 @@ impl Net {
                 continue;
             }
             self.udp.send_staged(tx.len, to);
+            requests = true;
         }
         self.udp.flush();
-        self.act.pending.store(
-            hold_acks && !self.acks.is_empty(),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        if !hold_acks {
+        // ACKs go behind requests of the same round; otherwise `round` decides.
+        let hold = !requests
+            && !self.acks.is_empty()
+            && match round {
+                Round::Poll if queued => true,
+                Round::Poll if got && self.awaiting_acks() => {
+                    self.held_since.get_or_insert(now);
+                    true
+                }
+                Round::Poll => self
+                    .held_since
+                    .is_some_and(|t| now.0.saturating_sub(t.0) < HOLD.as_nanos() as u64),
+                Round::Between => true,
+                Round::Alone => false,
+            };
+        self.act
+            .pending
+            .store(hold, std::sync::atomic::Ordering::Relaxed);
+        if !hold {
             self.send_acks();
         }
     }
 
     fn send_acks(&mut self) {
+        self.held_since = None;
         let mut start = 0;
         for &(end, to) in &self.ack_ends {
             self.udp.send_one(&mut self.acks[start..end], to);
@@ -690,7 +743,7 @@ impl super::DirectCtx {
                 net.modify(qpn, &err);
             }
         }
-        net.drive(&self.own_table, &mut inner.cqs, false);
+        net.drive(&self.own_table, &mut inner.cqs, Round::Alone);
         tell_errors(&ctx.conn, net);
         ops::notify_own(ctx, inner);
     }

@@ -1,14 +1,23 @@
 //! The net path's progress thread (docs/net-path.md, "Progress"): a responder must ACK and
-//! a requester retransmit while the program computes, or sleeps in `ibv_get_cq_event`,
-//! and a completion must wake a program that waits on its channel. One thread per context
-//! with a QP on the path does it, and keeps out of the way of a program that polls: while
-//! the program polled or posted during its last nap ([`NAP`], or [`SHORT`] while ACKs or
-//! requests wait for a later round) the thread naps again and touches nothing, so a busy
-//! poller receives its own packets (and runs the timers) and nobody spins on a CPU another
-//! party needs; when the program went quiet with something waiting, the thread sends it;
-//! otherwise it sleeps on the socket (until the engine's next timer at most) and takes each
-//! packet as it comes — and keeps looking, yielding the CPU between looks, for [`SPIN`]
-//! after each packet while a stream lasts.
+//! a requester retransmit while the program computes, watches its memory for a peer's
+//! WRITE, or sleeps in `ibv_get_cq_event`, and a completion must wake a program that waits
+//! on its channel. One thread per context with a QP on the path does it, in one of three
+//! ways, by how long ago the program last polled a CQ (a post receives nothing, so only
+//! polls count):
+//!
+//! - less than [`POLLING`]: the program is in a poll loop and receives its own packets;
+//!   the thread naps [`NAP`] by the clock and touches nothing, so nobody spins on a CPU
+//!   another party needs and no packet wakes it;
+//! - less than [`QUIET`]: the program is between polls — `ib_write_lat` polls for its own
+//!   WRITE's completion, then spins on its memory for the peer's, which only this thread
+//!   can receive. The thread sleeps on the socket, takes each packet as it comes and holds
+//!   its ACKs for the program's next post ([`net::Round::Between`]), at most [`SHORT`];
+//! - longer, or never: nobody else will; the thread takes packets as they come and sends
+//!   at once, and after each packet keeps looking, yielding the CPU between looks, for
+//!   [`SPIN`] while a stream lasts.
+//!
+//! What a round left for a later one (ACKs, requests) is sent by the thread if the program
+//! makes no round within [`SHORT`].
 //!
 //! It holds the context only weakly: when the context goes, the thread ends at its next
 //! wake-up (at most [`IDLE`] later) and keeps nothing of it open.
@@ -16,37 +25,77 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use softverbs_shm::Region;
 
 use super::{net, ops, Inner};
 use crate::conn::Conn;
 
-/// The nap while the program polls: a program that polled or posted during the last one is
-/// active, and takes its packets itself.
+/// The nap while the program polls: a program in a poll loop takes its packets itself. A
+/// program that leaves its loop for longer than [`POLLING`] waits at most this for the
+/// thread to notice (once: from then on the ACKs the thread holds keep both sides' WRITEs
+/// arriving while their programs poll, docs/net-path.md, "Order").
 pub(super) const NAP: Duration = Duration::from_millis(1);
+/// A program whose last poll is more recent than this is in a poll loop and takes its
+/// packets itself; one whose last poll is older, but not [`QUIET`] old, is between polls
+/// (spinning on its memory for a peer's WRITE, `ib_write_lat`) and the thread takes them
+/// for it.
+pub(super) const POLLING: Duration = Duration::from_micros(100);
+/// A program that has not polled for this long is not watching the net path at all
+/// (asleep on a channel, a WRITE target doing something else): only then may the thread
+/// keep looking between packets instead of sleeping on the socket, since a program that
+/// spins on its memory may share the CPU the looks would take turns on.
+pub(super) const QUIET: Duration = Duration::from_millis(1);
 /// The longest sleep on the socket while it does not.
 pub(super) const IDLE: Duration = Duration::from_millis(20);
 /// How long the thread keeps looking for packets after the last one before it sleeps on
 /// the socket again (as a busy poller spins before it yields, `crate::idle::SPIN`): a
-/// stream's next datagram is usually there by then, and a partner sharing the CPU waits
-/// at most this long.
+/// stream's next datagram is usually there by then.
 pub(super) const SPIN: Duration = Duration::from_micros(50);
 
 /// What the program's threads do on the net path, as the progress thread sees it without a
 /// lock.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Activity {
-    /// Polls and posts so far.
-    pub(super) calls: AtomicU64,
+    /// When the program last polled (`Net::drive` from `ibv_poll_cq`), in ns since `epoch`;
+    /// 0: never.
+    polled: AtomicU64,
     /// The engine holds something only a later round sends: ACKs a poll kept back, requests
     /// a post left for the next round (`Net::drive`, `Net::post_send`).
     pub(super) pending: AtomicBool,
+    /// The clock of `polled`, also the engine's (`Net`).
+    pub(super) epoch: Instant,
 }
 
-/// How long the thread naps while the program is active but something waits for a later
-/// round: if the program makes none meanwhile, the thread makes it.
+impl Default for Activity {
+    fn default() -> Activity {
+        Activity {
+            polled: AtomicU64::new(0),
+            pending: AtomicBool::new(false),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl Activity {
+    /// The program polled at `now` (ns since `epoch`).
+    pub(super) fn polled(&self, now: u64) {
+        self.polled.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// How long ago the program last polled (`None`: never).
+    fn since_poll(&self) -> Option<Duration> {
+        let at = self.polled.load(Ordering::Relaxed);
+        (at != 0).then(|| {
+            let now = self.epoch.elapsed().as_nanos() as u64;
+            Duration::from_nanos(now.saturating_sub(at))
+        })
+    }
+}
+
+/// How long something left for a later round (ACKs held back, requests left by a post) may
+/// wait for the program to make that round before the thread makes it.
 pub(super) const SHORT: Duration = Duration::from_micros(50);
 
 /// The running thread; dropping this asks it to end.
@@ -94,28 +143,60 @@ pub(super) fn start(
 fn run(s: Shared, sock: OwnedFd) {
     // When the last packet came in: while a stream lasts the thread keeps looking instead of
     // sleeping on the socket, whose every wake-up is a context switch.
-    let mut last_packet: Option<std::time::Instant> = None;
-    let mut seen = s.act.calls.load(Ordering::Relaxed);
+    let mut last_packet: Option<Instant> = None;
+    // Since when ACKs have been held for a program between polls.
+    let mut held_at: Option<Instant> = None;
     loop {
         if s.stop.load(Ordering::Acquire) {
             return;
         }
-        // The program polled or posted since the last look: its polls receive, run the
-        // timers and send (`Net::drive`), so the thread only naps and takes no lock — for
-        // less long if something waits for a round the program may not make.
-        let calls = s.act.calls.load(Ordering::Relaxed);
-        if calls != seen {
-            seen = calls;
+        let pending = s.act.pending.load(Ordering::Relaxed);
+        let since = s.act.since_poll();
+        let polling = since.is_some_and(|d| d < POLLING);
+        if !pending {
+            held_at = None;
+        }
+        if polling && !pending {
+            // The program polls: its polls receive, run the timers and send (`Net::drive`),
+            // so the thread only naps and takes no lock.
             last_packet = None;
-            let pending = s.act.pending.load(Ordering::Relaxed);
-            std::thread::sleep(if pending { SHORT } else { NAP });
+            std::thread::sleep(NAP);
             continue;
         }
-        let streaming = last_packet.is_some_and(|t| t.elapsed() < SPIN);
-        if s.act.pending.load(Ordering::Relaxed) {
-            // The program went quiet with ACKs held or requests left: send them now.
-        } else if streaming {
-            // Yield rather than spin: the sender may share this CPU (two CPUs, four parties).
+        let quiet = since.is_none_or(|d| d >= QUIET);
+        let mut round = if quiet {
+            net::Round::Alone
+        } else {
+            net::Round::Between
+        };
+        if pending && polling {
+            // ACKs held or requests left for a later round: the program's next round makes
+            // it (a post sends them behind its request); if it makes none within SHORT,
+            // the thread does.
+            last_packet = None;
+            std::thread::sleep(SHORT);
+            if !s.act.pending.load(Ordering::Relaxed) {
+                continue;
+            }
+            round = net::Round::Alone;
+        } else if pending && quiet {
+            // Left by a program that is not polling at all: nobody else will send it.
+        } else if pending {
+            // Held for a program between polls: the rest of a message may still come
+            // (taken and held too) until its post sends them, or SHORT has passed.
+            let at = *held_at.get_or_insert_with(Instant::now);
+            let left = SHORT.saturating_sub(at.elapsed());
+            let came = !left.is_zero()
+                && softverbs_ipc::wait_readable_within(sock.as_fd(), Some(left)).unwrap_or(false);
+            if !s.act.pending.load(Ordering::Relaxed) {
+                continue;
+            }
+            if !came {
+                round = net::Round::Alone;
+            }
+        } else if quiet && last_packet.is_some_and(|t| t.elapsed() < SPIN) {
+            // A stream: yield rather than spin, the sender may share this CPU (two CPUs,
+            // four parties).
             std::thread::yield_now();
         } else {
             let Some(inner) = s.inner.upgrade() else {
@@ -130,6 +211,10 @@ fn run(s: Shared, sock: OwnedFd) {
             // Round up: a timer due in under a millisecond must not become a busy loop.
             let ms = wait.as_millis().max(1) as i32;
             let _ = softverbs_ipc::wait_readable(sock.as_fd(), Some(ms));
+            if !quiet && s.act.since_poll().is_some_and(|d| d < POLLING) {
+                // The program polls again: the packet that woke the thread is its own.
+                continue;
+            }
         }
         let (Some(inner), Some(table), Some(conn)) =
             (s.inner.upgrade(), s.table.upgrade(), s.conn.upgrade())
@@ -141,8 +226,8 @@ fn run(s: Shared, sock: OwnedFd) {
         let Some(n) = inner.net.as_mut() else {
             continue;
         };
-        if n.drive(&table, &mut inner.cqs, false) {
-            last_packet = Some(std::time::Instant::now());
+        if n.drive(&table, &mut inner.cqs, round) {
+            last_packet = Some(Instant::now());
         }
         net::tell_errors(&conn, n);
         ops::notify_own_on(&conn, inner);
