@@ -64,7 +64,8 @@ pub use codec::{
 /// 17: the engine in the library for QPs connected to another host (docs/net-path.md):
 /// [`direct::ABLE_NET`] in `DirectAttachReq::able`, [`direct::PATH_NET`] with the context's
 /// steered UDP socket, and `NetQpError` (id 160).
-pub const ABI_VERSION: u32 = 17;
+/// 18: `NetDrops` (id 161): the library's engine reports its transport drops.
+pub const ABI_VERSION: u32 = 18;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -301,6 +301,10 @@ commands! {
     /// to ERR: the daemon moves it there too and raises `event` on it, as it does for its
     /// own engine's errors (docs/net-path.md).
     NetQpError = 160 since 17 : DirectPeerErrorReq => (),
+    /// ABI 18: what the library's engine of the context dropped so far (its totals, not
+    /// increments), counted into `softverbs status`'s transport drops with the daemon's
+    /// engines' (docs/net-path.md).
+    NetDrops = 161 since 18 : NetDropsReq => (),
 }
 
 /// [`MapQueuesReq::kind`]: a QP's send and receive queues.
@@ -415,6 +419,13 @@ wire! {
         /// `enum ibv_event_type` to raise on the peer QP, or
         /// [`direct::NO_EVENT`](crate::direct::NO_EVENT).
         pub event: U32,
+    }
+
+    /// [`cmd::NetDrops`]: the counters of `StatusResp::net_foreign_source` and
+    /// `net_outside_window`, for the context's engine since it started.
+    pub struct NetDropsReq {
+        pub foreign_source: U64,
+        pub outside_window: U64,
     }
 
     /// [`cmd::DirectAtomic`]: `op` is [`direct::ATOMIC_CMP_SWP`](crate::direct) or

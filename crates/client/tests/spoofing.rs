@@ -623,22 +623,60 @@ fn udp_fuzz_during_a_transfer() {
 
 /// `softverbs status` shows what the transport dropped: an ACK for a connected QP from a
 /// stranger counts as a foreign source, one from the peer's address with no request
-/// outstanding counts as outside the PSN window.
+/// outstanding counts as outside the PSN window — counted by the daemon's engine.
 #[test]
 fn status_counts_packets_dropped_for_their_source_and_their_psn() {
-    let ip = Ipv4Addr::new(127, 102, 3, 1);
-    let peer = Ipv4Addr::new(127, 102, 3, 2);
-    let stranger = Ipv4Addr::new(127, 102, 3, 99);
-    let (d, _x) = daemon("drops", ip);
-    // The daemon's engine's counters: a QP on the net path (docs/net-path.md) is counted by
-    // its library's engine instead, so this context keeps its QP on the daemon.
-    let c = Context::open_at_direct(&d.socket, 0, false).unwrap();
+    status_counts_drops(3, false);
+}
+
+/// The same for a QP on the net path (docs/net-path.md), whose packets only its library's
+/// engine sees: the library reports its counters to the daemon (`NetDrops`).
+#[test]
+fn status_counts_what_a_net_path_qp_dropped() {
+    status_counts_drops(4, true);
+}
+
+fn status_counts_drops(net: u8, on_net_path: bool) {
+    let ip = Ipv4Addr::new(127, 102, net, 1);
+    let peer = Ipv4Addr::new(127, 102, net, 2);
+    let stranger = Ipv4Addr::new(127, 102, net, 99);
+    let (d, _x) = daemon(&format!("drops{net}"), ip);
+    let status = || {
+        softverbs::Introspect::connect_at(&d.socket)
+            .unwrap()
+            .status()
+            .unwrap()
+    };
+    counted_drops(&d, ip, peer, stranger, on_net_path);
+    // Still counted once the context is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status().contexts != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = status();
+    assert_eq!(
+        (s.contexts, s.net_foreign_source, s.net_outside_window),
+        (0, 1, 1)
+    );
+}
+
+/// Spoofs the two ACKs at a QP of a new context of `d` and waits for the status to count
+/// them.
+fn counted_drops(
+    d: &TestDaemon,
+    ip: Ipv4Addr,
+    peer: Ipv4Addr,
+    stranger: Ipv4Addr,
+    on_net_path: bool,
+) {
+    let c = Context::open_at_direct(&d.socket, 0, on_net_path).unwrap();
     let pd = c.alloc_pd().unwrap();
     let cq = c.create_cq(16).unwrap();
     let qp = c
         .create_qp(&QpInit::new(QpType::Rc, &pd).cqs(&cq, &cq))
         .unwrap();
     connect(&qp, softverbs::Gid::from_ip(IpAddr::V4(peer)), 1);
+    assert_eq!(qp.is_net(), on_net_path);
     let status = || {
         softverbs::Introspect::connect_at(&d.socket)
             .unwrap()

@@ -1449,9 +1449,10 @@ impl DataPath {
         self.qp_sched.remove(qpn);
     }
 
-    /// What the devices' engines dropped for its source or its PSN, summed over devices.
+    /// What the devices' engines and the libraries' (the net path's) dropped for its source
+    /// or its PSN, summed.
     pub fn drop_stats(&self) -> DropStats {
-        self.devs.iter().fold(DropStats::default(), |a, d| {
+        self.devs.iter().fold(self.net_reported_drops(), |a, d| {
             let s = d.engine.drop_stats();
             DropStats {
                 foreign_source: a.foreign_source + s.foreign_source,

@@ -495,6 +495,15 @@ impl Dispatcher {
                 woken.extend(self.net_qp_error(c, handle_of(r.qp), r.event.get())?);
                 ok::<cmd::NetQpError>(())
             }
+            Cmd::NetDrops => {
+                let (c, r) = (ctx()?, read!(NetDrops));
+                let totals = softverbs_transport::DropStats {
+                    foreign_source: r.foreign_source.get(),
+                    outside_window: r.outside_window.get(),
+                };
+                self.dp.net_drops_reported(c, totals);
+                ok::<cmd::NetDrops>(())
+            }
             Cmd::DirectNotify => {
                 let (c, r) = (ctx()?, read!(DirectNotify));
                 self.direct.notify(&self.core, &mut self.dp, c, &r)?;

@@ -215,6 +215,8 @@ pub(super) struct Net {
     pub(super) rejected: u64,
     /// Shared with the progress thread: whether something waits for a later round.
     act: std::sync::Arc<super::progress::Activity>,
+    /// The drops last reported to the daemon ([`tell_drops`]).
+    reported: softverbs_transport::DropStats,
     /// Since when (engine time) ACKs have been kept for the program's next post by the rule
     /// for WRITEs ([`Round::Poll`]); `None` if they are not.
     held_since: Option<Instant>,
@@ -311,6 +313,7 @@ impl Net {
             errors: Vec::new(),
             rejected: 0,
             act,
+            reported: Default::default(),
             held_since: None,
         })
     }
@@ -604,6 +607,25 @@ impl Net {
 /// below their armed limit (`DirectSrqLimit`, the daemon raises `SRQ_LIMIT_REACHED`), and
 /// QPs the engine moved to ERR (`NetQpError`: the daemon moves them there too, so
 /// `ibv_query_qp` shows it, and raises their async event).
+/// Reports the engine's transport drops to the daemon if they changed since the last
+/// report (`NetDrops`, ABI 18), for `softverbs status`.
+pub(super) fn tell_drops(conn: &crate::conn::Conn, net: &mut Net) {
+    let now = net.engine.drop_stats();
+    if now == net.reported || conn.abi < 18 {
+        return;
+    }
+    let req = softverbs_abi::msg::NetDropsReq {
+        foreign_source: zerocopy::little_endian::U64::new(now.foreign_source),
+        outside_window: zerocopy::little_endian::U64::new(now.outside_window),
+    };
+    if conn
+        .call::<softverbs_abi::msg::cmd::NetDrops>("net_drops", 0, &req)
+        .is_ok()
+    {
+        net.reported = now;
+    }
+}
+
 pub(super) fn tell_errors(conn: &crate::conn::Conn, net: &mut Net) {
     for s in net.srqs.values() {
         let Some(&qp) = s.qps.first() else {

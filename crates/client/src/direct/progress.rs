@@ -98,6 +98,10 @@ impl Activity {
 /// wait for the program to make that round before the thread makes it.
 pub(super) const SHORT: Duration = Duration::from_micros(50);
 
+/// How often the thread reports the engine's transport drops to the daemon, if they
+/// changed (`softverbs status` is that much behind at most).
+pub(super) const REPORT: Duration = Duration::from_millis(100);
+
 /// The running thread; dropping this asks it to end.
 #[derive(Debug)]
 pub(super) struct Progress {
@@ -146,9 +150,20 @@ fn run(s: Shared, sock: OwnedFd) {
     let mut last_packet: Option<Instant> = None;
     // Since when ACKs have been held for a program between polls.
     let mut held_at: Option<Instant> = None;
+    let mut reported = Instant::now();
     loop {
         if s.stop.load(Ordering::Acquire) {
             return;
+        }
+        if reported.elapsed() >= REPORT {
+            reported = Instant::now();
+            let (Some(inner), Some(conn)) = (s.inner.upgrade(), s.conn.upgrade()) else {
+                return;
+            };
+            let mut g = inner.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = g.net.as_mut() {
+                net::tell_drops(&conn, n);
+            }
         }
         let pending = s.act.pending.load(Ordering::Relaxed);
         let since = s.act.since_poll();

@@ -9,6 +9,7 @@ use std::os::fd::OwnedFd;
 
 use softverbs_core::errno::{EINVAL, ENOMEM};
 use softverbs_core::ids::CtxId;
+use softverbs_transport::DropStats;
 
 use super::DataPath;
 
@@ -19,6 +20,17 @@ pub(super) struct NetPaths {
     slots: HashMap<(CtxId, usize), u32>,
     /// QPs on the path, with their device.
     qps: HashMap<u32, usize>,
+    /// What each context's library engine reported it dropped (`NetDrops`: totals).
+    reported: HashMap<CtxId, DropStats>,
+    /// The last reports of contexts that are gone.
+    closed: DropStats,
+}
+
+fn add(a: DropStats, b: DropStats) -> DropStats {
+    DropStats {
+        foreign_source: a.foreign_source + b.foreign_source,
+        outside_window: a.outside_window + b.outside_window,
+    }
 }
 
 impl DataPath {
@@ -74,9 +86,26 @@ impl DataPath {
         self.net_path.qps.len()
     }
 
+    /// `NetDrops`: the totals of `ctx`'s library engine, replacing its last report (a
+    /// library can only report for the context it holds).
+    pub fn net_drops_reported(&mut self, ctx: CtxId, totals: DropStats) {
+        self.net_path.reported.insert(ctx, totals);
+    }
+
+    /// What the libraries' engines reported, those of closed contexts included.
+    pub(super) fn net_reported_drops(&self) -> DropStats {
+        self.net_path
+            .reported
+            .values()
+            .fold(self.net_path.closed, |a, &b| add(a, b))
+    }
+
     /// Context `ctx` is gone: its sockets go back to their devices' pools (its QPs were
-    /// detached as they were destroyed).
+    /// detached as they were destroyed), and its last report stays counted.
     pub(super) fn net_context_closed(&mut self, ctx: CtxId) {
+        if let Some(r) = self.net_path.reported.remove(&ctx) {
+            self.net_path.closed = add(self.net_path.closed, r);
+        }
         let mine: Vec<(usize, u32)> = self
             .net_path
             .slots
