@@ -418,7 +418,8 @@ impl Net {
         // instead of one datagram and one ACK each (docs/net-path.md, "Batching"). A
         // ping-pong has one at most — the last request, whose ACK may still be on its way
         // behind the reply — and its requests leave at once.
-        let busy = self.engine.send_queued(qpn) > 1;
+        // A program that is not polling makes no next round: its requests leave now.
+        let busy = self.engine.send_queued(qpn) > 1 && self.act.polling();
         self.engine.post_send(qpn, w).map_err(post_errno)?;
         if !busy {
             self.transmit(table, Round::Alone, false, false);

@@ -84,6 +84,11 @@ impl Activity {
         self.polled.store(now.max(1), Ordering::Relaxed);
     }
 
+    /// Whether the program is in a poll loop (its last poll under [`POLLING`] ago).
+    pub(super) fn polling(&self) -> bool {
+        self.since_poll().is_some_and(|d| d < POLLING)
+    }
+
     /// How long ago the program last polled (`None`: never).
     fn since_poll(&self) -> Option<Duration> {
         let at = self.polled.load(Ordering::Relaxed);
