@@ -29,20 +29,35 @@ fn sge(mr: &BorrowedMr<'_>, offset: u64, len: u32) -> [Sge; 1] {
     [mr.sge(offset as usize, len as usize).unwrap()]
 }
 
+/// Two daemons on `127.93.<net>.1` and `.2`, and on each a context, a PD, a CQ of 64 and an
+/// RC QP, bound to the caller's names (a macro: each borrows the one before).
+macro_rules! rc_pair {
+    ($tag:literal, $net:literal => $a:ident, $b:ident, $pa:ident, $pb:ident,
+     $cqa:ident, $cqb:ident, $qa:ident, $qb:ident) => {
+        let (d1, _x) = daemon(
+            concat!("net", $tag, "a"),
+            Some(concat!("127.93.", $net, ".1")),
+        );
+        let (d2, _y) = daemon(
+            concat!("net", $tag, "b"),
+            Some(concat!("127.93.", $net, ".2")),
+        );
+        let $a = Context::open_at(&d1.socket, 0).unwrap();
+        let $b = Context::open_at(&d2.socket, 0).unwrap();
+        let ($pa, $pb) = ($a.alloc_pd().unwrap(), $b.alloc_pd().unwrap());
+        let ($cqa, $cqb) = ($a.create_cq(64).unwrap(), $b.create_cq(64).unwrap());
+        let $qa = $a
+            .create_qp(&QpInit::new(QpType::Rc, &$pa).cqs(&$cqa, &$cqa).cap(cap()))
+            .unwrap();
+        let $qb = $b
+            .create_qp(&QpInit::new(QpType::Rc, &$pb).cqs(&$cqb, &$cqb).cap(cap()))
+            .unwrap();
+    };
+}
+
 #[test]
 fn rc_operations_between_two_daemons_run_in_the_libraries() {
-    let (d1, _x) = daemon("neta", Some("127.93.0.1"));
-    let (d2, _y) = daemon("netb", Some("127.93.0.2"));
-    let a = Context::open_at(&d1.socket, 0).unwrap();
-    let b = Context::open_at(&d2.socket, 0).unwrap();
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (cqa, cqb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
-    let qa = a
-        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
-        .unwrap();
-    let qb = b
-        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
-        .unwrap();
+    rc_pair!("", "0" => a, b, pa, pb, cqa, cqb, qa, qb);
     let mut abuf = vec![0u8; 1 << 16];
     let mut bbuf = vec![0u8; 1 << 16];
     let pattern: Vec<u8> = (0..6000u32).map(|i| (i * 7 + 3) as u8).collect();
@@ -633,18 +648,7 @@ fn write_and_complete(
 /// lands, in order, and every WRITE completes.
 #[test]
 fn write_ping_pong_and_crossing_writes_between_two_net_path_qps() {
-    let (d1, _x) = daemon("netwa", Some("127.93.5.1"));
-    let (d2, _y) = daemon("netwb", Some("127.93.5.2"));
-    let a = Context::open_at(&d1.socket, 0).unwrap();
-    let b = Context::open_at(&d2.socket, 0).unwrap();
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (cqa, cqb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
-    let qa = a
-        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
-        .unwrap();
-    let qb = b
-        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
-        .unwrap();
+    rc_pair!("w", "5" => a, b, pa, pb, cqa, cqb, qa, qb);
     connect(&qa, b.query_gid(1, 0).unwrap(), qb.qpn());
     connect(&qb, a.query_gid(1, 0).unwrap(), qa.qpn());
     assert!(qa.is_net() && qb.is_net());
