@@ -253,7 +253,6 @@ fn post_errno(e: PostError) -> i32 {
     }
 }
 
-/// A receive as the ring carries it, for the engine.
 /// Who drives a round of the engine ([`Net::drive`]), and so whether its ACKs wait.
 ///
 /// An ACK sent ahead of the request the program posts next costs the peer a round: in a
@@ -278,6 +277,7 @@ pub(super) enum Round {
     Alone,
 }
 
+/// A receive as the ring carries it, for the engine.
 pub(super) fn recv_wr(r: &PostRecvReq) -> RecvWr {
     let n = (r.num_sge.get() as usize).min(r.sg_list.len());
     RecvWr {
@@ -604,10 +604,6 @@ impl Net {
     }
 }
 
-/// Tells the daemon what the engine's last round did that it must act on: SRQs a take left
-/// below their armed limit (`DirectSrqLimit`, the daemon raises `SRQ_LIMIT_REACHED`), and
-/// QPs the engine moved to ERR (`NetQpError`: the daemon moves them there too, so
-/// `ibv_query_qp` shows it, and raises their async event).
 /// Reports the engine's transport drops to the daemon if they changed since the last
 /// report (`NetDrops`, ABI 18), for `softverbs status`.
 pub(super) fn tell_drops(conn: &crate::conn::Conn, net: &mut Net) {
@@ -627,6 +623,10 @@ pub(super) fn tell_drops(conn: &crate::conn::Conn, net: &mut Net) {
     }
 }
 
+/// Tells the daemon what the engine's last round did that it must act on: SRQs a take left
+/// below their armed limit (`DirectSrqLimit`, the daemon raises `SRQ_LIMIT_REACHED`), and
+/// QPs the engine moved to ERR (`NetQpError`: the daemon moves them there too, so
+/// `ibv_query_qp` shows it, and raises their async event).
 pub(super) fn tell_errors(conn: &crate::conn::Conn, net: &mut Net) {
     for s in net.srqs.values() {
         let Some(&qp) = s.qps.first() else {
