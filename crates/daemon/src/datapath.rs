@@ -1453,11 +1453,7 @@ impl DataPath {
     /// or its PSN, summed.
     pub fn drop_stats(&self) -> DropStats {
         self.devs.iter().fold(self.net_reported_drops(), |a, d| {
-            let s = d.engine.drop_stats();
-            DropStats {
-                foreign_source: a.foreign_source + s.foreign_source,
-                outside_window: a.outside_window + s.outside_window,
-            }
+            net_path::add_drops(a, d.engine.drop_stats())
         })
     }
 

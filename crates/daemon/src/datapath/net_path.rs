@@ -26,10 +26,12 @@ pub(super) struct NetPaths {
     closed: DropStats,
 }
 
-fn add(a: DropStats, b: DropStats) -> DropStats {
+/// `a + b`, saturating: a report is the client's word, and any value must leave the daemon
+/// standing (the protocol fuzz test sends them).
+pub(super) fn add_drops(a: DropStats, b: DropStats) -> DropStats {
     DropStats {
-        foreign_source: a.foreign_source + b.foreign_source,
-        outside_window: a.outside_window + b.outside_window,
+        foreign_source: a.foreign_source.saturating_add(b.foreign_source),
+        outside_window: a.outside_window.saturating_add(b.outside_window),
     }
 }
 
@@ -97,14 +99,14 @@ impl DataPath {
         self.net_path
             .reported
             .values()
-            .fold(self.net_path.closed, |a, &b| add(a, b))
+            .fold(self.net_path.closed, |a, &b| add_drops(a, b))
     }
 
     /// Context `ctx` is gone: its sockets go back to their devices' pools (its QPs were
     /// detached as they were destroyed), and its last report stays counted.
     pub(super) fn net_context_closed(&mut self, ctx: CtxId) {
         if let Some(r) = self.net_path.reported.remove(&ctx) {
-            self.net_path.closed = add(self.net_path.closed, r);
+            self.net_path.closed = add_drops(self.net_path.closed, r);
         }
         let mine: Vec<(usize, u32)> = self
             .net_path
