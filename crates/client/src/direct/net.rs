@@ -277,6 +277,27 @@ pub(super) enum Round {
     Alone,
 }
 
+/// Whether `pkt` ends a message that completes a receive here: the last or only packet of
+/// a SEND, or of an RDMA WRITE with immediate (IBA table 38, `crates/wire/src/opcode.rs`).
+fn ends_receive(pkt: &[u8]) -> bool {
+    use softverbs_wire::opcode::{Opcode, Operation as O};
+    pkt.first()
+        .and_then(|&op| Opcode(op).info().ok())
+        .is_some_and(|i| {
+            matches!(
+                i.operation,
+                O::SendLast
+                    | O::SendLastWithImmediate
+                    | O::SendOnly
+                    | O::SendOnlyWithImmediate
+                    | O::SendLastWithInvalidate
+                    | O::SendOnlyWithInvalidate
+                    | O::RdmaWriteLastWithImmediate
+                    | O::RdmaWriteOnlyWithImmediate
+            )
+        })
+}
+
 /// A receive as the ring carries it, for the engine.
 pub(super) fn recv_wr(r: &PostRecvReq) -> RecvWr {
     let n = (r.num_sge.get() as usize).min(r.sg_list.len());
@@ -440,7 +461,7 @@ impl Net {
     /// is ready and queues the completions. True if a packet came in. `round` says who
     /// drives it, which decides whether the round's ACKs wait for the next one.
     pub(super) fn drive(&mut self, table: &Region, cqs: &mut CqQueues, round: Round) -> bool {
-        let got = self.receive(table);
+        let got = self.receive(table, round == Round::Poll);
         let now = self.now();
         if round == Round::Poll {
             self.act.polled(now.0);
@@ -470,7 +491,13 @@ impl Net {
         std::mem::take(&mut self.errors)
     }
 
-    fn receive(&mut self, table: &Region) -> bool {
+    /// Takes the datagrams waiting; with `poll`, up to the first that ends a message the
+    /// program receives (a SEND, a WRITE with immediate): its completion goes to the
+    /// program without the look at the socket that would follow, which the program's next
+    /// poll makes. Every other datagram is taken in the same round — in `ib_write_lat` the
+    /// ACK that completes the program's WRITE comes just ahead of the peer's WRITE, which
+    /// left behind would land while the program watches its memory instead of polling.
+    fn receive(&mut self, table: &Region, poll: bool) -> bool {
         let keys = OwnKeys(table);
         let (engine, mem, qps, rejected) = (
             &mut self.engine,
@@ -481,10 +508,10 @@ impl Net {
         let mut feed = Feed(&self.srqs);
         let (local, port, gid, epoch) = (self.udp.local, self.udp.port, self.gid, self.epoch);
         let mut hdr = [0u8; 64];
-        self.udp.receive(|pkt, from, index| {
+        self.udp.receive(poll, |pkt, from, index| {
             let Some(ip) = super::udp::ip_repr(from.ip(), local) else {
                 *rejected += 1;
-                return;
+                return false;
             };
             let udp = UdpRepr {
                 src_port: from.port(),
@@ -492,13 +519,13 @@ impl Net {
             };
             if icrc::verify_received(ip, &udp, pkt, index, IDS, &mut hdr).is_none() {
                 *rejected += 1;
-                return;
+                return false;
             }
             // A packet steered here for a QP this engine does not run (a datagram a NIC
             // coalesced, docs/net-path.md) is dropped; its requester retransmits it.
             if !qps.contains_key(&super::udp::dest_qp(pkt)) {
                 *rejected += 1;
-                return;
+                return false;
             }
             let meta = RxMeta {
                 sgid: Gid::from_ip(from.ip()),
@@ -506,6 +533,7 @@ impl Net {
             };
             let now = Instant(epoch.elapsed().as_nanos() as u64);
             engine.handle_packet_fed(now, &keys, mem, &mut feed, meta, pkt);
+            ends_receive(pkt)
         })
     }
 
@@ -773,3 +801,23 @@ impl super::DirectCtx {
 }
 
 use super::ops;
+
+#[cfg(test)]
+mod tests {
+    /// A poll stops at the datagram whose packet completes a receive: the last or only
+    /// packet of a SEND (any kind) or of a WRITE with immediate; not a WRITE without, a
+    /// first or middle packet, a READ response or an ACK (which complete sends).
+    #[test]
+    fn the_packets_that_end_a_received_message() {
+        let ends = |op: u8| super::ends_receive(&[op, 0, 0, 0]);
+        for op in [0x02, 0x03, 0x04, 0x05, 0x09, 0x0B, 0x16, 0x17] {
+            assert!(ends(op), "{op:#04x}");
+        }
+        for op in [
+            0x00, 0x01, 0x06, 0x07, 0x08, 0x0A, 0x0C, 0x10, 0x11, 0x12, 0x13,
+        ] {
+            assert!(!ends(op), "{op:#04x}");
+        }
+        assert!(!super::ends_receive(&[]));
+    }
+}

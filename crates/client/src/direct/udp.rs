@@ -198,13 +198,19 @@ impl Udp {
         }
     }
 
-    /// Hands every packet waiting to `f` (packet, sender, index in its coalesced datagram,
-    /// which is the identification to try first); true if any came. One `recvmsg` per
+    /// Hands the packets of the datagrams waiting to `f` (packet, sender, index in its
+    /// coalesced datagram, which is the identification to try first); true if any came.
+    /// With `stop`, ends after a datagram for which `f` said true. One `recvmsg` per
     /// datagram, into buffers kept here: an empty poll allocates nothing.
-    pub(super) fn receive(&mut self, mut f: impl FnMut(&[u8], SocketAddr, u16)) -> bool {
+    pub(super) fn receive(
+        &mut self,
+        stop: bool,
+        mut f: impl FnMut(&[u8], SocketAddr, u16) -> bool,
+    ) -> bool {
         use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrStorage};
         let mut any = false;
-        loop {
+        let mut done = false;
+        while !done {
             let (len, seg, from) = {
                 let mut iov = [io::IoSliceMut::new(&mut self.rx)];
                 let msg = match recvmsg::<SockaddrStorage>(
@@ -244,9 +250,10 @@ impl Udp {
                 continue;
             };
             for (i, p) in self.rx[..len].chunks(seg.max(1)).enumerate() {
-                f(p, from, i as u16);
+                done |= f(p, from, i as u16) && stop;
             }
         }
+        any
     }
 }
 
