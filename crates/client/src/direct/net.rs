@@ -442,6 +442,7 @@ impl Net {
         // A program that is not polling makes no next round: its requests leave now.
         let busy = self.engine.send_queued(qpn) > 1 && self.act.polling();
         self.engine.post_send(qpn, w).map_err(post_errno)?;
+        self.act.posted(self.now().0);
         if !busy {
             self.transmit(table, Round::Alone, false, false);
         } else {
@@ -553,8 +554,19 @@ impl Net {
             // outside tests), as the daemon's devices send.
             let to = SocketAddr::new(tx.dgid.to_ip(), self.udp.port);
             let pkt = self.udp.staged(tx.len);
-            // BTH opcode 0x11: RC Acknowledge (IBA table 38).
-            if pkt[0] == 0x11 {
+            // BTH opcode 0x11: RC Acknowledge (IBA table 38), its AETH right behind the
+            // 12-byte BTH. A NAK (RNR, sequence error, a remote error: IBA 9.7.5.2) is the
+            // peer's cue to retransmit or fail and leaves at once with the requests; only
+            // positive ACKs wait for a later round.
+            let positive = || {
+                pkt.get(12).is_some_and(|&s| {
+                    matches!(
+                        softverbs_wire::aeth::Syndrome::decode(s),
+                        Ok(softverbs_wire::aeth::Syndrome::Ack { .. })
+                    )
+                })
+            };
+            if pkt[0] == 0x11 && positive() {
                 self.acks.extend_from_slice(pkt);
                 self.ack_ends.push((self.acks.len(), to));
                 continue;

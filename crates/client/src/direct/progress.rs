@@ -61,6 +61,9 @@ pub(super) struct Activity {
     /// When the program last polled (`Net::drive` from `ibv_poll_cq`), in ns since `epoch`;
     /// 0: never.
     polled: AtomicU64,
+    /// When the program last posted a send request on the path (ns since `epoch`; 0:
+    /// never).
+    posted: AtomicU64,
     /// The engine holds something only a later round sends: ACKs a poll kept back, requests
     /// a post left for the next round (`Net::drive`, `Net::post_send`).
     pub(super) pending: AtomicBool,
@@ -72,6 +75,7 @@ impl Default for Activity {
     fn default() -> Activity {
         Activity {
             polled: AtomicU64::new(0),
+            posted: AtomicU64::new(0),
             pending: AtomicBool::new(false),
             epoch: Instant::now(),
         }
@@ -82,6 +86,21 @@ impl Activity {
     /// The program polled at `now` (ns since `epoch`).
     pub(super) fn polled(&self, now: u64) {
         self.polled.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// The program posted a send request at `now` (ns since `epoch`).
+    pub(super) fn posted(&self, now: u64) {
+        self.posted.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether the program posted a send request less than [`QUIET`] ago: it answers
+    /// what it receives, and an ACK held for its next post leaves behind it.
+    fn answers(&self) -> bool {
+        let at = self.posted.load(Ordering::Relaxed);
+        at != 0 && {
+            let now = self.epoch.elapsed().as_nanos() as u64;
+            now.saturating_sub(at) < QUIET.as_nanos() as u64
+        }
     }
 
     /// Whether the program is in a poll loop (its last poll under [`POLLING`] ago).
@@ -184,10 +203,13 @@ fn run(s: Shared, sock: OwnedFd) {
             continue;
         }
         let quiet = since.is_none_or(|d| d >= QUIET);
-        let mut round = if quiet {
-            net::Round::Alone
-        } else {
+        // Held only for a program that posts: one that only receives (a stream's target)
+        // would leave its peer waiting SHORT, and a second wake-up of this thread, for
+        // every ACK.
+        let mut round = if !quiet && s.act.answers() {
             net::Round::Between
+        } else {
+            net::Round::Alone
         };
         if pending && polling {
             // ACKs held or requests left for a later round: the program's next round makes
