@@ -59,18 +59,14 @@ use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
 mod steer;
 pub use steer::MAX_STEERED;
 
-/// Most segments one GSO send may carry (`UDP_MAX_SEGMENTS`, include/linux/udp.h): also the
-/// range of IPv4 identifications a softverbs sender gives its packets.
-pub const MAX_SEGMENTS: usize = 64;
+pub use softverbs_wire::gso::MAX_SEGMENTS;
+use softverbs_wire::gso::{self, MAX_BATCH_BYTES};
 
 /// Datagrams one `recvmmsg` may take.
 const RX_DATAGRAMS: usize = 8;
 
 /// Room for one received datagram: a GRO one is at most 64 KiB.
 const RX_DATAGRAM: usize = 1 << 16;
-
-/// Most UDP payload bytes one GSO send may carry (an IPv4 datagram's 65,535 less its headers).
-const MAX_BATCH_BYTES: usize = 65_507;
 
 /// What the batching did, counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -533,13 +529,7 @@ impl NetDev {
     /// whole to the one socket its first segment's QP is steered to (steer.rs).
     fn fits(&self, to: SocketAddr, len: usize, qpn: u32) -> bool {
         let b = &self.tx;
-        b.to == Some(to)
-            && b.qpn == qpn
-            && b.lens.len() < MAX_SEGMENTS
-            && b.used + len <= MAX_BATCH_BYTES
-            // Segments of one size; a shorter one ends the batch.
-            && b.lens.first().is_some_and(|&l| len <= l)
-            && b.lens.last() == b.lens.first()
+        b.to == Some(to) && b.qpn == qpn && gso::joins(&b.lens, b.used, len)
     }
 
     /// Counts the `len` bytes at `buf[used..]` (destination QP `qpn`) into the batch for `to`.

@@ -25,6 +25,7 @@ pub mod cm;
 pub mod datagram;
 pub mod deth;
 mod error;
+pub mod gso;
 pub mod icrc;
 pub mod imm;
 pub mod ip;

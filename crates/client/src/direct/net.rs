@@ -42,8 +42,8 @@ use crate::error::errno;
 pub(super) const OWN: CtxId = CtxId(1);
 
 /// Identifications a softverbs sender gives the packets of one GSO batch (0..64,
-/// `crates/daemon/src/netdev.rs`): what a received packet's ICRC is checked with.
-const IDS: u16 = 64;
+/// `crates/wire/src/gso.rs`): what a received packet's ICRC is checked with.
+const IDS: u16 = softverbs_wire::gso::MAX_SEGMENTS as u16;
 
 /// `IBV_ACCESS_ON_DEMAND` (verbs.h).
 const ON_DEMAND: u32 = 1 << 6;

@@ -17,10 +17,8 @@ use softverbs_transport::MAX_PACKET;
 use softverbs_wire::icrc;
 use softverbs_wire::ip::{emit_ip_udp, IpRepr, UdpRepr};
 
-/// Most segments of one GSO send (`UDP_MAX_SEGMENTS`, include/linux/udp.h).
-pub(super) const MAX_SEGMENTS: usize = 64;
-/// Most UDP payload bytes of one GSO send (an IPv4 datagram's 65,535 less its headers).
-const MAX_BATCH_BYTES: usize = 65_507;
+pub(super) use softverbs_wire::gso::MAX_SEGMENTS;
+use softverbs_wire::gso::{self, MAX_BATCH_BYTES};
 
 /// The IP header of a packet from `src` to `dst`, if both are of one family.
 pub(super) fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
@@ -108,13 +106,7 @@ impl Udp {
     }
 
     fn fits(&self, to: SocketAddr, qpn: u32, len: usize) -> bool {
-        self.to == Some(to)
-            && self.qpn == qpn
-            && self.lens.len() < MAX_SEGMENTS
-            && self.used + len <= MAX_BATCH_BYTES
-            // Segments of one size; a shorter one ends the batch.
-            && self.lens.first().is_some_and(|&l| len <= l)
-            && self.lens.last() == self.lens.first()
+        self.to == Some(to) && self.qpn == qpn && gso::joins(&self.lens, self.used, len)
     }
 
     /// The staged packet (`len` bytes, ICRC slot unwritten) joins the batch for `to`; a
