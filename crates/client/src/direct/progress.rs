@@ -253,7 +253,7 @@ fn run(s: Shared, sock: OwnedFd) {
             // Round up: a timer due in under a millisecond must not become a busy loop.
             let ms = wait.as_millis().max(1) as i32;
             let _ = softverbs_ipc::wait_readable(sock.as_fd(), Some(ms));
-            if !quiet && s.act.since_poll().is_some_and(|d| d < POLLING) {
+            if !quiet && s.act.polling() {
                 // The program polls again: the packet that woke the thread is its own.
                 continue;
             }
