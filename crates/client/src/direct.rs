@@ -282,7 +282,7 @@ struct PeerSrq {
 impl PeerSrq {
     /// The SRQ share `DirectAttach` described in `r` (its ring's memfd `fd`).
     fn from_resp(r: &DirectAttachResp, fd: std::os::fd::OwnedFd) -> Option<PeerSrq> {
-        let region = Arc::new(Region::map(fd, r.srq_len.get() as usize).ok()?);
+        let region = Arc::new(Region::map_populated(fd, r.srq_len.get() as usize).ok()?);
         let layout = RingLayout::new(r.srq_capacity.get(), r.srq_entry.get()).ok()?;
         let limit_at = r.srq_limit.get() as usize;
         if limit_at % 4 != 0 || limit_at.checked_add(4)? > region.len() {
@@ -949,7 +949,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>, abi: u32)
     };
     let table_fd = fds.pop()?;
     let mem_fd = fds.pop()?;
-    let region = Arc::new(Region::map(fds.pop()?, r.region_len.get() as usize).ok()?);
+    let region = Arc::new(Region::map_populated(fds.pop()?, r.region_len.get() as usize).ok()?);
     let side = r.side.get() as usize;
     if side > 1 {
         return None;

@@ -75,7 +75,7 @@ fn map(ctx: &Context, kind: u32, handle: u32) -> Result<Option<(Arc<Region>, Que
     let Some(fd) = fds.pop() else {
         return Ok(None);
     };
-    Ok(Region::map(fd, r.region_len.get() as usize)
+    Ok(Region::map_populated(fd, r.region_len.get() as usize)
         .ok()
         .map(|region| (Arc::new(region), r)))
 }

@@ -9,7 +9,7 @@
 
 use std::ffi::c_void;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -73,7 +73,21 @@ impl Region {
     /// `F_GET_SEALS`), so the peer can neither hand over something else nor shrink the file
     /// under the mapping later. The descriptor may be closed afterwards.
     pub fn map(fd: impl AsFd, len: usize) -> io::Result<Region> {
-        let fd = fd.as_fd();
+        Region::map_with(fd.as_fd(), len, MapFlags::SHARED)
+    }
+
+    /// [`Region::map`], with every page of the region allocated and in this process's page
+    /// tables before it returns (`MAP_POPULATE`, mmap(2)): for rings on a latency path. A
+    /// ring's first lap otherwise takes a page fault every few entries in each process that
+    /// maps it — about 10 µs each on a VM, the top of `ib_send_lat`'s p99.9 on the direct
+    /// path (docs/performance.md, "Issue 16: first-lap page faults"). The price is the
+    /// region's memory at once rather than as the ring first wraps, which the queues of a
+    /// hardware device pin at creation too.
+    pub fn map_populated(fd: impl AsFd, len: usize) -> io::Result<Region> {
+        Region::map_with(fd.as_fd(), len, MapFlags::SHARED | MapFlags::POPULATE)
+    }
+
+    fn map_with(fd: BorrowedFd<'_>, len: usize, flags: MapFlags) -> io::Result<Region> {
         if len == 0 {
             return Err(invalid("a shared region cannot be empty"));
         }
@@ -98,7 +112,7 @@ impl Region {
                 std::ptr::null_mut(),
                 len,
                 ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
+                flags,
                 fd,
                 0,
             )?
@@ -270,6 +284,46 @@ mod tests {
         // So is something that is not a file at all.
         let efd = softverbs_ipc::new_eventfd().unwrap();
         assert!(Region::map(&efd, 4096).is_err());
+    }
+
+    /// The resident size of the mapping at `addr`, from /proc/self/smaps (proc(5)).
+    fn rss_kib(addr: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut mine = false;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((start, _)) = range.split_once('-') {
+                    if let Ok(start) = usize::from_str_radix(start, 16) {
+                        mine = start == addr;
+                        continue;
+                    }
+                }
+            }
+            if let Some(kb) = line.strip_prefix("Rss:").filter(|_| mine) {
+                return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+            }
+        }
+        panic!("no mapping at {addr:#x}");
+    }
+
+    #[test]
+    fn a_populated_mapping_is_resident_at_once_and_checked_as_map_checks() {
+        const LEN: usize = 256 * 1024;
+        let (a, fd) = Region::create("t", LEN).unwrap();
+        let lazy = Region::map(&fd, LEN).unwrap();
+        assert_eq!(
+            rss_kib(lazy.addr()),
+            0,
+            "a plain mapping faults pages in as touched"
+        );
+        let b = Region::map_populated(&fd, LEN).unwrap();
+        assert_eq!(rss_kib(b.addr()), (LEN / 1024) as u64);
+        a.atomic_u32(LEN - 4).store(7, Ordering::Release);
+        assert_eq!(b.atomic_u32(LEN - 4).load(Ordering::Acquire), 7);
+        assert!(Region::map_populated(&fd, 2 * LEN).is_err());
+        let plain = memfd_create("plain", MemfdFlags::CLOEXEC).unwrap();
+        ftruncate(&plain, 4096).unwrap();
+        assert!(Region::map_populated(&plain, 4096).is_err());
     }
 
     #[test]
