@@ -123,21 +123,31 @@ impl IdlePoll {
         self.empties.store(e.wrapping_add(1), Ordering::Relaxed);
         if e == 0 {
             // A new run: spin only if the CQ was fed directly when last looked at and no
-            // back-off is on. The clock is read here only during a back-off (whose runs
-            // yield, so they are rarely long enough to reach a clock look), otherwise not
-            // before CHECK_EVERY empty polls (most replies come sooner).
+            // back-off is on. The clock is read here only during a back-off or while the
+            // CQ is not known to be fed directly — runs that yield at every empty poll,
+            // so a clock read costs little next to them, and they are rarely long enough
+            // to reach a clock look: a CQ first looked at before its QPs took the direct
+            // path would otherwise yield at every empty poll for as long as each reply
+            // came within CHECK_EVERY polls of it. Otherwise not before CHECK_EVERY empty
+            // polls (most replies come sooner).
             let until = self.no_spin_until.load(Ordering::Relaxed);
-            let allowed = until == 0 || {
-                let over = now() >= until;
-                if over {
+            let mut fed = self.fed.load(Ordering::Relaxed);
+            if until != 0 || !fed {
+                let t = now();
+                let fed_at = self.fed_at.load(Ordering::Relaxed);
+                if !fed && (fed_at == 0 || t.saturating_sub(fed_at) > RECHECK.as_nanos() as u64) {
+                    fed = fed_directly();
+                    self.fed.store(fed, Ordering::Relaxed);
+                    self.fed_at.store(t, Ordering::Relaxed);
+                }
+                if until != 0 && t >= until {
                     self.no_spin_until.store(0, Ordering::Relaxed);
                 }
-                over
-            };
-            self.spinning.store(
-                self.fed.load(Ordering::Relaxed) && allowed,
-                Ordering::Relaxed,
-            );
+                self.spinning
+                    .store(fed && (until == 0 || t >= until), Ordering::Relaxed);
+            } else {
+                self.spinning.store(true, Ordering::Relaxed);
+            }
         } else if e % CHECK_EVERY == 0 {
             let t = now();
             if e == CHECK_EVERY {
@@ -267,8 +277,8 @@ mod tests {
     #[test]
     fn a_cq_fed_directly_spins_for_the_first_part_of_a_run_then_yields() {
         let p = IdlePoll::default();
-        // Unknown at first: yields until the first clock look finds it fed directly.
-        assert_eq!(p.empty(|| 1_000, || true), Idle::Yield);
+        // Unknown at first: looked at by the first empty poll.
+        assert_eq!(p.empty(|| 1_000, || true), Idle::Spin);
         assert_eq!(run(&p, CHECK_EVERY, 1_000, true), Idle::Spin);
         // Still young 10 µs into the run; past SPIN it yields.
         assert_eq!(run(&p, CHECK_EVERY, 11_000, true), Idle::Spin);
@@ -306,6 +316,22 @@ mod tests {
         assert!(!p.time_yield());
         p.got();
         assert_eq!(p.empty(|| after + 3_000, || true), Idle::Spin);
+    }
+
+    #[test]
+    fn a_poller_whose_replies_come_within_a_few_polls_learns_its_cq_is_fed_directly() {
+        let p = IdlePoll::default();
+        // Its QP is still being connected (not on the direct path): short runs yield.
+        assert_eq!(run(&p, 2, 1_000, false), Idle::Yield);
+        p.got();
+        // Now on the path; every reply comes within three polls, so no run reaches a
+        // clock look. Once RECHECK has passed the next run's first poll asks again.
+        let t = 1_000 + RECHECK.as_nanos() as u64 + 1;
+        assert_eq!(p.empty(|| t, || true), Idle::Spin);
+        for i in 1..100u64 {
+            p.got();
+            assert_eq!(run(&p, 3, t + i * 1_000, true), Idle::Spin);
+        }
     }
 
     #[test]
