@@ -6,10 +6,8 @@
 //! polls count):
 //!
 //! - less than [`POLLING`]: the program is in a poll loop and receives its own packets;
-//!   the thread naps by the clock ([`NAP`], or in steps of about [`POLLING`] for
-//!   [`STEPPED`] after it last had to take packets for a program between polls, [`nap`])
-//!   and touches nothing, so nobody spins on a CPU another party needs and no packet wakes
-//!   it;
+//!   the thread naps [`NAP`] by the clock and touches nothing, so nobody spins on a CPU
+//!   another party needs and no packet wakes it;
 //! - less than [`QUIET`]: the program is between polls — `ib_write_lat` polls for its own
 //!   WRITE's completion, then spins on its memory for the peer's, which only this thread
 //!   can receive. The thread sleeps on the socket, takes each packet as it comes and holds
@@ -34,8 +32,10 @@ use softverbs_shm::Region;
 use super::{net, ops, Inner};
 use crate::conn::Conn;
 
-/// The longest nap while the program polls (see [`nap`]): a program in a poll loop takes
-/// its packets itself.
+/// The nap while the program polls: a program in a poll loop takes its packets itself. A
+/// program that leaves its loop for longer than [`POLLING`] waits at most this for the
+/// thread to notice (once: from then on the ACKs the thread holds keep both sides' WRITEs
+/// arriving while their programs poll, docs/net-path.md, "Order").
 pub(super) const NAP: Duration = Duration::from_millis(1);
 /// A program whose last poll is more recent than this is in a poll loop and takes its
 /// packets itself; one whose last poll is older, but not [`QUIET`] old, is between polls
@@ -53,31 +53,6 @@ pub(super) const IDLE: Duration = Duration::from_millis(20);
 /// the socket again (as a busy poller spins before it yields, `crate::idle::SPIN`): a
 /// stream's next datagram is usually there by then.
 pub(super) const SPIN: Duration = Duration::from_micros(50);
-
-/// How long the thread naps while the program polls, its last poll `since` ago, when it
-/// recently took packets for the program between polls ([`STEPPED`]): until that poll is
-/// [`POLLING`] old, when the program may have left its loop again, and at most [`NAP`].
-/// `ib_write_lat` leaves its loop to spin on its memory for the peer's WRITE, and now and
-/// then that WRITE is still on its way (the peer's ACK came alone): it waits for the
-/// thread about twice [`POLLING`] instead of up to [`NAP`], which was the millisecond p99
-/// of `ib_write_lat` between two daemons (docs/performance.md, "Issue 16: the net path's
-/// millisecond p99"). Programs that stay in their loops (`ib_send_lat`, streams, MPI) keep
-/// the one wake-up per [`NAP`]: a wake-up per [`POLLING`] took a CPU from a spinning
-/// program 10,000 times a second.
-fn nap(since: Option<Duration>) -> Duration {
-    since
-        .map_or(NAP, |d| POLLING.saturating_sub(d) + NAP_SLACK)
-        .min(NAP)
-}
-
-/// How long after the thread last took packets for a program between polls it keeps
-/// napping in steps ([`nap`]).
-const STEPPED: Duration = Duration::from_millis(100);
-
-/// What a nap adds to the time left until the program's last poll is [`POLLING`] old, so
-/// a thread that wakes right at it finds the poll old rather than sleeps again for
-/// nanoseconds.
-const NAP_SLACK: Duration = Duration::from_micros(10);
 
 /// What the program's threads do on the net path, as the progress thread sees it without a
 /// lock.
@@ -199,8 +174,6 @@ fn run(s: Shared, sock: OwnedFd) {
     let mut last_packet: Option<Instant> = None;
     // Since when ACKs have been held for a program between polls.
     let mut held_at: Option<Instant> = None;
-    // When the thread last took packets for a program between polls (see `nap`).
-    let mut took_between: Option<Instant> = None;
     let mut reported = Instant::now();
     loop {
         if s.stop.load(Ordering::Acquire) {
@@ -226,8 +199,7 @@ fn run(s: Shared, sock: OwnedFd) {
             // The program polls: its polls receive, run the timers and send (`Net::drive`),
             // so the thread only naps and takes no lock.
             last_packet = None;
-            let stepped = took_between.is_some_and(|t| t.elapsed() < STEPPED);
-            std::thread::sleep(if stepped { nap(since) } else { NAP });
+            std::thread::sleep(NAP);
             continue;
         }
         let quiet = since.is_none_or(|d| d >= QUIET);
@@ -297,32 +269,9 @@ fn run(s: Shared, sock: OwnedFd) {
             continue;
         };
         if n.drive(&table, &mut inner.cqs, round) {
-            let now = Instant::now();
-            last_packet = Some(now);
-            if !quiet {
-                took_between = Some(now);
-            }
+            last_packet = Some(Instant::now());
         }
         net::tell_errors(&conn, n);
         ops::notify_own_on(&conn, inner);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_stepped_nap_ends_when_the_last_poll_is_polling_old_and_never_exceeds_nap() {
-        let us = Duration::from_micros;
-        // A poll just now: wake when it is POLLING old (and a little).
-        assert_eq!(nap(Some(us(0))), POLLING + NAP_SLACK);
-        assert_eq!(nap(Some(us(40))), POLLING - us(40) + NAP_SLACK);
-        // Already that old (the program polled again since the branch was taken): a short
-        // look, not a zero sleep that spins.
-        assert_eq!(nap(Some(us(500))), NAP_SLACK);
-        // Never polled: the whole nap.
-        assert_eq!(nap(None), NAP);
-        const { assert!(POLLING.as_nanos() + NAP_SLACK.as_nanos() <= NAP.as_nanos()) };
     }
 }
