@@ -23,8 +23,9 @@
 #   ITERS=2000 scripts/compare.sh
 #
 # Environment: SOFTVERBS_BIN (default: cargo build --release), ITERS (bench bandwidth runs
-# use twice as many), PT_ITERS (perftest iterations), LAT_ROUNDS (rounds of row 1), PEER_ITERS (UCX/libfabric, and the
-# bench's 8 B latency rows, so both sides of a latency ratio time as many round trips),
+# use twice as many), PT_ITERS (perftest iterations), LAT_ROUNDS (rounds of row 1),
+# PEER_ITERS (UCX/libfabric, and the bench's 8 B latency rows, so both sides of a latency
+# ratio time as many round trips),
 # RUN_TIMEOUT (seconds per run). Every run is bounded by `timeout`. Missing tools give "n/a".
 # The machine this was written on has 2 vCPUs shared with other work: single runs move by
 # 2× or more, so read the ratios, not the absolute figures.

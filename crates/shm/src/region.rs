@@ -79,8 +79,8 @@ impl Region {
     /// [`Region::map`], with every page of the region allocated and in this process's page
     /// tables before it returns (`MAP_POPULATE`, mmap(2)): for rings on a latency path. A
     /// ring's first lap otherwise takes a page fault every few entries in each process that
-    /// maps it — about 10 µs each on a VM, the top of `ib_send_lat`'s p99.9 on the direct
-    /// path (docs/performance.md, "Issue 16: first-lap page faults"). The price is the
+    /// maps it — microseconds each on a VM, and the p99 of `ib_send_lat` on the direct path
+    /// (docs/performance.md, "Issue 16: first-lap page faults"). The price is the
     /// region's memory at once rather than as the ring first wraps, which the queues of a
     /// hardware device pin at creation too.
     pub fn map_populated(fd: impl AsFd, len: usize) -> io::Result<Region> {
