@@ -35,6 +35,7 @@ use zerocopy::{FromBytes, FromZeros, IntoBytes};
 use crate::error::{errno, Error, Result};
 use crate::Context;
 
+pub(crate) mod at_exit;
 mod inline;
 mod mapped;
 mod net;

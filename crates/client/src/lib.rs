@@ -107,6 +107,7 @@ pub use cm::{CmChannel, CmCounts, CmEvent, CmEventKind, CmId, CmQp, CmTimers};
 pub use conn::{autostart_log, connect_socket, connect_socket_with, default_socket_path};
 pub use context::{devices, Context, DeviceInfo, PortInfo};
 pub use datapath::{CompChannel, SendRequest, UdAddress};
+pub use direct::at_exit::send_held_acks;
 pub use error::{errno, Error, ErrorKind, Result};
 pub use event::{AsyncEvent, Element};
 pub use introspect::{resources_json, status, Introspect, Status};

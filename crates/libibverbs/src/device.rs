@@ -188,6 +188,13 @@ fn fill_slots(v: &mut verbs_context) {
     o.compat_tail = [i; 5];
 }
 
+/// `atexit(3)`: the ACKs the library holds for a program's next round leave before a
+/// program that never destroys its QPs is gone (`softverbs::send_held_acks`).
+extern "C" fn send_held_acks_at_exit() {
+    // Nothing may unwind into libc's exit.
+    let _ = std::panic::catch_unwind(softverbs::send_held_acks);
+}
+
 unsafe extern "C" fn open_device(d: *mut ibv_device) -> *mut ibv_context {
     // SAFETY: see `dev`.
     let Some(d) = (unsafe { dev(d) }) else {
@@ -197,6 +204,14 @@ unsafe extern "C" fn open_device(d: *mut ibv_device) -> *mut ibv_context {
         Ok(c) => c,
         Err(e) => return null_with(errno_of(&e)),
     };
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a handler that takes no arguments and never unwinds. glibc's
+        // `atexit` is linked in from libc_nonshared as `__cxa_atexit` with this object's
+        // `__dso_handle` (`nm -D` shows `__cxa_atexit`), so a `dlclose` that unloads the
+        // library runs and removes the handler first: it is never called after unload.
+        let _ = unsafe { libc::atexit(send_held_acks_at_exit) };
+    });
     let inner: &'static Context = Box::leak(Box::new(ctx));
     // SAFETY: verbs_context is plain C data (pointers, ints, a pthread mutex) for which all
     // zero bytes is a valid value; every slot is filled right below.

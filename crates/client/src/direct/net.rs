@@ -598,6 +598,14 @@ impl Net {
         }
     }
 
+    /// The ACKs held for a later round leave now (`super::at_exit`).
+    pub(super) fn send_held_acks(&mut self) {
+        self.send_acks();
+        self.act
+            .pending
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn send_acks(&mut self) {
         self.held_since = None;
         let mut start = 0;
@@ -744,6 +752,7 @@ impl super::DirectCtx {
             let sock = sock.ok_or(errno::EINVAL)?;
             let act = self.activity.clone();
             inner.net = Some(Box::new(Net::new(sock, act).map_err(|_| errno::EINVAL)?));
+            super::at_exit::register(&self.inner);
         }
         let cap = qq.init.cap;
         let cfg = QpConfig {
