@@ -12,15 +12,9 @@ mod support;
 
 use support::{c_toolchain_missing, compile, Daemon, Proc};
 
-/// A loopback address of this test process's own: `127.<pid-derived>.<n>`.
+/// A loopback address of this test process's own (`support::loopback_addr`).
 fn addr(host: u8) -> String {
-    let pid = std::process::id();
-    format!(
-        "127.{}.{}.{}",
-        128 + (pid >> 8) % 100,
-        pid & 0xff,
-        220 + host
-    )
+    support::loopback_addr(220 + host)
 }
 
 #[test]

@@ -54,15 +54,9 @@ const INITIATOR_CHECKS: &[&str] = &[
     "send_with_inv_of_mr_key_rem_inv_req_err",
 ];
 
-/// A loopback address of this test process's own: `127.<pid-derived>.<n>`.
+/// A loopback address of this test process's own (`support::loopback_addr`).
 fn addr(host: u8) -> String {
-    let pid = std::process::id();
-    format!(
-        "127.{}.{}.{}",
-        128 + (pid >> 8) % 100,
-        pid & 0xff,
-        210 + host
-    )
+    support::loopback_addr(210 + host)
 }
 
 fn program(d: &Daemon) -> Option<std::path::PathBuf> {

@@ -45,15 +45,9 @@ const DEVICE_CHECKS: &[&str] = &[
     "dx_alloc_dm_unsupported",
 ];
 
-/// A loopback address of this test process's own: `127.<pid-derived>.<n>`.
+/// A loopback address of this test process's own (`support::loopback_addr`).
 fn addr(host: u8) -> String {
-    let pid = std::process::id();
-    format!(
-        "127.{}.{}.{}",
-        128 + (pid >> 8) % 100,
-        pid & 0xff,
-        200 + host
-    )
+    support::loopback_addr(200 + host)
 }
 
 fn program(d: &Daemon) -> Option<std::path::PathBuf> {

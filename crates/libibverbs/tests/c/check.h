@@ -149,6 +149,23 @@ static inline int maps_line_has(const void *p, const char *what)
 	return yes;
 }
 
+/* A GID as 32 hex digits on stdout, and back from them (how the test programs exchange
+ * addresses over their stdio). */
+static inline void print_gid(const union ibv_gid *g)
+{
+	for (int i = 0; i < 16; i++)
+		printf("%02x", g->raw[i]);
+}
+
+static inline void parse_gid(const char *hex, union ibv_gid *g)
+{
+	for (int i = 0; i < 16; i++) {
+		unsigned v;
+		sscanf(hex + 2 * i, "%2x", &v);
+		g->raw[i] = (uint8_t)v;
+	}
+}
+
 /* RESET -> INIT -> RTR -> RTS towards `remote` at `gid`, with remote `access`. */
 static inline void connect_rc(struct ibv_qp *qp, const union ibv_gid *gid, uint32_t remote,
 			      unsigned int access)

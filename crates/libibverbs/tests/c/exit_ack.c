@@ -12,21 +12,6 @@
 
 static char buf[4096] __attribute__((aligned(4096)));
 
-static void print_gid(const union ibv_gid *g)
-{
-	for (int i = 0; i < 16; i++)
-		printf("%02x", g->raw[i]);
-}
-
-static void parse_gid(const char *hex, union ibv_gid *g)
-{
-	for (int i = 0; i < 16; i++) {
-		unsigned v;
-		sscanf(hex + 2 * i, "%2x", &v);
-		g->raw[i] = (uint8_t)v;
-	}
-}
-
 int main(int argc, char **argv)
 {
 	int receiver = argc > 1 && strcmp(argv[1], "receiver") == 0;

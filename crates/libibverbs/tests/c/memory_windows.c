@@ -28,21 +28,6 @@ static struct ibv_qp *qps[NQP];
 static union ibv_gid gid;
 static char buf[BUF] __attribute__((aligned(4096)));
 
-static void print_gid(const union ibv_gid *g)
-{
-	for (int i = 0; i < 16; i++)
-		printf("%02x", g->raw[i]);
-}
-
-static void parse_gid(const char *hex, union ibv_gid *g)
-{
-	for (int i = 0; i < 16; i++) {
-		unsigned v;
-		sscanf(hex + 2 * i, "%2x", &v);
-		g->raw[i] = (uint8_t)v;
-	}
-}
-
 static void setup(void)
 {
 	struct ibv_device **l = ibv_get_device_list(NULL);

@@ -364,3 +364,11 @@ pub fn is_root() -> bool {
             .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
     })
 }
+
+/// A loopback address of this test process's own, `127.<pid-derived>.<last>`: daemons of
+/// two test binaries running at once never bind the same one (each binary picks its own
+/// range of `last`).
+pub fn loopback_addr(last: u8) -> String {
+    let pid = std::process::id();
+    format!("127.{}.{}.{}", 128 + (pid >> 8) % 100, pid & 0xff, last)
+}
