@@ -16,6 +16,17 @@
 //! index and `need_wakeup`. Each side keeps its own index privately and only *reads* the
 //! other's, validating it every time, so a peer that writes garbage into the header can
 //! make this side see a protocol error but never read or write outside the ring.
+//!
+//! A **stamped** ring ([`RingLayout::stamped`], flag word at offset 12) gives every slot
+//! its own 8-byte stamp in front of the entry, the slots spaced by whole 64-byte lines:
+//! the producer writes the entry, then the stamp (`STAMPED | index`, released), then the
+//! producer index as before; the consumer learns that entry `i` is there from its stamp
+//! alone, in the line it reads the entry from, and never reads the producer index. Where the
+//! two ends run on two CPUs that is one cache miss per entry instead of two in a row (the
+//! index's line, then the entry's), what a NIC's completion queue does with its owner bit
+//! and UCX's shared-memory FIFO with its element flag (docs/direct-path.md, "Stamped
+//! rings"). A garbage stamp can only make an entry look absent, or present with garbage
+//! in it, which a peer could publish through the index anyway.
 
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,6 +49,13 @@ pub const RING_MAGIC: u32 = u32::from_le_bytes(*b"SVRG");
 const OFF_MAGIC: usize = 0;
 const OFF_CAPACITY: usize = 4;
 const OFF_ENTRY_SIZE: usize = 8;
+const OFF_FLAGS: usize = 12;
+/// Flag word bit: the ring is stamped.
+const FLAG_STAMPED: u32 = 1;
+/// Bytes of a stamp in front of a stamped ring's entry.
+const STAMP: usize = 8;
+/// Set in every stamp written, so a zeroed slot never reads as written.
+const STAMPED: u64 = 1 << 32;
 const OFF_PRODUCER: usize = CACHE_LINE;
 const OFF_CONSUMER: usize = 2 * CACHE_LINE;
 const OFF_NOTE: usize = 2 * CACHE_LINE + 64;
@@ -73,7 +91,7 @@ pub enum LayoutError {
         region: usize,
     },
     /// The header does not describe this layout (not initialised, or another layout).
-    #[error("ring header (magic {magic:#x}, capacity {capacity}, entry size {entry_size}) does not match")]
+    #[error("ring header (magic {magic:#x}, capacity {capacity}, entry size {entry_size}, flags {flags:#x}) does not match")]
     Header {
         /// Magic found.
         magic: u32,
@@ -81,6 +99,8 @@ pub enum LayoutError {
         capacity: u32,
         /// Entry size found.
         entry_size: u32,
+        /// Flags found.
+        flags: u32,
     },
     /// The indices found at attach time are impossible.
     #[error(transparent)]
@@ -139,6 +159,7 @@ fn in_window(v: u32, low: u32, high: u32) -> bool {
 pub struct RingLayout {
     capacity: u32,
     entry_size: u32,
+    stamped: bool,
 }
 
 impl RingLayout {
@@ -153,7 +174,38 @@ impl RingLayout {
         Ok(RingLayout {
             capacity,
             entry_size,
+            stamped: false,
         })
+    }
+
+    /// [`new`](RingLayout::new), stamped (see the module doc).
+    pub fn stamped(capacity: u32, entry_size: u32) -> Result<RingLayout, LayoutError> {
+        Ok(RingLayout {
+            stamped: true,
+            ..RingLayout::new(capacity, entry_size)?
+        })
+    }
+
+    /// Whether entries carry their own stamps.
+    pub fn is_stamped(&self) -> bool {
+        self.stamped
+    }
+
+    /// Bytes from one slot to the next.
+    fn stride(&self) -> usize {
+        if self.stamped {
+            (STAMP + self.entry_size as usize).next_multiple_of(64)
+        } else {
+            self.entry_size as usize
+        }
+    }
+
+    fn flags(&self) -> u32 {
+        if self.stamped {
+            FLAG_STAMPED
+        } else {
+            0
+        }
     }
 
     /// Number of slots.
@@ -169,13 +221,18 @@ impl RingLayout {
     /// Bytes the ring occupies (header plus slots, rounded up to [`CACHE_LINE`]); place the
     /// next ring of a region this far on.
     pub fn size(&self) -> usize {
-        let data = self.capacity as usize * self.entry_size as usize;
+        let data = self.capacity as usize * self.stride();
         HEADER + data.div_ceil(CACHE_LINE) * CACHE_LINE
     }
 
-    /// Offset of the slot holding index `i`, relative to the ring.
+    /// Offset of the entry of index `i`, relative to the ring.
     fn slot(&self, i: u32) -> usize {
-        HEADER + (i & (self.capacity - 1)) as usize * self.entry_size as usize
+        self.stamp(i) + if self.stamped { STAMP } else { 0 }
+    }
+
+    /// Offset of the stamp of index `i` (of a stamped ring), relative to the ring.
+    fn stamp(&self, i: u32) -> usize {
+        HEADER + (i & (self.capacity - 1)) as usize * self.stride()
     }
 
     fn check_placement(&self, region: &Region, offset: usize) -> Result<(), LayoutError> {
@@ -201,6 +258,7 @@ impl RingLayout {
         for (off, v) in [
             (OFF_CAPACITY, self.capacity),
             (OFF_ENTRY_SIZE, self.entry_size),
+            (OFF_FLAGS, self.flags()),
             (OFF_PRODUCER, 0),
             (OFF_CONSUMER, 0),
             (OFF_NEED_WAKEUP, 0),
@@ -221,11 +279,15 @@ impl RingLayout {
         let magic = word(OFF_MAGIC).load(Ordering::Acquire);
         let capacity = word(OFF_CAPACITY).load(Ordering::Relaxed);
         let entry_size = word(OFF_ENTRY_SIZE).load(Ordering::Relaxed);
-        if (magic, capacity, entry_size) != (RING_MAGIC, self.capacity, self.entry_size) {
+        let flags = word(OFF_FLAGS).load(Ordering::Relaxed);
+        if (magic, capacity, entry_size, flags)
+            != (RING_MAGIC, self.capacity, self.entry_size, self.flags())
+        {
             return Err(LayoutError::Header {
                 magic,
                 capacity,
                 entry_size,
+                flags,
             });
         }
         let tail = word(OFF_PRODUCER).load(Ordering::Acquire);
@@ -276,6 +338,29 @@ impl Shared {
     #[inline]
     fn slot(&self, i: u32) -> usize {
         self.base + self.layout.slot(i)
+    }
+    /// The stamp of index `i` of a stamped ring.
+    #[inline]
+    fn stamp(&self, i: u32) -> &AtomicU64 {
+        &self.region.atomic_u64s(self.base + self.layout.stamp(i), 1)[0]
+    }
+    /// Whether entry `i` of a stamped ring has been published. Acquire: pairs with the
+    /// producer's release of the stamp, so the entry's bytes are visible once it is seen.
+    #[inline]
+    fn stamped(&self, i: u32) -> bool {
+        self.stamp(i).load(Ordering::Acquire) == STAMPED | u64::from(i)
+    }
+    /// Releases the stamps of `from..to`: their entries were written before.
+    #[inline]
+    fn release_stamps(&self, from: u32, to: u32) {
+        if self.layout.stamped {
+            let mut i = from;
+            while i != to {
+                self.stamp(i)
+                    .store(STAMPED | u64::from(i), Ordering::Release);
+                i = i.wrapping_add(1);
+            }
+        }
     }
 }
 
@@ -455,6 +540,7 @@ impl Producer {
         if self.tail == self.published {
             return false;
         }
+        self.shared.release_stamps(self.published, self.tail);
         // Release: the slot writes above happen before the consumer's acquire of this index.
         self.shared.producer().store(self.tail, Ordering::Release);
         self.published = self.tail;
@@ -489,6 +575,7 @@ impl Producer {
     pub fn push_polled(&mut self, bytes: &[u8]) -> Result<(), PushError> {
         self.stage_prefix(bytes, false)?;
         if self.tail != self.published {
+            self.shared.release_stamps(self.published, self.tail);
             // Release: the slot writes happen before the consumer's acquire of this index.
             self.shared.producer().store(self.tail, Ordering::Release);
             self.published = self.tail;
@@ -515,6 +602,10 @@ impl Peek {
     /// Whether the producer index differs from the consumer's.
     #[inline]
     pub fn maybe_ready(&self) -> bool {
+        if self.shared.layout.stamped {
+            let head = self.shared.consumer().load(Ordering::Relaxed);
+            return self.shared.stamped(head);
+        }
         self.shared.producer().load(Ordering::Acquire)
             != self.shared.consumer().load(Ordering::Relaxed)
     }
@@ -564,10 +655,18 @@ impl Consumer {
         if let Some(c) = self.poisoned {
             return Err(c);
         }
+        let high = self.head.wrapping_add(self.shared.layout.capacity);
+        if self.shared.layout.stamped {
+            // The entries' own stamps, from the first not seen yet: never past a full ring
+            // ahead of our head, whatever the stamps say.
+            while self.tail != high && self.shared.stamped(self.tail) {
+                self.tail = self.tail.wrapping_add(1);
+            }
+            return Ok(());
+        }
         // Acquire: pairs with the producer's release, so the slot contents below this index
         // are visible before we read them.
         let tail = self.shared.producer().load(Ordering::Acquire);
-        let high = self.head.wrapping_add(self.shared.layout.capacity);
         if !in_window(tail, self.tail, high) {
             let c = Corrupt {
                 index: Index::Producer,
@@ -734,7 +833,10 @@ mod tests {
     use super::*;
 
     fn ring(cap: u32, esz: u32) -> (Producer, Consumer, Arc<Region>) {
-        let layout = RingLayout::new(cap, esz).unwrap();
+        ring_of(RingLayout::new(cap, esz).unwrap())
+    }
+
+    fn ring_of(layout: RingLayout) -> (Producer, Consumer, Arc<Region>) {
         let (region, _fd) = Region::create("ring", layout.size()).unwrap();
         let region = Arc::new(region);
         layout.init(&region, 0).unwrap();
@@ -848,7 +950,12 @@ mod tests {
 
     #[test]
     fn full_empty_and_wrap_around() {
-        let (mut p, mut c, _r) = ring(4, 16);
+        full_empty_and_wrap_around_of(RingLayout::new(4, 16).unwrap());
+        full_empty_and_wrap_around_of(RingLayout::stamped(4, 16).unwrap());
+    }
+
+    fn full_empty_and_wrap_around_of(layout: RingLayout) {
+        let (mut p, mut c, _r) = ring_of(layout);
         let mut buf = [0u8; 16];
         assert!(!c.pop(&mut buf).unwrap());
         let mut next_in = 0u64;
@@ -892,7 +999,12 @@ mod tests {
 
     #[test]
     fn indices_wrap_past_u32_max() {
-        let (p, _, r) = ring(8, 8);
+        indices_wrap_past_u32_max_of(RingLayout::new(8, 8).unwrap());
+        indices_wrap_past_u32_max_of(RingLayout::stamped(8, 8).unwrap());
+    }
+
+    fn indices_wrap_past_u32_max_of(layout: RingLayout) {
+        let (p, _, r) = ring_of(layout);
         let layout = p.layout();
         drop(p);
         // Start both indices just below the u32 wrap point, then attach afresh.
@@ -1120,6 +1232,54 @@ mod tests {
                 PushError::Full => unreachable!(),
             })
         );
+    }
+
+    #[test]
+    fn a_stamped_ring_is_read_by_its_stamps_alone() {
+        let layout = RingLayout::stamped(4, 48).unwrap();
+        // Each entry and its stamp in one 64-byte line of its own.
+        assert_eq!(layout.slot(1) - layout.slot(0), 64);
+        assert_eq!(layout.slot(0) % 64, STAMP);
+        assert_eq!(layout.size(), HEADER + 256);
+        let (mut p, mut c, r) = ring_of(layout);
+        let mut buf = [0u8; 48];
+        p.push_polled(&[1; 48]).unwrap();
+        p.push_polled(&[2; 48]).unwrap();
+        // The consumer does not need the producer index: scribbled, it changes nothing.
+        r.atomic_u32(OFF_PRODUCER).store(77, Ordering::Relaxed);
+        assert_eq!(c.available().unwrap(), 2);
+        assert!(c.peek().maybe_ready());
+        assert!(c.pop(&mut buf).unwrap());
+        assert_eq!(buf, [1; 48]);
+        assert!(c.pop(&mut buf).unwrap());
+        assert_eq!(buf, [2; 48]);
+        assert!(!c.pop(&mut buf).unwrap());
+        assert!(!c.peek().maybe_ready());
+        // Staged entries stay invisible until published: their stamps come with it.
+        p.stage(&[3; 48]).unwrap();
+        assert_eq!(c.available().unwrap(), 0);
+        p.publish();
+        assert_eq!(c.available().unwrap(), 1);
+        assert!(c.pop(&mut buf).unwrap());
+        // A stamp of the slot's previous lap, or one no producer wrote, is not an entry.
+        let next = c.consumed();
+        r.atomic_u64s(layout.stamp(next), 1)[0]
+            .store(STAMPED | u64::from(next.wrapping_sub(4)), Ordering::Relaxed);
+        assert_eq!(c.available().unwrap(), 0);
+        r.atomic_u64s(layout.stamp(next), 1)[0].store(u64::from(next), Ordering::Relaxed);
+        assert_eq!(c.available().unwrap(), 0);
+        // Stamps a peer wrote over the whole ring (with nothing in the entries) are a full
+        // ring of entries, and no more: the slots of the next lap are the same four.
+        for i in 0..4u32 {
+            let i = next.wrapping_add(i);
+            r.atomic_u64s(layout.stamp(i), 1)[0].store(STAMPED | u64::from(i), Ordering::Relaxed);
+        }
+        assert_eq!(c.available().unwrap(), 4);
+        // A stamped header is not an unstamped ring, and the other way round.
+        assert!(matches!(
+            Consumer::attach(r.clone(), 0, RingLayout::new(4, 48).unwrap()),
+            Err(LayoutError::Header { flags: 1, .. })
+        ));
     }
 
     #[test]
