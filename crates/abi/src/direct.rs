@@ -59,6 +59,12 @@ pub const CH_HEADER: usize = 4096;
 /// [`DirectOpenReq::caps`](crate::msg::DirectOpenReq): the library takes receives from a
 /// peer's SRQ and lets its own SRQ QPs go direct (ABI 16).
 pub const CAP_SRQ: u32 = 1;
+/// [`DirectOpenReq::caps`](crate::msg::DirectOpenReq): the library reads stamped channel
+/// rings (ABI 19, `softverbs_shm::RingLayout::stamped`, docs/direct-path.md "Stamped rings").
+pub const CAP_STAMPED: u32 = 2;
+/// `DirectAttachResp::rings`: the channel's receive and receive-completion rings are stamped
+/// (both contexts asked for [`CAP_STAMPED`]).
+pub const RINGS_STAMPED: u32 = 1;
 
 /// An SRQ's region (ABI 16) is its ring at offset 0, then, at the offset this returns for
 /// the ring's size, its limit word (`u32`): the armed `srq_limit`, 0 when disarmed. Whoever

@@ -65,7 +65,9 @@ pub use codec::{
 /// [`direct::ABLE_NET`] in `DirectAttachReq::able`, [`direct::PATH_NET`] with the context's
 /// steered UDP socket, and `NetQpError` (id 160).
 /// 18: `NetDrops` (id 161): the library's engine reports its transport drops.
-pub const ABI_VERSION: u32 = 18;
+/// 19: stamped channel rings ([`direct::CAP_STAMPED`], `DirectAttachResp::rings`): a reader
+/// sees a new entry by its stamp and never reads the writer's producer index.
+pub const ABI_VERSION: u32 = 19;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

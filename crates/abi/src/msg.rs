@@ -350,7 +350,8 @@ wire! {
     /// [`cmd::DirectOpen`] (ABI 16; an older library sends nothing, read as zeros).
     pub struct DirectOpenReq {
         /// What the library's direct path can do beyond ABI 15:
-        /// [`direct::CAP_SRQ`](crate::direct::CAP_SRQ).
+        /// [`direct::CAP_SRQ`](crate::direct::CAP_SRQ),
+        /// [`direct::CAP_STAMPED`](crate::direct::CAP_STAMPED) (ABI 19).
         pub caps: U32,
         pub reserved: U32,
     }
@@ -374,7 +375,9 @@ wire! {
         pub peer_pd: U32,
         /// This QP's PD handle, as the daemon knows it.
         pub own_pd: U32,
-        pub reserved: U32,
+        /// ABI 19: [`direct::RINGS_STAMPED`](crate::direct::RINGS_STAMPED) when the rings
+        /// below carry a stamp per entry; 0: plain rings (an older daemon leaves it 0).
+        pub rings: U32,
         /// Receive ring and receive-completion ring of each side: offsets and capacities.
         pub rq_offset: [U32; 2],
         pub cqe_offset: [U32; 2],

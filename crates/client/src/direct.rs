@@ -427,6 +427,13 @@ pub(super) fn check_entry(
     e.translate(iova, len).map(|a| (e, a))
 }
 
+/// `SOFTVERBS_PLAIN_RINGS=1`: this process asks for the channel rings of ABI 18 (no stamps),
+/// so that one build measures both layouts (docs/performance.md) and talks to itself as to
+/// a library that predates stamps. Read at each context's open.
+fn plain_rings() -> bool {
+    std::env::var_os("SOFTVERBS_PLAIN_RINGS").is_some_and(|v| v == "1")
+}
+
 impl DirectCtx {
     /// Opens the direct path for `ctx` (`DirectOpen`); `None` if the daemon does not offer it.
     pub(crate) fn open(ctx: &Context) -> Option<DirectCtx> {
@@ -437,7 +444,12 @@ impl DirectCtx {
         let fds = [std::os::fd::AsFd::as_fd(&mem)];
         // An older daemon reads the request as empty only if it is all zeros.
         let req = softverbs_abi::msg::DirectOpenReq {
-            caps: U32::new(if ctx.conn.abi >= 16 { CAP_SRQ } else { 0 }),
+            caps: U32::new(match ctx.conn.abi {
+                19.. if !plain_rings() => CAP_SRQ | CAP_STAMPED,
+                19.. => CAP_SRQ,
+                16.. => CAP_SRQ,
+                _ => 0,
+            }),
             ..Default::default()
         };
         let (_, mut got): ((), _) = ctx
@@ -956,8 +968,16 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>, abi: u32)
         return None;
     }
     let peer = 1 - side;
-    let rq = |s: usize| RingLayout::new(r.capacity[s].get(), r.rq_entry.get()).ok();
-    let cq = |s: usize| RingLayout::new(r.capacity[s].get(), r.cqe_entry.get()).ok();
+    // An older daemon leaves `rings` 0: plain rings.
+    let layout = |cap: U32, entry: U32| {
+        if r.rings.get() & RINGS_STAMPED != 0 {
+            RingLayout::stamped(cap.get(), entry.get()).ok()
+        } else {
+            RingLayout::new(cap.get(), entry.get()).ok()
+        }
+    };
+    let rq = |s: usize| layout(r.capacity[s], r.rq_entry);
+    let cq = |s: usize| layout(r.capacity[s], r.cqe_entry);
     let at = |v: U32| v.get() as usize;
     let slots = |s: usize| {
         inline::Slots::new(

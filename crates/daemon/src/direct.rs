@@ -108,6 +108,33 @@ impl Direct {
         self.ctxs.get(&ctx).is_some_and(|o| o.caps & CAP_SRQ != 0)
     }
 
+    /// The direct pairs for `resources` (docs/direct-path.md): the two QP numbers, whether
+    /// each side's library has attached, and the channel's ring layout. Sorted, so that two
+    /// snapshots of the same state print the same.
+    pub fn pairs_json(&self) -> serde_json::Value {
+        let mut pairs: Vec<_> = self.pairs.iter().collect();
+        pairs.sort_by_key(|(k, _)| **k);
+        let list = pairs
+            .into_iter()
+            .map(|(&(a, b), p)| {
+                let stamped = p.resp.rings.get() & RINGS_STAMPED != 0;
+                serde_json::json!({
+                    "qpns": [a, b],
+                    "attached": p.asked,
+                    "rings": if stamped { "stamped" } else { "plain" },
+                })
+            })
+            .collect();
+        serde_json::Value::Array(list)
+    }
+
+    /// Whether `ctx`'s library reads stamped channel rings (ABI 19).
+    fn reads_stamps(&self, ctx: CtxId) -> bool {
+        self.ctxs
+            .get(&ctx)
+            .is_some_and(|o| o.caps & CAP_STAMPED != 0)
+    }
+
     /// The SRQ behind the peer of direct QP `(ctx, qp)`, if it has one.
     pub fn peer_srq(&self, core: &Core, ctx: CtxId, qp: Handle) -> Option<(CtxId, Handle)> {
         let qpn = core.qp_num(ctx, qp).ok()?;
@@ -432,10 +459,22 @@ impl Direct {
             cqe_entry: U32::new(cqe_e),
             ..Default::default()
         };
+        // Stamped rings only when both libraries read them: either side reads both kinds.
+        let stamped = ctx.iter().all(|c| self.reads_stamps(*c));
+        let layout = |cap, esz| {
+            if stamped {
+                RingLayout::stamped(cap, esz)
+            } else {
+                RingLayout::new(cap, esz)
+            }
+        };
+        if stamped {
+            resp.rings = U32::new(RINGS_STAMPED);
+        }
         let mut rings = Vec::new();
         for (s, &cap) in caps.iter().enumerate() {
-            let rq = RingLayout::new(cap, rq_e).map_err(|_| EINVAL)?;
-            let cq = RingLayout::new(cap, cqe_e).map_err(|_| EINVAL)?;
+            let rq = layout(cap, rq_e).map_err(|_| EINVAL)?;
+            let cq = layout(cap, cqe_e).map_err(|_| EINVAL)?;
             resp.rq_offset[s] = U32::new(off as u32);
             rings.push((rq, off));
             off += rq.size();

@@ -1365,6 +1365,8 @@ impl Dispatcher {
                     "owned": cm.owned,
                 }),
             );
+            // Which QP pairs run on the same-host direct path (docs/direct-path.md).
+            map.insert("direct_pairs".into(), self.direct.pairs_json());
         }
         let json = serde_json::to_vec(&value).map_err(|_| ENOMEM)?;
         let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
