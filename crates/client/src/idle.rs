@@ -187,7 +187,11 @@ impl IdlePoll {
     pub fn idle(&self, fed_directly: impl FnOnce() -> bool) {
         match self.empty(now_ns, fed_directly) {
             Idle::Spin => {
-                SPUN_AT.store(now_ns(), Ordering::Relaxed);
+                // A flag, not the time: a clock read per spin delayed noticing the reply by
+                // a clock read (9 % of a same-host ping-pong's samples, docs/performance.md).
+                if !SPUN.load(Ordering::Relaxed) {
+                    SPUN.store(true, Ordering::Relaxed);
+                }
                 std::hint::spin_loop()
             }
             Idle::Yield if !self.spun_out.load(Ordering::Relaxed) && shares_a_spin(now_ns()) => {
@@ -204,7 +208,10 @@ impl IdlePoll {
     }
 }
 
-/// When a poller of this process last spun, and when one last yielded (ns since the epoch).
+/// A poller of this process spun since a daemon-fed poll last looked ([`shares_a_spin`]).
+static SPUN: AtomicBool = AtomicBool::new(false);
+/// When a daemon-fed poll last saw that a poller had spun, and when one last yielded (ns
+/// since the epoch).
 static SPUN_AT: AtomicU64 = AtomicU64::new(0);
 static YIELDED_AT: AtomicU64 = AtomicU64::new(0);
 
@@ -214,7 +221,14 @@ static YIELDED_AT: AtomicU64 = AtomicU64::new(0);
 /// a fifth of every round trip (docs/performance.md, "UCX and Open MPI on one host"). The
 /// process still yields once per [`SPIN`], so a daemon sharing this CPU waits no longer
 /// than a spinning poller lets it wait anyway; once the spin ends, every empty poll yields.
+///
+/// A spin is dated when such a poll first sees it, not when it happened (spinners read no
+/// clock): a spin that stopped long before the look buys at most one more SPIN of skips.
 fn shares_a_spin(now: u64) -> bool {
+    if SPUN.load(Ordering::Relaxed) {
+        SPUN.store(false, Ordering::Relaxed);
+        SPUN_AT.store(now, Ordering::Relaxed);
+    }
     skips_yield(now, &SPUN_AT, &YIELDED_AT)
 }
 
