@@ -243,6 +243,8 @@ struct Chan {
     slots_in: Option<inline::Slots>,
     /// Entries of `cqe_out` below this index have free slots (settled).
     settled_to: u32,
+    /// The entry of `cqe_out` whose slot [`warm`] last took for writing.
+    warmed_slot: Option<u32>,
     /// Where the receiver takes inline slots into: kept, so a received small SEND neither
     /// zeroes nor moves 340 bytes on the stack (`drain_cqes`).
     taken: Box<inline::Taken>,
@@ -845,7 +847,44 @@ impl DirectCtx {
                 n += 1;
             }
         }
+        if n == 0 {
+            for q in inner.qps.values_mut() {
+                if let (Path::Direct(c), true) = (&mut q.path, q.pending.is_empty()) {
+                    warm(c);
+                }
+            }
+        }
         (n, left)
+    }
+}
+
+/// After a poll that handed out nothing, for an idle direct QP: brings into this CPU's cache
+/// the lines its next small SEND will touch that the peer wrote last — the peer's next
+/// posted receive, and the inline slot it will fill (taken for writing) — so that SEND
+/// does not wait for two cache lines to cross from the peer's CPU while the peer waits for
+/// it (docs/direct-path.md, "Warm lines"). Reads and a compare-and-swap that changes
+/// nothing: no state moves.
+fn warm(c: &mut Chan) {
+    if c.peer_srq.is_none() {
+        let _ = c.rq_in.warm();
+    }
+    let next = c.cqe_out.produced();
+    if c.warmed_slot == Some(next) {
+        return;
+    }
+    let Some(slots) = c.slots_out.as_ref() else {
+        return;
+    };
+    // Known free only as `deliver` knows it: a receiver that frees before it pops, and
+    // room by the consumer index last read (re-read only when the ring looks full).
+    if c.region
+        .atomic_u32(CH_INLINE[1 - c.side])
+        .load(Ordering::Acquire)
+        == INLINE_FREES_FIRST
+        && matches!(c.cqe_out.has_room(), Ok(true))
+    {
+        slots.warm(next);
+        c.warmed_slot = Some(next);
     }
 }
 
@@ -999,6 +1038,7 @@ fn chan_from(r: &DirectAttachResp, mut fds: Vec<std::os::fd::OwnedFd>, abi: u32)
         slots_out,
         slots_in,
         settled_to: 0,
+        warmed_slot: None,
         taken: Box::default(),
         maps: mapped::Maps::default(),
         raw_local: std::cell::Cell::new(true),

@@ -202,6 +202,21 @@ impl Slots {
         }
     }
 
+    /// Sender, between polls that found nothing: takes the line of the slot of ring entry
+    /// `index`, known free (the receiver popped the entry that used it last, and frees a
+    /// slot before it pops it), for writing ahead of filling it, so the SEND that fills it
+    /// does not wait for the line the receiver wrote last. The receiver does not touch a
+    /// free slot until it is filled, so the compare-and-swap changes nothing but where the
+    /// line is (docs/direct-path.md, "Warm lines").
+    pub(super) fn warm(&self, index: u32) {
+        let _ = self.state(index).compare_exchange(
+            SLOT_FREE,
+            SLOT_FREE,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
     /// The sender took the slot but placed nothing (see [`SLOT_FAILED`]).
     pub(super) fn failed(&self, index: u32) {
         self.state(index).store(SLOT_FAILED, Ordering::Release);
@@ -260,6 +275,16 @@ mod tests {
             assert_eq!(t.payload(), &payload[..], "case {i}");
             s.release(idx);
         }
+        // Warming a free slot leaves it free and fillable; warming a filled one (which a
+        // sender never does) leaves it filled.
+        s.warm(1);
+        assert!(s.is_free(1));
+        s.fill(1, &[piece(8)], &[5; 8], true);
+        s.warm(1);
+        let mut t = Taken::default();
+        assert!(s.take(1, SLOT_RECEIVER, || false, &mut t).unwrap());
+        assert_eq!(t.payload(), &[5; 8]);
+        s.release(1);
         s.fill(0, &[piece(8)], &[1; 8], true);
         s.region
             .atomic_u32(s.base(0) + SLOT_PAYLOAD_AT)
