@@ -415,3 +415,68 @@ fn a_group_writable_socket_dir_is_refused() {
         "a group-writable socket directory was used: {status:?} {err}"
     );
 }
+
+/// The private `/dev` that gives UCX its device node is built on a mount point no other user
+/// can take first: files planted at every `.softverbs-dev-<pid>` name the next few thousand
+/// processes could get, in the temporary directory `softverbs run` is given, leave the program
+/// with its node (the name was the pid's, in `$TMPDIR`; a leftover blocked it).
+#[test]
+fn run_makes_the_device_node_whatever_others_left_in_tmp() {
+    if host_has_a_device_node() {
+        eprintln!("skipped: this host has /dev/infiniband/uverbs0 already");
+        return;
+    }
+    let d = Daemon::start("paths-devnode");
+    let t = dir("devnode");
+    let shared = t.0.join("tmp");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    let xdg = t.0.join("xdg");
+    std::fs::create_dir(&xdg).unwrap();
+    chmod(&xdg, 0o700);
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for pid in last..last + 4000 {
+        std::fs::write(shared.join(format!(".softverbs-dev-{pid}")), b"left over").unwrap();
+    }
+    let o = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "test -c /dev/infiniband/uverbs0 && echo node",
+        ])
+        .env("TMPDIR", &shared)
+        .env("XDG_RUNTIME_DIR", &xdg)
+        .env_remove("SOFTVERBS_DEVICE_NODES")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("last pid {last}; softverbs run said: {err}");
+    if err.contains("unprivileged user namespaces are off") {
+        eprintln!("skipped: no user namespaces here: {err}");
+        return;
+    }
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("node"),
+        "no device node: {err}"
+    );
+    // Its mount point is gone again.
+    let left: Vec<_> = std::fs::read_dir(xdg.join("softverbs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("dev-"))
+        .collect();
+    assert!(left.is_empty(), "mount points left behind: {left:?}");
+}
+
+fn host_has_a_device_node() -> bool {
+    std::fs::metadata("/dev/infiniband/uverbs0").is_ok()
+}
