@@ -2,9 +2,12 @@
 //! "Paths"): a directory is trusted only if no other user can change what its path names.
 //!
 //! A path is walked from `/` one component at a time with `openat(O_PATH | O_NOFOLLOW |
-//! O_DIRECTORY)` and each directory is checked on the descriptor (`fstat`), so a symlink
-//! anywhere on the way is refused (open(2): `O_NOFOLLOW`) and the check and the use are of
-//! the same directory:
+//! O_DIRECTORY)` and each directory is checked on the descriptor (`fstat`), so the check and
+//! the use are of the same directory. The kernel never follows a symlink for us (open(2):
+//! `O_NOFOLLOW`); the walk follows one itself only when root or this uid owns it (it lies in a
+//! directory already checked, so only they could have put it there, except in a sticky
+//! directory, where another user's symlink is refused), and then checks the target's
+//! directories like any others (`/var/run` → `/run` works, a planted link does not):
 //!
 //! - every ancestor is owned by root or by this process's effective uid, and is not writable
 //!   by group or others unless it is sticky (`/tmp`: inode(7), "S_ISVTX" — only an entry's
@@ -18,13 +21,16 @@
 //! existing entry), then opened and checked like the others: a directory another user planted
 //! first is refused, never adopted.
 
-use std::ffi::OsStr;
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
 use std::path::{Component, Path, PathBuf};
 
-use rustix::fs::{fstat, mkdirat, openat, FileType, Mode, OFlags, CWD};
+use rustix::fs::{
+    fstat, mkdirat, openat, readlinkat, statat, AtFlags, FileType, Mode, OFlags, CWD,
+};
 use rustix::io::Errno;
 use rustix::process::geteuid;
 
@@ -86,63 +92,112 @@ fn check(fd: &OwnedFd, path: &Path, last: Option<Owner>) -> io::Result<()> {
     Ok(())
 }
 
-/// The components of `path` (made absolute against the working directory); `..` is refused,
-/// since it would leave a directory already checked.
-fn components(path: &Path) -> io::Result<Vec<PathBuf>> {
+/// The components of `path`, made absolute against the working directory (getcwd(3) gives
+/// the physical path). `.` is dropped; `..` is kept and taken back on the directories walked.
+fn components(path: &Path) -> io::Result<VecDeque<OsString>> {
     let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
         std::env::current_dir()?.join(path)
     };
-    let mut out = Vec::new();
-    for c in abs.components() {
-        match c {
-            Component::RootDir | Component::CurDir => {}
-            Component::Normal(n) => out.push(PathBuf::from(n)),
-            Component::ParentDir | Component::Prefix(_) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("{}: `..` in a checked path", path.display()),
-                ))
-            }
-        }
-    }
-    Ok(out)
+    Ok(relative_components(&abs))
 }
 
+fn relative_components(path: &Path) -> VecDeque<OsString> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some(OsString::from("..")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Most symlinks one walk follows (path_resolution(7): Linux's limit is 40).
+const MAX_LINKS: usize = 40;
+
 fn walk(path: &Path, create: Option<u32>, owner: Owner) -> io::Result<OwnedFd> {
-    let parts = components(path)?;
-    let mut cur = openat(CWD, "/", DIR_FLAGS, Mode::empty())?;
+    let me = geteuid().as_raw();
+    let mut todo = components(path)?;
+    let root = || -> io::Result<OwnedFd> {
+        let fd = openat(CWD, "/", DIR_FLAGS, Mode::empty())?;
+        check(&fd, Path::new("/"), None)?;
+        Ok(fd)
+    };
+    // The directories walked so far, each checked: `..` goes back to the one before.
+    let mut stack = vec![root()?];
     let mut at = PathBuf::from("/");
-    check(&cur, &at, parts.is_empty().then_some(owner))?;
-    for (i, name) in parts.iter().enumerate() {
-        at.push(name);
-        let last = i + 1 == parts.len();
-        let open = |cur: &OwnedFd| openat(cur, name.as_path(), DIR_FLAGS, Mode::empty());
-        let opened = match (open(&cur), create) {
+    let mut links = 0;
+    while let Some(name) = todo.pop_front() {
+        if name == ".." {
+            if stack.len() > 1 {
+                stack.pop();
+                at.pop();
+            }
+            continue;
+        }
+        let cur = stack.last().expect("the root stays");
+        let here = at.join(&name);
+        let open = |cur: &OwnedFd| openat(cur, name.as_os_str(), DIR_FLAGS, Mode::empty());
+        let opened = match (open(cur), create) {
             (Err(Errno::NOENT), Some(mode)) => {
-                match mkdirat(&cur, name.as_path(), Mode::from_raw_mode(mode)) {
-                    // EEXIST: made meanwhile by someone else; checked below like any other.
-                    Ok(()) | Err(Errno::EXIST) => open(&cur),
+                match mkdirat(cur, name.as_os_str(), Mode::from_raw_mode(mode)) {
+                    // EEXIST: made meanwhile by someone else (or a dangling symlink);
+                    // checked below like any other entry.
+                    Ok(()) | Err(Errno::EXIST) => open(cur),
                     Err(e) => {
                         return Err(io::Error::new(
                             e.kind(),
-                            format!("mkdir {}: {e}", at.display()),
+                            format!("mkdir {}: {e}", here.display()),
                         ))
                     }
                 }
             }
             (r, _) => r,
         };
-        let next = opened.map_err(|e| match e {
-            // O_NOFOLLOW | O_DIRECTORY on a symlink: ENOTDIR (or ELOOP).
-            Errno::NOTDIR | Errno::LOOP => refuse(&at, "a symlink or not a directory"),
-            e => io::Error::new(e.kind(), format!("{}: {e}", at.display())),
-        })?;
-        check(&next, &at, last.then_some(owner))?;
-        cur = next;
+        match opened {
+            Ok(fd) => {
+                check(&fd, &here, None)?;
+                stack.push(fd);
+                at = here;
+            }
+            // O_NOFOLLOW | O_DIRECTORY on a symlink: ENOTDIR (or ELOOP). A symlink is
+            // followed only if its owner is root or us: it sits in a directory already
+            // checked, so only they could have made it there unless that directory is sticky
+            // (`/tmp`), where another user's symlink is refused (as fs.protected_symlinks
+            // refuses it to the kernel's own lookups).
+            Err(Errno::NOTDIR | Errno::LOOP) => {
+                let st = statat(cur, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+                if FileType::from_raw_mode(st.st_mode) != FileType::Symlink {
+                    return Err(refuse(&here, "not a directory"));
+                }
+                if st.st_uid != me && st.st_uid != 0 {
+                    return Err(refuse(
+                        &here,
+                        format_args!("a symlink owned by uid {}", st.st_uid),
+                    ));
+                }
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(refuse(path, "too many symlinks"));
+                }
+                let target = PathBuf::from(OsString::from_vec(
+                    readlinkat(cur, name.as_os_str(), Vec::new())?.into_bytes(),
+                ));
+                if target.is_absolute() {
+                    stack.truncate(1);
+                    at = PathBuf::from("/");
+                }
+                for c in relative_components(&target).into_iter().rev() {
+                    todo.push_front(c);
+                }
+            }
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", here.display()))),
+        }
     }
-    Ok(cur)
+    let last = stack.pop().expect("the root stays");
+    check(&last, &at, Some(owner))?;
+    Ok(last)
 }
 
 /// Opens the existing directory `path` (an `O_PATH` descriptor for the `*at` calls) after

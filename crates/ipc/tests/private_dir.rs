@@ -49,16 +49,63 @@ fn made_directories_are_ours_and_0700() {
     ensure(&p, 0o700, Owner::Me).unwrap();
 }
 
+/// A symlink of our own in a checked directory is followed and its target checked like any
+/// directory: to a private directory it is fine, into a shared one it is refused.
 #[test]
-fn a_symlink_anywhere_on_the_path_is_refused() {
+fn a_symlink_is_followed_only_to_where_the_rule_holds() {
     let t = dir("symlink");
     let real = t.0.join("real");
     std::fs::create_dir(&real).unwrap();
     chmod(&real, 0o700);
     std::os::unix::fs::symlink(&real, t.0.join("link")).unwrap();
-    refused(open_checked(&t.0.join("link"), Owner::Me), "symlink");
-    refused(ensure(&t.0.join("link/sub"), 0o700, Owner::Me), "symlink");
-    assert!(!real.join("sub").exists(), "made through the symlink");
+    std::os::unix::fs::symlink("real/../real", t.0.join("rel")).unwrap();
+    open_checked(&t.0.join("link"), Owner::Me).unwrap();
+    ensure(&t.0.join("rel/sub"), 0o700, Owner::Me).unwrap();
+    assert!(real.join("sub").is_dir());
+    let shared = t.0.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o777);
+    std::os::unix::fs::symlink(&shared, t.0.join("to-shared")).unwrap();
+    refused(
+        ensure(&t.0.join("to-shared/x"), 0o700, Owner::Me),
+        "writable by group or others",
+    );
+    assert!(!shared.join("x").exists(), "made through the symlink");
+    // A loop ends.
+    std::os::unix::fs::symlink("loop", t.0.join("loop")).unwrap();
+    refused(
+        open_checked(&t.0.join("loop"), Owner::Me),
+        "too many symlinks",
+    );
+}
+
+/// In a sticky directory (`/tmp`), another user's symlink is never followed, wherever it
+/// points.
+#[test]
+fn another_users_symlink_in_a_sticky_directory_is_refused() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root to make a symlink of another uid");
+        return;
+    }
+    let t = dir("sticky-link");
+    let sticky = t.0.join("tmp");
+    std::fs::create_dir(&sticky).unwrap();
+    chmod(&sticky, 0o1777);
+    let mine = t.0.join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    chmod(&mine, 0o700);
+    let link = sticky.join("planted");
+    std::os::unix::fs::symlink(&mine, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    refused(
+        open_checked(&link, Owner::Me),
+        "a symlink owned by uid 65534",
+    );
+    refused(
+        ensure(&link.join("x"), 0o700, Owner::Me),
+        "a symlink owned by uid 65534",
+    );
+    assert!(!mine.join("x").exists());
 }
 
 #[test]
