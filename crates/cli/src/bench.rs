@@ -467,9 +467,10 @@ pub fn perf(socket: &Path, mode: Mode, a: &PerfArgs) -> Result<(), String> {
     let mut _dir = None;
     let mut own = Vec::new();
     let (server_sock, client_sock) = if a.two_daemons {
-        let dir = std::env::temp_dir().join(format!("softverbs-bench-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        // A fresh directory of this user's own (docs/security.md, "Paths").
+        let dir = softverbs_ipc::private_dir::user_dir()
+            .and_then(|d| softverbs_ipc::private_dir::fresh(&d, "bench"))
+            .map_err(|e| format!("the daemons' directory: {e}"))?;
         let dir = TempDir(dir, std::cell::Cell::new(false));
         // Two loopback addresses of our own (the whole 127/8 is loopback on Linux).
         let pid = std::process::id();

@@ -260,8 +260,11 @@ pub fn run(socket: &Path, workers: usize, remote_ip: IpAddr) -> Result<(), Strin
         status.abi_version
     ));
 
-    let dir = std::env::temp_dir().join(format!("softverbs-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // A fresh directory of this user's own, never a guessable name in a shared /tmp
+    // (docs/security.md, "Paths").
+    let dir = softverbs_ipc::private_dir::user_dir()
+        .and_then(|d| softverbs_ipc::private_dir::fresh(&d, "demo"))
+        .map_err(|e| format!("the demo's directory: {e}"))?;
     let file = dir.join("xrc-domain");
     std::fs::write(&file, b"").map_err(|e| format!("{}: {e}", file.display()))?;
     let result = story_steps(&story, &file, &dir, workers);

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{unshare, CloneFlags};
+use softverbs_ipc::private_dir;
 
 /// Where UCX and rdma-core look for verbs device nodes.
 const DEV_IB: &str = "/dev/infiniband";
@@ -55,18 +56,53 @@ pub fn usable(p: &Path) -> bool {
         .is_ok()
 }
 
+/// An empty mount point for a new tmpfs: a fresh directory (`private_dir::fresh`) in this
+/// user's own directory (`private_dir::user_dir`), never a name in a shared `/tmp` that
+/// another user could take first or plant (issue 35, item 2). Made before [`enter_private_mount_namespace`]:
+/// inside a new user namespace root's directories show as the overflow uid (user_namespaces(7)),
+/// so their ownership can no longer be checked. Removed when dropped.
+pub struct Staging(PathBuf);
+
+impl Staging {
+    /// A new staging directory named `prefix-RANDOM`.
+    pub fn new(prefix: &str) -> Result<Staging, String> {
+        private_dir::user_dir()
+            .and_then(|d| private_dir::fresh(&d, prefix))
+            .map(Staging)
+            .map_err(|e| format!("a staging directory: {e}"))
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // Empty again once its tmpfs has moved away (or was never mounted).
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 /// Makes `/dev/infiniband/uverbs0 .. uverbs{count-1}` exist for this process and the programs
 /// it `exec`s. Must run while the process has one thread (unshare(2): `CLONE_NEWUSER` and
 /// `CLONE_NEWNS` fail with EINVAL in a process with threads).
 /// With `in_private_namespace` the caller has already called [`enter_private_mount_namespace`].
-pub fn provide(count: u32, in_private_namespace: bool) -> Result<Provided, String> {
+/// `staging` is the mount point the new `/dev` is built on ([`Staging`]).
+pub fn provide(
+    count: u32,
+    in_private_namespace: bool,
+    staging: &Result<Staging, String>,
+) -> Result<Provided, String> {
     if (0..count).all(|i| usable(&node_path(i))) {
         return Ok(Provided::AlreadyThere);
     }
+    let staging = staging.as_ref().map_err(Clone::clone)?;
     if !in_private_namespace {
         enter_private_mount_namespace()?;
     }
-    rebuild_dev(count)?;
+    rebuild_dev(count, staging.path())?;
     Ok(Provided::Private)
 }
 
@@ -103,12 +139,10 @@ pub fn enter_private_mount_namespace() -> Result<(), String> {
 }
 
 /// A new `/dev`: the old one's entries plus `infiniband/uverbsN` (see the module comment).
-fn rebuild_dev(count: u32) -> Result<(), String> {
-    let staging = std::env::temp_dir().join(format!(".softverbs-dev-{}", std::process::id()));
-    std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
-    let result = populate(&staging, count).and_then(|()| {
+fn rebuild_dev(count: u32, staging: &Path) -> Result<(), String> {
+    let result = populate(staging, count).and_then(|()| {
         mount(
-            Some(&staging),
+            Some(staging),
             "/dev",
             None::<&str>,
             MsFlags::MS_MOVE,
@@ -117,10 +151,8 @@ fn rebuild_dev(count: u32) -> Result<(), String> {
         .map_err(|e| format!("move the new /dev into place: {e}"))
     });
     if result.is_err() {
-        let _ = umount2(&staging, MntFlags::MNT_DETACH);
+        let _ = umount2(staging, MntFlags::MNT_DETACH);
     }
-    // Only the (now empty) mount point is left in the shared /tmp.
-    let _ = std::fs::remove_dir(&staging);
     result
 }
 

@@ -7,9 +7,13 @@
 //! may start another one (`SOFTVERBS_DAEMON_BIN`), then replaces itself with the program.
 
 use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+
+use softverbs_ipc::private_dir::{self, Owner};
 
 use crate::devnode;
 use crate::sysfs_net::{self, DeviceNet};
@@ -83,60 +87,54 @@ pub fn find_rdmacm(libibverbs: &Path) -> Option<PathBuf> {
         .map(|(_, p)| p.canonicalize().unwrap_or(p))
 }
 
-/// Points `dir/name` at `target` (replaced atomically).
-fn link_into(dir: &Path, name: &str, target: &Path) -> Result<(), String> {
-    let link = dir.join(name);
-    if std::fs::read_link(&link).is_ok_and(|t| t == target) {
+/// Points `name` in the directory open at `dir` (reached as `path`) at `target`, replaced
+/// atomically (rename(2)), through the descriptor so no other directory is written.
+fn link_into(dir: &OwnedFd, path: &Path, name: &str, target: &Path) -> Result<(), String> {
+    use rustix::fs::{readlinkat, renameat, symlinkat, unlinkat, AtFlags};
+    if readlinkat(dir, name, Vec::new())
+        .is_ok_and(|t| t.as_bytes() == target.as_os_str().as_bytes())
+    {
         return Ok(());
     }
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(target, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &link).map_err(|e| format!("{}: {e}", link.display()))
+    let tmp = format!(".{name}.{}", std::process::id());
+    let _ = unlinkat(dir, tmp.as_str(), AtFlags::empty());
+    let at = |n: &str| path.join(n).display().to_string();
+    symlinkat(target, dir, tmp.as_str()).map_err(|e| format!("{}: {e}", at(&tmp)))?;
+    renameat(dir, tmp.as_str(), dir, name).map_err(|e| format!("{}: {e}", at(name)))
 }
 
 /// A directory whose `libibverbs.so.1` is `lib`: the library's own directory when it already
-/// has that name, else a per-user directory with a symlink (replaced atomically). The
-/// directory is named after the libraries it points to, so that two builds run by one user
-/// at the same time (two checkouts, two versions) never repoint each other's programs:
-/// with one shared directory a program could load the other build's libraries.
+/// has that name, else a directory of this user's own ([`private_dir::user_dir`]) with a
+/// symlink (replaced atomically). The directory is named after the libraries it points to, so
+/// that two builds run by one user at the same time (two checkouts, two versions) never
+/// repoint each other's programs: with one shared directory a program could load the other
+/// build's libraries.
+///
+/// Its path goes first on the program's `LD_LIBRARY_PATH`, so it and every ancestor must be
+/// beyond other users' reach (private_dir.rs): otherwise one could swap the library between
+/// this check and the program's loader (issue 35, item 2; docs/security.md, "Paths").
 pub fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
     if lib.file_name().is_some_and(|n| n == "libibverbs.so.1") {
         return Ok(lib.parent().unwrap_or(Path::new(".")).to_path_buf());
     }
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("softverbs-{}", rustix::process::getuid().as_raw()))
-        });
+    let base = private_dir::user_dir().map_err(|e| e.to_string())?;
     loader_dir_in(&base, lib, find_rdmacm(lib))
 }
 
 /// [`loader_dir`] under `base`, for `lib` and the librdmacm that goes with it.
 fn loader_dir_in(base: &Path, lib: &Path, rdmacm: Option<PathBuf>) -> Result<PathBuf, String> {
-    let dir = base
-        .join("softverbs")
-        .join("lib")
-        .join(build_key(lib, rdmacm.as_deref()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dir = base.join("lib").join(build_key(lib, rdmacm.as_deref()));
+    let fd = private_dir::ensure(&dir, 0o700, Owner::Me).map_err(|e| e.to_string())?;
     if let Some(cm) = rdmacm {
-        link_into(&dir, "librdmacm.so.1", &cm)?;
+        link_into(&fd, &dir, "librdmacm.so.1", &cm)?;
     }
-    let link = dir.join("libibverbs.so.1");
-    if std::fs::read_link(&link).is_ok_and(|t| t == lib) {
-        return Ok(dir);
-    }
-    let tmp = dir.join(format!(".libibverbs.so.1.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(lib, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &link).map_err(|e| format!("{}: {e}", link.display()))?;
+    link_into(&fd, &dir, "libibverbs.so.1", lib)?;
     Ok(dir)
 }
 
 /// A name for the pair of libraries a loader directory points to: FNV-1a (64 bits) of their
 /// paths, stable across runs and Rust versions.
 fn build_key(lib: &Path, rdmacm: Option<&Path>) -> String {
-    use std::os::unix::ffi::OsStrExt as _;
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
         for &b in bytes {
@@ -238,25 +236,34 @@ pub fn with_device_nodes(count: u32, nets: &[String], cmd: &[OsString]) -> ExitC
         }
     };
     let nodes = (0..count).all(|i| devnode::usable(&devnode::node_path(i)));
-    let private = if nodes && sysfs_net::present(&nets) {
+    let have_nets = sysfs_net::present(&nets);
+    // Mount points are made before the namespace is entered (devnode::Staging says why).
+    let stage = |have: bool, prefix: &str| match have {
+        true => Err("not needed".to_string()),
+        false => devnode::Staging::new(prefix),
+    };
+    let dev_staging = stage(nodes, "dev");
+    let sys_staging = stage(have_nets, "sysclass");
+    let private = if nodes && have_nets {
         Ok(())
     } else {
         devnode::enter_private_mount_namespace()
     };
     // Never mount anything outside a private namespace.
     let in_private = private.is_ok();
-    if let Err(e) = private.and_then(|()| devnode::provide(count, true)) {
+    if let Err(e) = private.and_then(|()| devnode::provide(count, true, &dev_staging)) {
         eprintln!(
             "softverbs run: warning: no {} for UCX: {e}",
             devnode::node_path(0).display()
         );
     }
     if in_private {
-        if let Err(e) = sysfs_net::provide(&nets) {
+        if let Err(e) = sysfs_net::provide(&nets, &sys_staging) {
             // Only programs that look for the device's netdev in sysfs need it.
             eprintln!("softverbs run: warning: no /sys/class/infiniband/DEVICE/device/net: {e}");
         }
     }
+    drop((dev_staging, sys_staging));
     let err = Command::new(prog).args(args).exec();
     eprintln!("softverbs run: {}: {err}", prog.to_string_lossy());
     ExitCode::from(127)

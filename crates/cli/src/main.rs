@@ -55,7 +55,8 @@ enum Command {
         /// UDP port of every device (RoCE v2 uses 4791).
         #[arg(long, default_value_t = 4791)]
         port: u16,
-        /// Write each device's traffic to DIR/<device>.pcap.
+        /// Write each device's traffic to DIR/<device>.pcap (mode 0600). DIR must exist and be
+        /// root's or this user's, writable by no one else; a symlink at a file is refused.
         #[arg(long, value_name = "DIR")]
         capture: Option<PathBuf>,
         /// Inject faults into what the devices send: loss=P,dup=P,reorder=P,corrupt=P.

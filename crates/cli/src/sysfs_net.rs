@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use softverbs_core::resources::DeviceRow;
 
+use crate::devnode::Staging;
+
 const SYS_CLASS: &str = "/sys/class";
 
 /// One device and the interface holding its first address.
@@ -101,15 +103,15 @@ pub fn present(nets: &[DeviceNet]) -> bool {
 
 /// Makes the entries of `nets` exist, in this process's mount namespace, which must be a
 /// private one already (devnode::enter_private_mount_namespace).
-pub fn provide(nets: &[DeviceNet]) -> Result<(), String> {
+/// `staging` is the mount point the new class directory is built on (devnode::Staging).
+pub fn provide(nets: &[DeviceNet], staging: &Result<Staging, String>) -> Result<(), String> {
     if present(nets) {
         return Ok(());
     }
-    let staging = std::env::temp_dir().join(format!(".softverbs-sysclass-{}", std::process::id()));
-    std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
-    let result = populate(&staging, nets).and_then(|()| {
+    let staging = staging.as_ref().map_err(Clone::clone)?.path();
+    let result = populate(staging, nets).and_then(|()| {
         mount(
-            Some(&staging),
+            Some(staging),
             SYS_CLASS,
             None::<&str>,
             MsFlags::MS_MOVE,
@@ -118,9 +120,8 @@ pub fn provide(nets: &[DeviceNet]) -> Result<(), String> {
         .map_err(|e| format!("move the new {SYS_CLASS} into place: {e}"))
     });
     if result.is_err() {
-        let _ = umount2(&staging, MntFlags::MNT_DETACH);
+        let _ = umount2(staging, MntFlags::MNT_DETACH);
     }
-    let _ = std::fs::remove_dir(&staging);
     result
 }
 

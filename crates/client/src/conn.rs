@@ -1,9 +1,7 @@
 //! One connection to the daemon: connecting (and starting the daemon on demand), the
 //! handshake, and the strictly one-at-a-time request/response exchange.
 
-use std::fs::{DirBuilder, OpenOptions};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -14,6 +12,7 @@ use softverbs_abi::codec::{decode_response, encode_request};
 use softverbs_abi::msg::{Cmd, HelloReq, HelloResp};
 use softverbs_abi::{ABI_VERSION, MAX_MSG};
 use softverbs_ipc as ipc;
+use softverbs_ipc::private_dir;
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
@@ -123,14 +122,11 @@ fn socket_dir(path: &Path) -> &Path {
 }
 
 fn start_daemon(path: &Path, bin: &Path) -> std::io::Result<std::process::Child> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(socket_dir(path))?;
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(autostart_log(path))?;
+    // The directory is checked and the log opened through it without following a symlink,
+    // as the daemon does with its socket (docs/security.md, "Paths"): a program run as root
+    // never appends to a file another user named.
+    let dir = private_dir::ensure(socket_dir(path), 0o755, private_dir::Owner::MeOrRoot)?;
+    let log = private_dir::append_in(&dir, "daemon.log", 0o644)?;
     Command::new(bin)
         .arg("daemon")
         .arg("--socket")

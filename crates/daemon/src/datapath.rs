@@ -231,6 +231,10 @@ impl DataPath {
     /// ([`bind_error`]).
     pub fn new(core: &Core, net: &NetOptions) -> std::io::Result<DataPath> {
         let mut devs = Vec::new();
+        let capture_dir = match &net.capture_dir {
+            Some(dir) if net.bind => Some(crate::capture::CaptureDir::open(dir)?),
+            _ => None,
+        };
         for (i, d) in core.devices().iter().enumerate() {
             let port = &d.ports[0];
             let gid = port.gids[0];
@@ -241,11 +245,8 @@ impl DataPath {
                 if let Some(f) = net.faults {
                     n.inject(f, 0x5eed ^ i as u64);
                 }
-                if let Some(dir) = &net.capture_dir {
-                    let path = dir.join(format!("{}.pcap", d.name));
-                    if let Err(e) = n.capture_to(&path) {
-                        tracing::warn!("cannot capture to {}: {e}", path.display());
-                    }
+                if let Some(dir) = &capture_dir {
+                    n.capture_to(dir.create(&format!("{}.pcap", d.name))?)?;
                 }
                 tracing::info!(device = %d.name, addr = %gid.to_ip(), port = net.port, "device on the network");
                 netdev = Some(n);
@@ -266,11 +267,8 @@ impl DataPath {
                 if let Some(f) = net.faults {
                     n.inject(f, 0x5eed ^ i as u64 ^ (k as u64) << 32);
                 }
-                if let Some(dir) = &net.capture_dir {
-                    let path = dir.join(format!("{}-{k}.pcap", d.name));
-                    if let Err(e) = n.capture_to(&path) {
-                        tracing::warn!("cannot capture to {}: {e}", path.display());
-                    }
+                if let Some(dir) = &capture_dir {
+                    n.capture_to(dir.create(&format!("{}-{k}.pcap", d.name))?)?;
                 }
                 tracing::info!(device = %d.name, addr = %ip, port = net.port, "device on the network");
                 more_net.push(n);

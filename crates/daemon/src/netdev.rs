@@ -373,9 +373,10 @@ impl NetDev {
         self.faults = Some(FaultInjector::new(faults, seed));
     }
 
-    /// Writes every datagram sent and received (good ones) to a pcap file.
-    pub fn capture_to(&mut self, path: &std::path::Path) -> io::Result<()> {
-        let w = PcapWriter::new(std::io::BufWriter::new(std::fs::File::create(path)?))?;
+    /// Writes every datagram sent and received (good ones) to the pcap file `file`
+    /// (opened by capture.rs).
+    pub fn capture_to(&mut self, file: std::fs::File) -> io::Result<()> {
+        let w = PcapWriter::new(std::io::BufWriter::new(file))?;
         self.capture = Some((w, Instant::now()));
         Ok(())
     }

@@ -18,6 +18,9 @@ use softverbs_core::ids::CtxId;
 use softverbs_core::Core;
 use softverbs_ipc::IpcErrno as Errno;
 
+use rustix::fs::{chmodat, openat, statat, unlinkat, AtFlags, FileType, Mode, OFlags};
+use softverbs_ipc::private_dir::{self, Owner};
+
 use crate::config::Config;
 use crate::conn::{Conn, Outgoing, MAX_QUEUED_REPLIES};
 use crate::dispatch::Dispatcher;
@@ -47,6 +50,26 @@ impl StopHandle {
     }
 }
 
+/// The directory and file name of a socket path.
+fn split_socket_path(path: &std::path::Path) -> io::Result<(PathBuf, String)> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--socket {}: no file name", path.display()),
+            )
+        })?
+        .to_string();
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."))
+        .to_path_buf();
+    Ok((dir, name))
+}
+
 /// A bound daemon, ready to [`run`](Server::run).
 pub struct Server {
     config: Config,
@@ -70,32 +93,52 @@ impl Server {
     /// if a device's UDP port cannot be bound (`DataPath::new`), before the socket exists.
     pub fn bind(config: Config) -> io::Result<Server> {
         let path = &config.socket;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
+        // The socket's directory is checked and then used through its descriptor, so a root
+        // daemon never creates, truncates or removes a file another user's symlink names
+        // (issue 35, item 9; docs/security.md, "Paths"). 0755: every user reaches the socket.
+        let (dir, name) = split_socket_path(path)?;
+        let dirfd = private_dir::ensure(&dir, 0o755, Owner::MeOrRoot)
+            .map_err(|e| io::Error::new(e.kind(), format!("--socket: {e}")))?;
         // One daemon per socket: the lock is held for the daemon's life, so two daemons
         // started at once (two clients autostarting) cannot both bind.
-        let mut lock_path = path.clone().into_os_string();
-        lock_path.push(".lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)?;
+        let lock_name = format!("{name}.lock");
+        let lock = openat(
+            &dirfd,
+            lock_name.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map(std::fs::File::from)
+        .map_err(|e| {
+            io::Error::new(e.kind(), format!("{}: {e}", dir.join(&lock_name).display()))
+        })?;
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
-                format!("another daemon holds {}", lock_path.to_string_lossy()),
+                format!("another daemon holds {}", dir.join(&lock_name).display()),
             ));
         }
-        if path.exists() {
-            if softverbs_ipc::connect_seqpacket(path).is_ok() {
+        match statat(&dirfd, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) != FileType::Socket => {
                 return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!("a daemon already serves {}", path.display()),
+                    io::ErrorKind::AlreadyExists,
+                    format!(
+                        "{} exists and is not a socket: not replacing it",
+                        path.display()
+                    ),
                 ));
             }
-            std::fs::remove_file(path)?;
+            Ok(_) => {
+                if softverbs_ipc::connect_seqpacket(path).is_ok() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("a daemon already serves {}", path.display()),
+                    ));
+                }
+                unlinkat(&dirfd, name.as_str(), AtFlags::empty())?;
+            }
+            Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
         }
         // The devices take their network side before the socket exists: a daemon that
         // cannot play its NIC exits here, before any client could connect to it.
@@ -109,8 +152,12 @@ impl Server {
         softverbs_ipc::pass_credentials(listener.as_fd())?;
         // The socket is the door to every client's objects, but file permissions on the XRC
         // domain files are the access control, as with uverbs: anyone may connect.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
+        chmodat(
+            &dirfd,
+            name.as_str(),
+            Mode::from_raw_mode(0o777),
+            AtFlags::empty(),
+        )?;
         let poll = Poll::new()?;
         poll.registry().register(
             &mut SourceFd(&listener.as_raw_fd()),

@@ -106,8 +106,11 @@ fn ucx_info_lists_rc_and_ud_verbs_under_run_without_privileges() {
     std::fs::copy(dropin_library(), &lib).unwrap();
     let home = d.dir.join("home");
     std::fs::create_dir_all(&home).unwrap();
+    // The user's own private directory, as a login gives one: `softverbs run` keeps its
+    // mount points only in such a directory (docs/security.md, "Paths").
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
     let as_nobody = |args: &[&str]| {
         Command::new("setpriv")
             .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])

@@ -19,6 +19,8 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
+pub mod private_dir;
+
 pub use rustix::io::Errno as IpcErrno;
 
 /// Most file descriptors one message may carry; more is a protocol violation.

@@ -65,6 +65,7 @@ fn prepare(c: &Cluster, i: usize) -> Result<Vec<(String, OsString)>, String> {
         )
     })?;
     setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {host}: {e}"))?;
+    let staging = devnode::Staging::new("dev");
     devnode::enter_private_mount_namespace()?;
     unshare(CloneFlags::CLONE_NEWUTS).map_err(|e| format!("unshare(CLONE_NEWUTS): {e}"))?;
     nix::unistd::sethostname(&host).map_err(|e| format!("sethostname {host}: {e}"))?;
@@ -101,7 +102,8 @@ fn prepare(c: &Cluster, i: usize) -> Result<Vec<(String, OsString)>, String> {
             c.this_host_dir().display()
         )
     })?;
-    devnode::provide(1, true)?;
+    devnode::provide(1, true, &staging)?;
+    drop(staging);
     let mut path = OsString::from(libdir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
         path.push(":");

@@ -215,7 +215,7 @@ fn build(c: &Cluster, capture: Option<&Path>) -> Result<(), String> {
         .map(|i| c.host_dir(i))
         .chain([c.this_host_dir()])
     {
-        std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        state::shared_dir(&d)?;
     }
     write("hosts", &hosts)?;
     write("hostfile", &ompi)?;
@@ -254,7 +254,7 @@ fn spawn_host_services(
     let host = c.host(i);
     let capture = capture.map(|d| d.join(&host));
     if let Some(d) = &capture {
-        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        state::shared_dir(d)?;
     }
     let ns = std::fs::File::open(Path::new("/run/netns").join(&host))
         .map_err(|e| format!("/run/netns/{host}: {e}"))?;

@@ -120,7 +120,7 @@ impl Cluster {
 
     pub fn save(&self) -> Result<(), String> {
         let dir = self.dir();
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        shared_dir(&dir)?;
         let p = dir.join("state.json");
         std::fs::write(&p, self.to_json().to_string()).map_err(|e| format!("{}: {e}", p.display()))
     }
@@ -161,10 +161,20 @@ impl Cluster {
     }
 }
 
+/// Makes `dir` (0755: the cluster's host files and daemon sockets are for every user) or
+/// checks it: it and its ancestors owned by root or this uid and writable by no one else
+/// (private_dir.rs; docs/security.md, "Paths"), never an existing directory of another user
+/// or a symlink.
+pub fn shared_dir(dir: &Path) -> Result<(), String> {
+    softverbs_ipc::private_dir::ensure(dir, 0o755, softverbs_ipc::private_dir::Owner::Me)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 /// An exclusive lock on [`ROOT`] (held while the returned file is open): `up` and `down` of
 /// different clusters take turns, so subnets are chosen one at a time.
 pub fn lock() -> Result<std::fs::File, String> {
-    std::fs::create_dir_all(ROOT).map_err(|e| format!("{ROOT}: {e}"))?;
+    shared_dir(Path::new(ROOT))?;
     let p = Path::new(ROOT).join(".lock");
     let f = std::fs::File::create(&p).map_err(|e| format!("{}: {e}", p.display()))?;
     rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
