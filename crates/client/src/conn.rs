@@ -166,6 +166,19 @@ impl std::fmt::Debug for Conn {
     }
 }
 
+/// This process's `/proc/self/mem`, or, when it may not open it (`EACCES`: it is not
+/// dumpable, so the file belongs to root), a pidfd of itself, from which a root daemon opens
+/// it on its behalf (`ProcessMemory::open_for`, docs/registered-memory.md, "A process that
+/// is not dumpable").
+fn own_memory_or_pidfd() -> std::io::Result<OwnedFd> {
+    match softverbs_memaccess::open_own_memory() {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            softverbs_memaccess::own_pidfd().map_err(|_| e)
+        }
+        other => other,
+    }
+}
+
 /// Sends `Hello` on a fresh socket; returns the connection and the descriptors that came
 /// with the answer (the async eventfd when a device was opened).
 ///
@@ -190,7 +203,7 @@ pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> 
         (None, None)
     } else {
         (
-            Some(own(softverbs_memaccess::open_own_memory)?),
+            Some(own(own_memory_or_pidfd)?),
             Some(own(softverbs_memaccess::open_own_maps)?),
         )
     };
