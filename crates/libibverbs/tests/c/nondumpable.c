@@ -179,12 +179,17 @@ int main(int argc, char **argv)
 	pid = fork();
 	if (pid < 0)
 		fatal("fork");
+	/* Each side keeps only its own ends: if the other dies, a read ends instead of waiting. */
 	if (pid == 0) {
+		close(to_child[1]);
+		close(to_parent[0]);
 		bad = side(1, argv[1], to_parent[1], to_child[0], getppid());
 		snprintf(why, sizeof(why), "%d of %d rounds failed", bad, ROUNDS);
 		check("side1_pingpong", bad == 0, why);
 		_exit(bad != 0);
 	}
+	close(to_child[0]);
+	close(to_parent[1]);
 	bad = side(0, argv[1], to_child[1], to_parent[0], pid);
 	snprintf(why, sizeof(why), "%d of %d rounds failed", bad, ROUNDS);
 	check("side0_pingpong", bad == 0, why);
