@@ -426,6 +426,47 @@ fn share_in_place_keeps_contents_and_refuses_other_memory() {
     ));
 }
 
+/// Memory that is `mlock`ed, `MADV_DONTFORK` or `MADV_WIPEONFORK` is not converted: a shared
+/// mapping moved over it would lose the flag (docs/registered-memory.md, "What registration
+/// must not change"); the same buffer without the flag is.
+#[test]
+fn share_in_place_leaves_locked_dontfork_and_wipeonfork_memory_alone() {
+    use rustix::mm::Advice;
+    let p = page_size();
+    type SetFlag = fn(usize, usize);
+    let flags: [(&str, SetFlag); 3] = [
+        ("lo", |a, n| {
+            // SAFETY: locks pages of a buffer this test owns; nothing else is affected.
+            unsafe { rustix::mm::mlock(a as *mut std::ffi::c_void, n) }.unwrap()
+        }),
+        ("dc", |a, n| {
+            // SAFETY: advice on pages of a buffer this test owns, which no child uses.
+            unsafe { rustix::mm::madvise(a as *mut std::ffi::c_void, n, Advice::LinuxDontFork) }
+                .unwrap()
+        }),
+        ("wf", |a, n| {
+            // SAFETY: advice on pages of a buffer this test owns, which no child uses.
+            unsafe { rustix::mm::madvise(a as *mut std::ffi::c_void, n, Advice::LinuxWipeOnFork) }
+                .unwrap()
+        }),
+    ];
+    for (flag, set) in flags {
+        let buf = PageBuf::new(3 * p);
+        set(buf.addr() + p, p);
+        match share_in_place(buf.addr() + p, 10) {
+            Err(ShareError::Unsupported { found, .. }) => {
+                assert_eq!(found, format!("VmFlags {flag}"))
+            }
+            other => panic!("{flag}: {other:?}"),
+        }
+        // The neighbours have no flag: converted where write protection is available.
+        match share_in_place(buf.addr(), 10) {
+            Ok(_) | Err(ShareError::NoWriteProtection(_)) => {}
+            other => panic!("{flag}, the page before: {other:?}"),
+        }
+    }
+}
+
 /// Another thread storing into the pages, and the kernel writing into them on a thread's
 /// behalf (`pread(2)` into the buffer), while `share_in_place` converts them: no store is
 /// lost, no `pread` fails with `EFAULT` (an `mprotect`-based guard would make it fail), and
