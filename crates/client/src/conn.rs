@@ -190,7 +190,8 @@ fn own_memory_or_pidfd() -> std::io::Result<OwnedFd> {
 /// current daemon started at an older ABI level reaches only shared MRs. Since ABI 7 the
 /// process's own `/proc/self/maps` comes too (`HELLO_MAPS_FD`), by which the daemon refuses
 /// registrations over unmapped or read-only pages; an ABI-5 or -6 daemon refuses that bit and is
-/// greeted with the `mem` descriptor alone.
+/// greeted with the `mem` descriptor alone. A process that is not dumpable cannot open its
+/// `mem` and sends a pidfd of itself in its place ([`own_memory_or_pidfd`]).
 pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> {
     let req = HelloReq {
         abi_version: U32::new(ABI_VERSION),
