@@ -162,6 +162,19 @@ impl std::fmt::Debug for Conn {
     }
 }
 
+/// This process's `/proc/self/mem`, or, when it may not open it (`EACCES`: it is not
+/// dumpable, so the file belongs to root), a pidfd of itself, from which a root daemon opens
+/// it on its behalf (`ProcessMemory::open_for`, docs/registered-memory.md, "A process that
+/// is not dumpable").
+fn own_memory_or_pidfd() -> std::io::Result<OwnedFd> {
+    match softverbs_memaccess::open_own_memory() {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            softverbs_memaccess::own_pidfd().map_err(|_| e)
+        }
+        other => other,
+    }
+}
+
 /// Sends `Hello` on a fresh socket; returns the connection and the descriptors that came
 /// with the answer (the async eventfd when a device was opened).
 ///
@@ -173,7 +186,8 @@ impl std::fmt::Debug for Conn {
 /// current daemon started at an older ABI level reaches only shared MRs. Since ABI 7 the
 /// process's own `/proc/self/maps` comes too (`HELLO_MAPS_FD`), by which the daemon refuses
 /// registrations over unmapped or read-only pages; an ABI-5 or -6 daemon refuses that bit and is
-/// greeted with the `mem` descriptor alone.
+/// greeted with the `mem` descriptor alone. A process that is not dumpable cannot open its
+/// `mem` and sends a pidfd of itself in its place ([`own_memory_or_pidfd`]).
 pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> {
     let req = HelloReq {
         abi_version: U32::new(ABI_VERSION),
@@ -186,7 +200,7 @@ pub(crate) fn hello(sock: OwnedFd, device: u32) -> Result<(Conn, Vec<OwnedFd>)> 
         (None, None)
     } else {
         (
-            Some(own(softverbs_memaccess::open_own_memory)?),
+            Some(own(own_memory_or_pidfd)?),
             Some(own(softverbs_memaccess::open_own_maps)?),
         )
     };

@@ -26,7 +26,10 @@ mod ops;
 #[derive(Debug)]
 struct Opened {
     uid: u32,
-    /// Its `/proc/<pid>/mem`, validated, handed to its peers.
+    /// The pid `mem` was validated for.
+    pid: u32,
+    /// Its `/proc/<pid>/mem`, validated, handed to its peers while the process may be
+    /// opened by them ([`softverbs_memaccess::reachable_as`]).
     mem: OwnedFd,
     table: Region,
     table_fd: OwnedFd,
@@ -85,6 +88,7 @@ impl Direct {
             ctx,
             Opened {
                 uid,
+                pid,
                 mem,
                 table,
                 table_fd: fd,
@@ -235,6 +239,15 @@ impl Direct {
             return None;
         }
         if qp_type != info.qp_type || peer.uid != me.uid || peer.overflow {
+            return None;
+        }
+        // Each side gets the other's memory descriptor: only if it could open it itself
+        // (ptrace(2), "Ptrace access mode checking"): both processes still of that uid and
+        // dumpable now. One that is not (PR_SET_DUMPABLE 0, a uid change since it connected)
+        // keeps the pair on the daemon path (docs/direct-path.md, "Who goes direct").
+        if !softverbs_memaccess::reachable_as(&peer.mem, peer.pid, me.uid)
+            || !softverbs_memaccess::reachable_as(&me.mem, me.pid, peer.uid)
+        {
             return None;
         }
         // The address must lead to the peer's own device (not another host that happens to

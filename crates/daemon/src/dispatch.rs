@@ -1277,7 +1277,7 @@ impl Dispatcher {
         };
         let memory = match fds.pop() {
             Some(fd) => {
-                let m = ProcessMemory::validate(fd, opener).map_err(refuse)?;
+                let m = ProcessMemory::accept(fd, opener).map_err(refuse)?;
                 Some(match maps {
                     Some(maps) => m.with_maps(maps).map_err(refuse)?,
                     None => m,

@@ -519,6 +519,51 @@ fn an_o_path_descriptor_does_not_join_a_domain() {
     check_xrc_state(&owner, &state);
 }
 
+/// A process that is not dumpable cannot open its own `mem`; it sends a pidfd of itself and a
+/// root daemon opens the file for it (docs/registered-memory.md, "A process that is not
+/// dumpable"). A pidfd of any other process is `EINVAL`: the daemon opens memory only of the
+/// process that sent the message.
+#[test]
+fn hello_takes_a_pidfd_only_of_the_sender() {
+    let path = sock_path("hello-pidfd");
+    let _d = spawn_test_daemon(&path).unwrap();
+    let hello = |fds: &[std::os::fd::BorrowedFd<'_>]| {
+        let raw = Raw {
+            sock: softverbs_ipc::connect_seqpacket(&path).unwrap(),
+            _events: None,
+        };
+        let body = HelloReq {
+            abi_version: U32::new(ABI_VERSION),
+            device: U32::new(0),
+        };
+        raw.call_raw(Cmd::Hello, HELLO_MEM_FD, body.as_bytes(), fds)
+            .0
+    };
+    let mut other = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = |p: u32| rustix::process::Pid::from_raw(p as i32).unwrap();
+    let theirs =
+        rustix::process::pidfd_open(pid(other.id()), rustix::process::PidfdFlags::empty()).unwrap();
+    assert_eq!(
+        hello(&[theirs.as_fd()]),
+        22,
+        "EINVAL: another process's pidfd"
+    );
+    other.kill().unwrap();
+    other.wait().unwrap();
+    assert_eq!(
+        hello(&[theirs.as_fd()]),
+        22,
+        "EINVAL: a dead process's pidfd"
+    );
+    let own = softverbs_memaccess::own_pidfd().unwrap();
+    if rustix::process::geteuid().is_root() {
+        assert_eq!(hello(&[own.as_fd()]), 0, "the sender's own pidfd");
+    }
+}
+
 #[test]
 fn hello_takes_only_the_senders_own_mem_opened_read_write() {
     let path = sock_path("hello-mem");

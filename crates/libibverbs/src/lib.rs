@@ -36,3 +36,21 @@ mod strings;
 mod unsupported;
 mod util;
 mod xrcd;
+
+/// Runs when the dynamic loader maps this library, before the program's own constructors
+/// and `main` (the loader runs a library's `.init_array` before those of the objects that
+/// depend on it): installs the child handler that gives a `fork()`ed child its own copy of
+/// the memory registration shared (`softverbs_memaccess::install_fork_handler`). Child
+/// handlers run in the order they were registered (pthread_atfork(3)), so ours runs before
+/// any the program registers itself, and a program's handler that writes a registered buffer
+/// writes the child's copy (docs/registered-memory.md, "What registration must not change").
+/// Installing it at the first registration, as before, put it after such a handler.
+#[cfg(not(test))]
+#[used]
+#[link_section = ".init_array"]
+static INSTALL_FORK_HANDLER: extern "C" fn() = install_fork_handler;
+
+#[cfg(not(test))]
+extern "C" fn install_fork_handler() {
+    softverbs_memaccess::install_fork_handler();
+}

@@ -49,8 +49,9 @@ impl From<rustix::io::Errno> for ShareError {
 /// `addr`/`len`): from then on both see each other's writes and the daemon reaches the
 /// buffer with `memcpy` instead of a system call per access.
 ///
-/// How: create a memfd of the rounded size, seal it against shrinking and growing (so the
-/// daemon cannot be made to fault by a truncation), and, piece by piece of at most 2 MiB
+/// How: create a memfd of the rounded size plus room for the program to grow the mapping
+/// (`realloc`, [`GROWTH`]), seal it against shrinking and growing (so the daemon cannot be
+/// made to fault by a truncation), and, piece by piece of at most 2 MiB
 /// (so the copy never needs more than that much memory besides the program's), map the
 /// piece of the file at a fresh address with `MAP_POPULATE`, copy the pages in and `mremap`
 /// the populated mapping over them (one atomic replacement; the page tables move along, so
@@ -58,8 +59,9 @@ impl From<rustix::io::Errno> for ShareError {
 /// `docs/measurements.md` §2, with `mremap` instead of a second `mmap(MAP_FIXED)`.
 ///
 /// Only private anonymous read-write memory is accepted (heap, `mmap(MAP_ANONYMOUS |
-/// MAP_PRIVATE)`, named anonymous mappings); anything else (file-backed, `MAP_SHARED`,
-/// hugetlb, stacks, device memory, unmapped holes, read-only pages) is
+/// MAP_PRIVATE)`, named anonymous mappings) without `mlock`, `MADV_DONTFORK` or
+/// `MADV_WIPEONFORK` (which a shared mapping would lose); anything else (file-backed,
+/// `MAP_SHARED`, hugetlb, stacks, device memory, unmapped holes, read-only pages) is
 /// [`ShareError::Unsupported`] and must be registered for the `process_vm_*` path instead.
 ///
 /// # Caveats
@@ -103,6 +105,15 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
     let n = hi - lo;
     let _one_at_a_time = conversions();
     check_private_anonymous(lo, hi)?;
+    if let Some((at, flag)) = crate::vmas::kept_flag_in(lo, hi)? {
+        // mlock, MADV_DONTFORK, MADV_WIPEONFORK: a shared mapping moved over the pages would
+        // drop the flag, so a later mlock'd page could be swapped, or a child would get
+        // pages it must not have. Left alone, on the process path, as a NIC leaves them.
+        return Err(ShareError::Unsupported {
+            addr: at.max(lo),
+            found: format!("VmFlags {flag}"),
+        });
+    }
     if !crate::write_guard::may_arm() {
         // Known unavailable: skip allocating and filling a copy that could not be used.
         return Err(ShareError::NoWriteProtection(io::Error::from_raw_os_error(
@@ -111,7 +122,7 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
     }
 
     let fd = memfd_create(MEMFD_NAME, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
-    ftruncate(&fd, n as u64)?;
+    ftruncate(&fd, file_size(n))?;
     fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
     let guard = WriteGuard::arm(lo, n, false).map_err(ShareError::NoWriteProtection)?;
     in_pieces(lo, n, |off, len| Mapping::shared_at(&fd, off, len, true))?;
@@ -120,6 +131,24 @@ pub fn share_in_place(addr: usize, len: usize) -> Result<OwnedFd, ShareError> {
     // From now on a child created by fork() must get its own copy of these pages.
     crate::fork_child::install();
     Ok(fd)
+}
+
+/// How far the program may grow a converted mapping with `mremap` (what glibc's `realloc`
+/// does to a chunk it got from `mmap`) before the grown part lies past the memfd's end,
+/// where the first access would raise `SIGBUS` (mmap(2)). Private anonymous memory can grow
+/// without limit; the file is made this much larger than the range, which costs nothing
+/// until the grown part is written (a memfd's size reserves nothing: its pages are
+/// allocated, and charged to the program, when first written).
+const GROWTH: u64 = 1 << 40;
+
+/// The size of the memfd for a conversion of `n` bytes: `n` plus [`GROWTH`], within the
+/// process's `RLIMIT_FSIZE` (a larger `ftruncate` would raise `SIGXFSZ`).
+fn file_size(n: usize) -> u64 {
+    let n = n as u64;
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Fsize)
+        .current
+        .unwrap_or(u64::MAX);
+    n.saturating_add(GROWTH).min(limit).max(n)
 }
 
 /// Serialises [`share_in_place`] and [`unshare_in_place`] in the process. Each checks

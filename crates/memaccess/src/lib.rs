@@ -51,9 +51,11 @@ pub use client::{
     authorize_daemon, share_in_place, unshare_in_place, Authorization, Converted, ShareError,
 };
 pub use direct_copy::{atomic_own, read_own, write_own, PeerMapping};
+pub use fork_child::install_fork_handler;
 pub use peer::{PeerFault, PeerMemory};
 pub use process_mem::{
-    open_own_maps, open_own_memory, MemFdError, ProcessMem, ProcessMemory, RangeError,
+    open_own_maps, open_own_memory, own_pidfd, reachable_as, MemFdError, ProcessMem, ProcessMemory,
+    RangeError,
 };
 pub use process_vm::ProcessVm;
 pub use raw::RawMemory;

@@ -95,6 +95,78 @@ impl ProcessMemory {
         })
     }
 
+    /// Opens the memory of the sender `pid` on its behalf, from a pidfd of itself that it
+    /// sent instead of its `mem` (docs/registered-memory.md, "A process that is not
+    /// dumpable"): a process that made itself non-dumpable (`PR_SET_DUMPABLE` 0, a setuid or
+    /// privilege-dropping program) cannot open its own `/proc/self/mem`, because the file then
+    /// belongs to root, mode 0600 (proc(5), "/proc/pid"), and the permission check of
+    /// `open(2)` comes before the ptrace check that would let it in. (Its `maps`, mode 0444,
+    /// it still opens and sends itself.) The daemon opens `/proc/<pid>/mem` itself, which only
+    /// a daemon with `CAP_SYS_PTRACE` and `CAP_DAC_OVERRIDE` (root) can do for such a process.
+    ///
+    /// Why this reaches exactly the sender, whatever happens to the pid: `pidfd` must be a
+    /// pidfd whose `Pid:` (`/proc/self/fdinfo`) is `pid`, the pid the kernel attached to the
+    /// message (`SCM_CREDENTIALS`, which a process cannot forge without `CAP_SYS_ADMIN`).
+    /// The pidfd existed when the message was sent, by the sender alive with that pid; after
+    /// both files are opened the pidfd must still show a live process (`poll` without
+    /// `POLLIN`, pidfd_open(2)). A live process keeps its pid, so the files opened in
+    /// between are that process's, and a pidfd of an earlier holder of the number is dead by
+    /// then and refused. The daemon acts only for the process that asked, on its own memory,
+    /// and the direct path never hands such a descriptor to anyone (the process is not
+    /// dumpable: [`reachable_as`]).
+    pub fn open_for(pidfd: OwnedFd, pid: u32) -> Result<ProcessMemory, MemFdError> {
+        let not_it = |found: String| MemFdError::NotPeerMem {
+            expected: pid,
+            found,
+        };
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", pidfd.as_raw_fd()))?;
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))?;
+        let named = info
+            .lines()
+            .find_map(|l| l.strip_prefix("Pid:"))
+            .map(str::trim);
+        if !link.to_string_lossy().contains("pidfd") || named != Some(pid.to_string().as_str()) {
+            return Err(not_it(format!("{} (Pid {named:?})", link.display())));
+        }
+        let open = |what: &str, flags: OFlags| {
+            rustix::fs::open(
+                format!("/proc/{pid}/{what}").as_str(),
+                flags | OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(io::Error::from)
+        };
+        let fd = open("mem", OFlags::RDWR)?;
+        let mut poll = [rustix::event::PollFd::new(
+            &pidfd,
+            rustix::event::PollFlags::IN,
+        )];
+        let exited = match rustix::event::poll(&mut poll, Some(&rustix::event::Timespec::default()))
+        {
+            Ok(n) => n > 0,
+            Err(e) => return Err(io::Error::from(e).into()),
+        };
+        if exited {
+            return Err(not_it("a process that has exited".to_owned()));
+        }
+        Ok(ProcessMemory {
+            fd,
+            pid,
+            maps: None,
+        })
+    }
+
+    /// [`validate`](Self::validate) for a `/proc/<pid>/mem` descriptor, [`open_for`](Self::open_for)
+    /// for a pidfd: what the daemon accepts as `HELLO_MEM_FD`.
+    pub fn accept(fd: OwnedFd, pid: u32) -> Result<ProcessMemory, MemFdError> {
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+        if link.to_string_lossy().contains("pidfd") {
+            Self::open_for(fd, pid)
+        } else {
+            Self::validate(fd, pid)
+        }
+    }
+
     /// Adds the same process's own `/proc/self/maps` (ABI 7), through which
     /// [`ProcessMem::check_range`] judges registrations. Checked like the `mem` file: a procfs
     /// file named `/proc/<pid>/maps`, open for reading. Opened by the client, it is bound to
@@ -123,6 +195,42 @@ impl ProcessMemory {
     pub fn pid(&self) -> u32 {
         self.pid
     }
+}
+
+/// Whether a process of uid `uid` could open the memory `fd` names itself, as far as
+/// ptrace(2) "Ptrace access mode checking" decides by credentials: the process is alive,
+/// *dumpable* (`PR_GET_DUMPABLE` 1) and its effective uid is `uid` — the file `/proc/<pid>/mem`
+/// then belongs to that uid (proc(5): the files of a process that is not dumpable belong to
+/// root). A same-uid process may attach to such a process (step 3 of the check: caller's
+/// fsuid equals the target's uids, which a dumpable process that kept its uid has; step 5:
+/// the target is dumpable), so handing it the descriptor grants nothing it could not take.
+/// What the check does not evaluate: capability sets (step 3's "permitted capabilities"
+/// subset, which matters between processes of uid 0) and LSMs such as Yama
+/// (docs/direct-path.md, "Who goes direct").
+///
+/// `pid` is the number the memory was validated for. The owner is read by path
+/// (`stat("/proc/<pid>/mem")`), because only a path lookup makes procfs recompute it
+/// (`fstat` on an open descriptor reports what the last lookup found); the path's inode must
+/// then be the descriptor's own, so the answer is about that process even if the number has
+/// since gone to another (a dead process's entry is a different inode, or none).
+pub fn reachable_as(fd: impl AsFd, pid: u32, uid: u32) -> bool {
+    let Ok(held) = rustix::fs::fstat(fd) else {
+        return false;
+    };
+    let Ok(now) = rustix::fs::stat(format!("/proc/{pid}/mem").as_str()) else {
+        return false;
+    };
+    now.st_dev == held.st_dev && now.st_ino == held.st_ino && now.st_uid == uid
+}
+
+/// A pidfd of the calling process (pidfd_open(2), Linux 5.3), close-on-exec: what a client
+/// that is not dumpable sends at context open instead of its `mem`, which it cannot open
+/// ([`ProcessMemory::open_for`]).
+pub fn own_pidfd() -> io::Result<OwnedFd> {
+    Ok(rustix::process::pidfd_open(
+        rustix::process::getpid(),
+        rustix::process::PidfdFlags::empty(),
+    )?)
 }
 
 /// What the client sends at context open: its own `/proc/self/mem`, read-write and

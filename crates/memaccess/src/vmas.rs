@@ -78,6 +78,49 @@ fn from_file(lo: usize, hi: usize) -> io::Result<Vec<String>> {
         .collect())
 }
 
+/// The `VmFlags` (proc(5), `/proc/pid/smaps`) that registration must not lose by moving
+/// a shared mapping over the pages (docs/registered-memory.md, "What registration must not
+/// change"): `lo` (`mlock`, `VM_LOCKED`), `dc` (`MADV_DONTFORK`, `VM_DONTCOPY`) and `wf`
+/// (`MADV_WIPEONFORK`, `VM_WIPEONFORK`). A new `MAP_SHARED` mapping has none of them, and
+/// `MADV_WIPEONFORK` cannot even be applied to one (`EINVAL`, madvise(2)).
+pub(crate) const KEPT_FLAGS: [&str; 3] = ["lo", "dc", "wf"];
+
+/// The first mapping over `[lo, hi)` whose `VmFlags` hold one of [`KEPT_FLAGS`]: its start
+/// and that flag. `PROCMAP_QUERY` does not report these flags; `/proc/self/smaps` is the one
+/// interface that does (it also sums each mapping's pages, which makes it the slower read:
+/// docs/registered-memory.md gives the cost).
+pub(crate) fn kept_flag_in(lo: usize, hi: usize) -> io::Result<Option<(usize, &'static str)>> {
+    use std::io::BufRead;
+    let smaps = std::io::BufReader::new(std::fs::File::open("/proc/self/smaps")?);
+    // The mapping the lines being read belong to, if it overlaps the range.
+    let mut current: Option<usize> = None;
+    for line in smaps.lines() {
+        let line = line?;
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if let Some(start) = current {
+                let found = flags
+                    .split_ascii_whitespace()
+                    .find_map(|f| KEPT_FLAGS.iter().find(|&&k| k == f));
+                if let Some(&flag) = found {
+                    return Ok(Some((start, flag)));
+                }
+            }
+            continue;
+        }
+        // A mapping's first line is `start-end perms ...`; the others are `Key: value`.
+        let first = line.split_ascii_whitespace().next().unwrap_or("");
+        if let Some((s, e)) = first.split_once('-') {
+            if let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) {
+                if s >= hi {
+                    break; // In address order: nothing further overlaps.
+                }
+                current = (e > lo).then_some(s);
+            }
+        }
+    }
+    Ok(None)
+}
+
 fn query(lo: usize, hi: usize) -> io::Result<Vec<String>> {
     // Opened per call: a descriptor kept across fork() would describe the parent.
     let maps = open(

@@ -331,9 +331,21 @@ fn add_region_rejects_bad_files_and_ranges() {
         shm.add_region(CTX, u64::MAX - 10, 100, &fd),
         Err(RegionError::BadRange)
     ));
-    // Larger than the file.
+    // Larger than the file (share_in_place's own files have room to grow: a sealed memfd
+    // of exactly two pages here).
+    let two = rustix::fs::memfd_create(
+        "two",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .unwrap();
+    rustix::fs::ftruncate(&two, 2 * p).unwrap();
+    rustix::fs::fcntl_add_seals(
+        &two,
+        rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW,
+    )
+    .unwrap();
     assert!(matches!(
-        shm.add_region(CTX, base, 2 * p + 1, &fd),
+        shm.add_region(CTX, base, 2 * p + 1, &two),
         Err(RegionError::TooSmall { .. })
     ));
     // Not sealed: a plain memfd, and a regular file.
@@ -378,7 +390,8 @@ fn share_in_place_keeps_contents_and_refuses_other_memory() {
         assert_eq!(buf.get(i), pattern(i));
     }
     let st = rustix::fs::fstat(&fd).unwrap();
-    assert_eq!(st.st_size as usize, p);
+    // The converted page, and room for the program to grow the mapping (realloc).
+    assert!(st.st_size as usize >= p, "{}", st.st_size);
     let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
     assert!(seals.contains(rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW));
     // Writes through the memfd are visible at the original address and vice versa.
@@ -411,6 +424,47 @@ fn share_in_place_keeps_contents_and_refuses_other_memory() {
         share_in_place(usize::MAX - 5, 10),
         Err(ShareError::BadRange)
     ));
+}
+
+/// Memory that is `mlock`ed, `MADV_DONTFORK` or `MADV_WIPEONFORK` is not converted: a shared
+/// mapping moved over it would lose the flag (docs/registered-memory.md, "What registration
+/// must not change"); the same buffer without the flag is.
+#[test]
+fn share_in_place_leaves_locked_dontfork_and_wipeonfork_memory_alone() {
+    use rustix::mm::Advice;
+    let p = page_size();
+    type SetFlag = fn(usize, usize);
+    let flags: [(&str, SetFlag); 3] = [
+        ("lo", |a, n| {
+            // SAFETY: locks pages of a buffer this test owns; nothing else is affected.
+            unsafe { rustix::mm::mlock(a as *mut std::ffi::c_void, n) }.unwrap()
+        }),
+        ("dc", |a, n| {
+            // SAFETY: advice on pages of a buffer this test owns, which no child uses.
+            unsafe { rustix::mm::madvise(a as *mut std::ffi::c_void, n, Advice::LinuxDontFork) }
+                .unwrap()
+        }),
+        ("wf", |a, n| {
+            // SAFETY: advice on pages of a buffer this test owns, which no child uses.
+            unsafe { rustix::mm::madvise(a as *mut std::ffi::c_void, n, Advice::LinuxWipeOnFork) }
+                .unwrap()
+        }),
+    ];
+    for (flag, set) in flags {
+        let buf = PageBuf::new(3 * p);
+        set(buf.addr() + p, p);
+        match share_in_place(buf.addr() + p, 10) {
+            Err(ShareError::Unsupported { found, .. }) => {
+                assert_eq!(found, format!("VmFlags {flag}"))
+            }
+            other => panic!("{flag}: {other:?}"),
+        }
+        // The neighbours have no flag: converted where write protection is available.
+        match share_in_place(buf.addr(), 10) {
+            Ok(_) | Err(ShareError::NoWriteProtection(_)) => {}
+            other => panic!("{flag}, the page before: {other:?}"),
+        }
+    }
 }
 
 /// Another thread storing into the pages, and the kernel writing into them on a thread's
