@@ -19,7 +19,7 @@ use softverbs_cm::{
 use softverbs_core::device::Gid;
 use softverbs_core::errno::{EADDRINUSE, EAGAIN, EEXIST, EINVAL, ENOMEM};
 use softverbs_core::ids::CtxId;
-use softverbs_wire::cm::{gsi_headers, SidrStatus, GSI_QPN};
+use softverbs_wire::cm::{gsi_headers, ServiceId, SidrStatus, GSI_QPN};
 use softverbs_wire::{deth::GSI_QKEY, emit_packet, Packet};
 use zerocopy::little_endian::{U16, U32, U64};
 
@@ -85,6 +85,32 @@ fn ip_of(b: [u8; 16]) -> IpAddr {
     Gid(b).to_ip()
 }
 
+/// Whether client process `pid`, connected as `uid`, may take an rdma_cm port below 1024:
+/// uid 0, or `CAP_NET_BIND_SERVICE` (capability 10, capabilities(7)) in its effective set as
+/// `/proc/<pid>/status` shows it now, and only while that process still runs as `uid` (its
+/// connection is open, so the pid is its own; the uid check keeps a recycled pid from
+/// lending another process's capability).
+pub fn may_bind_privileged(pid: u32, uid: u32) -> bool {
+    if uid == 0 {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let euid = field("Uid:")
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u32>().ok());
+    let cap_eff = field("CapEff:").and_then(|v| u64::from_str_radix(v, 16).ok());
+    const CAP_NET_BIND_SERVICE: u32 = 10;
+    euid == Some(uid) && cap_eff.is_some_and(|c| c & (1 << CAP_NET_BIND_SERVICE) != 0)
+}
+
 /// True for a packet to QP1 (BTH DestQP 1, UD SEND_ONLY): the GSI's, not an engine's.
 pub fn is_gsi(pkt: &[u8]) -> bool {
     pkt.len() >= 12 && pkt[0] == 0x64 && pkt[5..8] == [0, 0, GSI_QPN as u8]
@@ -99,9 +125,15 @@ impl CmPorts {
             .map(|(i, ips)| Port {
                 cm: Cm::new(Config {
                     local_ca_guid: 0x0200_00ff_fe00_0000 | i as u64,
-                    // Distinct per device and per daemon start, so that a restarted daemon's
-                    // IDs do not look like its predecessor's to a peer in time-wait.
-                    first_id: (std::process::id() << 12 | i as u32).max(1),
+                    // IDs nobody can predict (the operating system's generator seeds the
+                    // CM's ChaCha20), so a sender that is not the peer cannot name a
+                    // connection, and a restarted daemon's IDs are unrelated to its
+                    // predecessor's.
+                    id_seed: {
+                        let mut seed = [0; 32];
+                        getrandom::getrandom(&mut seed).expect("the OS random generator");
+                        seed
+                    },
                     // A listener is made by a command from its process: a peer told
                     // "ready" out of band may connect before it arrives (docs/cm.md §7).
                     listen_grace: std::time::Duration::from_millis(250),
@@ -324,11 +356,23 @@ impl CmPorts {
         Ok(client)
     }
 
-    /// `CmListen`.
-    pub fn listen(&mut self, ctx: CtxId, dev: usize, r: &CmListenReq) -> Result<CmIdResp, i32> {
+    /// `CmListen`. An rdma_cm port below 1024 needs `privileged()` (the kernel's rdma_cm
+    /// refuses such a bind with `EACCES` without `CAP_NET_BIND_SERVICE`, as bind(2) does).
+    pub fn listen(
+        &mut self,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmListenReq,
+        privileged: impl FnOnce() -> bool,
+    ) -> Result<CmIdResp, i32> {
+        if ServiceId::from_u64(r.service_id.get()).is_some_and(|s| s.port != 0 && s.port < 1024)
+            && !privileged()
+        {
+            return Err(rustix::io::Errno::ACCESS.raw_os_error());
+        }
         let id = self
             .port(dev)?
-            .listen(owner(ctx), r.service_id.get())
+            .listen_backlog(owner(ctx), r.service_id.get(), r.backlog.get())
             .map_err(cm_errno)?;
         Ok(CmIdResp { id: U32::new(id.0) })
     }
