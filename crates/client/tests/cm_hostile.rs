@@ -57,6 +57,11 @@ impl Drop for Dir {
 
 /// A daemon whose one device has `ip` on the network, in a directory every uid can reach.
 fn daemon(name: &str, ip: Ipv4Addr) -> (TestDaemon, Dir) {
+    daemon_limits(name, ip, &[])
+}
+
+/// [`daemon`] with `limits` (`SCOPE.RESOURCE=N`) on top of the defaults.
+fn daemon_limits(name: &str, ip: Ipv4Addr, limits: &[&str]) -> (TestDaemon, Dir) {
     use std::os::unix::fs::PermissionsExt;
     let dir = std::env::temp_dir().join(format!("svcmh-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -68,6 +73,9 @@ fn daemon(name: &str, ip: Ipv4Addr) -> (TestDaemon, Dir) {
         ips: vec![IpAddr::V4(ip)],
     }];
     c.net.bind = true;
+    for l in limits {
+        c.limits.apply(l).unwrap();
+    }
     (spawn_daemon_with(c).unwrap(), Dir(dir))
 }
 
@@ -505,4 +513,62 @@ fn an_rdma_cm_port_below_1024_needs_cap_net_bind_service() {
     // Root may.
     let ctx = Context::open_at(&d.socket, 0).unwrap();
     ctx.cm_channel().unwrap().listen(0x0106_0050).unwrap();
+}
+
+/// The other uid's role for the shares: takes its 5 listeners and 5 ids, is refused the
+/// sixth of each with ENOMEM, and gets one back when it destroys one.
+#[test]
+fn share_client() {
+    if std::env::var(ROLE).as_deref() != Ok("share") {
+        return;
+    }
+    let (socket, ip) = {
+        let a = std::env::var(ARG).unwrap();
+        let (s, ip) = a.split_once(' ').unwrap();
+        (s.to_string(), ip.parse::<IpAddr>().unwrap())
+    };
+    // Two contexts: the share is the uid's, not one context's.
+    let c1 = Context::open_at(Path::new(&socket), 0).unwrap();
+    let c2 = Context::open_at(Path::new(&socket), 0).unwrap();
+    let (h1, h2) = (c1.cm_channel().unwrap(), c2.cm_channel().unwrap());
+    let mut ls = Vec::new();
+    for port in 0..5u64 {
+        let ch = if port % 2 == 0 { &h1 } else { &h2 };
+        ls.push(ch.listen(0x0106_2000 + port).unwrap());
+    }
+    assert_eq!(h2.listen(0x0106_2010).unwrap_err().errno(), libc::ENOMEM);
+    let mut ids = Vec::new();
+    for i in 0..5u64 {
+        let ch = if i % 2 == 0 { &h1 } else { &h2 };
+        ids.push(
+            ch.connect(ip, 0x0106_3000 + i, CmQp::new(0x10, 1), FAST, b"")
+                .unwrap(),
+        );
+    }
+    let err = h1
+        .connect(ip, 0x0106_3010, CmQp::new(0x10, 1), FAST, b"")
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::ENOMEM);
+    h1.destroy(ls[0]).unwrap();
+    h1.listen(0x0106_2011).unwrap();
+    h1.destroy(ids[0]).unwrap();
+    h1.connect(ip, 0x0106_3011, CmQp::new(0x10, 1), FAST, b"")
+        .unwrap();
+}
+
+#[test]
+fn cm_listeners_and_ids_past_a_uids_share_are_enomem_for_that_uid_only() {
+    let ip = Ipv4Addr::new(127, 35, 4, 1);
+    let (d, _dir) = daemon_limits("share", ip, &["uid.cm-listeners=5", "uid.cm-ids=5"]);
+    let arg = format!("{} {ip}", d.socket.display());
+    if !as_other_uid("share_client", "share", &arg) {
+        return;
+    }
+    // This uid has its own share, whatever the other one holds.
+    let ctx = Context::open_at(&d.socket, 0).unwrap();
+    let ch = ctx.cm_channel().unwrap();
+    for port in 0..5u64 {
+        ch.listen(0x0106_4000 + port).unwrap();
+    }
+    assert_eq!(ch.listen(0x0106_4010).unwrap_err().errno(), libc::ENOMEM);
 }

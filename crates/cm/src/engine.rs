@@ -107,6 +107,9 @@ pub struct Cm {
     listeners: BTreeMap<u32, Listener>,
     by_service: BTreeMap<u64, u32>,
     held: Vec<Held>,
+    /// What each owner holds: (listeners, connections), kept as they change so that a
+    /// per-owner or per-user share is checked in O(1) (docs/limits.md).
+    holdings: HashMap<Owner, (usize, usize)>,
     tx: VecDeque<Transmit>,
     events: VecDeque<(Owner, CmId, Event)>,
 }
@@ -125,6 +128,7 @@ impl Cm {
             listeners: BTreeMap::new(),
             by_service: BTreeMap::new(),
             held: Vec::new(),
+            holdings: HashMap::new(),
             tx: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -186,13 +190,25 @@ impl Cm {
 
     /// What one owner holds: (listeners, connections).
     pub fn owner_counts(&self, owner: Owner) -> (usize, usize) {
-        (
-            self.listeners.values().filter(|l| l.owner == owner).count(),
-            self.conns
-                .values()
-                .filter(|c| c.owner == Some(owner))
-                .count(),
-        )
+        self.holdings.get(&owner).copied().unwrap_or_default()
+    }
+
+    /// Every owner holding something, with [`Self::owner_counts`].
+    pub fn holdings(&self) -> impl Iterator<Item = (Owner, (usize, usize))> + '_ {
+        self.holdings.iter().map(|(o, c)| (*o, *c))
+    }
+
+    /// `owner` holds `listeners` and `conns` more (or fewer).
+    fn hold(&mut self, owner: Option<Owner>, listeners: isize, conns: isize) {
+        let Some(owner) = owner else {
+            return;
+        };
+        let h = self.holdings.entry(owner).or_default();
+        h.0 = h.0.saturating_add_signed(listeners);
+        h.1 = h.1.saturating_add_signed(conns);
+        if *h == (0, 0) {
+            self.holdings.remove(&owner);
+        }
     }
 
     /// A fresh random ID, never 0 and never one in use or in time-wait (the tombstones stay
@@ -309,6 +325,7 @@ impl Cm {
     fn remove(&mut self, id: u32) {
         self.unwait(id);
         if let Some(c) = self.conns.remove(&id) {
+            self.hold(c.owner, 0, -1);
             if let Some(k) = c.key {
                 self.by_remote.remove(&k);
             }
@@ -331,6 +348,7 @@ impl Cm {
         timeout: Duration,
         retries: u8,
     ) {
+        self.hold(Some(owner), 0, 1);
         self.conns.insert(
             id,
             Conn {
@@ -402,6 +420,7 @@ impl Cm {
             backlog
         };
         let id = self.alloc_id();
+        self.hold(Some(owner), 1, 0);
         self.listeners.insert(
             id,
             Listener {
@@ -430,6 +449,7 @@ impl Cm {
             Some(l) if l.owner == owner => {
                 let l = self.listeners.remove(&id.0).expect("just seen");
                 self.by_service.remove(&l.service_id);
+                self.hold(Some(owner), -1, 0);
                 Ok(())
             }
             _ => Err(CmError::UnknownId),
@@ -453,9 +473,13 @@ impl Cm {
                 return Err(CmError::UnknownId);
             }
             l.owner = to;
+            self.hold(Some(from), -1, 0);
+            self.hold(Some(to), 1, 0);
             return Ok(());
         }
         self.owned(from, id)?.owner = Some(to);
+        self.hold(Some(from), 0, -1);
+        self.hold(Some(to), 0, 1);
         Ok(())
     }
 
@@ -512,6 +536,7 @@ impl Cm {
             private_data: msg::private_data(&p.private_data)?,
         };
         let mad = self.encode(CmMessage::Req(Box::new(req)))?;
+        self.hold(Some(owner), 0, 1);
         self.conns.insert(
             id,
             Conn {
@@ -763,8 +788,9 @@ impl Cm {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        c.owner = None;
+        let was = c.owner.take();
         let (state, peer, remote) = (c.state, c.peer, c.remote_id);
+        self.hold(was, 0, -1);
         // What the REJ rejects (IBA 12.6.7): the REQ or REP this side received and has not
         // answered, or no message (a REQ_SENT that gives up, a REP already sent).
         let rej = |reason| {

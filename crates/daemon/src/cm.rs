@@ -19,6 +19,8 @@ use softverbs_cm::{
 use softverbs_core::device::Gid;
 use softverbs_core::errno::{EADDRINUSE, EAGAIN, EEXIST, EINVAL, ENOMEM};
 use softverbs_core::ids::CtxId;
+use softverbs_core::limits::Resource;
+use softverbs_core::Core;
 use softverbs_wire::cm::{gsi_headers, ServiceId, SidrStatus, GSI_QPN};
 use softverbs_wire::{deth::GSI_QKEY, emit_packet, Packet};
 use zerocopy::little_endian::{U16, U32, U64};
@@ -68,6 +70,10 @@ pub struct CmPorts {
     ctxs: HashMap<CtxId, CtxCm>,
     /// Contexts whose CM eventfd should be signalled.
     woken: Vec<CtxId>,
+    /// What each context is charged in the core for what it holds in the CMs: (listeners,
+    /// ids). At most what it holds (a connect request arriving for a context at its share
+    /// is held, bounded by its listener's backlog, but not charged).
+    charged: HashMap<CtxId, (u64, u64)>,
 }
 
 fn owner(ctx: CtxId) -> Owner {
@@ -147,6 +153,59 @@ impl CmPorts {
             ports,
             ctxs: HashMap::new(),
             woken: Vec::new(),
+            charged: HashMap::new(),
+        }
+    }
+
+    /// Charges `ctx` for one more listener (or id, `listener` false) before a command makes
+    /// it: `ENOMEM` past the context's, its uid's or the daemon's share
+    /// ([`Resource::CmListeners`], [`Resource::CmIds`]).
+    pub fn precharge(&mut self, core: &mut Core, ctx: CtxId, listener: bool) -> Result<(), i32> {
+        let r = if listener {
+            Resource::CmListeners
+        } else {
+            Resource::CmIds
+        };
+        core.charge(ctx, r, 1).map_err(|e| e.errno())?;
+        let c = self.charged.entry(ctx).or_default();
+        if listener {
+            c.0 += 1;
+        } else {
+            c.1 += 1;
+        }
+        Ok(())
+    }
+
+    /// Brings every context's charges in line with what the CMs say it holds: what went
+    /// (destroyed, ended, migrated away) is given back, what came (connect requests, a
+    /// migrated id) is charged as far as the shares allow.
+    pub fn sync_charges(&mut self, core: &mut Core) {
+        let mut held: HashMap<CtxId, (u64, u64)> = HashMap::new();
+        for p in &self.ports {
+            for (o, (l, c)) in p.cm.holdings() {
+                let h = held.entry(CtxId(o.0)).or_default();
+                h.0 += l as u64;
+                h.1 += c as u64;
+            }
+        }
+        let ctxs: Vec<CtxId> = self.charged.keys().chain(held.keys()).copied().collect();
+        for ctx in ctxs {
+            let want = held.get(&ctx).copied().unwrap_or_default();
+            let have = self.charged.entry(ctx).or_default();
+            for (r, w, h) in [
+                (Resource::CmListeners, want.0, &mut have.0),
+                (Resource::CmIds, want.1, &mut have.1),
+            ] {
+                if w < *h {
+                    core.uncharge(ctx, r, *h - w);
+                    *h = w;
+                } else if w > *h && core.charge(ctx, r, w - *h).is_ok() {
+                    *h = w;
+                }
+            }
+            if *have == (0, 0) {
+                self.charged.remove(&ctx);
+            }
         }
     }
 
@@ -320,6 +379,8 @@ impl CmPorts {
             p.cm.destroy_owner(now, owner(ctx));
         }
         self.ctxs.remove(&ctx);
+        // The core gives back a closed context's charges with the context.
+        self.charged.remove(&ctx);
     }
 
     /// What the CMs hold, summed over devices.

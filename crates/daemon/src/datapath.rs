@@ -1004,7 +1004,12 @@ impl DataPath {
             }
             self.settle_windows(core);
             self.cm.handle_timeout(now);
-            progressed |= self.send_cm(now);
+            if self.send_cm(now) {
+                progressed = true;
+                // Connect requests received or SIDR requests ended change what contexts
+                // hold: their per-uid shares follow (docs/limits.md).
+                self.cm.sync_charges(core);
+            }
             // Completions reach their CQs below: the bytes they announce go first.
             self.flush_memory();
             for d in 0..self.devs.len() {

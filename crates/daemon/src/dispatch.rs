@@ -1109,18 +1109,41 @@ impl Dispatcher {
             .iter()
             .position(|d| &d.name == name)
             .ok_or(EINVAL)?;
-        let abi = self.abi;
-        macro_rules! read {
-            ($c:ident) => {
-                req.read::<cmd::$c>(abi).map_err(|e| e.errno())?
-            };
-        }
         let now = self.dp.now();
         let who = self
             .core
             .context_info(ctx)
             .map(|i| (i.pid, i.uid))
             .map_err(core_err)?;
+        // A command that makes a listener or an id is charged first (per-uid shares,
+        // docs/limits.md); afterwards the charges follow what the CM holds.
+        let makes = match req.cmd {
+            Cmd::CmListen => Some(true),
+            Cmd::CmConnect | Cmd::CmSidrRequest => Some(false),
+            _ => None,
+        };
+        if let Some(listener) = makes {
+            self.dp.cm.precharge(&mut self.core, ctx, listener)?;
+        }
+        let r = self.cm_run(ctx, dev, now, who, req);
+        self.dp.cm.sync_charges(&mut self.core);
+        r
+    }
+
+    fn cm_run(
+        &mut self,
+        ctx: CtxId,
+        dev: usize,
+        now: softverbs_transport::Instant,
+        who: (u32, u32),
+        req: &Request<'_>,
+    ) -> Reply {
+        let abi = self.abi;
+        macro_rules! read {
+            ($c:ident) => {
+                req.read::<cmd::$c>(abi).map_err(|e| e.errno())?
+            };
+        }
         let cm = &mut self.dp.cm;
         match req.cmd {
             Cmd::CmOpen => with_fds::<cmd::CmOpen>((), vec![cm.open(ctx)?]),
