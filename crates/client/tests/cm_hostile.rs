@@ -382,6 +382,16 @@ fn a_spoofer_on_the_daemons_own_address_takes_over_no_connection_and_injects_not
     cb.destroy(listener).unwrap();
 }
 
+/// This process's resident set (VmRSS), KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn req(local_comm_id: u32, service_id: u64) -> CmMessage {
     CmMessage::Req(Box::new(Req {
         local_comm_id,
@@ -435,19 +445,91 @@ fn a_req_and_sidr_flood_leaves_the_cm_bounded_and_others_still_connect() {
     cs.listen(SID_FLOOD).unwrap();
     cs.listen_backlog(SID_SIDR, 100).unwrap();
     let mark = cs.listen_backlog(SID_MARK, 1).unwrap();
-    let mut s = Sender::bind(flooder);
-    for i in 1..=n {
-        s.mad(ip, req(i, SID_FLOOD));
-        s.mad(
-            ip,
-            CmMessage::SidrReq(Box::new(SidrReq {
-                request_id: i,
-                pkey: 0xFFFF,
-                service_id: SID_SIDR,
-                private_data: [0; 216],
-            })),
-        );
+    // Opt-in figures (scripts/cm-flood.sh, docs/fuzzing.md): RSS of this process (the
+    // daemon is a thread of it) and another client's daemon-path ping-pong before and
+    // during the flood. Reported, not asserted.
+    let report = std::env::var_os("SOFTVERBS_CM_FLOOD_REPORT").is_some();
+    let (pa, pb) = (
+        Context::open_at_direct(&d.socket, 0, false).unwrap(),
+        Context::open_at_direct(&d.socket, 0, false).unwrap(),
+    );
+    let (pda, pdb) = (pa.alloc_pd().unwrap(), pb.alloc_pd().unwrap());
+    let (cqa, cqb) = (pa.create_cq(64).unwrap(), pb.create_cq(64).unwrap());
+    let qa = pa
+        .create_qp(&QpInit::new(QpType::Rc, &pda).cqs(&cqa, &cqa).cap(cap()))
+        .unwrap();
+    let qb = pb
+        .create_qp(&QpInit::new(QpType::Rc, &pdb).cqs(&cqb, &cqb).cap(cap()))
+        .unwrap();
+    let gid = pa.query_gid(1, 0).unwrap();
+    connect_with(&qa, gid, qb.qpn(), RcPath::default());
+    connect_with(&qb, gid, qa.qpn(), RcPath::default());
+    let (mut ma, mut mb) = (
+        pda.alloc_mr(1 << 16, ALL).unwrap(),
+        pdb.alloc_mr(1 << 16, ALL).unwrap(),
+    );
+    // Every buffer is 64 bytes: whichever comes back from a completion serves next.
+    let mut pool_a: Vec<_> = (0..2).map(|_| ma.take(64).unwrap()).collect();
+    let mut pool_b: Vec<_> = (0..2).map(|_| mb.take(64).unwrap()).collect();
+    // `rounds` SENDs each way, one at a time: the mean round trip.
+    let mut ping_pong = |rounds: u32| -> Duration {
+        let start = Instant::now();
+        for _ in 0..rounds {
+            qb.post_recv_buf(pool_b.pop().unwrap()).unwrap();
+            qa.post_recv_buf(pool_a.pop().unwrap()).unwrap();
+            qa.post(SendWork::new(Op::Send, pool_a.pop().unwrap()))
+                .unwrap();
+            pool_b.extend(
+                cqb.wait_bufs(1, T)
+                    .unwrap()
+                    .into_iter()
+                    .filter_map(|c| c.buf),
+            );
+            qb.post(SendWork::new(Op::Send, pool_b.pop().unwrap()))
+                .unwrap();
+            while pool_a.len() < 2 {
+                pool_a.extend(
+                    cqa.wait_bufs(1, T)
+                        .unwrap()
+                        .into_iter()
+                        .filter_map(|c| c.buf),
+                );
+            }
+            while pool_b.len() < 2 {
+                pool_b.extend(
+                    cqb.wait_bufs(1, T)
+                        .unwrap()
+                        .into_iter()
+                        .filter_map(|c| c.buf),
+                );
+            }
+        }
+        start.elapsed() / rounds.max(1)
+    };
+    let rss0 = rss_kib();
+    let before = if report { Some(ping_pong(2000)) } else { None };
+    let flood = std::thread::spawn(move || {
+        let mut s = Sender::bind(flooder);
+        for i in 1..=n {
+            s.mad(ip, req(i, SID_FLOOD));
+            s.mad(
+                ip,
+                CmMessage::SidrReq(Box::new(SidrReq {
+                    request_id: i,
+                    pkey: 0xFFFF,
+                    service_id: SID_SIDR,
+                    private_data: [0; 216],
+                })),
+            );
+        }
+        s
+    });
+    let mut during = Vec::new();
+    while !flood.is_finished() {
+        // Another client keeps working meanwhile (measured only when reporting).
+        during.push(ping_pong(if report { 200 } else { 1 }));
     }
+    let mut s = flood.join().unwrap();
     // The marker, thrice (a copy is a duplicate of the same request, so a loss of one does
     // not matter and the others add nothing).
     for _ in 0..3 {
@@ -473,6 +555,16 @@ fn a_req_and_sidr_flood_leaves_the_cm_bounded_and_others_still_connect() {
     let held = cm["connections"].as_u64().unwrap();
     assert!(held <= 1024 + 100 + 1, "{cm}");
     eprintln!("after {n} REQs and {n} SIDR_REQs: {cm}");
+    if let Some(before) = before {
+        let mean = during.iter().sum::<Duration>() / during.len().max(1) as u32;
+        let worst = during.iter().max().copied().unwrap_or_default();
+        let after = ping_pong(2000);
+        eprintln!(
+            "RSS {rss0} KiB before, {} KiB after; ping-pong round trip {before:?} before, \
+             {mean:?} mean ({worst:?} worst batch of 200) during, {after:?} after",
+            rss_kib()
+        );
+    }
 
     // Other clients still connect through the CM meanwhile.
     let a = Context::open_at(&d.socket, 0).unwrap();
