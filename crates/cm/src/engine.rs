@@ -110,6 +110,10 @@ pub struct Cm {
     /// What each owner holds: (listeners, connections), kept as they change so that a
     /// per-owner or per-user share is checked in O(1) (docs/limits.md).
     holdings: HashMap<Owner, (usize, usize)>,
+    /// No timer is due before this (a lower bound, exact after each [`Self::handle_timeout`]
+    /// that had work): the daemon asks on every round, and a scan of thousands of
+    /// connections waiting for their consumers must not be paid each time.
+    next_timer: Option<Instant>,
     tx: VecDeque<Transmit>,
     events: VecDeque<(Owner, CmId, Event)>,
 }
@@ -129,6 +133,7 @@ impl Cm {
             by_service: BTreeMap::new(),
             held: Vec::new(),
             holdings: HashMap::new(),
+            next_timer: None,
             tx: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -144,8 +149,19 @@ impl Cm {
         self.events.pop_front()
     }
 
-    /// When [`Self::handle_timeout`] next has something to do.
+    /// When [`Self::handle_timeout`] next may have something to do (never later than the
+    /// earliest timer).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_timer
+    }
+
+    /// A timer was set for `at`.
+    fn timer_at(&mut self, at: Instant) {
+        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
+    }
+
+    /// The earliest timer, by a scan.
+    fn earliest_timer(&self) -> Option<Instant> {
         self.conns
             .values()
             .filter_map(|c| match (&c.pending, c.deadline) {
@@ -320,6 +336,7 @@ impl Cm {
             c.pending = None;
             c.deadline = Some(now.after(tw));
         }
+        self.timer_at(now.after(tw));
     }
 
     fn remove(&mut self, id: u32) {
@@ -390,6 +407,7 @@ impl Cm {
             }
             None => return,
         };
+        self.timer_at(now.after(timeout));
         self.send(peer, mad);
     }
 
@@ -838,6 +856,14 @@ impl Cm {
 
     /// Retransmits what is due, gives up what ran out of retries, ends time-waits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.next_timer.is_none_or(|t| now < t) {
+            return;
+        }
+        self.run_timers(now);
+        self.next_timer = self.earliest_timer();
+    }
+
+    fn run_timers(&mut self, now: Instant) {
         let (late, kept) = std::mem::take(&mut self.held)
             .into_iter()
             .partition::<Vec<_>, _>(|h| h.deadline <= now);
@@ -992,6 +1018,7 @@ impl Cm {
         if self.held.len() >= MAX_HELD {
             return false;
         }
+        self.timer_at(now.after(self.cfg.listen_grace));
         self.held.push(Held {
             deadline: now.after(self.cfg.listen_grace),
             arrived: now,
@@ -1117,6 +1144,7 @@ impl Cm {
         c.key = Some(key);
         c.remote_ca_guid = req.local_ca_guid;
         c.deadline = Some(now.after(wait));
+        self.timer_at(now.after(wait));
         self.by_remote.insert(key, id);
         self.admit(lid, id);
         self.notify(
@@ -1318,6 +1346,7 @@ impl Cm {
         c.service_id = req.service_id;
         c.key = Some(key);
         c.deadline = Some(now.after(self.cfg.sidr_req_wait));
+        self.timer_at(now.after(self.cfg.sidr_req_wait));
         self.by_remote.insert(key, id);
         self.admit(lid, id);
         self.notify(

@@ -58,7 +58,7 @@ pub enum Resource {
     /// Connection manager listeners (`rdma_listen`, `CmListen`): charged by the daemon's CM.
     CmListeners,
     /// Connection manager ids with a connection or SIDR request (`rdma_connect`, a connect
-    /// request received, `rdma_resolve_route` for UD): charged by the daemon's CM.
+    /// request received, a SIDR request): charged by the daemon's CM.
     CmIds,
 }
 
