@@ -192,7 +192,8 @@ impl CmChannel<'_> {
             0,
             &CmListenReq {
                 service_id: U64::new(service_id),
-                backlog: U32::new(backlog),
+                // A daemon before ABI 20 has no backlog (and refuses a non-zero tail).
+                backlog: U32::new(if self.ctx.conn.abi >= 20 { backlog } else { 0 }),
                 reserved: U32::new(0),
             },
         )?;
