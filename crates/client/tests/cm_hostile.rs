@@ -664,3 +664,38 @@ fn cm_listeners_and_ids_past_a_uids_share_are_enomem_for_that_uid_only() {
     }
     assert_eq!(ch.listen(0x0106_4010).unwrap_err().errno(), libc::ENOMEM);
 }
+
+/// Connects `n` times from a fresh context of the daemon at `socket` to a service nobody
+/// listens on: the CM ids it was given.
+fn ids_of(socket: &Path, ip: Ipv4Addr, n: u64) -> Vec<u32> {
+    let ctx = Context::open_at(socket, 0).unwrap();
+    let ch = ctx.cm_channel().unwrap();
+    (0..n)
+        .map(|i| {
+            ch.connect(
+                IpAddr::V4(ip),
+                0x0106_5000 + i,
+                CmQp::new(0x10, 1),
+                FAST,
+                b"",
+            )
+            .unwrap()
+            .0
+        })
+        .collect()
+}
+
+#[test]
+fn cm_ids_are_not_sequential_and_differ_between_daemons() {
+    let (ip1, ip2) = (Ipv4Addr::new(127, 35, 5, 1), Ipv4Addr::new(127, 35, 5, 2));
+    let (d1, _x1) = daemon("ids1", ip1);
+    let (d2, _x2) = daemon("ids2", ip2);
+    let (a, b) = (ids_of(&d1.socket, ip1, 32), ids_of(&d2.socket, ip2, 32));
+    // Before: (daemon pid << 12) + n, one after the other.
+    let close = a
+        .windows(2)
+        .filter(|w| w[1].wrapping_sub(w[0]) < 1 << 16)
+        .count();
+    assert!(close < 3, "{a:x?}");
+    assert!(a.iter().all(|id| !b.contains(id)), "{a:x?} {b:x?}");
+}

@@ -201,6 +201,13 @@ impl Cm {
             }
             c.owned += usize::from(conn.owner.is_some());
         }
+        debug_assert_eq!(
+            self.holdings
+                .values()
+                .fold((0, 0), |a, h| (a.0 + h.0, a.1 + h.1)),
+            (c.listeners, c.owned),
+            "the per-owner holdings agree with the tables"
+        );
         c
     }
 

@@ -1225,3 +1225,29 @@ unsafe extern "C" fn set_option(
     }
 }
 export!("rdma_set_option", "RDMACM_1.0", set_option);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starting_psns_are_random_not_a_function_of_the_pid() {
+        // Before: `(pid * 0x9E37 ^ n * 7919) & 0xFFFFFF` with n this counter, which anyone
+        // who saw the pid (`softverbs resources`) could compute.
+        let predicted =
+            |n: u32| (std::process::id().wrapping_mul(0x9E37) ^ n.wrapping_mul(7919)) & 0x00FF_FFFF;
+        let mut hits = 0;
+        let mut seen = Vec::new();
+        for _ in 0..64 {
+            let n = NEXT_PORT.load(Ordering::Relaxed);
+            let p = psn();
+            assert!(p <= 0x00FF_FFFF);
+            hits += usize::from(p == predicted(n));
+            seen.push(p);
+        }
+        assert!(hits < 2, "{hits} of 64 PSNs were the predicted ones");
+        seen.sort_unstable();
+        seen.dedup();
+        assert!(seen.len() > 60, "{} distinct of 64", seen.len());
+    }
+}
