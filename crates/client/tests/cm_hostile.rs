@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use common::{cap, connect_with, RcPath, ALL};
 use softverbs::{
-    CmChannel, CmEvent, CmEventKind, CmQp, CmTimers, Context, Introspect, Op, QpInit, QpType,
-    SendWork, WcStatus,
+    CmChannel, CmEvent, CmEventKind, CmQp, CmTimers, Context, Introspect, Op, QpAttr, QpInit,
+    QpState, QpType, SendOp, SendRequest, SendWork, WcStatus,
 };
 use softverbs_daemon::{spawn_daemon_with, Config, DeviceSpec, TestDaemon};
 use softverbs_wire::cm::msg::{Dreq, PathInfo, Rej, Rep, Req, SidrReq};
@@ -698,4 +698,79 @@ fn cm_ids_are_not_sequential_and_differ_between_daemons() {
         .count();
     assert!(close < 3, "{a:x?}");
     assert!(a.iter().all(|id| !b.contains(id)), "{a:x?} {b:x?}");
+}
+
+#[test]
+fn a_ud_qp_posing_as_its_hosts_cm_is_not_heard() {
+    let (ip_a, ip_b) = (Ipv4Addr::new(127, 35, 7, 1), Ipv4Addr::new(127, 35, 7, 2));
+    let (da, _xa) = daemon("udcm-a", ip_a);
+    let (db, _xb) = daemon("udcm-b", ip_b);
+    let srv = Context::open_at(&db.socket, 0).unwrap();
+    let cs = srv.cm_channel().unwrap();
+    cs.listen(SID).unwrap();
+
+    // A local user of host A gives its UD QP the GSI's Q_Key and sends a REQ to B's QP1:
+    // it reaches B from A's address, as A's CM's MADs do, but from its own QP.
+    let ctx = Context::open_at(&da.socket, 0).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let ud = ctx
+        .create_qp(&QpInit::new(QpType::Ud, &pd).cqs(&cq, &cq).cap(cap()))
+        .unwrap();
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qkey: softverbs_wire::deth::GSI_QKEY,
+        ..QpAttr::default()
+    };
+    use softverbs::AttrMask as M;
+    ud.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+        .unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..init
+    };
+    ud.modify(&rtr, M::STATE).unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..rtr
+    };
+    ud.modify(&rts, M::STATE | M::SQ_PSN).unwrap();
+    let mut mad = CmMad {
+        tid: 1,
+        msg: req(0x1234, SID),
+    }
+    .emit()
+    .unwrap()
+    .to_vec();
+    let mr = pd.reg_slice(&mut mad, ALL).unwrap();
+    let ah = pd
+        .create_ah(&softverbs::AhAttr {
+            dgid: softverbs::Gid::from_ip(IpAddr::V4(ip_b)),
+            is_global: true,
+            port_num: 1,
+            hop_limit: 64,
+            ..softverbs::AhAttr::default()
+        })
+        .unwrap();
+    let sge = [mr.sge(0, 256).unwrap()];
+    let mut wr = SendRequest::new(1, SendOp::Send, &sge);
+    wr.ud = Some(softverbs::UdAddress {
+        ah: &ah,
+        remote_qpn: 1,
+        // High bit set: the QP's Q_Key (IBA 10.2.5), the GSI's.
+        remote_qkey: 0x8000_0000,
+    });
+    ud.post_send(&wr).unwrap();
+    let wc = cq.wait(1, T).unwrap();
+    assert_eq!(wc[0].status, WcStatus::Success, "{wc:?}");
+
+    // Then A's CM connects for real, through the same socket: B's first connect request
+    // must be that one (the forged REQ named QPN 0x77).
+    let cli = Context::open_at(&da.socket, 0).unwrap();
+    let cc = cli.cm_channel().unwrap();
+    cc.connect(IpAddr::V4(ip_b), SID, CmQp::new(0x10, 1), FAST, b"")
+        .unwrap();
+    let ev = wait(&cs, CmEventKind::ConnectRequest);
+    assert_eq!(ev.remote_qpn, 0x10, "the forged REQ was taken: {ev:?}");
 }

@@ -218,7 +218,10 @@ impl CmPorts {
         let Ok(p) = Packet::parse(pkt) else {
             return;
         };
-        if p.headers.deth.map(|d| d.qkey) != Some(GSI_QKEY) {
+        // A CM MAD comes from the sender's GSI, QP1, with the GSI's Q_Key (IBA 13.5.1, 12.2);
+        // every CM sends from there. A datagram from any other QP is a local user's UD QP
+        // on some host (which may set its Q_Key to the GSI's) speaking for that host's CM.
+        if p.headers.deth.map(|d| (d.qkey, d.src_qp)) != Some((GSI_QKEY, GSI_QPN)) {
             return;
         }
         if let Err(e) = port.cm.handle_mad(now, sgid.to_ip(), p.payload) {
