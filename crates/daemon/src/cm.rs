@@ -74,6 +74,9 @@ pub struct CmPorts {
     /// ids). At most what it holds (a connect request arriving for a context at its share
     /// is held, bounded by its listener's backlog, but not charged).
     charged: HashMap<CtxId, (u64, u64)>,
+    /// Whether a [`Self::flush`] moved a MAD or an event since [`Self::take_moved`]: what
+    /// contexts hold may have changed.
+    moved: bool,
 }
 
 fn owner(ctx: CtxId) -> Owner {
@@ -154,7 +157,13 @@ impl CmPorts {
             ctxs: HashMap::new(),
             woken: Vec::new(),
             charged: HashMap::new(),
+            moved: false,
         }
+    }
+
+    /// Whether the CMs sent or reported anything since the last call.
+    pub fn take_moved(&mut self) -> bool {
+        std::mem::take(&mut self.moved)
     }
 
     /// Charges `ctx` for one more listener (or id, `listener` false) before a command makes
@@ -279,6 +288,7 @@ impl CmPorts {
                     self.queue_event(CtxId(o.0), id, ev);
                 }
             }
+            self.moved |= moved;
             if !moved {
                 break;
             }

@@ -1004,8 +1004,8 @@ impl DataPath {
             }
             self.settle_windows(core);
             self.cm.handle_timeout(now);
-            if self.send_cm(now) {
-                progressed = true;
+            progressed |= self.send_cm(now);
+            if self.cm.take_moved() {
                 // Connect requests received or SIDR requests ended change what contexts
                 // hold: their per-uid shares follow (docs/limits.md).
                 self.cm.sync_charges(core);
