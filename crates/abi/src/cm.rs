@@ -53,6 +53,12 @@ wire! {
     pub struct CmListenReq {
         /// The IB service ID (rdma_cm: port space << 16 | port).
         pub service_id: U64,
+        /// Most connect requests the listener holds unanswered (rdma_listen(3)'s backlog);
+        /// 0 (and a client that predates the field, whose shorter request reads as 0) means
+        /// the daemon's default, 1024.
+        pub backlog: U32,
+        /// Zero.
+        pub reserved: U32,
     }
 
     /// A CM id.

@@ -193,6 +193,25 @@ mod tests {
     const ABI: u32 = crate::ABI_VERSION;
 
     #[test]
+    fn a_listen_backlog_is_read_from_abi_20_and_refused_by_older_daemons() {
+        use crate::cm::CmListenReq;
+        use zerocopy::little_endian::{U32, U64};
+        let r = CmListenReq {
+            service_id: U64::new(0x0106_1C06),
+            backlog: U32::new(7),
+            reserved: U32::new(0),
+        };
+        let msg = encode_request(Cmd::CmListen, 0, r.as_bytes(), 64);
+        let req = decode_request(&msg).unwrap();
+        assert_eq!(req.body::<CmListenReq>(20).unwrap().backlog.get(), 7);
+        assert_eq!(req.body::<CmListenReq>(19), Err(DecodeError::NonZeroTail));
+        // An older client's request (the service ID alone) reads as backlog 0.
+        let msg = encode_request(Cmd::CmListen, 0, &r.as_bytes()[..8], 64);
+        let got: CmListenReq = decode_request(&msg).unwrap().body(20).unwrap();
+        assert_eq!((got.service_id.get(), got.backlog.get()), (0x0106_1C06, 0));
+    }
+
+    #[test]
     fn older_daemon_refuses_a_newer_field_announced_in_comp_mask() {
         let full = create_qp_v2();
         let msg = encode_request(Cmd::CreateQp, CREATE_QP_CREATE_FLAGS, full.as_bytes(), 64);

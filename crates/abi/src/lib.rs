@@ -67,7 +67,9 @@ pub use codec::{
 /// 18: `NetDrops` (id 161): the library's engine reports its transport drops.
 /// 19: stamped channel rings ([`direct::CAP_STAMPED`], `DirectAttachResp::rings`): a reader
 /// sees a new entry by its stamp and never reads the writer's producer index.
-pub const ABI_VERSION: u32 = 19;
+/// 20: `CmListenReq::backlog` (rdma_listen(3)'s backlog; a client sends it only to a daemon
+/// of ABI 20 or later).
+pub const ABI_VERSION: u32 = 20;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -1195,6 +1195,9 @@ pub fn request_layout(cmd: Cmd, abi: u32) -> (usize, u64) {
         Cmd::DirectOpen if abi >= 16 => (size_of::<DirectOpenReq>(), 0),
         // Before ABI 16 the request was empty.
         Cmd::DirectOpen => (0, 0),
+        Cmd::CmListen if abi >= 20 => (request_size(cmd), 0),
+        // Before ABI 20 the request was the service ID alone.
+        Cmd::CmListen => (8, 0),
         _ => (request_size(cmd), 0),
     }
 }

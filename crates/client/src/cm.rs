@@ -179,11 +179,22 @@ impl CmChannel<'_> {
 
     /// Listens on `service_id` (`EADDRINUSE` if someone else does).
     pub fn listen(&self, service_id: u64) -> Result<CmId> {
+        self.listen_backlog(service_id, 0)
+    }
+
+    /// [`Self::listen`] holding at most `backlog` connect requests unanswered
+    /// (rdma_listen(3)); 0 means the daemon's default (1024, also the most it grants). A
+    /// request past it is refused with a REJ (No Resources). An rdma_cm port below 1024
+    /// needs uid 0 or `CAP_NET_BIND_SERVICE` (`EACCES`).
+    pub fn listen_backlog(&self, service_id: u64, backlog: u32) -> Result<CmId> {
         let r = self.ctx.conn.call::<cmd::CmListen>(
             "cm_listen",
             0,
             &CmListenReq {
                 service_id: U64::new(service_id),
+                // A daemon before ABI 20 has no backlog (and refuses a non-zero tail).
+                backlog: U32::new(if self.ctx.conn.abi >= 20 { backlog } else { 0 }),
+                reserved: U32::new(0),
             },
         )?;
         Ok(CmId(r.id.get()))

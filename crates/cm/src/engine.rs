@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+use rand_chacha::ChaCha20Rng;
 use softverbs_transport::Instant;
 use softverbs_wire::cm::msg::{self, target, Drep, Dreq, Mra, PathInfo, Rej, Rep, Req, Rtu};
 use softverbs_wire::cm::msg::{SidrRep, SidrReq};
@@ -43,6 +45,12 @@ struct Conn {
     retries: u8,
     service_id: u64,
     key: Option<RemoteKey>,
+    /// The listener whose backlog this unanswered request (REQ Rcvd, SIDR_REQ Rcvd) counts
+    /// against; None once answered or ended.
+    waiting: Option<u32>,
+    /// The peer's CA GUID from its REQ (0 if unknown): a REJ Timeout that names no
+    /// Remote Communication ID must carry it (IBA 12.6.7.2).
+    remote_ca_guid: u64,
 }
 
 /// A REQ or SIDR_REQ for a service without a listener, held for
@@ -65,6 +73,10 @@ const MAX_HELD: usize = 64;
 struct Listener {
     owner: Owner,
     service_id: u64,
+    /// Most unanswered requests it holds (rdma_listen(3)'s backlog).
+    backlog: u32,
+    /// Unanswered requests it holds now.
+    waiting: u32,
 }
 
 /// What a CM holds, for `softverbs status` and for tests that check nothing is left.
@@ -84,13 +96,24 @@ pub struct Counts {
 #[derive(Debug)]
 pub struct Cm {
     cfg: Config,
-    next_id: u32,
+    /// Where IDs come from (a CSPRNG: an ID a peer cannot guess is what keeps an off-path
+    /// sender from naming our connections, docs/security.md "CM").
+    rng: ChaCha20Rng,
     next_tid: u64,
+    /// Unanswered requests of all listeners.
+    waiting: u32,
     conns: BTreeMap<u32, Conn>,
     by_remote: HashMap<RemoteKey, u32>,
     listeners: BTreeMap<u32, Listener>,
     by_service: BTreeMap<u64, u32>,
     held: Vec<Held>,
+    /// What each owner holds: (listeners, connections), kept as they change so that a
+    /// per-owner or per-user share is checked in O(1) (docs/limits.md).
+    holdings: HashMap<Owner, (usize, usize)>,
+    /// No timer is due before this (a lower bound, exact after each [`Self::handle_timeout`]
+    /// that had work): the daemon asks on every round, and a scan of thousands of
+    /// connections waiting for their consumers must not be paid each time.
+    next_timer: Option<Instant>,
     tx: VecDeque<Transmit>,
     events: VecDeque<(Owner, CmId, Event)>,
 }
@@ -98,15 +121,19 @@ pub struct Cm {
 impl Cm {
     /// An empty CM.
     pub fn new(cfg: Config) -> Self {
+        let mut rng = ChaCha20Rng::from_seed(cfg.id_seed);
         Self {
-            next_id: cfg.first_id.max(1),
-            next_tid: u64::from(cfg.first_id) << 32,
+            next_tid: rng.next_u64(),
+            rng,
+            waiting: 0,
             cfg,
             conns: BTreeMap::new(),
             by_remote: HashMap::new(),
             listeners: BTreeMap::new(),
             by_service: BTreeMap::new(),
             held: Vec::new(),
+            holdings: HashMap::new(),
+            next_timer: None,
             tx: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -122,8 +149,19 @@ impl Cm {
         self.events.pop_front()
     }
 
-    /// When [`Self::handle_timeout`] next has something to do.
+    /// When [`Self::handle_timeout`] next may have something to do (never later than the
+    /// earliest timer).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_timer
+    }
+
+    /// A timer was set for `at`.
+    fn timer_at(&mut self, at: Instant) {
+        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
+    }
+
+    /// The earliest timer, by a scan.
+    fn earliest_timer(&self) -> Option<Instant> {
         self.conns
             .values()
             .filter_map(|c| match (&c.pending, c.deadline) {
@@ -163,28 +201,85 @@ impl Cm {
             }
             c.owned += usize::from(conn.owner.is_some());
         }
+        debug_assert_eq!(
+            self.holdings
+                .values()
+                .fold((0, 0), |a, h| (a.0 + h.0, a.1 + h.1)),
+            (c.listeners, c.owned),
+            "the per-owner holdings agree with the tables"
+        );
         c
     }
 
     /// What one owner holds: (listeners, connections).
     pub fn owner_counts(&self, owner: Owner) -> (usize, usize) {
-        (
-            self.listeners.values().filter(|l| l.owner == owner).count(),
-            self.conns
-                .values()
-                .filter(|c| c.owner == Some(owner))
-                .count(),
-        )
+        self.holdings.get(&owner).copied().unwrap_or_default()
     }
 
+    /// Every owner holding something, with [`Self::owner_counts`].
+    pub fn holdings(&self) -> impl Iterator<Item = (Owner, (usize, usize))> + '_ {
+        self.holdings.iter().map(|(o, c)| (*o, *c))
+    }
+
+    /// `owner` holds `listeners` and `conns` more (or fewer).
+    fn hold(&mut self, owner: Option<Owner>, listeners: isize, conns: isize) {
+        let Some(owner) = owner else {
+            return;
+        };
+        let h = self.holdings.entry(owner).or_default();
+        h.0 = h.0.saturating_add_signed(listeners);
+        h.1 = h.1.saturating_add_signed(conns);
+        if *h == (0, 0) {
+            self.holdings.remove(&owner);
+        }
+    }
+
+    /// A fresh random ID, never 0 and never one in use or in time-wait (the tombstones stay
+    /// in `conns` until time-wait ends, IBA 12.9.9).
     fn alloc_id(&mut self) -> u32 {
         loop {
-            let id = self.next_id;
-            self.next_id = self.next_id.wrapping_add(1).max(1);
-            if !self.conns.contains_key(&id) && !self.listeners.contains_key(&id) {
+            let id = self.rng.next_u32();
+            if id != 0 && !self.conns.contains_key(&id) && !self.listeners.contains_key(&id) {
                 return id;
             }
         }
+    }
+
+    /// The request `id` is no longer an unanswered one: its listener's backlog and the
+    /// CM's cap get the room back.
+    fn unwait(&mut self, id: u32) {
+        let Some(lid) = self.conns.get_mut(&id).and_then(|c| c.waiting.take()) else {
+            return;
+        };
+        self.waiting = self.waiting.saturating_sub(1);
+        if let Some(l) = self.listeners.get_mut(&lid) {
+            l.waiting = l.waiting.saturating_sub(1);
+        }
+    }
+
+    /// Whether listener `lid` may take one more unanswered request, and if so counts it
+    /// for connection `id`.
+    fn admit(&mut self, lid: u32, id: u32) -> bool {
+        let cap = self.cfg.max_pending_requests;
+        let Some(l) = self.listeners.get_mut(&lid) else {
+            return false;
+        };
+        if l.waiting >= l.backlog || self.waiting >= cap {
+            return false;
+        }
+        l.waiting += 1;
+        self.waiting += 1;
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.waiting = Some(lid);
+        }
+        true
+    }
+
+    /// Whether listener `lid` has room for one more unanswered request.
+    fn has_room(&self, lid: u32) -> bool {
+        self.listeners
+            .get(&lid)
+            .is_some_and(|l| l.waiting < l.backlog && self.waiting < self.cfg.max_pending_requests)
     }
 
     fn encode(&mut self, msg: CmMessage) -> Result<[u8; MAD_LEN], CmWireError> {
@@ -241,16 +336,20 @@ impl Cm {
         if let Some(ev) = ev {
             self.notify(id, ev);
         }
+        self.unwait(id);
         let tw = self.cfg.time_wait;
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = State::TimeWait;
             c.pending = None;
             c.deadline = Some(now.after(tw));
         }
+        self.timer_at(now.after(tw));
     }
 
     fn remove(&mut self, id: u32) {
+        self.unwait(id);
         if let Some(c) = self.conns.remove(&id) {
+            self.hold(c.owner, 0, -1);
             if let Some(k) = c.key {
                 self.by_remote.remove(&k);
             }
@@ -273,6 +372,7 @@ impl Cm {
         timeout: Duration,
         retries: u8,
     ) {
+        self.hold(Some(owner), 0, 1);
         self.conns.insert(
             id,
             Conn {
@@ -288,6 +388,8 @@ impl Cm {
                 retries,
                 service_id: 0,
                 key: None,
+                waiting: None,
+                remote_ca_guid: 0,
             },
         );
     }
@@ -312,18 +414,47 @@ impl Cm {
             }
             None => return,
         };
+        self.timer_at(now.after(timeout));
         self.send(peer, mad);
     }
 
     // ---- commands -------------------------------------------------------------------
 
     /// Listens on `service_id` (IBA 12.7.2): REQs and SIDR_REQs for it become events.
+    /// The listener holds at most [`Config::default_backlog`] of them unanswered.
     pub fn listen(&mut self, owner: Owner, service_id: u64) -> Result<CmId, CmError> {
+        self.listen_backlog(owner, service_id, 0)
+    }
+
+    /// [`Self::listen`] holding at most `backlog` unanswered requests (rdma_listen(3)); 0,
+    /// or more than [`Config::default_backlog`], means that default, as the kernel's
+    /// `ucma` caps a listen backlog at its `max_backlog`. A request past it is refused.
+    pub fn listen_backlog(
+        &mut self,
+        owner: Owner,
+        service_id: u64,
+        backlog: u32,
+    ) -> Result<CmId, CmError> {
         if self.by_service.contains_key(&service_id) {
             return Err(CmError::ServiceInUse(service_id));
         }
+        let max = self.cfg.default_backlog;
+        let backlog = if backlog == 0 || backlog > max {
+            max
+        } else {
+            backlog
+        };
         let id = self.alloc_id();
-        self.listeners.insert(id, Listener { owner, service_id });
+        self.hold(Some(owner), 1, 0);
+        self.listeners.insert(
+            id,
+            Listener {
+                owner,
+                service_id,
+                backlog,
+                waiting: 0,
+            },
+        );
         self.by_service.insert(service_id, id);
         // Requests that came before the listener are its own now, as if they came now
         // (their timers run from their arrival).
@@ -343,6 +474,7 @@ impl Cm {
             Some(l) if l.owner == owner => {
                 let l = self.listeners.remove(&id.0).expect("just seen");
                 self.by_service.remove(&l.service_id);
+                self.hold(Some(owner), -1, 0);
                 Ok(())
             }
             _ => Err(CmError::UnknownId),
@@ -366,9 +498,13 @@ impl Cm {
                 return Err(CmError::UnknownId);
             }
             l.owner = to;
+            self.hold(Some(from), -1, 0);
+            self.hold(Some(to), 1, 0);
             return Ok(());
         }
         self.owned(from, id)?.owner = Some(to);
+        self.hold(Some(from), 0, -1);
+        self.hold(Some(to), 0, 1);
         Ok(())
     }
 
@@ -425,6 +561,7 @@ impl Cm {
             private_data: msg::private_data(&p.private_data)?,
         };
         let mad = self.encode(CmMessage::Req(Box::new(req)))?;
+        self.hold(Some(owner), 0, 1);
         self.conns.insert(
             id,
             Conn {
@@ -440,6 +577,8 @@ impl Cm {
                 retries: p.max_cm_retries,
                 service_id: p.service_id,
                 key: None,
+                waiting: None,
+                remote_ca_guid: 0,
             },
         );
         self.start_pending(now, id, mad, timeout, p.max_cm_retries);
@@ -459,6 +598,9 @@ impl Cm {
             return Err(CmError::State(c.state));
         }
         let (remote, timeout, retries) = (c.remote_id, c.timeout, c.retries);
+        // Answered: no longer waits for the consumer (nor counts against the backlog).
+        c.deadline = None;
+        self.unwait(id.0);
         let rep = Rep {
             local_comm_id: id.0,
             remote_comm_id: remote,
@@ -671,8 +813,9 @@ impl Cm {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        c.owner = None;
+        let was = c.owner.take();
         let (state, peer, remote) = (c.state, c.peer, c.remote_id);
+        self.hold(was, 0, -1);
         // What the REJ rejects (IBA 12.6.7): the REQ or REP this side received and has not
         // answered, or no message (a REQ_SENT that gives up, a REP already sent).
         let rej = |reason| {
@@ -720,6 +863,14 @@ impl Cm {
 
     /// Retransmits what is due, gives up what ran out of retries, ends time-waits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.next_timer.is_none_or(|t| now < t) {
+            return;
+        }
+        self.run_timers(now);
+        self.next_timer = self.earliest_timer();
+    }
+
+    fn run_timers(&mut self, now: Instant) {
         let (late, kept) = std::mem::take(&mut self.held)
             .into_iter()
             .partition::<Vec<_>, _>(|h| h.deadline <= now);
@@ -740,7 +891,9 @@ impl Cm {
         for id in due {
             let c = self.conns.get_mut(&id).expect("listed");
             let peer = c.peer;
-            if let Some(p) = c.pending.as_mut() {
+            if c.pending.is_none() && matches!(c.state, State::ReqRcvd | State::SidrReqRcvd) {
+                self.expire(now, id);
+            } else if let Some(p) = c.pending.as_mut() {
                 if p.retries_left > 0 {
                     p.retries_left -= 1;
                     p.deadline = now.after(p.timeout);
@@ -755,6 +908,29 @@ impl Cm {
                 // The owner still holds the id: it stays, inert, until destroyed.
                 c.deadline = None;
             }
+        }
+    }
+
+    /// A request its consumer left unanswered for as long as its sender waits for the
+    /// answer (see [`Self::on_req`]): the sender has given up by now, so the passive side
+    /// does too. A REQ gets the REJ Timeout the active side would send (IBA 12.6.7, the
+    /// REQ Rcvd state of the 12.9 diagram has the same exit), and its owner sees the
+    /// connect request rejected; a SIDR request simply ends.
+    fn expire(&mut self, now: Instant, id: u32) {
+        let c = &self.conns[&id];
+        let (state, peer, remote) = (c.state, c.peer, c.remote_id);
+        if state == State::ReqRcvd {
+            if let Ok(mad) = self.rej(id, remote, target::REQ, RejReason::TIMEOUT, &[]) {
+                self.send(peer, mad);
+                self.conns.get_mut(&id).expect("present").cached = Some(mad);
+            }
+            let ev = Event::Rejected {
+                reason: RejReason::TIMEOUT,
+                private_data: Vec::new(),
+            };
+            self.retire(now, id, Some(ev));
+        } else {
+            self.retire(now, id, None);
         }
     }
 
@@ -820,7 +996,7 @@ impl Cm {
             CmMessage::Rtu(m) => self.on_rtu(peer, &m),
             CmMessage::Dreq(m) => self.on_dreq(now, peer, &m),
             CmMessage::Drep(m) => self.on_drep(now, peer, &m),
-            CmMessage::SidrReq(m) => self.on_sidr_req(peer, m),
+            CmMessage::SidrReq(m) => self.on_sidr_req(now, peer, m),
             CmMessage::SidrRep(m) => self.on_sidr_rep(peer, m),
         }
         Ok(())
@@ -849,6 +1025,7 @@ impl Cm {
         if self.held.len() >= MAX_HELD {
             return false;
         }
+        self.timer_at(now.after(self.cfg.listen_grace));
         self.held.push(Held {
             deadline: now.after(self.cfg.listen_grace),
             arrived: now,
@@ -861,11 +1038,14 @@ impl Cm {
     }
 
     /// The connection a message names by our ID, if it came from that connection's peer
-    /// and (once known) names the peer's ID too.
+    /// and, once the peer's ID is known, names exactly that ID too (IBA 12.6.1: both
+    /// Communication IDs identify the connection). A message naming 0 as the peer's ID
+    /// matches nothing then: the one legitimate such message, a REJ Timeout from an active
+    /// side that never learnt our ID, is found in [`Self::on_rej`] by its sender's ID and
+    /// CA GUID.
     fn addressed(&self, peer: Peer, ours: u32, theirs: u32) -> Option<u32> {
         let c = self.conns.get(&ours)?;
-        (c.peer == peer && (c.remote_id == 0 || theirs == 0 || c.remote_id == theirs))
-            .then_some(ours)
+        (c.peer == peer && (c.remote_id == 0 || c.remote_id == theirs)).then_some(ours)
     }
 
     fn resend_cached(&mut self, id: u32) -> bool {
@@ -936,8 +1116,32 @@ impl Cm {
             return;
         }
         let lid = listener.expect("checked");
+        if !self.has_room(lid) {
+            // The listener's backlog or the CM's cap is full: refuse without keeping
+            // anything (IBA 12.6.7.2 table 109, reason 3 "No resources available"). The
+            // sender's next retransmission may find room.
+            if let Ok(mad) = self.rej(
+                0,
+                req.local_comm_id,
+                target::REQ,
+                RejReason::NO_RESOURCES,
+                &[],
+            ) {
+                self.send(peer, mad);
+            }
+            return;
+        }
         let owner = self.listeners[&lid].owner;
         let timeout = cm_timeout(req.local_cm_response_timeout) + 2 * self.cfg.packet_lifetime;
+        // How long the consumer may take: as long as the active side waits for our answer.
+        // It sends the REQ max_cm_retries + 1 times, waiting each time the REQ's Remote CM
+        // Response Timeout plus the round trip (IBA 12.6.5, 12.7.27), and each MRA we send
+        // for a duplicate adds our MRA service timeout to that wait (IBA 12.6.6). Past the
+        // sum it has given up (REJ Timeout), so REQ Rcvd ends then.
+        let per_try = cm_timeout(req.remote_cm_response_timeout)
+            + cm_timeout(self.cfg.mra_service_timeout)
+            + 2 * self.cfg.packet_lifetime;
+        let wait = per_try * (u32::from(req.max_cm_retries) + 1);
         let id = self.alloc_id();
         self.new_conn(id, owner, peer, State::ReqRcvd, timeout, req.max_cm_retries);
         let c = self.conns.get_mut(&id).expect("new");
@@ -945,8 +1149,11 @@ impl Cm {
         c.remote_qpn = req.local_qpn;
         c.service_id = req.service_id;
         c.key = Some(key);
+        c.remote_ca_guid = req.local_ca_guid;
+        c.deadline = Some(now.after(wait));
+        self.timer_at(now.after(wait));
         self.by_remote.insert(key, id);
-        let _ = now;
+        self.admit(lid, id);
         self.notify(
             id,
             Event::ConnectRequest {
@@ -977,14 +1184,20 @@ impl Cm {
     }
 
     fn on_rej(&mut self, now: Instant, peer: Peer, rej: &Rej) {
-        // An active side that gives up before it learnt our ID names only itself.
-        let by_theirs = (rej.remote_comm_id == 0)
+        // An active side that gives up before it learnt our ID names only itself: a REJ
+        // Timeout, found by the sender's ID and the CA GUID it carries (IBA 12.6.7.2), which
+        // must be the one its REQ gave.
+        let by_theirs = (rej.remote_comm_id == 0 && rej.reason == RejReason::TIMEOUT)
             .then(|| {
                 self.by_remote
                     .get(&(peer, rej.local_comm_id, false))
                     .copied()
             })
-            .flatten();
+            .flatten()
+            .filter(|id| {
+                let guid = self.conns[id].remote_ca_guid.to_be_bytes();
+                rej.info_length >= 8 && rej.ari[..8] == guid
+            });
         let Some(id) =
             by_theirs.or_else(|| self.addressed(peer, rej.remote_comm_id, rej.local_comm_id))
         else {
@@ -1098,7 +1311,7 @@ impl Cm {
         }
     }
 
-    fn on_sidr_req(&mut self, peer: Peer, req: Box<SidrReq>) {
+    fn on_sidr_req(&mut self, now: Instant, peer: Peer, req: Box<SidrReq>) {
         let key = (peer, req.request_id, true);
         if let Some(&id) = self.by_remote.get(&key) {
             self.resend_cached(id);
@@ -1117,6 +1330,21 @@ impl Cm {
             }
             return;
         };
+        if !self.has_room(lid) {
+            // As for a REQ: no room, no state (IBA 12.11.2 table 121 has no "no resources";
+            // status 2, rejected by the service provider, is the nearest).
+            if let Ok(mad) = self.sidr_rep(
+                req.request_id,
+                req.service_id,
+                SidrStatus::REJECT,
+                0,
+                0,
+                &[],
+            ) {
+                self.send(peer, mad);
+            }
+            return;
+        }
         let owner = self.listeners[&lid].owner;
         let id = self.alloc_id();
         self.new_conn(id, owner, peer, State::SidrReqRcvd, Duration::ZERO, 0);
@@ -1124,7 +1352,10 @@ impl Cm {
         c.remote_id = req.request_id;
         c.service_id = req.service_id;
         c.key = Some(key);
+        c.deadline = Some(now.after(self.cfg.sidr_req_wait));
+        self.timer_at(now.after(self.cfg.sidr_req_wait));
         self.by_remote.insert(key, id);
+        self.admit(lid, id);
         self.notify(
             id,
             Event::SidrRequest {

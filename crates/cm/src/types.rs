@@ -40,8 +40,22 @@ pub struct Config {
     /// Service Timeout field of the MRA sent for a duplicate REQ the consumer has not
     /// answered yet (IBA 12.6.6).
     pub mra_service_timeout: u8,
-    /// First Local Communication ID; later ones count up (skipping 0).
-    pub first_id: u32,
+    /// Seed of the CSPRNG (ChaCha20) the Local Communication IDs, SIDR RequestIDs and
+    /// TransactionIDs come from. A peer that could predict an ID could forge the MADs of a
+    /// connection it is not part of (docs/security.md, "CM"), so the daemon seeds it from the
+    /// operating system's generator; tests pass a fixed seed to be reproducible.
+    pub id_seed: [u8; 32],
+    /// Most connect requests (REQ Rcvd) and SIDR requests (SIDR_REQ Rcvd) a listener holds
+    /// unanswered when its owner gave no backlog (rdma_listen(3) with backlog 0): the
+    /// kernel's `ucma` `max_backlog` default, 1024.
+    pub default_backlog: u32,
+    /// Most unanswered connect and SIDR requests of all listeners together; past it a new
+    /// one is refused (REJ No Resources, SIDR_REP Rejected) and leaves no state.
+    pub max_pending_requests: u32,
+    /// How long a SIDR_REQ waits for its consumer's answer. A SIDR_REQ carries no timeout
+    /// of its own (IBA 12.11.1); this is rdma_cm's requester's whole patience, 16 tries of
+    /// 4.3 s (CM response timeout 20, 15 retries).
+    pub sidr_req_wait: Duration,
     /// How long a REQ or SIDR_REQ for a service nobody listens on is held for a listener
     /// before it is refused (REJ Invalid Service ID, SIDR_REP status 1). Zero refuses at
     /// once. The IBA lets the passive side answer within the REQ's remote CM response
@@ -60,7 +74,10 @@ impl Default for Config {
             time_wait: Duration::from_secs(1),
             // About 4.3 s, rdma_cm's CMA_CM_MRA_SETTING-like margin for a slow consumer.
             mra_service_timeout: 20,
-            first_id: 1,
+            id_seed: [0; 32],
+            default_backlog: 1024,
+            max_pending_requests: 4096,
+            sidr_req_wait: crate::timeout::cm_timeout(20) * 16,
             listen_grace: Duration::ZERO,
         }
     }

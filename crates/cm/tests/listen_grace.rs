@@ -15,8 +15,8 @@ const BOB: Owner = Owner(2);
 const GRACE: Duration = Duration::from_millis(250);
 
 fn cms() -> (Cm, Cm) {
-    let cfg = |first_id| Config {
-        first_id,
+    let cfg = |n: u32| Config {
+        id_seed: [n as u8 ^ (n >> 8) as u8; 32],
         listen_grace: GRACE,
         time_wait: Duration::from_millis(10),
         ..Config::default()

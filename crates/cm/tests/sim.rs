@@ -58,14 +58,21 @@ struct Sim {
     drop_from: Option<(usize, u16)>,
 }
 
+fn seed(n: u32) -> [u8; 32] {
+    let mut s = [0; 32];
+    s[..4].copy_from_slice(&n.to_le_bytes());
+    s
+}
+
 fn cfg(first_id: u32) -> Config {
     Config {
         local_ca_guid: u64::from(first_id),
         packet_lifetime: Duration::from_micros(100),
         time_wait: Duration::from_millis(50),
         mra_service_timeout: 14, // ~67 ms
-        first_id,
+        id_seed: seed(first_id),
         listen_grace: Duration::ZERO,
+        ..Config::default()
     }
 }
 

@@ -55,11 +55,16 @@ pub enum Resource {
     RegisteredBytes,
     /// Memory mappings the daemon holds for the client: one per ring, one per shared MR.
     Mappings,
+    /// Connection manager listeners (`rdma_listen`, `CmListen`): charged by the daemon's CM.
+    CmListeners,
+    /// Connection manager ids with a connection or SIDR request (`rdma_connect`, a connect
+    /// request received, a SIDR request): charged by the daemon's CM.
+    CmIds,
 }
 
 impl Resource {
     /// Every resource, in display order.
-    pub const ALL: [Resource; 12] = [
+    pub const ALL: [Resource; 14] = [
         Resource::Contexts,
         Resource::Pds,
         Resource::Mrs,
@@ -72,6 +77,8 @@ impl Resource {
         Resource::RingBytes,
         Resource::RegisteredBytes,
         Resource::Mappings,
+        Resource::CmListeners,
+        Resource::CmIds,
     ];
 
     /// The name used by flags, JSON and `softverbs status`.
@@ -89,6 +96,8 @@ impl Resource {
             Resource::RingBytes => "ring-bytes",
             Resource::RegisteredBytes => "registered-bytes",
             Resource::Mappings => "mappings",
+            Resource::CmListeners => "cm-listeners",
+            Resource::CmIds => "cm-ids",
         }
     }
 
@@ -195,6 +204,8 @@ impl Default for Limits {
 /// what the largest MPI ranks hold (10,000 QPs).
 const OBJECTS_PER_CONTEXT: u64 = 32 << 10;
 const OBJECTS_PER_UID: u64 = 64 << 10;
+/// CM listeners per uid by default: a port space has 64 Ki ports; one user may hold 4 Ki.
+const CM_LISTENERS_PER_UID: u64 = 4 << 10;
 
 impl Limits {
     /// No limits at all (what [`Core::new`](crate::Core::new) starts with).
@@ -229,6 +240,15 @@ impl Limits {
         let fds = b.max_fds.max(64);
         l.set_all(Resource::Contexts, UNLIMITED, fds / 8, UNLIMITED);
         l.set_all(Resource::Channels, fds / 16, fds / 8, UNLIMITED);
+        // CM state is heap only (a few hundred bytes an id); the share keeps one user from
+        // taking every rdma_cm port of a port space (64 Ki) or growing the CM without bound.
+        l.set_all(
+            Resource::CmListeners,
+            UNLIMITED,
+            CM_LISTENERS_PER_UID,
+            UNLIMITED,
+        );
+        l.set_all(Resource::CmIds, UNLIMITED, OBJECTS_PER_UID, UNLIMITED);
         for r in [
             Resource::Pds,
             Resource::Mrs,

@@ -19,7 +19,9 @@ use softverbs_cm::{
 use softverbs_core::device::Gid;
 use softverbs_core::errno::{EADDRINUSE, EAGAIN, EEXIST, EINVAL, ENOMEM};
 use softverbs_core::ids::CtxId;
-use softverbs_wire::cm::{gsi_headers, SidrStatus, GSI_QPN};
+use softverbs_core::limits::Resource;
+use softverbs_core::Core;
+use softverbs_wire::cm::{gsi_headers, ServiceId, SidrStatus, GSI_QPN};
 use softverbs_wire::{deth::GSI_QKEY, emit_packet, Packet};
 use zerocopy::little_endian::{U16, U32, U64};
 
@@ -68,6 +70,13 @@ pub struct CmPorts {
     ctxs: HashMap<CtxId, CtxCm>,
     /// Contexts whose CM eventfd should be signalled.
     woken: Vec<CtxId>,
+    /// What each context is charged in the core for what it holds in the CMs: (listeners,
+    /// ids). At most what it holds (a connect request arriving for a context at its share
+    /// is held, bounded by its listener's backlog, but not charged).
+    charged: HashMap<CtxId, (u64, u64)>,
+    /// Whether a [`Self::flush`] moved a MAD or an event since [`Self::take_moved`]: what
+    /// contexts hold may have changed.
+    moved: bool,
 }
 
 fn owner(ctx: CtxId) -> Owner {
@@ -85,6 +94,32 @@ fn ip_of(b: [u8; 16]) -> IpAddr {
     Gid(b).to_ip()
 }
 
+/// Whether client process `pid`, connected as `uid`, may take an rdma_cm port below 1024:
+/// uid 0, or `CAP_NET_BIND_SERVICE` (capability 10, capabilities(7)) in its effective set as
+/// `/proc/<pid>/status` shows it now, and only while that process still runs as `uid` (its
+/// connection is open, so the pid is its own; the uid check keeps a recycled pid from
+/// lending another process's capability).
+pub fn may_bind_privileged(pid: u32, uid: u32) -> bool {
+    if uid == 0 {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let euid = field("Uid:")
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u32>().ok());
+    let cap_eff = field("CapEff:").and_then(|v| u64::from_str_radix(v, 16).ok());
+    const CAP_NET_BIND_SERVICE: u32 = 10;
+    euid == Some(uid) && cap_eff.is_some_and(|c| c & (1 << CAP_NET_BIND_SERVICE) != 0)
+}
+
 /// True for a packet to QP1 (BTH DestQP 1, UD SEND_ONLY): the GSI's, not an engine's.
 pub fn is_gsi(pkt: &[u8]) -> bool {
     pkt.len() >= 12 && pkt[0] == 0x64 && pkt[5..8] == [0, 0, GSI_QPN as u8]
@@ -99,9 +134,15 @@ impl CmPorts {
             .map(|(i, ips)| Port {
                 cm: Cm::new(Config {
                     local_ca_guid: 0x0200_00ff_fe00_0000 | i as u64,
-                    // Distinct per device and per daemon start, so that a restarted daemon's
-                    // IDs do not look like its predecessor's to a peer in time-wait.
-                    first_id: (std::process::id() << 12 | i as u32).max(1),
+                    // IDs nobody can predict (the operating system's generator seeds the
+                    // CM's ChaCha20), so a sender that is not the peer cannot name a
+                    // connection, and a restarted daemon's IDs are unrelated to its
+                    // predecessor's.
+                    id_seed: {
+                        let mut seed = [0; 32];
+                        getrandom::getrandom(&mut seed).expect("the OS random generator");
+                        seed
+                    },
                     // A listener is made by a command from its process: a peer told
                     // "ready" out of band may connect before it arrives (docs/cm.md §7).
                     listen_grace: std::time::Duration::from_millis(250),
@@ -115,6 +156,65 @@ impl CmPorts {
             ports,
             ctxs: HashMap::new(),
             woken: Vec::new(),
+            charged: HashMap::new(),
+            moved: false,
+        }
+    }
+
+    /// Whether the CMs sent or reported anything since the last call.
+    pub fn take_moved(&mut self) -> bool {
+        std::mem::take(&mut self.moved)
+    }
+
+    /// Charges `ctx` for one more listener (or id, `listener` false) before a command makes
+    /// it: `ENOMEM` past the context's, its uid's or the daemon's share
+    /// ([`Resource::CmListeners`], [`Resource::CmIds`]).
+    pub fn precharge(&mut self, core: &mut Core, ctx: CtxId, listener: bool) -> Result<(), i32> {
+        let r = if listener {
+            Resource::CmListeners
+        } else {
+            Resource::CmIds
+        };
+        core.charge(ctx, r, 1).map_err(|e| e.errno())?;
+        let c = self.charged.entry(ctx).or_default();
+        if listener {
+            c.0 += 1;
+        } else {
+            c.1 += 1;
+        }
+        Ok(())
+    }
+
+    /// Brings every context's charges in line with what the CMs say it holds: what went
+    /// (destroyed, ended, migrated away) is given back, what came (connect requests, a
+    /// migrated id) is charged as far as the shares allow.
+    pub fn sync_charges(&mut self, core: &mut Core) {
+        let mut held: HashMap<CtxId, (u64, u64)> = HashMap::new();
+        for p in &self.ports {
+            for (o, (l, c)) in p.cm.holdings() {
+                let h = held.entry(CtxId(o.0)).or_default();
+                h.0 += l as u64;
+                h.1 += c as u64;
+            }
+        }
+        let ctxs: Vec<CtxId> = self.charged.keys().chain(held.keys()).copied().collect();
+        for ctx in ctxs {
+            let want = held.get(&ctx).copied().unwrap_or_default();
+            let have = self.charged.entry(ctx).or_default();
+            for (r, w, h) in [
+                (Resource::CmListeners, want.0, &mut have.0),
+                (Resource::CmIds, want.1, &mut have.1),
+            ] {
+                if w < *h {
+                    core.uncharge(ctx, r, *h - w);
+                    *h = w;
+                } else if w > *h && core.charge(ctx, r, w - *h).is_ok() {
+                    *h = w;
+                }
+            }
+            if *have == (0, 0) {
+                self.charged.remove(&ctx);
+            }
         }
     }
 
@@ -127,7 +227,10 @@ impl CmPorts {
         let Ok(p) = Packet::parse(pkt) else {
             return;
         };
-        if p.headers.deth.map(|d| d.qkey) != Some(GSI_QKEY) {
+        // A CM MAD comes from the sender's GSI, QP1, with the GSI's Q_Key (IBA 13.5.1, 12.2);
+        // every CM sends from there. A datagram from any other QP is a local user's UD QP
+        // on some host (which may set its Q_Key to the GSI's) speaking for that host's CM.
+        if p.headers.deth.map(|d| (d.qkey, d.src_qp)) != Some((GSI_QKEY, GSI_QPN)) {
             return;
         }
         if let Err(e) = port.cm.handle_mad(now, sgid.to_ip(), p.payload) {
@@ -185,6 +288,7 @@ impl CmPorts {
                     self.queue_event(CtxId(o.0), id, ev);
                 }
             }
+            self.moved |= moved;
             if !moved {
                 break;
             }
@@ -288,6 +392,8 @@ impl CmPorts {
             p.cm.destroy_owner(now, owner(ctx));
         }
         self.ctxs.remove(&ctx);
+        // The core gives back a closed context's charges with the context.
+        self.charged.remove(&ctx);
     }
 
     /// What the CMs hold, summed over devices.
@@ -324,11 +430,23 @@ impl CmPorts {
         Ok(client)
     }
 
-    /// `CmListen`.
-    pub fn listen(&mut self, ctx: CtxId, dev: usize, r: &CmListenReq) -> Result<CmIdResp, i32> {
+    /// `CmListen`. An rdma_cm port below 1024 needs `privileged()` (the kernel's rdma_cm
+    /// refuses such a bind with `EACCES` without `CAP_NET_BIND_SERVICE`, as bind(2) does).
+    pub fn listen(
+        &mut self,
+        ctx: CtxId,
+        dev: usize,
+        r: &CmListenReq,
+        privileged: impl FnOnce() -> bool,
+    ) -> Result<CmIdResp, i32> {
+        if ServiceId::from_u64(r.service_id.get()).is_some_and(|s| s.port != 0 && s.port < 1024)
+            && !privileged()
+        {
+            return Err(rustix::io::Errno::ACCESS.raw_os_error());
+        }
         let id = self
             .port(dev)?
-            .listen(owner(ctx), r.service_id.get())
+            .listen_backlog(owner(ctx), r.service_id.get(), r.backlog.get())
             .map_err(cm_errno)?;
         Ok(CmIdResp { id: U32::new(id.0) })
     }

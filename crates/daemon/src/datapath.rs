@@ -159,6 +159,12 @@ pub struct DataPath {
     gate_rx: bool,
     /// The devices' connection managers on QP1 (docs/cm.md §4).
     pub cm: crate::cm::CmPorts,
+    /// Every address of every device of this daemon: a packet from the network claiming one
+    /// of them as its source is forged (this daemon's own traffic between its devices never
+    /// crosses a socket), whatever local user sent it (docs/security.md, "CM").
+    own_gids: Vec<Gid>,
+    /// RoCE packets dropped for that, since start.
+    pub own_source_drops: u64,
     /// CQs of direct QPs to wake when their retries would have run out (`direct_ops`).
     direct_wakes: Vec<(Instant, CtxId, Handle)>,
 }
@@ -288,6 +294,8 @@ impl DataPath {
             .collect();
         Ok(DataPath {
             direct_wakes: Vec::new(),
+            own_gids: devs.iter().flat_map(|d| d.gids.iter().copied()).collect(),
+            own_source_drops: 0,
             cm: crate::cm::CmPorts::new(&ips),
             devs,
             mem: SharedMappings::with_fallback(ProcessMem::new().with_batching(mem_batching())),
@@ -930,7 +938,9 @@ impl DataPath {
                     // group traffic and MADs, rare, through a buffer of their own.
                     let (meta, len) = match n.recv_ref(&mut buf) {
                         Ok(Some((meta, pkt)))
-                            if !meta.dgid.is_multicast() && !crate::cm::is_gsi(pkt) =>
+                            if !meta.dgid.is_multicast()
+                                && !crate::cm::is_gsi(pkt)
+                                && !self.own_gids.contains(&meta.sgid) =>
                         {
                             progressed = true;
                             let mut feed = fed_srq::Feed {
@@ -963,6 +973,11 @@ impl DataPath {
                     if self.is_own_multicast(&meta) {
                         continue;
                     }
+                    if self.own_gids.contains(&meta.sgid) {
+                        // Forged: from this daemon's own address, yet from the network.
+                        self.own_source_drops += 1;
+                        continue;
+                    }
                     if crate::cm::is_gsi(&scratch[..len]) {
                         self.cm.receive(now, d, meta.sgid, &scratch[..len]);
                     } else {
@@ -988,6 +1003,11 @@ impl DataPath {
             self.settle_windows(core);
             self.cm.handle_timeout(now);
             progressed |= self.send_cm(now);
+            if self.cm.take_moved() {
+                // Connect requests received or SIDR requests ended change what contexts
+                // hold: their per-uid shares follow (docs/limits.md).
+                self.cm.sync_charges(core);
+            }
             // Completions reach their CQs below: the bytes they announce go first.
             self.flush_memory();
             for d in 0..self.devs.len() {

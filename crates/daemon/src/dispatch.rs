@@ -1109,17 +1109,47 @@ impl Dispatcher {
             .iter()
             .position(|d| &d.name == name)
             .ok_or(EINVAL)?;
+        let now = self.dp.now();
+        let who = self
+            .core
+            .context_info(ctx)
+            .map(|i| (i.pid, i.uid))
+            .map_err(core_err)?;
+        // A command that makes a listener or an id is charged first (per-uid shares,
+        // docs/limits.md); afterwards the charges follow what the CM holds.
+        let makes = match req.cmd {
+            Cmd::CmListen => Some(true),
+            Cmd::CmConnect | Cmd::CmSidrRequest => Some(false),
+            _ => None,
+        };
+        if let Some(listener) = makes {
+            self.dp.cm.precharge(&mut self.core, ctx, listener)?;
+        }
+        let r = self.cm_run(ctx, dev, now, who, req);
+        self.dp.cm.sync_charges(&mut self.core);
+        r
+    }
+
+    fn cm_run(
+        &mut self,
+        ctx: CtxId,
+        dev: usize,
+        now: softverbs_transport::Instant,
+        who: (u32, u32),
+        req: &Request<'_>,
+    ) -> Reply {
         let abi = self.abi;
         macro_rules! read {
             ($c:ident) => {
                 req.read::<cmd::$c>(abi).map_err(|e| e.errno())?
             };
         }
-        let now = self.dp.now();
         let cm = &mut self.dp.cm;
         match req.cmd {
             Cmd::CmOpen => with_fds::<cmd::CmOpen>((), vec![cm.open(ctx)?]),
-            Cmd::CmListen => ok::<cmd::CmListen>(cm.listen(ctx, dev, &read!(CmListen))?),
+            Cmd::CmListen => ok::<cmd::CmListen>(cm.listen(ctx, dev, &read!(CmListen), || {
+                crate::cm::may_bind_privileged(who.0, who.1)
+            })?),
             Cmd::CmConnect => ok::<cmd::CmConnect>(cm.connect(now, ctx, dev, &read!(CmConnect))?),
             Cmd::CmAccept => ok::<cmd::CmAccept>(cm.accept(now, ctx, dev, &read!(CmAccept))?),
             Cmd::CmReject => ok::<cmd::CmReject>(cm.reject(now, ctx, dev, &read!(CmReject))?),
@@ -1364,6 +1394,12 @@ impl Dispatcher {
                     "time_wait": cm.time_wait,
                     "owned": cm.owned,
                 }),
+            );
+            // RoCE packets (MADs included) that came from the network with one of this
+            // daemon's own addresses as their source, dropped (docs/security.md, "CM").
+            map.insert(
+                "own_source_drops".into(),
+                serde_json::json!(self.dp.own_source_drops),
             );
             // Which QP pairs run on the same-host direct path (docs/direct-path.md).
             map.insert("direct_pairs".into(), self.direct.pairs_json());

@@ -43,6 +43,22 @@ pub(crate) unsafe fn id_ref<'a>(id: *mut rdma_cm_id) -> Result<&'a mut Id, i32> 
     Ok(unsafe { &mut *id.cast::<Id>() })
 }
 
+/// Whether this process may bind a port below 1024: euid 0 or `CAP_NET_BIND_SERVICE`
+/// (capability 10) in its effective set (capabilities(7), `/proc/self/status` `CapEff`), the
+/// rule the daemon applies to its listen.
+fn may_bind_privileged() -> bool {
+    // SAFETY: geteuid(2) cannot fail and touches no memory of ours.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .is_some_and(|c| c & (1 << 10) != 0)
+    })
+}
+
 /// Ephemeral ports for ids that connect or bind without one.
 static NEXT_PORT: AtomicU32 = AtomicU32::new(0);
 fn ephemeral() -> u16 {
@@ -296,6 +312,11 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::so
     let (Ok(i), Some((ip, port))) = (unsafe { id_ref(id) }, unsafe { addr::parse(sa) }) else {
         return fail(libc::EINVAL);
     };
+    // As bind(2) and the kernel's rdma_cm: a port below 1024 needs CAP_NET_BIND_SERVICE.
+    // The daemon checks it again where it matters, at rdma_listen (docs/security.md).
+    if port != 0 && port < 1024 && !may_bind_privileged() {
+        return fail(libc::EACCES);
+    }
     let port = if port == 0 { ephemeral() } else { port };
     let mut s = guard(&i.st);
     // A loopback address no device owns binds as the wildcard does, no device yet
@@ -317,7 +338,7 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::so
 }
 export!("rdma_bind_addr", "RDMACM_1.0", bind_addr);
 
-pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     // SAFETY: an id of ours.
     let Ok(i) = (unsafe { id_ref(id) }) else {
         return fail(libc::EINVAL);
@@ -339,10 +360,11 @@ pub(crate) unsafe extern "C" fn listen(id: *mut rdma_cm_id, _backlog: c_int) -> 
     }
     let me = id.cast::<Id>();
     for d in devs {
-        match i
-            .chan
-            .make_id(d, me, |c| c.listen(sid).map_err(|e| e.errno()))
-        {
+        match i.chan.make_id(d, me, |c| {
+            // A negative backlog asks for the default, as 0 does (listen(2) likewise).
+            c.listen_backlog(sid, u32::try_from(backlog).unwrap_or(0))
+                .map_err(|e| e.errno())
+        }) {
             Ok(l) => {
                 i.lock().listeners.push((d, l));
             }
@@ -454,10 +476,21 @@ unsafe extern "C" fn init_qp_attr(
 }
 export!("rdma_init_qp_attr", "RDMACM_1.2", init_qp_attr);
 
+/// A connection's starting PSN: random (the operating system's CSPRNG), as the kernel's
+/// rdma_cm takes it (`get_random_u32() & 0xffffff`). A PSN a third party could compute would
+/// let it forge packets the responder accepts as in sequence (IBA 9.7.1; docs/security.md).
 fn psn() -> u32 {
-    (std::process::id().wrapping_mul(0x9E37)
-        ^ NEXT_PORT.fetch_add(1, Ordering::Relaxed).wrapping_mul(7919))
-        & 0x00FF_FFFF
+    let mut b = [0; 4];
+    // getrandom(2) on Linux fails only before the kernel's pool is ready at boot or on
+    // EINTR; the crate retries EINTR. Without it, a time-and-address mix still differs per
+    // connection, but it is not secret.
+    if getrandom::getrandom(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        b = (t ^ NEXT_PORT.fetch_add(1, Ordering::Relaxed).wrapping_mul(7919)).to_le_bytes();
+    }
+    u32::from_le_bytes(b) & 0x00FF_FFFF
 }
 
 pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_param) -> c_int {
@@ -1192,3 +1225,29 @@ unsafe extern "C" fn set_option(
     }
 }
 export!("rdma_set_option", "RDMACM_1.0", set_option);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starting_psns_are_random_not_a_function_of_the_pid() {
+        // Before: `(pid * 0x9E37 ^ n * 7919) & 0xFFFFFF` with n this counter, which anyone
+        // who saw the pid (`softverbs resources`) could compute.
+        let predicted =
+            |n: u32| (std::process::id().wrapping_mul(0x9E37) ^ n.wrapping_mul(7919)) & 0x00FF_FFFF;
+        let mut hits = 0;
+        let mut seen = Vec::new();
+        for _ in 0..64 {
+            let n = NEXT_PORT.load(Ordering::Relaxed);
+            let p = psn();
+            assert!(p <= 0x00FF_FFFF);
+            hits += usize::from(p == predicted(n));
+            seen.push(p);
+        }
+        assert!(hits < 2, "{hits} of 64 PSNs were the predicted ones");
+        seen.sort_unstable();
+        seen.dedup();
+        assert!(seen.len() > 60, "{} distinct of 64", seen.len());
+    }
+}
