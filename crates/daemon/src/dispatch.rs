@@ -126,6 +126,17 @@ fn core_err(e: Error) -> i32 {
     e.errno()
 }
 
+/// Descriptors the daemon keeps for a context's doorbell (the data path's end and the event
+/// loop's copy) and for its direct path (the opener's `mem` and the MR table's memfd).
+const DOORBELL_FDS: u64 = 2;
+const DIRECT_OPEN_FDS: u64 = 2;
+
+/// Charges `n` descriptors the daemon is about to keep for `ctx` (docs/limits.md): `ENOMEM`
+/// past the context's, its uid's or the daemon's share.
+fn charge_fds(core: &mut Core, ctx: CtxId, n: u64) -> Result<(), i32> {
+    core.charge(ctx, Resource::Descriptors, n).map_err(core_err)
+}
+
 fn handle_of(v: U32) -> Handle {
     Handle(v.get())
 }
@@ -391,9 +402,21 @@ impl Dispatcher {
                 let mem = fds.pop().ok_or(EINVAL)?;
                 let pid = s.opener_pid.unwrap_or(s.cred.pid);
                 let caps = read!(DirectOpen).caps.get();
+                // The daemon keeps the opener's `mem` and the MR table's memfd (a second
+                // open replaces both).
+                let new = !self.direct.is_open(c);
+                if new {
+                    charge_fds(&mut self.core, c, DIRECT_OPEN_FDS)?;
+                }
                 let table = self
                     .direct
-                    .open(&self.core, &self.dp, c, s.cred.uid, pid, caps, mem)?;
+                    .open(&self.core, &self.dp, c, s.cred.uid, pid, caps, mem)
+                    .inspect_err(|_| {
+                        if new {
+                            self.core
+                                .uncharge(c, Resource::Descriptors, DIRECT_OPEN_FDS);
+                        }
+                    })?;
                 with_fds::<cmd::DirectOpen>((), vec![table])
             }
             Cmd::DirectAttach => {
@@ -1069,6 +1092,7 @@ impl Dispatcher {
             .map_err(|e| e.errno())?;
         self.dp.destroy_channel(c, r.handle.get())?;
         self.core.uncharge(c, Resource::Channels, 1);
+        self.core.uncharge(c, Resource::Descriptors, 1);
         ok::<cmd::DestroyCompChannel>(())
     }
 
@@ -1095,8 +1119,21 @@ impl Dispatcher {
     }
 
     fn map_doorbell(&mut self, c: CtxId) -> Reply {
-        let fd = self.dp.doorbell(c)?;
-        with_fds::<cmd::MapDoorbell>((), vec![fd])
+        // The first call makes the doorbell: the data path keeps one end and the event loop a
+        // copy it watches.
+        let new = !self.dp.has_doorbell(c);
+        if new {
+            charge_fds(&mut self.core, c, DOORBELL_FDS)?;
+        }
+        match self.dp.doorbell(c) {
+            Ok(fd) => with_fds::<cmd::MapDoorbell>((), vec![fd]),
+            Err(e) => {
+                if new {
+                    self.core.uncharge(c, Resource::Descriptors, DOORBELL_FDS);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The connection manager's commands (crates/daemon/src/cm.rs), on the CM of the
@@ -1118,7 +1155,17 @@ impl Dispatcher {
         let now = self.dp.now();
         let cm = &mut self.dp.cm;
         match req.cmd {
-            Cmd::CmOpen => with_fds::<cmd::CmOpen>((), vec![cm.open(ctx)?]),
+            Cmd::CmOpen => {
+                // The daemon keeps the CM eventfd for the context: one descriptor.
+                charge_fds(&mut self.core, ctx, 1)?;
+                match cm.open(ctx) {
+                    Ok(fd) => with_fds::<cmd::CmOpen>((), vec![fd]),
+                    Err(e) => {
+                        self.core.uncharge(ctx, Resource::Descriptors, 1);
+                        Err(e)
+                    }
+                }
+            }
             Cmd::CmListen => ok::<cmd::CmListen>(cm.listen(ctx, dev, &read!(CmListen))?),
             Cmd::CmConnect => ok::<cmd::CmConnect>(cm.connect(now, ctx, dev, &read!(CmConnect))?),
             Cmd::CmAccept => ok::<cmd::CmAccept>(cm.accept(now, ctx, dev, &read!(CmAccept))?),
@@ -1155,16 +1202,23 @@ impl Dispatcher {
         }
     }
 
-    /// A channel is an eventfd of the daemon's: charged to the context.
+    /// A channel is an eventfd of the daemon's: charged to the context as a channel and as
+    /// a descriptor.
     fn create_channel(&mut self, ctx: CtxId) -> Reply {
         self.core
             .charge(ctx, Resource::Channels, 1)
             .map_err(core_err)?;
-        match self.dp.create_channel(ctx) {
+        let made = charge_fds(&mut self.core, ctx, 1).and_then(|()| {
+            self.dp.create_channel(ctx).map_err(|_| {
+                self.core.uncharge(ctx, Resource::Descriptors, 1);
+                ENOMEM
+            })
+        });
+        match made {
             Ok((h, fd)) => with_fds::<cmd::CreateCompChannel>(handle_resp(Handle(h)), vec![fd]),
-            Err(_) => {
+            Err(e) => {
                 self.core.uncharge(ctx, Resource::Channels, 1);
-                Err(ENOMEM)
+                Err(e)
             }
         }
     }
@@ -1293,9 +1347,12 @@ impl Dispatcher {
             uid: s.cred.uid,
             comm: s.comm.clone(),
         };
+        // Besides its socket (charged to the uid at accept) a context costs the daemon the
+        // async eventfd and the opener's `mem` and `maps` descriptors.
+        let held = 1 + u64::from(with_mem) + u64::from(with_maps);
         let ctx = self
             .core
-            .open_context(r.device.get() as usize, info)
+            .open_context_holding(r.device.get() as usize, info, held)
             .map_err(core_err)?;
         s.eventfd = Some(efd);
         s.phase = Phase::Context(ctx);
