@@ -636,10 +636,14 @@ impl Dispatcher {
     }
 
     fn destroy_srq(&mut self, c: CtxId, r: <cmd::DestroySrq as Command>::Req) -> Reply {
+        let fed = self.dp.is_fed_srq(c, handle_of(r.handle));
         let n = self
             .core
             .destroy_srq(c, handle_of(r.handle))
             .map_err(core_err)?;
+        if fed {
+            self.core.uncharge(c, Resource::Descriptors, 1);
+        }
         ok::<cmd::DestroySrq>(events(n))
     }
 
@@ -1239,13 +1243,23 @@ impl Dispatcher {
         };
         // The ring is charged to the context (ring bytes, one mapping) before the data path
         // keeps it; over a limit the client gets ENOMEM.
+        // A fed SRQ's region also stays open in the daemon for its direct peers: one
+        // descriptor, charged first and given back unless the SRQ became fed.
+        let new_fed = r.kind.get() == QUEUES_SRQ && fed && !dp.is_fed_srq(ctx, h);
+        if new_fed {
+            charge_fds(core, ctx, 1)?;
+        }
         let admit = |ring: Ring| move |len: u64| core.attach_ring(ctx, ring, len).map_err(core_err);
-        let (resp, fd) = match (r.kind.get(), qp) {
-            (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
-            (QUEUES_SRQ, _) => dp.map_srq(ctx, h, fed, admit(Ring::Srq(h)))?,
-            (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready))?,
-            _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
+        let mapped = match (r.kind.get(), qp) {
+            (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h))),
+            (QUEUES_SRQ, _) => dp.map_srq(ctx, h, fed, admit(Ring::Srq(h))),
+            (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready)),
+            _ => dp.map_cq(ctx, h, admit(Ring::Cq(h))),
         };
+        if new_fed && !(mapped.is_ok() && dp.is_fed_srq(ctx, h)) {
+            self.core.uncharge(ctx, Resource::Descriptors, 1);
+        }
+        let (resp, fd) = mapped?;
         with_fds::<cmd::MapQueues>(resp, vec![fd])
     }
 
