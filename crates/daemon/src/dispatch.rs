@@ -137,6 +137,20 @@ fn charge_fds(core: &mut Core, ctx: CtxId, n: u64) -> Result<(), i32> {
     core.charge(ctx, Resource::Descriptors, n).map_err(core_err)
 }
 
+/// Runs `make`, which leaves `n` more descriptors open in the daemon for `ctx`, if the shares
+/// allow them ([`charge_fds`]); they stay charged only if it succeeds.
+fn holding_fds<T>(
+    core: &mut Core,
+    ctx: CtxId,
+    n: u64,
+    make: impl FnOnce() -> Result<T, i32>,
+) -> Result<T, i32> {
+    if n > 0 {
+        charge_fds(core, ctx, n)?;
+    }
+    make().inspect_err(|_| core.uncharge(ctx, Resource::Descriptors, n))
+}
+
 fn handle_of(v: U32) -> Handle {
     Handle(v.get())
 }
@@ -1125,19 +1139,13 @@ impl Dispatcher {
     fn map_doorbell(&mut self, c: CtxId) -> Reply {
         // The first call makes the doorbell: the data path keeps one end and the event loop a
         // copy it watches.
-        let new = !self.dp.has_doorbell(c);
-        if new {
-            charge_fds(&mut self.core, c, DOORBELL_FDS)?;
-        }
-        match self.dp.doorbell(c) {
-            Ok(fd) => with_fds::<cmd::MapDoorbell>((), vec![fd]),
-            Err(e) => {
-                if new {
-                    self.core.uncharge(c, Resource::Descriptors, DOORBELL_FDS);
-                }
-                Err(e)
-            }
-        }
+        let n = if self.dp.has_doorbell(c) {
+            0
+        } else {
+            DOORBELL_FDS
+        };
+        let fd = holding_fds(&mut self.core, c, n, || self.dp.doorbell(c))?;
+        with_fds::<cmd::MapDoorbell>((), vec![fd])
     }
 
     /// The connection manager's commands (crates/daemon/src/cm.rs), on the CM of the
@@ -1161,14 +1169,8 @@ impl Dispatcher {
         match req.cmd {
             Cmd::CmOpen => {
                 // The daemon keeps the CM eventfd for the context: one descriptor.
-                charge_fds(&mut self.core, ctx, 1)?;
-                match cm.open(ctx) {
-                    Ok(fd) => with_fds::<cmd::CmOpen>((), vec![fd]),
-                    Err(e) => {
-                        self.core.uncharge(ctx, Resource::Descriptors, 1);
-                        Err(e)
-                    }
-                }
+                let fd = holding_fds(&mut self.core, ctx, 1, || cm.open(ctx))?;
+                with_fds::<cmd::CmOpen>((), vec![fd])
             }
             Cmd::CmListen => ok::<cmd::CmListen>(cm.listen(ctx, dev, &read!(CmListen))?),
             Cmd::CmConnect => ok::<cmd::CmConnect>(cm.connect(now, ctx, dev, &read!(CmConnect))?),
@@ -1212,11 +1214,8 @@ impl Dispatcher {
         self.core
             .charge(ctx, Resource::Channels, 1)
             .map_err(core_err)?;
-        let made = charge_fds(&mut self.core, ctx, 1).and_then(|()| {
-            self.dp.create_channel(ctx).map_err(|_| {
-                self.core.uncharge(ctx, Resource::Descriptors, 1);
-                ENOMEM
-            })
+        let made = holding_fds(&mut self.core, ctx, 1, || {
+            self.dp.create_channel(ctx).map_err(|_| ENOMEM)
         });
         match made {
             Ok((h, fd)) => with_fds::<cmd::CreateCompChannel>(handle_resp(Handle(h)), vec![fd]),
