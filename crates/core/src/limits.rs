@@ -57,7 +57,8 @@ pub enum Resource {
     /// Memory mappings the daemon holds for the client: one per ring, one per shared MR.
     Mappings,
     /// Descriptors the daemon holds for the client: each connection's socket (charged to the
-    /// uid from accept to close), and a context's event, memory, doorbell and channel fds.
+    /// uid from accept to close) and every descriptor it keeps for a context (eventfds, the
+    /// opener's `mem` and `maps`, memfds; the table in docs/limits.md).
     Descriptors,
     /// Multicast groups a context has a QP in (a slot of the device's group table each).
     McastGroups,
