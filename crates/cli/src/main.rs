@@ -64,7 +64,7 @@ enum Command {
         faults: Option<softverbs_transport::Faults>,
         /// A limit, as SCOPE.RESOURCE=N; repeat for several. SCOPE: context, uid, daemon.
         /// RESOURCE: contexts, pds, mrs, cqs, srqs, qps, ahs, xrcds, channels, ring-bytes,
-        /// registered-bytes, mappings. N: a number with an optional K/M/G/T suffix, or
+        /// registered-bytes, mappings, descriptors, mcast-groups, mcast-attachments. N: a number with an optional K/M/G/T suffix, or
         /// unlimited (`--limit uid.mappings=8192 --limit context.ring-bytes=256M`). Defaults
         /// follow from vm.max_map_count, physical memory and RLIMIT_NOFILE; `softverbs
         /// status` shows them.

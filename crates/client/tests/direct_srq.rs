@@ -536,3 +536,30 @@ fn a_sender_killed_while_filling_srq_receives_loses_none_of_them() {
     std::thread::sleep(Duration::from_millis(50));
     assert!(cb.poll(16).unwrap().is_empty(), "a receive completed twice");
 }
+
+#[test]
+fn a_fed_srq_costs_its_context_a_descriptor_until_it_is_destroyed() {
+    // The daemon keeps a fed SRQ's region open for the direct peers that map it: one of the
+    // descriptors a uid's share counts (docs/limits.md, "Descriptors").
+    let (d, _dir) = common::daemon("fed-fds", None);
+    let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
+    let look = softverbs::Introspect::connect_at(&d.socket).unwrap();
+    let used = || {
+        let r = look.resources().unwrap();
+        r["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["resource"] == "descriptors")
+            .unwrap()["used"]
+            .as_u64()
+            .unwrap()
+    };
+    let pd = ctx.alloc_pd().unwrap();
+    let before = used();
+    let s = srq(&pd, 16);
+    let fed = look.resources().unwrap()["direct"].to_string();
+    assert_eq!(used(), before + 1, "a fed SRQ's memfd: {fed}");
+    drop(s);
+    assert_eq!(used(), before, "back when the SRQ goes");
+}

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    errno, Access, AhAttr, Context, Introspect, QpCap, QpInit, QpType, SendOp, SendRequest,
+    errno, Access, AhAttr, Context, Gid, Introspect, QpCap, QpInit, QpType, SendOp, SendRequest,
     SrqAttr, WcStatus, O_CREAT,
 };
 use softverbs_daemon::{spawn_daemon_with, Config, TestDaemon};
@@ -22,6 +22,9 @@ use softverbs_daemon::{spawn_daemon_with, Config, TestDaemon};
 const OTHER_UID: u32 = 65534;
 /// The child's role: the socket of the daemon to use.
 const CHILD_SOCKET: &str = "SV_LIMITS_CHILD_SOCKET";
+/// The child's role: join multicast groups instead of moving data (`mcast`), or join them
+/// and hold them until its stdin closes (`mcast-hold`).
+const CHILD_ROLE: &str = "SV_LIMITS_CHILD_ROLE";
 
 struct Dir(PathBuf);
 impl Drop for Dir {
@@ -101,19 +104,18 @@ fn transfer_works(ctx: &Context) {
 /// Runs this binary's `other_uid_client` as uid `nobody` against the daemon at `socket`,
 /// which must succeed (bounded: 30 s).
 fn other_uid_client_works(socket: &Path) {
+    other_uid_works(socket, "transfer");
+}
+
+/// Runs this binary's `other_uid_client` in `role` as uid `nobody` against the daemon at
+/// `socket`, which must succeed (bounded: 30 s).
+fn other_uid_works(socket: &Path, role: &str) {
     use std::os::unix::fs::MetadataExt;
     if std::fs::metadata("/proc/self").unwrap().uid() != 0 {
         eprintln!("SKIP the other uid's client: only root can run a process as another uid");
         return;
     }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "other_uid_client",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_SOCKET, socket)
+    let mut child = child_client(socket, role)
         .uid(OTHER_UID)
         .gid(OTHER_UID)
         .spawn()
@@ -134,6 +136,20 @@ fn other_uid_client_works(socket: &Path) {
 
 use std::os::unix::process::CommandExt;
 
+/// This binary's `other_uid_client` in `role` against the daemon at `socket`.
+fn child_client(socket: &Path, role: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        "other_uid_client",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_SOCKET, socket)
+    .env(CHILD_ROLE, role);
+    c
+}
+
 mod common;
 use common::{connect_with, RcPath};
 
@@ -152,16 +168,57 @@ fn raw_shareable(addr: u64, len: u64) -> softverbs::RawMemory {
     unsafe { softverbs::RawMemory::new_shareable(addr as usize, len as usize) }
 }
 
-/// The other uid's client: opens a context and moves data. A no-op in a normal test run.
+/// The child clients: as `nobody`, open a context and move data (`transfer`) or join
+/// multicast groups (`mcast`); as this test's uid, join groups until refused and hold them
+/// until stdin closes (`mcast-hold`). A no-op in a normal test run.
 #[test]
 fn other_uid_client() {
     let Some(socket) = std::env::var_os(CHILD_SOCKET) else {
         return;
     };
     use std::os::unix::fs::MetadataExt;
-    assert_eq!(std::fs::metadata("/proc/self").unwrap().uid(), OTHER_UID);
+    let role = std::env::var(CHILD_ROLE).unwrap_or_default();
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    assert_eq!(
+        uid == OTHER_UID,
+        role != "mcast-hold",
+        "{role} as uid {uid}"
+    );
     let ctx = Context::open_at(Path::new(&socket), 0).unwrap();
-    transfer_works(&ctx);
+    match role.as_str() {
+        "mcast" => {
+            let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(4).unwrap());
+            let qps = ud_qps(&ctx, &pd, &cq);
+            for g in [1, 2] {
+                qps[0].attach_mcast(group(g)).unwrap();
+            }
+            qps[1].attach_mcast(group(1)).unwrap();
+        }
+        "mcast-hold" => {
+            let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(4).unwrap());
+            let qps = ud_qps(&ctx, &pd, &cq);
+            let joined = (1..).take_while(|&g| qps[0].attach_mcast(group(g)).is_ok());
+            println!("joined {}", joined.count());
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        _ => transfer_works(&ctx),
+    }
+}
+
+/// Multicast group `239.0.0.g`.
+fn group(g: u8) -> Gid {
+    Gid::from(std::net::Ipv4Addr::new(239, 0, 0, g))
+}
+
+/// Two UD QPs of a context, to attach to groups.
+fn ud_qps<'a>(
+    ctx: &'a Context,
+    pd: &'a softverbs::Pd<'_>,
+    cq: &'a softverbs::Cq<'_>,
+) -> Vec<softverbs::Qp<'a>> {
+    let init = QpInit::new(QpType::Ud, pd).cqs(cq, cq).cap(cap());
+    (0..2).map(|_| ctx.create_qp(&init).unwrap()).collect()
 }
 
 #[test]
@@ -432,4 +489,99 @@ fn connect(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn: u32) {
             ..RcPath::default()
         },
     );
+}
+
+#[test]
+fn connections_that_never_open_a_device_count_against_their_uid_only() {
+    // Each connection is a descriptor of the daemon's, charged to its uid from accept to
+    // close: idle ones too (docs/limits.md, "descriptors").
+    let (d, _dir) = daemon("conns", &["uid.descriptors=12"]);
+    let idle: Vec<_> = (0..12)
+        .map(|_| softverbs_ipc::connect_seqpacket(&d.socket).unwrap())
+        .collect();
+    // The daemon accepts in connection order, so this one comes after the twelve.
+    assert_eq!(
+        errno_of(Context::open_at(&d.socket, 0)),
+        errno::ENOMEM,
+        "a context of a uid whose idle connections hold its share"
+    );
+    other_uid_client_works(&d.socket);
+    drop(idle);
+    // Closed connections give their share back once the daemon sees them go.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ctx = loop {
+        match Context::open_at(&d.socket, 0) {
+            Ok(c) => break c,
+            Err(e) => assert!(
+                e.errno() == errno::ENOMEM && Instant::now() < deadline,
+                "{e}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    transfer_works(&ctx);
+}
+
+#[test]
+fn a_uid_over_its_multicast_share_gets_enomem_and_another_uid_still_joins() {
+    let (d, _dir) = daemon("mcast", &["uid.mcast-groups=2", "uid.mcast-attachments=3"]);
+    let a = open(&d);
+    let (pd, cq) = (a.alloc_pd().unwrap(), a.create_cq(4).unwrap());
+    let qps = ud_qps(&a, &pd, &cq);
+    let (q1, q2) = (&qps[0], &qps[1]);
+    q1.attach_mcast(group(1)).unwrap();
+    q1.attach_mcast(group(2)).unwrap();
+    assert_eq!(
+        errno_of(q1.attach_mcast(group(3))),
+        errno::ENOMEM,
+        "a third group of the uid"
+    );
+    q2.attach_mcast(group(1)).unwrap();
+    assert_eq!(
+        errno_of(q2.attach_mcast(group(2))),
+        errno::ENOMEM,
+        "a fourth attachment of the uid"
+    );
+    // Another uid joins new groups and the uid's own, in a table the uid cannot fill.
+    other_uid_works(&d.socket, "mcast");
+    // Detaching gives back: the group once its context's last QP leaves it.
+    q1.detach_mcast(group(2)).unwrap();
+    q1.attach_mcast(group(3)).unwrap();
+    drop(qps);
+    drop((cq, pd));
+    drop(a);
+
+    // A process of the uid holds its whole share and dies without detaching (kill -9):
+    // the share comes back with it.
+    let mut holder = child_client(&d.socket, "mcast-hold")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The harness prints "test other_uid_client ... " on the same line.
+    use std::io::BufRead;
+    let said = std::io::BufReader::new(holder.stdout.take().unwrap())
+        .lines()
+        .map(Result::unwrap)
+        .find_map(|l| Some(l.split_once("joined ")?.1.to_string()));
+    assert_eq!(said.as_deref(), Some("2"), "the holder joins its share");
+    let b = open(&d);
+    let (pd, cq) = (b.alloc_pd().unwrap(), b.create_cq(4).unwrap());
+    let qps = ud_qps(&b, &pd, &cq);
+    assert_eq!(
+        errno_of(qps[0].attach_mcast(group(9))),
+        errno::ENOMEM,
+        "the uid's share is held by its other process"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = qps[0].attach_mcast(group(9)) {
+        assert!(
+            e.errno() == errno::ENOMEM && Instant::now() < deadline,
+            "{e}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    qps[0].attach_mcast(group(10)).unwrap();
 }

@@ -8,6 +8,11 @@ use crate::types::Mtu;
 
 /// `IBV_DEVICE_XRC` in `device_cap_flags` (verbs.h): the device supports XRC.
 pub const DEVICE_XRC: u64 = 1 << 20;
+/// rxe's multicast table (`rxe_param.h`): groups per device, and QP attachments over all of
+/// them; `crate::mcast` enforces both, and a uid's default share is a quarter (`limits.rs`).
+pub const MAX_MCAST_GRP: u64 = 8192;
+/// See [`MAX_MCAST_GRP`].
+pub const MAX_TOTAL_MCAST_QP_ATTACH: u32 = 0x70000;
 /// `IBV_DEVICE_RC_RNR_NAK_GEN` (verbs.h).
 pub const DEVICE_RC_RNR_NAK_GEN: u64 = 1 << 12;
 /// `IBV_DEVICE_SRQ_RESIZE`.
@@ -212,9 +217,9 @@ impl DeviceAttr {
             max_inline_data: 256,
             num_comp_vectors: 1,
             // rxe's values (rxe_param.h), enforced by `crate::mcast`.
-            max_mcast_grp: 8192,
+            max_mcast_grp: MAX_MCAST_GRP as u32,
             max_mcast_qp_attach: 56,
-            max_total_mcast_qp_attach: 0x70000,
+            max_total_mcast_qp_attach: MAX_TOTAL_MCAST_QP_ATTACH,
         }
     }
 }

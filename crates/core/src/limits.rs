@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::core::{Core, QpEntry};
+use crate::device::{MAX_MCAST_GRP, MAX_TOTAL_MCAST_QP_ATTACH};
 use crate::error::{Error, ObjectKind, Result};
 use crate::ids::{CtxId, Handle};
 
@@ -60,11 +61,19 @@ pub enum Resource {
     /// Connection manager ids with a connection or SIDR request (`rdma_connect`, a connect
     /// request received, a SIDR request): charged by the daemon's CM.
     CmIds,
+    /// Descriptors the daemon holds for the client: each connection's socket (charged to the
+    /// uid from accept to close) and every descriptor it keeps for a context (eventfds, the
+    /// opener's `mem` and `maps`, memfds; the table in docs/limits.md).
+    Descriptors,
+    /// Multicast groups a context has a QP in (a slot of the device's group table each).
+    McastGroups,
+    /// Attachments of a QP to a multicast group.
+    McastAttachments,
 }
 
 impl Resource {
     /// Every resource, in display order.
-    pub const ALL: [Resource; 14] = [
+    pub const ALL: [Resource; 17] = [
         Resource::Contexts,
         Resource::Pds,
         Resource::Mrs,
@@ -79,6 +88,9 @@ impl Resource {
         Resource::Mappings,
         Resource::CmListeners,
         Resource::CmIds,
+        Resource::Descriptors,
+        Resource::McastGroups,
+        Resource::McastAttachments,
     ];
 
     /// The name used by flags, JSON and `softverbs status`.
@@ -98,6 +110,9 @@ impl Resource {
             Resource::Mappings => "mappings",
             Resource::CmListeners => "cm-listeners",
             Resource::CmIds => "cm-ids",
+            Resource::Descriptors => "descriptors",
+            Resource::McastGroups => "mcast-groups",
+            Resource::McastAttachments => "mcast-attachments",
         }
     }
 
@@ -225,9 +240,13 @@ impl Limits {
     /// - registered bytes: physical memory per uid and per context (no HCA pins more than the
     ///   machine has; registering costs the daemon no memory, a shared MR a mapping, counted
     ///   apart).
-    /// - contexts and completion channels: an eighth of the daemon's descriptors per uid each
-    ///   (a context holds three descriptors, a channel one), a sixteenth per context for
-    ///   channels.
+    /// - contexts and completion channels: an eighth of the daemon's descriptors per uid each,
+    ///   a sixteenth per context for channels.
+    /// - descriptors (every one a uid's connections and contexts cost the daemon): a quarter
+    ///   per uid, so three uids at their share leave room for the rest; the daemon keeps an
+    ///   eighth for multicast group sockets and a sixteenth for its own.
+    /// - multicast: a quarter of the group table (`max_mcast_grp`, at most an eighth of the
+    ///   descriptors) and of rxe's `max_total_mcast_qp_attach` attachments per uid.
     /// - other objects: 32 Ki per context and 64 Ki per uid of each kind (device limits
     ///   bound the daemon as a whole).
     pub fn for_budget(b: &Budget) -> Limits {
@@ -249,6 +268,16 @@ impl Limits {
             UNLIMITED,
         );
         l.set_all(Resource::CmIds, UNLIMITED, OBJECTS_PER_UID, UNLIMITED);
+        l.set_all(
+            Resource::Descriptors,
+            UNLIMITED,
+            fds / 4,
+            fds - fds / 8 - fds / 16,
+        );
+        let groups = (fds / 8).min(MAX_MCAST_GRP);
+        l.set_all(Resource::McastGroups, UNLIMITED, groups / 4, UNLIMITED);
+        let attach = u64::from(MAX_TOTAL_MCAST_QP_ATTACH) / 4;
+        l.set_all(Resource::McastAttachments, UNLIMITED, attach, UNLIMITED);
         for r in [
             Resource::Pds,
             Resource::Mrs,
@@ -328,6 +357,12 @@ pub(crate) struct Usage([u64; Resource::ALL.len()]);
 impl Usage {
     pub(crate) fn get(&self, r: Resource) -> u64 {
         self.0[r.index()]
+    }
+
+    fn one(r: Resource, n: u64) -> Usage {
+        let mut u = Usage::default();
+        u.add(r, n);
+        u
     }
 
     pub(crate) fn add(&mut self, r: Resource, n: u64) {
@@ -472,6 +507,35 @@ impl Core {
         self.daemon_usage.sub(r, n);
     }
 
+    /// Charges `n` of `r` to uid `uid` itself, for what the daemon holds for it outside any
+    /// context: a connection's socket, from accept to close, whether or not it opens a
+    /// device. Fails with nothing charged past the uid's or the daemon's limit.
+    pub fn charge_uid(&mut self, uid: u32, r: Resource, n: u64) -> Result<()> {
+        self.check(&Usage::default(), uid, r, n)?;
+        self.uid_usage.entry(uid).or_default().add(r, n);
+        self.daemon_usage.add(r, n);
+        Ok(())
+    }
+
+    /// [`open_context`](Self::open_context) for a context that costs the daemon `fds`
+    /// descriptors from the start: past the descriptors share it fails with nothing opened.
+    pub fn open_context_holding(
+        &mut self,
+        device: usize,
+        info: crate::core::ContextInfo,
+        fds: u64,
+    ) -> Result<CtxId> {
+        self.check(&Usage::default(), info.uid, Resource::Descriptors, fds)?;
+        let ctx = self.open_context(device, info)?;
+        self.add_usage(ctx, Resource::Descriptors, fds);
+        Ok(ctx)
+    }
+
+    /// Gives back `n` of `r` charged with [`charge_uid`](Self::charge_uid).
+    pub fn uncharge_uid(&mut self, uid: u32, r: Resource, n: u64) {
+        self.release_context_usage(uid, &Usage::one(r, n));
+    }
+
     /// The daemon made a ring of `bytes` for `ring` of context `ctx` (one mapping): charges
     /// it, replacing the ring the object had, or fails with nothing charged. The charge goes
     /// when the object is destroyed.
@@ -519,8 +583,9 @@ impl Core {
         self.uncharge(ctx, Resource::Mappings, 1);
     }
 
-    /// The daemon mapped (`true`) or unmapped MR `mr`'s memory (a shared MR: one mapping).
-    /// Mapping fails with nothing charged when the context is at its mappings limit.
+    /// The daemon mapped (`true`) or unmapped MR `mr`'s memory (a shared MR: one mapping, and
+    /// the memfd the daemon keeps for direct peers: one descriptor). Mapping fails with
+    /// nothing charged when the context is at its mappings or descriptors limit.
     pub fn set_mr_mapped(&mut self, ctx: CtxId, mr: Handle, mapped: bool) -> Result<()> {
         let c = self.ctx(ctx)?;
         if !c.mrs.contains_key(&mr) {
@@ -529,16 +594,26 @@ impl Core {
         let was = c.mapped_mrs.contains(&mr);
         match (was, mapped) {
             (false, true) => {
+                self.admit(ctx, Resource::Descriptors, 1)?;
                 self.charge(ctx, Resource::Mappings, 1)?;
+                self.add_usage(ctx, Resource::Descriptors, 1);
                 self.ctx_mut(ctx)?.mapped_mrs.insert(mr);
             }
-            (true, false) => {
-                self.ctx_mut(ctx)?.mapped_mrs.remove(&mr);
-                self.uncharge(ctx, Resource::Mappings, 1);
-            }
+            (true, false) => self.forget_mr_mapping(ctx, mr),
             _ => {}
         }
         Ok(())
+    }
+
+    /// MR `mr` is no longer backed by a mapping of the daemon's (unmapped, deregistered, or
+    /// given a new range): its mapping and descriptor go back.
+    pub(crate) fn forget_mr_mapping(&mut self, ctx: CtxId, mr: Handle) {
+        if let Some(c) = self.contexts.get_mut(&ctx) {
+            if c.mapped_mrs.remove(&mr) {
+                self.uncharge(ctx, Resource::Mappings, 1);
+                self.uncharge(ctx, Resource::Descriptors, 1);
+            }
+        }
     }
 
     /// What context `ctx` uses of `r`.

@@ -19,6 +19,12 @@
 //! - A destroyed QP leaves every group it was in (uverbs `ib_uverbs_detach_umcast`), also
 //!   when its context closes.
 //!
+//! One device table serves every local user, so each uid also has a share of it
+//! ([`Resource::McastGroups`]: a context is charged once for each group it has a QP in, and a
+//! group slot costs the daemon a socket; [`Resource::McastAttachments`]: one per QP in a group).
+//! Past a share the attach is `ENOMEM` for that uid only, and the charge goes back at detach,
+//! at destroy or when the context closes (docs/limits.md).
+//!
 //! Each change queues [`CoreChange::McastAttached`] / [`CoreChange::McastDetached`] with
 //! whether it was the device's first or last QP in the group: the daemon joins the IP
 //! multicast group on the device's interface at the first and leaves it at the last.
@@ -31,6 +37,7 @@ use crate::core::{Core, QpEntry};
 use crate::device::{DeviceAttr, Gid};
 use crate::error::{Error, ObjectKind, Result};
 use crate::ids::{CtxId, Handle};
+use crate::limits::Resource;
 use crate::types::QpType;
 
 /// The destination QP number of every multicast datagram: `0xFFFFFF`, the kernel's
@@ -58,14 +65,30 @@ pub(crate) struct McastTable {
     by_qp: HashMap<u32, BTreeSet<Gid>>,
     /// Attachments over all groups (`max_total_mcast_qp_attach` bounds it).
     attached: u32,
+    /// The context of each attached QP, and how many QPs of each context are in each group:
+    /// what the uid shares are charged by.
+    ctx_of: HashMap<u32, CtxId>,
+    ctx_members: HashMap<(CtxId, Gid), u32>,
+}
+
+/// What a detach did.
+struct Detached {
+    /// The group lost its last QP on the device.
+    last: bool,
+    /// The QP's context.
+    ctx: CtxId,
+    /// That context has no QP left in the group.
+    ctx_left: bool,
 }
 
 impl McastTable {
-    fn attach(&mut self, attr: &DeviceAttr, mgid: Gid, qpn: u32) -> Result<Option<bool>> {
+    fn is_member(&self, mgid: Gid, qpn: u32) -> bool {
+        self.groups.get(&mgid).is_some_and(|m| m.contains(&qpn))
+    }
+
+    /// Attaches `qpn` of `ctx` (not a member yet); `Ok(first)` if it is the group's first QP.
+    fn attach(&mut self, attr: &DeviceAttr, mgid: Gid, qpn: u32, ctx: CtxId) -> Result<bool> {
         let members = self.groups.get(&mgid);
-        if members.is_some_and(|m| m.contains(&qpn)) {
-            return Ok(None);
-        }
         if members.is_none() && self.groups.len() as u64 >= u64::from(attr.max_mcast_grp) {
             return Err(Error::NoResources("max_mcast_grp multicast groups"));
         }
@@ -80,11 +103,14 @@ impl McastTable {
         m.insert(qpn);
         self.by_qp.entry(qpn).or_default().insert(mgid);
         self.attached += 1;
-        Ok(Some(first))
+        self.ctx_of.insert(qpn, ctx);
+        *self.ctx_members.entry((ctx, mgid)).or_default() += 1;
+        Ok(first)
     }
 
-    /// Removes `qpn` from `mgid`; `Some(last)` if it was attached.
-    fn detach(&mut self, mgid: Gid, qpn: u32) -> Option<bool> {
+    /// Removes `qpn` from `mgid`, if it was attached.
+    fn detach(&mut self, mgid: Gid, qpn: u32) -> Option<Detached> {
+        let ctx = *self.ctx_of.get(&qpn)?;
         let m = self.groups.get_mut(&mgid)?;
         if !m.remove(&qpn) {
             return None;
@@ -97,10 +123,21 @@ impl McastTable {
             g.remove(&mgid);
             if g.is_empty() {
                 self.by_qp.remove(&qpn);
+                self.ctx_of.remove(&qpn);
             }
         }
         self.attached -= 1;
-        Some(last)
+        let n = self.ctx_members.entry((ctx, mgid)).or_insert(1);
+        *n -= 1;
+        let ctx_left = *n == 0;
+        if ctx_left {
+            self.ctx_members.remove(&(ctx, mgid));
+        }
+        Some(Detached {
+            last,
+            ctx,
+            ctx_left,
+        })
     }
 }
 
@@ -132,33 +169,53 @@ impl Core {
     /// `ibv_attach_mcast`: attaches UD QP `qp` to multicast group `mgid` (module docs).
     pub fn attach_mcast(&mut self, ctx: CtxId, qp: Handle, mgid: Gid) -> Result<()> {
         let (device, qpn) = self.mcast_qp(ctx, qp, mgid)?;
-        let attr = &self.devices[device].attr;
-        if let Some(first) = self.mcast[device].attach(attr, mgid, qpn)? {
-            self.push_change(CoreChange::McastAttached {
-                device,
-                mgid,
-                qpn,
-                first,
-            });
+        let table = &self.mcast[device];
+        if table.is_member(mgid, qpn) {
+            return Ok(());
         }
+        let new_group = !table.ctx_members.contains_key(&(ctx, mgid));
+        self.admit(ctx, Resource::McastAttachments, 1)?;
+        if new_group {
+            self.admit(ctx, Resource::McastGroups, 1)?;
+        }
+        let attr = &self.devices[device].attr;
+        let first = self.mcast[device].attach(attr, mgid, qpn, ctx)?;
+        self.add_usage(ctx, Resource::McastAttachments, 1);
+        self.add_usage(ctx, Resource::McastGroups, u64::from(new_group));
+        self.push_change(CoreChange::McastAttached {
+            device,
+            mgid,
+            qpn,
+            first,
+        });
         Ok(())
+    }
+
+    /// Takes `qpn` out of `mgid` on `device` and gives its charges back; `Some(last)` if it
+    /// was attached.
+    fn detach_and_uncharge(&mut self, device: usize, mgid: Gid, qpn: u32) -> Option<bool> {
+        let d = self.mcast[device].detach(mgid, qpn)?;
+        self.uncharge(d.ctx, Resource::McastAttachments, 1);
+        if d.ctx_left {
+            self.uncharge(d.ctx, Resource::McastGroups, 1);
+        }
+        self.push_change(CoreChange::McastDetached {
+            device,
+            mgid,
+            qpn,
+            last: d.last,
+        });
+        Some(d.last)
     }
 
     /// `ibv_detach_mcast`: `EINVAL` unless `qp` is attached to `mgid`.
     pub fn detach_mcast(&mut self, ctx: CtxId, qp: Handle, mgid: Gid) -> Result<()> {
         let (device, qpn) = self.mcast_qp(ctx, qp, mgid)?;
-        let last = self.mcast[device]
-            .detach(mgid, qpn)
+        self.detach_and_uncharge(device, mgid, qpn)
+            .map(|_| ())
             .ok_or(Error::InvalidArgument(
                 "the QP is not attached to that group",
-            ))?;
-        self.push_change(CoreChange::McastDetached {
-            device,
-            mgid,
-            qpn,
-            last,
-        });
-        Ok(())
+            ))
     }
 
     /// The groups QP `qp` is attached to, in GID order.
@@ -208,14 +265,7 @@ impl Core {
             return;
         };
         for mgid in groups {
-            if let Some(last) = self.mcast[device].detach(mgid, qpn) {
-                self.push_change(CoreChange::McastDetached {
-                    device,
-                    mgid,
-                    qpn,
-                    last,
-                });
-            }
+            self.detach_and_uncharge(device, mgid, qpn);
         }
     }
 }

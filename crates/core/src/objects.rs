@@ -204,9 +204,7 @@ impl Core {
         if range.is_some() {
             // A mapping the daemon made of the old range no longer backs the MR: the new
             // range is reached the ordinary way, and the mapping is no longer counted.
-            if self.ctx_mut(ctx)?.mapped_mrs.remove(&mr) {
-                self.uncharge(ctx, Resource::Mappings, 1);
-            }
+            self.forget_mr_mapping(ctx, mr);
             self.push_change(CoreChange::MrRangeChanged { ctx, mr });
         }
         Ok(MrKeys {
@@ -254,9 +252,7 @@ impl Core {
             Resource::RegisteredBytes,
             odp::pinned_bytes(m.length, m.access),
         );
-        if self.ctx_mut(ctx)?.mapped_mrs.remove(&mr) {
-            self.uncharge(ctx, Resource::Mappings, 1);
-        }
+        self.forget_mr_mapping(ctx, mr);
         self.push_change(CoreChange::MrDeregistered { ctx, mr });
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! contexts and uids keep their share, and charges go back on destroy and on context close.
 
 use softverbs_core::attr::{QpCap, QpInitAttr};
-use softverbs_core::device::Device;
+use softverbs_core::device::{Device, Gid};
 use softverbs_core::errno::ENOMEM;
 use softverbs_core::ids::CtxId;
 use softverbs_core::limits::{Budget, Limits, Resource, Ring, Scope, UNLIMITED};
@@ -233,6 +233,15 @@ fn defaults_follow_the_budget_and_settings_parse() {
     assert_eq!(l.get(Resource::Contexts).uid, 128);
     assert_eq!(l.get(Resource::Cqs).context, 32768);
     assert_eq!(l.get(Resource::Cqs).daemon, UNLIMITED);
+    // Descriptors: a quarter per uid, so three uids at their share leave the rest room; the
+    // daemon keeps an eighth for multicast sockets and a sixteenth for itself.
+    let fds = l.get(Resource::Descriptors);
+    assert_eq!((fds.context, fds.uid, fds.daemon), (UNLIMITED, 256, 832));
+    assert!(3 * fds.uid < fds.daemon);
+    // Multicast: a quarter of the table (at most an eighth of the descriptors) and of rxe's
+    // attachments.
+    assert_eq!(l.get(Resource::McastGroups).uid, 32);
+    assert_eq!(l.get(Resource::McastAttachments).uid, 0x70000 / 4);
     let mut l = Limits::unlimited();
     l.apply("uid.ring-bytes=64M").unwrap();
     l.apply("daemon.cqs=10").unwrap();
@@ -248,4 +257,145 @@ fn defaults_follow_the_budget_and_settings_parse() {
     ] {
         assert!(l.apply(bad).is_err(), "{bad}");
     }
+}
+
+fn info(uid: u32) -> ContextInfo {
+    ContextInfo {
+        pid: 100 + uid,
+        uid,
+        comm: "t".into(),
+    }
+}
+
+#[test]
+fn descriptors_count_connections_and_everything_a_context_keeps_per_uid() {
+    let mut core = core(&["uid.descriptors=8"]);
+    // A connection is charged to its uid alone, a context's own descriptors to the context.
+    core.charge_uid(1, Resource::Descriptors, 1).unwrap();
+    let a = core.open_context_holding(0, info(1), 3).unwrap();
+    core.charge(a, Resource::Descriptors, 2).unwrap();
+    let pd = core.alloc_pd(a).unwrap();
+    let mr = core
+        .reg_mr(a, pd, 0x10000, 4096, 0x10000, Access::LOCAL_WRITE)
+        .unwrap()
+        .handle;
+    core.set_mr_mapped(a, mr, true).unwrap();
+    assert_eq!(core.uid_usage(1, Resource::Descriptors), 7);
+    let mr2 = core
+        .reg_mr(a, pd, 0x20000, 4096, 0x20000, Access::LOCAL_WRITE)
+        .unwrap()
+        .handle;
+    core.charge_uid(1, Resource::Descriptors, 1).unwrap();
+    assert_eq!(
+        over(core.set_mr_mapped(a, mr2, true)),
+        (Resource::Descriptors, Scope::Uid),
+        "a shared MR keeps a memfd"
+    );
+    assert_eq!(
+        core.context_usage(a, Resource::Mappings).unwrap(),
+        1,
+        "nothing charged"
+    );
+    assert_eq!(
+        over(core.charge_uid(1, Resource::Descriptors, 1)),
+        (Resource::Descriptors, Scope::Uid)
+    );
+    assert_eq!(
+        over(core.open_context_holding(0, info(1), 1)),
+        (Resource::Descriptors, Scope::Uid)
+    );
+    assert_eq!(
+        core.uid_usage(1, Resource::Contexts),
+        1,
+        "no context was opened"
+    );
+    // Another uid has its own share.
+    core.charge_uid(2, Resource::Descriptors, 1).unwrap();
+    core.open_context_holding(0, info(2), 7).unwrap();
+    // Deregistering gives the MR's descriptor back, closing the context the rest.
+    core.dereg_mr(a, mr).unwrap();
+    assert_eq!(core.uid_usage(1, Resource::Descriptors), 7);
+    core.close_context(a).unwrap();
+    assert_eq!(
+        core.uid_usage(1, Resource::Descriptors),
+        2,
+        "the connections"
+    );
+    core.uncharge_uid(1, Resource::Descriptors, 2);
+    assert_eq!(core.uid_usage(1, Resource::Descriptors), 0);
+}
+
+#[test]
+fn multicast_groups_and_attachments_are_shared_per_uid_and_come_back_with_their_last_user() {
+    let mut core = core(&["uid.mcast-groups=2", "uid.mcast-attachments=3"]);
+    let ud = |core: &mut Core, c: CtxId| {
+        let pd = core.alloc_pd(c).unwrap();
+        let cq = core.create_cq(c, 4, 0).unwrap().0;
+        let mut init = QpInitAttr::new(QpType::Ud);
+        init.pd = Some(pd);
+        init.send_cq = Some(cq);
+        init.recv_cq = Some(cq);
+        init.cap = QpCap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        core.create_qp(c, &init).unwrap().handle
+    };
+    let g = |n: u8| Gid::from(std::net::Ipv4Addr::new(239, 0, 0, n));
+    let (a1, a2, b) = (open(&mut core, 1), open(&mut core, 1), open(&mut core, 2));
+    let (q1, q1b, q2, qb) = (
+        ud(&mut core, a1),
+        ud(&mut core, a1),
+        ud(&mut core, a2),
+        ud(&mut core, b),
+    );
+    // Two QPs of a context in one group: one group, two attachments; again: nothing more.
+    core.attach_mcast(a1, q1, g(1)).unwrap();
+    core.attach_mcast(a1, q1b, g(1)).unwrap();
+    core.attach_mcast(a1, q1, g(1)).unwrap();
+    assert_eq!(core.uid_usage(1, Resource::McastGroups), 1);
+    assert_eq!(core.uid_usage(1, Resource::McastAttachments), 2);
+    core.attach_mcast(a1, q1, g(2)).unwrap();
+    assert_eq!(
+        over(core.attach_mcast(a1, q1b, g(2))),
+        (Resource::McastAttachments, Scope::Uid)
+    );
+    core.detach_mcast(a1, q1b, g(1)).unwrap();
+    assert_eq!(
+        core.uid_usage(1, Resource::McastGroups),
+        2,
+        "q1 is still in 1"
+    );
+    assert_eq!(
+        over(core.attach_mcast(a2, q2, g(3))),
+        (Resource::McastGroups, Scope::Uid)
+    );
+    // Each context pays for the groups it is in, even one its uid's other context is in.
+    assert_eq!(
+        over(core.attach_mcast(a2, q2, g(1))),
+        (Resource::McastGroups, Scope::Uid)
+    );
+    assert_eq!(
+        core.mcast_members(0, g(3)),
+        Vec::<u32>::new(),
+        "nothing attached"
+    );
+    // Another uid joins the uid's groups and new ones, up to its own share.
+    for n in [1, 3] {
+        core.attach_mcast(b, qb, g(n)).unwrap();
+    }
+    // A group goes back when the context's last QP leaves it, everything at destroy and
+    // close.
+    core.detach_mcast(a1, q1, g(1)).unwrap();
+    core.attach_mcast(a2, q2, g(3)).unwrap();
+    core.destroy_qp(a2, q2).unwrap();
+    assert_eq!(core.uid_usage(1, Resource::McastGroups), 1);
+    assert_eq!(core.uid_usage(1, Resource::McastAttachments), 1);
+    core.close_context(a1).unwrap();
+    assert_eq!(core.uid_usage(1, Resource::McastGroups), 0);
+    assert_eq!(core.uid_usage(1, Resource::McastAttachments), 0);
+    assert_eq!(core.uid_usage(2, Resource::McastAttachments), 2);
 }

@@ -105,7 +105,7 @@ impl Config {
 /// joined (`netdev.rs`) and groups must not starve the clients' connections (docs/limits.md).
 pub fn mcast_groups_per_device(budget: &Budget, devices: usize) -> u32 {
     let share = budget.max_fds / 8 / devices.max(1) as u64;
-    share.clamp(1, 8192) as u32
+    share.clamp(1, softverbs_core::device::MAX_MCAST_GRP) as u32
 }
 
 /// The budget of a daemon on this host: the kernel's `vm.max_map_count`, physical memory and

@@ -1558,6 +1558,11 @@ impl DataPath {
         Ok(client)
     }
 
+    /// Whether `ctx` has its doorbell.
+    pub fn has_doorbell(&self, ctx: CtxId) -> bool {
+        self.doorbells.contains_key(&ctx)
+    }
+
     /// Doorbells created since the last call (the server registers them with its poller).
     pub fn take_new_doorbells(&mut self) -> Vec<(CtxId, OwnedFd)> {
         std::mem::take(&mut self.new_doorbells)

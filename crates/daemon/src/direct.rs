@@ -106,6 +106,11 @@ impl Direct {
         self.ctxs.get(&ctx).is_some_and(|o| !o.overflow)
     }
 
+    /// Whether `ctx` opened the direct path.
+    pub fn is_open(&self, ctx: CtxId) -> bool {
+        self.ctxs.contains_key(&ctx)
+    }
+
     /// Whether `ctx`'s library takes receives from its peers' SRQs and lets its own SRQs be
     /// taken from (ABI 16): its basic SRQs are then fed ones (`datapath::fed_srq`).
     pub fn takes_srqs(&self, ctx: CtxId) -> bool {

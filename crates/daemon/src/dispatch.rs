@@ -126,6 +126,31 @@ fn core_err(e: Error) -> i32 {
     e.errno()
 }
 
+/// Descriptors the daemon keeps for a context's doorbell (the data path's end and the event
+/// loop's copy) and for its direct path (the opener's `mem` and the MR table's memfd).
+const DOORBELL_FDS: u64 = 2;
+const DIRECT_OPEN_FDS: u64 = 2;
+
+/// Charges `n` descriptors the daemon is about to keep for `ctx` (docs/limits.md): `ENOMEM`
+/// past the context's, its uid's or the daemon's share.
+fn charge_fds(core: &mut Core, ctx: CtxId, n: u64) -> Result<(), i32> {
+    core.charge(ctx, Resource::Descriptors, n).map_err(core_err)
+}
+
+/// Runs `make`, which leaves `n` more descriptors open in the daemon for `ctx`, if the shares
+/// allow them ([`charge_fds`]); they stay charged only if it succeeds.
+fn holding_fds<T>(
+    core: &mut Core,
+    ctx: CtxId,
+    n: u64,
+    make: impl FnOnce() -> Result<T, i32>,
+) -> Result<T, i32> {
+    if n > 0 {
+        charge_fds(core, ctx, n)?;
+    }
+    make().inspect_err(|_| core.uncharge(ctx, Resource::Descriptors, n))
+}
+
 fn handle_of(v: U32) -> Handle {
     Handle(v.get())
 }
@@ -391,9 +416,21 @@ impl Dispatcher {
                 let mem = fds.pop().ok_or(EINVAL)?;
                 let pid = s.opener_pid.unwrap_or(s.cred.pid);
                 let caps = read!(DirectOpen).caps.get();
+                // The daemon keeps the opener's `mem` and the MR table's memfd (a second
+                // open replaces both).
+                let new = !self.direct.is_open(c);
+                if new {
+                    charge_fds(&mut self.core, c, DIRECT_OPEN_FDS)?;
+                }
                 let table = self
                     .direct
-                    .open(&self.core, &self.dp, c, s.cred.uid, pid, caps, mem)?;
+                    .open(&self.core, &self.dp, c, s.cred.uid, pid, caps, mem)
+                    .inspect_err(|_| {
+                        if new {
+                            self.core
+                                .uncharge(c, Resource::Descriptors, DIRECT_OPEN_FDS);
+                        }
+                    })?;
                 with_fds::<cmd::DirectOpen>((), vec![table])
             }
             Cmd::DirectAttach => {
@@ -613,10 +650,14 @@ impl Dispatcher {
     }
 
     fn destroy_srq(&mut self, c: CtxId, r: <cmd::DestroySrq as Command>::Req) -> Reply {
+        let fed = self.dp.is_fed_srq(c, handle_of(r.handle));
         let n = self
             .core
             .destroy_srq(c, handle_of(r.handle))
             .map_err(core_err)?;
+        if fed {
+            self.core.uncharge(c, Resource::Descriptors, 1);
+        }
         ok::<cmd::DestroySrq>(events(n))
     }
 
@@ -1069,6 +1110,7 @@ impl Dispatcher {
             .map_err(|e| e.errno())?;
         self.dp.destroy_channel(c, r.handle.get())?;
         self.core.uncharge(c, Resource::Channels, 1);
+        self.core.uncharge(c, Resource::Descriptors, 1);
         ok::<cmd::DestroyCompChannel>(())
     }
 
@@ -1095,7 +1137,14 @@ impl Dispatcher {
     }
 
     fn map_doorbell(&mut self, c: CtxId) -> Reply {
-        let fd = self.dp.doorbell(c)?;
+        // The first call makes the doorbell: the data path keeps one end and the event loop a
+        // copy it watches.
+        let n = if self.dp.has_doorbell(c) {
+            0
+        } else {
+            DOORBELL_FDS
+        };
+        let fd = holding_fds(&mut self.core, c, n, || self.dp.doorbell(c))?;
         with_fds::<cmd::MapDoorbell>((), vec![fd])
     }
 
@@ -1146,7 +1195,11 @@ impl Dispatcher {
         }
         let cm = &mut self.dp.cm;
         match req.cmd {
-            Cmd::CmOpen => with_fds::<cmd::CmOpen>((), vec![cm.open(ctx)?]),
+            Cmd::CmOpen => {
+                // The daemon keeps the CM eventfd for the context: one descriptor.
+                let fd = holding_fds(&mut self.core, ctx, 1, || cm.open(ctx))?;
+                with_fds::<cmd::CmOpen>((), vec![fd])
+            }
             Cmd::CmListen => ok::<cmd::CmListen>(cm.listen(ctx, dev, &read!(CmListen), || {
                 crate::cm::may_bind_privileged(who.0, who.1)
             })?),
@@ -1185,16 +1238,20 @@ impl Dispatcher {
         }
     }
 
-    /// A channel is an eventfd of the daemon's: charged to the context.
+    /// A channel is an eventfd of the daemon's: charged to the context as a channel and as
+    /// a descriptor.
     fn create_channel(&mut self, ctx: CtxId) -> Reply {
         self.core
             .charge(ctx, Resource::Channels, 1)
             .map_err(core_err)?;
-        match self.dp.create_channel(ctx) {
+        let made = holding_fds(&mut self.core, ctx, 1, || {
+            self.dp.create_channel(ctx).map_err(|_| ENOMEM)
+        });
+        match made {
             Ok((h, fd)) => with_fds::<cmd::CreateCompChannel>(handle_resp(Handle(h)), vec![fd]),
-            Err(_) => {
+            Err(e) => {
                 self.core.uncharge(ctx, Resource::Channels, 1);
-                Err(ENOMEM)
+                Err(e)
             }
         }
     }
@@ -1215,13 +1272,23 @@ impl Dispatcher {
         };
         // The ring is charged to the context (ring bytes, one mapping) before the data path
         // keeps it; over a limit the client gets ENOMEM.
+        // A fed SRQ's region also stays open in the daemon for its direct peers: one
+        // descriptor, charged first and given back unless the SRQ became fed.
+        let new_fed = r.kind.get() == QUEUES_SRQ && fed && !dp.is_fed_srq(ctx, h);
+        if new_fed {
+            charge_fds(core, ctx, 1)?;
+        }
         let admit = |ring: Ring| move |len: u64| core.attach_ring(ctx, ring, len).map_err(core_err);
-        let (resp, fd) = match (r.kind.get(), qp) {
-            (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h)))?,
-            (QUEUES_SRQ, _) => dp.map_srq(ctx, h, fed, admit(Ring::Srq(h)))?,
-            (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready))?,
-            _ => dp.map_cq(ctx, h, admit(Ring::Cq(h)))?,
+        let mapped = match (r.kind.get(), qp) {
+            (QUEUES_QP, Some(i)) => dp.map_qp(&i, ctx, h, admit(Ring::Qp(h))),
+            (QUEUES_SRQ, _) => dp.map_srq(ctx, h, fed, admit(Ring::Srq(h))),
+            (QUEUES_READY, _) => dp.map_ready(ctx, admit(Ring::Ready)),
+            _ => dp.map_cq(ctx, h, admit(Ring::Cq(h))),
         };
+        if new_fed && !(mapped.is_ok() && dp.is_fed_srq(ctx, h)) {
+            self.core.uncharge(ctx, Resource::Descriptors, 1);
+        }
+        let (resp, fd) = mapped?;
         with_fds::<cmd::MapQueues>(resp, vec![fd])
     }
 
@@ -1323,9 +1390,12 @@ impl Dispatcher {
             uid: s.cred.uid,
             comm: s.comm.clone(),
         };
+        // Besides its socket (charged to the uid at accept) a context costs the daemon the
+        // async eventfd and the opener's `mem` and `maps` descriptors.
+        let held = 1 + u64::from(with_mem) + u64::from(with_maps);
         let ctx = self
             .core
-            .open_context(r.device.get() as usize, info)
+            .open_context_holding(r.device.get() as usize, info, held)
             .map_err(core_err)?;
         s.eventfd = Some(efd);
         s.phase = Phase::Context(ctx);

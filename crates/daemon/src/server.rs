@@ -13,8 +13,11 @@ use std::sync::Arc;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
+use softverbs_abi::codec::{encode_response, peek_cmd};
 use softverbs_abi::MAX_MSG;
+use softverbs_core::errno::ENOMEM;
 use softverbs_core::ids::CtxId;
+use softverbs_core::limits::Resource;
 use softverbs_core::Core;
 use softverbs_ipc::IpcErrno as Errno;
 
@@ -22,7 +25,7 @@ use rustix::fs::{chmodat, openat, statat, unlinkat, AtFlags, FileType, Mode, OFl
 use softverbs_ipc::private_dir::{self, Owner};
 
 use crate::config::Config;
-use crate::conn::{Conn, Outgoing, MAX_QUEUED_REPLIES};
+use crate::conn::{Conn, Outgoing, MAX_QUEUED_REPLIES, REFUSED_PER_UID};
 use crate::dispatch::Dispatcher;
 use crate::spin::SpinPolicy;
 
@@ -85,6 +88,8 @@ pub struct Server {
     buf: Vec<u8>,
     /// The daemon's ends of the clients' doorbells, watched while their context lives.
     doorbells: HashMap<CtxId, OwnedFd>,
+    /// Connections per uid kept, uncharged, only to answer `ENOMEM` (`Conn::charged`).
+    refused: HashMap<u32, usize>,
 }
 
 impl Server {
@@ -191,6 +196,7 @@ impl Server {
             by_ctx: HashMap::new(),
             buf: vec![0; MAX_MSG + 1],
             doorbells: HashMap::new(),
+            refused: HashMap::new(),
         })
     }
 
@@ -339,18 +345,35 @@ impl Server {
                             continue;
                         }
                     };
+                    // A connection is a descriptor of the daemon's, charged to its uid until it
+                    // closes, whether or not it opens a device (docs/limits.md).
+                    let core = &mut self.dispatcher.core;
+                    let charged = core.charge_uid(cred.uid, Resource::Descriptors, 1).is_ok();
+                    if !charged {
+                        let n = self.refused.entry(cred.uid).or_default();
+                        if *n >= REFUSED_PER_UID {
+                            tracing::debug!(
+                                uid = cred.uid,
+                                "connection closed: over the uid's descriptors"
+                            );
+                            continue;
+                        }
+                        *n += 1;
+                    }
                     let token = self.next_token;
                     self.next_token += 1;
+                    let conn = Conn::new(sock, cred, charged);
                     if let Err(e) = self.poll.registry().register(
-                        &mut SourceFd(&sock.as_raw_fd()),
+                        &mut SourceFd(&conn.sock.as_raw_fd()),
                         Token(token),
                         Interest::READABLE,
                     ) {
                         tracing::warn!("cannot watch a new connection: {e}");
+                        self.release_conn(&conn);
                         continue;
                     }
                     tracing::debug!(pid = cred.pid, uid = cred.uid, token, "client connected");
-                    self.conns.insert(token, Conn::new(sock, cred));
+                    self.conns.insert(token, conn);
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -379,6 +402,13 @@ impl Server {
             };
             if dgram.truncated || dgram.fds_truncated {
                 return self.close_conn(token, "message larger than the protocol allows");
+            }
+            if !conn.charged {
+                // Over the uid's descriptors at accept: whatever it asks (a Hello) is refused
+                // as a full device table refuses, and the connection goes.
+                let reply = encode_response(peek_cmd(&self.buf[..dgram.len]), ENOMEM, &[], 0);
+                let _ = softverbs_ipc::send(conn.sock.as_fd(), &reply, &[]);
+                return self.close_conn(token, "over the uid's share of descriptors");
             }
             conn.session.sender_pid = dgram.sender_pid;
             let outcome =
@@ -461,10 +491,25 @@ impl Server {
         }
     }
 
+    /// Gives back what accepting `conn` charged (or its place among the refused).
+    fn release_conn(&mut self, conn: &Conn) {
+        let uid = conn.session.cred.uid;
+        if conn.charged {
+            let core = &mut self.dispatcher.core;
+            core.uncharge_uid(uid, Resource::Descriptors, 1);
+        } else if let Some(n) = self.refused.get_mut(&uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.refused.remove(&uid);
+            }
+        }
+    }
+
     fn close_conn(&mut self, token: usize, why: &str) {
         let Some(conn) = self.conns.remove(&token) else {
             return;
         };
+        self.release_conn(&conn);
         let _ = self
             .poll
             .registry()

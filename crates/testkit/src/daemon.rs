@@ -20,6 +20,7 @@ pub struct DaemonOptions {
     args: Vec<OsString>,
     open_to_all: bool,
     netns: Option<String>,
+    max_fds: Option<u64>,
 }
 
 impl DaemonOptions {
@@ -54,6 +55,13 @@ impl DaemonOptions {
         self
     }
 
+    /// Runs the daemon with `RLIMIT_NOFILE` lowered to `n` (`ulimit -n`), the budget its
+    /// descriptor limits follow from (docs/limits.md).
+    pub fn max_fds(mut self, n: u64) -> Self {
+        self.max_fds = Some(n);
+        self
+    }
+
     /// Makes the daemon's directory readable and searchable by every uid, for clients that
     /// run as another user.
     pub fn open_to_all(mut self) -> Self {
@@ -83,8 +91,8 @@ impl DaemonOptions {
             None => args.push("--no-network".into()),
         }
         args.extend(self.args);
-        let netns = self.netns;
-        let child = spawn(netns.as_deref(), &bin, &args, &dir);
+        let (netns, max_fds) = (self.netns, self.max_fds);
+        let child = spawn(netns.as_deref(), max_fds, &bin, &args, &dir);
         let mut d = Daemon {
             child,
             dir,
@@ -93,6 +101,7 @@ impl DaemonOptions {
             name,
             args,
             netns,
+            max_fds,
         };
         d.wait_up();
         d
@@ -115,20 +124,36 @@ pub struct Daemon {
     args: Vec<OsString>,
     /// The network namespace it runs in, if not the test's own.
     netns: Option<String>,
+    /// Its `RLIMIT_NOFILE`, if not the test's.
+    max_fds: Option<u64>,
 }
 
-/// `[ip netns exec NS] bin ARGS`, logging to `dir/daemon.log` (appended: a respawned daemon
-/// adds to its log).
-fn spawn(netns: Option<&str>, bin: &Path, args: &[OsString], dir: &Path) -> Child {
+/// `[ip netns exec NS] [sh -c 'ulimit -n N && exec ...'] bin ARGS`, logging to
+/// `dir/daemon.log` (appended: a respawned daemon adds to its log).
+fn spawn(
+    netns: Option<&str>,
+    max_fds: Option<u64>,
+    bin: &Path,
+    args: &[OsString],
+    dir: &Path,
+) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("daemon.log"))
         .expect("the daemon's log");
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(bin);
+    let mut prefix: Vec<OsString> = Vec::new();
+    if let Some(ns) = netns {
+        prefix.extend(["ip", "netns", "exec", ns].map(OsString::from));
+    }
+    if let Some(n) = max_fds {
+        let script = format!("ulimit -n {n} && exec \"$0\" \"$@\"");
+        prefix.extend(["sh".into(), "-c".into(), script.into()]);
+    }
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
             c
         }
         None => Command::new(bin),
@@ -150,6 +175,7 @@ impl Daemon {
             args: Vec::new(),
             open_to_all: false,
             netns: None,
+            max_fds: None,
         }
     }
 
@@ -189,7 +215,13 @@ impl Daemon {
             self.child.try_wait().expect("try_wait").is_some(),
             "respawn only a daemon that is gone"
         );
-        self.child = spawn(self.netns.as_deref(), &self.bin, &self.args, &self.dir);
+        self.child = spawn(
+            self.netns.as_deref(),
+            self.max_fds,
+            &self.bin,
+            &self.args,
+            &self.dir,
+        );
         self.wait_up();
     }
 
