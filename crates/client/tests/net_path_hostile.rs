@@ -364,3 +364,53 @@ fn a_hostile_client_of_another_uid_sees_and_disturbs_no_other_qp() {
 fn a_hostile_client_of_the_same_uid_sees_and_disturbs_no_other_qp() {
     victim_beside_hostile(42, None);
 }
+
+/// Issue 35, item 8 (the net path's part): a context's net-path socket is released with the
+/// context. On 574da6f the daemon kept every pool socket of the device's group bound for the
+/// device's life (a uid's next context reused it); now the context's private port is free
+/// again once the context closes: a plain socket can bind it.
+#[test]
+fn a_contexts_net_path_socket_is_released_with_the_context() {
+    let (d1, _x) = daemon("rel-a", "127.93.43.1");
+    let (d2, _y) = daemon("rel-b", "127.93.43.2");
+    let ip: IpAddr = "127.93.43.1".parse().unwrap();
+    let before: Vec<SocketAddr> = udp_sockets_on(ip).into_iter().map(|(_, a)| a).collect();
+    let port = {
+        let a = Context::open_at(&d1.socket, 0).unwrap();
+        let b = Context::open_at(&d2.socket, 0).unwrap();
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (cqa, cqb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
+        let qa = a
+            .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
+            .unwrap();
+        let qb = b
+            .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
+            .unwrap();
+        connect(&qa, b.query_gid(1, 0).unwrap(), qb.qpn());
+        connect(&qb, a.query_gid(1, 0).unwrap(), qa.qpn());
+        assert!(qa.is_net(), "on the net path");
+        // The library's socket: on A's address, not the device's (in-process) socket.
+        let handed: Vec<SocketAddr> = udp_sockets_on(ip)
+            .into_iter()
+            .map(|(_, a)| a)
+            .filter(|a| !before.contains(a))
+            .collect();
+        assert!(!handed.is_empty(), "a socket was handed over");
+        handed[0]
+    };
+    // The context is gone: its port is free (the progress thread may hold its copy until
+    // its next wake-up, so look until a deadline).
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        match std::net::UdpSocket::bind(port) {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{port} still bound after the context closed: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
