@@ -110,7 +110,7 @@ pub struct DataPath {
     cqs: HashMap<CqId, CompletionQueue>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
-    /// QPs whose library runs their engine, and the contexts' steered sockets
+    /// QPs whose library runs their engine, and the contexts' private sockets
     /// (docs/net-path.md, `net_path`).
     net_path: net_path::NetPaths,
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
