@@ -911,6 +911,9 @@ impl DataPath {
                     }
                 }
             }
+            // Packets forwarded to net-path libraries never reach the loop below: they count
+            // as moved too, so the loop keeps polling for the next one (`spin.rs`).
+            let handed_on = self.forwarded_total();
             // Every socket of every device: (device, socket), a device's first address's first.
             let socks: Vec<(usize, usize)> = (0..self.devs.len())
                 .flat_map(|d| (0..=self.devs[d].more_net.len()).map(move |k| (d, k)))
@@ -987,6 +990,7 @@ impl DataPath {
                     self.devs[d].engine.handle_timeout(now);
                 }
             }
+            progressed |= self.forwarded_total() != handed_on;
             self.settle_windows(core);
             self.cm.handle_timeout(now);
             progressed |= self.send_cm(now);
@@ -1447,6 +1451,19 @@ impl DataPath {
             }
         }
         self.qp_sched.remove(qpn);
+    }
+
+    /// Packets the devices' forwarders took so far (forwarded, refused or lost), for telling
+    /// whether a round moved any (`netdev/forward.rs`).
+    fn forwarded_total(&self) -> u64 {
+        self.devs
+            .iter()
+            .flat_map(|d| d.net.iter().chain(&d.more_net))
+            .map(|n| {
+                let f = n.forward_stats();
+                f.forwarded + f.foreign_source + f.client_full
+            })
+            .sum()
     }
 
     /// What the devices' engines and the libraries' (the net path's) dropped for its source
