@@ -68,7 +68,9 @@ pub use codec::{
 /// 19: stamped channel rings ([`direct::CAP_STAMPED`], `DirectAttachResp::rings`): a reader
 /// sees a new entry by its stamp and never reads the writer's producer index.
 /// 20: `CmListenReq::backlog` (rdma_listen(3)'s backlog; a client sends it only to a daemon
-/// of ABI 20 or later).
+/// of ABI 20 or later), and the net path over a private socket per context ([`direct::ABLE_NET_FORWARDED`],
+/// `DirectAttachResp::net_port`): the daemon forwards a net-path QP's packets to it; no
+/// client holds a member of the device's port any more (issue 35, item 1).
 pub const ABI_VERSION: u32 = 20;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;

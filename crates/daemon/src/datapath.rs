@@ -110,7 +110,7 @@ pub struct DataPath {
     cqs: HashMap<CqId, CompletionQueue>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
-    /// QPs whose library runs their engine, and the contexts' steered sockets
+    /// QPs whose library runs their engine, and the contexts' private sockets
     /// (docs/net-path.md, `net_path`).
     net_path: net_path::NetPaths,
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
@@ -917,6 +917,9 @@ impl DataPath {
                     }
                 }
             }
+            // Packets forwarded to net-path libraries never reach the loop below: they count
+            // as moved too, so the loop keeps polling for the next one (`spin.rs`).
+            let handed_on = self.forwarded_total();
             // Every socket of every device: (device, socket), a device's first address's first.
             let socks: Vec<(usize, usize)> = (0..self.devs.len())
                 .flat_map(|d| (0..=self.devs[d].more_net.len()).map(move |k| (d, k)))
@@ -1000,6 +1003,7 @@ impl DataPath {
                     self.devs[d].engine.handle_timeout(now);
                 }
             }
+            progressed |= self.forwarded_total() != handed_on;
             self.settle_windows(core);
             self.cm.handle_timeout(now);
             progressed |= self.send_cm(now);
@@ -1467,10 +1471,34 @@ impl DataPath {
         self.qp_sched.remove(qpn);
     }
 
+    /// Packets the devices' forwarders took so far (forwarded, refused or lost), for telling
+    /// whether a round moved any (`netdev/forward.rs`).
+    fn forwarded_total(&self) -> u64 {
+        self.devs
+            .iter()
+            .flat_map(|d| d.net.iter().chain(&d.more_net))
+            .map(|n| {
+                let f = n.forward_stats();
+                f.forwarded + f.foreign_source + f.client_full
+            })
+            .sum()
+    }
+
     /// What the devices' engines and the libraries' (the net path's) dropped for its source
-    /// or its PSN, summed.
+    /// or its PSN, summed; a net-path QP's packets from a foreign source are dropped by the
+    /// device's forwarder before any engine (`netdev/forward.rs`), and counted here too.
     pub fn drop_stats(&self) -> DropStats {
         self.devs.iter().fold(self.net_reported_drops(), |a, d| {
+            let forwarder = DropStats {
+                foreign_source: d
+                    .net
+                    .iter()
+                    .chain(&d.more_net)
+                    .map(|n| n.forward_stats().foreign_source)
+                    .sum(),
+                outside_window: 0,
+            };
+            let a = net_path::add_drops(a, forwarder);
             net_path::add_drops(a, d.engine.drop_stats())
         })
     }
