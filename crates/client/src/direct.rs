@@ -627,7 +627,7 @@ impl DirectCtx {
                 // With ABI 15 the library serves completion channels (`ops`).
                 let mut able = u32::from(q.able || ops::offered(ctx)) * ABLE_DIRECT;
                 if ctx.conn.abi >= 17 && net::wanted() && q.qp_type == QpType::Rc {
-                    able |= ABLE_NET;
+                    able |= ABLE_NET | ABLE_NET_STATUS;
                 }
                 let req = DirectAttachReq {
                     qp: U32::new(handle),

@@ -16,7 +16,7 @@ use softverbs_wire::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN, UDP_HEADER_LEN};
 use softverbs_wire::psn::{psn_add, psn_diff};
 use softverbs_wire::{
     emit_packet, AethRepr, AtomicAckEthRepr, BthRepr, Headers, NakCode, Opcode, Operation,
-    PacketRef, Position, RethRepr, Syndrome,
+    PacketRef, Position, RethRepr, Syndrome, Transport,
 };
 
 use crate::memory::{AtomicOp, Memory};
@@ -856,6 +856,35 @@ fn grh(meta: RxMeta, ib_len: usize) -> [u8; 40] {
         }
     };
     g
+}
+
+/// An RNR NAK (IBA 9.7.5.2.8) for `qp`'s peer at expected PSN `epsn` with MSN `msn`, built
+/// by someone answering for the responder that owns the QP's state elsewhere: the daemon,
+/// for a net-path library that stopped running (docs/net-path.md, "Stalls"). Like every NAK
+/// it acknowledges the PSNs before `epsn` (IBA 9.7.5.1.3); the requester retransmits from
+/// `epsn` after the QP's RNR timer, and with `rnr_retry` 7 it never runs out. Only for an RC
+/// QP at RTR or later.
+pub(crate) fn rnr_nak_for(qp: &Qp, epsn: u32, msn: u32, buf: &mut [u8]) -> Option<Transmit> {
+    if qp.cfg.qp_type != QpType::Rc
+        || !matches!(qp.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    {
+        return None;
+    }
+    let opcode = Opcode::new(Transport::Rc, Operation::Acknowledge).ok()?;
+    let mut h = Headers::new(BthRepr::new(opcode, qp.attr.dest_qp_num, epsn & 0xFF_FFFF));
+    h.aeth = Some(AethRepr {
+        syndrome: Syndrome::RnrNak {
+            timer: qp.attr.min_rnr_timer,
+        },
+        msn: msn & 0xFF_FFFF,
+    });
+    let len = emit_packet(&h, &[], buf).ok()?;
+    Some(Transmit {
+        len,
+        dgid: qp.attr.ah_attr.dgid,
+        sgid_index: qp.attr.ah_attr.sgid_index,
+        udp_sport: qp.udp_sport(),
+    })
 }
 
 /// The next response packet of `qp` (ACK, NAK, atomic ACK or READ response), if any.

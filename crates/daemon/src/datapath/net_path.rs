@@ -6,6 +6,11 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use softverbs_abi::direct::{NS_CAPACITY, NS_LEN, NS_RAN, NS_SLOT, NS_SLOTS, NS_VALID};
+use softverbs_shm::Region;
 
 use softverbs_core::errno::{EINVAL, ENOMEM};
 use softverbs_core::ids::CtxId;
@@ -24,6 +29,78 @@ pub(super) struct NetPaths {
     reported: HashMap<CtxId, DropStats>,
     /// The last reports of contexts that are gone.
     closed: DropStats,
+    /// Each QP on the path's context.
+    owners: HashMap<u32, CtxId>,
+    /// Each context's net status region, which its library writes (docs/net-path.md,
+    /// "Stalls").
+    status: HashMap<CtxId, Status>,
+}
+
+/// A context's net status region (`softverbs_abi::direct::NS_LEN` bytes, written by its
+/// library: untrusted) and the pid of the process that opened the context.
+#[derive(Debug)]
+pub(super) struct Status {
+    region: Region,
+    pid: u32,
+}
+
+/// A library whose stamp is older than this has not run for longer than its progress
+/// thread ever sleeps (`client::direct::progress::IDLE`, 20 ms) plus a scheduler's latency:
+/// it is stopped or starved, and the daemon may answer for it.
+pub const STALE: Duration = Duration::from_millis(25);
+
+/// What the daemon may answer for QP `qpn` of a context whose status region is `r` at
+/// `now` (`CLOCK_MONOTONIC` ns): the responder state (expected PSN, MSN) the library
+/// published, if the library has not run for [`STALE`] or `stopped` says its process is
+/// stopped; `None` while it runs, or if it published nothing for `qpn`. Everything read is
+/// the client's word: a scribble yields at most a wrong PSN in an RNR NAK for that client's
+/// own QP, which its peer drops as outside its window.
+pub fn answer_for(
+    r: &Region,
+    qpn: u32,
+    now: u64,
+    stopped: impl FnOnce() -> bool,
+) -> Option<(u32, u32)> {
+    let ran = r.atomic_u64s(NS_RAN, 1)[0].load(Ordering::Acquire);
+    let stale = ran != 0 && now.saturating_sub(ran) > STALE.as_nanos() as u64;
+    if !stale && !stopped() {
+        return None;
+    }
+    let want = u64::from(qpn) | NS_VALID;
+    (0..NS_CAPACITY).find_map(|i| {
+        let w = r.atomic_u64s(NS_SLOTS + i * NS_SLOT, 2);
+        if w[0].load(Ordering::Acquire) != want {
+            return None;
+        }
+        let v = w[1].load(Ordering::Acquire);
+        // Re-read: the slot may have been given to another QP meanwhile.
+        if v == u64::MAX || w[0].load(Ordering::Acquire) != want {
+            return None;
+        }
+        Some(((v >> 32) as u32 & 0xFF_FFFF, v as u32 & 0xFF_FFFF))
+    })
+}
+
+/// Whether process `pid` is stopped (`T`, by a signal, or `t`, by a tracer: proc(5),
+/// `/proc/<pid>/stat` field 3). A pid that no longer exists is not stopped.
+pub fn stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The command name (field 2) is in parentheses and may hold anything, ')' included:
+    // the state follows the last ')'.
+    let Some(end) = stat.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
+    matches!(stat.get(end + 2), Some(b'T' | b't'))
+}
+
+/// `CLOCK_MONOTONIC` in ns, the clock of the libraries' stamps.
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
 }
 
 /// `a + b`, saturating: a report is the client's word, and any value must leave the daemon
@@ -65,12 +142,32 @@ impl DataPath {
         };
         net.steer(qpn, slot).map_err(|_| ENOMEM)?;
         self.net_path.qps.insert(qpn, d);
+        self.net_path.owners.insert(qpn, ctx);
         Ok(fd)
+    }
+
+    /// A net status region for `ctx`, opened by process `pid` (made with the context's
+    /// socket, for a library that asks with `ABLE_NET_STATUS`): the descriptor to hand over.
+    pub fn net_status_open(&mut self, ctx: CtxId, pid: u32) -> Result<OwnedFd, i32> {
+        let (region, fd) = Region::create("softverbs-net-status", NS_LEN).map_err(|_| ENOMEM)?;
+        self.net_path.status.insert(ctx, Status { region, pid });
+        Ok(fd)
+    }
+
+    /// Whether the daemon answers for net-path QP `qpn` now, and with what responder state
+    /// (expected PSN, MSN): its library has not run for [`STALE`], or its process is
+    /// stopped ([`answer_for`]). `None` for a QP not on the path or a library that
+    /// publishes nothing.
+    pub fn net_answer_for(&self, qpn: u32) -> Option<(u32, u32)> {
+        let ctx = self.net_path.owners.get(&qpn)?;
+        let st = self.net_path.status.get(ctx)?;
+        answer_for(&st.region, qpn, monotonic_ns(), || stopped(st.pid))
     }
 
     /// QP `qpn` leaves the net path (destroyed, or connected anew elsewhere): its packets
     /// reach the daemon's socket again.
     pub fn net_detach(&mut self, qpn: u32) {
+        self.net_path.owners.remove(&qpn);
         if let Some(d) = self.net_path.qps.remove(&qpn) {
             if let Some(n) = self.devs[d].net.as_mut() {
                 n.unsteer(qpn);
@@ -105,6 +202,7 @@ impl DataPath {
     /// Context `ctx` is gone: its sockets go back to their devices' pools (its QPs were
     /// detached as they were destroyed), and its last report stays counted.
     pub(super) fn net_context_closed(&mut self, ctx: CtxId) {
+        self.net_path.status.remove(&ctx);
         if let Some(r) = self.net_path.reported.remove(&ctx) {
             self.net_path.closed = add_drops(self.net_path.closed, r);
         }
@@ -121,5 +219,78 @@ impl DataPath {
                 n.close_steered(slot);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region() -> Region {
+        Region::create("test-net-status", NS_LEN).unwrap().0
+    }
+
+    fn publish(r: &Region, slot: usize, qpn: u32, epsn: u32, msn: u32) {
+        let w = r.atomic_u64s(NS_SLOTS + slot * NS_SLOT, 2);
+        w[0].store(u64::from(qpn) | NS_VALID, Ordering::Relaxed);
+        w[1].store((u64::from(epsn) << 32) | u64::from(msn), Ordering::Relaxed);
+    }
+
+    /// The daemon answers for a QP only when its library has not run for `STALE` or its
+    /// process is stopped, with what the library published for that QP; and a scribbled
+    /// region yields nothing, or 24-bit values.
+    #[test]
+    fn the_daemon_answers_only_for_a_library_that_does_not_run() {
+        let r = region();
+        let ms = 1_000_000u64;
+        r.atomic_u64s(NS_RAN, 1)[0].store(1_000 * ms, Ordering::Relaxed);
+        publish(&r, 3, 0x11, 0x00AB_CDEF, 42);
+        // Running: nothing, whatever the QP.
+        assert_eq!(answer_for(&r, 0x11, 1_010 * ms, || false), None);
+        // Stopped (by /proc) or stale (by its stamp): the published state.
+        assert_eq!(
+            answer_for(&r, 0x11, 1_010 * ms, || true),
+            Some((0x00AB_CDEF, 42))
+        );
+        assert_eq!(
+            answer_for(&r, 0x11, 1_030 * ms, || false),
+            Some((0x00AB_CDEF, 42))
+        );
+        // Another QP of that library published nothing.
+        assert_eq!(answer_for(&r, 0x12, 1_030 * ms, || true), None);
+        // A slot taken but not yet written is no answer.
+        let w = r.atomic_u64s(NS_SLOTS + 5 * NS_SLOT, 2);
+        w[0].store(0x13 | NS_VALID, Ordering::Relaxed);
+        w[1].store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(answer_for(&r, 0x13, 1_030 * ms, || true), None);
+        // Scribbles: every value stays a 24-bit PSN and MSN.
+        publish(&r, 7, 0x14, u32::MAX, u32::MAX);
+        assert_eq!(
+            answer_for(&r, 0x14, 1_030 * ms, || true),
+            Some((0xFF_FFFF, 0xFF_FFFF))
+        );
+    }
+
+    /// `stopped` reads the state of `/proc/<pid>/stat`: a child stopped by SIGSTOP is, the
+    /// same child continued is not, and neither is a pid that does not exist.
+    #[test]
+    fn a_process_stopped_by_a_signal_is_seen_stopped() {
+        use rustix::process::{kill_process, waitpid, Pid, Signal, WaitOptions};
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        assert!(!stopped(child.id()), "running");
+        kill_process(pid, Signal::STOP).unwrap();
+        // Wait until the kernel reports it stopped (no sleep, no timing).
+        waitpid(Some(pid), WaitOptions::UNTRACED).unwrap();
+        assert!(stopped(child.id()), "stopped");
+        kill_process(pid, Signal::CONT).unwrap();
+        waitpid(Some(pid), WaitOptions::CONTINUED).unwrap();
+        assert!(!stopped(child.id()), "continued");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!stopped(child.id()), "gone");
     }
 }
