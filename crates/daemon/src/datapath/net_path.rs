@@ -264,10 +264,10 @@ mod tests {
         w[1].store(u64::MAX, Ordering::Relaxed);
         assert_eq!(answer_for(&r, 0x13, 1_030 * ms, || true), None);
         // Scribbles: every value stays a 24-bit PSN and MSN.
-        publish(&r, 7, 0x14, u32::MAX, u32::MAX);
+        publish(&r, 7, 0x14, u32::MAX, 0xFFFF_FFFE);
         assert_eq!(
             answer_for(&r, 0x14, 1_030 * ms, || true),
-            Some((0xFF_FFFF, 0xFF_FFFF))
+            Some((0xFF_FFFF, 0xFF_FFFE))
         );
     }
 
