@@ -165,6 +165,9 @@ fn transfer(on: On, tag: &str, net: u8, stop: Duration) {
     let pid = Pid::from_raw(child.0.id() as i32).unwrap();
     let (mut posted, mut done) = (0u64, 0u64);
     let mut stopped_until: Option<Instant> = None;
+    let started = Instant::now();
+    let mut stopped_at = None;
+    let mut resumed_at = None;
     let mut resumed = false;
     let end = Instant::now() + T + stop;
     while done < N {
@@ -181,8 +184,8 @@ fn transfer(on: On, tag: &str, net: u8, stop: Duration) {
             assert_eq!(
                 (w.wr_id, w.status),
                 (done, WcStatus::Success),
-                "the receiver was stopped: {}",
-                stopped_until.is_some()
+                "at {:?}: stopped at {stopped_at:?}, resumed at {resumed_at:?}",
+                started.elapsed()
             );
             done += 1;
         }
@@ -191,11 +194,13 @@ fn transfer(on: On, tag: &str, net: u8, stop: Duration) {
             // Until the kernel has it stopped (no guess at how long that takes).
             waitpid(Some(pid), WaitOptions::UNTRACED).unwrap();
             stopped_until = Some(Instant::now() + stop);
+            stopped_at = Some(started.elapsed());
         }
         match stopped_until {
             Some(t) if !resumed && Instant::now() >= t => {
                 kill_process(pid, Signal::CONT).unwrap();
                 resumed = true;
+                resumed_at = Some(started.elapsed());
             }
             // Stopped: the sender keeps polling (its requests wait), without hogging a CPU.
             Some(_) if !resumed => std::thread::sleep(Duration::from_millis(1)),

@@ -366,6 +366,7 @@ impl DataPath {
             .map(|t| until(self.epoch, t))
             .into_iter()
             .chain(self.direct_next_wake())
+            .chain(self.net_watch_next())
             .min()
     }
 
@@ -807,6 +808,7 @@ impl DataPath {
     /// contexts that got async events.
     pub fn drive(&mut self, core: &mut Core) -> Vec<CtxId> {
         self.direct_fire_due();
+        self.net_watch();
         let mut woken = Vec::new();
         let mut buf = std::mem::take(&mut self.buf);
         let mut scratch = std::mem::take(&mut self.rx_scratch);
@@ -932,7 +934,9 @@ impl DataPath {
                     // group traffic and MADs, rare, through a buffer of their own.
                     let (meta, len) = match n.recv_ref(&mut buf) {
                         Ok(Some((meta, pkt)))
-                            if !meta.dgid.is_multicast() && !crate::cm::is_gsi(pkt) =>
+                            if !meta.dgid.is_multicast()
+                                && !crate::cm::is_gsi(pkt)
+                                && !self.net_path.runs(pkt) =>
                         {
                             progressed = true;
                             let mut feed = fed_srq::Feed {
@@ -967,6 +971,8 @@ impl DataPath {
                     }
                     if crate::cm::is_gsi(&scratch[..len]) {
                         self.cm.receive(now, d, meta.sgid, &scratch[..len]);
+                    } else if self.net_path.runs(&scratch[..len]) {
+                        self.net_answer(d, &scratch[..len]);
                     } else {
                         let mut feed = fed_srq::Feed {
                             srqs: &self.fed_srqs,

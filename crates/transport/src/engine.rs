@@ -634,6 +634,13 @@ impl Engine {
         crate::responder::rnr_nak_for(self.qps.get(&qpn)?, epsn, msn, buf)
     }
 
+    /// Writes into `buf` the ACK of every PSN before `epsn` (MSN `msn`) for RC QP `qpn`'s
+    /// peer: the daemon's answer to a duplicate request for a net-path library that does
+    /// not run (`responder::ack_for`).
+    pub fn ack_for(&self, qpn: u32, epsn: u32, msn: u32, buf: &mut [u8]) -> Option<Transmit> {
+        crate::responder::ack_for(self.qps.get(&qpn)?, epsn, msn, buf)
+    }
+
     /// The shell could not run for `lost` (its process was stopped, or starved of a CPU):
     /// every requester timer running — the ACK timeout (IBA 9.7.6.1.3) and the wait after an
     /// RNR NAK (IBA 9.7.5.2.8) — moves `lost` later, and no retry is counted. A timer counts

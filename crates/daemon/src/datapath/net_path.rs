@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use softverbs_abi::direct::{NS_CAPACITY, NS_LEN, NS_RAN, NS_SLOT, NS_SLOTS, NS_VALID};
 use softverbs_shm::Region;
+use softverbs_wire::bth::dest_qp_of;
+use softverbs_wire::opcode::Opcode;
+use softverbs_wire::Direction;
 
 use softverbs_core::errno::{EINVAL, ENOMEM};
 use softverbs_core::ids::CtxId;
@@ -34,6 +37,26 @@ pub(super) struct NetPaths {
     /// Each context's net status region, which its library writes (docs/net-path.md,
     /// "Stalls").
     status: HashMap<CtxId, Status>,
+    /// RNR NAKs sent for libraries that did not run ([`DataPath::net_answer`]).
+    answered: u64,
+    /// Contexts whose QPs' packets the daemon takes while their library does not run
+    /// ([`DataPath::net_watch`]).
+    taken: std::collections::HashSet<CtxId>,
+    /// When [`DataPath::net_watch`] last looked (`CLOCK_MONOTONIC` ns).
+    watched: u64,
+}
+
+/// How often the daemon looks whether the libraries with a net status region run, while
+/// any has one: a stopped library is answered for within this, far inside the retry budget
+/// of any peer (IBA timeout code 14, `ibv_rc_pingpong`'s: seven retries of 67 ms).
+pub const WATCH: Duration = Duration::from_millis(20);
+
+impl NetPaths {
+    /// Whether packet `pkt` (BTH first) is for a QP whose library runs its engine: the
+    /// daemon's copy of that QP has no responder state of its own to answer with.
+    pub(super) fn runs(&self, pkt: &[u8]) -> bool {
+        !self.owners.is_empty() && self.owners.contains_key(&dest_qp_of(pkt))
+    }
 }
 
 /// A context's net status region (`softverbs_abi::direct::NS_LEN` bytes, written by its
@@ -44,10 +67,11 @@ pub(super) struct Status {
     pid: u32,
 }
 
-/// A library whose stamp is older than this has not run for longer than its progress
-/// thread ever sleeps (`client::direct::progress::IDLE`, 20 ms) plus a scheduler's latency:
-/// it is stopped or starved, and the daemon may answer for it.
-pub const STALE: Duration = Duration::from_millis(25);
+/// A library whose stamp is older than this has not run for more than twice as long as its
+/// progress thread ever sleeps (`client::direct::progress::IDLE`, 20 ms) plus a loaded
+/// scheduler's latency: it is stopped or starved, and the daemon may answer for it. Shorter
+/// would take the packets of a library that merely waited for a CPU.
+pub const STALE: Duration = Duration::from_millis(50);
 
 /// What the daemon may answer for QP `qpn` of a context whose status region is `r` at
 /// `now` (`CLOCK_MONOTONIC` ns): the responder state (expected PSN, MSN) the library
@@ -154,6 +178,142 @@ impl DataPath {
         Ok(fd)
     }
 
+    /// Request `pkt` (BTH first, ICRC checked) for a net-path QP reached device `d`'s
+    /// socket instead of the library's: if the library does not run
+    /// ([`DataPath::net_answer_for`]), the daemon answers for it with an RNR NAK at the
+    /// expected PSN and MSN it published (`Engine::rnr_nak_for`, from the daemon's copy of
+    /// the QP): the peer waits and retransmits without spending its retry count
+    /// (docs/net-path.md, "Stalls"). Otherwise, and for a response, the packet is dropped
+    /// (its requester retransmits; the library's engine is the only one with the QP's
+    /// state). True if it answered.
+    pub(super) fn net_answer(&mut self, d: usize, pkt: &[u8]) -> bool {
+        let request = pkt
+            .first()
+            .and_then(|&op| Opcode(op).info().ok())
+            .is_some_and(|i| i.direction == Direction::Request);
+        if !request {
+            return false;
+        }
+        let qpn = dest_qp_of(pkt);
+        let Some((epsn, msn)) = self.net_answer_for(qpn) else {
+            return false;
+        };
+        // Every request is answered, not only the one at the expected PSN as the responder
+        // itself would (one NAK per gap): a requester whose one answered packet is lost
+        // waits a whole ACK timeout and spends a retry, which no RNR NAK gives back.
+        // A duplicate (before the expected PSN: received, its ACK not sent before the
+        // process stopped) is acknowledged, as the responder would (IBA 9.7.5.1.1); an RNR
+        // NAK at the expected PSN would be outside the requester's window if it has sent
+        // nothing there yet. A READ or atomic duplicate needs its response, which only the
+        // library can give: not answered.
+        let Ok(parsed) = softverbs_wire::Packet::parse(pkt) else {
+            return false;
+        };
+        let dup = softverbs_wire::psn::psn_diff(parsed.headers.bth.psn, epsn) < 0;
+        let read_or_atomic = matches!(
+            parsed.info.operation,
+            softverbs_wire::Operation::RdmaReadRequest
+                | softverbs_wire::Operation::CompareSwap
+                | softverbs_wire::Operation::FetchAdd
+        );
+        if dup && read_or_atomic {
+            return false;
+        }
+        let mut buf = [0u8; 64];
+        let e = &self.devs[d].engine;
+        let tx = if dup {
+            e.ack_for(qpn, epsn, msn, &mut buf)
+        } else {
+            e.rnr_nak_for(qpn, epsn, msn, &mut buf)
+        };
+        let Some(tx) = tx else {
+            return false;
+        };
+        let Some(n) = self.devs[d].net.as_mut() else {
+            return false;
+        };
+        if let Err(e) = n.send(&tx, &mut buf[..tx.len]) {
+            tracing::debug!(qpn, "RNR NAK for a stalled library not sent: {e}");
+            return false;
+        }
+        self.net_path.answered += 1;
+        true
+    }
+
+    /// Takes the packets of a library whose process is stopped ([`stopped`]) to the
+    /// daemon's socket, where [`Self::net_answer`] answers its peers' requests; gives them
+    /// back once it runs again. At most every [`WATCH`]. (With steering the device's
+    /// program sends a net-path QP's packets straight to the library's socket; the daemon
+    /// steers them back to itself for the while.)
+    pub(super) fn net_watch(&mut self) {
+        if self.net_path.status.is_empty() {
+            return;
+        }
+        let now = monotonic_ns();
+        if now.saturating_sub(self.net_path.watched) < WATCH.as_nanos() as u64 {
+            return;
+        }
+        self.net_path.watched = now;
+        // Only a stopped process: a library that is merely late (starved of a CPU) still
+        // takes its packets when it runs, and while they went to the daemon instead it would
+        // lose the responses to its own requests, which the daemon cannot pass on to it.
+        let ctxs: Vec<(CtxId, bool)> = self
+            .net_path
+            .status
+            .iter()
+            .map(|(&c, st)| {
+                let ran = st.region.atomic_u64s(NS_RAN, 1)[0].load(Ordering::Acquire);
+                let stale = ran != 0 && now.saturating_sub(ran) > STALE.as_nanos() as u64;
+                (c, stale || stopped(st.pid))
+            })
+            .collect();
+        for (ctx, idle) in ctxs {
+            if idle == self.net_path.taken.contains(&ctx) {
+                continue;
+            }
+            let qps: Vec<(u32, usize)> = self
+                .net_path
+                .owners
+                .iter()
+                .filter(|(_, &c)| c == ctx)
+                .filter_map(|(&q, _)| Some((q, *self.net_path.qps.get(&q)?)))
+                .collect();
+            for (qpn, d) in qps {
+                let slot = self.net_path.slots.get(&(ctx, d)).copied();
+                let Some(n) = self.devs[d].net.as_mut() else {
+                    continue;
+                };
+                match (idle, slot) {
+                    (true, _) => n.unsteer(qpn),
+                    (false, Some(slot)) => {
+                        let _ = n.steer(qpn, slot);
+                    }
+                    (false, None) => {}
+                }
+            }
+            if idle {
+                tracing::debug!(?ctx, "library does not run: the daemon answers for it");
+                self.net_path.taken.insert(ctx);
+            } else {
+                self.net_path.taken.remove(&ctx);
+            }
+        }
+    }
+
+    /// How long until [`Self::net_watch`] looks again, while any library publishes.
+    pub(super) fn net_watch_next(&self) -> Option<Duration> {
+        if self.net_path.status.is_empty() {
+            return None;
+        }
+        let since = monotonic_ns().saturating_sub(self.net_path.watched);
+        Some(WATCH.saturating_sub(Duration::from_nanos(since)))
+    }
+
+    /// RNR NAKs the daemon sent for libraries that did not run.
+    pub fn net_answered(&self) -> u64 {
+        self.net_path.answered
+    }
+
     /// Whether the daemon answers for net-path QP `qpn` now, and with what responder state
     /// (expected PSN, MSN): its library has not run for [`STALE`], or its process is
     /// stopped ([`answer_for`]). `None` for a QP not on the path or a library that
@@ -203,6 +363,7 @@ impl DataPath {
     /// detached as they were destroyed), and its last report stays counted.
     pub(super) fn net_context_closed(&mut self, ctx: CtxId) {
         self.net_path.status.remove(&ctx);
+        self.net_path.taken.remove(&ctx);
         if let Some(r) = self.net_path.reported.remove(&ctx) {
             self.net_path.closed = add_drops(self.net_path.closed, r);
         }
@@ -253,20 +414,20 @@ mod tests {
             Some((0x00AB_CDEF, 42))
         );
         assert_eq!(
-            answer_for(&r, 0x11, 1_030 * ms, || false),
+            answer_for(&r, 0x11, 1_060 * ms, || false),
             Some((0x00AB_CDEF, 42))
         );
         // Another QP of that library published nothing.
-        assert_eq!(answer_for(&r, 0x12, 1_030 * ms, || true), None);
+        assert_eq!(answer_for(&r, 0x12, 1_060 * ms, || true), None);
         // A slot taken but not yet written is no answer.
         let w = r.atomic_u64s(NS_SLOTS + 5 * NS_SLOT, 2);
         w[0].store(0x13 | NS_VALID, Ordering::Relaxed);
         w[1].store(u64::MAX, Ordering::Relaxed);
-        assert_eq!(answer_for(&r, 0x13, 1_030 * ms, || true), None);
+        assert_eq!(answer_for(&r, 0x13, 1_060 * ms, || true), None);
         // Scribbles: every value stays a 24-bit PSN and MSN.
         publish(&r, 7, 0x14, u32::MAX, 0xFFFF_FFFE);
         assert_eq!(
-            answer_for(&r, 0x14, 1_030 * ms, || true),
+            answer_for(&r, 0x14, 1_060 * ms, || true),
             Some((0xFF_FFFF, 0xFF_FFFE))
         );
     }
