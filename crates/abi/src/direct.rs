@@ -19,20 +19,28 @@ pub const PATH_DIRECT: u32 = 1;
 /// The pair stays on the daemon's engine.
 pub const PATH_DAEMON: u32 = 2;
 /// ABI 17: the QP is connected to another host and its library runs the transport engine
-/// for it (docs/net-path.md): the one descriptor of the answer is a UDP socket of the
-/// device's `SO_REUSEPORT` group, to which the daemon steers the QP's packets. No channel.
+/// for it (docs/net-path.md). Since ABI 20 the descriptor of the answer (the context's first
+/// one only) is a private UDP socket bound to the device's address and an ephemeral port:
+/// the library sends from it to its peers' device port (`DirectAttachResp::net_port`), and
+/// the daemon forwards the QP's packets to it from that port. No channel.
 pub const PATH_NET: u32 = 3;
 
 /// ABI 17: [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit: the library can run
 /// the engine for an RC QP connected to another host ([`PATH_NET`]).
 pub const ABLE_NET: u32 = 2;
+/// ABI 20: [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit, with [`ABLE_NET`]:
+/// the library runs the net path over a private socket and takes the packets the daemon
+/// forwards (docs/net-path.md, "Receiving"). A daemon gives [`PATH_NET`] only with it: a
+/// library of ABI 17–19 expects a socket of the device's reuseport group, which no daemon
+/// hands out any more (issue 35, item 1).
+pub const ABLE_NET_FORWARDED: u32 = 4;
 /// [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit (issue 35, item 7): the
 /// library publishes its net-path engine's state in a net status region
 /// ([`NS_LEN`] bytes) the daemon makes with the context's socket and hands over as one more
 /// descriptor (`DirectAttachResp::status_len`), so that the daemon can answer for a process
 /// that stopped running (docs/net-path.md, "Stalls"). A daemon that does not know the bit
 /// leaves `status_len` 0.
-pub const ABLE_NET_STATUS: u32 = 4;
+pub const ABLE_NET_STATUS: u32 = 8;
 
 /// Net status region: when the library last ran a round or woke its progress thread
 /// (`u64`, `CLOCK_MONOTONIC` nanoseconds; 0: never).

@@ -67,7 +67,10 @@ pub use codec::{
 /// 18: `NetDrops` (id 161): the library's engine reports its transport drops.
 /// 19: stamped channel rings ([`direct::CAP_STAMPED`], `DirectAttachResp::rings`): a reader
 /// sees a new entry by its stamp and never reads the writer's producer index.
-pub const ABI_VERSION: u32 = 19;
+/// 20: the net path over a private socket per context ([`direct::ABLE_NET_FORWARDED`],
+/// `DirectAttachResp::net_port`): the daemon forwards a net-path QP's packets to it; no
+/// client holds a member of the device's port any more (issue 35, item 1).
+pub const ABI_VERSION: u32 = 20;
 /// The oldest ABI a daemon built from this crate accepts.
 pub const MIN_ABI_VERSION: u32 = 1;
 

@@ -402,7 +402,11 @@ wire! {
         pub srq_limit: U32,
         /// ABI 16: the PD each side's receive buffers are checked in (its SRQ's, or its QP's).
         pub recv_pd: [U32; 2],
-        pub reserved3: U32,
+        /// ABI 20, [`direct::PATH_NET`](crate::direct::PATH_NET): the device's UDP port
+        /// (4791 outside tests). The library sends to its peers' devices on it and accepts a
+        /// forwarded packet only from the device's address and this port, which only the
+        /// daemon holds.
+        pub net_port: U32,
     }
 
     /// [`cmd::DirectMrFd`]: `qp` is a direct QP of the caller, `key` an MR of its peer.

@@ -626,8 +626,11 @@ impl DirectCtx {
             QpState::Rtr if matches!(q.path, Path::Held) => {
                 // With ABI 15 the library serves completion channels (`ops`).
                 let mut able = u32::from(q.able || ops::offered(ctx)) * ABLE_DIRECT;
-                if ctx.conn.abi >= 17 && net::wanted() && q.qp_type == QpType::Rc {
-                    able |= ABLE_NET | ABLE_NET_STATUS;
+                // ABI 20: the net path over a private socket the daemon forwards to; an older
+                // daemon would hand a member of the device's reuseport group (issue 35, item
+                // 1), so against one the QP stays on the daemon's engine.
+                if ctx.conn.abi >= 20 && net::wanted() && q.qp_type == QpType::Rc {
+                    able |= ABLE_NET | ABLE_NET_FORWARDED | ABLE_NET_STATUS;
                 }
                 let req = DirectAttachReq {
                     qp: U32::new(handle),

@@ -1,6 +1,7 @@
 //! The net path (docs/net-path.md): an RC QP connected to a QP of another daemon is run by
-//! its own library's engine, over a socket of the device's reuseport group the daemon
-//! steers its packets to. Each test runs two daemons on loopback addresses of their own.
+//! its own library's engine, over a private socket of its context that it sends from and
+//! the daemon forwards the QP's packets to. Each test runs two daemons on loopback
+//! addresses of their own.
 
 mod common;
 

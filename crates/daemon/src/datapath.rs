@@ -110,7 +110,7 @@ pub struct DataPath {
     cqs: HashMap<CqId, CompletionQueue>,
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
-    /// QPs whose library runs their engine, and the contexts' steered sockets
+    /// QPs whose library runs their engine, and the contexts' private sockets
     /// (docs/net-path.md, `net_path`).
     net_path: net_path::NetPaths,
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
@@ -1456,9 +1456,20 @@ impl DataPath {
     }
 
     /// What the devices' engines and the libraries' (the net path's) dropped for its source
-    /// or its PSN, summed.
+    /// or its PSN, summed; a net-path QP's packets from a foreign source are dropped by the
+    /// device's forwarder before any engine (`netdev/forward.rs`), and counted here too.
     pub fn drop_stats(&self) -> DropStats {
         self.devs.iter().fold(self.net_reported_drops(), |a, d| {
+            let forwarder = DropStats {
+                foreign_source: d
+                    .net
+                    .iter()
+                    .chain(&d.more_net)
+                    .map(|n| n.forward_stats().foreign_source)
+                    .sum(),
+                outside_window: 0,
+            };
+            let a = net_path::add_drops(a, forwarder);
             net_path::add_drops(a, d.engine.drop_stats())
         })
     }

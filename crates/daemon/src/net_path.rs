@@ -4,7 +4,9 @@
 
 use std::os::fd::OwnedFd;
 
-use softverbs_abi::direct::{ABLE_NET, ABLE_NET_STATUS, NO_EVENT, NS_LEN, PATH_DAEMON, PATH_NET};
+use softverbs_abi::direct::{
+    ABLE_NET, ABLE_NET_FORWARDED, ABLE_NET_STATUS, NO_EVENT, NS_LEN, PATH_DAEMON, PATH_NET,
+};
 use softverbs_abi::msg::{DirectAttachReq, DirectAttachResp};
 use softverbs_core::attr::QpAttr;
 use softverbs_core::device::Gid;
@@ -23,7 +25,6 @@ impl Dispatcher {
     pub(crate) fn net_path(
         &mut self,
         ctx: CtxId,
-        uid: u32,
         pid: u32,
         r: &DirectAttachReq,
         resp: DirectAttachResp,
@@ -33,18 +34,24 @@ impl Dispatcher {
         let Ok(qpn) = self.core.qp_num(ctx, qp) else {
             return (resp, fds);
         };
-        let wanted = resp.path.get() == PATH_DAEMON && r.able.get() & ABLE_NET != 0;
-        if !wanted || !self.net_eligible(ctx, qp, qpn) {
-            self.dp.net_detach(qpn);
-            return (resp, fds);
-        }
+        // A library that does not take forwarded packets (ABI 17–19) expected a socket of
+        // the device's reuseport group, which is no longer handed out (issue 35, item 1).
+        let able = ABLE_NET | ABLE_NET_FORWARDED;
+        let wanted = resp.path.get() == PATH_DAEMON && r.able.get() & able == able;
+        let peer = match self.net_eligible(ctx, qp, qpn) {
+            Some(peer) if wanted => peer,
+            _ => {
+                self.dp.net_detach(qpn);
+                return (resp, fds);
+            }
+        };
         let srq = self.core.owned_qp_info(ctx, qp).and_then(|i| i.srq);
         let share = srq.and_then(|h| self.dp.fed_srq_share(ctx, h));
         if srq.is_some() && share.is_none() {
             self.dp.net_detach(qpn);
             return (resp, fds);
         }
-        match self.dp.net_attach(ctx, uid, qpn) {
+        match self.dp.net_attach(ctx, qpn, peer) {
             Ok(sock) => {
                 let pd = self.core.qp_pd(ctx, qp);
                 // Receive buffers are checked in their SRQ's PD (IBA 10.2.9), else the QP's.
@@ -58,6 +65,7 @@ impl Dispatcher {
                     own_pd: U32::new(pd.map_or(0, |p| p.pd.0)),
                     // Whether the context's socket comes with this answer (the first time).
                     side: U32::new(u32::from(sock.is_some())),
+                    net_port: U32::new(self.dp.net_port(qpn).map_or(0, u32::from)),
                     ..Default::default()
                 };
                 resp.recv_pd[0] = U32::new(recv_pd);
@@ -90,16 +98,13 @@ impl Dispatcher {
         }
     }
 
-    fn net_eligible(&self, ctx: CtxId, qp: Handle, qpn: u32) -> bool {
-        let Some(info) = self.core.owned_qp_info(ctx, qp) else {
-            return false;
-        };
-        let Ok(q) = self.core.query_qp(ctx, qp) else {
-            return false;
-        };
+    /// The QP's path peer if it may go on the net path.
+    fn net_eligible(&self, ctx: CtxId, qp: Handle, qpn: u32) -> Option<Gid> {
+        let info = self.core.owned_qp_info(ctx, qp)?;
+        let q = self.core.query_qp(ctx, qp).ok()?;
         // The library checks keys in the context's MR table: it must hold them all.
         if info.qp_type != QpType::Rc || !self.direct.table_complete(ctx) {
-            return false;
+            return None;
         }
         // A basic SRQ whose receives live in its shared ring (ABI 16, docs/direct-path.md
         // "SRQs") is reachable by the library's engine as by the daemon's; one the daemon
@@ -108,32 +113,32 @@ impl Dispatcher {
             .srq
             .is_some_and(|h| !self.direct.takes_srqs(ctx) || !self.dp.is_fed_srq(ctx, h))
         {
-            return false;
+            return None;
         }
         if !matches!(q.attr.qp_state, QpState::Rtr | QpState::Rts) {
-            return false;
+            return None;
         }
         if self
             .core
             .qp_pd(ctx, qp)
             .is_none_or(|pd| self.core.pd_uses_windows(pd))
         {
-            return false;
+            return None;
         }
-        // The first address of the device: the one its steered sockets are bound to.
+        // The first address of the device: the one its net-path sockets are bound to.
         if q.attr.ah_attr.sgid_index != 0 {
-            return false;
+            return None;
         }
         let dgid = q.attr.ah_attr.dgid;
         if dgid == Gid::default() {
-            return false;
+            return None;
         }
         let local = self
             .core
             .devices()
             .iter()
             .any(|d| d.ports.iter().any(|p| p.gids.contains(&dgid)));
-        !local && self.dp.net_capable(qpn)
+        (!local && self.dp.net_capable(qpn)).then_some(dgid)
     }
 
     /// `NetQpError`: the library's engine moved QP `qp` to ERR; the core follows (and the

@@ -13,13 +13,14 @@
 //! only the groups it joined itself (`IP_MULTICAST_ALL` off): [`NetDev::join`] when the
 //! device's first QP attaches, [`NetDev::leave`] (the socket closes) when its last detaches.
 //!
-//! **Steering (`steer.rs`).** The device socket is bound with `SO_REUSEPORT` (unless
-//! `SOFTVERBS_NET_STEER=0`) so that pool sockets the device makes join its reuseport group,
-//! and a classic BPF program sends each datagram to the socket its BTH destination QP is
-//! steered to, the device's own by default: [`NetDev::open_steered`], [`NetDev::steer`],
-//! [`NetDev::unsteer`], [`NetDev::close_steered`] — for a client process to receive its own
-//! QPs' packets (docs/performance.md, "Issue 16: what the engine in the client library
-//! would reach").
+//! **The net path (`forward.rs`, docs/net-path.md).** The device socket is a plain socket
+//! (no `SO_REUSEPORT`, no `SO_REUSEADDR`): no other socket of any uid can bind the device's
+//! address and port while the daemon holds it, so nothing but the daemon receives, steers or
+//! filters what peers send there (issue 35, item 1). A context whose QP runs its engine in
+//! the library gets a private socket of its own ([`NetDev::open_net_socket`]: the device's
+//! address, an ephemeral port), which it sends from; the packets peers send its QPs arrive
+//! here and are forwarded to it ([`NetDev::forward_qp`], `forward.rs`) after their ICRC and
+//! their source are checked.
 //!
 //! The kernel builds the IP/UDP headers, so the ICRC must be computed over what it will
 //! emit. With an unconnected socket and `IP_PMTUDISC_DO`, Linux sends IPv4 with DF set and
@@ -28,14 +29,13 @@
 //! port (4791) for every QP: one socket cannot vary it, so there is no per-QP ECMP entropy.
 //!
 //! **Batching (docs/performance.md "UDP batching").** Packets to one peer and one destination
-//! QP (a receiving host steers a GSO datagram whole, by its first segment: `steer.rs`) queue
-//! up and leave in one `sendmsg` with `UDP_SEGMENT` (GSO): up to 64 segments of one size (the
+//! QP (a receiving host's forwarder looks at each packet, but a batch per QP keeps what it
+//! forwards one batch too) queue up and leave in one `sendmsg` with `UDP_SEGMENT` (GSO): up to 64 segments of one size (the
 //! last may be shorter) and at most 64 KiB. The kernel gives segment *i* of such a send the IPv4
 //! identification *i* (base 0: DF on an unconnected socket; `inet_gso_segment` counts up),
 //! so each segment's ICRC is computed with identification *i* — what any receiver that sees
 //! the wire (tshark, a NIC, rxe) checks. Where GSO is refused the batch goes by `sendmmsg`,
-//! every datagram with identification 0. The receive side asks for `UDP_GRO` (until a pool socket
-//! joins the group: `steer.rs`) and splits what arrives by the segment size the kernel
+//! every datagram with identification 0. The receive side asks for `UDP_GRO` and splits what arrives by the segment size the kernel
 //! reports, or takes each datagram whole where it reports none. A UDP socket never shows the
 //! identification, so the receiver checks the ICRC first with the segment's index in the
 //! coalesced datagram (what a GSO batch delivered whole has), then with every other
@@ -56,8 +56,8 @@ use softverbs_wire::icrc;
 use softverbs_wire::ip::{emit_ip_udp, IpRepr, UdpRepr};
 use softverbs_wire::pcap::{ethernet_frame, PcapWriter};
 
-mod steer;
-pub use steer::MAX_STEERED;
+mod forward;
+pub use forward::{Forward, ForwardStats};
 
 pub use softverbs_wire::gso::MAX_SEGMENTS;
 use softverbs_wire::gso::{self, MAX_BATCH_BYTES};
@@ -95,8 +95,8 @@ struct TxBatch {
     /// Each packet's length (all equal but the last).
     lens: Vec<usize>,
     to: Option<SocketAddr>,
-    /// The first packet's destination QP: every packet of a batch has it, because the
-    /// receiving host steers a GSO datagram by its first segment (steer.rs).
+    /// The first packet's destination QP: every packet of a batch has it, so the receiving
+    /// host's forwarder (forward.rs) passes a batch on whole.
     qpn: u32,
 }
 
@@ -149,8 +149,8 @@ pub struct NetDev {
     /// False once a [`recv`](Self::recv) found every socket of the device empty, until the
     /// event loop reports it readable again ([`mark_readable`](Self::mark_readable)).
     readable: bool,
-    /// The reuseport group's pool sockets and which QP goes to which (steer.rs).
-    steer: steer::Steering,
+    /// The net path's QPs and where their packets go (forward.rs).
+    forward: forward::Forwarder,
 }
 
 /// The index of the interface that holds IPv6 address `ip`, from `/proc/net/if_inet6`
@@ -218,6 +218,16 @@ fn group_socket(group: IpAddr, local: IpAddr, port: u16) -> io::Result<UdpSocket
     Ok(sock)
 }
 
+/// A UDP socket bound to `addr`, nonblocking; no `SO_REUSEPORT` or `SO_REUSEADDR`, so no
+/// other socket can share its address and port.
+fn bound_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    s.bind(&addr.into())?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
 /// The IP header the kernel puts on a datagram from `src` to `dst`.
 fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
     IpRepr::between(src, dst)
@@ -228,7 +238,7 @@ fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
 /// lost, which RC then has to recover by timeout.
 const SOCKET_BUFFER: usize = 8 << 20;
 
-/// What the device socket and its pool sockets share: `IP_PMTUDISC_DO` on IPv4 (DF set and
+/// What the device socket and the net path's sockets share: `IP_PMTUDISC_DO` on IPv4 (DF set and
 /// identification 0, which the ICRC covers) and large buffers.
 fn socket_options(sock: &UdpSocket, ip: IpAddr) -> io::Result<()> {
     if ip.is_ipv4() {
@@ -259,26 +269,17 @@ fn size_socket_buffers(sock: &UdpSocket) {
 }
 
 impl NetDev {
-    /// Binds `ip`:`port` (port is 4791 outside tests; 0 picks one). With steering on
-    /// (`SOFTVERBS_NET_STEER` unset or not `0`, read here) the socket has `SO_REUSEPORT`
-    /// so the device's pool sockets can join it ([`open_steered`](Self::open_steered));
-    /// a plain socket bound first as a probe still makes the bind fail with `EADDRINUSE`
-    /// where another process holds the address (steer.rs: a softverbs daemon starting at
-    /// the same instant could slip past it).
+    /// Binds `ip`:`port` (port is 4791 outside tests; 0 picks one), a plain socket: while
+    /// the daemon holds it no other socket binds the address and port (`EADDRINUSE`), so
+    /// the device alone receives what peers send it (issue 35, item 1).
     pub fn bind(ip: IpAddr, port: u16) -> io::Result<NetDev> {
-        let steering = std::env::var_os("SOFTVERBS_NET_STEER").is_none_or(|v| v != "0");
-        let addr = SocketAddr::new(ip, port);
-        if steering && port != 0 {
-            drop(steer::bound_socket(addr, false)?);
-        }
-        let sock = steer::bound_socket(addr, steering)?;
+        let sock = bound_socket(SocketAddr::new(ip, port))?;
         socket_options(&sock, ip)?;
         if let Err(e) = set_multicast_send(&sock, ip) {
             // Unicast is unaffected; multicast then leaves by the routing table's choice.
             tracing::warn!(addr = %ip, "multicast send options: {e}");
         }
-        // Coalesced receives; without them every datagram is one recvmsg, as before. Off
-        // again once a pool socket joins the group (steer.rs).
+        // Coalesced receives; without them every datagram is one recvmsg, as before.
         let _ =
             nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::UdpGroSegment, &true);
         let port = sock.local_addr()?.port();
@@ -314,7 +315,7 @@ impl NetDev {
             groups: HashMap::new(),
             new_fds: Vec::new(),
             readable: true,
-            steer: steer::Steering::new(steering),
+            forward: forward::Forwarder::new(gso),
         })
     }
 
@@ -403,53 +404,56 @@ impl NetDev {
         self.sock.as_fd()
     }
 
-    /// A socket of the device's reuseport group for a process of `uid`, to receive the
-    /// packets of the QPs [`steer`](Self::steer)ed to it: its slot (its index in the group,
-    /// 1 or more) and a duplicate of it (nonblocking, no `UDP_GRO`). A slot `uid` gave back
-    /// ([`close_steered`](Self::close_steered)) is reused, emptied first; a slot never goes
-    /// to another uid. `Unsupported` with steering off (`SOFTVERBS_NET_STEER=0`). The
-    /// first one turns `UDP_GRO` off on the device's socket for good (steer.rs).
-    pub fn open_steered(&mut self, uid: u32) -> io::Result<(u32, OwnedFd)> {
-        let addr = SocketAddr::new(self.local, self.port);
-        self.steer.open(&self.sock, addr, uid)
+    /// A private socket for a context that runs net-path QPs (docs/net-path.md): bound to
+    /// the device's address and an ephemeral port, nonblocking, no member of any group, with
+    /// the device socket's options. The daemon keeps the first (so the port stays the
+    /// context's until the context closes, even after its process died) and gives the
+    /// second, a duplicate, to the library; the address is where
+    /// [`forward_qp`](Self::forward_qp) sends the QPs' packets.
+    pub fn open_net_socket(&self) -> io::Result<(UdpSocket, OwnedFd, SocketAddr)> {
+        let sock = bound_socket(SocketAddr::new(self.local, 0))?;
+        socket_options(&sock, self.local)?;
+        let addr = sock.local_addr()?;
+        let fd = OwnedFd::from(sock.try_clone()?);
+        Ok((sock, fd, addr))
     }
 
-    /// Sends the packets for destination QP `qpn` to `slot`'s socket (an open one) instead
-    /// of the device's. `ENOSPC` past [`MAX_STEERED`] QPs: the QP stays on the device.
-    pub fn steer(&mut self, qpn: u32, slot: u32) -> io::Result<()> {
-        self.steer.steer(&self.sock, qpn, slot)
+    /// QP `qpn`'s packets go to `to` (a socket of [`open_net_socket`](Self::open_net_socket))
+    /// from now on, those from its path peer `peer` only; others are dropped.
+    pub fn forward_qp(&mut self, qpn: u32, peer: Gid, to: SocketAddr) {
+        self.forward.add(qpn, peer, to);
     }
 
-    /// Sends the packets for `qpn` to the device's socket again.
-    pub fn unsteer(&mut self, qpn: u32) {
-        self.steer.unsteer(&self.sock, qpn)
+    /// While `on`, requests for net-path QP `qpn` come out of [`NetDev::recv_ref`] instead
+    /// of going on to its library (which does not run: `DataPath::net_watch`).
+    pub fn hold_qp(&mut self, qpn: u32, on: bool) {
+        self.forward.hold(qpn, on);
     }
 
-    /// Gives `slot` back: its QPs go to the device again, what is queued on it is discarded
-    /// and the socket waits for its uid's next [`open_steered`](Self::open_steered).
-    pub fn close_steered(&mut self, slot: u32) {
-        self.steer.close(&self.sock, slot)
+    /// QP `qpn`'s packets reach the device's engine again.
+    pub fn unforward_qp(&mut self, qpn: u32) {
+        self.forward.remove(qpn);
     }
 
-    /// Whether this device's socket is in a reuseport group (`SOFTVERBS_NET_STEER`).
-    pub fn steering_enabled(&self) -> bool {
-        self.steer.enabled
+    /// No QP's packets go to `to` any more (its context closed).
+    pub fn unforward_to(&mut self, to: SocketAddr) {
+        self.forward.remove_to(to);
+    }
+
+    /// QPs whose packets are forwarded.
+    pub fn forwarded_qps(&self) -> usize {
+        self.forward.len()
+    }
+
+    /// What the forwarding did.
+    pub fn forward_stats(&self) -> ForwardStats {
+        self.forward.stats
     }
 
     /// Whether the device injects faults or captures: both see only what its own socket
     /// carries, so none of its QPs is handed to a library (docs/net-path.md).
     pub fn taps(&self) -> bool {
         self.faults.is_some() || self.capture.is_some()
-    }
-
-    /// QPs steered to a slot.
-    pub fn steered_qps(&self) -> usize {
-        self.steer.steered_qps()
-    }
-
-    /// Pool sockets made (open or given back): the group has one more member, the device's.
-    pub fn pool_len(&self) -> usize {
-        self.steer.pool_len()
     }
 
     fn record(&mut self, ip: &IpRepr, udp: &UdpRepr, pkt: &[u8]) {
@@ -525,8 +529,8 @@ impl NetDev {
     }
 
     /// Whether a packet of `len` bytes for `to` and destination QP `qpn` joins the batch
-    /// queued. A batch is for one destination QP: the receiving host delivers a GSO datagram
-    /// whole to the one socket its first segment's QP is steered to (steer.rs).
+    /// queued. A batch is for one destination QP, so a receiving forwarder (forward.rs)
+    /// passes it on as one batch.
     fn fits(&self, to: SocketAddr, len: usize, qpn: u32) -> bool {
         let b = &self.tx;
         b.to == Some(to) && b.qpn == qpn && gso::joins(&b.lens, b.used, len)
@@ -785,7 +789,10 @@ impl NetDev {
     }
 
     fn recv_any(&mut self, buf: &mut [u8]) -> io::Result<Option<(RxMeta, Rx)>> {
-        if let Some(r) = self.recv_from_socket(None, buf)? {
+        let got = self.recv_from_socket(None, buf);
+        // What the round forwarded leaves before the caller sees anything (forward.rs).
+        self.forward.flush(&self.sock);
+        if let Some(r) = got? {
             return Ok(Some(r));
         }
         let groups: Vec<IpAddr> = self.groups.keys().copied().collect();
@@ -856,9 +863,20 @@ impl NetDev {
                 let pkt = pkt.to_vec();
                 self.record(&ip, &udp, &pkt);
             }
+            // A net-path QP's packet goes on to its library (or is dropped) here, before
+            // the engine; only unicast to the device's own socket is forwarded.
+            let fwd = match (checked, group) {
+                (Some(_), None) => self
+                    .forward
+                    .forward_to_net_client(&self.sock, from.ip(), pkt),
+                _ => forward::Forward::NotNet,
+            };
             self.rx.buf = rxbuf;
             if checked.is_none() {
                 self.stats.rejected += 1;
+                continue;
+            }
+            if fwd != forward::Forward::NotNet {
                 continue;
             }
             self.stats.delivered += 1;

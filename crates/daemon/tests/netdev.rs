@@ -597,37 +597,21 @@ fn tx_to(to: IpAddr, len: usize) -> softverbs_transport::Transmit {
     }
 }
 
-/// Whether `pkt`'s ICRC checks out for a datagram `from` → `to` under one of the IPv4
-/// identifications a softverbs sender uses (what the engine in a client would check).
-fn icrc_good(from: std::net::SocketAddr, to: std::net::SocketAddr, pkt: &[u8]) -> bool {
-    use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, UdpRepr};
-    let (IpAddr::V4(s), IpAddr::V4(d)) = (from.ip(), to.ip()) else {
-        return false;
-    };
-    let udp = UdpRepr {
-        src_port: from.port(),
-        dst_port: to.port(),
-    };
-    let mut hdr = [0u8; 48];
-    (0..softverbs_daemon::netdev::MAX_SEGMENTS as u16).any(|id| {
-        let mut ip = Ipv4Repr::new(s, d);
-        ip.identification = id;
-        let hl = emit_ip_udp(&IpRepr::V4(ip), &udp, pkt.len(), &mut hdr).unwrap();
-        softverbs_wire::icrc::verify(&hdr[..hl], pkt).is_ok()
-    })
-}
-
-/// What is queued on a pool socket, each datagram (its ICRC checked) without its ICRC,
-/// waiting up to `want` datagrams or a short while.
-fn slot_datagrams(sock: &std::net::UdpSocket, want: usize) -> Vec<Vec<u8>> {
+/// What the daemon forwarded to a net-path socket, each datagram without its ICRC, waiting
+/// up to `want` datagrams (2 s at most). Every one came from the device's address and port,
+/// the only sender a library accepts.
+fn forwarded(
+    sock: &std::net::UdpSocket,
+    device: std::net::SocketAddr,
+    want: usize,
+) -> Vec<Vec<u8>> {
     let mut buf = vec![0u8; 1 << 16];
     let mut got = Vec::new();
-    let to = sock.local_addr().unwrap();
-    let deadline = Instant::now() + Duration::from_millis(if want == 0 { 50 } else { 2000 });
-    while (want == 0 || got.len() < want) && Instant::now() < deadline {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while got.len() < want && Instant::now() < deadline {
         match sock.recv_from(&mut buf) {
             Ok((len, from)) => {
-                assert!(icrc_good(from, to, &buf[..len]), "a good ICRC");
+                assert_eq!(from, device, "forwarded from the device's port");
                 got.push(buf[..len - 4].to_vec())
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -639,7 +623,15 @@ fn slot_datagrams(sock: &std::net::UdpSocket, want: usize) -> Vec<Vec<u8>> {
     got
 }
 
-/// What the device receives (ICRC checked), without the ICRC.
+/// Nothing is queued on `sock` now (a nonblocking look: called once whatever could have
+/// reached it was forwarded or dropped by a receive that already returned).
+fn nothing_on(sock: &std::net::UdpSocket) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(sock.recv_from(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// What the device receives (ICRC checked), without the ICRC; receiving is also what
+/// forwards (the device's receive hands net-path packets on before its engine).
 fn device_packets(dev: &mut NetDev, want: usize) -> Vec<Vec<u8>> {
     let mut buf = vec![0u8; MAX_PACKET];
     let mut got = Vec::new();
@@ -654,216 +646,152 @@ fn device_packets(dev: &mut NetDev, want: usize) -> Vec<Vec<u8>> {
     got
 }
 
-/// The receiving device binds port 0 (its pool sockets must join at the port it got) and the
-/// sender the same port on its own address (a device sends to its own port).
-fn steering_pair(a: &str, b: &str) -> (NetDev, NetDev, IpAddr) {
+/// Receives on `dev` until `done` holds (2 s at most): for a packet that is forwarded or
+/// dropped, which the caller never sees.
+fn receive_until(dev: &mut NetDev, mut done: impl FnMut(&NetDev) -> bool) {
+    let mut buf = vec![0u8; MAX_PACKET];
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !done(dev) && Instant::now() < deadline {
+        dev.mark_readable();
+        if dev.recv(&mut buf).unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert!(done(dev), "{:?}", dev.forward_stats());
+}
+
+/// The receiving device binds port 0 and the sender the same port on its own address (a
+/// device sends to its own port).
+fn device_pair(a: &str, b: &str) -> (NetDev, NetDev, IpAddr, IpAddr) {
     let b_ip: IpAddr = b.parse().unwrap();
     let dev_b = NetDev::bind(b_ip, 0).unwrap();
-    assert!(dev_b.steering_enabled());
-    let dev_a = NetDev::bind(a.parse().unwrap(), dev_b.port()).unwrap();
-    (dev_a, dev_b, b_ip)
+    let a_ip: IpAddr = a.parse().unwrap();
+    let dev_a = NetDev::bind(a_ip, dev_b.port()).unwrap();
+    (dev_a, dev_b, a_ip, b_ip)
 }
 
-/// A QP steered to a slot has its datagrams queued on the slot's socket and nowhere else;
-/// other QPs and a runt reach the device; unsteered, the QP reaches the device again; a
-/// slot given back is reused by its uid, empty, and never given to another uid.
+fn gid(ip: IpAddr) -> softverbs_core::device::Gid {
+    softverbs_core::device::Gid::from_ip(ip)
+}
+
+/// Issue 35, item 1: a net-path QP's packets from its peer reach its context's private
+/// socket (each context its own, bound to the device's address and an ephemeral port, no
+/// member of any group), forwarded from the device's port, and no other socket; other QPs
+/// reach the device; a packet for a net-path QP from another address is dropped and
+/// counted (test (c)); a QP forwarded no more, or a context closed, reaches the device
+/// again; and a GSO batch for one QP is forwarded whole, in order, byte for byte.
 #[test]
-fn steered_qps_reach_their_slot_and_the_rest_the_device() {
+fn net_path_qps_reach_their_own_socket_and_nothing_else_does() {
     use nix::sys::socket::{getsockopt, sockopt::UdpGroSegment};
-    let (mut a, mut b, b_ip) = steering_pair("127.77.6.1", "127.77.6.2");
-    assert!(rustix::net::sockopt::socket_reuseport(b.fd()).unwrap());
+    let (mut a, mut b, a_ip, b_ip) = device_pair("127.77.6.1", "127.77.6.2");
+    let device: std::net::SocketAddr = (b_ip, b.port()).into();
+    assert!(!rustix::net::sockopt::socket_reuseport(b.fd()).unwrap());
+    assert!(!rustix::net::sockopt::socket_reuseaddr(b.fd()).unwrap());
+    let (_keep1, fd1, addr1) = b.open_net_socket().unwrap();
+    let (_keep2, fd2, addr2) = b.open_net_socket().unwrap();
+    assert_eq!(addr1.ip(), b_ip);
+    assert_ne!(addr1.port(), b.port());
+    assert_ne!(addr1, addr2, "a socket per context");
+    assert!(!rustix::net::sockopt::socket_reuseport(&fd1).unwrap());
     assert!(
         getsockopt(&b.fd(), UdpGroSegment).unwrap(),
-        "GRO while alone"
+        "the device keeps GRO"
     );
-    let (slot, fd) = b.open_steered(1000).unwrap();
-    assert!(
-        !getsockopt(&b.fd(), UdpGroSegment).unwrap(),
-        "no GRO on the device once the group has a pool socket"
-    );
-    assert_eq!(slot, 1, "the device's socket is index 0");
-    assert_eq!(b.pool_len(), 1);
-    let sock = std::net::UdpSocket::from(fd);
-    assert_eq!(sock.local_addr().unwrap(), (b_ip, b.port()).into());
-    b.steer(0x11, slot).unwrap();
-    assert_eq!(b.steered_qps(), 1);
+    let s1 = std::net::UdpSocket::from(fd1);
+    let s2 = std::net::UdpSocket::from(fd2);
+    b.forward_qp(0x11, gid(a_ip), addr1);
+    b.forward_qp(0x0012_3456, gid(a_ip), addr2);
+    assert_eq!(b.forwarded_qps(), 2);
 
     let send = |a: &mut NetDev, p: &[u8]| {
         let mut p = p.to_vec();
         a.send(&tx_to(b_ip, p.len()), &mut p).unwrap();
         a.flush().unwrap();
     };
-    let steered = packet_for(0x11, 64, 1);
-    let other = packet_for(0x12, 64, 2);
-    send(&mut a, &steered);
+    let p1 = packet_for(0x11, 64, 1);
+    let p2 = packet_for(0x0012_3456, 64, 2);
+    let other = packet_for(0x12, 64, 3);
+    send(&mut a, &p1);
+    send(&mut a, &p2);
     send(&mut a, &other);
-    // A 2-byte datagram: the program's load is out of bounds, which selects the device.
-    let runt = std::net::UdpSocket::bind(("127.77.6.3", 0)).unwrap();
-    runt.send_to(&[0x04, 0], (b_ip, b.port())).unwrap();
+    assert_eq!(device_packets(&mut b, 1), vec![other[..60].to_vec()]);
+    receive_until(&mut b, |b| b.forward_stats().forwarded == 2);
+    assert_eq!(forwarded(&s1, device, 1), vec![p1[..60].to_vec()]);
+    assert_eq!(forwarded(&s2, device, 1), vec![p2[..60].to_vec()]);
+    assert!(nothing_on(&s1) && nothing_on(&s2));
 
-    assert_eq!(slot_datagrams(&sock, 1), vec![steered[..60].to_vec()]);
-    assert_eq!(
-        device_packets(&mut b, 1),
-        vec![other[..60].to_vec()],
-        "the unsteered QP reached the device"
-    );
-    assert!(device_packets(&mut b, 0).is_empty());
-    assert_eq!(b.stats.rejected, 1, "the runt reached the device");
+    // (c) From an address that is not the QP's peer (its ICRC good): dropped, counted.
+    let c_ip: IpAddr = "127.77.6.3".parse().unwrap();
+    let mut c = NetDev::bind(c_ip, b.port()).unwrap();
+    send(&mut c, &p1);
+    receive_until(&mut b, |b| b.forward_stats().foreign_source == 1);
     assert!(
-        slot_datagrams(&sock, 0).is_empty(),
-        "nothing else on the slot"
+        nothing_on(&s1),
+        "a foreign source's packet is not forwarded"
     );
+    assert_eq!(b.forward_stats().forwarded, 2);
 
-    b.unsteer(0x11);
-    assert_eq!(b.steered_qps(), 0);
-    send(&mut a, &steered);
-    assert_eq!(device_packets(&mut b, 1), vec![steered[..60].to_vec()]);
-    assert!(
-        slot_datagrams(&sock, 0).is_empty(),
-        "unsteered: not on the slot"
-    );
-
-    // Given back with a datagram queued: the next owner does not see it.
-    b.steer(0x11, slot).unwrap();
-    send(&mut a, &steered);
-    std::thread::sleep(Duration::from_millis(20));
-    b.close_steered(slot);
-    assert_eq!(b.steered_qps(), 0, "closing unsteers the slot's QPs");
-    assert!(b.steer(0x11, slot).is_err(), "a closed slot takes no QP");
-    send(&mut a, &steered);
-    assert_eq!(
-        device_packets(&mut b, 1),
-        vec![steered[..60].to_vec()],
-        "after close the QP is the device's"
-    );
-    let (other_uid_slot, other_fd) = b.open_steered(2000).unwrap();
-    assert_ne!(other_uid_slot, slot, "a slot is never given to another uid");
-    assert_eq!(b.pool_len(), 2);
-    let (again, fd2) = b.open_steered(1000).unwrap();
-    assert_eq!(again, slot, "the uid's slot is reused");
-    assert_eq!(b.pool_len(), 2);
-    let sock2 = std::net::UdpSocket::from(fd2);
-    assert!(slot_datagrams(&sock2, 0).is_empty(), "no stale datagram");
-    b.steer(0x11, again).unwrap();
-    b.steer(0x22, other_uid_slot).unwrap();
-    let for_other = packet_for(0x22, 64, 3);
-    send(&mut a, &steered);
-    send(&mut a, &for_other);
-    // The old duplicate and the new one are the same socket: either reads the slot.
-    assert_eq!(slot_datagrams(&sock, 1), vec![steered[..60].to_vec()]);
-    let other_sock = std::net::UdpSocket::from(other_fd);
-    assert_eq!(
-        slot_datagrams(&other_sock, 1),
-        vec![for_other[..60].to_vec()]
-    );
-    assert!(device_packets(&mut b, 0).is_empty());
-}
-
-/// A GSO batch is delivered whole to the socket its first segment selects, so the sender
-/// ends a batch where the destination QP changes: packets of one size alternating in runs
-/// between two QPs steered to two slots all arrive, each on its QP's slot, in order and
-/// byte for byte, by the staged path and by the copying one, in more than one send.
-#[test]
-fn gso_batches_end_where_the_destination_qp_changes() {
-    let (mut a, mut b, b_ip) = steering_pair("127.77.7.1", "127.77.7.2");
-    let (s1, f1) = b.open_steered(1000).unwrap();
-    let (s2, f2) = b.open_steered(1000).unwrap();
-    assert_eq!((s1, s2), (1, 2));
-    let (q1, q2) = (0x0012_3456, 0x22);
-    b.steer(q1, s1).unwrap();
-    b.steer(q2, s2).unwrap();
-    let socks = [std::net::UdpSocket::from(f1), std::net::UdpSocket::from(f2)];
-    let plan = [q1, q1, q1, q2, q2, q1, q2, q2, q2, q2, q1, q1];
+    // A GSO batch of 12 for one QP: forwarded in order, byte for byte.
     let len = 1040;
-    for staged in [true, false] {
-        let sends_before = a.batch.gso_sends + a.batch.mmsg_sends + a.stats.sent;
-        let mut want: [Vec<Vec<u8>>; 2] = [Vec::new(), Vec::new()];
-        for (i, &q) in plan.iter().enumerate() {
-            let p = packet_for(q, len, (i as u8) * 7 + staged as u8);
-            want[usize::from(q == q2)].push(p[..len - 4].to_vec());
-            if staged {
-                a.stage()[..len].copy_from_slice(&p);
-                a.send_staged(&tx_to(b_ip, len)).unwrap();
-            } else {
-                let mut p = p;
-                a.send(&tx_to(b_ip, len), &mut p).unwrap();
-            }
-        }
-        a.flush().unwrap();
-        for (k, sock) in socks.iter().enumerate() {
-            let got = slot_datagrams(sock, want[k].len());
-            assert_eq!(got.len(), want[k].len(), "staged {staged}: slot {}", k + 1);
-            for (j, (g, w)) in got.iter().zip(&want[k]).enumerate() {
-                assert!(g == w, "staged {staged}: slot {} packet {j} as sent", k + 1);
-            }
-            assert!(slot_datagrams(sock, 0).is_empty());
-        }
-        assert!(
-            device_packets(&mut b, 0).is_empty(),
-            "nothing for the device"
-        );
-        assert!(
-            a.batch.gso_sends + a.batch.mmsg_sends + a.stats.sent - sends_before > 1,
-            "{:?}",
-            a.batch
-        );
+    let want: Vec<Vec<u8>> = (0..12u8)
+        .map(|i| packet_for(0x0012_3456, len, 10 + i))
+        .collect();
+    for p in &want {
+        a.stage()[..len].copy_from_slice(p);
+        a.send_staged(&tx_to(b_ip, len)).unwrap();
     }
-    // Runs of 3, 2, 1, 4 and 2 packets, twice: the runs of more than one went by GSO (where
-    // the kernel takes it) or sendmmsg.
-    assert!(
-        a.batch.gso_sends >= 8 || a.batch.mmsg_sends >= 8,
-        "{:?}",
-        a.batch
-    );
+    a.flush().unwrap();
+    receive_until(&mut b, |b| b.forward_stats().forwarded == 14);
+    let got = forwarded(&s2, device, 12);
+    assert_eq!(got.len(), 12);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(g[..] == w[..len - 4], "packet {i} as sent");
+    }
+    assert!(nothing_on(&s1) && nothing_on(&s2));
+
+    // Forwarded no more: the device's again.
+    b.unforward_qp(0x11);
+    send(&mut a, &p1);
+    assert_eq!(device_packets(&mut b, 1), vec![p1[..60].to_vec()]);
+    b.unforward_to(addr2);
+    assert_eq!(b.forwarded_qps(), 0);
+    send(&mut a, &p2);
+    assert_eq!(device_packets(&mut b, 1), vec![p2[..60].to_vec()]);
+    assert!(nothing_on(&s1) && nothing_on(&s2));
 }
 
-/// The steering program holds at most `MAX_STEERED` QPs: one more is refused with ENOSPC
-/// and stays on the device, while the last one that fit is steered by the kernel's copy
-/// of the longest program; unsteering one makes room again.
+/// Issue 35, item 1: no socket of any process can join the device's address and port — not
+/// with `SO_REUSEPORT` (which on 574da6f joined the device's reuseport group, whose program
+/// any member may replace), not with `SO_REUSEADDR`, not on the wildcard address — and a
+/// second device is refused with `EADDRINUSE`.
 #[test]
-fn the_steering_program_refuses_more_qps_than_fit() {
-    use softverbs_daemon::netdev::MAX_STEERED;
-    let (mut a, mut b, b_ip) = steering_pair("127.77.8.1", "127.77.8.2");
-    let (slot, fd) = b.open_steered(1000).unwrap();
-    let sock = std::net::UdpSocket::from(fd);
-    for q in 0..MAX_STEERED as u32 {
-        b.steer(q + 1, slot).unwrap();
-    }
-    assert_eq!(b.steered_qps(), MAX_STEERED);
-    let extra = MAX_STEERED as u32 + 1;
-    let e = b.steer(extra, slot).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(28), "ENOSPC: {e}");
-    assert_eq!(b.steered_qps(), MAX_STEERED);
-    b.steer(5, slot).unwrap();
-    assert!(b.steer(1 << 24, slot).is_err(), "24-bit QP numbers");
-
-    let send = |a: &mut NetDev, p: &[u8]| {
-        let mut p = p.to_vec();
-        a.send(&tx_to(b_ip, p.len()), &mut p).unwrap();
-        a.flush().unwrap();
-    };
-    let last = packet_for(MAX_STEERED as u32, 64, 1);
-    let refused = packet_for(extra, 64, 2);
-    send(&mut a, &last);
-    send(&mut a, &refused);
-    assert_eq!(slot_datagrams(&sock, 1), vec![last[..60].to_vec()]);
-    assert_eq!(device_packets(&mut b, 1), vec![refused[..60].to_vec()]);
-
-    b.unsteer(1);
-    b.steer(extra, slot).unwrap();
-    send(&mut a, &refused);
-    assert_eq!(slot_datagrams(&sock, 1), vec![refused[..60].to_vec()]);
-}
-
-/// `SO_REUSEPORT` on the device socket must not let a second device (another daemon of the
-/// same uid) bind a taken address: the probe bind refuses it with `EADDRINUSE`, as before.
-#[test]
-fn a_second_device_on_a_taken_address_is_refused() {
+fn no_other_socket_binds_the_device_port() {
+    use socket2::{Domain, Protocol, Socket, Type};
     let ip: IpAddr = "127.77.9.1".parse().unwrap();
     let first = NetDev::bind(ip, 4791).unwrap();
-    assert!(first.steering_enabled());
     let e = NetDev::bind(ip, 4791).err().expect("the address is taken");
     assert_eq!(e.kind(), std::io::ErrorKind::AddrInUse, "{e}");
+    let try_bind = |at: IpAddr, reuse_port: bool, reuse_addr: bool| {
+        let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+        s.set_reuse_port(reuse_port).unwrap();
+        s.set_reuse_address(reuse_addr).unwrap();
+        s.bind(&std::net::SocketAddr::new(at, first.port()).into())
+    };
+    let any: IpAddr = "0.0.0.0".parse().unwrap();
+    for (at, rp, ra) in [
+        (ip, true, false),
+        (ip, false, true),
+        (ip, true, true),
+        (ip, false, false),
+        (any, true, true),
+    ] {
+        let e = try_bind(at, rp, ra).expect_err("the device's port is the daemon's alone");
+        assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::AddrInUse,
+            "{at} reuseport {rp} reuseaddr {ra}: {e}"
+        );
+    }
     // Held by a plain socket of someone else: refused too.
     let other: IpAddr = "127.77.9.2".parse().unwrap();
     let _held = std::net::UdpSocket::bind((other, 4791)).unwrap();

@@ -301,8 +301,8 @@ impl BthRepr {
 }
 
 /// The destination QP of the RoCE v2 packet starting at `packet` (BTH first, IBA 9.2), 0 for
-/// one too short to have it: what a receiving host steers a datagram by
-/// (`crates/daemon/src/netdev/steer.rs`), read without parsing the packet.
+/// one too short to have it: what a receiving daemon forwards a net-path packet by
+/// (`crates/daemon/src/netdev/forward.rs`), read without parsing the packet.
 pub fn dest_qp_of(packet: &[u8]) -> u32 {
     match packet.get(field::DEST_QP..field::DEST_QP + 3) {
         Some(_) => be::u24_at(packet, field::DEST_QP),

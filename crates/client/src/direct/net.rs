@@ -1,7 +1,7 @@
 //! The engine in the library (docs/net-path.md): an RC QP connected to a QP of another host
-//! is run by this process itself — the transport engine of `crates/transport`, fed from a
-//! UDP socket of the device's `SO_REUSEPORT` group that the daemon steers the QP's packets
-//! to — so a message costs one `sendmsg` in the sender and one `recvmsg` in the receiver,
+//! is run by this process itself — the transport engine of `crates/transport`, over a private
+//! UDP socket of the context that it sends from and the daemon forwards the QP's packets to
+//! (docs/net-path.md, "Receiving") — so a message costs one `sendmsg` in the sender and one `recvmsg` in the receiver,
 //! as UCX over TCP does, instead of a turn of both daemons (docs/performance.md, "Issue 16:
 //! what the engine in the client library would reach"). The daemon keeps the control path:
 //! creation, connection, the QP's state as `ibv_query_qp` shows it, async events, cleanup.
@@ -33,18 +33,12 @@ use softverbs_core::types::{Access, EventType};
 use softverbs_core::wr::{Payload, RecvWr, SendWr, Sge};
 use softverbs_shm::Region;
 use softverbs_transport::{Engine, Instant, Output, PostError, QpConfig, RxMeta};
-use softverbs_wire::icrc;
-use softverbs_wire::ip::UdpRepr;
 
 use super::CqQueues;
 use crate::error::errno;
 
 /// The context every key and address of the library's engine belongs to: its own.
 pub(super) const OWN: CtxId = CtxId(1);
-
-/// Identifications a softverbs sender gives the packets of one GSO batch (0..64,
-/// `crates/wire/src/gso.rs`): what a received packet's ICRC is checked with.
-const IDS: u16 = softverbs_wire::gso::MAX_SEGMENTS as u16;
 
 /// `IBV_ACCESS_ON_DEMAND` (verbs.h).
 const ON_DEMAND: u32 = 1 << 6;
@@ -207,12 +201,15 @@ pub(super) struct Net {
     ack_ends: Vec<(usize, SocketAddr)>,
     /// QP numbers this engine runs, with their handles.
     qps: HashMap<u32, u32>,
+    /// Each QP's path peer (the daemon forwards only what came from it).
+    peers: HashMap<u32, Gid>,
     /// SRQs its QPs receive through, by handle (`OwnSrq`).
     srqs: HashMap<u32, OwnSrq>,
     /// QPs the engine moved to ERR, with their event, for the daemon to learn
     /// ([`Net::take_errors`]).
     errors: Vec<(u32, Option<EventType>)>,
-    /// Packets dropped here: ICRC mismatch, or for a QP this engine does not run.
+    /// Packets dropped here: not forwarded by the daemon (another sender), or for a QP this
+    /// engine does not run.
     pub(super) rejected: u64,
     /// Shared with the progress thread: whether something waits for a later round.
     act: std::sync::Arc<super::progress::Activity>,
@@ -319,12 +316,14 @@ pub(super) fn recv_wr(r: &PostRecvReq) -> RecvWr {
 }
 
 impl Net {
-    /// The engine over `sock`, the device's steered socket the daemon handed out.
+    /// The engine over `sock`, the context's private socket the daemon handed out, on a
+    /// device whose port is `dev_port`.
     pub(super) fn new(
         sock: OwnedFd,
+        dev_port: u16,
         act: std::sync::Arc<super::progress::Activity>,
     ) -> io::Result<Net> {
-        let udp = super::udp::Udp::new(UdpSocket::from(sock))?;
+        let udp = super::udp::Udp::new(UdpSocket::from(sock), dev_port)?;
         Ok(Net {
             engine: Engine::new(),
             gid: Gid::from_ip(udp.local),
@@ -334,6 +333,7 @@ impl Net {
             acks: Vec::new(),
             ack_ends: Vec::new(),
             qps: HashMap::default(),
+            peers: HashMap::default(),
             srqs: HashMap::default(),
             errors: Vec::new(),
             rejected: 0,
@@ -376,6 +376,7 @@ impl Net {
         }
         self.qps.insert(qpn, handle);
         self.take_slot(qpn);
+        self.peers.insert(qpn, attr.ah_attr.dgid);
         for r in held {
             self.engine.post_recv(qpn, recv_wr(r)).map_err(post_errno)?;
         }
@@ -405,6 +406,9 @@ impl Net {
     /// The daemon's attributes of `qpn` after a modify.
     pub(super) fn modify(&mut self, qpn: u32, attr: &QpAttr) {
         self.engine.modify_qp(qpn, attr);
+        if attr.ah_attr.dgid != Gid::default() {
+            self.peers.insert(qpn, attr.ah_attr.dgid);
+        }
     }
 
     /// `qpn` leaves the engine (destroyed or reset); the ACKs held back leave first.
@@ -417,6 +421,7 @@ impl Net {
         }
         self.engine.destroy_qp(qpn);
         self.qps.remove(&qpn);
+        self.peers.remove(&qpn);
         if let (Some((i, _)), Some(r)) = (self.slots.remove(&qpn), self.act.status.get()) {
             r.atomic_u64s(NS_SLOTS + i * NS_SLOT, 1)[0].store(0, Ordering::Release);
         }
@@ -549,36 +554,33 @@ impl Net {
     /// left behind would land while the program watches its memory instead of polling.
     fn receive(&mut self, table: &Region, poll: bool) -> bool {
         let keys = OwnKeys(table);
-        let (engine, mem, qps, rejected) = (
+        let (engine, mem, peers, rejected) = (
             &mut self.engine,
             &mut self.mem,
-            &self.qps,
+            &self.peers,
             &mut self.rejected,
         );
         let mut feed = Feed(&self.srqs);
-        let (local, port, gid, epoch) = (self.udp.local, self.udp.port, self.gid, self.epoch);
-        let mut hdr = [0u8; 64];
-        self.udp.receive(poll, |pkt, from, index| {
-            let Some(ip) = super::udp::ip_repr(from.ip(), local) else {
-                *rejected += 1;
-                return false;
-            };
-            let udp = UdpRepr {
-                src_port: from.port(),
-                dst_port: port,
-            };
-            if icrc::verify_received(ip, &udp, pkt, index, IDS, &mut hdr).is_none() {
+        let (gid, epoch) = (self.gid, self.epoch);
+        // Only the daemon holds the device's address and port (its socket shares them with
+        // no other), so a datagram from there is one it forwarded: its ICRC and its source
+        // (the QP's peer) were checked where the real headers were seen
+        // (`crates/daemon/src/netdev/forward.rs`). Anything else — another local process
+        // that found this socket's port — is dropped.
+        let daemon = SocketAddr::new(self.udp.local, self.udp.dev_port);
+        self.udp.receive(poll, |pkt, from, _index| {
+            if from != daemon {
                 *rejected += 1;
                 return false;
             }
-            // A packet steered here for a QP this engine does not run (a datagram a NIC
-            // coalesced, docs/net-path.md) is dropped; its requester retransmits it.
-            if !qps.contains_key(&super::udp::dest_qp(pkt)) {
+            // A QP this engine no longer runs (destroyed while its packets were on their
+            // way): dropped; a live requester retransmits.
+            let Some(&peer) = peers.get(&super::udp::dest_qp(pkt)) else {
                 *rejected += 1;
                 return false;
-            }
+            };
             let meta = RxMeta {
-                sgid: Gid::from_ip(from.ip()),
+                sgid: peer,
                 dgid: gid,
             };
             let now = Instant(epoch.elapsed().as_nanos() as u64);
@@ -600,8 +602,9 @@ impl Net {
             .poll_transmit(now, &keys, &mut self.mem, self.udp.stage())
         {
             // Every device of a deployment listens on the port this one is bound to (4791
-            // outside tests), as the daemon's devices send.
-            let to = SocketAddr::new(tx.dgid.to_ip(), self.udp.port);
+            // outside tests), as the daemon's devices send; the source port is this
+            // socket's own (RoCE v2 lets it vary, IBA A17.4).
+            let to = SocketAddr::new(tx.dgid.to_ip(), self.udp.dev_port);
             let pkt = self.udp.staged(tx.len);
             // BTH opcode 0x11: RC Acknowledge (IBA table 38), its AETH right behind the
             // 12-byte BTH. A NAK (RNR, sequence error, a remote error: IBA 9.7.5.2) is the
@@ -749,8 +752,8 @@ pub(super) fn tell_errors(conn: &crate::conn::Conn, net: &mut Net) {
 }
 
 impl super::DirectCtx {
-    /// The daemon put QP `handle` on the net path and handed over the device's steered
-    /// socket: the engine takes it over with the receives held since before RTR. If that
+    /// The daemon put QP `handle` on the net path and handed over the context's private
+    /// socket (the first time): the engine takes it over with the receives held since before RTR. If that
     /// cannot be done, the QP fails (its packets reach no one else now).
     pub(super) fn take_net(
         &self,
@@ -809,7 +812,13 @@ impl super::DirectCtx {
             if let Some(r) = status.and_then(|fd| Region::map(fd, NS_LEN).ok()) {
                 let _ = act.status.set(r);
             }
-            inner.net = Some(Box::new(Net::new(sock, act).map_err(|_| errno::EINVAL)?));
+            let port = u16::try_from(r.net_port.get())
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or(errno::EINVAL)?;
+            inner.net = Some(Box::new(
+                Net::new(sock, port, act).map_err(|_| errno::EINVAL)?,
+            ));
             super::at_exit::register(&self.inner);
         }
         let cap = qq.init.cap;

@@ -1,13 +1,15 @@
-//! The net path's socket (docs/net-path.md, "Batching"): packets to one destination QP leave
-//! in one `sendmsg` with `UDP_SEGMENT` (GSO), and arrive coalesced (`UDP_GRO`), as the
-//! daemon's devices do (`crates/daemon/src/netdev.rs`), so a 64 KiB message is a few system
-//! calls on each side instead of one per packet.
+//! The net path's socket (docs/net-path.md, "Batching"): the context's private socket, bound
+//! to the device's address and an ephemeral port. Packets to one destination QP leave in one
+//! `sendmsg` with `UDP_SEGMENT` (GSO) to the peer's device port, and what the daemon
+//! forwards arrives coalesced (`UDP_GRO`), as the daemon's devices do
+//! (`crates/daemon/src/netdev.rs`), so a 64 KiB message is a few system calls on each side
+//! instead of one per packet.
 //!
 //! The ICRC rule is the devices': the kernel gives segment *i* of a GSO send the IPv4
 //! identification *i* (an unconnected socket with DF), which the ICRC covers, so each
-//! packet's ICRC is computed for its index when the batch leaves; a lone datagram has
-//! identification 0. A batch holds packets of one destination QP only: the receiving host
-//! steers a whole GSO datagram by its first packet (`crates/daemon/src/netdev/steer.rs`).
+//! packet's ICRC is computed for its index (and this socket's port) when the batch leaves; a
+//! lone datagram has identification 0. A batch holds packets of one destination QP only, so
+//! the receiving daemon forwards it as one batch (`crates/daemon/src/netdev/forward.rs`).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -52,6 +54,9 @@ pub(super) struct Udp {
     pub(super) sock: UdpSocket,
     pub(super) local: IpAddr,
     pub(super) port: u16,
+    /// The device's port (4791 outside tests): peers' devices listen on it, and forwarded
+    /// packets come from it (`DirectAttachResp::net_port`).
+    pub(super) dev_port: u16,
     /// False once the kernel refused a GSO send: batches go one datagram at a time.
     gso: bool,
     /// `tx[..used]` is the batch; behind it, room for the packet being built
@@ -68,8 +73,9 @@ pub(super) struct Udp {
 }
 
 impl Udp {
-    /// Takes `sock` over (nonblocking, coalesced receives unless `SOFTVERBS_NET_GRO=0`).
-    pub(super) fn new(sock: UdpSocket) -> io::Result<Udp> {
+    /// Takes `sock` over (nonblocking, coalesced receives unless `SOFTVERBS_NET_GRO=0`);
+    /// `dev_port` is the device's port.
+    pub(super) fn new(sock: UdpSocket, dev_port: u16) -> io::Result<Udp> {
         sock.set_nonblocking(true)?;
         let at = sock.local_addr()?;
         if std::env::var_os("SOFTVERBS_NET_GRO").is_none_or(|v| v != "0") {
@@ -84,6 +90,7 @@ impl Udp {
             sock,
             local: at.ip(),
             port: at.port(),
+            dev_port,
             gso: std::env::var_os("SOFTVERBS_GSO").is_none_or(|v| v != "0"),
             tx: vec![0; MAX_BATCH_BYTES + MAX_PACKET],
             used: 0,
@@ -273,7 +280,7 @@ mod tests {
             .unwrap();
         let to = rx.local_addr().unwrap();
         let tx = UdpSocket::bind("127.0.77.1:0").unwrap();
-        let mut u = Udp::new(tx).unwrap();
+        let mut u = Udp::new(tx, to.port()).unwrap();
         // Three of QP 7 (one GSO send), then one of QP 8 (a batch of its own).
         let sent = [
             packet(7, 1000, 1),

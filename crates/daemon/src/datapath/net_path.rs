@@ -1,10 +1,10 @@
 //! The daemon's side of the net path (docs/net-path.md): which QPs a client library runs
-//! itself over a socket of the device's `SO_REUSEPORT` group, and which socket of the group
-//! each context holds. The daemon's engine keeps its copy of such a QP (its state mirrors
-//! the core's) but never sees its packets: the device steers them to the library's socket
-//! (`crate::netdev`, `NetDev::steer`).
+//! itself over a private socket, and each context's socket. The daemon's engine keeps its
+//! copy of such a QP (its state mirrors the core's) but never sees its packets: the device
+//! forwards them to the library's socket (`crate::netdev`, `NetDev::forward_qp`).
 
 use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use softverbs_wire::bth::dest_qp_of;
 use softverbs_wire::opcode::Opcode;
 use softverbs_wire::Direction;
 
+use softverbs_core::device::Gid;
 use softverbs_core::errno::{EINVAL, ENOMEM};
 use softverbs_core::ids::CtxId;
 use softverbs_transport::DropStats;
@@ -24,8 +25,9 @@ use super::DataPath;
 /// The net path's bookkeeping.
 #[derive(Debug, Default)]
 pub(super) struct NetPaths {
-    /// Each context's slot in a device's group, by (context, device).
-    slots: HashMap<(CtxId, usize), u32>,
+    /// Each context's private socket on a device, by (context, device): the daemon's copy
+    /// (the port stays the context's until it closes) and its address.
+    sockets: HashMap<(CtxId, usize), (UdpSocket, SocketAddr)>,
     /// QPs on the path, with their device.
     qps: HashMap<u32, usize>,
     /// What each context's library engine reported it dropped (`NetDrops`: totals).
@@ -144,27 +146,24 @@ impl DataPath {
         let Some(&d) = self.qp_dev.get(&qpn) else {
             return false;
         };
-        self.devs[d]
-            .net
-            .as_ref()
-            .is_some_and(|n| n.steering_enabled() && !n.taps())
+        self.devs[d].net.as_ref().is_some_and(|n| !n.taps())
     }
 
-    /// Puts QP `qpn` of `ctx` (whose owner runs as `uid`) on the net path: its packets go
-    /// to the context's socket from now on. The socket comes back the first time the
-    /// context asks (the library keeps it); `Ok(None)` after that.
-    pub fn net_attach(&mut self, ctx: CtxId, uid: u32, qpn: u32) -> Result<Option<OwnedFd>, i32> {
+    /// Puts QP `qpn` of `ctx`, connected to `peer`, on the net path: its packets from
+    /// `peer` are forwarded to the context's private socket from now on. The socket comes
+    /// back the first time the context asks (the library keeps it); `Ok(None)` after that.
+    pub fn net_attach(&mut self, ctx: CtxId, qpn: u32, peer: Gid) -> Result<Option<OwnedFd>, i32> {
         let &d = self.qp_dev.get(&qpn).ok_or(EINVAL)?;
         let net = self.devs[d].net.as_mut().ok_or(EINVAL)?;
-        let (slot, fd) = match self.net_path.slots.get(&(ctx, d)) {
-            Some(&slot) => (slot, None),
+        let (to, fd) = match self.net_path.sockets.get(&(ctx, d)) {
+            Some(&(_, to)) => (to, None),
             None => {
-                let (slot, fd) = net.open_steered(uid).map_err(|_| ENOMEM)?;
-                self.net_path.slots.insert((ctx, d), slot);
-                (slot, Some(fd))
+                let (sock, fd, to) = net.open_net_socket().map_err(|_| ENOMEM)?;
+                self.net_path.sockets.insert((ctx, d), (sock, to));
+                (to, Some(fd))
             }
         };
-        net.steer(qpn, slot).map_err(|_| ENOMEM)?;
+        net.forward_qp(qpn, peer, to);
         self.net_path.qps.insert(qpn, d);
         self.net_path.owners.insert(qpn, ctx);
         Ok(fd)
@@ -279,16 +278,8 @@ impl DataPath {
                 .filter_map(|(&q, _)| Some((q, *self.net_path.qps.get(&q)?)))
                 .collect();
             for (qpn, d) in qps {
-                let slot = self.net_path.slots.get(&(ctx, d)).copied();
-                let Some(n) = self.devs[d].net.as_mut() else {
-                    continue;
-                };
-                match (idle, slot) {
-                    (true, _) => n.unsteer(qpn),
-                    (false, Some(slot)) => {
-                        let _ = n.steer(qpn, slot);
-                    }
-                    (false, None) => {}
+                if let Some(n) = self.devs[d].net.as_mut() {
+                    n.hold_qp(qpn, idle);
                 }
             }
             if idle {
@@ -324,13 +315,19 @@ impl DataPath {
         answer_for(&st.region, qpn, monotonic_ns(), || stopped(st.pid))
     }
 
+    /// The device port QP `qpn`'s peers send to (4791 outside tests), for the library.
+    pub fn net_port(&self, qpn: u32) -> Option<u16> {
+        let &d = self.qp_dev.get(&qpn)?;
+        Some(self.devs[d].net.as_ref()?.port())
+    }
+
     /// QP `qpn` leaves the net path (destroyed, or connected anew elsewhere): its packets
-    /// reach the daemon's socket again.
+    /// reach the daemon's engine again.
     pub fn net_detach(&mut self, qpn: u32) {
         self.net_path.owners.remove(&qpn);
         if let Some(d) = self.net_path.qps.remove(&qpn) {
             if let Some(n) = self.devs[d].net.as_mut() {
-                n.unsteer(qpn);
+                n.unforward_qp(qpn);
             }
         }
     }
@@ -359,25 +356,26 @@ impl DataPath {
             .fold(self.net_path.closed, |a, &b| add_drops(a, b))
     }
 
-    /// Context `ctx` is gone: its sockets go back to their devices' pools (its QPs were
-    /// detached as they were destroyed), and its last report stays counted.
+    /// Context `ctx` is gone: its sockets close and nothing is forwarded to them any more
+    /// (its QPs were detached as they were destroyed), and its last report stays counted.
     pub(super) fn net_context_closed(&mut self, ctx: CtxId) {
         self.net_path.status.remove(&ctx);
         self.net_path.taken.remove(&ctx);
         if let Some(r) = self.net_path.reported.remove(&ctx) {
             self.net_path.closed = add_drops(self.net_path.closed, r);
         }
-        let mine: Vec<(usize, u32)> = self
+        let mine: Vec<usize> = self
             .net_path
-            .slots
-            .iter()
-            .filter(|((c, _), _)| *c == ctx)
-            .map(|(&(_, d), &s)| (d, s))
+            .sockets
+            .keys()
+            .filter(|(c, _)| *c == ctx)
+            .map(|&(_, d)| d)
             .collect();
-        for (d, slot) in mine {
-            self.net_path.slots.remove(&(ctx, d));
-            if let Some(n) = self.devs[d].net.as_mut() {
-                n.close_steered(slot);
+        for d in mine {
+            if let Some((_sock, to)) = self.net_path.sockets.remove(&(ctx, d)) {
+                if let Some(n) = self.devs[d].net.as_mut() {
+                    n.unforward_to(to);
+                }
             }
         }
     }
