@@ -294,3 +294,54 @@ fn an_rnr_nak_on_the_responders_behalf_acknowledges_and_holds_the_requester() {
         .rnr_nak_for(0xFFFF, 0, 0, &mut buf)
         .is_none());
 }
+
+/// A duplicate of a request the stopped responder received but had not acknowledged gets
+/// the daemon's ACK of everything before the published expected PSN (`Engine::ack_for`):
+/// an RNR NAK at that PSN would lie past what the requester sent and be dropped there.
+#[test]
+fn a_duplicate_to_a_stopped_responder_is_acknowledged_on_its_behalf() {
+    let mut p = pair();
+    let daemon = pair();
+    let req = start(&mut p);
+    let meta = RxMeta {
+        sgid: p.a.gid,
+        dgid: p.b.gid,
+    };
+    // B receives the only request and stops before its ACK leaves.
+    p.b.engine
+        .handle_packet(T0, &p.b.core, &mut p.b.mem, meta, &req[0]);
+    let (epsn, msn) = p.b.engine.responder_psn(p.qb).unwrap();
+    assert_eq!((epsn, msn), (1, 1));
+    let back = RxMeta {
+        sgid: p.b.gid,
+        dgid: p.a.gid,
+    };
+    let mut buf = vec![0u8; MAX_PACKET];
+    // An RNR NAK at the expected PSN is outside A's window: nothing happens.
+    let nak = daemon
+        .b
+        .engine
+        .rnr_nak_for(daemon.qb, epsn, msn, &mut buf)
+        .unwrap();
+    p.a.engine
+        .handle_packet(T0, &p.a.core, &mut p.a.mem, back, &buf[..nak.len]);
+    p.a.pump();
+    assert!(p.a.completions.is_empty(), "{:?}", p.a.completions);
+    assert_eq!(p.a.engine.drop_stats().outside_window, 1);
+    // The ACK for the duplicate completes the request.
+    let ack = daemon
+        .b
+        .engine
+        .ack_for(daemon.qb, epsn, msn, &mut buf)
+        .unwrap();
+    p.a.engine
+        .handle_packet(T0, &p.a.core, &mut p.a.mem, back, &buf[..ack.len]);
+    p.a.pump();
+    assert_eq!(
+        p.a.take_completions(p.cqa)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(7, WcStatus::Success)]
+    );
+}

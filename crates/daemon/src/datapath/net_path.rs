@@ -51,7 +51,7 @@ pub(super) struct NetPaths {
 /// How often the daemon looks whether the libraries with a net status region run, while
 /// any has one: a stopped library is answered for within this, far inside the retry budget
 /// of any peer (IBA timeout code 14, `ibv_rc_pingpong`'s: seven retries of 67 ms).
-pub const WATCH: Duration = Duration::from_millis(20);
+pub const WATCH: Duration = Duration::from_millis(10);
 
 impl NetPaths {
     /// Whether packet `pkt` (BTH first) is for a QP whose library runs its engine: the
@@ -69,11 +69,12 @@ pub(super) struct Status {
     pid: u32,
 }
 
-/// A library whose stamp is older than this has not run for more than twice as long as its
-/// progress thread ever sleeps (`client::direct::progress::IDLE`, 20 ms) plus a loaded
-/// scheduler's latency: it is stopped or starved, and the daemon may answer for it. Shorter
-/// would take the packets of a library that merely waited for a CPU.
-pub const STALE: Duration = Duration::from_millis(50);
+/// A library whose stamp is older than this is held (`DataPath::net_watch`): its peers'
+/// requests are answered by the daemon as well as forwarded. Shorter than the retry budget
+/// of a short ACK timeout (IBA code 10, 4 ms, eight tries: 33 ms) with [`WATCH`]; an idle
+/// library's stamp may be older (its progress thread sleeps up to 20 ms), and the request
+/// that finds it held wakes it, after which the next look releases it.
+pub const STALE: Duration = Duration::from_millis(10);
 
 /// What the daemon may answer for QP `qpn` of a context whose status region is `r` at
 /// `now` (`CLOCK_MONOTONIC` ns): the responder state (expected PSN, MSN) the library
@@ -239,11 +240,10 @@ impl DataPath {
         true
     }
 
-    /// Takes the packets of a library whose process is stopped ([`stopped`]) to the
-    /// daemon's socket, where [`Self::net_answer`] answers its peers' requests; gives them
-    /// back once it runs again. At most every [`WATCH`]. (With steering the device's
-    /// program sends a net-path QP's packets straight to the library's socket; the daemon
-    /// steers them back to itself for the while.)
+    /// Holds the QPs of a library that does not run — its process is stopped
+    /// ([`stopped`]) or its stamp is older than [`STALE`] — in the device's forwarder:
+    /// their peers' requests also reach [`Self::net_answer`], which answers them; releases
+    /// them once it runs again. At most every [`WATCH`].
     pub(super) fn net_watch(&mut self) {
         if self.net_path.status.is_empty() {
             return;
@@ -253,9 +253,9 @@ impl DataPath {
             return;
         }
         self.net_path.watched = now;
-        // Only a stopped process: a library that is merely late (starved of a CPU) still
-        // takes its packets when it runs, and while they went to the daemon instead it would
-        // lose the responses to its own requests, which the daemon cannot pass on to it.
+        // A stopped process, or one whose library has not run for `STALE` (starved of a
+        // CPU): its requests are forwarded all the same (a starved library takes them when
+        // it runs), and only answered besides; responses go on to it alone.
         let ctxs: Vec<(CtxId, bool)> = self
             .net_path
             .status
@@ -412,20 +412,20 @@ mod tests {
             Some((0x00AB_CDEF, 42))
         );
         assert_eq!(
-            answer_for(&r, 0x11, 1_060 * ms, || false),
+            answer_for(&r, 0x11, 1_030 * ms, || false),
             Some((0x00AB_CDEF, 42))
         );
         // Another QP of that library published nothing.
-        assert_eq!(answer_for(&r, 0x12, 1_060 * ms, || true), None);
+        assert_eq!(answer_for(&r, 0x12, 1_030 * ms, || true), None);
         // A slot taken but not yet written is no answer.
         let w = r.atomic_u64s(NS_SLOTS + 5 * NS_SLOT, 2);
         w[0].store(0x13 | NS_VALID, Ordering::Relaxed);
         w[1].store(u64::MAX, Ordering::Relaxed);
-        assert_eq!(answer_for(&r, 0x13, 1_060 * ms, || true), None);
+        assert_eq!(answer_for(&r, 0x13, 1_030 * ms, || true), None);
         // Scribbles: every value stays a 24-bit PSN and MSN.
         publish(&r, 7, 0x14, u32::MAX, 0xFFFF_FFFE);
         assert_eq!(
-            answer_for(&r, 0x14, 1_060 * ms, || true),
+            answer_for(&r, 0x14, 1_030 * ms, || true),
             Some((0xFF_FFFF, 0xFF_FFFE))
         );
     }

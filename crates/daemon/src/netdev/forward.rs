@@ -35,6 +35,10 @@ pub enum Forward {
     ForeignSource,
     /// Its QP is not on the net path: the device's engine takes it.
     NotNet,
+    /// Forwarded, and also handed to the daemon: a request for a QP whose library does not
+    /// run (`Forwarder::hold`), which the daemon answers for it (docs/net-path.md,
+    /// "Stalls"); the library, if it runs after all, takes the request too.
+    Held,
 }
 
 /// Counters of the forwarding.
@@ -92,8 +96,8 @@ impl Forwarder {
         self.routes.insert(qpn, Route { peer, to });
     }
 
-    /// While `on`, the requests for QP `qpn` are not forwarded but handed to the daemon
-    /// (`Forward::NotNet`), which answers for a library that does not run.
+    /// While `on`, the requests for QP `qpn` are also handed to the daemon
+    /// ([`Forward::Held`]), which answers for a library that does not run.
     pub(super) fn hold(&mut self, qpn: u32, on: bool) {
         if on {
             self.held.insert(qpn);
@@ -137,9 +141,7 @@ impl Forwarder {
             self.stats.foreign_source += 1;
             return Forward::ForeignSource;
         }
-        if !self.held.is_empty() && self.held.contains(&qpn) && is_request(pkt) {
-            return Forward::NotNet;
-        }
+        let held = !self.held.is_empty() && self.held.contains(&qpn) && is_request(pkt);
         let joins = self.to == Some(route.to)
             && self.qpn == qpn
             && gso::joins(&self.lens, self.buf.len(), pkt.len());
@@ -150,7 +152,11 @@ impl Forwarder {
         self.qpn = qpn;
         self.buf.extend_from_slice(pkt);
         self.lens.push(pkt.len());
-        Forward::Forwarded
+        if held {
+            Forward::Held
+        } else {
+            Forward::Forwarded
+        }
     }
 
     /// Sends the queued batch: one GSO `sendmsg`, or datagram by datagram where GSO is
