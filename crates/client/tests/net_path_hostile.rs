@@ -411,3 +411,85 @@ fn a_contexts_net_path_socket_is_released_with_the_context() {
         }
     }
 }
+
+/// Issue 35, item 1 (c), the library's half: a net-path QP's private socket takes packets
+/// only from the device's address and port (only the daemon, which checked the ICRC and the
+/// source, sends from there). Forged SENDs at the QP's expected PSN, with good ICRCs, sent
+/// straight to the private port from a stranger's address, from the peer's address and
+/// from the device's own address on another port, are all queued ahead of the peer's real
+/// SEND; the receive still gets the real message.
+#[test]
+fn a_net_path_socket_takes_only_what_the_daemon_forwards() {
+    use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, UdpRepr};
+    use softverbs_wire::{emit_packet, BthRepr, Headers, Opcode};
+    let (d1, _x) = daemon("src-a", "127.93.44.1");
+    let (d2, _y) = daemon("src-b", "127.93.44.2");
+    let (ip_a, ip_b): (IpAddr, IpAddr) = (
+        "127.93.44.1".parse().unwrap(),
+        "127.93.44.2".parse().unwrap(),
+    );
+    let a = Context::open_at(&d1.socket, 0).unwrap();
+    let b = Context::open_at(&d2.socket, 0).unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (cqa, cqb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
+    let qa = a
+        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
+        .unwrap();
+    let qb = b
+        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
+        .unwrap();
+    connect(&qa, b.query_gid(1, 0).unwrap(), qb.qpn());
+    connect(&qb, a.query_gid(1, 0).unwrap(), qa.qpn());
+    assert!(qa.is_net() && qb.is_net(), "both on the net path");
+    let mut abuf = vec![0u8; 8192];
+    let mut bbuf = vec![0u8; 8192];
+    let ma = pa.reg_slice(&mut abuf, ALL).unwrap();
+    let mb = pb.reg_slice(&mut bbuf, ALL).unwrap();
+    qb.post_recv(0, &sge(&mb, 0, 4096)).unwrap();
+    qb.post_recv(1, &sge(&mb, 4096, 4096)).unwrap();
+
+    // B's private socket: the port on B's address that is not the device's.
+    let private = udp_sockets_on(ip_b)
+        .into_iter()
+        .map(|(_, at)| at)
+        .find(|at| at.port() != softverbs_wire::ip::ROCE_V2_UDP_PORT)
+        .expect("B's context has a private socket");
+    let forged_payload = [0xEEu8; 64];
+    let forge = |from: &std::net::UdpSocket| {
+        let h = Headers::new(BthRepr::new(Opcode(0x04), qb.qpn(), 0));
+        let mut p = vec![0u8; softverbs_wire::packet_len(&h, forged_payload.len())];
+        let n = emit_packet(&h, &forged_payload, &mut p).unwrap();
+        p.truncate(n);
+        let src = from.local_addr().unwrap();
+        let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), private.ip()) else {
+            unreachable!()
+        };
+        let udp = UdpRepr {
+            src_port: src.port(),
+            dst_port: private.port(),
+        };
+        let mut hdr = [0u8; 64];
+        let hl = emit_ip_udp(&IpRepr::V4(Ipv4Repr::new(s, d)), &udp, p.len(), &mut hdr).unwrap();
+        softverbs_wire::icrc::write(&hdr[..hl], &mut p).unwrap();
+        from.send_to(&p, private).unwrap();
+    };
+    for from in [ip_a, ip_b, "127.93.44.3".parse().unwrap()] {
+        forge(&std::net::UdpSocket::bind((from, 0)).unwrap());
+    }
+
+    let real: Vec<u8> = (0..100u8).collect();
+    ma.write(0, &real).unwrap();
+    qa.post_send(&SendRequest::new(7, SendOp::Send, &sge(&ma, 0, 100)))
+        .unwrap();
+    let sent = cqa.wait(1, T).unwrap();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].status, WcStatus::Success, "{sent:?}");
+    let got = cqb.wait(1, T).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].wr_id, got[0].status), (0, WcStatus::Success));
+    assert_eq!(got[0].byte_len, 100, "the real SEND, not a forged one");
+    let mut v = vec![0u8; 100];
+    mb.read(0, &mut v).unwrap();
+    assert_eq!(v, real);
+    assert!(cqb.poll(4).unwrap().is_empty(), "nothing else was received");
+}
