@@ -7,6 +7,8 @@
 #
 #   scripts/lossy-under-load.sh            # 20 runs, 2 hogs per core
 #   RUNS=50 HOGS=3 scripts/lossy-under-load.sh
+#   NET=0 scripts/lossy-under-load.sh      # the control: the clean side on its daemon's
+#                                          # engine (SOFTVERBS_NET=0), the daemon path
 #
 # Runs in its own network namespace when root. The hogs are this script's children and end
 # with it (killed by their pids).
@@ -15,6 +17,13 @@ cd "$(dirname "$0")/.."
 
 RUNS=${RUNS:-20}
 HOGS=${HOGS:-2}
+NET=${NET:-1}
+if [ "$NET" = 0 ]; then
+    export SOFTVERBS_NET=0
+    where="daemon path (SOFTVERBS_NET=0)"
+else
+    where="net path"
+fi
 TEST=a_net_path_qp_and_a_lossy_peer_deliver_everything_once
 
 cargo test --offline -p softverbs --test net_path --no-run >/dev/null 2>&1 || exit 1
@@ -39,6 +48,7 @@ run() {
 }
 
 failed=0 retry=0
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq "$RUNS"); do
     out=$(run "$bin" --exact "$TEST" 2>&1)
     if ! grep -q "test result: ok. 1 passed" <<<"$out"; then
@@ -47,5 +57,6 @@ for i in $(seq "$RUNS"); do
         grep -m3 -E "panicked|stream|RetryExc" <<<"$out" | sed "s/^/run $i: /"
     fi
 done
-echo "$RUNS runs beside $(( $(nproc) * HOGS )) busy loops ($(nproc) CPUs): $failed failed, $retry with RETRY_EXC_ERR"
+echo "$where: $RUNS runs beside $(( $(nproc) * HOGS )) busy loops ($(nproc) CPUs): $failed failed, $retry with RETRY_EXC_ERR"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ "$failed" = 0 ]

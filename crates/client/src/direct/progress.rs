@@ -87,12 +87,6 @@ pub(super) struct Activity {
     pub(super) status: std::sync::OnceLock<Region>,
 }
 
-/// How late the progress thread may wake, or the program's round come after the thread's
-/// planned wake-up, before the time counts as a stall: a scheduler's ordinary latency is
-/// below it. Counting too much only delays a retransmission by as much; the smallest
-/// timeout a program sets in practice (IBA code 10, 4 ms) is four times longer.
-pub(super) const STALL: Duration = Duration::from_millis(1);
-
 impl Default for Activity {
     fn default() -> Activity {
         let epoch = Instant::now();
@@ -130,14 +124,17 @@ impl Activity {
     /// Something of this process runs at `now` (the progress thread woke or goes round,
     /// or a round of the engine starts). Until then the process meant to run again by the
     /// later of the thread's planned wake-up and the last time it ran; if `now` is more
-    /// than [`STALL`] past that, the process could not run meanwhile (it was stopped, or
+    /// than `softverbs_transport::time::STALL` past that, the process could not run meanwhile (it was stopped, or
     /// waited for a CPU) and the time since counts as lost, once (`fetch_max` lets only the
     /// first to see it count it). The net status region's stamp says the process ran.
     pub(super) fn running(&self, now: u64) {
+        use softverbs_transport::{time::stall, Instant};
         let prev = self.last.fetch_max(now, Ordering::Relaxed);
-        let plan = prev.max(self.due.load(Ordering::Relaxed));
-        if prev != 0 && now > plan.saturating_add(STALL.as_nanos() as u64) {
-            self.lost.fetch_add(now - plan, Ordering::Relaxed);
+        let due = self.due.load(Ordering::Relaxed);
+        let lost = stall(Instant(prev), Instant(due), Instant(now));
+        if !lost.is_zero() {
+            self.lost
+                .fetch_add(lost.as_nanos() as u64, Ordering::Relaxed);
         }
         if let Some(r) = self.status.get() {
             r.atomic_u64s(softverbs_abi::direct::NS_RAN, 1)[0]
