@@ -34,6 +34,33 @@ pub const ABLE_NET: u32 = 2;
 /// library of ABI 17–19 expects a socket of the device's reuseport group, which no daemon
 /// hands out any more (issue 35, item 1).
 pub const ABLE_NET_FORWARDED: u32 = 4;
+/// [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit (issue 35, item 7): the
+/// library publishes its net-path engine's state in a net status region
+/// ([`NS_LEN`] bytes) the daemon makes with the context's socket and hands over as one more
+/// descriptor (`DirectAttachResp::status_len`), so that the daemon can answer for a process
+/// that stopped running (docs/net-path.md, "Stalls"). A daemon that does not know the bit
+/// leaves `status_len` 0.
+pub const ABLE_NET_STATUS: u32 = 8;
+
+/// Net status region: when the library last ran a round or woke its progress thread
+/// (`u64`, `CLOCK_MONOTONIC` nanoseconds; 0: never).
+pub const NS_RAN: usize = 0;
+/// Net status region: first slot.
+pub const NS_SLOTS: usize = 64;
+/// Net status region: bytes per slot, one per QP the library's engine runs: `u64` the QP
+/// number with [`NS_VALID`] (0: a free slot), then `u64` the responder's expected PSN
+/// (high 32 bits) and MSN (low 32 bits), both 24-bit values (IBA 9.7.5.1.1, 9.7.4.1.1).
+/// Written by the library only, read by the daemon as untrusted input: a scribble reaches
+/// only answers the daemon gives for that context's own QPs.
+pub const NS_SLOT: usize = 16;
+/// Net status region: slots; a library with more QPs on the path leaves the rest
+/// unpublished (the daemon then cannot answer for them).
+pub const NS_CAPACITY: usize = 1024;
+/// Net status region: [`NS_SLOT`]'s first word of a slot in use.
+pub const NS_VALID: u64 = 1 << 32;
+/// Net status region: bytes of the memfd.
+pub const NS_LEN: usize = NS_SLOTS + NS_CAPACITY * NS_SLOT;
+
 /// [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit: the library can run the QP
 /// on the same-host direct path (what `able == 1` meant before ABI 17).
 pub const ABLE_DIRECT: u32 = 1;

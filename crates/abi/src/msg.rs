@@ -388,7 +388,11 @@ wire! {
         /// ring, [`direct::inline`](crate::direct::inline)), and the bytes per slot; 0: none.
         pub inline_offset: [U32; 2],
         pub inline_slot: U32,
-        pub reserved2: U32,
+        /// [`direct::PATH_NET`](crate::direct::PATH_NET) answering a library that set
+        /// [`direct::ABLE_NET_STATUS`](crate::direct::ABLE_NET_STATUS), with the context's
+        /// socket (`side` 1): the bytes of the net status region, whose memfd is the last
+        /// descriptor; 0: none.
+        pub status_len: U32,
         /// ABI 16: the peer QP receives through an SRQ: the SRQ's region (one more
         /// descriptor; 0: no SRQ), its ring's capacity and entry size (at offset 0), and
         /// where its limit word is ([`direct::srq_limit_offset`](crate::direct::srq_limit_offset)).

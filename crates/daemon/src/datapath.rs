@@ -151,6 +151,10 @@ pub struct DataPath {
     doorbells: HashMap<CtxId, OwnedFd>,
     new_doorbells: Vec<(CtxId, OwnedFd)>,
     epoch: Instant,
+    /// The loop's own stalls, by the engines' clock: lateness of a round against the
+    /// planned wake-up ([`sleeping`](Self::sleeping)), passed to every engine before the
+    /// round (docs/net-path.md, "Stalls").
+    stalls: softverbs_transport::time::StallMeter,
     buf: Vec<u8>,
     /// Multicast packets and MADs received, for the round that handles them.
     rx_scratch: Vec<u8>,
@@ -324,6 +328,7 @@ impl DataPath {
             doorbells: HashMap::default(),
             new_doorbells: Vec::new(),
             epoch: Instant::now(),
+            stalls: Default::default(),
             buf: vec![0; MAX_PACKET],
             rx_scratch: vec![0; MAX_PACKET],
             gate_rx: false,
@@ -372,6 +377,7 @@ impl DataPath {
             .map(|t| until(self.epoch, t))
             .into_iter()
             .chain(self.direct_next_wake())
+            .chain(self.net_watch_next())
             .min()
     }
 
@@ -812,7 +818,9 @@ impl DataPath {
     /// daemon's own devices, by UDP to others), receives, timers, and outputs. Returns the
     /// contexts that got async events.
     pub fn drive(&mut self, core: &mut Core) -> Vec<CtxId> {
+        self.rebase_after_stall();
         self.direct_fire_due();
+        self.net_watch();
         let mut woken = Vec::new();
         let mut buf = std::mem::take(&mut self.buf);
         let mut scratch = std::mem::take(&mut self.rx_scratch);
@@ -943,7 +951,8 @@ impl DataPath {
                         Ok(Some((meta, pkt)))
                             if !meta.dgid.is_multicast()
                                 && !crate::cm::is_gsi(pkt)
-                                && !self.own_gids.contains(&meta.sgid) =>
+                                && !self.own_gids.contains(&meta.sgid)
+                                && !self.net_path.runs(pkt) =>
                         {
                             progressed = true;
                             let mut feed = fed_srq::Feed {
@@ -983,6 +992,8 @@ impl DataPath {
                     }
                     if crate::cm::is_gsi(&scratch[..len]) {
                         self.cm.receive(now, d, meta.sgid, &scratch[..len]);
+                    } else if self.net_path.runs(&scratch[..len]) {
+                        self.net_answer(d, &scratch[..len]);
                     } else {
                         let mut feed = fed_srq::Feed {
                             srqs: &self.fed_srqs,
@@ -1035,6 +1046,9 @@ impl DataPath {
         self.raise_srq_events(core, &mut woken);
         self.buf = buf;
         self.rx_scratch = scratch;
+        // The daemon goes on at once (a command, the loop): a long drive is work, not a
+        // stall, and the next one is measured from its end.
+        self.sleeping(Some(Duration::ZERO));
         woken
     }
 
@@ -1091,6 +1105,31 @@ impl DataPath {
             }
         }
         moved
+    }
+
+    /// The event loop sleeps for at most `timeout` (`None`: until an event), from now: a
+    /// round that starts later than that by more than `time::STALL` finds the daemon itself
+    /// could not run meanwhile.
+    pub fn sleeping(&mut self, timeout: Option<Duration>) {
+        let now = self.now();
+        self.stalls.sleeping(now, timeout);
+    }
+
+    /// Time this daemon could not run (stopped, or waiting for a CPU) is not its peers'
+    /// silence: every engine's requester timers move by it, and no retry is counted
+    /// (`Engine::stalled`; IBA 9.7.6.1.3 counts the peer's time to answer). The same rule
+    /// as the library's (`softverbs_transport::time::stall`). Commands the loop handled
+    /// between its wake-up and this round count too: the engines could not take ACKs then
+    /// either. Returns what was lost.
+    fn rebase_after_stall(&mut self) -> Duration {
+        let lost = self.stalls.running(self.now());
+        if !lost.is_zero() {
+            tracing::debug!(?lost, "daemon stalled: requester timers rebased");
+            for d in &mut self.devs {
+                d.engine.stalled(lost);
+            }
+        }
+        lost
     }
 
     /// The engine's time now (for commands that start CM timers).

@@ -437,7 +437,8 @@ impl Dispatcher {
                 let c = ctx()?;
                 let r = read!(DirectAttach);
                 let (resp, fds) = self.direct.attach(&self.core, &self.dp, c, &r)?;
-                let (resp, fds) = self.net_path(c, &r, resp, fds);
+                let pid = s.opener_pid.unwrap_or(s.cred.pid);
+                let (resp, fds) = self.net_path(c, pid, &r, resp, fds);
                 self.direct.publish_attrs(&self.core, c, handle_of(r.qp));
                 if let Ok(qpn) = self.core.qp_num(c, handle_of(r.qp)) {
                     // A partner whose requests waited for this side may go on.

@@ -4,7 +4,9 @@
 
 use std::os::fd::OwnedFd;
 
-use softverbs_abi::direct::{ABLE_NET, ABLE_NET_FORWARDED, NO_EVENT, PATH_DAEMON, PATH_NET};
+use softverbs_abi::direct::{
+    ABLE_NET, ABLE_NET_FORWARDED, ABLE_NET_STATUS, NO_EVENT, NS_LEN, PATH_DAEMON, PATH_NET,
+};
 use softverbs_abi::msg::{DirectAttachReq, DirectAttachResp};
 use softverbs_core::attr::QpAttr;
 use softverbs_core::device::Gid;
@@ -23,6 +25,7 @@ impl Dispatcher {
     pub(crate) fn net_path(
         &mut self,
         ctx: CtxId,
+        pid: u32,
         r: &DirectAttachReq,
         resp: DirectAttachResp,
         fds: Vec<OwnedFd>,
@@ -74,7 +77,17 @@ impl Dispatcher {
                     resp.srq_limit = U32::new(share.limit_at);
                     out.push(share.fd);
                 }
+                // With the socket, for a library that publishes its state, the net status
+                // region, last (docs/net-path.md, "Stalls"); without it the daemon cannot
+                // answer for the library, and the QP works as before.
+                let status = (sock.is_some() && r.able.get() & ABLE_NET_STATUS != 0)
+                    .then(|| self.dp.net_status_open(ctx, pid).ok())
+                    .flatten();
                 out.extend(sock);
+                if let Some(fd) = status {
+                    resp.status_len = U32::new(NS_LEN as u32);
+                    out.push(fd);
+                }
                 tracing::debug!(qpn, srq = srq.is_some(), "QP on the net path");
                 (resp, out)
             }

@@ -425,6 +425,12 @@ impl NetDev {
         self.forward.add(qpn, peer, to);
     }
 
+    /// While `on`, requests for net-path QP `qpn` come out of [`NetDev::recv_ref`] as well as
+    /// going on to its library (which does not run: `DataPath::net_watch`).
+    pub fn hold_qp(&mut self, qpn: u32, on: bool) {
+        self.forward.hold(qpn, on);
+    }
+
     /// QP `qpn`'s packets reach the device's engine again.
     pub fn unforward_qp(&mut self, qpn: u32) {
         self.forward.remove(qpn);
@@ -871,7 +877,7 @@ impl NetDev {
                 self.stats.rejected += 1;
                 continue;
             }
-            if fwd != forward::Forward::NotNet {
+            if !matches!(fwd, forward::Forward::NotNet | forward::Forward::Held) {
                 continue;
             }
             self.stats.delivered += 1;

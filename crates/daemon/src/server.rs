@@ -254,6 +254,9 @@ impl Server {
             } else {
                 engine
             };
+            // A round later than this plan finds the daemon itself could not run
+            // (docs/net-path.md, "Stalls").
+            self.dispatcher.dp.sleeping(timeout);
             if idle_spin {
                 let start = std::time::Instant::now();
                 std::thread::yield_now();

@@ -617,6 +617,49 @@ impl Engine {
         }
     }
 
+    /// The responder's expected PSN and its MSN (IBA 9.7.5.1.1, 9.7.4.1.1) of QP `qpn`, if
+    /// it is at RTR or later: what an RNR NAK sent on this responder's behalf names, so that
+    /// it acknowledges exactly what was received (docs/net-path.md, "Stalls").
+    pub fn responder_psn(&self, qpn: u32) -> Option<(u32, u32)> {
+        let qp = self.qps.get(&qpn)?;
+        matches!(qp.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            .then_some((qp.resp.epsn, qp.resp.msn))
+    }
+
+    /// Writes into `buf` an RNR NAK for RC QP `qpn`'s peer at expected PSN `epsn` with MSN
+    /// `msn` (the state a responder running elsewhere published): the daemon's answer for
+    /// a net-path library that does not run (docs/net-path.md, "Stalls";
+    /// `responder::rnr_nak_for`). `None` for no such RC QP at RTR or later.
+    pub fn rnr_nak_for(&self, qpn: u32, epsn: u32, msn: u32, buf: &mut [u8]) -> Option<Transmit> {
+        crate::responder::rnr_nak_for(self.qps.get(&qpn)?, epsn, msn, buf)
+    }
+
+    /// Writes into `buf` the ACK of every PSN before `epsn` (MSN `msn`) for RC QP `qpn`'s
+    /// peer: the daemon's answer to a duplicate request for a net-path library that does
+    /// not run (`responder::ack_for`).
+    pub fn ack_for(&self, qpn: u32, epsn: u32, msn: u32, buf: &mut [u8]) -> Option<Transmit> {
+        crate::responder::ack_for(self.qps.get(&qpn)?, epsn, msn, buf)
+    }
+
+    /// The shell could not run for `lost` (its process was stopped, or starved of a CPU):
+    /// every requester timer running — the ACK timeout (IBA 9.7.6.1.3) and the wait after an
+    /// RNR NAK (IBA 9.7.5.2.8) — moves `lost` later, and no retry is counted. A timer counts
+    /// how long the peer has had to answer, and while this side could not run it could not
+    /// take the answer either: a local stall must not spend the peer's retries
+    /// (docs/net-path.md, "Stalls"). The shell measures `lost` with the clock it passes as
+    /// `now`, as the time by which its own rounds came later than it meant them to.
+    pub fn stalled(&mut self, lost: std::time::Duration) {
+        if lost.is_zero() {
+            return;
+        }
+        for qpn in &self.timed {
+            if let Some(qp) = self.qps.get_mut(qpn) {
+                qp.req.timer = qp.req.timer.map(|t| t.after(lost));
+                qp.req.rnr_until = qp.req.rnr_until.map(|t| t.after(lost));
+            }
+        }
+    }
+
     /// What [`handle_packet`](Self::handle_packet) dropped for its source or its PSN.
     pub fn drop_stats(&self) -> DropStats {
         self.drops

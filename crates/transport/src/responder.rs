@@ -13,10 +13,10 @@ use std::net::Ipv6Addr;
 use softverbs_core::datapath::PdRef;
 use softverbs_core::types::{Access, EventType, QpState, QpType};
 use softverbs_wire::ip::{Ipv4Repr, Ipv6Repr, IPV4_HEADER_LEN, UDP_HEADER_LEN};
-use softverbs_wire::psn::{psn_add, psn_diff};
+use softverbs_wire::psn::{psn_add, psn_diff, PSN_MASK};
 use softverbs_wire::{
     emit_packet, AethRepr, AtomicAckEthRepr, BthRepr, Headers, NakCode, Opcode, Operation,
-    PacketRef, Position, RethRepr, Syndrome,
+    PacketRef, Position, RethRepr, Syndrome, Transport,
 };
 
 use crate::memory::{AtomicOp, Memory};
@@ -856,6 +856,57 @@ fn grh(meta: RxMeta, ib_len: usize) -> [u8; 40] {
         }
     };
     g
+}
+
+/// An RNR NAK (IBA 9.7.5.2.8) for `qp`'s peer at expected PSN `epsn` with MSN `msn`, built
+/// by someone answering for the responder that owns the QP's state elsewhere: the daemon,
+/// for a net-path library that stopped running (docs/net-path.md, "Stalls"). Like every NAK
+/// it acknowledges the PSNs before `epsn` (IBA 9.7.5.1.3); the requester retransmits from
+/// `epsn` after the QP's RNR timer, and with `rnr_retry` 7 it never runs out. Only for an RC
+/// QP at RTR or later.
+pub(crate) fn rnr_nak_for(qp: &Qp, epsn: u32, msn: u32, buf: &mut [u8]) -> Option<Transmit> {
+    answer_for(qp, epsn, msn, false, buf)
+}
+
+/// The ACK of everything before expected PSN `epsn` (PSN `epsn` − 1, MSN `msn`: a coalesced
+/// ACK, IBA 9.7.5.1.2), sent for a responder that does not run when a duplicate request
+/// arrives — one it received, whose ACK it had not sent yet. An RNR NAK at `epsn` would lie
+/// outside that requester's window (it sent nothing at `epsn` yet) and be dropped there.
+pub(crate) fn ack_for(qp: &Qp, epsn: u32, msn: u32, buf: &mut [u8]) -> Option<Transmit> {
+    answer_for(qp, epsn, msn, true, buf)
+}
+
+fn answer_for(qp: &Qp, epsn: u32, msn: u32, ack: bool, buf: &mut [u8]) -> Option<Transmit> {
+    if qp.cfg.qp_type != QpType::Rc
+        || !matches!(qp.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+    {
+        return None;
+    }
+    let opcode = Opcode::new(Transport::Rc, Operation::Acknowledge).ok()?;
+    let psn = if ack { psn_add(epsn, PSN_MASK) } else { epsn };
+    let mut h = Headers::new(BthRepr::new(opcode, qp.attr.dest_qp_num, psn & 0xFF_FFFF));
+    // The QP's own RNR timer, as its responder would send. Tried: at least 10.24 ms (code
+    // 20), to spare the requester and the daemon a storm of retransmissions while the
+    // process is stopped: the requester then went a whole ACK timeout without an answer
+    // more often (a retry each time, and RNR NAKs restore none), and failed sooner.
+    let timer = qp.attr.min_rnr_timer;
+    h.aeth = Some(AethRepr {
+        syndrome: if ack {
+            Syndrome::Ack {
+                credits: Syndrome::UNLIMITED_CREDITS,
+            }
+        } else {
+            Syndrome::RnrNak { timer }
+        },
+        msn: msn & 0xFF_FFFF,
+    });
+    let len = emit_packet(&h, &[], buf).ok()?;
+    Some(Transmit {
+        len,
+        dgid: qp.attr.ah_attr.dgid,
+        sgid_index: qp.attr.ah_attr.sgid_index,
+        udp_sport: qp.udp_sport(),
+    })
 }
 
 /// The next response packet of `qp` (ACK, NAK, atomic ACK or READ response), if any.

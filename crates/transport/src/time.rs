@@ -37,9 +37,112 @@ pub fn rnr_delay(code: u8) -> Duration {
     Duration::from_micros(u64::from(us))
 }
 
+/// How late a shell may run after it meant to (its planned wake-up, or its last run)
+/// before the time counts as a stall of its own: a scheduler's ordinary latency is below
+/// it. Counting too much only delays a retransmission by as much; the smallest ACK timeout
+/// programs set in practice (IBA 9.7.6.1.3 code 10, 4 ms) is four times longer.
+pub const STALL: Duration = Duration::from_millis(1);
+
+/// The time a shell could not run, by its own clock: it last ran at `last` and meant to
+/// run again by `due` (its planned wake-up); running at `now`, later than the later of the
+/// two by more than [`STALL`], it was stopped or waited for a CPU meanwhile, and all the
+/// time since that plan is lost (passed to [`Engine::stalled`](crate::Engine::stalled)).
+/// `last` 0 means it never ran: nothing is lost yet. The one rule of every shell (the
+/// library's progress thread, the daemon's loop: docs/net-path.md, "Stalls").
+pub fn stall(last: Instant, due: Instant, now: Instant) -> Duration {
+    let plan = last.max(due);
+    if last.0 != 0 && now > plan.after(STALL) {
+        now.since(plan)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// [`stall`] for a shell of one thread: it says when it sleeps and when it runs, and
+/// takes what was lost before each round of its engines.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StallMeter {
+    /// When it last ran (0: never).
+    last: Instant,
+    /// When it means to run again; `u64::MAX` while it sleeps without a deadline (nothing
+    /// is planned, so no lateness can be measured).
+    due: Instant,
+}
+
+impl StallMeter {
+    /// The shell goes to sleep at `now` for at most `d` (`None`: until something happens).
+    pub fn sleeping(&mut self, now: Instant, d: Option<Duration>) {
+        self.due = d.map_or(Instant(u64::MAX), |d| now.after(d));
+    }
+
+    /// The shell runs at `now` (a round starts): the time lost since it last ran, by
+    /// [`stall`], counted once.
+    pub fn running(&mut self, now: Instant) -> Duration {
+        let lost = stall(self.last, self.due, now);
+        self.last = self.last.max(now);
+        self.due = self.last;
+        lost
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_round_late_past_its_plan_counts_the_lateness_once() {
+        let mut m = StallMeter::default();
+        assert_eq!(m.running(Instant(5 * MS)), Duration::ZERO, "the first run");
+        m.sleeping(Instant(6 * MS), Some(Duration::from_millis(4)));
+        // Woke on time, or early (an event), or a little late: no stall.
+        assert_eq!(m.running(Instant(10 * MS)), Duration::ZERO);
+        m.sleeping(Instant(10 * MS), Some(Duration::from_millis(4)));
+        assert_eq!(m.running(Instant(3 * MS / 2 + 13 * MS)), Duration::ZERO);
+        m.sleeping(Instant(15 * MS), Some(Duration::from_millis(4)));
+        // Planned for 19 ms, ran at 49 ms: 30 ms lost.
+        assert_eq!(m.running(Instant(49 * MS)), Duration::from_millis(30));
+        // Counted once: the next round, on time, loses nothing.
+        assert_eq!(m.running(Instant(49 * MS + MS / 2)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_busy_shell_is_late_against_its_last_run() {
+        let mut m = StallMeter::default();
+        m.running(Instant(MS));
+        // Spinning: it meant to go round at once.
+        m.sleeping(Instant(2 * MS), Some(Duration::ZERO));
+        assert_eq!(m.running(Instant(12 * MS)), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn a_sleep_without_deadline_is_never_late() {
+        let mut m = StallMeter::default();
+        m.running(Instant(MS));
+        m.sleeping(Instant(2 * MS), None);
+        assert_eq!(m.running(Instant(5_000 * MS)), Duration::ZERO);
+        // ...and the next plan is measured from that run.
+        m.sleeping(Instant(5_000 * MS), Some(Duration::from_millis(1)));
+        assert_eq!(m.running(Instant(5_011 * MS)), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn the_rule_needs_a_first_run() {
+        assert_eq!(
+            stall(Instant(0), Instant(0), Instant(100 * MS)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            stall(Instant(MS), Instant(0), Instant(100 * MS)),
+            Duration::from_millis(99)
+        );
+        assert_eq!(
+            stall(Instant(MS), Instant(3 * MS), Instant(4 * MS)),
+            Duration::ZERO,
+            "within STALL"
+        );
+    }
 
     #[test]
     fn timers_follow_the_iba_tables() {

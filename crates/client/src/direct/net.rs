@@ -16,10 +16,11 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use foldhash::HashMap;
-use softverbs_abi::direct::MrEntry;
+use softverbs_abi::direct::{MrEntry, NS_CAPACITY, NS_LEN, NS_SLOT, NS_SLOTS, NS_VALID};
 use softverbs_abi::msg::PostRecvReq;
 use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::{
@@ -217,6 +218,9 @@ pub(super) struct Net {
     /// Since when (engine time) ACKs have been kept for the program's next post by the rule
     /// for WRITEs ([`Round::Poll`]); `None` if they are not.
     held_since: Option<Instant>,
+    /// Each QP's slot in the net status region, with the responder state last written
+    /// there ([`Net::publish`]).
+    slots: HashMap<u32, (usize, u64)>,
 }
 
 /// How long a poll keeps back the ACK of a WRITE for the program's next post
@@ -336,6 +340,7 @@ impl Net {
             act,
             reported: Default::default(),
             held_since: None,
+            slots: HashMap::default(),
         })
     }
 
@@ -370,6 +375,7 @@ impl Net {
             self.engine.modify_qp(qpn, attr);
         }
         self.qps.insert(qpn, handle);
+        self.take_slot(qpn);
         self.peers.insert(qpn, attr.ah_attr.dgid);
         for r in held {
             self.engine.post_recv(qpn, recv_wr(r)).map_err(post_errno)?;
@@ -416,6 +422,44 @@ impl Net {
         self.engine.destroy_qp(qpn);
         self.qps.remove(&qpn);
         self.peers.remove(&qpn);
+        if let (Some((i, _)), Some(r)) = (self.slots.remove(&qpn), self.act.status.get()) {
+            r.atomic_u64s(NS_SLOTS + i * NS_SLOT, 1)[0].store(0, Ordering::Release);
+        }
+    }
+
+    /// Gives QP `qpn` a free slot of the net status region, if there is a region and a
+    /// free slot (docs/net-path.md, "Stalls").
+    fn take_slot(&mut self, qpn: u32) {
+        let Some(r) = self.act.status.get() else {
+            return;
+        };
+        let used: std::collections::HashSet<usize> = self.slots.values().map(|s| s.0).collect();
+        let Some(i) = (0..NS_CAPACITY).find(|i| !used.contains(i)) else {
+            return;
+        };
+        let w = r.atomic_u64s(NS_SLOTS + i * NS_SLOT, 2);
+        w[1].store(u64::MAX, Ordering::Relaxed);
+        w[0].store(u64::from(qpn) | NS_VALID, Ordering::Release);
+        self.slots.insert(qpn, (i, u64::MAX));
+        self.publish();
+    }
+
+    /// Writes each QP's responder state (expected PSN, MSN) where the daemon reads it when
+    /// it answers for this process (docs/net-path.md, "Stalls"); only what changed.
+    fn publish(&mut self) {
+        let Some(r) = self.act.status.get() else {
+            return;
+        };
+        for (&qpn, slot) in self.slots.iter_mut() {
+            let Some((epsn, msn)) = self.engine.responder_psn(qpn) else {
+                continue;
+            };
+            let v = (u64::from(epsn) << 32) | u64::from(msn);
+            if slot.1 != v {
+                slot.1 = v;
+                r.atomic_u64s(NS_SLOTS + slot.0 * NS_SLOT + 8, 1)[0].store(v, Ordering::Release);
+            }
+        }
     }
 
     pub(super) fn post_send(
@@ -469,9 +513,14 @@ impl Net {
     pub(super) fn drive(&mut self, table: &Region, cqs: &mut CqQueues, round: Round) -> bool {
         let got = self.receive(table, round == Round::Poll);
         let now = self.now();
+        // Time this process could not run is not the peer's silence: the timers move by it
+        // before they run (docs/net-path.md, "Stalls").
+        let lost = self.act.take_lost(now.0);
+        self.engine.stalled(lost);
         if round == Round::Poll {
             self.act.polled(now.0);
         }
+        self.publish();
         if self.engine.poll_timeout().is_some_and(|t| t <= now) {
             self.engine.handle_timeout(now);
         }
@@ -741,6 +790,12 @@ impl super::DirectCtx {
         let own_pd = r.own_pd.get();
         // The descriptors: the SRQ's ring when the QP has one, then the context's socket
         // the first time (`side` says so).
+        // ... and, pushed last, the net status region when the daemon makes one.
+        let status = if r.side.get() == 1 && r.status_len.get() as usize == NS_LEN {
+            fds.pop()
+        } else {
+            None
+        };
         let sock = if r.side.get() == 1 { fds.pop() } else { None };
         let q = inner.qps.get(&handle).ok_or(errno::EINVAL)?;
         let srq = match q.srq {
@@ -754,6 +809,9 @@ impl super::DirectCtx {
         if inner.net.is_none() {
             let sock = sock.ok_or(errno::EINVAL)?;
             let act = self.activity.clone();
+            if let Some(r) = status.and_then(|fd| Region::map(fd, NS_LEN).ok()) {
+                let _ = act.status.set(r);
+            }
             let port = u16::try_from(r.net_port.get())
                 .ok()
                 .filter(|&p| p != 0)

@@ -69,20 +69,85 @@ pub(super) struct Activity {
     pub(super) pending: AtomicBool,
     /// The clock of `polled`, also the engine's (`Net`).
     pub(super) epoch: Instant,
+    /// `CLOCK_MONOTONIC` at `epoch`, in ns: what the net status region's stamp is measured
+    /// in (the daemon reads the same clock), without a second clock read per round.
+    mono_epoch: u64,
+    /// When the progress thread means to run next (ns since `epoch`): set before each of
+    /// its sleeps ([`Activity::sleeping`]).
+    due: AtomicU64,
+    /// When something of this process last ran (ns since `epoch`; 0: not yet):
+    /// [`Activity::running`].
+    last: AtomicU64,
+    /// Time in which this process could not run (it was stopped, or starved of a CPU),
+    /// measured as lateness against `due` and not yet passed to the engine
+    /// ([`Activity::take_lost`], `Engine::stalled`).
+    lost: AtomicU64,
+    /// The net status region the daemon reads (`softverbs_abi::direct::NS_LEN`), once the
+    /// daemon handed one over: the stamp of the last round, and each QP's responder state.
+    pub(super) status: std::sync::OnceLock<Region>,
 }
 
 impl Default for Activity {
     fn default() -> Activity {
+        let epoch = Instant::now();
+        let mono = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+            (t.tv_sec() as u64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(t.tv_nsec() as u64)
+        });
         Activity {
             polled: AtomicU64::new(0),
             posted: AtomicU64::new(0),
             pending: AtomicBool::new(false),
-            epoch: Instant::now(),
+            epoch,
+            mono_epoch: mono,
+            due: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            status: std::sync::OnceLock::new(),
         }
     }
 }
 
 impl Activity {
+    /// Now, in ns since `epoch`.
+    pub(super) fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// The progress thread sleeps from `now` for at most `d`.
+    fn sleeping(&self, now: u64, d: Duration) {
+        let due = now.saturating_add(d.as_nanos() as u64);
+        self.due.store(due, Ordering::Relaxed);
+    }
+
+    /// Something of this process runs at `now` (the progress thread woke or goes round,
+    /// or a round of the engine starts). Until then the process meant to run again by the
+    /// later of the thread's planned wake-up and the last time it ran; if `now` is more
+    /// than `softverbs_transport::time::STALL` past that, the process could not run meanwhile (it was stopped, or
+    /// waited for a CPU) and the time since counts as lost, once (`fetch_max` lets only the
+    /// first to see it count it). The net status region's stamp says the process ran.
+    pub(super) fn running(&self, now: u64) {
+        use softverbs_transport::{time::stall, Instant};
+        let prev = self.last.fetch_max(now, Ordering::Relaxed);
+        let due = self.due.load(Ordering::Relaxed);
+        let lost = stall(Instant(prev), Instant(due), Instant(now));
+        if !lost.is_zero() {
+            self.lost
+                .fetch_add(lost.as_nanos() as u64, Ordering::Relaxed);
+        }
+        if let Some(r) = self.status.get() {
+            r.atomic_u64s(softverbs_abi::direct::NS_RAN, 1)[0]
+                .store(self.mono_epoch.saturating_add(now), Ordering::Release);
+        }
+    }
+
+    /// The time lost to stalls since the last call (see [`Activity::running`]).
+    pub(super) fn take_lost(&self, now: u64) -> Duration {
+        self.running(now);
+        Duration::from_nanos(self.lost.swap(0, Ordering::Relaxed))
+    }
+
     /// The program polled at `now` (ns since `epoch`).
     pub(super) fn polled(&self, now: u64) {
         self.polled.store(now.max(1), Ordering::Relaxed);
@@ -179,6 +244,9 @@ fn run(s: Shared, sock: OwnedFd) {
         if s.stop.load(Ordering::Acquire) {
             return;
         }
+        // Woke (or goes round again): late against the plan means this process could not
+        // run, which the engine's timers must not count (docs/net-path.md, "Stalls").
+        s.act.running(s.act.now());
         if reported.elapsed() >= REPORT {
             reported = Instant::now();
             let (Some(inner), Some(conn)) = (s.inner.upgrade(), s.conn.upgrade()) else {
@@ -199,6 +267,7 @@ fn run(s: Shared, sock: OwnedFd) {
             // The program polls: its polls receive, run the timers and send (`Net::drive`),
             // so the thread only naps and takes no lock.
             last_packet = None;
+            s.act.sleeping(s.act.now(), NAP);
             std::thread::sleep(NAP);
             continue;
         }
@@ -216,6 +285,7 @@ fn run(s: Shared, sock: OwnedFd) {
             // it (a post sends them behind its request); if it makes none within SHORT,
             // the thread does.
             last_packet = None;
+            s.act.sleeping(s.act.now(), SHORT);
             std::thread::sleep(SHORT);
             if !s.act.pending.load(Ordering::Relaxed) {
                 continue;
@@ -228,6 +298,7 @@ fn run(s: Shared, sock: OwnedFd) {
             // (taken and held too) until its post sends them, or SHORT has passed.
             let at = *held_at.get_or_insert_with(Instant::now);
             let left = SHORT.saturating_sub(at.elapsed());
+            s.act.sleeping(s.act.now(), left);
             let came = !left.is_zero()
                 && softverbs_ipc::wait_readable_within(sock.as_fd(), Some(left)).unwrap_or(false);
             if !s.act.pending.load(Ordering::Relaxed) {
@@ -239,6 +310,7 @@ fn run(s: Shared, sock: OwnedFd) {
         } else if quiet && last_packet.is_some_and(|t| t.elapsed() < SPIN) {
             // A stream: yield rather than spin, the sender may share this CPU (two CPUs,
             // four parties).
+            s.act.sleeping(s.act.now(), Duration::ZERO);
             std::thread::yield_now();
         } else {
             let Some(inner) = s.inner.upgrade() else {
@@ -252,6 +324,8 @@ fn run(s: Shared, sock: OwnedFd) {
             let wait = timer.unwrap_or(IDLE).min(IDLE);
             // Round up: a timer due in under a millisecond must not become a busy loop.
             let ms = wait.as_millis().max(1) as i32;
+            s.act
+                .sleeping(s.act.now(), Duration::from_millis(ms as u64));
             let _ = softverbs_ipc::wait_readable(sock.as_fd(), Some(ms));
             if !quiet && s.act.polling() {
                 // The program polls again: the packet that woke the thread is its own.

@@ -35,6 +35,10 @@ pub enum Forward {
     ForeignSource,
     /// Its QP is not on the net path: the device's engine takes it.
     NotNet,
+    /// Forwarded, and also handed to the daemon: a request for a QP whose library does not
+    /// run (`Forwarder::hold`), which the daemon answers for it (docs/net-path.md,
+    /// "Stalls"); the library, if it runs after all, takes the request too.
+    Held,
 }
 
 /// Counters of the forwarding.
@@ -67,6 +71,10 @@ pub(super) struct Forwarder {
     /// False once the kernel refused a GSO send: batches go datagram by datagram.
     gso: bool,
     pub(super) stats: ForwardStats,
+    /// QPs whose library does not run (stopped, or stale: `DataPath::net_watch`): their
+    /// peers' requests go to the device's engine side, where the daemon answers for the
+    /// library (docs/net-path.md, "Stalls"); responses still go on to the library.
+    held: std::collections::HashSet<u32>,
 }
 
 impl Forwarder {
@@ -79,6 +87,7 @@ impl Forwarder {
             qpn: 0,
             gso,
             stats: ForwardStats::default(),
+            held: std::collections::HashSet::new(),
         }
     }
 
@@ -87,8 +96,19 @@ impl Forwarder {
         self.routes.insert(qpn, Route { peer, to });
     }
 
+    /// While `on`, the requests for QP `qpn` are also handed to the daemon
+    /// ([`Forward::Held`]), which answers for a library that does not run.
+    pub(super) fn hold(&mut self, qpn: u32, on: bool) {
+        if on {
+            self.held.insert(qpn);
+        } else {
+            self.held.remove(&qpn);
+        }
+    }
+
     /// QP `qpn`'s packets go to the device's engine again.
     pub(super) fn remove(&mut self, qpn: u32) {
+        self.held.remove(&qpn);
         self.routes.remove(&qpn);
     }
 
@@ -121,6 +141,7 @@ impl Forwarder {
             self.stats.foreign_source += 1;
             return Forward::ForeignSource;
         }
+        let held = !self.held.is_empty() && self.held.contains(&qpn) && is_request(pkt);
         let joins = self.to == Some(route.to)
             && self.qpn == qpn
             && gso::joins(&self.lens, self.buf.len(), pkt.len());
@@ -131,7 +152,11 @@ impl Forwarder {
         self.qpn = qpn;
         self.buf.extend_from_slice(pkt);
         self.lens.push(pkt.len());
-        Forward::Forwarded
+        if held {
+            Forward::Held
+        } else {
+            Forward::Forwarded
+        }
     }
 
     /// Sends the queued batch: one GSO `sendmsg`, or datagram by datagram where GSO is
@@ -193,4 +218,11 @@ impl Forwarder {
         }
         all
     }
+}
+
+/// Whether `pkt` (BTH first) is a request (IBA table 38), which a responder answers.
+fn is_request(pkt: &[u8]) -> bool {
+    pkt.first()
+        .and_then(|&op| softverbs_wire::opcode::Opcode(op).info().ok())
+        .is_some_and(|i| i.direction == softverbs_wire::Direction::Request)
 }
