@@ -1107,6 +1107,8 @@ impl DataPath {
             for d in &mut self.devs {
                 d.engine.stalled(lost);
             }
+            // The net-path libraries' ACKs waited in this daemon's forwarder meanwhile.
+            self.net_status_stalled(lost);
         }
         lost
     }
