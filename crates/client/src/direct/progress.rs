@@ -370,8 +370,7 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn daemon_lost(a: &Activity, ns: u64) {
-        a.status.get().unwrap().atomic_u64s(NS_DAEMON_LOST, 1)[0]
-            .fetch_add(ns, Ordering::Release);
+        a.status.get().unwrap().atomic_u64s(NS_DAEMON_LOST, 1)[0].fetch_add(ns, Ordering::Release);
     }
 
     /// The daemon's stalls reach the library's timers through the net status region,
