@@ -45,6 +45,13 @@ pub const ABLE_NET_STATUS: u32 = 8;
 /// Net status region: when the library last ran a round or woke its progress thread
 /// (`u64`, `CLOCK_MONOTONIC` nanoseconds; 0: never).
 pub const NS_RAN: usize = 0;
+/// Net status region: the time the daemon — the forwarder every packet of the context's
+/// net-path QPs passes — could not run, in total (`u64` nanoseconds, written by the daemon
+/// only, as it finds each of its own stalls): the library's requester timers move by
+/// what it grew since its last round, as by the library's own stalls, since an ACK that
+/// waited in a stalled forwarder is no silence of the peer (docs/net-path.md, "Stalls").
+/// A library scribble reaches only that library's own timers.
+pub const NS_DAEMON_LOST: usize = 8;
 /// Net status region: first slot.
 pub const NS_SLOTS: usize = 64;
 /// Net status region: bytes per slot, one per QP the library's engine runs: `u64` the QP

@@ -1128,6 +1128,8 @@ impl DataPath {
             for d in &mut self.devs {
                 d.engine.stalled(lost);
             }
+            // The net-path libraries' ACKs waited in this daemon's forwarder meanwhile.
+            self.net_status_stalled(lost);
         }
         lost
     }
@@ -1903,4 +1905,33 @@ fn pop_receives(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod stall_tests {
+    use super::*;
+
+    /// The loop's own stalls are measured against the wake-up it planned
+    /// (`DataPath::sleeping`, or the end of a drive); a sleep without a deadline plans
+    /// nothing. Only lower bounds and plan-free cases are asserted (a loaded machine may
+    /// add lateness anywhere). (What `Engine::stalled` does with them: `crates/transport/tests/stall.rs`.)
+    #[test]
+    fn the_loop_measures_its_own_stalls_against_its_plan() {
+        let core = Core::new(Vec::new());
+        let mut dp = DataPath::new(&core, &NetOptions::default()).unwrap();
+        assert_eq!(dp.rebase_after_stall(), Duration::ZERO, "the first round");
+        // Meant to go on at once, ran 30 ms later: at least that is lost.
+        dp.sleeping(Some(Duration::ZERO));
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(dp.rebase_after_stall() >= Duration::from_millis(29));
+        // Slept until an event: however late it came, nothing was planned.
+        dp.sleeping(None);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(dp.rebase_after_stall(), Duration::ZERO);
+        // A drive notes its end as the plan: a stall after it is measured from there.
+        let mut core = core;
+        dp.drive(&mut core);
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(dp.rebase_after_stall() >= Duration::from_millis(29));
+    }
 }

@@ -82,6 +82,8 @@ pub(super) struct Activity {
     /// measured as lateness against `due` and not yet passed to the engine
     /// ([`Activity::take_lost`], `Engine::stalled`).
     lost: AtomicU64,
+    /// The daemon's lost time (`NS_DAEMON_LOST`) as the last round saw it.
+    daemon_seen: AtomicU64,
     /// The net status region the daemon reads (`softverbs_abi::direct::NS_LEN`), once the
     /// daemon handed one over: the stamp of the last round, and each QP's responder state.
     pub(super) status: std::sync::OnceLock<Region>,
@@ -104,6 +106,7 @@ impl Default for Activity {
             due: AtomicU64::new(0),
             last: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            daemon_seen: AtomicU64::new(0),
             status: std::sync::OnceLock::new(),
         }
     }
@@ -142,10 +145,19 @@ impl Activity {
         }
     }
 
-    /// The time lost to stalls since the last call (see [`Activity::running`]).
+    /// The time lost to stalls since the last call (see [`Activity::running`]): this
+    /// process's own, or its daemon's (`NS_DAEMON_LOST`: the forwarder every packet of
+    /// the path passes could not run), whichever is longer — both stalls may be one, a
+    /// machine short of CPUs, and counting it twice would only delay a retransmission more.
     pub(super) fn take_lost(&self, now: u64) -> Duration {
         self.running(now);
-        Duration::from_nanos(self.lost.swap(0, Ordering::Relaxed))
+        let own = self.lost.swap(0, Ordering::Relaxed);
+        let daemon = self.status.get().map_or(0, |r| {
+            let total =
+                r.atomic_u64s(softverbs_abi::direct::NS_DAEMON_LOST, 1)[0].load(Ordering::Acquire);
+            total.saturating_sub(self.daemon_seen.swap(total, Ordering::Relaxed))
+        });
+        Duration::from_nanos(own.max(daemon))
     }
 
     /// The program polled at `now` (ns since `epoch`).
@@ -347,5 +359,39 @@ fn run(s: Shared, sock: OwnedFd) {
         }
         net::tell_errors(&conn, n);
         ops::notify_own_on(&conn, inner);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softverbs_abi::direct::{NS_DAEMON_LOST, NS_LEN};
+
+    const MS: u64 = 1_000_000;
+
+    fn daemon_lost(a: &Activity, ns: u64) {
+        a.status.get().unwrap().atomic_u64s(NS_DAEMON_LOST, 1)[0].fetch_add(ns, Ordering::Release);
+    }
+
+    /// The daemon's stalls reach the library's timers through the net status region,
+    /// once each, and a stall both saw counts once.
+    #[test]
+    fn the_daemons_stall_counts_as_the_librarys_own() {
+        let a = Activity::default();
+        a.status
+            .set(Region::create("test-net-status", NS_LEN).unwrap().0)
+            .unwrap();
+        a.running(MS);
+        assert_eq!(a.take_lost(MS), Duration::ZERO);
+        daemon_lost(&a, 30 * MS);
+        assert_eq!(a.take_lost(2 * MS), Duration::from_millis(30));
+        assert_eq!(a.take_lost(2 * MS), Duration::ZERO, "counted once");
+        // Both stopped together (a machine short of CPUs): the longer stall counts.
+        a.sleeping(2 * MS, Duration::ZERO);
+        daemon_lost(&a, 10 * MS);
+        assert_eq!(a.take_lost(22 * MS), Duration::from_millis(20));
+        a.sleeping(22 * MS, Duration::ZERO);
+        daemon_lost(&a, 40 * MS);
+        assert_eq!(a.take_lost(32 * MS), Duration::from_millis(40));
     }
 }

@@ -9,7 +9,9 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use softverbs_abi::direct::{NS_CAPACITY, NS_LEN, NS_RAN, NS_SLOT, NS_SLOTS, NS_VALID};
+use softverbs_abi::direct::{
+    NS_CAPACITY, NS_DAEMON_LOST, NS_LEN, NS_RAN, NS_SLOT, NS_SLOTS, NS_VALID,
+};
 use softverbs_shm::Region;
 use softverbs_wire::bth::dest_qp_of;
 use softverbs_wire::opcode::Opcode;
@@ -288,6 +290,17 @@ impl DataPath {
             } else {
                 self.net_path.taken.remove(&ctx);
             }
+        }
+    }
+
+    /// This daemon could not run for `lost`: every library that publishes learns it
+    /// (`NS_DAEMON_LOST`), since the packets of its QPs, their ACKs among them, waited in
+    /// the forwarder as long, and rebases its requester timers by it as by its own stalls
+    /// (docs/net-path.md, "Stalls").
+    pub(super) fn net_status_stalled(&self, lost: Duration) {
+        let ns = u64::try_from(lost.as_nanos()).unwrap_or(u64::MAX);
+        for st in self.net_path.status.values() {
+            st.region.atomic_u64s(NS_DAEMON_LOST, 1)[0].fetch_add(ns, Ordering::Release);
         }
     }
 
