@@ -391,11 +391,12 @@ fn a_net_path_peer_killed_mid_transfer_fails_its_partner_and_is_cleaned_up() {
     let qa = a
         .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
         .unwrap();
-    // 4.096 µs · 2^12 ≈ 17 ms per try, three tries: a loaded machine's scheduling gaps
-    // are shorter, a dead peer is found within a tenth of a second.
+    // 4.096 µs · 2^12 ≈ 17 ms per try, eight tries: a dead peer is found within about 0.15 s.
+    // Three tries (50 ms) ran out before the kill on a loaded machine (load ≈ 10: the
+    // responder's daemon and its library each wait for a CPU since the daemon forwards).
     let path = RcPath {
         timeout: 12,
-        retry_cnt: 2,
+        retry_cnt: 7,
         ..RcPath::default()
     };
     connect_with(&qa, softverbs::Gid::from_ip(peer.1), peer.0, path);
