@@ -40,6 +40,7 @@ mod net_path;
 use crate::sq_retire::SqRetire;
 pub use direct_ops::RemoteRefusal;
 pub use fed_srq::FedSrqShare;
+pub(crate) use net_path::stale;
 
 use softverbs_core::errno::{EBUSY, EEXIST, EINVAL, ENOENT, ENOMEM};
 
@@ -827,6 +828,7 @@ impl DataPath {
         self.moved_packets = false;
         for _round in 0..64 {
             let now = engine_time(self.epoch, Instant::now());
+            self.net_clock();
             let mut progressed = false;
             for (o, refused) in self.pump_rings(core) {
                 self.route(core, o, refused, &mut woken);

@@ -431,6 +431,19 @@ impl NetDev {
         self.forward.hold(qpn, on);
     }
 
+    /// The library behind socket `to` publishes when it last ran in `region` (its net
+    /// status region): a request forwarded there while that stamp is older than `STALE` at
+    /// the clock of [`set_clock`](Self::set_clock) comes out of [`NetDev::recv_ref`] as
+    /// well, as if held (docs/net-path.md, "Stalls").
+    pub fn stamp_from(&mut self, to: SocketAddr, region: std::sync::Arc<softverbs_shm::Region>) {
+        self.forward.stamp_from(to, region);
+    }
+
+    /// `CLOCK_MONOTONIC` ns of the caller's current round, for [`stamp_from`](Self::stamp_from).
+    pub fn set_clock(&mut self, now: u64) {
+        self.forward.set_clock(now);
+    }
+
     /// QP `qpn`'s packets reach the device's engine again.
     pub fn unforward_qp(&mut self, qpn: u32) {
         self.forward.remove(qpn);

@@ -760,6 +760,80 @@ fn net_path_qps_reach_their_own_socket_and_nothing_else_does() {
     assert!(nothing_on(&s1) && nothing_on(&s2));
 }
 
+/// Issue 35, item 7: a request for a net-path QP whose library's last-ran stamp is older
+/// than `STALE` at the clock of the daemon's round comes out of the device's receive (for
+/// the daemon to answer, `DataPath::net_answer`) in the very receive that forwards it —
+/// without the watcher having held the QP (`hold_qp` is never called here); while the
+/// stamp is fresh, and for a response, it is only forwarded. Stamps and clock are fake.
+#[test]
+fn a_request_for_a_stale_library_is_handed_out_at_once_without_the_watcher() {
+    use softverbs_abi::direct::{NS_LEN, NS_RAN};
+    use std::sync::atomic::Ordering;
+    let (mut a, mut b, a_ip, b_ip) = device_pair("127.77.10.1", "127.77.10.2");
+    let device: std::net::SocketAddr = (b_ip, b.port()).into();
+    let (_keep, fd, addr) = b.open_net_socket().unwrap();
+    let lib = std::net::UdpSocket::from(fd);
+    b.forward_qp(0x11, gid(a_ip), addr);
+    let region = std::sync::Arc::new(
+        softverbs_shm::Region::create("test-stamp", NS_LEN)
+            .unwrap()
+            .0,
+    );
+    let ms = 1_000_000u64;
+    region.atomic_u64s(NS_RAN, 1)[0].store(1_000 * ms, Ordering::Release);
+    b.stamp_from(addr, region.clone());
+
+    let send = |a: &mut NetDev, p: &[u8]| {
+        let mut p = p.to_vec();
+        a.send(&tx_to(b_ip, p.len()), &mut p).unwrap();
+        a.flush().unwrap();
+    };
+    // Receives until `n` packets were forwarded in all; what the receives handed out.
+    let handed_out = |b: &mut NetDev, n: u64| {
+        let mut buf = vec![0u8; MAX_PACKET];
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while b.forward_stats().forwarded < n && Instant::now() < deadline {
+            b.mark_readable();
+            match b.recv(&mut buf).unwrap() {
+                Some((_, len)) => got.push(buf[..len - 4].to_vec()),
+                None => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        assert_eq!(b.forward_stats().forwarded, n, "{:?}", b.forward_stats());
+        got
+    };
+    let request = packet_for(0x11, 64, 1);
+    let mut response = packet_for(0x11, 64, 2);
+    response[0] = 0x11; // RC ACKNOWLEDGE: a response, never the daemon's to answer.
+
+    // Fresh (ran 5 ms ago): forwarded only.
+    b.set_clock(1_005 * ms);
+    send(&mut a, &request);
+    assert!(
+        handed_out(&mut b, 1).is_empty(),
+        "a running library answers itself"
+    );
+    assert_eq!(forwarded(&lib, device, 1), vec![request[..60].to_vec()]);
+
+    // Stale (ran 11 ms ago), the watcher never ran: forwarded and handed out at once.
+    b.set_clock(1_011 * ms);
+    send(&mut a, &request);
+    assert_eq!(handed_out(&mut b, 2), vec![request[..60].to_vec()]);
+    assert_eq!(forwarded(&lib, device, 1), vec![request[..60].to_vec()]);
+    // A response for the stale library goes on to it alone.
+    send(&mut a, &response);
+    assert!(handed_out(&mut b, 3).is_empty());
+    assert_eq!(forwarded(&lib, device, 1), vec![response[..60].to_vec()]);
+
+    // The library ran again: forwarded only.
+    region.atomic_u64s(NS_RAN, 1)[0].store(1_010 * ms, Ordering::Release);
+    send(&mut a, &request);
+    assert!(handed_out(&mut b, 4).is_empty());
+    assert_eq!(forwarded(&lib, device, 1), vec![request[..60].to_vec()]);
+    assert!(nothing_on(&lib));
+}
+
 /// Issue 35, item 1: no socket of any process can join the device's address and port — not
 /// with `SO_REUSEPORT` (which on 574da6f joined the device's reuseport group, whose program
 /// any member may replace), not with `SO_REUSEADDR`, not on the wildcard address — and a

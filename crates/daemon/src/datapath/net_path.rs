@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use softverbs_abi::direct::{
@@ -67,7 +68,9 @@ impl NetPaths {
 /// library: untrusted) and the pid of the process that opened the context.
 #[derive(Debug)]
 pub(super) struct Status {
-    region: Region,
+    /// Shared with the device forwarders of the context's sockets, which read its stamp
+    /// at forward time (`NetDev::stamp_from`).
+    region: Arc<Region>,
     pid: u32,
 }
 
@@ -77,6 +80,13 @@ pub(super) struct Status {
 /// library's stamp may be older (its progress thread sleeps up to 20 ms), and the request
 /// that finds it held wakes it, after which the next look releases it.
 pub const STALE: Duration = Duration::from_millis(10);
+
+/// Whether a library whose last-ran stamp is `ran` has not run for [`STALE`] at `now`
+/// (both `CLOCK_MONOTONIC` ns; 0 is "never stamped"): the one rule of the watcher
+/// ([`DataPath::net_watch`]), the forwarder (at forward time) and [`answer_for`].
+pub fn stale(ran: u64, now: u64) -> bool {
+    ran != 0 && now.saturating_sub(ran) > STALE.as_nanos() as u64
+}
 
 /// What the daemon may answer for QP `qpn` of a context whose status region is `r` at
 /// `now` (`CLOCK_MONOTONIC` ns): the responder state (expected PSN, MSN) the library
@@ -91,8 +101,7 @@ pub fn answer_for(
     stopped: impl FnOnce() -> bool,
 ) -> Option<(u32, u32)> {
     let ran = r.atomic_u64s(NS_RAN, 1)[0].load(Ordering::Acquire);
-    let stale = ran != 0 && now.saturating_sub(ran) > STALE.as_nanos() as u64;
-    if !stale && !stopped() {
+    if !stale(ran, now) && !stopped() {
         return None;
     }
     let want = u64::from(qpn) | NS_VALID;
@@ -176,6 +185,16 @@ impl DataPath {
     /// socket, for a library that asks with `ABLE_NET_STATUS`): the descriptor to hand over.
     pub fn net_status_open(&mut self, ctx: CtxId, pid: u32) -> Result<OwnedFd, i32> {
         let (region, fd) = Region::create("softverbs-net-status", NS_LEN).map_err(|_| ENOMEM)?;
+        let region = Arc::new(region);
+        // The forwarders of the context's sockets read its stamp for every request they
+        // forward: a stale library is answered for at once, not at the watcher's next look.
+        for (&(c, d), &(_, to)) in &self.net_path.sockets {
+            if c == ctx {
+                if let Some(n) = self.devs[d].net.as_mut() {
+                    n.stamp_from(to, region.clone());
+                }
+            }
+        }
         self.net_path.status.insert(ctx, Status { region, pid });
         Ok(fd)
     }
@@ -264,8 +283,7 @@ impl DataPath {
             .iter()
             .map(|(&c, st)| {
                 let ran = st.region.atomic_u64s(NS_RAN, 1)[0].load(Ordering::Acquire);
-                let stale = ran != 0 && now.saturating_sub(ran) > STALE.as_nanos() as u64;
-                (c, stale || stopped(st.pid))
+                (c, stale(ran, now) || stopped(st.pid))
             })
             .collect();
         for (ctx, idle) in ctxs {
@@ -289,6 +307,20 @@ impl DataPath {
                 self.net_path.taken.insert(ctx);
             } else {
                 self.net_path.taken.remove(&ctx);
+            }
+        }
+    }
+
+    /// Tells the devices' forwarders this round's clock, against which they judge the
+    /// stamps of the libraries they forward to (only while any library publishes one).
+    pub(super) fn net_clock(&mut self) {
+        if self.net_path.status.is_empty() {
+            return;
+        }
+        let now = monotonic_ns();
+        for dev in &mut self.devs {
+            if let Some(n) = dev.net.as_mut() {
+                n.set_clock(now);
             }
         }
     }
@@ -441,6 +473,17 @@ mod tests {
             answer_for(&r, 0x14, 1_030 * ms, || true),
             Some((0xFF_FFFF, 0xFF_FFFE))
         );
+    }
+
+    /// The one staleness rule: older than `STALE`, and never for a library that never
+    /// stamped.
+    #[test]
+    fn a_stamp_is_stale_only_past_stale() {
+        let ms = 1_000_000u64;
+        assert!(!stale(1_000 * ms, 1_010 * ms));
+        assert!(stale(1_000 * ms, 1_010 * ms + 1));
+        assert!(!stale(0, 1_030 * ms));
+        assert!(!stale(1_030 * ms, 1_000 * ms), "a stamp ahead of the clock");
     }
 
     /// `stopped` reads the state of `/proc/<pid>/stat`: a child stopped by SIGSTOP is, the

@@ -21,6 +21,11 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use softverbs_abi::direct::NS_RAN;
+use softverbs_shm::Region;
 
 use softverbs_core::device::Gid;
 use softverbs_wire::bth::dest_qp_of as dest_qp;
@@ -75,6 +80,13 @@ pub(super) struct Forwarder {
     /// peers' requests go to the device's engine side, where the daemon answers for the
     /// library (docs/net-path.md, "Stalls"); responses still go on to the library.
     held: std::collections::HashSet<u32>,
+    /// Each library socket's net status region, whose last-ran stamp is read for every
+    /// request forwarded there: a library that has not run for `STALE` has its requests
+    /// handed to the daemon at once ([`Forward::Held`]), not only after the watcher's next
+    /// look (docs/net-path.md, "Stalls").
+    stamps: HashMap<SocketAddr, Arc<Region>>,
+    /// `CLOCK_MONOTONIC` ns of the daemon's current round (`NetDev::set_clock`); 0 before.
+    now: u64,
 }
 
 impl Forwarder {
@@ -88,7 +100,27 @@ impl Forwarder {
             gso,
             stats: ForwardStats::default(),
             held: std::collections::HashSet::new(),
+            stamps: HashMap::new(),
+            now: 0,
         }
+    }
+
+    /// The library behind socket `to` publishes its last-ran stamp in `region`.
+    pub(super) fn stamp_from(&mut self, to: SocketAddr, region: Arc<Region>) {
+        self.stamps.insert(to, region);
+    }
+
+    /// The clock of the daemon's current round, against which stamps are judged.
+    pub(super) fn set_clock(&mut self, now: u64) {
+        self.now = now;
+    }
+
+    /// Whether the library behind `to` has not run for `STALE` by its stamp (one load).
+    fn stale(&self, to: SocketAddr) -> bool {
+        self.stamps.get(&to).is_some_and(|r| {
+            let ran = r.atomic_u64s(NS_RAN, 1)[0].load(Ordering::Acquire);
+            crate::datapath::stale(ran, self.now)
+        })
     }
 
     /// QP `qpn`'s packets from `peer` go to `to` from now on.
@@ -115,6 +147,7 @@ impl Forwarder {
     /// Every route to `to` goes (its context closed).
     pub(super) fn remove_to(&mut self, to: SocketAddr) {
         self.routes.retain(|_, r| r.to != to);
+        self.stamps.remove(&to);
     }
 
     /// QPs forwarded.
@@ -141,7 +174,10 @@ impl Forwarder {
             self.stats.foreign_source += 1;
             return Forward::ForeignSource;
         }
-        let held = !self.held.is_empty() && self.held.contains(&qpn) && is_request(pkt);
+        // Held by the watcher, or its library's stamp is stale now: the daemon answers
+        // this request in this very round (`DataPath::net_answer`, by the same rule).
+        let held = is_request(pkt)
+            && ((!self.held.is_empty() && self.held.contains(&qpn)) || self.stale(route.to));
         let joins = self.to == Some(route.to)
             && self.qpn == qpn
             && gso::joins(&self.lens, self.buf.len(), pkt.len());
