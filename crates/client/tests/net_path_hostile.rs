@@ -134,6 +134,22 @@ fn udp_sockets_on(ip: IpAddr) -> Vec<(RawFd, SocketAddr)> {
 /// The hostile child's body (does nothing as a test): a net-path QP of its own between the
 /// two daemons, then every attack on its socket and on the device's port; it reads all its
 /// sockets until told to stop and reports how many datagrams it saw for QPs not its own.
+/// A PD, a CQ of `depth` entries and an RC QP on each of two contexts (a macro: the QP
+/// borrows its PD and CQ, so the three cannot come back from one function).
+macro_rules! rc_qps {
+    ($a:ident, $b:ident, $depth:literal => $pa:ident, $pb:ident, $cqa:ident, $cqb:ident,
+     $qa:ident, $qb:ident) => {
+        let ($pa, $pb) = ($a.alloc_pd().unwrap(), $b.alloc_pd().unwrap());
+        let ($cqa, $cqb) = ($a.create_cq($depth).unwrap(), $b.create_cq($depth).unwrap());
+        let $qa = $a
+            .create_qp(&QpInit::new(QpType::Rc, &$pa).cqs(&$cqa, &$cqa).cap(cap()))
+            .unwrap();
+        let $qb = $b
+            .create_qp(&QpInit::new(QpType::Rc, &$pb).cqs(&$cqb, &$cqb).cap(cap()))
+            .unwrap();
+    };
+}
+
 #[test]
 fn hostile_child_process() {
     let (Some(sa), Some(sb), Some(ip)) = (
@@ -147,14 +163,7 @@ fn hostile_child_process() {
     let port: u16 = std::env::var("SV_HOSTILE_PORT").unwrap().parse().unwrap();
     let a = Context::open_at(Path::new(&sa), 0).unwrap();
     let b = Context::open_at(Path::new(&sb), 0).unwrap();
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (cqa, cqb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
-    let qa = a
-        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
-        .unwrap();
-    let qb = b
-        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
-        .unwrap();
+    rc_qps!(a, b, 64 => pa, pb, cqa, cqb, qa, qb);
     connect(&qa, b.query_gid(1, 0).unwrap(), qb.qpn());
     connect(&qb, a.query_gid(1, 0).unwrap(), qa.qpn());
     assert!(qa.is_net(), "the hostile QP is on the net path too");
@@ -256,14 +265,7 @@ fn victim_beside_hostile(net: u8, uid: Option<u32>) {
     // The victim's pair first: on 574da6f it held the first pool member of each device.
     let va = Context::open_at(&d1.socket, 0).unwrap();
     let vb = Context::open_at(&d2.socket, 0).unwrap();
-    let (pa, pb) = (va.alloc_pd().unwrap(), vb.alloc_pd().unwrap());
-    let (cqa, cqb) = (va.create_cq(64).unwrap(), vb.create_cq(64).unwrap());
-    let qa = va
-        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
-        .unwrap();
-    let qb = vb
-        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
-        .unwrap();
+    rc_qps!(va, vb, 64 => pa, pb, cqa, cqb, qa, qb);
     connect(&qa, vb.query_gid(1, 0).unwrap(), qb.qpn());
     connect(&qb, va.query_gid(1, 0).unwrap(), qa.qpn());
     assert!(qa.is_net() && qb.is_net(), "the victim is on the net path");
@@ -379,14 +381,7 @@ fn a_contexts_net_path_socket_is_released_with_the_context() {
     let handed = {
         let a = Context::open_at(&d1.socket, 0).unwrap();
         let b = Context::open_at(&d2.socket, 0).unwrap();
-        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-        let (cqa, cqb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
-        let qa = a
-            .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
-            .unwrap();
-        let qb = b
-            .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
-            .unwrap();
+        rc_qps!(a, b, 16 => pa, pb, cqa, cqb, qa, qb);
         connect(&qa, b.query_gid(1, 0).unwrap(), qb.qpn());
         connect(&qb, a.query_gid(1, 0).unwrap(), qa.qpn());
         assert!(qa.is_net(), "on the net path");
@@ -430,14 +425,7 @@ fn a_net_path_socket_takes_only_what_the_daemon_forwards() {
     );
     let a = Context::open_at(&d1.socket, 0).unwrap();
     let b = Context::open_at(&d2.socket, 0).unwrap();
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (cqa, cqb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
-    let qa = a
-        .create_qp(&QpInit::new(QpType::Rc, &pa).cqs(&cqa, &cqa).cap(cap()))
-        .unwrap();
-    let qb = b
-        .create_qp(&QpInit::new(QpType::Rc, &pb).cqs(&cqb, &cqb).cap(cap()))
-        .unwrap();
+    rc_qps!(a, b, 16 => pa, pb, cqa, cqb, qa, qb);
     connect(&qa, b.query_gid(1, 0).unwrap(), qb.qpn());
     connect(&qb, a.query_gid(1, 0).unwrap(), qa.qpn());
     assert!(qa.is_net() && qb.is_net(), "both on the net path");
