@@ -1,0 +1,293 @@
+//! Issue 36, item 3: `softverbs daemon` as the system service runs it (dist/systemd/), with
+//! `systemd-socket-activate` playing the socket unit and a datagram socket of the test's
+//! playing systemd's notification socket (no running systemd needed): the daemon serves the
+//! socket it is passed, says READY=1 once its devices are up, reads its configuration again
+//! on SIGHUP (what a client sees changes), and keeps the running configuration when the new
+//! file is broken. Also the configuration file as a user meets it: devices named by
+//! interface, an unknown key refused by name, a flag overriding the file.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use softverbs::Context;
+
+const BIN: &str = env!("CARGO_BIN_EXE_softverbs");
+/// Long enough for a loaded CI machine; only a failing test waits this long.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A directory of the test's own (0700), removed on drop.
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(name: &str) -> Dir {
+    let d = std::env::temp_dir().join(format!("svservice-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    Dir(d)
+}
+
+/// `systemd-socket-activate` holding the listening socket, then (from the first
+/// connection on) the daemon it execs in its place; SIGTERM on drop, as systemd stops it.
+struct Service {
+    child: Child,
+    socket: PathBuf,
+    notify: UnixDatagram,
+    log: PathBuf,
+}
+
+impl Service {
+    fn start(d: &Path, config: &Path, flags: &[&str]) -> Service {
+        let socket = d.join("softverbs.sock");
+        let notify_path = d.join("notify");
+        let notify = UnixDatagram::bind(&notify_path).unwrap();
+        notify.set_read_timeout(Some(WAIT)).unwrap();
+        let log = d.join("daemon.log");
+        let child = Command::new("systemd-socket-activate")
+            .arg("--seqpacket")
+            .arg("--listen")
+            .arg(&socket)
+            .arg(format!("--setenv=NOTIFY_SOCKET={}", notify_path.display()))
+            .arg("--setenv=SOFTVERBS_LOG=info")
+            .arg(BIN)
+            .arg("daemon")
+            .arg("--config")
+            .arg(config)
+            .args(flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("systemd-socket-activate (Debian package systemd)");
+        // The activator creates the socket before it waits for a connection.
+        let deadline = Instant::now() + WAIT;
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "no socket at {}",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Service {
+            child,
+            socket,
+            notify,
+            log,
+        }
+    }
+
+    /// The next notification datagram, its lines.
+    fn notice(&self) -> Vec<String> {
+        let mut buf = [0u8; 4096];
+        let n = self
+            .notify
+            .recv(&mut buf)
+            .unwrap_or_else(|e| panic!("no notification ({e}); log:\n{}", self.log()));
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits for the notification that ends a reload: `STATUS=...` and `READY=1`; returns
+    /// the status line.
+    fn reloaded(&self) -> String {
+        let first = self.notice();
+        assert_eq!(first[0], "RELOADING=1", "{first:?}");
+        assert!(first[1].starts_with("MONOTONIC_USEC="), "{first:?}");
+        let second = self.notice();
+        assert_eq!(second.last().map(String::as_str), Some("READY=1"));
+        second[0]
+            .strip_prefix("STATUS=")
+            .expect("a status line")
+            .to_string()
+    }
+
+    fn hangup(&self) {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::HUP,
+        )
+        .unwrap();
+    }
+
+    fn status(&self) -> Value {
+        let o = Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "status: {}; log:\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            self.log()
+        );
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&self.child),
+            rustix::process::Signal::TERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// The per-context limit of `resource` as `status --json` shows it.
+fn context_limit(status: &Value, resource: &str) -> Value {
+    status["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resource"] == resource)
+        .unwrap_or_else(|| panic!("no limit {resource}"))["context"]
+        .clone()
+}
+
+/// How many PDs one new context gets before the daemon refuses (`ENOMEM`), up to `max`.
+fn pds_granted(socket: &Path, max: usize) -> usize {
+    let ctx = Context::open_at(socket, 0).expect("open the device");
+    let mut pds = Vec::new();
+    while pds.len() < max {
+        match ctx.alloc_pd() {
+            Ok(pd) => pds.push(pd),
+            Err(e) => {
+                assert_eq!(e.errno(), softverbs::errno::ENOMEM, "{e}");
+                break;
+            }
+        }
+    }
+    pds.len()
+}
+
+const CONFIG: &str = r#"
+network = false
+[devices]
+softverbs0 = "lo"
+[limits.context]
+pds = 2
+cqs = 3
+"#;
+
+#[test]
+fn socket_activation_readiness_and_reload() {
+    let d = dir("activate");
+    let config = d.0.join("softverbs.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    // The flag overrides the file's cqs, now and at every reload.
+    let svc = Service::start(&d.0, &config, &["--limit", "context.cqs=7"]);
+
+    // The first client's connection starts the daemon on the passed socket, and it answers.
+    let s = svc.status();
+    assert_eq!(svc.notice(), ["READY=1"], "READY=1 once the devices are up");
+    assert_eq!(
+        s["daemon_pid"],
+        svc.child.id(),
+        "the activator exec'd the daemon"
+    );
+    // `lo` names the device's addresses: 127.0.0.1 first, and ::1 (lo has it unless IPv6
+    // is off on this host).
+    let addrs = &s["device_status"][0]["ports"][0]["addrs"];
+    assert_eq!(addrs[0], "127.0.0.1", "{addrs}");
+    assert_eq!(context_limit(&s, "pds"), 2);
+    assert_eq!(context_limit(&s, "cqs"), 7, "the flag wins over the file");
+    assert_eq!(pds_granted(&svc.socket, 10), 2);
+
+    // `systemctl reload`: a changed limit is what the next client sees.
+    std::fs::write(&config, CONFIG.replace("pds = 2", "pds = 5")).unwrap();
+    svc.hangup();
+    let status = svc.reloaded();
+    assert!(status.contains("limits changed"), "{status}");
+    let s = svc.status();
+    assert_eq!(context_limit(&s, "pds"), 5);
+    assert_eq!(context_limit(&s, "cqs"), 7, "the flag still wins");
+    assert_eq!(pds_granted(&svc.socket, 10), 5);
+
+    // A broken file is refused by name, and the running configuration stays.
+    std::fs::write(&config, CONFIG.replace("pds = 2", "pdz = 1")).unwrap();
+    svc.hangup();
+    let status = svc.reloaded();
+    assert!(
+        status.contains("refused") && status.contains("pdz"),
+        "{status}"
+    );
+    assert_eq!(context_limit(&svc.status(), "pds"), 5);
+    assert_eq!(pds_granted(&svc.socket, 10), 5);
+
+    // What needs a restart is said, and the limits still change.
+    std::fs::write(
+        &config,
+        CONFIG
+            .replace("pds = 2", "pds = 4")
+            .replace("network = false", "network = false\nport = 4792"),
+    )
+    .unwrap();
+    svc.hangup();
+    let status = svc.reloaded();
+    assert!(status.contains("port take effect at restart"), "{status}");
+    assert_eq!(pds_granted(&svc.socket, 10), 4);
+    drop(svc);
+    // The socket is the socket unit's: the daemon leaves it where it was.
+    assert!(d.0.join("softverbs.sock").exists());
+}
+
+#[test]
+fn an_unknown_key_is_refused_by_name() {
+    let d = dir("unknown");
+    let config = d.0.join("softverbs.toml");
+    std::fs::write(&config, "network = false\n[limits.uid]\nmapings = 8192\n").unwrap();
+    let o = Command::new(BIN)
+        .arg("--socket")
+        .arg(d.0.join("s.sock"))
+        .arg("daemon")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("limits.uid.mapings"), "{err}");
+    assert!(!d.0.join("s.sock").exists(), "refused before serving");
+
+    std::fs::write(&config, "[devices]\nsoftverbs0 = \"no-such-if0\"\n").unwrap();
+    let o = Command::new(BIN)
+        .arg("--socket")
+        .arg(d.0.join("s.sock"))
+        .arg("daemon")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("devices.softverbs0") && err.contains("no interface no-such-if0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_shipped_example_is_valid() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/softverbs.toml");
+    let text = std::fs::read_to_string(&example).unwrap();
+    softverbs_daemon::config_file::parse(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}", example.display()));
+}
