@@ -291,3 +291,57 @@ fn the_shipped_example_is_valid() {
     softverbs_daemon::config_file::parse(&text)
         .unwrap_or_else(|e| panic!("{}: {e}", example.display()));
 }
+
+/// The units as shipped: systemd reads them without a complaint (an unknown or misspelt
+/// directive is only a warning to systemd, so any output fails), with ExecStart= pointing at
+/// this build; and the socket unit listens where the root daemon and its clients look.
+#[test]
+fn the_units_verify_and_listen_where_root_clients_look() {
+    let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist/systemd");
+    let d = dir("units");
+    let mut units = Vec::new();
+    for name in ["softverbs.socket", "softverbs.service"] {
+        let text = std::fs::read_to_string(dist.join(name)).unwrap();
+        assert!(
+            name.ends_with(".socket")
+                || text.contains(
+                    "ExecStart=/usr/bin/softverbs daemon --config /etc/softverbs/softverbs.toml"
+                )
+        );
+        let p = d.0.join(name);
+        std::fs::write(&p, text.replace("/usr/bin/softverbs", BIN)).unwrap();
+        units.push(p);
+    }
+    let o = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(&units)
+        .output()
+        .expect("systemd-analyze (Debian package systemd)");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success() && said.trim().is_empty(), "{said}");
+
+    let socket = std::fs::read_to_string(dist.join("softverbs.socket")).unwrap();
+    let path = socket
+        .lines()
+        .find_map(|l| l.strip_prefix("ListenSequentialPacket="))
+        .expect("a SOCK_SEQPACKET socket");
+    // Where a client of root with no XDG_RUNTIME_DIR looks: `status` names it, whether a
+    // daemon answers there or not.
+    let o = Command::new(BIN)
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("SOFTVERBS_SOCKET")
+        .env("SOFTVERBS_AUTOSTART", "0")
+        .arg("status")
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(said.contains(&format!(" {path}")), "{path} vs {said}");
+}
