@@ -345,3 +345,84 @@ fn the_units_verify_and_listen_where_root_clients_look() {
     );
     assert!(said.contains(&format!(" {path}")), "{path} vs {said}");
 }
+
+/// A device named by a real interface takes its addresses, IPv4 first, and not its IPv6
+/// link-local one; `mtu` lowers what the link allows but never raises it. The daemon runs in
+/// a network namespace of its own, on a veth interface made there (root only).
+#[test]
+fn a_device_named_by_interface_takes_its_addresses() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: making an interface needs root");
+        return;
+    }
+    let d = dir("iface");
+    let socket = d.0.join("s.sock");
+    let status = |config: &str| -> Value {
+        let file = d.0.join("softverbs.toml");
+        std::fs::write(&file, config).unwrap();
+        // `unshare` and `sh` exec: the child is the daemon. /sys shows the namespace's links
+        // once mounted there (as `ip netns exec` does). nodad: the IPv6 address is usable at
+        // once. A veth link's MTU is 1500, which fits IB MTU 1024.
+        let mut daemon = Command::new("unshare")
+            .args(["--net", "--mount", "--", "sh", "-c"])
+            .arg(
+                "set -e; mount -t sysfs sysfs /sys; ip link set lo up; ip addr add 192.0.2.77/32 dev lo; ip link add svveth0 type veth peer name svveth1; \
+                 ip addr add 2001:db8::5/64 dev svveth0 nodad; \
+                 ip addr add 192.0.2.5/24 dev svveth0; \
+                 ip link set svveth0 up; ip link set svveth1 up; \
+                 exec \"$0\" --socket \"$1\" daemon --config \"$2\"",
+            )
+            .arg(BIN)
+            .arg(&socket)
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.0.join("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + WAIT;
+        let s = loop {
+            let o = Command::new(BIN)
+                .arg("--socket")
+                .arg(&socket)
+                .args(["status", "--json"])
+                .output()
+                .unwrap();
+            if o.status.success() {
+                break serde_json::from_slice::<Value>(&o.stdout).unwrap();
+            }
+            let log = std::fs::read_to_string(d.0.join("daemon.log")).unwrap_or_default();
+            assert!(
+                Instant::now() < deadline && daemon.try_wait().unwrap().is_none(),
+                "the daemon did not answer; log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&daemon),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        daemon.wait().unwrap();
+        s["device_status"][0]["ports"][0].clone()
+    };
+
+    let port = status("[devices]\nsoftverbs0 = \"svveth0\"\n");
+    assert_eq!(
+        port["addrs"],
+        serde_json::json!(["192.0.2.5", "2001:db8::5"]),
+        "IPv4 first, no fe80::"
+    );
+    assert_eq!(port["active_mtu"], 1024, "what a 1500-byte link fits");
+    let port = status("mtu = 512\n[devices]\nsoftverbs0 = [\"svveth0\", \"192.0.2.77\"]\n");
+    assert_eq!(
+        port["addrs"],
+        serde_json::json!(["192.0.2.5", "2001:db8::5", "192.0.2.77"])
+    );
+    assert_eq!(port["active_mtu"], 512);
+    let port = status("mtu = 4096\n[devices]\nsoftverbs0 = \"svveth0\"\n");
+    assert_eq!(
+        port["active_mtu"], 1024,
+        "mtu never raises what the link allows"
+    );
+}
