@@ -27,6 +27,13 @@ impl Drop for Dir {
     }
 }
 
+/// Writes a configuration file as an administrator would: 0644 whatever the umask (the
+/// daemon refuses a file group or others could write).
+fn write_config(path: &Path, text: impl AsRef<str>) {
+    std::fs::write(path, text.as_ref()).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
 fn dir(name: &str) -> Dir {
     let d = std::env::temp_dir().join(format!("svservice-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -191,7 +198,7 @@ cqs = 3
 fn socket_activation_readiness_and_reload() {
     let d = dir("activate");
     let config = d.0.join("softverbs.toml");
-    std::fs::write(&config, CONFIG).unwrap();
+    write_config(&config, CONFIG);
     // The flag overrides the file's cqs, now and at every reload.
     let svc = Service::start(&d.0, &config, &["--limit", "context.cqs=7"]);
 
@@ -212,7 +219,7 @@ fn socket_activation_readiness_and_reload() {
     assert_eq!(pds_granted(&svc.socket, 10), 2);
 
     // `systemctl reload`: a changed limit is what the next client sees.
-    std::fs::write(&config, CONFIG.replace("pds = 2", "pds = 5")).unwrap();
+    write_config(&config, CONFIG.replace("pds = 2", "pds = 5"));
     svc.hangup();
     let status = svc.reloaded();
     assert!(status.contains("limits changed"), "{status}");
@@ -222,7 +229,7 @@ fn socket_activation_readiness_and_reload() {
     assert_eq!(pds_granted(&svc.socket, 10), 5);
 
     // A broken file is refused by name, and the running configuration stays.
-    std::fs::write(&config, CONFIG.replace("pds = 2", "pdz = 1")).unwrap();
+    write_config(&config, CONFIG.replace("pds = 2", "pdz = 1"));
     svc.hangup();
     let status = svc.reloaded();
     assert!(
@@ -250,10 +257,10 @@ fn socket_activation_readiness_and_reload() {
 }
 
 #[test]
-fn an_unknown_key_is_refused_by_name() {
+fn an_unknown_key_a_missing_interface_and_a_writable_file_are_refused() {
     let d = dir("unknown");
     let config = d.0.join("softverbs.toml");
-    std::fs::write(&config, "network = false\n[limits.uid]\nmapings = 8192\n").unwrap();
+    write_config(&config, "network = false\n[limits.uid]\nmapings = 8192\n");
     let o = Command::new(BIN)
         .arg("--socket")
         .arg(d.0.join("s.sock"))
@@ -267,7 +274,23 @@ fn an_unknown_key_is_refused_by_name() {
     assert!(err.contains("limits.uid.mapings"), "{err}");
     assert!(!d.0.join("s.sock").exists(), "refused before serving");
 
-    std::fs::write(&config, "[devices]\nsoftverbs0 = \"no-such-if0\"\n").unwrap();
+    // A file others could have written is refused whatever it says.
+    std::fs::write(&config, "network = false\n").unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let o = Command::new(BIN)
+        .arg("--socket")
+        .arg(d.0.join("s.sock"))
+        .arg("daemon")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(err.contains("writable by group or others"), "{err}");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    write_config(&config, "[devices]\nsoftverbs0 = \"no-such-if0\"\n");
     let o = Command::new(BIN)
         .arg("--socket")
         .arg(d.0.join("s.sock"))
@@ -359,7 +382,7 @@ fn a_device_named_by_interface_takes_its_addresses() {
     let socket = d.0.join("s.sock");
     let status = |config: &str| -> Value {
         let file = d.0.join("softverbs.toml");
-        std::fs::write(&file, config).unwrap();
+        write_config(&file, config);
         // `unshare` and `sh` exec: the child is the daemon. /sys shows the namespace's links
         // once mounted there (as `ip netns exec` does). nodad: the IPv6 address is usable at
         // once. A veth link's MTU is 1500, which fits IB MTU 1024.

@@ -119,9 +119,32 @@ struct LimitsFile {
 
 /// Reads and checks the file at `path`: unknown keys, bad values, interfaces that do not
 /// exist or have no address are errors naming what is wrong.
+///
+/// A file another user could have written is refused (as sshd's `StrictModes` refuses): it
+/// would let that user set a root daemon's limits, capture directory and devices. It must
+/// be root's or this user's, and writable by neither group nor others.
 pub fn load(path: &Path) -> Result<Settings, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let mut file = std::fs::File::open(path).map_err(|e| at(&e))?;
+    let meta = file.metadata().map_err(|e| at(&e))?;
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(at(&format!(
+            "owned by uid {}, neither root nor this user: refused",
+            meta.uid()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(at(&format!(
+            "mode {:o}: writable by group or others, refused",
+            meta.mode() & 0o7777
+        )));
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(|e| at(&e))?;
+    parse(&text).map_err(|e| at(&e))
 }
 
 /// [`load`] of the file's text.
