@@ -174,6 +174,11 @@ impl Server {
         // cannot play its NIC exits here, before any client could connect to it.
         let dispatcher = Self::devices(&config)?;
         let listener = softverbs_ipc::listen_seqpacket(path)?;
+        // Sender credentials on every request (which process sent it: a fork child may share
+        // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
+        // the first request, sent before the accept, carries them; set before the socket
+        // opens to everyone below.
+        softverbs_ipc::pass_credentials(listener.as_fd())?;
         // The socket is the door to every client's objects, but file permissions on the XRC
         // domain files are the access control, as with uverbs: anyone may connect.
         chmodat(
@@ -210,6 +215,10 @@ impl Server {
         }
         // The loop accepts until EAGAIN; a service manager passes a blocking socket.
         rustix::io::ioctl_fionbio(&listener, true)?;
+        // As `bind` does; a request queued before this carries no sender pid unless the
+        // socket unit set PassCredentials= (dist/systemd/softverbs.socket does); its context
+        // is still its peer's (SO_PEERCRED, taken at connect).
+        softverbs_ipc::pass_credentials(listener.as_fd())?;
         let dispatcher = Self::devices(&config)?;
         Self::serve(config, None, true, listener, dispatcher)
     }
@@ -228,12 +237,6 @@ impl Server {
         listener: OwnedFd,
         mut dispatcher: Dispatcher,
     ) -> io::Result<Server> {
-        // Sender credentials on every request (which process sent it: a fork child may share
-        // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
-        // the first request, sent before the accept, carries them. A request already queued
-        // on an activated socket before this carries none; its context is still its peer's
-        // (SO_PEERCRED, taken at connect).
-        softverbs_ipc::pass_credentials(listener.as_fd())?;
         let poll = Poll::new()?;
         poll.registry().register(
             &mut SourceFd(&listener.as_raw_fd()),
