@@ -449,3 +449,80 @@ fn a_device_named_by_interface_takes_its_addresses() {
         "mtu never raises what the link allows"
     );
 }
+
+/// sd_listen_fds(3)'s rules: variables meant for another process (`LISTEN_PID` not ours) are
+/// not ours to take: the daemon binds its own socket; two passed sockets are refused, since
+/// the daemon serves one.
+#[test]
+fn activation_variables_for_another_process_or_two_sockets_are_not_taken() {
+    let d = dir("listen-pid");
+    let socket = d.0.join("own.sock");
+    let mut daemon = Command::new(BIN)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["daemon", "--no-network"])
+        // pid 1 is never this daemon.
+        .env("LISTEN_PID", "1")
+        .env("LISTEN_FDS", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    let s: Value = loop {
+        let o = Command::new(BIN)
+            .arg("--socket")
+            .arg(&socket)
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            break serde_json::from_slice(&o.stdout).unwrap();
+        }
+        assert!(
+            Instant::now() < deadline && daemon.try_wait().unwrap().is_none(),
+            "the daemon did not bind its own socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(s["daemon_pid"], daemon.id());
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&daemon),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    assert!(daemon.wait().unwrap().success());
+
+    let d = dir("two-sockets");
+    let log = d.0.join("daemon.log");
+    let mut activator = Command::new("systemd-socket-activate")
+        .arg("--seqpacket")
+        .arg("--listen")
+        .arg(d.0.join("a.sock"))
+        .arg("--listen")
+        .arg(d.0.join("b.sock"))
+        .arg(BIN)
+        .args(["daemon", "--no-network"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("systemd-socket-activate (Debian package systemd)");
+    let deadline = Instant::now() + WAIT;
+    while !d.0.join("a.sock").exists() {
+        assert!(Instant::now() < deadline, "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The first connection starts the daemon, which refuses and exits.
+    let o = Command::new(BIN)
+        .arg("--socket")
+        .arg(d.0.join("a.sock"))
+        .arg("status")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(!activator.wait().unwrap().success());
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("2 sockets passed"), "{said}");
+}
