@@ -13,11 +13,13 @@ cd "$(dirname "$0")/.."
 # ucx-utils, openmpi-bin, libopenmpi-dev, mpich, libfabric-bin and python3-mpi4py are the
 # cluster and MPI tests' (crates/e2e/tests/cluster.rs, ucx.rs); rdmacm-utils and librdmacm-dev
 # (rdma_cma.h) run and check the drop-in librdmacm.so.1; python3-dev, python3-pip,
-# python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh).
+# python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh);
+# systemd ships systemd-socket-activate, which plays the socket unit in the service test
+# (crates/cli/tests/service.rs; no running systemd is needed).
 packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
   libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev python3-dev python3-pip
-  python3-setuptools python3-wheel)
+  python3-setuptools python3-wheel systemd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

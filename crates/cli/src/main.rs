@@ -1,6 +1,7 @@
 //! `softverbs`: run the daemon, look inside it, and tell the XRC receive-QP story.
 // One function names raw memory (bench::peer::in_place, the bench's comparison with the
-// raw in-place registration); nothing else may.
+// raw in-place registration), and one owns the descriptor a service manager passes
+// (service::take_listener); nothing else may.
 #![deny(unsafe_code)]
 
 mod actor;
@@ -11,6 +12,7 @@ mod demo;
 mod device_status;
 mod devnode;
 mod dropin;
+mod service;
 mod stream;
 mod sysfs_net;
 mod table;
@@ -42,35 +44,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon in the foreground (clients start one for you when none answers).
-    Daemon {
-        /// A device to offer, as NAME=IP[,IP...]; repeat for several. Default: softverbs0=127.0.0.1.
-        #[arg(long = "device")]
-        devices: Vec<DeviceSpec>,
-        /// Speak an older ABI level (to test compatibility with older daemons).
-        #[arg(long, default_value_t = softverbs_abi::ABI_VERSION)]
-        abi_version: u32,
-        /// Do not bind the devices' UDP ports (devices then reach only each other).
-        #[arg(long)]
-        no_network: bool,
-        /// UDP port of every device (RoCE v2 uses 4791).
-        #[arg(long, default_value_t = 4791)]
-        port: u16,
-        /// Write each device's traffic to DIR/<device>.pcap (mode 0600). DIR must exist and be
-        /// root's or this user's, writable by no one else; a symlink at a file is refused.
-        #[arg(long, value_name = "DIR")]
-        capture: Option<PathBuf>,
-        /// Inject faults into what the devices send: loss=P,dup=P,reorder=P,corrupt=P.
-        #[arg(long, value_parser = parse_faults)]
-        faults: Option<softverbs_transport::Faults>,
-        /// A limit, as SCOPE.RESOURCE=N; repeat for several. SCOPE: context, uid, daemon.
-        /// RESOURCE: contexts, pds, mrs, cqs, srqs, qps, ahs, xrcds, channels, ring-bytes,
-        /// registered-bytes, mappings, descriptors, mcast-groups, mcast-attachments. N: a number with an optional K/M/G/T suffix, or
-        /// unlimited (`--limit uid.mappings=8192 --limit context.ring-bytes=256M`). Defaults
-        /// follow from vm.max_map_count, physical memory and RLIMIT_NOFILE; `softverbs
-        /// status` shows them.
-        #[arg(long = "limit", value_name = "SCOPE.RESOURCE=N")]
-        limits: Vec<String>,
-    },
+    /// Settings come from --config's file, each flag given overriding it
+    /// (docs/guide/configuration.md).
+    Daemon(DaemonArgs),
     /// The daemon's pid, uptime, object counts and limits ("no daemon", exit 3, if none
     /// runs; never starts one).
     Status {
@@ -161,26 +137,103 @@ enum Command {
     },
 }
 
-fn parse_faults(s: &str) -> Result<softverbs_transport::Faults, String> {
-    let mut f = softverbs_transport::Faults::NONE;
-    f.delay = std::time::Duration::ZERO;
-    for part in s.split(',').filter(|p| !p.is_empty()) {
-        let (k, v) = part
-            .split_once('=')
-            .ok_or_else(|| format!("{part}: expected KEY=PROBABILITY"))?;
-        let p: f64 = v.parse().map_err(|e| format!("{part}: {e}"))?;
-        if !(0.0..=1.0).contains(&p) {
-            return Err(format!("{part}: a probability is between 0 and 1"));
-        }
-        match k {
-            "loss" => f.loss = p,
-            "dup" => f.duplicate = p,
-            "reorder" => f.reorder = p,
-            "corrupt" => f.corrupt = p,
-            _ => return Err(format!("{k}: unknown fault (loss, dup, reorder, corrupt)")),
+/// `softverbs daemon`'s flags: each one given overrides the configuration file's key of the
+/// same meaning (docs/guide/configuration.md).
+#[derive(clap::Args, Clone)]
+struct DaemonArgs {
+    /// Read settings from this TOML file (the service reads /etc/softverbs/softverbs.toml);
+    /// SIGHUP reads it again.
+    #[arg(long, value_name = "FILE", env = "SOFTVERBS_CONFIG")]
+    config: Option<PathBuf>,
+    /// A device to offer, as NAME=IP|INTERFACE[,...] (an interface contributes its IPv4 and
+    /// non-link-local IPv6 addresses); repeat for several; replaces the file's devices.
+    /// Default: softverbs0=127.0.0.1.
+    #[arg(long = "device", value_name = "NAME=IP|INTERFACE", value_parser = softverbs_daemon::config_file::device_flag)]
+    devices: Vec<DeviceSpec>,
+    /// Speak an older ABI level (to test compatibility with older daemons).
+    #[arg(long)]
+    abi_version: Option<u32>,
+    /// Do not bind the devices' UDP ports (devices then reach only each other).
+    #[arg(long)]
+    no_network: bool,
+    /// UDP port of every device (default 4791, RoCE v2's).
+    #[arg(long)]
+    port: Option<u16>,
+    /// The largest IB MTU the devices report: 256, 512, 1024, 2048 or 4096 (default: what
+    /// their links allow, which also caps this).
+    #[arg(long, value_parser = softverbs_daemon::config_file::mtu_flag)]
+    mtu: Option<softverbs_core::types::Mtu>,
+    /// Write each device's traffic to DIR/<device>.pcap (mode 0600). DIR must exist and be
+    /// root's or this user's, writable by no one else; a symlink at a file is refused.
+    #[arg(long, value_name = "DIR")]
+    capture: Option<PathBuf>,
+    /// Inject faults into what the devices send: loss=P,dup=P,reorder=P,corrupt=P.
+    #[arg(long, value_parser = softverbs_daemon::config_file::faults_flag)]
+    faults: Option<softverbs_transport::Faults>,
+    /// A limit, as SCOPE.RESOURCE=N; repeat for several. SCOPE: context, uid, daemon.
+    /// RESOURCE: contexts, pds, mrs, cqs, srqs, qps, ahs, xrcds, channels, ring-bytes,
+    /// registered-bytes, mappings, descriptors, mcast-groups, mcast-attachments. N: a number with an optional K/M/G/T suffix, or
+    /// unlimited (`--limit uid.mappings=8192 --limit context.ring-bytes=256M`). Defaults
+    /// follow from vm.max_map_count, physical memory and RLIMIT_NOFILE; `softverbs
+    /// status` shows them.
+    #[arg(long = "limit", value_name = "SCOPE.RESOURCE=N")]
+    limits: Vec<String>,
+}
+
+impl DaemonArgs {
+    /// What the flags set (`socket`: --socket or $SOFTVERBS_SOCKET).
+    fn settings(&self, socket: Option<PathBuf>) -> softverbs_daemon::config_file::Settings {
+        softverbs_daemon::config_file::Settings {
+            socket,
+            devices: (!self.devices.is_empty()).then(|| self.devices.clone()),
+            network: self.no_network.then_some(false),
+            port: self.port,
+            mtu: self.mtu,
+            capture: self.capture.clone(),
+            faults: self.faults,
+            limits: self.limits.clone(),
+            abi_version: self.abi_version,
         }
     }
-    Ok(f)
+
+    /// The configuration: the file's settings (read now), the flags over them.
+    fn config(&self, socket: Option<PathBuf>) -> Result<Config, String> {
+        let file = match &self.config {
+            Some(p) => softverbs_daemon::config_file::load(p)?,
+            None => Default::default(),
+        };
+        file.overridden_by(&self.settings(socket))
+            .into_config(softverbs_ipc::default_socket_path())
+    }
+}
+
+/// `softverbs daemon`: serves the socket the service manager passed, or binds its own;
+/// tells the service manager when it is ready, and reads its configuration again on SIGHUP.
+fn daemon(args: &DaemonArgs, socket: Option<PathBuf>) -> ExitCode {
+    // SAFETY: the first thing the daemon does: nothing has opened or closed a descriptor
+    // since exec (argument parsing opens none) and no other thread runs.
+    #[allow(unsafe_code)]
+    let activated = match unsafe { service::take_listener() } {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    init_tracing();
+    let config = match args.config(socket.clone()) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let run = || -> std::io::Result<()> {
+        let mut server = match activated {
+            Some(l) => Server::bind_activated(config, l)?,
+            None => Server::bind(config)?,
+        };
+        server.handle_signals()?;
+        let args = args.clone();
+        server.on_reload(Box::new(move || args.config(socket.clone())));
+        server.on_notice(Box::new(service::notify));
+        server.run()
+    };
+    run().map_or_else(fail, |()| ExitCode::SUCCESS)
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {
@@ -341,35 +394,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let socket = socket_path(&cli);
     match &cli.cmd {
-        Command::Daemon {
-            devices,
-            abi_version,
-            no_network,
-            port,
-            capture,
-            faults,
-            limits,
-        } => {
-            init_tracing();
-            let mut config = Config::new(socket);
-            for l in limits {
-                if let Err(e) = config.limits.apply(l) {
-                    return fail(format!("--limit {l}: {e}"));
-                }
-            }
-            config.devices = devices.clone();
-            config.abi_version = *abi_version;
-            config.net.bind = !no_network;
-            config.net.port = *port;
-            config.net.capture_dir = capture.clone();
-            config.net.faults = *faults;
-            let run = || -> std::io::Result<()> {
-                let mut server = Server::bind(config)?;
-                server.handle_signals()?;
-                server.run()
-            };
-            run().map_or_else(fail, |()| ExitCode::SUCCESS)
-        }
+        Command::Daemon(args) => daemon(args, cli.socket.clone()),
         Command::Status { json } => {
             let i = match introspect(&socket) {
                 Ok(i) => i,

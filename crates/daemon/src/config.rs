@@ -49,6 +49,10 @@ pub struct Config {
     pub net: crate::datapath::NetOptions,
     /// What one context, one uid and the daemon may use (docs/limits.md).
     pub limits: Limits,
+    /// The largest IB MTU the devices report; `None`: what their links allow
+    /// (`link_mtu::active_mtu`). A link still lowers it: packets larger than the link
+    /// would leave with DF set and vanish.
+    pub mtu: Option<softverbs_core::types::Mtu>,
 }
 
 impl Config {
@@ -67,6 +71,7 @@ impl Config {
                 capture_dir: None,
             },
             limits: Limits::for_budget(&host_budget()),
+            mtu: None,
         }
     }
 
@@ -91,8 +96,12 @@ impl Config {
                     IpAddr::V6(v6) => (u128::from(*v6) & u128::from(u64::MAX)) as u64,
                 });
                 let guid = 0x0200_5eff_fe00_0000 ^ (seed << 8) ^ i as u64;
-                let mut dev =
-                    Device::roce(&d.name, guid, &d.ips, crate::link_mtu::active_mtu(&d.ips));
+                let link = crate::link_mtu::active_mtu(&d.ips);
+                let mtu = match self.mtu {
+                    Some(m) if m.bytes() < link.bytes() => m,
+                    _ => link,
+                };
+                let mut dev = Device::roce(&d.name, guid, &d.ips, mtu);
                 dev.attr.max_mcast_grp = dev.attr.max_mcast_grp.min(groups);
                 dev
             })

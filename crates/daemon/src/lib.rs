@@ -11,6 +11,7 @@
 pub mod capture;
 pub mod cm;
 pub mod config;
+pub mod config_file;
 mod conn;
 pub mod datapath;
 pub mod direct;
@@ -24,7 +25,7 @@ pub mod spin;
 mod sq_retire;
 
 pub use config::{Config, DeviceSpec};
-pub use server::{Server, StopHandle};
+pub use server::{Notice, Server, StopHandle};
 
 use std::path::PathBuf;
 use std::thread::JoinHandle;

@@ -34,6 +34,8 @@ const SIGNALS: Token = Token(1);
 const WAKER: Token = Token(2);
 /// Every client doorbell (the loop only needs to wake; `drive` reads all rings).
 const DOORBELL: Token = Token(3);
+/// SIGHUP: read the configuration again.
+const RELOAD: Token = Token(4);
 /// Device UDP sockets are tokens `NET_BASE + device index`.
 const NET_BASE: usize = 8;
 const FIRST_CONN: usize = 16;
@@ -73,13 +75,36 @@ fn split_socket_path(path: &std::path::Path) -> io::Result<(PathBuf, String)> {
     Ok((dir, name))
 }
 
+/// What the daemon tells its service manager (sd_notify(3)); the shell maps these to its
+/// notification socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// The configuration is being read again (`RELOADING=1`).
+    Reloading,
+    /// Serving (`READY=1`): after start-up, and after every reload, whether it was taken.
+    Ready,
+    /// A line for `systemctl status` (`STATUS=`).
+    Status(String),
+}
+
+/// Reads the configuration again on SIGHUP: the new one, or why there is none.
+pub type Reload = Box<dyn FnMut() -> Result<Config, String> + Send>;
+/// Passes [`Notice`]s on.
+pub type Notify = Box<dyn FnMut(&[Notice]) + Send>;
+
 /// A bound daemon, ready to [`run`](Server::run).
 pub struct Server {
     config: Config,
-    _lock: std::fs::File,
+    /// `None` when the service manager bound the socket (it holds it, and the lock's job).
+    _lock: Option<std::fs::File>,
+    /// The socket came from the service manager: it stays when the daemon stops.
+    activated: bool,
     listener: OwnedFd,
     poll: Poll,
     signals: Option<UnixStream>,
+    hangup: Option<UnixStream>,
+    reload: Option<Reload>,
+    notify: Option<Notify>,
     stop: StopHandle,
     conns: HashMap<usize, Conn>,
     next_token: usize,
@@ -147,13 +172,12 @@ impl Server {
         }
         // The devices take their network side before the socket exists: a daemon that
         // cannot play its NIC exits here, before any client could connect to it.
-        let mut core = Core::new(config.build_devices());
-        core.set_limits(config.limits.clone());
-        let mut dispatcher = Dispatcher::new(core, config.abi_version, &config.net)?;
+        let dispatcher = Self::devices(&config)?;
         let listener = softverbs_ipc::listen_seqpacket(path)?;
         // Sender credentials on every request (which process sent it: a fork child may share
         // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
-        // the first request, sent before the accept, carries them.
+        // the first request, sent before the accept, carries them; set before the socket
+        // opens to everyone below.
         softverbs_ipc::pass_credentials(listener.as_fd())?;
         // The socket is the door to every client's objects, but file permissions on the XRC
         // domain files are the access control, as with uverbs: anyone may connect.
@@ -163,6 +187,56 @@ impl Server {
             Mode::from_raw_mode(0o777),
             AtFlags::empty(),
         )?;
+        Self::serve(config, Some(lock), false, listener, dispatcher)
+    }
+
+    /// Serves `listener`, a listening `SOCK_SEQPACKET` Unix socket the service manager bound
+    /// and passed (socket activation, sd_listen_fds(3)); `config.socket` becomes its path.
+    /// The socket's file and mode are the socket unit's, and it is left in place at exit.
+    pub fn bind_activated(mut config: Config, listener: OwnedFd) -> io::Result<Server> {
+        let invalid = |what: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the socket passed by the service manager {what}"),
+            )
+        };
+        if rustix::net::sockopt::socket_type(&listener)? != rustix::net::SocketType::SEQPACKET {
+            return Err(invalid("is not SOCK_SEQPACKET (ListenSequentialPacket=)"));
+        }
+        if !rustix::net::sockopt::socket_acceptconn(&listener)? {
+            return Err(invalid("does not listen"));
+        }
+        let addr = rustix::net::getsockname(&listener)?;
+        let unix = rustix::net::SocketAddrUnix::try_from(addr)
+            .map_err(|_| invalid("is not a Unix socket"))?;
+        if let Some(p) = unix.path() {
+            use std::os::unix::ffi::OsStrExt;
+            config.socket = PathBuf::from(std::ffi::OsStr::from_bytes(p.to_bytes()));
+        }
+        // The loop accepts until EAGAIN; a service manager passes a blocking socket.
+        rustix::io::ioctl_fionbio(&listener, true)?;
+        // As `bind` does; a request queued before this carries no sender pid unless the
+        // socket unit set PassCredentials= (dist/systemd/softverbs.socket does); its context
+        // is still its peer's (SO_PEERCRED, taken at connect).
+        softverbs_ipc::pass_credentials(listener.as_fd())?;
+        let dispatcher = Self::devices(&config)?;
+        Self::serve(config, None, true, listener, dispatcher)
+    }
+
+    /// The core and the devices' network side.
+    fn devices(config: &Config) -> io::Result<Dispatcher> {
+        let mut core = Core::new(config.build_devices());
+        core.set_limits(config.limits.clone());
+        Dispatcher::new(core, config.abi_version, &config.net)
+    }
+
+    fn serve(
+        config: Config,
+        lock: Option<std::fs::File>,
+        activated: bool,
+        listener: OwnedFd,
+        mut dispatcher: Dispatcher,
+    ) -> io::Result<Server> {
         let poll = Poll::new()?;
         poll.registry().register(
             &mut SourceFd(&listener.as_raw_fd()),
@@ -186,9 +260,13 @@ impl Server {
         Ok(Server {
             config,
             _lock: lock,
+            activated,
             listener,
             poll,
             signals: None,
+            hangup: None,
+            reload: None,
+            notify: None,
             stop,
             conns: HashMap::new(),
             next_token: FIRST_CONN,
@@ -214,7 +292,110 @@ impl Server {
             Interest::READABLE,
         )?;
         self.signals = Some(read);
+        // SIGHUP reads the configuration again (`ExecReload=`); without a reload hook it
+        // changes nothing, rather than ending the daemon as its default action would.
+        let (read, write) = UnixStream::pair()?;
+        read.set_nonblocking(true)?;
+        write.set_nonblocking(true)?;
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGHUP, write)?;
+        self.poll.registry().register(
+            &mut SourceFd(&read.as_raw_fd()),
+            RELOAD,
+            Interest::READABLE,
+        )?;
+        self.hangup = Some(read);
         Ok(())
+    }
+
+    /// What SIGHUP does: `reload` reads the configuration again (see [`Server::apply`]).
+    pub fn on_reload(&mut self, reload: Reload) {
+        self.reload = Some(reload);
+    }
+
+    /// Where [`Notice`]s go; the first, [`Notice::Ready`], goes as [`run`](Server::run)
+    /// starts: the devices are up and the socket is served.
+    pub fn on_notice(&mut self, notify: Notify) {
+        self.notify = Some(notify);
+    }
+
+    fn notice(&mut self, n: &[Notice]) {
+        if let Some(f) = &mut self.notify {
+            f(n);
+        }
+    }
+
+    /// Takes what of `new` a running daemon can take and says what needs a restart: the
+    /// limits change at once (objects over a lowered limit stay; the next allocation is
+    /// refused); the socket, devices, network, port, MTU, capture, faults and ABI level are
+    /// the devices' and the socket's shape, made once at start. Returns the summary.
+    pub fn apply(&mut self, new: Config) -> String {
+        let old = &self.config;
+        let mut restart = Vec::new();
+        // The activated socket's path is the socket unit's, whatever the file says.
+        if new.socket != old.socket && !self.activated {
+            restart.push("socket");
+        }
+        if new.devices != old.devices {
+            restart.push("devices");
+        }
+        if new.abi_version != old.abi_version {
+            restart.push("abi_version");
+        }
+        if new.net.bind != old.net.bind {
+            restart.push("network");
+        }
+        if new.net.port != old.net.port {
+            restart.push("port");
+        }
+        if new.net.capture_dir != old.net.capture_dir {
+            restart.push("capture");
+        }
+        if new.net.faults != old.net.faults {
+            restart.push("faults");
+        }
+        if new.mtu != old.mtu {
+            restart.push("mtu");
+        }
+        let limits = new.limits != old.limits;
+        if limits {
+            self.dispatcher.core.set_limits(new.limits.clone());
+            self.config.limits = new.limits;
+        }
+        let mut summary = if limits {
+            "configuration reloaded: limits changed".to_string()
+        } else {
+            "configuration reloaded: no limit changed".to_string()
+        };
+        if !restart.is_empty() {
+            summary += &format!("; {} take effect at restart", restart.join(", "));
+        }
+        summary
+    }
+
+    fn reload(&mut self) {
+        // One reload for any number of SIGHUPs that arrived meanwhile.
+        if let Some(h) = &self.hangup {
+            let mut sink = [0u8; 64];
+            while matches!(io::Read::read(&mut &*h, &mut sink), Ok(n) if n > 0) {}
+        }
+        let Some(mut reload) = self.reload.take() else {
+            tracing::info!("SIGHUP: no configuration to read again");
+            return;
+        };
+        self.notice(&[Notice::Reloading]);
+        let status = match reload() {
+            Ok(new) => {
+                let s = self.apply(new);
+                tracing::info!("{s}");
+                s
+            }
+            Err(e) => {
+                tracing::error!("reload refused, the running configuration stays: {e}");
+                format!("reload refused, the running configuration stays: {e}")
+            }
+        };
+        self.reload = Some(reload);
+        self.notice(&[Notice::Status(status), Notice::Ready]);
     }
 
     /// A handle that stops the loop from another thread.
@@ -230,7 +411,8 @@ impl Server {
     /// Runs until stopped; then closes every connection (tearing contexts down) and removes
     /// the socket file.
     pub fn run(&mut self) -> io::Result<()> {
-        tracing::info!(socket = %self.config.socket.display(), abi = self.config.abi_version, "daemon serving");
+        tracing::info!(socket = %self.config.socket.display(), abi = self.config.abi_version, activated = self.activated, "daemon serving");
+        self.notice(&[Notice::Ready]);
         let mut events = Events::with_capacity(256);
         let mut spin = SpinPolicy::new(std::time::Instant::now());
         while !self.stop.flag.load(std::sync::atomic::Ordering::SeqCst) {
@@ -284,6 +466,7 @@ impl Server {
                             .flag
                             .store(true, std::sync::atomic::Ordering::SeqCst);
                     }
+                    RELOAD => self.reload(),
                     WAKER | DOORBELL => {}
                     // Device sockets are tokens NET_BASE + device; group sockets, of any
                     // device, share NET_BASE.
@@ -332,7 +515,9 @@ impl Server {
             self.close_conn(t, "daemon shutdown");
         }
         self.dispatcher.dp.flush_captures();
-        let _ = std::fs::remove_file(&self.config.socket);
+        if !self.activated {
+            let _ = std::fs::remove_file(&self.config.socket);
+        }
         tracing::info!("daemon stopped");
         Ok(())
     }
