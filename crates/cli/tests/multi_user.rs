@@ -213,6 +213,50 @@ fn wait_idle_exit(job: &Job) {
     }
 }
 
+/// On a daemon serving every user, `other` may not raise an event on `owner`'s QP (it would
+/// reach `owner`'s program): `EPERM`.
+fn injection_is_refused_on_another_users_qp(owner: &Job, other: &Job, socket: &Path) {
+    let port = 18800;
+    let p = port.to_string();
+    let args = [
+        "run",
+        "--",
+        "ibv_rc_pingpong",
+        "-g",
+        "0",
+        "-n",
+        "10",
+        "-p",
+        &p,
+    ];
+    let server = owner.softverbs(&args).spawn().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !listening(port) {
+        assert!(Instant::now() < deadline, "the server never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // ibv_rc_pingpong makes its QP before it listens for its peer.
+    let text = softverbs::Introspect::connect_running(socket)
+        .and_then(|i| i.resources_json())
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let qpn = r["qps"][0]["qpn"].as_u64().unwrap_or_else(|| panic!("{r}"));
+    let q = qpn.to_string();
+    let inject = ["inject-event", "--qpn", &q, "--event", "comm-est"];
+    let (ok, out, err) = finish(
+        "inject as another user",
+        other.softverbs(&inject).spawn().unwrap(),
+    );
+    assert!(!ok && err.contains("Operation not permitted"), "{out}{err}");
+    // The owner's program is unharmed: its peer comes and the exchange completes.
+    let mut cargs = args.to_vec();
+    cargs.push("localhost");
+    let client = owner.softverbs(&cargs).spawn().unwrap();
+    let (cok, cout, cerr) = finish("pingpong after the refused injection (client)", client);
+    let (sok, sout, serr) = finish("pingpong after the refused injection (server)", server);
+    assert!(cok && sok, "{cout}{cerr}{sout}{serr}");
+}
+
 fn scenario() {
     let base = std::env::temp_dir().join(format!("svmulti-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
@@ -307,7 +351,9 @@ fn scenario() {
         !ok && err.contains(&jobs[1].own_socket().display().to_string()),
         "{err}"
     );
+    injection_is_refused_on_another_users_qp(&jobs[0], &jobs[2], system_socket);
     pingpong_ring(&jobs, 18700);
+    // The demos inject an event on their own receive QP: allowed to any user on its own QPs.
     demos(&[&jobs[1], &jobs[2]]);
     // No job started a daemon of its own meanwhile: each job's log is as phase 1 left it.
     for j in &jobs {
