@@ -211,7 +211,7 @@ fn offers(introspect: &softverbs::Introspect, devices: &[DeviceSpec]) -> Result<
 
 /// `softverbs run [--device ...] -- CMD ARGS…`: returns only if the program could not be
 /// started. With `devices`, a daemon this starts offers them, and one already answering must.
-pub fn run(socket: &Path, devices: &[DeviceSpec], cmd: &[OsString]) -> ExitCode {
+pub fn run(socket: &Path, named: &[DeviceSpec], cmd: &[OsString]) -> ExitCode {
     let fail = |e: String| {
         eprintln!("softverbs run: {e}");
         ExitCode::from(127)
@@ -230,7 +230,7 @@ pub fn run(socket: &Path, devices: &[DeviceSpec], cmd: &[OsString]) -> ExitCode 
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("softverbs"));
     // Start the daemon now (the client library's autostart), so its start-up is not charged
     // to the program's first verbs call and a failure is reported here, clearly.
-    let daemon_args: Vec<OsString> = devices
+    let daemon_args: Vec<OsString> = named
         .iter()
         .flat_map(|d| ["--device".into(), device_arg(d).into()])
         .collect();
@@ -238,7 +238,7 @@ pub fn run(socket: &Path, devices: &[DeviceSpec], cmd: &[OsString]) -> ExitCode 
         Ok(i) => i,
         Err(e) => return fail(e),
     };
-    if let Err(e) = offers(&introspect, devices) {
+    if let Err(e) = offers(&introspect, named) {
         return fail(e);
     }
     let devices = match introspect.devices() {
@@ -279,11 +279,16 @@ pub fn run(socket: &Path, devices: &[DeviceSpec], cmd: &[OsString]) -> ExitCode 
         c.arg("--").arg(prog).args(args);
         c
     };
-    let err = cmd
-        .env("LD_LIBRARY_PATH", path)
+    cmd.env("LD_LIBRARY_PATH", path)
         .env("SOFTVERBS_SOCKET", socket)
-        .env("SOFTVERBS_DAEMON_BIN", &exe)
-        .exec();
+        .env("SOFTVERBS_DAEMON_BIN", &exe);
+    // A daemon the program's library starts again (after this one's idle exit) offers the
+    // same devices.
+    if !named.is_empty() {
+        let specs: Vec<String> = named.iter().map(device_arg).collect();
+        cmd.env("SOFTVERBS_DEVICES", specs.join(" "));
+    }
+    let err = cmd.exec();
     fail(format!("{}: {err}", prog.to_string_lossy()))
 }
 

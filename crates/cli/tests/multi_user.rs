@@ -291,13 +291,27 @@ fn scenario() {
             );
         }
     }
-    // `run --device`: a daemon of the program's own with the device named.
+    // `run --device`: a daemon of the program's own with the device named; when it has
+    // exited for being idle, the one the program's library starts again offers it too.
     let c = jobs[2]
-        .softverbs(&["run", "--device", "sv-mine=127.0.0.77", "--", "ibv_devices"])
+        .softverbs(&[
+            "run",
+            "--device",
+            "sv-mine=127.0.0.77",
+            "--",
+            "sh",
+            "-c",
+            "ibv_devices && while [ -S \"$SOFTVERBS_SOCKET\" ]; do sleep 0.05; done && \
+             echo idle-exited && ibv_devices",
+        ])
         .spawn()
         .unwrap();
     let (ok, out, err) = finish("run --device", c);
-    assert!(ok && out.contains("sv-mine"), "{out}{err}");
+    let after = out.split("idle-exited").nth(1).unwrap_or_default();
+    assert!(
+        ok && out.contains("sv-mine") && after.contains("sv-mine"),
+        "{out}{err}"
+    );
     // Every autostarted daemon exits once idle.
     for j in &jobs {
         wait_idle_exit(j);

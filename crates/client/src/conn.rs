@@ -36,9 +36,10 @@ const AUTOSTART_GRACE: Duration = Duration::from_millis(500);
 const AUTOSTART_POLL: Duration = Duration::from_millis(20);
 
 /// Connects to the daemon at `path`. If nothing listens there (`ENOENT`/`ECONNREFUSED`) and
-/// `SOFTVERBS_AUTOSTART` is not `0`, starts one (`<bin> daemon --socket <path> --autostarted`:
-/// it picks a device address of its own when another daemon holds the default one, and exits
-/// when it has had no client for a while; `<bin>` is `$SOFTVERBS_DAEMON_BIN`, else a `softverbs` executable next to the current
+/// `SOFTVERBS_AUTOSTART` is not `0`, starts one (`<bin> daemon --socket <path> --autostarted`,
+/// with `--device` for each device of `$SOFTVERBS_DEVICES`: it picks a device address of its
+/// own when another daemon holds the default one, and exits when it has had no client for a
+/// while; `<bin>` is `$SOFTVERBS_DAEMON_BIN`, else a `softverbs` executable next to the current
 /// executable or in its parent directory, else `softverbs` from `PATH`) and retries for up
 /// to 5 s. Fails with op `"connect"` and the connect errno otherwise.
 pub fn connect_socket(path: &Path) -> Result<OwnedFd> {
@@ -132,6 +133,21 @@ fn socket_dir(path: &Path) -> &Path {
         .unwrap_or(Path::new("."))
 }
 
+/// `--device SPEC` for each whitespace-separated `NAME=IP[,IP...]` of `$SOFTVERBS_DEVICES`,
+/// unless the caller named daemon arguments itself: the devices an autostarted daemon offers
+/// (`softverbs run --device` sets it for its program, so a daemon the program's library starts
+/// again after an idle exit offers the same devices; docs/guide/multi-user.md).
+fn devices_from_env(args: &[OsString]) -> Vec<OsString> {
+    if !args.is_empty() {
+        return Vec::new();
+    }
+    let specs = std::env::var("SOFTVERBS_DEVICES").unwrap_or_default();
+    specs
+        .split_whitespace()
+        .flat_map(|d| [OsString::from("--device"), OsString::from(d)])
+        .collect()
+}
+
 fn start_daemon(
     path: &Path,
     bin: &Path,
@@ -148,6 +164,7 @@ fn start_daemon(
         .arg(path)
         .arg("--autostarted")
         .args(args)
+        .args(devices_from_env(args))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
