@@ -234,3 +234,81 @@ fn status_shows_each_devices_port_mtu_and_its_multicast_groups() {
         "{text}"
     );
 }
+
+/// `softverbs daemon --autostarted` (what a client's autostart runs) on `socket`, kept
+/// running (`--idle-exit 0`); waits until it answers and returns it with its `status` text.
+fn autostarted(socket: &Path) -> (std::process::Child, String) {
+    let mut child = Command::new(BIN)
+        .arg("--socket")
+        .arg(socket)
+        .args(["daemon", "--autostarted", "--idle-exit", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + EXIT_WAIT;
+    loop {
+        let out = Command::new(BIN)
+            .arg("--socket")
+            .arg(socket)
+            .arg("status")
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return (child, String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the daemon exited ({st}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(Instant::now() < deadline, "the daemon never answered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_autostarted_daemon_takes_an_address_of_its_own_or_none_and_says_so() {
+    let d = dir("own-address");
+    let socket = d.0.join("own.sock");
+    let uid = rustix::process::geteuid().as_raw();
+    let candidates = softverbs_daemon::config::own_addresses(uid, &socket);
+    assert_eq!(candidates[0].to_string(), "127.0.0.1");
+    // 127.0.0.1 and the first address of its own are another daemon's: it takes the next.
+    let held: Vec<_> = candidates[..2]
+        .iter()
+        .map(|ip| UdpSocket::bind((*ip, 4791)))
+        .collect();
+    let (mut child, text) = autostarted(&socket);
+    let want = format!(
+        "network: UDP {}:4791, an address of its own: 127.0.0.1:4791, {}:4791 was taken",
+        candidates[2], candidates[1]
+    );
+    assert!(text.contains(&want), "{want:?} in:\n{text}");
+    assert!(
+        text.contains(&format!(
+            "device softverbs0 port 1: active MTU 4096 (max 4096), {}",
+            candidates[2]
+        )),
+        "{text}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(held);
+    // Every address it would try is taken: it runs without a network, and says so.
+    let held: Vec<_> = candidates
+        .iter()
+        .map(|ip| UdpSocket::bind((*ip, 4791)))
+        .collect();
+    let (mut child, text) = autostarted(&socket);
+    assert!(
+        text.contains("network: none: every address tried was taken"),
+        "{text}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(held);
+}
