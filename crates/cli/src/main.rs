@@ -31,8 +31,10 @@ use softverbs_daemon::{Config, DeviceSpec, Server};
     about = "RDMA verbs in userspace, built around shared XRC receive QPs"
 )]
 struct Cli {
-    /// The daemon's socket (default: $SOFTVERBS_SOCKET, else $XDG_RUNTIME_DIR/softverbs/softverbs.sock,
-    /// else /run/softverbs/softverbs.sock).
+    /// The daemon's socket (default: $SOFTVERBS_SOCKET, else the system daemon's
+    /// /run/softverbs/softverbs.sock when one answers there, else
+    /// $XDG_RUNTIME_DIR/softverbs/softverbs.sock, else /run/softverbs/softverbs.sock; the
+    /// daemon itself binds the last two).
     #[arg(long, global = true, env = "SOFTVERBS_SOCKET")]
     socket: Option<PathBuf>,
     #[command(subcommand)]

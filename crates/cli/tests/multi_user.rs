@@ -199,10 +199,16 @@ fn device_addr(log: &str) -> Option<String> {
         .map(String::from)
 }
 
-/// Waits (bounded by [`WAIT`]) until `job`'s autostarted daemon has exited for being idle.
-fn wait_idle_exit(job: &Job) {
+/// How many times `job`'s autostarted daemons have exited for being idle.
+fn idle_exits(job: &Job) -> usize {
+    job.own_log().matches("no client for the idle time").count()
+}
+
+/// Waits (bounded by [`WAIT`]) until `job`'s autostarted daemon has exited for being idle
+/// (once more than `before` times).
+fn wait_idle_exit(job: &Job, before: usize) {
     let deadline = Instant::now() + WAIT;
-    while job.own_socket().exists() || !job.own_log().contains("no client for the idle time") {
+    while job.own_socket().exists() || idle_exits(job) <= before {
         assert!(
             Instant::now() < deadline,
             "{}'s daemon never exited: {}",
@@ -314,7 +320,7 @@ fn scenario() {
     );
     // Every autostarted daemon exits once idle.
     for j in &jobs {
-        wait_idle_exit(j);
+        wait_idle_exit(j, 0);
     }
 
     // 2. A system daemon (root, no XDG_RUNTIME_DIR, not autostarted: it never idles out, even
@@ -379,9 +385,21 @@ fn scenario() {
             j.own_log()
         );
     }
+    // An autostarted daemon's idle exit is the clock: once one has idled out, the system
+    // daemon, idle as long (nothing else runs), must still answer.
+    let exits = idle_exits(&jobs[0]);
+    let mut c = jobs[0].softverbs(&["run", "--", "true"]);
+    c.env("SOFTVERBS_SOCKET", jobs[0].own_socket());
+    let (ok, out, err) = finish("run with its own daemon", c.spawn().unwrap());
+    assert!(ok, "{out}{err}");
+    wait_idle_exit(&jobs[0], exits);
     assert!(
         system.try_wait().unwrap().is_none(),
         "the system daemon is still up"
+    );
+    assert!(
+        softverbs::Introspect::connect_running(system_socket).is_ok(),
+        "the system daemon still answers"
     );
     let _ = rustix::process::kill_process(
         rustix::process::Pid::from_raw(pid as i32).unwrap(),
