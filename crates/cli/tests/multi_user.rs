@@ -263,6 +263,16 @@ fn injection_is_refused_on_another_users_qp(owner: &Job, other: &Job, socket: &P
     assert!(cok && sok, "{cout}{cerr}{sout}{serr}");
 }
 
+/// A daemon this test started, killed if the test fails before it stops it.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn scenario() {
     let base = std::env::temp_dir().join(format!("svmulti-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
@@ -326,22 +336,24 @@ fn scenario() {
     // 2. A system daemon (root, no XDG_RUNTIME_DIR, not autostarted: it never idles out, even
     // with SOFTVERBS_IDLE_EXIT in its environment).
     let log = base.join("system.log");
-    let mut system = Command::new(BIN)
-        .arg("daemon")
-        .env_remove("XDG_RUNTIME_DIR")
-        .env_remove("SOFTVERBS_SOCKET")
-        .env("SOFTVERBS_IDLE_EXIT", IDLE)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+    let mut system = Reap(
+        Command::new(BIN)
+            .arg("daemon")
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("SOFTVERBS_SOCKET")
+            .env("SOFTVERBS_IDLE_EXIT", IDLE)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .process_group(0)
+            .spawn()
+            .unwrap(),
+    );
     let system_socket = Path::new("/run/softverbs/softverbs.sock");
     let deadline = Instant::now() + WAIT;
     while softverbs::Introspect::connect_running(system_socket).is_err() {
         assert!(
-            system.try_wait().unwrap().is_none(),
+            system.0.try_wait().unwrap().is_none(),
             "{}",
             std::fs::read_to_string(&log).unwrap()
         );
@@ -351,7 +363,7 @@ fn scenario() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let pid = system.id();
+    let pid = system.0.id();
     // Every job finds it, whatever its XDG_RUNTIME_DIR says.
     for j in &jobs {
         let (ok, out, err) = finish("status", j.softverbs(&["status"]).spawn().unwrap());
@@ -394,7 +406,7 @@ fn scenario() {
     assert!(ok, "{out}{err}");
     wait_idle_exit(&jobs[0], exits);
     assert!(
-        system.try_wait().unwrap().is_none(),
+        system.0.try_wait().unwrap().is_none(),
         "the system daemon is still up"
     );
     assert!(
@@ -405,7 +417,7 @@ fn scenario() {
         rustix::process::Pid::from_raw(pid as i32).unwrap(),
         rustix::process::Signal::TERM,
     );
-    let _ = system.wait();
+    let _ = system.0.wait();
     let _ = std::fs::remove_dir_all(&base);
 }
 
