@@ -14,9 +14,17 @@ const QUOTED_LINES: usize = 5;
 /// [`Introspect::connect_at`] (starting a daemon if none answers); on failure, the error and
 /// what a daemon started meanwhile wrote to its log.
 pub fn connect(socket: &Path) -> Result<Introspect, String> {
+    connect_starting(socket, &[])
+}
+
+/// [`connect`] that gives a daemon it starts `daemon_args` too.
+pub fn connect_starting(
+    socket: &Path,
+    daemon_args: &[std::ffi::OsString],
+) -> Result<Introspect, String> {
     let log = softverbs::autostart_log(socket);
     let before = std::fs::metadata(&log).map_or(0, |m| m.len());
-    Introspect::connect_at(socket).map_err(|e| {
+    Introspect::connect_starting(socket, daemon_args).map_err(|e| {
         let said = new_log_lines(&log, before);
         if said.is_empty() {
             format!("no daemon at {}: {e}", socket.display())

@@ -9,8 +9,10 @@
 //!
 //! And data flows through it: each worker has its own XRC SRQ in the domain, and a sender on
 //! a second daemon (its own device on another loopback address, 127.0.0.2 unless told
-//! otherwise: any 127/8 address is this host's loopback, so no root is needed) streams messages over RoCE v2 through the shared receive QP into the workers'
-//! SRQs. The creator is killed in the middle of the stream; the stream goes on, and every
+//! otherwise: any 127/8 address is this host's loopback, so no root is needed) streams
+//! messages over RoCE v2 through the shared receive QP into the workers' SRQs. When another
+//! daemon holds 127.0.0.2 (a second demo running at the same time), the second daemon takes
+//! another loopback address of its own ([`remote_addresses`]). The creator is killed in the middle of the stream; the stream goes on, and every
 //! worker must have received exactly its messages, once each, intact (`crate::stream`).
 
 use std::io::{BufRead, BufReader, Write};
@@ -34,18 +36,53 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// stream also runs, paced, while it dies).
 const HALF: u64 = 150;
 
+/// The second daemon's address when none is given.
+const REMOTE_IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+
+/// The addresses the second daemon tries, in order: `given` alone, else [`REMOTE_IP`] and
+/// then loopback addresses derived from this run's fresh directory (so two demos at once,
+/// of one user or of two, try different ones; bind(2) settles which is free).
+fn remote_addresses(given: Option<IpAddr>, dir: &Path) -> Vec<IpAddr> {
+    match given {
+        Some(ip) => vec![ip],
+        None => std::iter::once(REMOTE_IP)
+            .chain(
+                softverbs_daemon::config::own_addresses(rustix::process::geteuid().as_raw(), dir)
+                    .into_iter()
+                    .skip(1),
+            )
+            .collect(),
+    }
+}
+
 /// The second daemon, the sender's, run for the demo and killed with it.
 struct RemoteDaemon {
     child: Child,
     socket: PathBuf,
     log: PathBuf,
+    /// Its device's address.
+    ip: IpAddr,
 }
 
 impl RemoteDaemon {
-    fn start(dir: &Path, ip: IpAddr) -> Result<RemoteDaemon, String> {
+    /// The second daemon on the first of `ips` that no other daemon holds.
+    fn start_any(dir: &Path, ips: &[IpAddr]) -> Result<RemoteDaemon, String> {
+        let mut last = String::from("no address to try");
+        for (k, ip) in ips.iter().enumerate() {
+            match RemoteDaemon::start(dir, *ip, k) {
+                Ok(d) => return Ok(d),
+                // Another daemon's address (bind(2): EADDRINUSE): try the next one.
+                Err(e) if e.contains("EADDRINUSE") => last = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+
+    fn start(dir: &Path, ip: IpAddr, attempt: usize) -> Result<RemoteDaemon, String> {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-        let socket = dir.join("remote.sock");
-        let log = dir.join("remote-daemon.log");
+        let socket = dir.join(format!("remote-{attempt}.sock"));
+        let log = dir.join(format!("remote-daemon-{attempt}.log"));
         let err = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let child = Command::new(exe)
             .arg("--socket")
@@ -56,7 +93,12 @@ impl RemoteDaemon {
             .stderr(err)
             .spawn()
             .map_err(|e| format!("spawn the second daemon: {e}"))?;
-        let mut d = RemoteDaemon { child, socket, log };
+        let mut d = RemoteDaemon {
+            child,
+            socket,
+            log,
+            ip,
+        };
         let deadline = Instant::now() + STEP_TIMEOUT;
         while !d.socket.exists() {
             if let Ok(Some(st)) = d.child.try_wait() {
@@ -173,8 +215,8 @@ impl Drop for Actor {
 
 struct Story {
     socket: PathBuf,
-    /// The second daemon's device address.
-    remote_ip: IpAddr,
+    /// The second daemon's device address, if given.
+    remote_ip: Option<IpAddr>,
     start: Instant,
     introspect: Introspect,
 }
@@ -236,7 +278,7 @@ fn check(ok: bool, what: &str) -> Result<(), String> {
 }
 
 /// Runs the demo with `workers` workers against the daemon at `socket` (started if needed).
-pub fn run(socket: &Path, workers: usize, remote_ip: IpAddr) -> Result<(), String> {
+pub fn run(socket: &Path, workers: usize, remote_ip: Option<IpAddr>) -> Result<(), String> {
     if workers == 0 {
         return Err("need at least one worker".into());
     }
@@ -338,7 +380,7 @@ fn story_steps(story: &Story, file: &Path, dir: &Path, workers: usize) -> Result
     )?;
 
     // 3. A sender on a second daemon, connected to the receive QP.
-    let remote = RemoteDaemon::start(dir, story.remote_ip)?;
+    let remote = RemoteDaemon::start_any(dir, &remote_addresses(story.remote_ip, dir))?;
     let mut sender = Actor::spawn("sender", &remote.socket, &["sender".into()])?;
     let ready = sender.expect("READY ")?;
     let (send_qpn, send_gid): (u32, String) =
@@ -354,7 +396,7 @@ fn story_steps(story: &Story, file: &Path, dir: &Path, workers: usize) -> Result
         "sender pid {} on a second daemon (pid {}, device softverbs-remote at {}) connected its XRC send QP {send_qpn:#08x} to receive QP {qpn:#08x}; the creator moved the receive QP to RTR",
         sender.pid(),
         remote.child.id(),
-        story.remote_ip
+        remote.ip
     ));
 
     // 4. Stream; SIGKILL the creator in the middle of it.
@@ -364,7 +406,7 @@ fn story_steps(story: &Story, file: &Path, dir: &Path, workers: usize) -> Result
         format!(
             "{e}: no message got through (the daemon at {} must reach {} over UDP: not --no-network; the second daemon said: {})",
             story.socket.display(),
-            story.remote_ip,
+            remote.ip,
             remote.log_tail()
         )
     })?;

@@ -13,6 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use softverbs_daemon::DeviceSpec;
 use softverbs_ipc::private_dir::{self, Owner};
 
 use crate::devnode;
@@ -150,8 +151,67 @@ fn build_key(lib: &Path, rdmacm: Option<&Path>) -> String {
     format!("{h:016x}")
 }
 
-/// `softverbs run -- CMD ARGS…`: returns only if the program could not be started.
-pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
+/// `NAME=IP[,IP...]`, as `--device` takes it.
+fn device_arg(d: &DeviceSpec) -> String {
+    let ips: Vec<String> = d.ips.iter().map(ToString::to_string).collect();
+    format!("{}={}", d.name, ips.join(","))
+}
+
+/// The socket of `softverbs run --device ...`: `explicit` (`--socket`), else one of this
+/// user's own directory named after the devices ([`build_key`] of their specs), so every run
+/// with the same devices shares one daemon and runs with other devices get another.
+pub fn device_socket(explicit: Option<&Path>, devices: &[DeviceSpec]) -> Result<PathBuf, String> {
+    if let Some(s) = explicit {
+        return Ok(s.to_path_buf());
+    }
+    let specs: Vec<String> = devices.iter().map(device_arg).collect();
+    let key = build_key(Path::new(&specs.join(" ")), None);
+    let base = private_dir::user_dir().map_err(|e| e.to_string())?;
+    Ok(base.join(format!("devices-{key}")).join("softverbs.sock"))
+}
+
+/// Whether the daemon behind `introspect` offers every one of `devices` with its addresses;
+/// if not, what it offers instead.
+fn offers(introspect: &softverbs::Introspect, devices: &[DeviceSpec]) -> Result<(), String> {
+    let rows = introspect
+        .resources_json()
+        .ok()
+        .and_then(|t| serde_json::from_str::<softverbs_core::resources::Resources>(&t).ok())
+        .map(|r| r.devices)
+        .ok_or("the daemon did not say which devices it offers")?;
+    for want in devices {
+        let found = rows.iter().any(|r| {
+            r.name == want.name
+                && r.ports
+                    .first()
+                    .is_some_and(|p| want.ips.iter().all(|ip| p.addrs.contains(ip)))
+        });
+        if !found {
+            let have: Vec<String> = rows
+                .iter()
+                .map(|r| {
+                    let addrs: Vec<String> = r
+                        .ports
+                        .first()
+                        .map(|p| p.addrs.iter().map(ToString::to_string).collect())
+                        .unwrap_or_default();
+                    format!("{}={}", r.name, addrs.join(","))
+                })
+                .collect();
+            return Err(format!(
+                "the daemon already serving this socket offers {}, not {} (stop it, or give \
+                 another --socket)",
+                have.join(" "),
+                device_arg(want)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `softverbs run [--device ...] -- CMD ARGS…`: returns only if the program could not be
+/// started. With `devices`, a daemon this starts offers them, and one already answering must.
+pub fn run(socket: &Path, named: &[DeviceSpec], cmd: &[OsString]) -> ExitCode {
     let fail = |e: String| {
         eprintln!("softverbs run: {e}");
         ExitCode::from(127)
@@ -170,10 +230,17 @@ pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("softverbs"));
     // Start the daemon now (the client library's autostart), so its start-up is not charged
     // to the program's first verbs call and a failure is reported here, clearly.
-    let introspect = match crate::autostart::connect(socket) {
+    let daemon_args: Vec<OsString> = named
+        .iter()
+        .flat_map(|d| ["--device".into(), device_arg(d).into()])
+        .collect();
+    let introspect = match crate::autostart::connect_starting(socket, &daemon_args) {
         Ok(i) => i,
         Err(e) => return fail(e),
     };
+    if let Err(e) = offers(&introspect, named) {
+        return fail(e);
+    }
     let devices = match introspect.devices() {
         Ok(d) => d.len() as u32,
         Err(e) => return fail(format!("devices: {e}")),
@@ -212,11 +279,16 @@ pub fn run(socket: &Path, cmd: &[OsString]) -> ExitCode {
         c.arg("--").arg(prog).args(args);
         c
     };
-    let err = cmd
-        .env("LD_LIBRARY_PATH", path)
+    cmd.env("LD_LIBRARY_PATH", path)
         .env("SOFTVERBS_SOCKET", socket)
-        .env("SOFTVERBS_DAEMON_BIN", &exe)
-        .exec();
+        .env("SOFTVERBS_DAEMON_BIN", &exe);
+    // A daemon the program's library starts again (after this one's idle exit) offers the
+    // same devices.
+    if !named.is_empty() {
+        let specs: Vec<String> = named.iter().map(device_arg).collect();
+        cmd.env("SOFTVERBS_DEVICES", specs.join(" "));
+    }
+    let err = cmd.exec();
     fail(format!("{}: {err}", prog.to_string_lossy()))
 }
 

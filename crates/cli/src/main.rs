@@ -33,8 +33,10 @@ use softverbs_daemon::{Config, DeviceSpec, Server};
     about = "RDMA verbs in userspace, built around shared XRC receive QPs"
 )]
 struct Cli {
-    /// The daemon's socket (default: $SOFTVERBS_SOCKET, else $XDG_RUNTIME_DIR/softverbs/softverbs.sock,
-    /// else /run/softverbs/softverbs.sock).
+    /// The daemon's socket (default: $SOFTVERBS_SOCKET, else the system daemon's
+    /// /run/softverbs/softverbs.sock when one answers there, else
+    /// $XDG_RUNTIME_DIR/softverbs/softverbs.sock, else /run/softverbs/softverbs.sock; the
+    /// daemon itself binds the last two).
     #[arg(long, global = true, env = "SOFTVERBS_SOCKET")]
     socket: Option<PathBuf>,
     #[command(subcommand)]
@@ -87,9 +89,10 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         workers: usize,
         /// Address of the second daemon's device, where the stream's sender runs (any
-        /// loopback address other than the daemon's own).
-        #[arg(long, default_value = "127.0.0.2")]
-        remote_ip: std::net::IpAddr,
+        /// loopback address other than the daemon's own). Default: 127.0.0.2, or when another
+        /// daemon holds it (a second demo at once) a loopback address of the demo's own.
+        #[arg(long)]
+        remote_ip: Option<std::net::IpAddr>,
     },
     /// Benchmarks (see docs/performance.md).
     Bench {
@@ -99,6 +102,11 @@ enum Command {
     /// Run an unmodified verbs program on softverbs: puts the drop-in libibverbs.so.1 first
     /// on LD_LIBRARY_PATH and makes sure a daemon is up (`softverbs run -- ibv_devinfo -v`).
     Run {
+        /// A device the program's daemon offers, as NAME=IP[,IP...]; repeat for several.
+        /// Without --socket, the program then gets a daemon of its own for these devices
+        /// (started if none answers, exiting when idle), not the system or default daemon.
+        #[arg(long = "device")]
+        devices: Vec<DeviceSpec>,
         /// The program and its arguments.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         cmd: Vec<std::ffi::OsString>,
@@ -178,6 +186,16 @@ struct DaemonArgs {
     /// status` shows them.
     #[arg(long = "limit", value_name = "SCOPE.RESOURCE=N")]
     limits: Vec<String>,
+    /// Exit after this many seconds without a client (0: never). Default: never, or
+    /// $SOFTVERBS_IDLE_EXIT (else 60) with --autostarted.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    idle_exit: Option<std::time::Duration>,
+    /// Started by a client (autostart; docs/guide/multi-user.md): exit when idle (see
+    /// --idle-exit), and without --device, when another daemon holds 127.0.0.1's RoCE
+    /// port take an address of its own in 127.0.0.0/8, or run without a network when
+    /// every one tried is taken (`softverbs status` says which).
+    #[arg(long)]
+    autostarted: bool,
 }
 
 impl DaemonArgs {
@@ -202,8 +220,12 @@ impl DaemonArgs {
             Some(p) => softverbs_daemon::config_file::load(p)?,
             None => Default::default(),
         };
-        file.overridden_by(&self.settings(socket))
-            .into_config(softverbs_ipc::default_socket_path())
+        let mut config = file
+            .overridden_by(&self.settings(socket))
+            .into_config(softverbs_ipc::own_socket_path())?;
+        config.own_address = self.autostarted;
+        config.idle_exit = idle_exit(self.idle_exit, self.autostarted)?;
+        Ok(config)
     }
 }
 
@@ -234,6 +256,33 @@ fn daemon(args: &DaemonArgs, socket: Option<PathBuf>) -> ExitCode {
         server.run()
     };
     run().map_or_else(fail, |()| ExitCode::SUCCESS)
+}
+
+/// How long an autostarted daemon waits without clients before it exits, unless
+/// `$SOFTVERBS_IDLE_EXIT` or `--idle-exit` says otherwise.
+const AUTOSTART_IDLE_EXIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Seconds (a decimal number; 0 means never) as the daemon's idle time.
+fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = s.trim().parse().map_err(|e| format!("{s}: {e}"))?;
+    std::time::Duration::try_from_secs_f64(secs).map_err(|e| format!("{s}: {e}"))
+}
+
+/// The idle time of a daemon: `--idle-exit`, else for an autostarted one
+/// `$SOFTVERBS_IDLE_EXIT` or [`AUTOSTART_IDLE_EXIT`]; zero is never.
+fn idle_exit(
+    flag: Option<std::time::Duration>,
+    autostarted: bool,
+) -> Result<Option<std::time::Duration>, String> {
+    let d = match flag {
+        Some(d) => d,
+        None if autostarted => match std::env::var("SOFTVERBS_IDLE_EXIT") {
+            Ok(v) => parse_seconds(&v).map_err(|e| format!("SOFTVERBS_IDLE_EXIT={e}"))?,
+            Err(_) => AUTOSTART_IDLE_EXIT,
+        },
+        None => return Ok(None),
+    };
+    Ok(Some(d).filter(|d| !d.is_zero()))
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {
@@ -313,10 +362,15 @@ enum ActorRole {
     Sender,
 }
 
+/// The socket a command uses: `--socket`/`$SOFTVERBS_SOCKET`; else a daemon binds its own
+/// default ([`softverbs_ipc::own_socket_path`]) and every other command finds the daemon
+/// ([`softverbs_ipc::default_socket_path`]: the system daemon first, whatever
+/// `$XDG_RUNTIME_DIR` says).
 fn socket_path(cli: &Cli) -> PathBuf {
-    cli.socket
-        .clone()
-        .unwrap_or_else(softverbs_ipc::default_socket_path)
+    cli.socket.clone().unwrap_or_else(|| match cli.cmd {
+        Command::Daemon { .. } => softverbs_ipc::own_socket_path(),
+        _ => softverbs_ipc::default_socket_path(),
+    })
 }
 
 fn init_tracing() {
@@ -400,8 +454,15 @@ fn main() -> ExitCode {
                 Ok(i) => i,
                 Err(code) => return code,
             };
-            let limits = i
-                .resources_json()
+            let text = i.resources_json();
+            // Where the devices are on the network, or why nowhere (a daemon before this
+            // field says nothing).
+            let network = text
+                .as_ref()
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+                .and_then(|v| v["network"].as_str().map(String::from));
+            let limits = text
                 .and_then(|t| {
                     serde_json::from_str::<Resources>(&t)
                         .map_err(|_| softverbs::Error::new("resources", softverbs::errno::EPROTO))
@@ -419,6 +480,7 @@ fn main() -> ExitCode {
                             "dp_rounds": s.dp_rounds, "dp_qp_visits": s.dp_qp_visits,
                             "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
                             "net_foreign_source": s.net_foreign_source, "net_outside_window": s.net_outside_window,
+                            "network": network,
                         })
                     );
                     ExitCode::SUCCESS
@@ -435,6 +497,9 @@ fn main() -> ExitCode {
                     "devices {}  contexts {}  xrc domains {}  xrc receive qps {}  qps {}  srqs {}  cqs {}  mrs {}",
                     s.devices, s.contexts, s.xrcds, s.xrc_recv_qps, s.qps, s.srqs, s.cqs, s.mrs
                 );
+                    if let Some(n) = &network {
+                        println!("network: {n}");
+                    }
                     print!("{}", device_status::render(&devs));
                     print_limits(&limits);
                     println!(
@@ -535,7 +600,19 @@ fn main() -> ExitCode {
             BenchWhat::Plot { inputs, out } => bench::plot_files(inputs, out),
         }
         .map_or_else(fail, |()| ExitCode::SUCCESS),
-        Command::Run { cmd } => dropin::run(&socket, cmd),
+        Command::Run { devices, cmd } => {
+            if devices.is_empty() {
+                dropin::run(&socket, &[], cmd)
+            } else {
+                match dropin::device_socket(cli.socket.as_deref(), devices) {
+                    Ok(s) => dropin::run(&s, devices, cmd),
+                    Err(e) => {
+                        eprintln!("softverbs run: {e}");
+                        ExitCode::from(127)
+                    }
+                }
+            }
+        }
         Command::WithDeviceNodes { count, net, cmd } => dropin::with_device_nodes(*count, net, cmd),
         Command::Cluster { what } => cluster::run(what),
         Command::Install { prefix } => {

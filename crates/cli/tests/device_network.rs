@@ -111,41 +111,50 @@ fn a_daemon_on_an_address_of_no_interface_fails_with_eaddrnotavail() {
 
 #[test]
 fn run_and_demo_report_why_their_autostarted_daemon_did_not_start() {
-    // The autostarted daemon has the default device, softverbs0 on 127.0.0.1: hold its
-    // RoCE port (already held by someone else is as good).
-    let _held = UdpSocket::bind((Ipv4Addr::LOCALHOST, 4791));
+    // An autostarted daemon takes an address of its own when another daemon holds the
+    // default one (multi_user.rs), but a device named to `run --device` is taken as named:
+    // hold its RoCE port (already held by someone else is as good).
+    let ip = loopback(3);
+    let _held = UdpSocket::bind((ip.parse::<Ipv4Addr>().unwrap(), 4791));
     let d = dir("autostart");
     // `run` needs a drop-in library to put on the path; the daemon fails before it matters.
     let lib = d.0.join("libibverbs.so.1");
     std::fs::write(&lib, b"").unwrap();
     let socket = d.0.join("run").join("sv.sock");
-    let cli = |args: &[&str]| {
-        Command::new(BIN)
-            .arg("--socket")
+    let cli = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(BIN);
+        c.arg("--socket")
             .arg(&socket)
             .args(args)
             .env_remove("SOFTVERBS_AUTOSTART")
+            .env_remove("SOFTVERBS_IDLE_EXIT")
             .env("SOFTVERBS_DAEMON_BIN", BIN)
             .env("SOFTVERBS_LIBIBVERBS", &lib)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
     };
     let start = Instant::now();
-    let out = cli(&["run", "--", "/bin/true"]);
+    let dev = format!("softverbs0={ip}");
+    let out = cli(&["run", "--device", &dev, "--", "/bin/true"], &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(127), "{err}");
     assert!(err.contains("device softverbs0"), "{err}");
-    assert!(err.contains("127.0.0.1:4791"), "{err}");
+    assert!(err.contains(&format!("{ip}:4791")), "{err}");
     assert!(err.contains("EADDRINUSE"), "{err}");
     assert!(start.elapsed() < EXIT_WAIT, "it did not wait out a timeout");
 
-    let out = cli(&["demo", "--workers", "1"]);
+    // The demo's daemon, refusing a bad idle time, says why too.
+    let out = cli(
+        &["demo", "--workers", "1"],
+        &[("SOFTVERBS_IDLE_EXIT", "soon")],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("softverbs demo FAILED"), "{err}");
-    assert!(err.contains("127.0.0.1:4791"), "{err}");
-    assert!(err.contains("EADDRINUSE"), "{err}");
+    assert!(err.contains("SOFTVERBS_IDLE_EXIT=soon"), "{err}");
 }
 
 #[test]
@@ -224,4 +233,82 @@ fn status_shows_each_devices_port_mtu_and_its_multicast_groups() {
         text.contains("device sv-mc multicast groups: none"),
         "{text}"
     );
+}
+
+/// `softverbs daemon --autostarted` (what a client's autostart runs) on `socket`, kept
+/// running (`--idle-exit 0`); waits until it answers and returns it with its `status` text.
+fn autostarted(socket: &Path) -> (std::process::Child, String) {
+    let mut child = Command::new(BIN)
+        .arg("--socket")
+        .arg(socket)
+        .args(["daemon", "--autostarted", "--idle-exit", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + EXIT_WAIT;
+    loop {
+        let out = Command::new(BIN)
+            .arg("--socket")
+            .arg(socket)
+            .arg("status")
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return (child, String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the daemon exited ({st}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(Instant::now() < deadline, "the daemon never answered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_autostarted_daemon_takes_an_address_of_its_own_or_none_and_says_so() {
+    let d = dir("own-address");
+    let socket = d.0.join("own.sock");
+    let uid = rustix::process::geteuid().as_raw();
+    let candidates = softverbs_daemon::config::own_addresses(uid, &socket);
+    assert_eq!(candidates[0].to_string(), "127.0.0.1");
+    // 127.0.0.1 and the first address of its own are another daemon's: it takes the next.
+    let held: Vec<_> = candidates[..2]
+        .iter()
+        .map(|ip| UdpSocket::bind((*ip, 4791)))
+        .collect();
+    let (mut child, text) = autostarted(&socket);
+    let want = format!(
+        "network: UDP {}:4791, an address of its own: 127.0.0.1:4791, {}:4791 was taken",
+        candidates[2], candidates[1]
+    );
+    assert!(text.contains(&want), "{want:?} in:\n{text}");
+    assert!(
+        text.contains(&format!(
+            "device softverbs0 port 1: active MTU 4096 (max 4096), {}",
+            candidates[2]
+        )),
+        "{text}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(held);
+    // Every address it would try is taken: it runs without a network, and says so.
+    let held: Vec<_> = candidates
+        .iter()
+        .map(|ip| UdpSocket::bind((*ip, 4791)))
+        .collect();
+    let (mut child, text) = autostarted(&socket);
+    assert!(
+        text.contains("network: none: every address tried was taken"),
+        "{text}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(held);
 }

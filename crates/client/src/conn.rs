@@ -1,6 +1,7 @@
 //! One connection to the daemon: connecting (and starting the daemon on demand), the
 //! handshake, and the strictly one-at-a-time request/response exchange.
 
+use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -19,8 +20,10 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 use crate::error::{errno, Error, Result};
 use crate::fatal::{Fatal, Watch};
 
-/// Where the daemon listens by default: `$SOFTVERBS_SOCKET`, else
-/// `$XDG_RUNTIME_DIR/softverbs/softverbs.sock`, else `/run/softverbs/softverbs.sock`.
+/// Where the daemon is found by default: `$SOFTVERBS_SOCKET`, else the system daemon's
+/// `/run/softverbs/softverbs.sock` when one answers there, else this user's own
+/// (`$XDG_RUNTIME_DIR/softverbs/softverbs.sock`, else `/run/softverbs/softverbs.sock`);
+/// [`ipc::default_socket_path`].
 pub fn default_socket_path() -> PathBuf {
     ipc::default_socket_path()
 }
@@ -33,8 +36,10 @@ const AUTOSTART_GRACE: Duration = Duration::from_millis(500);
 const AUTOSTART_POLL: Duration = Duration::from_millis(20);
 
 /// Connects to the daemon at `path`. If nothing listens there (`ENOENT`/`ECONNREFUSED`) and
-/// `SOFTVERBS_AUTOSTART` is not `0`, starts one (`<bin> daemon --socket <path>`, where
-/// `<bin>` is `$SOFTVERBS_DAEMON_BIN`, else a `softverbs` executable next to the current
+/// `SOFTVERBS_AUTOSTART` is not `0`, starts one (`<bin> daemon --socket <path> --autostarted`,
+/// with `--device` for each device of `$SOFTVERBS_DEVICES`: it picks a device address of its
+/// own when another daemon holds the default one, and exits when it has had no client for a
+/// while; `<bin>` is `$SOFTVERBS_DAEMON_BIN`, else a `softverbs` executable next to the current
 /// executable or in its parent directory, else `softverbs` from `PATH`) and retries for up
 /// to 5 s. Fails with op `"connect"` and the connect errno otherwise.
 pub fn connect_socket(path: &Path) -> Result<OwnedFd> {
@@ -44,11 +49,18 @@ pub fn connect_socket(path: &Path) -> Result<OwnedFd> {
 /// [`connect_socket`] with autostart chosen by the caller instead of by
 /// `SOFTVERBS_AUTOSTART`.
 pub fn connect_socket_with(path: &Path, autostart: bool) -> Result<OwnedFd> {
-    connect_inner(path, autostart.then(daemon_binary))
+    connect_inner(path, autostart.then(daemon_binary), &[])
 }
 
-/// Connects, starting `daemon` (if given) when nothing listens.
-fn connect_inner(path: &Path, daemon: Option<PathBuf>) -> Result<OwnedFd> {
+/// [`connect_socket`] that, when it starts a daemon, gives it `daemon_args` too (e.g.
+/// `--device NAME=IP`, for `softverbs run --device`). A daemon already serving `path` is
+/// taken as it is.
+pub fn connect_socket_starting(path: &Path, daemon_args: &[OsString]) -> Result<OwnedFd> {
+    connect_inner(path, autostart_enabled().then(daemon_binary), daemon_args)
+}
+
+/// Connects, starting `daemon` (if given, with `args`) when nothing listens.
+fn connect_inner(path: &Path, daemon: Option<PathBuf>, args: &[OsString]) -> Result<OwnedFd> {
     let first = match ipc::connect_seqpacket(path) {
         Ok(fd) => return Ok(fd),
         Err(e) => Error::from_io("connect", &e),
@@ -57,7 +69,7 @@ fn connect_inner(path: &Path, daemon: Option<PathBuf>) -> Result<OwnedFd> {
     else {
         return Err(first);
     };
-    let Ok(mut child) = start_daemon(path, &bin) else {
+    let Ok(mut child) = start_daemon(path, &bin, args) else {
         return Err(first);
     };
     let mut deadline = Instant::now() + AUTOSTART_WAIT;
@@ -121,7 +133,26 @@ fn socket_dir(path: &Path) -> &Path {
         .unwrap_or(Path::new("."))
 }
 
-fn start_daemon(path: &Path, bin: &Path) -> std::io::Result<std::process::Child> {
+/// `--device SPEC` for each whitespace-separated `NAME=IP[,IP...]` of `$SOFTVERBS_DEVICES`,
+/// unless the caller named daemon arguments itself: the devices an autostarted daemon offers
+/// (`softverbs run --device` sets it for its program, so a daemon the program's library starts
+/// again after an idle exit offers the same devices; docs/guide/multi-user.md).
+fn devices_from_env(args: &[OsString]) -> Vec<OsString> {
+    if !args.is_empty() {
+        return Vec::new();
+    }
+    let specs = std::env::var("SOFTVERBS_DEVICES").unwrap_or_default();
+    specs
+        .split_whitespace()
+        .flat_map(|d| [OsString::from("--device"), OsString::from(d)])
+        .collect()
+}
+
+fn start_daemon(
+    path: &Path,
+    bin: &Path,
+    args: &[OsString],
+) -> std::io::Result<std::process::Child> {
     // The directory is checked and the log opened through it without following a symlink,
     // as the daemon does with its socket (docs/security.md, "Paths"): a program run as root
     // never appends to a file another user named.
@@ -131,6 +162,9 @@ fn start_daemon(path: &Path, bin: &Path) -> std::io::Result<std::process::Child>
         .arg("daemon")
         .arg("--socket")
         .arg(path)
+        .arg("--autostarted")
+        .args(args)
+        .args(devices_from_env(args))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -469,7 +503,12 @@ mod tests {
         assert!(st.success());
         let sock = dir.join("run").join("s.sock");
         let start = Instant::now();
-        let e = connect_inner(&sock, Some(bin)).unwrap_err();
+        let e = connect_inner(
+            &sock,
+            Some(bin),
+            &["--device".into(), "d0=127.0.0.9".into()],
+        )
+        .unwrap_err();
         assert_eq!((e.op, e.errno), ("connect", errno::ENOENT));
         assert!(
             start.elapsed() < AUTOSTART_WAIT,
@@ -478,7 +517,10 @@ mod tests {
         let log = std::fs::read_to_string(dir.join("run").join("daemon.log")).unwrap();
         assert_eq!(
             log.trim(),
-            format!("args: daemon --socket {}", sock.display())
+            format!(
+                "args: daemon --socket {} --autostarted --device d0=127.0.0.9",
+                sock.display()
+            )
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

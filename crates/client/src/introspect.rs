@@ -68,6 +68,16 @@ impl Introspect {
         Ok(Introspect { conn })
     }
 
+    /// [`connect_at`](Self::connect_at) that gives a daemon it starts `daemon_args` too
+    /// ([`connect_socket_starting`](crate::connect_socket_starting)).
+    pub fn connect_starting(path: &Path, daemon_args: &[std::ffi::OsString]) -> Result<Introspect> {
+        let (conn, _fds) = hello(
+            crate::conn::connect_socket_starting(path, daemon_args)?,
+            NO_DEVICE,
+        )?;
+        Ok(Introspect { conn })
+    }
+
     /// Connects to a daemon already serving `path`, never starting one: looking inside a
     /// daemon that is not running must not start it. With none, fails with op `"connect"`
     /// and `ENOENT` (no socket) or `ECONNREFUSED` (a socket nobody serves).

@@ -104,7 +104,10 @@ mod xrc;
 pub use asynch::{AsyncCq, AsyncEvents, CompletionFuture};
 pub use buffer::{BorrowedMr, Buf, OwnedMr, Remote};
 pub use cm::{CmChannel, CmCounts, CmEvent, CmEventKind, CmId, CmQp, CmTimers};
-pub use conn::{autostart_log, connect_socket, connect_socket_with, default_socket_path};
+pub use conn::{
+    autostart_log, connect_socket, connect_socket_starting, connect_socket_with,
+    default_socket_path,
+};
 pub use context::{devices, Context, DeviceInfo, PortInfo};
 pub use datapath::{CompChannel, SendRequest, UdAddress};
 pub use direct::at_exit::send_held_acks;

@@ -417,6 +417,24 @@ impl Core {
 
     // ---- events --------------------------------------------------------------------------
 
+    /// The contexts an event on QP `qpn` would reach ([`raise_qp_event`](Self::raise_qp_event)):
+    /// its owner's, or every holder's of a receive QP. Empty for no such QP.
+    pub fn qp_event_contexts(&self, qpn: u32) -> Vec<CtxId> {
+        match self.qp_routes.get(&qpn).copied() {
+            None => Vec::new(),
+            Some(QpRoute::Owned { ctx, .. }) => vec![ctx],
+            Some(QpRoute::XrcRecv) => {
+                let mut v: Vec<CtxId> = self
+                    .holders
+                    .range(holder_range(qpn))
+                    .map(|(k, _)| k.ctx)
+                    .collect();
+                v.dedup();
+                v
+            }
+        }
+    }
+
     /// Raises a QP-affiliated async event on QP `qpn` (IBA 11.6.3). An owned QP's event goes
     /// to its context. A receive QP's event goes once to every live holder — a handle holder
     /// sees its handle, a registration sees the QP number (legacy: with the XRC flag). This

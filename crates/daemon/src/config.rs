@@ -1,8 +1,9 @@
 //! Daemon configuration: the socket, the devices it offers, the ABI level it speaks and the
 //! limits it holds clients to.
 
-use std::net::IpAddr;
-use std::path::PathBuf;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use softverbs_core::device::Device;
 use softverbs_core::limits::{Budget, Limits};
@@ -41,7 +42,8 @@ impl std::str::FromStr for DeviceSpec {
 pub struct Config {
     /// The socket to serve.
     pub socket: PathBuf,
-    /// Devices to offer; empty means one default device `softverbs0` on 127.0.0.1.
+    /// Devices to offer; empty means one default device `softverbs0` on 127.0.0.1
+    /// ([`DEFAULT_ADDRESS`]).
     pub devices: Vec<DeviceSpec>,
     /// ABI level to speak (older levels emulate an older daemon, for compatibility tests).
     pub abi_version: u32,
@@ -53,6 +55,13 @@ pub struct Config {
     /// (`link_mtu::active_mtu`). A link still lowers it: packets larger than the link
     /// would leave with DF set and vanish.
     pub mtu: Option<softverbs_core::types::Mtu>,
+    /// Exit after this long without a client connection (an autostarted daemon); `None`:
+    /// run until stopped (a system daemon, one started by hand).
+    pub idle_exit: Option<Duration>,
+    /// With no devices named: when another daemon holds the default device's address, take
+    /// one of [`own_addresses`] instead, and run without a network when all are taken
+    /// (an autostarted per-user daemon, which must never collide with another user's).
+    pub own_address: bool,
 }
 
 impl Config {
@@ -72,6 +81,8 @@ impl Config {
             },
             limits: Limits::for_budget(&host_budget()),
             mtu: None,
+            idle_exit: None,
+            own_address: false,
         }
     }
 
@@ -80,8 +91,8 @@ impl Config {
     pub fn build_devices(&self) -> Vec<Device> {
         let specs = if self.devices.is_empty() {
             vec![DeviceSpec {
-                name: "softverbs0".into(),
-                ips: vec!["127.0.0.1".parse().expect("literal")],
+                name: DEFAULT_DEVICE.into(),
+                ips: vec![IpAddr::V4(DEFAULT_ADDRESS)],
             }]
         } else {
             self.devices.clone()
@@ -107,6 +118,47 @@ impl Config {
             })
             .collect()
     }
+}
+
+/// The device a daemon offers when none is named.
+pub const DEFAULT_DEVICE: &str = "softverbs0";
+
+/// The default device's address when no device is named.
+pub const DEFAULT_ADDRESS: Ipv4Addr = Ipv4Addr::LOCALHOST;
+
+/// How many addresses of its own a daemon tries before running without a network.
+pub const OWN_ADDRESS_TRIES: u32 = 16;
+
+/// The addresses a daemon without named devices tries for its default device, in order:
+/// [`DEFAULT_ADDRESS`], then [`OWN_ADDRESS_TRIES`] addresses of 127.0.0.0/8 (every one is
+/// this host's own on Linux's `lo`, which carries 127.0.0.1/8) derived from the daemon's uid
+/// and socket path. They are stable (the same user's daemon gets the same address again,
+/// which helps reading logs and captures), differ between users and between jobs with their
+/// own sockets, and stay out of 127.0.0.0/16, where the demo and tests name addresses by hand.
+/// Which one is free is settled by bind(2) itself, never by a check before it.
+pub fn own_addresses(uid: u32, socket: &Path) -> Vec<IpAddr> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut out = vec![IpAddr::V4(DEFAULT_ADDRESS)];
+    for k in 0..OWN_ADDRESS_TRIES {
+        // FNV-1a (64 bits): stable across runs and Rust versions, unlike the std hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let bytes = uid
+            .to_le_bytes()
+            .into_iter()
+            .chain(k.to_le_bytes())
+            .chain(socket.as_os_str().as_bytes().iter().copied());
+        for b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        let [a, b, c, ..] = h.to_le_bytes();
+        // 127.1.0.1 ..= 127.255.255.254: never 127.0.x.x, never a .0 or .255 host byte.
+        let ip = Ipv4Addr::new(127, a.max(1), b, c.clamp(1, 254));
+        if !out.contains(&IpAddr::V4(ip)) {
+            out.push(IpAddr::V4(ip));
+        }
+    }
+    out
 }
 
 /// `max_mcast_grp` of each of `devices` devices: rxe's 8192, but no more than an eighth of
@@ -138,5 +190,30 @@ pub fn host_budget() -> Budget {
         max_map_count,
         mem_total,
         max_fds,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_addresses_start_at_the_default_and_differ_between_users_and_sockets() {
+        let a = own_addresses(1000, Path::new("/run/user/1000/softverbs/softverbs.sock"));
+        let b = own_addresses(1001, Path::new("/run/user/1001/softverbs/softverbs.sock"));
+        let c = own_addresses(1000, Path::new("/home/u/job2/softverbs/softverbs.sock"));
+        assert_eq!(a[0], IpAddr::V4(DEFAULT_ADDRESS));
+        assert_eq!(
+            a,
+            own_addresses(1000, Path::new("/run/user/1000/softverbs/softverbs.sock"))
+        );
+        assert!(a.len() > OWN_ADDRESS_TRIES as usize / 2);
+        for ip in &a[1..] {
+            let IpAddr::V4(v4) = ip else { panic!("{ip}") };
+            let [x, y, _, z] = v4.octets();
+            assert!(x == 127 && y != 0 && z != 0 && z != 255, "{ip}");
+        }
+        assert_ne!(a[1], b[1]);
+        assert_ne!(a[1], c[1]);
     }
 }

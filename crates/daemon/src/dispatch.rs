@@ -108,6 +108,9 @@ pub struct Dispatcher {
     daemon_uid: u32,
     /// The same-host direct path's control side (docs/direct-path.md).
     pub direct: crate::direct::Direct,
+    /// What the daemon's network side is, in words, for `softverbs status` (`network` in
+    /// the resources snapshot): which addresses it bound, or why it has none.
+    pub network: String,
 }
 
 type Reply = Result<(Vec<u8>, Vec<OwnedFd>), i32>;
@@ -200,6 +203,7 @@ impl Dispatcher {
             started: Instant::now(),
             daemon_uid: rustix::process::geteuid().as_raw(),
             direct: Default::default(),
+            network: String::new(),
         };
         d.apply_changes();
         Ok(d)
@@ -1474,6 +1478,9 @@ impl Dispatcher {
             );
             // Which QP pairs run on the same-host direct path (docs/direct-path.md).
             map.insert("direct_pairs".into(), self.direct.pairs_json());
+            // Where the devices are on the network, or why nowhere (an autostarted daemon
+            // that found every address it tried taken: docs/guide/multi-user.md).
+            map.insert("network".into(), self.network.clone().into());
         }
         let json = serde_json::to_vec(&value).map_err(|_| ENOMEM)?;
         let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
@@ -1482,10 +1489,26 @@ impl Dispatcher {
     }
 
     fn inject(&mut self, s: &Session, r: InjectEventReq, woken: &mut Vec<CtxId>) -> Reply {
-        if s.cred.uid != 0 && s.cred.uid != self.daemon_uid {
-            return Err(EPERM);
-        }
         let t = EventType::from_raw(r.event_type.get()).ok_or(EINVAL)?;
+        // Root and the daemon's uid inject anything. Another user (of a system daemon that
+        // serves every user) injects only QP events that reach none but its own contexts
+        // (its QP, or a receive QP all of whose holders are its own): a forged event must
+        // never reach another user's program (docs/security.md).
+        if s.cred.uid != 0 && s.cred.uid != self.daemon_uid {
+            let targets = if t.is_qp_affiliated() {
+                self.core.qp_event_contexts(r.qpn.get())
+            } else {
+                Vec::new()
+            };
+            let own = |c: &CtxId| {
+                self.core
+                    .context_info(*c)
+                    .is_ok_and(|i| i.uid == s.cred.uid)
+            };
+            if targets.is_empty() || !targets.iter().all(own) {
+                return Err(EPERM);
+            }
+        }
         if t.is_port_affiliated() {
             // IBA 11.6.3: a port event goes to every context of the device, naming the port.
             let dev = r.device.get() as usize;

@@ -24,7 +24,7 @@ use softverbs_ipc::IpcErrno as Errno;
 use rustix::fs::{chmodat, openat, statat, unlinkat, AtFlags, FileType, Mode, OFlags};
 use softverbs_ipc::private_dir::{self, Owner};
 
-use crate::config::Config;
+use crate::config::{own_addresses, Config, DeviceSpec, DEFAULT_DEVICE};
 use crate::conn::{Conn, Outgoing, MAX_QUEUED_REPLIES, REFUSED_PER_UID};
 use crate::dispatch::Dispatcher;
 use crate::spin::SpinPolicy;
@@ -92,6 +92,78 @@ pub type Reload = Box<dyn FnMut() -> Result<Config, String> + Send>;
 /// Passes [`Notice`]s on.
 pub type Notify = Box<dyn FnMut(&[Notice]) + Send>;
 
+/// The devices of `config` with their network side. An [`Config::own_address`] daemon
+/// whose default device's address another daemon holds (`EADDRINUSE`) tries the next of
+/// [`own_addresses`], and runs without a network when every one is taken; `config` is left
+/// saying what it got, and so is the dispatcher's `network` note (and the log).
+fn bind_devices(config: &mut Config) -> io::Result<Dispatcher> {
+    let dispatcher = |config: &Config| {
+        let mut core = Core::new(config.build_devices());
+        core.set_limits(config.limits.clone());
+        Dispatcher::new(core, config.abi_version, &config.net)
+    };
+    let bound = |config: &Config| -> String {
+        let addrs: Vec<String> = config
+            .build_devices()
+            .iter()
+            .flat_map(|d| d.ports[0].gids.iter().copied())
+            .filter(|g| *g != softverbs_core::device::Gid::default())
+            .map(|g| std::net::SocketAddr::new(g.to_ip(), config.net.port).to_string())
+            .collect();
+        format!("UDP {}", addrs.join(" "))
+    };
+    if !config.net.bind {
+        let mut d = dispatcher(config)?;
+        d.network = "none (--no-network): the devices reach only each other".into();
+        return Ok(d);
+    }
+    if !config.own_address || !config.devices.is_empty() {
+        let mut d = dispatcher(config)?;
+        d.network = bound(config);
+        return Ok(d);
+    }
+    let uid = rustix::process::geteuid().as_raw();
+    let candidates = own_addresses(uid, &config.socket);
+    let mut taken = Vec::new();
+    for ip in &candidates {
+        config.devices = vec![DeviceSpec {
+            name: DEFAULT_DEVICE.into(),
+            ips: vec![*ip],
+        }];
+        match dispatcher(config) {
+            Ok(mut d) => {
+                d.network = bound(config);
+                if !taken.is_empty() {
+                    d.network += &format!(
+                        ", an address of its own: {} was taken (another daemon's)",
+                        taken.join(", ")
+                    );
+                    tracing::warn!(device = DEFAULT_DEVICE, addr = %ip, taken = %taken.join(", "), "the default address is another daemon's: this daemon took an address of its own");
+                }
+                return Ok(d);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                taken.push(std::net::SocketAddr::new(*ip, config.net.port).to_string());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    config.devices.clear();
+    config.net.bind = false;
+    let mut d = dispatcher(config)?;
+    d.network = format!(
+        "none: every address tried was taken ({} addresses from {}), so the devices reach \
+         only each other; name a free address with --device",
+        taken.len(),
+        taken.first().map_or("", String::as_str)
+    );
+    tracing::warn!(
+        tried = taken.len(),
+        "every address tried is another daemon's: running without a network"
+    );
+    Ok(d)
+}
+
 /// A bound daemon, ready to [`run`](Server::run).
 pub struct Server {
     config: Config,
@@ -121,8 +193,9 @@ impl Server {
     /// Binds the socket of `config`, replacing a stale socket file that no daemon answers on.
     /// Fails with `AddrInUse` if another daemon is serving it, and with the device's bind error
     /// if a device's UDP port cannot be bound (`DataPath::new`), before the socket exists.
-    pub fn bind(config: Config) -> io::Result<Server> {
-        let path = &config.socket;
+    pub fn bind(mut config: Config) -> io::Result<Server> {
+        let socket = config.socket.clone();
+        let path = &socket;
         // The socket's directory is checked and then used through its descriptor, so a root
         // daemon never creates, truncates or removes a file another user's symlink names
         // (issue 35, item 9; docs/security.md, "Paths"). 0755: every user reaches the socket.
@@ -172,7 +245,7 @@ impl Server {
         }
         // The devices take their network side before the socket exists: a daemon that
         // cannot play its NIC exits here, before any client could connect to it.
-        let dispatcher = Self::devices(&config)?;
+        let dispatcher = bind_devices(&mut config)?;
         let listener = softverbs_ipc::listen_seqpacket(path)?;
         // Sender credentials on every request (which process sent it: a fork child may share
         // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
@@ -219,16 +292,11 @@ impl Server {
         // socket unit set PassCredentials= (dist/systemd/softverbs.socket does); its context
         // is still its peer's (SO_PEERCRED, taken at connect).
         softverbs_ipc::pass_credentials(listener.as_fd())?;
-        let dispatcher = Self::devices(&config)?;
+        let dispatcher = bind_devices(&mut config)?;
         Self::serve(config, None, true, listener, dispatcher)
     }
 
     /// The core and the devices' network side.
-    fn devices(config: &Config) -> io::Result<Dispatcher> {
-        let mut core = Core::new(config.build_devices());
-        core.set_limits(config.limits.clone());
-        Dispatcher::new(core, config.abi_version, &config.net)
-    }
 
     fn serve(
         config: Config,
@@ -415,7 +483,26 @@ impl Server {
         self.notice(&[Notice::Ready]);
         let mut events = Events::with_capacity(256);
         let mut spin = SpinPolicy::new(std::time::Instant::now());
+        // Since when no client has been connected (an autostarted daemon exits after
+        // `idle_exit` of that; every connection, introspection included, counts).
+        let mut idle_since = Some(std::time::Instant::now());
         while !self.stop.flag.load(std::sync::atomic::Ordering::SeqCst) {
+            if let (Some(idle), Some(since)) = (self.config.idle_exit, idle_since) {
+                // A client whose connect is waiting in the backlog is served, not dropped.
+                if since.elapsed() >= idle {
+                    self.accept_all();
+                }
+                if since.elapsed() >= idle && self.conns.is_empty() {
+                    tracing::info!(
+                        idle_s = idle.as_secs_f64(),
+                        "no client for the idle time (--idle-exit): exiting"
+                    );
+                    break;
+                }
+                if !self.conns.is_empty() {
+                    idle_since = None;
+                }
+            }
             // Adaptive polling: right after work, poll without sleeping for a short window,
             // so a client's next request finds the daemon awake (a cross-CPU wake-up costs
             // tens of microseconds on small VMs); then block. The yield keeps the spin from
@@ -435,6 +522,14 @@ impl Server {
                 Some(std::time::Duration::ZERO)
             } else {
                 engine
+            };
+            // Nor past the idle deadline.
+            let timeout = match (self.config.idle_exit, idle_since) {
+                (Some(idle), Some(since)) => {
+                    let left = idle.saturating_sub(since.elapsed());
+                    Some(timeout.map_or(left, |t| t.min(left)))
+                }
+                _ => timeout,
             };
             // A round later than this plan finds the daemon itself could not run
             // (docs/net-path.md, "Stalls").
@@ -503,6 +598,11 @@ impl Server {
                     Interest::READABLE,
                 );
             }
+            idle_since = match (self.conns.is_empty(), idle_since) {
+                (false, _) => None,
+                (true, None) => Some(std::time::Instant::now()),
+                (true, since) => since,
+            };
             // Packets in and out, timers, completions; every wake-up also moves the data path.
             let woken = self.dispatcher.drive();
             if !woken.is_empty() || self.dispatcher.dp.moved_packets {

@@ -42,15 +42,49 @@ pub struct Datagram {
     pub sender_pid: Option<u32>,
 }
 
-/// Where a daemon listens by default: `$SOFTVERBS_SOCKET`, else
-/// `$XDG_RUNTIME_DIR/softverbs/softverbs.sock`, else `/run/softverbs/softverbs.sock`.
+/// The system daemon's socket: the one daemon that serves every user of a host (run by root,
+/// e.g. from `softverbs.service`; docs/guide/multi-user.md).
+pub const SYSTEM_SOCKET: &str = "/run/softverbs/softverbs.sock";
+
+/// Where a client finds the daemon, in this order (docs/guide/multi-user.md):
+///
+/// 1. `$SOFTVERBS_SOCKET` (an explicit setting always wins);
+/// 2. [`SYSTEM_SOCKET`], when a daemon answers there ([`system_daemon`]), whatever
+///    `$XDG_RUNTIME_DIR` says: one system daemon serves all users of a host;
+/// 3. else this user's own daemon, [`own_socket_path`] (which a client autostarts).
 pub fn default_socket_path() -> PathBuf {
     if let Some(p) = std::env::var_os("SOFTVERBS_SOCKET") {
         return PathBuf::from(p);
     }
-    let base =
-        std::env::var_os("XDG_RUNTIME_DIR").map_or_else(|| PathBuf::from("/run"), PathBuf::from);
-    base.join("softverbs").join("softverbs.sock")
+    if system_daemon() {
+        return PathBuf::from(SYSTEM_SOCKET);
+    }
+    own_socket_path()
+}
+
+/// Where this user's own daemon listens (and where `softverbs daemon` binds by default):
+/// `$SOFTVERBS_SOCKET`, else `$XDG_RUNTIME_DIR/softverbs/softverbs.sock`, else
+/// [`SYSTEM_SOCKET`] (root's own daemon is the system daemon).
+pub fn own_socket_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("SOFTVERBS_SOCKET") {
+        return PathBuf::from(p);
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|x| !x.is_empty()) {
+        Some(x) => PathBuf::from(x).join("softverbs").join("softverbs.sock"),
+        None => PathBuf::from(SYSTEM_SOCKET),
+    }
+}
+
+/// Whether a daemon answers at [`SYSTEM_SOCKET`]: its directory is root's (or this user's)
+/// and writable by no one else ([`private_dir::open_checked`], so no other user can have
+/// put a socket there), and a connect succeeds. The probe connection is closed at once; a
+/// socket file nobody serves (a daemon killed without cleaning up) is not a system daemon,
+/// so clients then fall back to their own instead of failing.
+pub fn system_daemon() -> bool {
+    let path = Path::new(SYSTEM_SOCKET);
+    let dir = path.parent().expect("an absolute path with a file name");
+    private_dir::open_checked(dir, private_dir::Owner::MeOrRoot).is_ok()
+        && connect_seqpacket(path).is_ok()
 }
 
 /// A listening `SOCK_SEQPACKET` socket bound to `path` (non-blocking, close-on-exec).
