@@ -238,6 +238,48 @@ fn same_daemon_rc_traffic_reaches_the_capture_while_the_daemon_runs() {
     }
 }
 
+/// A datagram the daemon drops for its ICRC is in the capture as it arrived (classic pcap
+/// cannot flag it; its bad ICRC tells).
+#[test]
+fn a_packet_dropped_for_its_icrc_is_in_the_capture() {
+    let (_t, cap) = dir("drop");
+    let ip = "127.36.6.20";
+    let d = Daemon::options("capdrop")
+        .device("capdrop", ip)
+        .args(&["--capture", cap.to_str().unwrap()])
+        .start();
+    let file = cap.join("capdrop.pcap");
+    // An RC SEND_ONLY to QP 0x12345 (BTH, IBA 9.2: opcode, flags, P_Key, DestQP, PSN), then
+    // four bytes that are not its ICRC.
+    let mut pkt = vec![RC_SEND_ONLY, 0, 0xff, 0xff, 0, 0x01, 0x23, 0x45, 0, 0, 0, 7];
+    pkt.extend_from_slice(b"payload!");
+    pkt.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+    let from: Ipv4Addr = "127.36.6.21".parse().unwrap();
+    let sock = std::net::UdpSocket::bind((from, 0)).unwrap();
+    sock.send_to(&pkt, (ip.parse::<Ipv4Addr>().unwrap(), 4791))
+        .unwrap();
+    let start = Instant::now();
+    let bad = loop {
+        let seen = read_capture(&file);
+        if let Some(s) = seen.into_iter().find(|s| s.dest_qp == 0x12345) {
+            break s;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "after {DEADLINE:?} the dropped packet is not in the capture: {:?}",
+            read_capture(&file)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let dev: Ipv4Addr = ip.parse().unwrap();
+    assert_eq!(
+        (bad.src, bad.dst, bad.opcode, bad.icrc_ok),
+        (from, dev, RC_SEND_ONLY, false),
+        "{bad:?}"
+    );
+    drop(d);
+}
+
 /// `softverbs daemon ARGS`: its exit code (`None`: it served, and was stopped) and its
 /// standard error.
 fn daemon_outcome(args: &[&std::ffi::OsStr], socket: &Path) -> (Option<i32>, String) {
