@@ -236,6 +236,33 @@ fn same_daemon_rc_traffic_reaches_the_capture_while_the_daemon_runs() {
     {
         assert_eq!((s.src, s.dst, s.icrc_ok), (dev, dev, true), "{s:?}");
     }
+
+    // And tshark, with the project's plugin checking ICRCs, decodes them as a user would see
+    // them (read once the daemon stopped: a record being written would make tshark warn).
+    d.stop();
+    if softverbs_testkit::tshark_available().is_none() {
+        return;
+    }
+    let home = cap.parent().unwrap().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let filter = format!("infiniband.bth.destqp == {}", qb.qpn());
+    let out = softverbs_testkit::tshark(
+        &file,
+        &home,
+        &[
+            "-Y",
+            &filter,
+            "-T",
+            "fields",
+            "-e",
+            "_ws.malformed",
+            "-e",
+            "softverbs.icrc.status",
+        ],
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), SENDS, "tshark found {out:?}");
+    assert!(lines.iter().all(|l| *l == "\tgood"), "tshark found {out:?}");
 }
 
 /// A datagram the daemon drops for its ICRC is in the capture as it arrived (classic pcap
