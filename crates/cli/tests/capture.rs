@@ -97,7 +97,7 @@ fn connect(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn: u32) {
 
 /// A RoCE v2 packet of the capture: IPv4 addresses, BTH opcode and destination QP, and
 /// whether its ICRC is right.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Seen {
     src: Ipv4Addr,
     dst: Ipv4Addr,
@@ -142,6 +142,7 @@ fn read_capture(path: &Path) -> Vec<Seen> {
 /// IBA Table 38 opcodes: RC SEND_ONLY, RC ACKNOWLEDGE, UD SEND_ONLY (the CM's MADs, to QP1).
 const RC_SEND_ONLY: u8 = 0x04;
 const RC_ACK: u8 = 0x11;
+const UD_SEND_ONLY: u8 = 0x64;
 
 #[test]
 fn same_daemon_rc_traffic_reaches_the_capture_while_the_daemon_runs() {
@@ -263,6 +264,67 @@ fn same_daemon_rc_traffic_reaches_the_capture_while_the_daemon_runs() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), SENDS, "tshark found {out:?}");
     assert!(lines.iter().all(|l| *l == "\tgood"), "tshark found {out:?}");
+}
+
+/// The CM's MADs between QPs of one daemon (delivered inside it) are in the capture as the
+/// RoCE v2 packets to QP1 they would have been: a REQ for a service nobody listens on and
+/// its REJ (IBA 12.6.7.2).
+#[test]
+fn cm_mads_within_one_daemon_are_in_the_capture() {
+    let (_t, cap) = dir("cm");
+    let ip = "127.36.6.30";
+    let mut d = Daemon::options("capcm")
+        .device("capcm", ip)
+        .args(&["--capture", cap.to_str().unwrap()])
+        .start();
+    let file = cap.join("capcm.pcap");
+    let a = Context::open_at(&d.socket, 0).unwrap();
+    let ca = a.cm_channel().unwrap();
+    let timers = softverbs::CmTimers {
+        response_timeout: 14,
+        max_retries: 3,
+    };
+    let dev: Ipv4Addr = ip.parse().unwrap();
+    let id = ca
+        .connect(
+            dev.into(),
+            0x0106_1C06,
+            softverbs::CmQp::new(99, 0),
+            timers,
+            &[],
+        )
+        .unwrap();
+    let ev = ca
+        .wait_event(Duration::from_secs(30))
+        .unwrap()
+        .expect("a CM event");
+    assert_eq!(
+        (ev.kind, ev.id, ev.status),
+        (softverbs::CmEventKind::Rejected, id, 8),
+        "{ev:?}"
+    );
+    let mads = |seen: &[Seen]| -> Vec<Seen> {
+        seen.iter()
+            .filter(|s| s.opcode == UD_SEND_ONLY && s.dest_qp == 1)
+            .copied()
+            .collect()
+    };
+    let start = Instant::now();
+    let got = loop {
+        let got = mads(&read_capture(&file));
+        if got.len() >= 2 {
+            break got;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "after {DEADLINE:?} the capture holds {got:?} of the REQ and the REJ"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    d.assert_alive();
+    for m in &got {
+        assert_eq!((m.src, m.dst, m.icrc_ok), (dev, dev, true), "{m:?}");
+    }
 }
 
 /// A datagram the daemon drops for its ICRC is in the capture as it arrived (classic pcap
