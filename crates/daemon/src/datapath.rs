@@ -244,7 +244,15 @@ impl DataPath {
         let mut devs = Vec::new();
         let capture_dir = match &net.capture_dir {
             Some(dir) if net.bind => Some(crate::capture::CaptureDir::open(dir)?),
-            _ => None,
+            Some(dir) => {
+                // Captures belong to device sockets (docs/guide/capture.md): said, not silent.
+                tracing::warn!(
+                    "--capture {}: this daemon has no network, so nothing is captured",
+                    dir.display()
+                );
+                None
+            }
+            None => None,
         };
         for (i, d) in core.devices().iter().enumerate() {
             let port = &d.ports[0];
