@@ -389,8 +389,8 @@ impl NetDev {
     /// Records the engine's packet `pkt` (BTH through the ICRC slot) from this device's
     /// address to `dst`, an address of this daemon, as the RoCE v2 datagram it would have
     /// been on a wire: the headers [`send`](Self::send) would put around it, the ICRC
-    /// computed over them (IBA Annex A17.3.3; no socket carries it, so the engine's slot was
-    /// never written).
+    /// computed over them (IBA 7.8.1 as the RoCE v2 Annex A17 adapts it; no socket carries
+    /// it, so the engine's slot was never written).
     pub fn record_local(&mut self, dst: IpAddr, pkt: &[u8]) {
         self.record_sealed(self.local, dst, pkt);
     }
