@@ -12,6 +12,7 @@ mod demo;
 mod device_status;
 mod devnode;
 mod dropin;
+mod json_out;
 mod service;
 mod stream;
 mod sysfs_net;
@@ -52,12 +53,16 @@ enum Command {
     /// The daemon's pid, uptime, object counts and limits ("no daemon", exit 3, if none
     /// runs; never starts one).
     Status {
-        /// Print JSON.
+        /// Print JSON (docs/guide/json.md).
         #[arg(long)]
         json: bool,
     },
     /// The devices the daemon offers ("no daemon", exit 3, if none runs).
-    Devices,
+    Devices {
+        /// Print JSON (docs/guide/json.md).
+        #[arg(long)]
+        json: bool,
+    },
     /// Every object the daemon holds, and who holds each XRC receive QP ("no daemon",
     /// exit 3, if none runs).
     Resources {
@@ -470,19 +475,7 @@ fn main() -> ExitCode {
                 .map(|r| (r.limits, r.devices));
             match i.status().and_then(|s| limits.map(|l| (s, l))) {
                 Ok((s, (limits, devs))) if *json => {
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "daemon_pid": s.daemon_pid, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
-                            "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
-                            "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
-                            "limits": limits, "device_status": device_status::json(&devs),
-                            "dp_rounds": s.dp_rounds, "dp_qp_visits": s.dp_qp_visits,
-                            "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
-                            "net_foreign_source": s.net_foreign_source, "net_outside_window": s.net_outside_window,
-                            "network": network,
-                        })
-                    );
+                    println!("{}", json_out::status(&s, &limits, &devs, &network));
                     ExitCode::SUCCESS
                 }
                 Ok((s, (limits, devs))) => {
@@ -519,7 +512,24 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             }
         }
-        Command::Devices => match introspect(&socket).map(|i| i.devices()) {
+        Command::Devices { json: true } => {
+            let i = match introspect(&socket) {
+                Ok(i) => i,
+                Err(code) => return code,
+            };
+            let rows = i.resources_json().and_then(|t| {
+                serde_json::from_str::<Resources>(&t)
+                    .map_err(|_| softverbs::Error::new("resources", softverbs::errno::EPROTO))
+            });
+            match i.devices().and_then(|l| rows.map(|r| (l, r.devices))) {
+                Ok((list, rows)) => {
+                    println!("{}", json_out::devices(&list, &rows));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(e),
+            }
+        }
+        Command::Devices { json: false } => match introspect(&socket).map(|i| i.devices()) {
             Err(code) => code,
             Ok(r) => match r {
                 Ok(list) => {

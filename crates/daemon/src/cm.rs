@@ -77,6 +77,10 @@ pub struct CmPorts {
     /// Whether a [`Self::flush`] moved a MAD or an event since [`Self::take_moved`]: what
     /// contexts hold may have changed.
     moved: bool,
+    /// With a capture on, the MADs [`Self::flush`] delivered between this daemon's own
+    /// devices, as the packets they would have been (source address, destination device,
+    /// packet), for [`Self::take_own_copies`].
+    own_copies: Option<Vec<(IpAddr, usize, GsiPacket)>>,
 }
 
 fn owner(ctx: CtxId) -> Owner {
@@ -126,6 +130,22 @@ pub fn is_gsi(pkt: &[u8]) -> bool {
 }
 
 impl CmPorts {
+    /// Keeps a copy of every MAD delivered between this daemon's own devices, as a packet,
+    /// for a capture ([`Self::take_own_copies`]).
+    pub fn copy_own_mads(&mut self) {
+        self.own_copies.get_or_insert_with(Vec::new);
+    }
+
+    /// The MADs delivered between own devices since the last call (source address,
+    /// destination device, packet with its ICRC slot unwritten); none unless
+    /// [`Self::copy_own_mads`] was called.
+    pub fn take_own_copies(&mut self) -> Vec<(IpAddr, usize, GsiPacket)> {
+        self.own_copies
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     /// A CM for each device, given the device's addresses (its GIDs).
     pub fn new(ips: &[Vec<IpAddr>]) -> Self {
         let ports = ips
@@ -158,6 +178,7 @@ impl CmPorts {
             woken: Vec::new(),
             charged: HashMap::new(),
             moved: false,
+            own_copies: None,
         }
     }
 
@@ -261,11 +282,14 @@ impl CmPorts {
                     moved = true;
                     let from = self.ports[d].local_for(t.peer);
                     let own = self.ports.iter().position(|p| p.ips.contains(&t.peer));
-                    if let (Some(to), Some(from)) = (own, from) {
+                    let own = own.zip(from);
+                    if let Some((to, from)) = own {
                         if let Err(e) = self.ports[to].cm.handle_mad(now, from, &t.mad) {
                             tracing::warn!("own CM MAD refused: {e}");
                         }
-                        continue;
+                        if self.own_copies.is_none() {
+                            continue;
+                        }
                     }
                     let port = &mut self.ports[d];
                     let mut bytes = vec![0u8; 12 + 8 + t.mad.len() + 4];
@@ -277,11 +301,15 @@ impl CmPorts {
                         }
                     }
                     port.psn = port.psn.wrapping_add(1) & 0x00FF_FFFF;
-                    out.push(GsiPacket {
+                    let p = GsiPacket {
                         dev: d,
                         dst: Gid::from_ip(t.peer),
                         bytes,
-                    });
+                    };
+                    match (own, &mut self.own_copies) {
+                        (Some((to, from)), Some(copies)) => copies.push((from, to, p)),
+                        _ => out.push(p),
+                    }
                 }
                 while let Some((o, id, ev)) = self.ports[d].cm.poll_event() {
                     moved = true;

@@ -244,7 +244,15 @@ impl DataPath {
         let mut devs = Vec::new();
         let capture_dir = match &net.capture_dir {
             Some(dir) if net.bind => Some(crate::capture::CaptureDir::open(dir)?),
-            _ => None,
+            Some(dir) => {
+                // Captures belong to device sockets (docs/guide/capture.md): said, not silent.
+                tracing::warn!(
+                    "--capture {}: this daemon has no network, so nothing is captured",
+                    dir.display()
+                );
+                None
+            }
+            None => None,
         };
         for (i, d) in core.devices().iter().enumerate() {
             let port = &d.ports[0];
@@ -257,7 +265,7 @@ impl DataPath {
                     n.inject(f, 0x5eed ^ i as u64);
                 }
                 if let Some(dir) = &capture_dir {
-                    n.capture_to(dir.create(&format!("{}.pcap", d.name))?)?;
+                    n.capture_to(dir.create(&format!("{}.pcap", d.name))?);
                 }
                 tracing::info!(device = %d.name, addr = %gid.to_ip(), port = net.port, "device on the network");
                 netdev = Some(n);
@@ -279,7 +287,7 @@ impl DataPath {
                     n.inject(f, 0x5eed ^ i as u64 ^ (k as u64) << 32);
                 }
                 if let Some(dir) = &capture_dir {
-                    n.capture_to(dir.create(&format!("{}-{k}.pcap", d.name))?)?;
+                    n.capture_to(dir.create(&format!("{}-{k}.pcap", d.name))?);
                 }
                 tracing::info!(device = %d.name, addr = %ip, port = net.port, "device on the network");
                 more_net.push(n);
@@ -297,11 +305,15 @@ impl DataPath {
             .iter()
             .map(|d| d.gids.iter().map(|g| g.to_ip()).collect())
             .collect();
+        let mut cm = crate::cm::CmPorts::new(&ips);
+        if capture_dir.is_some() {
+            cm.copy_own_mads();
+        }
         Ok(DataPath {
             direct_wakes: Vec::new(),
             own_gids: devs.iter().flat_map(|d| d.gids.iter().copied()).collect(),
             own_source_drops: 0,
-            cm: crate::cm::CmPorts::new(&ips),
+            cm,
             devs,
             mem: SharedMappings::with_fallback(ProcessMem::new().with_batching(mem_batching())),
             cqs: HashMap::default(),
@@ -379,6 +391,7 @@ impl DataPath {
             .into_iter()
             .chain(self.direct_next_wake())
             .chain(self.net_watch_next())
+            .chain(self.captures_due())
             .min()
     }
 
@@ -386,7 +399,50 @@ impl DataPath {
     pub fn flush_captures(&mut self) {
         for d in &mut self.devs {
             for n in d.sockets() {
-                let _ = n.flush_capture();
+                if let Some(c) = n.capture() {
+                    c.flush();
+                }
+            }
+        }
+    }
+
+    /// Flushes the capture files whose oldest unwritten packet waited long enough
+    /// (capture.rs, [`crate::capture::FLUSH_AFTER`]).
+    fn flush_captures_due(&mut self) {
+        let now = Instant::now();
+        for d in &mut self.devs {
+            for n in d.sockets() {
+                if let Some(c) = n.capture() {
+                    c.flush_if_due(now);
+                }
+            }
+        }
+    }
+
+    /// How long until a capture file must be flushed: the loop wakes for it, so a packet
+    /// recorded just before the daemon fell idle still reaches the file in time.
+    fn captures_due(&self) -> Option<Duration> {
+        self.devs
+            .iter()
+            .flat_map(|d| d.net.iter().chain(&d.more_net))
+            .filter_map(NetDev::capture_due)
+            .min()
+            .map(|t| t.saturating_duration_since(Instant::now()))
+    }
+
+    /// Records a packet device `d` hands to device `t` of this daemon (no socket carries it)
+    /// in the captures of the sending address and, when another socket owns the
+    /// destination address, of that one too: what captures on two NICs would show.
+    fn capture_local(&mut self, d: usize, t: usize, src: Gid, dst: Gid, pkt: &[u8]) {
+        let dst_ip = dst.to_ip();
+        if let Some(n) = self.devs[d].socket_from(src) {
+            n.record_local(dst_ip, pkt);
+        }
+        if (t, dst) != (d, src) {
+            // The receiving socket records it as sent from `src` (its own view).
+            let src_ip = src.to_ip();
+            if let Some(n) = self.devs[t].socket_from(dst) {
+                n.record_local_received(src_ip, pkt);
             }
         }
     }
@@ -894,6 +950,7 @@ impl DataPath {
                             sgid: self.devs[d].sgid_for(tx.sgid_index, tx.dgid),
                             dgid: tx.dgid,
                         };
+                        self.capture_local(d, t, meta.sgid, meta.dgid, &buf[..tx.len]);
                         let mut feed = fed_srq::Feed {
                             srqs: &self.fed_srqs,
                             faults: &mut self.srq_faults,
@@ -1046,6 +1103,7 @@ impl DataPath {
             }
         }
         self.raise_srq_events(core, &mut woken);
+        self.flush_captures_due();
         self.buf = buf;
         self.rx_scratch = scratch;
         // The daemon goes on at once (a command, the loop): a long drive is work, not a
@@ -1088,6 +1146,10 @@ impl DataPath {
     fn send_cm(&mut self, now: softverbs_transport::Instant) -> bool {
         let pkts = self.cm.flush(now);
         let moved = !pkts.is_empty();
+        for (from, to, p) in self.cm.take_own_copies() {
+            let src = Gid::from_ip(from);
+            self.capture_local(p.dev, to, src, p.dst, &p.bytes);
+        }
         for mut p in pkts {
             let tx = softverbs_transport::Transmit {
                 len: p.bytes.len(),

@@ -265,6 +265,11 @@ impl Direct {
         }
         let pinfo = core.owned_qp_info(pctx, ph)?;
         let pq = core.query_qp(pctx, ph).ok()?;
+        // A device that captures records what its QPs exchange (issue 36 item 6): a pair
+        // that bypassed the daemon would be missing from it (docs/guide/capture.md).
+        if dp.captures(info.qpn) || dp.captures(pinfo.qpn) {
+            return None;
+        }
         // An SRQ's receives are reachable when its ring is the one queue (ABI 16).
         if !self.receives_reachable(dp, ctx, info.srq, pctx)
             || !self.receives_reachable(dp, pctx, pinfo.srq, ctx)

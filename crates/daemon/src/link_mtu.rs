@@ -45,11 +45,67 @@ pub fn link_mtu_of(ip: IpAddr) -> Option<u32> {
             (got == want).then_some(ifa.interface_name)
         })?
     };
-    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    own_sysfs_mtu(&name).or_else(|| sysctl_mtu(&name))
+}
+
+/// A number in a sysfs or procfs file.
+fn read_number(path: &str) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The MTU of interface `name` from `/sys/class/net/NAME/mtu`, if that sysfs is this network
+/// namespace's. sysfs shows the interfaces of the namespace that mounted it, not of the
+/// reader (sysfs(5)): a daemon entered into a namespace with setns(2) alone (`nsenter
+/// --net`, a launcher) and no sysfs of its own would read the host's `eth0` for the
+/// namespace's `eth0` — how cluster daemons on 9000-byte links reported 1024 (issue 36 item
+/// 8). The interface's index and hardware address asked of the kernel through a socket and
+/// getifaddrs(3), always this namespace's (netdevice(7), `SIOCGIFINDEX`), must be the ones
+/// sysfs shows: indexes alone repeat across namespaces (each numbers its own from 1).
+fn own_sysfs_mtu(name: &str) -> Option<u32> {
+    use rustix::net::{netdevice::name_to_index, socket, AddressFamily, SocketType};
+    let sock = socket(AddressFamily::INET, SocketType::DGRAM, None).ok()?;
+    let here = name_to_index(&sock, name).ok()?;
+    let mac = nix::ifaddrs::getifaddrs().ok()?.find_map(|ifa| {
+        let a = ifa.address?;
+        (ifa.interface_name == name).then(|| a.as_link_addr().map(|l| l.addr()))?
+    });
+    let mac_text = mac.flatten().map(|m| {
+        m.iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
+    });
+    let shown = read_number(&format!("/sys/class/net/{name}/ifindex"));
+    let shown_mac = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).ok();
+    let same_mac = match (&mac_text, &shown_mac) {
+        (Some(m), Some(s)) => m == s.trim(),
+        // No hardware address known on one side: the index decides.
+        _ => true,
+    };
+    if shown != Some(here) || !same_mac {
+        tracing::debug!(
+            interface = name,
+            "/sys/class/net is another network namespace's: its MTU not taken"
+        );
+        return None;
+    }
+    read_number(&format!("/sys/class/net/{name}/mtu"))
+}
+
+/// The MTU of interface `name` from `/proc/sys/net/ipv6/conf/NAME/mtu`: network sysctls are
+/// the reader's own namespace's (unlike sysfs). The IPv6 MTU starts as the link's and follows
+/// its changes (a router advertisement may lower it, never raise it): a safe bound. Absent
+/// where IPv6 is off on the interface.
+fn sysctl_mtu(name: &str) -> Option<u32> {
+    let mtu = read_number(&format!("/proc/sys/net/ipv6/conf/{name}/mtu"));
+    if mtu.is_none() {
+        tracing::warn!(
+            interface = name,
+            "the link MTU of {name} is unknown (no sysfs of this network namespace, IPv6 off): \
+             start the daemon with `ip netns exec`, which mounts one"
+        );
+    }
+    mtu
 }
 
 /// The active MTU for a device on `ips`: the smallest over the links they live on, 4096 when

@@ -296,8 +296,6 @@ impl Server {
         Self::serve(config, None, true, listener, dispatcher)
     }
 
-    /// The core and the devices' network side.
-
     fn serve(
         config: Config,
         lock: Option<std::fs::File>,

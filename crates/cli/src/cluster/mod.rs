@@ -25,7 +25,6 @@ use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Subcommand;
-use nix::sched::{setns, CloneFlags};
 use softverbs::Introspect;
 pub use state::Cluster;
 use teardown::{leftovers, remove};
@@ -256,16 +255,18 @@ fn spawn_host_services(
     if let Some(d) = &capture {
         state::shared_dir(d)?;
     }
-    let ns = std::fs::File::open(Path::new("/run/netns").join(&host))
-        .map_err(|e| format!("/run/netns/{host}: {e}"))?;
-    let home = std::fs::File::open("/proc/thread-self/ns/net")
-        .map_err(|e| format!("/proc/thread-self/ns/net: {e}"))?;
+    if !Path::new("/run/netns").join(&host).exists() {
+        return Err(format!("/run/netns/{host}: no such network namespace"));
+    }
     let log =
         std::fs::File::create(c.log(i)).map_err(|e| format!("{}: {e}", c.log(i).display()))?;
-    // A child is born in its parent thread's network namespace.
-    setns(&ns, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns {host}: {e}"))?;
-    let mut daemon = std::process::Command::new(exe);
+    // `ip netns exec` (ip-netns(8)) rather than setns(2) alone: it also gives the daemon a
+    // sysfs of the host's namespace, where it reads its link's MTU (the active MTU follows
+    // it, crates/daemon/src/link_mtu.rs). ip execs the daemon in place: the pid is its own.
+    let mut daemon = std::process::Command::new("ip");
     daemon
+        .args(["netns", "exec", &host])
+        .arg(exe)
         .arg("--socket")
         .arg(c.socket(i))
         .arg("daemon")
@@ -280,7 +281,6 @@ fn spawn_host_services(
         .stderr(log)
         .process_group(0)
         .spawn();
-    setns(&home, CloneFlags::CLONE_NEWNET).map_err(|e| format!("setns back: {e}"))?;
     spawned
         .map(|_| ())
         .map_err(|e| format!("start the daemon of {host}: {e}"))

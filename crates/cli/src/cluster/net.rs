@@ -23,11 +23,11 @@ pub fn subnet_addr(subnet: u8, last: u8) -> Ipv4Addr {
 /// reached from them.
 pub const BRIDGE_HOST: u8 = 254;
 
-/// The MTU of the cluster's links. A softverbs device reports an active MTU of 4096
-/// (crates/daemon/src/config.rs) and sends each RoCE packet as one UDP datagram with DF set
-/// (crates/daemon/src/netdev.rs), so a packet of a 4096-byte path MTU needs an IP MTU of
-/// 4096 + BTH/RETH/ICRC + UDP + IP headers: Ethernet's 1500 would drop every full packet
-/// (EMSGSIZE) and RC would end in retry-exceeded errors. Jumbo frames fit with room to spare.
+/// The MTU of the cluster's links. A softverbs device's active MTU is the largest IB MTU
+/// whose RoCE v2 packets fit its link (crates/daemon/src/link_mtu.rs, as rxe), and each RoCE
+/// packet leaves as one UDP datagram with DF set (crates/daemon/src/netdev.rs): jumbo frames
+/// give the hosts IB's largest MTU, 4096, as on an RDMA fabric; on Ethernet's 1500 it would
+/// be 1024.
 pub const LINK_MTU: u32 = 9000;
 
 /// Runs `ip ARGS`, returning its stdout or its stderr as the error.

@@ -161,6 +161,18 @@ impl DataPath {
         self.devs[d].net.as_ref().is_some_and(|n| !n.taps())
     }
 
+    /// Whether QP `qpn`'s device writes a capture (`--capture`): its QPs then stay on the
+    /// daemon's engine, off the direct path too, so the capture holds their traffic.
+    pub fn captures(&self, qpn: u32) -> bool {
+        self.qp_dev.get(&qpn).is_some_and(|&d| {
+            self.devs[d]
+                .net
+                .iter()
+                .chain(&self.devs[d].more_net)
+                .any(crate::netdev::NetDev::captures)
+        })
+    }
+
     /// Puts QP `qpn` of `ctx`, connected to `peer`, on the net path: its packets from
     /// `peer` are forwarded to the context's private socket from now on. The socket comes
     /// back the first time the context asks (the library keeps it); `Ok(None)` after that.
