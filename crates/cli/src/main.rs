@@ -11,6 +11,7 @@ mod demo;
 mod device_status;
 mod devnode;
 mod dropin;
+mod stat;
 mod stream;
 mod sysfs_net;
 mod table;
@@ -70,6 +71,11 @@ enum Command {
         /// status` shows them.
         #[arg(long = "limit", value_name = "SCOPE.RESOURCE=N")]
         limits: Vec<String>,
+        /// Serve the port and QP counters (`softverbs stat`) as Prometheus text at
+        /// http://ADDR/metrics. Off by default; binds only ADDR (e.g. 127.0.0.1:9464), and
+        /// anyone who can reach it reads every QP's counters.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// The daemon's pid, uptime, object counts and limits ("no daemon", exit 3, if none
     /// runs; never starts one).
@@ -80,6 +86,19 @@ enum Command {
     },
     /// The devices the daemon offers ("no daemon", exit 3, if none runs).
     Devices,
+    /// Port and QP counters, as `rdma statistic` shows a NIC's: each port's totals, then
+    /// each QP's ("no daemon", exit 3, if none runs; docs/guide/counters.md).
+    Stat {
+        /// Print one JSON object (`schema`, `ports`, `qps`).
+        #[arg(long)]
+        json: bool,
+        /// Only this QP (by number).
+        #[arg(long, value_parser = parse_u32)]
+        qp: Option<u32>,
+        /// Only this device's port and QPs.
+        #[arg(long)]
+        device: Option<String>,
+    },
     /// Every object the daemon holds, and who holds each XRC receive QP ("no daemon",
     /// exit 3, if none runs).
     Resources {
@@ -349,6 +368,7 @@ fn main() -> ExitCode {
             capture,
             faults,
             limits,
+            metrics,
         } => {
             init_tracing();
             let mut config = Config::new(socket);
@@ -363,9 +383,15 @@ fn main() -> ExitCode {
             config.net.port = *port;
             config.net.capture_dir = capture.clone();
             config.net.faults = *faults;
+            let metrics_socket = config.socket.clone();
             let run = || -> std::io::Result<()> {
                 let mut server = Server::bind(config)?;
                 server.handle_signals()?;
+                if let Some(addr) = metrics {
+                    stat::serve_metrics(*addr, metrics_socket).map_err(|e| {
+                        std::io::Error::new(e.kind(), format!("--metrics {addr}: {e}"))
+                    })?;
+                }
                 server.run()
             };
             run().map_or_else(fail, |()| ExitCode::SUCCESS)
@@ -443,6 +469,31 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             },
         },
+        Command::Stat { json, qp, device } => {
+            let i = match introspect(&socket) {
+                Ok(i) => i,
+                Err(code) => return code,
+            };
+            let v = match i.resources_json().and_then(|t| {
+                serde_json::from_str::<serde_json::Value>(&t)
+                    .map_err(|_| softverbs::Error::new("resources", softverbs::errno::EPROTO))
+            }) {
+                Ok(v) => stat::select(&v, *qp, device.as_deref()),
+                Err(e) => return fail(e),
+            };
+            if let Some(q) = qp.filter(|_| v["qps"].as_array().is_none_or(Vec::is_empty)) {
+                return fail(format!("no QP {q}"));
+            }
+            let text = if *json {
+                format!("{v}\n")
+            } else {
+                stat::render(&v)
+            };
+            // A closed pipe (`softverbs stat | head`) ends the output, not the program.
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
         Command::Resources { json } => {
             let i = match introspect(&socket) {
                 Ok(i) => i,

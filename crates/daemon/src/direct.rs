@@ -117,6 +117,11 @@ impl Direct {
         self.ctxs.get(&ctx).is_some_and(|o| o.caps & CAP_SRQ != 0)
     }
 
+    /// Whether QP `qpn` is one side of a pair on the direct path.
+    pub fn is_direct(&self, qpn: u32) -> bool {
+        self.pairs.keys().any(|&(a, b)| a == qpn || b == qpn)
+    }
+
     /// The direct pairs for `resources` (docs/direct-path.md): the two QP numbers, whether
     /// each side's library has attached, and the channel's ring layout. Sorted, so that two
     /// snapshots of the same state print the same.
