@@ -630,7 +630,7 @@ impl DirectCtx {
                 // daemon would hand a member of the device's reuseport group (issue 35, item
                 // 1), so against one the QP stays on the daemon's engine.
                 if ctx.conn.abi >= 20 && net::wanted() && q.qp_type == QpType::Rc {
-                    able |= ABLE_NET | ABLE_NET_FORWARDED | ABLE_NET_STATUS;
+                    able |= ABLE_NET | ABLE_NET_FORWARDED | ABLE_NET_STATUS | ABLE_NET_COUNTERS;
                 }
                 let req = DirectAttachReq {
                     qp: U32::new(handle),

@@ -3,6 +3,14 @@
 //! failures of each device's sockets, and where each QP sends and its PSNs (for
 //! `softverbs resources`). Read-only snapshots for introspection, linear in the QPs.
 
+use std::sync::atomic::Ordering;
+
+use softverbs_abi::direct::{
+    NS_CAPACITY, NS_COUNTERS, NS_COUNTER_WORDS, NS_LEN_COUNTERS, NS_RETIRED, NS_SLOT, NS_SLOTS,
+    NS_VALID,
+};
+use softverbs_core::ids::CtxId;
+use softverbs_shm::Region;
 use softverbs_transport::engine::QpWire;
 use softverbs_transport::Counters;
 
@@ -79,20 +87,102 @@ impl DataPath {
     }
 }
 
+/// The counter block at `off` of a net status region (`softverbs_abi::direct::NS_COUNTERS`):
+/// word `i` is `Counters::NAMES[i]`.
+fn read_block(r: &Region, off: usize) -> Counters {
+    let words = r.atomic_u64s(off, NS_COUNTER_WORDS);
+    let mut c = Counters::default();
+    for (name, w) in Counters::NAMES.iter().zip(words) {
+        c.set(name, w.load(Ordering::Acquire));
+    }
+    c
+}
+
+/// The slots of a net status region that hold QPs of `owned` (the library's word, checked
+/// against the daemon's own list of the context's QPs: a slot naming another context's QP
+/// is ignored), each QP once: `(qpn, slot)`.
+fn owned_slots(r: &Region, owned: impl Fn(u32) -> bool) -> Vec<(u32, usize)> {
+    let mut seen = std::collections::HashSet::new();
+    (0..NS_CAPACITY)
+        .filter_map(|i| {
+            let w = r.atomic_u64s(NS_SLOTS + i * NS_SLOT, 1)[0].load(Ordering::Acquire);
+            let qpn = w as u32;
+            (w & NS_VALID != 0 && owned(qpn) && seen.insert(qpn)).then_some((qpn, i))
+        })
+        .collect()
+}
+
 impl DataPath {
-    /// The counters the net path's libraries published for device `device`'s QPs (none
-    /// yet: the libraries do not publish counters; see docs/guide/counters.md).
-    fn net_port_counters(&self, _device: usize) -> Counters {
-        Counters::default()
+    /// Context `ctx`'s device (the one its net-path sockets are on).
+    fn net_ctx_device(&self, ctx: CtxId) -> Option<usize> {
+        self.net_path
+            .sockets
+            .keys()
+            .find(|(c, _)| *c == ctx)
+            .map(|&(_, d)| d)
+    }
+
+    /// What `ctx`'s library published: every live QP's block plus the retired sums.
+    fn net_ctx_counters(&self, ctx: CtxId) -> Counters {
+        let mut sum = Counters::default();
+        let Some(st) = self.net_path.status.get(&ctx) else {
+            return sum;
+        };
+        let r = &st.region;
+        if r.len() < NS_LEN_COUNTERS {
+            return sum;
+        }
+        let owners = &self.net_path.owners;
+        for (_, i) in owned_slots(r, |q| owners.get(&q) == Some(&ctx)) {
+            sum.add(&read_block(r, NS_COUNTERS + i * NS_COUNTER_WORDS * 8));
+        }
+        sum.add(&read_block(r, NS_RETIRED));
+        sum
+    }
+
+    /// The counters the net path's libraries published for device `device`'s QPs, those
+    /// of closed contexts included.
+    fn net_port_counters(&self, device: usize) -> Counters {
+        let mut sum = self
+            .net_path
+            .closed_counters
+            .get(&device)
+            .copied()
+            .unwrap_or_default();
+        for &ctx in self.net_path.status.keys() {
+            if self.net_ctx_device(ctx) == Some(device) {
+                sum.add(&self.net_ctx_counters(ctx));
+            }
+        }
+        sum
+    }
+
+    /// Context `ctx` closes: what its library last published stays in its port's totals.
+    pub(super) fn net_counters_closed(&mut self, ctx: CtxId) {
+        if let Some(d) = self.net_ctx_device(ctx) {
+            let c = self.net_ctx_counters(ctx);
+            self.net_path.closed_counters.entry(d).or_default().add(&c);
+        }
+    }
+
+    /// The slot of net-path QP `qpn` in its library's region.
+    fn net_slot(&self, qpn: u32) -> Option<(&Region, usize)> {
+        let ctx = self.net_path.owners.get(&qpn)?;
+        let r = &self.net_path.status.get(ctx)?.region;
+        let (_, i) = owned_slots(r, |q| q == qpn).into_iter().next()?;
+        Some((r, i))
     }
 
     /// The expected PSN the library running net-path QP `qpn` last published.
-    pub fn net_published_epsn(&self, _qpn: u32) -> Option<u32> {
-        None
+    pub fn net_published_epsn(&self, qpn: u32) -> Option<u32> {
+        let (r, i) = self.net_slot(qpn)?;
+        let v = r.atomic_u64s(NS_SLOTS + i * NS_SLOT + 8, 1)[0].load(Ordering::Acquire);
+        (v != u64::MAX).then_some((v >> 32) as u32 & 0xFF_FFFF)
     }
 
     /// The counters the library running net-path QP `qpn` published.
-    fn net_qp_counters(&self, _qpn: u32) -> Option<Counters> {
-        None
+    fn net_qp_counters(&self, qpn: u32) -> Option<Counters> {
+        let (r, i) = self.net_slot(qpn)?;
+        (r.len() >= NS_LEN_COUNTERS).then(|| read_block(r, NS_COUNTERS + i * NS_COUNTER_WORDS * 8))
     }
 }
