@@ -265,6 +265,12 @@ fn the_daemon_path_counts_each_packet_once_and_metrics_serve_the_same_figures() 
         assert_eq!(xa["sq_psn"], u64::from(PSN) + 5 * PKTS);
         assert_eq!(xb["rq_psn"], u64::from(PSN) + 5 * PKTS);
         assert_eq!(xa["rq_psn"], PSN);
+        let table = a.cli(&["resources"]);
+        let line = format!(
+            "path daemon remote 127.96.0.2 qpn {qb:#08x} sq_psn {:#08x}",
+            PSN + 30
+        );
+        assert!(table.contains(&line), "{line} in\n{table}");
         // The metrics endpoint answers a GET with the same numbers.
         let (status, body) = get(metrics, "/metrics");
         assert_eq!(status, "HTTP/1.1 200 OK");

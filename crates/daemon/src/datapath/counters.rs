@@ -98,7 +98,7 @@ fn read_block(r: &Region, off: usize) -> Counters {
     c
 }
 
-/// The slots of a net status region that hold QPs of `owned` (the library's word, checked
+/// The slots of a net status region whose QP `owned` accepts (the library's word, checked
 /// against the daemon's own list of the context's QPs: a slot naming another context's QP
 /// is ignored), each QP once: `(qpn, slot)`.
 fn owned_slots(r: &Region, owned: impl Fn(u32) -> bool) -> Vec<(u32, usize)> {
@@ -122,8 +122,12 @@ impl DataPath {
             .map(|&(_, d)| d)
     }
 
-    /// What `ctx`'s library published: every live QP's block plus the retired sums.
-    fn net_ctx_counters(&self, ctx: CtxId) -> Counters {
+    /// What `ctx`'s library published: the blocks of its QPs on the net path plus the
+    /// retired sums; with `every_slot`, the blocks of every slot in use — at the context's
+    /// close, when the daemon has already taken its QPs off the path, and a library that
+    /// died left its last QPs' counts there (a library could put any number in its retired
+    /// block anyway, so counting its slots unchecked into its port's sums grants it nothing).
+    fn net_ctx_counters(&self, ctx: CtxId, every_slot: bool) -> Counters {
         let mut sum = Counters::default();
         let Some(st) = self.net_path.status.get(&ctx) else {
             return sum;
@@ -133,7 +137,7 @@ impl DataPath {
             return sum;
         }
         let owners = &self.net_path.owners;
-        for (_, i) in owned_slots(r, |q| owners.get(&q) == Some(&ctx)) {
+        for (_, i) in owned_slots(r, |q| every_slot || owners.get(&q) == Some(&ctx)) {
             sum.add(&read_block(r, NS_COUNTERS + i * NS_COUNTER_WORDS * 8));
         }
         sum.add(&read_block(r, NS_RETIRED));
@@ -151,7 +155,7 @@ impl DataPath {
             .unwrap_or_default();
         for &ctx in self.net_path.status.keys() {
             if self.net_ctx_device(ctx) == Some(device) {
-                sum.add(&self.net_ctx_counters(ctx));
+                sum.add(&self.net_ctx_counters(ctx, false));
             }
         }
         sum
@@ -160,7 +164,7 @@ impl DataPath {
     /// Context `ctx` closes: what its library last published stays in its port's totals.
     pub(super) fn net_counters_closed(&mut self, ctx: CtxId) {
         if let Some(d) = self.net_ctx_device(ctx) {
-            let c = self.net_ctx_counters(ctx);
+            let c = self.net_ctx_counters(ctx, true);
             self.net_path.closed_counters.entry(d).or_default().add(&c);
         }
     }
