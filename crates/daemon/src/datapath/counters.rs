@@ -190,3 +190,50 @@ impl DataPath {
         (r.len() >= NS_LEN_COUNTERS).then(|| read_block(r, NS_COUNTERS + i * NS_COUNTER_WORDS * 8))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region() -> Region {
+        Region::create("test-net-status", NS_LEN_COUNTERS)
+            .unwrap()
+            .0
+    }
+
+    fn put(r: &Region, slot: usize, qpn: u32, sent: u64) {
+        r.atomic_u64s(NS_SLOTS + slot * NS_SLOT, 1)[0]
+            .store(u64::from(qpn) | NS_VALID, Ordering::Release);
+        let words = r.atomic_u64s(NS_COUNTERS + slot * NS_COUNTER_WORDS * 8, NS_COUNTER_WORDS);
+        let i = Counters::NAMES
+            .iter()
+            .position(|n| *n == "sent_pkts")
+            .unwrap();
+        words[i].store(sent, Ordering::Release);
+    }
+
+    #[test]
+    fn a_block_reads_back_by_name() {
+        let r = region();
+        put(&r, 3, 0x21, 17);
+        assert_eq!(
+            read_block(&r, NS_COUNTERS + 3 * NS_COUNTER_WORDS * 8).sent_pkts,
+            17
+        );
+        assert_eq!(read_block(&r, NS_RETIRED), Counters::default());
+    }
+
+    #[test]
+    fn a_library_cannot_speak_for_a_qp_that_is_not_its_own_nor_twice_for_its_own() {
+        let r = region();
+        put(&r, 0, 0x21, 5);
+        // Another context's QP, and the library's own QP named again in a second slot.
+        put(&r, 1, 0x99, 1_000_000);
+        put(&r, 2, 0x21, 1_000_000);
+        // A slot not in use is not read, whatever its block holds.
+        let words = r.atomic_u64s(NS_COUNTERS + 4 * NS_COUNTER_WORDS * 8, 1);
+        words[0].store(7, Ordering::Release);
+        let got = owned_slots(&r, |q| q == 0x21);
+        assert_eq!(got, vec![(0x21, 0)]);
+    }
+}
