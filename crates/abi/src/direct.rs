@@ -115,6 +115,16 @@ pub const NO_EVENT: u32 = u32::MAX;
 /// `wr_id` (`u64`) — so the peer, finding that library's process gone, completes it with
 /// `WR_FLUSH_ERR` instead of losing it (docs/direct-path.md, "SRQs").
 pub const CH_SRQ_HELD: [usize; 2] = [1920, 2048];
+/// Header words per side (issue 36 item 5): that side's QP's request messages completed
+/// (`u64`, `rdma_sends`), bumped by that side's own library (docs/guide/counters.md).
+pub const CH_SENT: [usize; 2] = [2176, 2304];
+/// Header words per side: that side's QP's requests executed as responder — `u64`s
+/// `rdma_recvs`, `rx_write_requests`, `rx_read_requests`, `rx_atomic_requests` — bumped by
+/// the peer's library, which executes its requests there. Counters only: the daemon reads
+/// them for `softverbs stat`, nothing acts on them.
+pub const CH_RCVD: [usize; 2] = [2432, 2560];
+/// Words at [`CH_RCVD`].
+pub const CH_RCVD_WORDS: usize = 4;
 /// Bytes before the first ring.
 pub const CH_HEADER: usize = 4096;
 

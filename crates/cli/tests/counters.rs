@@ -366,16 +366,27 @@ fn the_net_path_counts_in_the_library_and_the_daemon_shows_it() {
 }
 
 #[test]
-fn the_direct_path_sends_no_packets_and_says_so() {
+fn the_direct_path_counts_messages_and_no_packets() {
     let d = daemon("dd", "127.96.3.1", &[]);
     exchange(&d, &d, Path::Direct, 3, 20, |qa, qb| {
-        for q in [qa, qb] {
-            let r = qp_row(&d, q);
+        let (ra, rb) = (qp_row(&d, qa), qp_row(&d, qb));
+        for (r, q, peer) in [(&ra, qa, qb), (&rb, qb, qa)] {
             assert_eq!(r["path"], "direct");
-            assert_eq!(n(&r, "sent_pkts") + n(&r, "rcvd_pkts"), 0, "{r}");
+            assert_eq!(n(r, "sent_pkts") + n(r, "rcvd_pkts"), 0, "{r}");
             let x = resource_row(&d, q);
             assert_eq!(x["path"], "direct");
-            assert_eq!(x["remote_qpn"], if q == qa { qb } else { qa });
+            assert_eq!(x["remote_qpn"], peer);
         }
+        assert_eq!((n(&ra, "rdma_sends"), n(&ra, "rdma_recvs")), (3, 0), "{ra}");
+        assert_eq!((n(&rb, "rdma_sends"), n(&rb, "rdma_recvs")), (0, 3), "{rb}");
+        assert_eq!(n(&rb, "rx_write_requests"), 0);
     });
+    // The pair is gone; its device's port keeps what it counted.
+    let port = &stat(&d, &[])["ports"][0];
+    assert_eq!(
+        (n(port, "rdma_sends"), n(port, "rdma_recvs")),
+        (3, 3),
+        "{port}"
+    );
+    assert_eq!(n(port, "sent_pkts"), 0);
 }

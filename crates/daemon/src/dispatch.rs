@@ -1538,12 +1538,14 @@ impl Dispatcher {
             .port_counters()
             .iter()
             .map(|p| {
+                let mut c = p.counters;
+                c.add(&self.direct.port_counters(p.device));
                 let mut v = flat(
                     serde_json::json!({
                         "device": devices.get(p.device).map(|d| d.name.as_str()),
                         "port": 1,
                     }),
-                    &p.counters,
+                    &c,
                 );
                 if let Some(m) = v.as_object_mut() {
                     m.insert("rx_icrc_errors".into(), serde_json::json!(p.icrc_errors));
@@ -1558,7 +1560,10 @@ impl Dispatcher {
         );
         let qps: Vec<serde_json::Value> = qpns
             .filter_map(|(qpn, path)| {
-                let (d, c) = self.dp.qp_counters(qpn)?;
+                let (d, mut c) = self.dp.qp_counters(qpn)?;
+                if path.as_deref() == Some("direct") {
+                    c = self.direct.qp_counters(qpn).unwrap_or_default();
+                }
                 Some(flat(
                     serde_json::json!({
                         "qpn": qpn,

@@ -78,6 +78,11 @@ impl DataPath {
         Some((d, self.devs[d].engine.qp_counters(qpn)?))
     }
 
+    /// QP `qpn`'s device.
+    pub fn qp_device(&self, qpn: u32) -> Option<usize> {
+        self.qp_dev.get(&qpn).copied()
+    }
+
     /// Where QP `qpn` sends and its PSNs, from the daemon's engine (for a net-path QP its
     /// copy, which knows the peer but not the library's PSNs: `None` for those).
     pub fn qp_wire(&self, qpn: u32) -> Option<(QpWire, bool)> {
