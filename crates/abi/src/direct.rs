@@ -68,6 +68,26 @@ pub const NS_VALID: u64 = 1 << 32;
 /// Net status region: bytes of the memfd.
 pub const NS_LEN: usize = NS_SLOTS + NS_CAPACITY * NS_SLOT;
 
+/// [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit (issue 36 item 5), with
+/// [`ABLE_NET_STATUS`]: the library publishes its net-path QPs' counters in the net status
+/// region, which the daemon then makes [`NS_LEN_COUNTERS`] bytes long (`status_len` says
+/// which it made), so that `softverbs stat` shows what the libraries' engines counted
+/// (docs/guide/counters.md). A daemon that does not know the bit makes [`NS_LEN`].
+pub const ABLE_NET_COUNTERS: u32 = 16;
+/// Net status region: `u64` words per counter block, in the order of
+/// `softverbs_transport::Counters::NAMES` (the unused tail stays 0).
+pub const NS_COUNTER_WORDS: usize = 32;
+/// Net status region: the first counter block; slot `i`'s QP's counters are at
+/// `NS_COUNTERS + i * NS_COUNTER_WORDS * 8`, valid while the slot is. Written by the library
+/// only; the daemon reads them as untrusted input (they reach only the figures it shows
+/// for that context's own QPs and their port's sums).
+pub const NS_COUNTERS: usize = NS_LEN;
+/// Net status region: one counter block, the sums of the library's QPs that left its
+/// engine (destroyed, or reset), so that a port's totals keep them.
+pub const NS_RETIRED: usize = NS_COUNTERS + NS_CAPACITY * NS_COUNTER_WORDS * 8;
+/// Net status region with counters: bytes of the memfd.
+pub const NS_LEN_COUNTERS: usize = NS_RETIRED + NS_COUNTER_WORDS * 8;
+
 /// [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit: the library can run the QP
 /// on the same-host direct path (what `able == 1` meant before ABI 17).
 pub const ABLE_DIRECT: u32 = 1;
@@ -95,6 +115,16 @@ pub const NO_EVENT: u32 = u32::MAX;
 /// `wr_id` (`u64`) — so the peer, finding that library's process gone, completes it with
 /// `WR_FLUSH_ERR` instead of losing it (docs/direct-path.md, "SRQs").
 pub const CH_SRQ_HELD: [usize; 2] = [1920, 2048];
+/// Header words per side (issue 36 item 5): that side's QP's request messages completed
+/// (`u64`, `rdma_sends`), bumped by that side's own library (docs/guide/counters.md).
+pub const CH_SENT: [usize; 2] = [2176, 2304];
+/// Header words per side: that side's QP's requests executed as responder — `u64`s
+/// `rdma_recvs`, `rx_write_requests`, `rx_read_requests`, `rx_atomic_requests` — bumped by
+/// the peer's library, which executes its requests there. Counters only: the daemon reads
+/// them for `softverbs stat`, nothing acts on them.
+pub const CH_RCVD: [usize; 2] = [2432, 2560];
+/// Words at [`CH_RCVD`].
+pub const CH_RCVD_WORDS: usize = 4;
 /// Bytes before the first ring.
 pub const CH_HEADER: usize = 4096;
 

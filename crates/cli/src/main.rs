@@ -14,6 +14,7 @@ mod devnode;
 mod dropin;
 mod json_out;
 mod service;
+mod stat;
 mod stream;
 mod sysfs_net;
 mod table;
@@ -62,6 +63,19 @@ enum Command {
         /// Print JSON (docs/guide/json.md).
         #[arg(long)]
         json: bool,
+    },
+    /// Port and QP counters, as `rdma statistic` shows a NIC's: each port's totals, then
+    /// each QP's ("no daemon", exit 3, if none runs; docs/guide/counters.md).
+    Stat {
+        /// Print one JSON object (`schema`, `ports`, `qps`).
+        #[arg(long)]
+        json: bool,
+        /// Only this QP (by number).
+        #[arg(long, value_parser = parse_u32)]
+        qp: Option<u32>,
+        /// Only this device's port and QPs.
+        #[arg(long)]
+        device: Option<String>,
     },
     /// Every object the daemon holds, and who holds each XRC receive QP ("no daemon",
     /// exit 3, if none runs).
@@ -201,6 +215,11 @@ struct DaemonArgs {
     /// every one tried is taken (`softverbs status` says which).
     #[arg(long)]
     autostarted: bool,
+    /// Serve the port and QP counters (`softverbs stat`) as Prometheus text at
+    /// http://ADDR/metrics. Off by default; binds only ADDR (e.g. 127.0.0.1:9464), and
+    /// anyone who can reach it reads every QP's counters.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl DaemonArgs {
@@ -255,9 +274,14 @@ fn daemon(args: &DaemonArgs, socket: Option<PathBuf>) -> ExitCode {
             None => Server::bind(config)?,
         };
         server.handle_signals()?;
+        let metrics = args.metrics;
         let args = args.clone();
         server.on_reload(Box::new(move || args.config(socket.clone())));
         server.on_notice(Box::new(service::notify));
+        if let Some(addr) = metrics {
+            stat::serve_metrics(addr, server.socket().clone())
+                .map_err(|e| std::io::Error::new(e.kind(), format!("--metrics {addr}: {e}")))?;
+        }
         server.run()
     };
     run().map_or_else(fail, |()| ExitCode::SUCCESS)
@@ -543,6 +567,31 @@ fn main() -> ExitCode {
                 Err(e) => fail(e),
             },
         },
+        Command::Stat { json, qp, device } => {
+            let i = match introspect(&socket) {
+                Ok(i) => i,
+                Err(code) => return code,
+            };
+            let v = match i.resources_json().and_then(|t| {
+                serde_json::from_str::<serde_json::Value>(&t)
+                    .map_err(|_| softverbs::Error::new("resources", softverbs::errno::EPROTO))
+            }) {
+                Ok(v) => stat::select(&v, *qp, device.as_deref()),
+                Err(e) => return fail(e),
+            };
+            if let Some(q) = qp.filter(|_| v["qps"].as_array().is_none_or(Vec::is_empty)) {
+                return fail(format!("no QP {q}"));
+            }
+            let text = if *json {
+                format!("{v}\n")
+            } else {
+                stat::render(&v)
+            };
+            // A closed pipe (`softverbs stat | head`) ends the output, not the program.
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
         Command::Resources { json } => {
             let i = match introspect(&socket) {
                 Ok(i) => i,

@@ -76,11 +76,26 @@ pub fn render(r: &Resources) -> String {
     if !r.qps.is_empty() {
         let _ = writeln!(out, "qps: {}", r.qps.len());
         for q in &r.qps {
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "  pid {:<7} qpn {:#08x} {:?} {:?}",
                 q.pid, q.qpn, q.qp_type, q.state
             );
+            // Which path carries it, its peer and its PSNs (docs/guide/counters.md), as far
+            // as the daemon knows them.
+            if let Some(p) = &q.path {
+                let _ = write!(out, " path {p}");
+            }
+            if let (Some(n), Some(a)) = (q.remote_qpn, q.remote_addr) {
+                let _ = write!(out, " remote {a} qpn {n:#08x}");
+            }
+            if let Some(p) = q.sq_psn {
+                let _ = write!(out, " sq_psn {p:#08x}");
+            }
+            if let Some(p) = q.rq_psn {
+                let _ = write!(out, " rq_psn {p:#08x}");
+            }
+            out.push('\n');
         }
     }
     let _ = writeln!(out, "xrc receive qps: {}", r.xrc_recv_qps.len());

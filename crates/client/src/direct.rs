@@ -630,7 +630,7 @@ impl DirectCtx {
                 // daemon would hand a member of the device's reuseport group (issue 35, item
                 // 1), so against one the QP stays on the daemon's engine.
                 if ctx.conn.abi >= 20 && net::wanted() && q.qp_type == QpType::Rc {
-                    able |= ABLE_NET | ABLE_NET_FORWARDED | ABLE_NET_STATUS;
+                    able |= ABLE_NET | ABLE_NET_FORWARDED | ABLE_NET_STATUS | ABLE_NET_COUNTERS;
                 }
                 let req = DirectAttachReq {
                     qp: U32::new(handle),
@@ -1190,6 +1190,7 @@ fn progress(
         match done {
             Exec::Rnr => break,
             Exec::Done(WcStatus::Success, len) => {
+                count(c, p.op);
                 let p = q.pending.pop_front().expect("front");
                 if signaled {
                     let mut wc =
@@ -1220,6 +1221,26 @@ fn progress(
         }
     }
     false
+}
+
+/// Counts request `op`, completed, in the channel header (`CH_SENT`, `CH_RCVD`) for
+/// `softverbs stat` (docs/guide/counters.md): the engine's message counters, which the
+/// direct path, having no engine, keeps here. Binds and local invalidates are no requests.
+fn count(c: &Chan, op: SendOp) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let kind = match op {
+        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => Some(1),
+        SendOp::Read { .. } => Some(2),
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => Some(3),
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => None,
+        _ => return,
+    };
+    c.region.atomic_u64s(CH_SENT[c.side], 1)[0].fetch_add(1, Relaxed);
+    let rcvd = c.region.atomic_u64s(CH_RCVD[1 - c.side], CH_RCVD_WORDS);
+    rcvd[0].fetch_add(1, Relaxed);
+    if let Some(k) = kind {
+        rcvd[k].fetch_add(1, Relaxed);
+    }
 }
 
 /// After a request of a QP whose peer receives through an SRQ: the receive it took (if

@@ -95,6 +95,23 @@ pub struct QpRow {
     /// The multicast groups a UD QP is attached to (their IP addresses).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcast_groups: Vec<std::net::IpAddr>,
+    /// Which data path carries it: `daemon`, `direct` or `net` (filled by the daemon, which
+    /// runs the paths; absent from older daemons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The peer's QP number (`dest_qp_num`), once connected (RTR).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_qpn: Option<u32>,
+    /// The peer's address (its GID as an IP address), once connected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_addr: Option<std::net::IpAddr>,
+    /// The send PSN: the next new request packet's (IBA 9.7.4.1.2), where the daemon's
+    /// engine runs the QP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sq_psn: Option<u32>,
+    /// The receive PSN: the one the responder expects next (IBA 9.7.5.1.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rq_psn: Option<u32>,
 }
 
 /// One shared XRC receive QP and its holders.
@@ -207,6 +224,11 @@ impl Core {
                             .into_iter()
                             .map(|g| g.to_ip())
                             .collect(),
+                        path: None,
+                        remote_qpn: None,
+                        remote_addr: None,
+                        sq_psn: None,
+                        rq_psn: None,
                     });
                 }
             }

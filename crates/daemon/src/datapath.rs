@@ -33,6 +33,7 @@ use zerocopy::FromBytes;
 
 use crate::netdev::{engine_time, until, NetDev};
 
+pub mod counters;
 mod direct_ops;
 mod fed_srq;
 mod mcast;

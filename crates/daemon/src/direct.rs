@@ -47,6 +47,26 @@ struct Pair {
     ctx: [CtxId; 2],
     asked: [bool; 2],
     resp: DirectAttachResp,
+    /// Each side's device, for its port's counters.
+    dev: [usize; 2],
+}
+
+impl Pair {
+    /// Side `side`'s counters as the two libraries keep them in the channel header
+    /// (`CH_SENT`, `CH_RCVD`): messages only, the direct path sends no packets.
+    fn counters(&self, side: usize) -> softverbs_transport::Counters {
+        use std::sync::atomic::Ordering::Acquire;
+        let sent = self.region.atomic_u64s(CH_SENT[side], 1)[0].load(Acquire);
+        let r = self.region.atomic_u64s(CH_RCVD[side], CH_RCVD_WORDS);
+        softverbs_transport::Counters {
+            rdma_sends: sent,
+            rdma_recvs: r[0].load(Acquire),
+            rx_write_requests: r[1].load(Acquire),
+            rx_read_requests: r[2].load(Acquire),
+            rx_atomic_requests: r[3].load(Acquire),
+            ..Default::default()
+        }
+    }
 }
 
 /// Direct-path state of the daemon.
@@ -56,6 +76,8 @@ pub struct Direct {
     pairs: HashMap<(u32, u32), Pair>,
     /// QPs whose library asked and was told to stay on the daemon path (until destroyed).
     declined: std::collections::HashSet<u32>,
+    /// The counters of removed pairs' sides, by device: a port keeps them.
+    retired: HashMap<usize, softverbs_transport::Counters>,
 }
 
 fn entry_size<T>() -> u32 {
@@ -115,6 +137,42 @@ impl Direct {
     /// taken from (ABI 16): its basic SRQs are then fed ones (`datapath::fed_srq`).
     pub fn takes_srqs(&self, ctx: CtxId) -> bool {
         self.ctxs.get(&ctx).is_some_and(|o| o.caps & CAP_SRQ != 0)
+    }
+
+    /// Whether QP `qpn` is one side of a pair on the direct path.
+    pub fn is_direct(&self, qpn: u32) -> bool {
+        self.pairs.keys().any(|&(a, b)| a == qpn || b == qpn)
+    }
+
+    /// Direct-path QP `qpn`'s counters (docs/guide/counters.md).
+    pub fn qp_counters(&self, qpn: u32) -> Option<softverbs_transport::Counters> {
+        self.pairs.iter().find_map(|(&(a, b), p)| {
+            let side = [a, b].iter().position(|&q| q == qpn)?;
+            Some(p.counters(side))
+        })
+    }
+
+    /// What device `device`'s direct-path QPs counted, those of removed pairs included.
+    pub fn port_counters(&self, device: usize) -> softverbs_transport::Counters {
+        let mut sum = self.retired.get(&device).copied().unwrap_or_default();
+        for p in self.pairs.values() {
+            for side in 0..2 {
+                if p.dev[side] == device {
+                    sum.add(&p.counters(side));
+                }
+            }
+        }
+        sum
+    }
+
+    /// A pair is removed: its counts stay in its ports' totals.
+    fn retire(&mut self, p: &Pair) {
+        for side in 0..2 {
+            self.retired
+                .entry(p.dev[side])
+                .or_default()
+                .add(&p.counters(side));
+        }
     }
 
     /// The direct pairs for `resources` (docs/direct-path.md): the two QP numbers, whether
@@ -363,7 +421,9 @@ impl Direct {
                 self.declined.insert(qpn);
                 return Ok((daemon, Vec::new()));
             }
-            let pair = self.make_pair(core, [ctx, pctx], [qp, ph], side)?;
+            let mut pair = self.make_pair(core, [ctx, pctx], [qp, ph], side)?;
+            pair.dev[side] = dp.qp_device(qpn).unwrap_or_default();
+            pair.dev[1 - side] = dp.qp_device(pqpn).unwrap_or_default();
             pair.region
                 .atomic_u32(CH_STATE[1 - side])
                 .store(SIDE_PENDING, Release);
@@ -440,6 +500,7 @@ impl Direct {
             .collect();
         for k in stale {
             if let Some(p) = self.pairs.remove(&k) {
+                self.retire(&p);
                 // For its partner, the QP it went direct with is gone.
                 let side = usize::from(k.1 == qpn);
                 p.region
@@ -522,6 +583,7 @@ impl Direct {
             ctx: ctx_by_side,
             asked: [false, false],
             resp,
+            dev: [0, 0],
         })
     }
 
@@ -585,6 +647,7 @@ impl Direct {
             .collect();
         for k in keys {
             if let Some(p) = self.pairs.remove(&k) {
+                self.retire(&p);
                 let side = usize::from(k.1 == qpn);
                 p.region
                     .atomic_u32(CH_STATE[side])
@@ -608,6 +671,7 @@ impl Direct {
             .collect();
         for k in keys {
             if let Some(p) = self.pairs.remove(&k) {
+                self.retire(&p);
                 for (&c, &word) in p.ctx.iter().zip(CH_STATE.iter()) {
                     if c == ctx {
                         p.region

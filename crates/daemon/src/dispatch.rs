@@ -1456,9 +1456,18 @@ impl Dispatcher {
                     .mcast_net_joined(i, softverbs_core::device::Gid::from_ip(g.group));
             }
         }
+        for q in &mut r.qps {
+            self.fill_qp_row(q);
+        }
+        let counters = self.counters_json(&r);
         let mut value = serde_json::to_value(r).map_err(|_| ENOMEM)?;
         let cm = self.dp.cm.counts();
         if let Some(map) = value.as_object_mut() {
+            // One schema for every `--json` of the CLI (`status`, `devices`, `resources`,
+            // `stat`): bumped when a key changes meaning or goes away.
+            map.insert("schema".into(), serde_json::json!(1));
+            // Port and QP counters (docs/guide/counters.md), for `softverbs stat`.
+            map.insert("counters".into(), counters);
             // The connection manager's state (docs/cm.md §4): zero after every CM client is
             // gone and time-wait has passed.
             map.insert(
@@ -1486,6 +1495,94 @@ impl Dispatcher {
         let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
         let len = U64::new(json.len() as u64);
         with_fds::<cmd::Resources>(BlobResp { len }, vec![fd])
+    }
+
+    /// Which path carries QP `q`, its peer and its PSNs (`softverbs resources`).
+    fn fill_qp_row(&self, q: &mut softverbs_core::resources::QpRow) {
+        use crate::datapath::counters::Carrier;
+        let carrier = if self.direct.is_direct(q.qpn) {
+            Carrier::Direct
+        } else if self.dp.on_net_path(q.qpn) {
+            Carrier::Net
+        } else {
+            Carrier::Daemon
+        };
+        q.path = Some(carrier.name().into());
+        let connected = !matches!(
+            q.state,
+            softverbs_core::types::QpState::Reset | softverbs_core::types::QpState::Init
+        ) && q.qp_type != softverbs_core::types::QpType::Ud;
+        let Some((w, psns_known)) = self.dp.qp_wire(q.qpn) else {
+            return;
+        };
+        if connected {
+            q.remote_qpn = Some(w.dest_qpn);
+            q.remote_addr = Some(w.dgid.to_ip());
+        }
+        if connected && psns_known && carrier == Carrier::Daemon {
+            q.sq_psn = Some(w.sq_psn);
+            q.rq_psn = Some(w.rq_psn);
+        } else if carrier == Carrier::Net {
+            q.rq_psn = self.dp.net_published_epsn(q.qpn);
+        }
+    }
+
+    /// The `counters` object of `resources`: per port and per QP, every counter by its
+    /// name (`softverbs_transport::Counters::NAMES`), flat.
+    fn counters_json(&self, r: &softverbs_core::resources::Resources) -> serde_json::Value {
+        let devices = self.core.devices();
+        let flat = |base: serde_json::Value, c: &softverbs_transport::Counters| {
+            let mut v = base;
+            if let Some(m) = v.as_object_mut() {
+                for (k, n) in c.fields() {
+                    m.insert(k.into(), serde_json::json!(n));
+                }
+            }
+            v
+        };
+        let ports: Vec<serde_json::Value> = self
+            .dp
+            .port_counters()
+            .iter()
+            .map(|p| {
+                let mut c = p.counters;
+                c.add(&self.direct.port_counters(p.device));
+                let mut v = flat(
+                    serde_json::json!({
+                        "device": devices.get(p.device).map(|d| d.name.as_str()),
+                        "port": 1,
+                    }),
+                    &c,
+                );
+                if let Some(m) = v.as_object_mut() {
+                    m.insert("rx_icrc_errors".into(), serde_json::json!(p.icrc_errors));
+                }
+                v
+            })
+            .collect();
+        let qpns = r.qps.iter().map(|q| (q.qpn, q.path.clone())).chain(
+            r.xrc_recv_qps
+                .iter()
+                .map(|t| (t.qpn, Some("daemon".into()))),
+        );
+        let qps: Vec<serde_json::Value> = qpns
+            .filter_map(|(qpn, path)| {
+                let (d, mut c) = self.dp.qp_counters(qpn)?;
+                if path.as_deref() == Some("direct") {
+                    c = self.direct.qp_counters(qpn).unwrap_or_default();
+                }
+                Some(flat(
+                    serde_json::json!({
+                        "qpn": qpn,
+                        "device": devices.get(d).map(|d| d.name.as_str()),
+                        "port": 1,
+                        "path": path,
+                    }),
+                    &c,
+                ))
+            })
+            .collect();
+        serde_json::json!({ "ports": ports, "qps": qps })
     }
 
     fn inject(&mut self, s: &Session, r: InjectEventReq, woken: &mut Vec<CtxId>) -> Reply {

@@ -5,7 +5,8 @@
 use std::os::fd::OwnedFd;
 
 use softverbs_abi::direct::{
-    ABLE_NET, ABLE_NET_FORWARDED, ABLE_NET_STATUS, NO_EVENT, NS_LEN, PATH_DAEMON, PATH_NET,
+    ABLE_NET, ABLE_NET_COUNTERS, ABLE_NET_FORWARDED, ABLE_NET_STATUS, NO_EVENT, NS_LEN,
+    NS_LEN_COUNTERS, PATH_DAEMON, PATH_NET,
 };
 use softverbs_abi::msg::{DirectAttachReq, DirectAttachResp};
 use softverbs_core::attr::QpAttr;
@@ -80,12 +81,18 @@ impl Dispatcher {
                 // With the socket, for a library that publishes its state, the net status
                 // region, last (docs/net-path.md, "Stalls"); without it the daemon cannot
                 // answer for the library, and the QP works as before.
+                // A library that publishes its counters too gets the longer region.
+                let len = if r.able.get() & ABLE_NET_COUNTERS != 0 {
+                    NS_LEN_COUNTERS
+                } else {
+                    NS_LEN
+                };
                 let status = (sock.is_some() && r.able.get() & ABLE_NET_STATUS != 0)
-                    .then(|| self.dp.net_status_open(ctx, pid).ok())
+                    .then(|| self.dp.net_status_open(ctx, pid, len).ok())
                     .flatten();
                 out.extend(sock);
                 if let Some(fd) = status {
-                    resp.status_len = U32::new(NS_LEN as u32);
+                    resp.status_len = U32::new(len as u32);
                     out.push(fd);
                 }
                 tracing::debug!(qpn, srq = srq.is_some(), "QP on the net path");

@@ -136,6 +136,9 @@ pub struct NetDev {
     capture: Option<Capture>,
     /// Counters (`sent`, `delivered`, `rejected` and the injector's).
     pub stats: NetStats,
+    /// Datagrams whose ICRC did not check out (part of `stats.rejected`): the port's
+    /// `rx_icrc_errors` (docs/guide/counters.md).
+    pub icrc_errors: u64,
     /// What the batching did.
     pub batch: BatchStats,
     hdr: [u8; 48],
@@ -293,6 +296,7 @@ impl NetDev {
             held: None,
             capture: None,
             stats: NetStats::default(),
+            icrc_errors: 0,
             batch: BatchStats::default(),
             hdr: [0; 48],
             tx: TxBatch {
@@ -929,6 +933,7 @@ impl NetDev {
             self.rx.buf = rxbuf;
             if checked.is_none() {
                 self.stats.rejected += 1;
+                self.icrc_errors += 1;
                 continue;
             }
             if !matches!(fwd, forward::Forward::NotNet | forward::Forward::Held) {

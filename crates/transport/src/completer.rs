@@ -73,12 +73,14 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
             match aeth.syndrome {
                 Syndrome::Ack { .. } => ack_through(qp, env, psn),
                 Syndrome::RnrNak { timer } => {
+                    qp.cnt.rcvd_rnr_err += 1;
                     // The NAK acknowledges everything before the request it refuses.
                     ack_through(qp, env, psn_add(psn, PSN_MASK));
                     let Some(i) = index_of_psn(qp, psn) else {
                         return true;
                     };
                     if qp.req.rnr_left == 0 {
+                        qp.cnt.retry_rnr_exceeded_err += 1;
                         complete_error_at(qp, env, i, WcStatus::RnrRetryExcErr);
                         return true;
                     }
@@ -93,7 +95,9 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
                     ack_through(qp, env, psn_add(psn, PSN_MASK));
                     let status = match code {
                         NakCode::PsnSeqErr => {
+                            qp.cnt.rcvd_seq_err += 1;
                             if qp.req.retry_left == 0 {
+                                qp.cnt.retry_exceeded_err += 1;
                                 complete_front_error(qp, env, WcStatus::RetryExcErr);
                                 return true;
                             }
@@ -102,7 +106,10 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
                             return true;
                         }
                         NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        NakCode::RemoteAccessError => {
+                            qp.cnt.req_remote_access_errors += 1;
+                            WcStatus::RemAccessErr
+                        }
                         NakCode::RemoteOperationalError => WcStatus::RemOpErr,
                         NakCode::InvalidRdRequest | NakCode::Reserved(_) => WcStatus::BadRespErr,
                     };

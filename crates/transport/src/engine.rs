@@ -68,6 +68,21 @@ pub struct Engine {
     /// Multicast groups of this device's QPs (`crate::mcast`).
     mcast: crate::mcast::Groups,
     windows: crate::mw::Windows,
+    /// The counters of the QPs destroyed so far (`counters`).
+    retired: crate::counters::Counters,
+}
+
+/// Where a connected QP sends and where its sequence numbers are, for `softverbs resources`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpWire {
+    /// The peer's QP number (`dest_qp_num`; 0 before RTR and for UD).
+    pub dest_qpn: u32,
+    /// The peer's GID (`ah_attr.dgid`).
+    pub dgid: Gid,
+    /// The PSN the requester gives its next new packet (the send PSN, IBA 9.7.4.1.2).
+    pub sq_psn: u32,
+    /// The PSN the responder expects next (the receive PSN, IBA 9.7.5.1.1).
+    pub rq_psn: u32,
 }
 
 impl Engine {
@@ -88,6 +103,7 @@ impl Engine {
                 req: ReqState::default(),
                 resp: RespState::default(),
                 scheduled: false,
+                cnt: crate::counters::Counters::default(),
             },
         );
     }
@@ -96,7 +112,10 @@ impl Engine {
     /// destroyed it, so nobody polls its CQs for it any more). The type 2 memory windows
     /// bound to it are invalidated (IBA 10.6.7.2.2).
     pub fn destroy_qp(&mut self, qpn: u32) {
-        self.qps.remove(&qpn);
+        if let Some(qp) = self.qps.remove(&qpn) {
+            // The port's totals keep what its destroyed QPs did (as a NIC's port counters).
+            self.retired.add(&qp.cnt);
+        }
         self.timed.remove(&qpn);
         self.mcast.forget_qp(qpn);
         self.windows.qp_destroyed(qpn);
@@ -519,6 +538,8 @@ impl Engine {
             }
             return;
         }
+        qp.cnt.rcvd_pkts += 1;
+        qp.cnt.rcvd_bytes += bytes.len() as u64;
         let mut env = Env {
             now,
             core,
@@ -567,8 +588,12 @@ impl Engine {
             let tx = crate::responder::next_packet(qp, &mut env, buf, &mut self.scratch)
                 .or_else(|| crate::requester::next_packet(qp, &mut env, buf, &mut self.scratch));
             let timed = qp.req.deadline().is_some();
-            if tx.is_none() {
-                qp.scheduled = false;
+            match tx {
+                None => qp.scheduled = false,
+                Some(tx) => {
+                    qp.cnt.sent_pkts += 1;
+                    qp.cnt.sent_bytes += tx.len as u64;
+                }
             }
             self.note_timer(qpn, timed);
             if let Some(tx) = tx {
@@ -658,6 +683,31 @@ impl Engine {
                 qp.req.rnr_until = qp.req.rnr_until.map(|t| t.after(lost));
             }
         }
+    }
+
+    /// The counters of QP `qpn` (docs/guide/counters.md).
+    pub fn qp_counters(&self, qpn: u32) -> Option<crate::counters::Counters> {
+        self.qps.get(&qpn).map(|q| q.cnt)
+    }
+
+    /// The port's counters: the sum over its QPs, the destroyed ones included.
+    pub fn counters(&self) -> crate::counters::Counters {
+        let mut c = self.retired;
+        for q in self.qps.values() {
+            c.add(&q.cnt);
+        }
+        c
+    }
+
+    /// Where QP `qpn` sends and its send and receive PSNs.
+    pub fn qp_wire(&self, qpn: u32) -> Option<QpWire> {
+        let q = self.qps.get(&qpn)?;
+        Some(QpWire {
+            dest_qpn: q.attr.dest_qp_num,
+            dgid: q.attr.ah_attr.dgid,
+            sq_psn: q.req.next_psn,
+            rq_psn: q.resp.epsn,
+        })
     }
 
     /// What [`handle_packet`](Self::handle_packet) dropped for its source or its PSN.

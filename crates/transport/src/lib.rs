@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod completer;
+pub mod counters;
 pub mod cq;
 pub mod engine;
 pub mod faults;
@@ -24,6 +25,7 @@ mod sge;
 pub mod sim;
 pub mod time;
 
+pub use counters::Counters;
 pub use engine::{
     cq_id, CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey,
     Transmit, MAX_PACKET,

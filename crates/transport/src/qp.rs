@@ -182,6 +182,8 @@ pub(crate) struct Qp {
     pub(crate) req: ReqState,
     pub(crate) resp: RespState,
     pub(crate) scheduled: bool,
+    /// What happened to this QP (`crate::counters`).
+    pub(crate) cnt: crate::counters::Counters,
 }
 
 impl Qp {

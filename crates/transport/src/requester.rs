@@ -343,6 +343,12 @@ pub(crate) fn next_packet<M: Memory>(
     };
     if psn_diff(sent_end, qp.req.sent_psn) > 0 {
         qp.req.sent_psn = sent_end;
+        if last {
+            qp.cnt.rdma_sends += 1;
+        }
+    } else {
+        // A PSN sent before: go-back-N is sending it again.
+        qp.cnt.retransmitted_pkts += 1;
     }
 
     // Advance.
@@ -426,6 +432,7 @@ pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
     if qp.req.retry_left == 0 {
         // IBA 9.7.6.1.3 / 10.7.3.1: retries exhausted; the request completes with
         // RETRY_EXC_ERR and the QP goes to ERR (no async event: the CQE reports it).
+        qp.cnt.retry_exceeded_err += 1;
         let w = qp.sq.pop_front().expect("front");
         let wc = WorkCompletion::new(
             w.wr.wr_id,
@@ -440,6 +447,7 @@ pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
         return;
     }
     qp.req.retry_left -= 1;
+    qp.cnt.completer_retry_err += 1;
     // Go-back-N resumes at the first PSN not acknowledged (IBA 9.7.4.1.4, 9.7.5.1.3), inside
     // the oldest message if the responder acknowledged part of it (a READ: its first missing
     // response). The responder continues a message it is receiving from any in-order PSN, so

@@ -142,7 +142,11 @@ pub(crate) fn receive<M: Memory>(
         if !reliable && d < 0 {
             // UC: a packet from the past is a duplicate; drop it, or a message could be
             // delivered twice.
+            qp.cnt.duplicate_request += 1;
             return;
+        }
+        if d > 0 {
+            qp.cnt.out_of_seq_request += 1;
         }
         if !reliable {
             // UC: a gap loses the message in progress (IBA 9.8.3); resynchronize on a FIRST/ONLY.
@@ -156,20 +160,23 @@ pub(crate) fn receive<M: Memory>(
         } else if d > 0 {
             if !qp.resp.nak_sent {
                 qp.resp.nak_sent = true;
+                qp.cnt.send_seq_nak += 1;
                 let e = qp.resp.epsn;
                 qp.resp.queue_nak(e, NakCode::PsnSeqErr);
             }
             return;
         } else {
+            qp.cnt.duplicate_request += 1;
             return duplicate(qp, env, pkt);
         }
     }
     qp.resp.nak_sent = false;
     match execute(qp, env, pkt) {
-        Ok(()) => {}
+        Ok(()) => count_executed(qp, pkt),
         Err(Refusal::Drop) => {}
         Err(Refusal::Rnr) => {
             if reliable {
+                qp.cnt.send_rnr_err += 1;
                 // The packets behind this one are in the same gap: no sequence NAK for them
                 // (the requester retransmits from here after the RNR wait).
                 qp.resp.nak_sent = true;
@@ -184,6 +191,9 @@ pub(crate) fn receive<M: Memory>(
             }
         }
         Err(Refusal::Fatal(code, event)) => {
+            if code == NakCode::RemoteAccessError {
+                qp.cnt.resp_remote_access_errors += 1;
+            }
             if reliable {
                 qp.resp.queue_nak(psn, code);
                 // The NAK must still go out after the QP enters ERR.
@@ -732,6 +742,28 @@ fn read_request<M: Memory>(
 }
 
 /// A request whose PSN is behind the expected one (IBA 9.7.5.2.1).
+/// Counts a request packet the responder executed (`crate::counters`): a message's last
+/// packet completes a receive (`rdma_recvs`), a message's first packet is one WRITE, READ
+/// or atomic request (mlx5's `rx_*_requests` count requests, not packets).
+fn count_executed(qp: &mut Qp, pkt: &PacketRef<'_>) {
+    let op = pkt.info.operation;
+    let pos = pkt.info.position;
+    if matches!(pos, Position::Last | Position::Only) {
+        qp.cnt.rdma_recvs += 1;
+    }
+    if !matches!(pos, Position::First | Position::Only) {
+        return;
+    }
+    match op {
+        Operation::RdmaWriteFirst
+        | Operation::RdmaWriteOnly
+        | Operation::RdmaWriteOnlyWithImmediate => qp.cnt.rx_write_requests += 1,
+        Operation::RdmaReadRequest => qp.cnt.rx_read_requests += 1,
+        Operation::CompareSwap | Operation::FetchAdd => qp.cnt.rx_atomic_requests += 1,
+        _ => {}
+    }
+}
+
 fn duplicate<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'_>) {
     let psn = pkt.headers.bth.psn;
     match pkt.info.operation {

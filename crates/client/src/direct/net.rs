@@ -20,7 +20,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use foldhash::HashMap;
-use softverbs_abi::direct::{MrEntry, NS_CAPACITY, NS_LEN, NS_SLOT, NS_SLOTS, NS_VALID};
+use softverbs_abi::direct::{
+    MrEntry, NS_CAPACITY, NS_COUNTERS, NS_COUNTER_WORDS, NS_LEN, NS_LEN_COUNTERS, NS_RETIRED,
+    NS_SLOT, NS_SLOTS, NS_VALID,
+};
 use softverbs_abi::msg::PostRecvReq;
 use softverbs_core::attr::QpAttr;
 use softverbs_core::datapath::{
@@ -32,6 +35,7 @@ use softverbs_core::memory::{AtomicOp, Fault, Memory};
 use softverbs_core::types::{Access, EventType};
 use softverbs_core::wr::{Payload, RecvWr, SendWr, Sge};
 use softverbs_shm::Region;
+use softverbs_transport::Counters;
 use softverbs_transport::{Engine, Instant, Output, PostError, QpConfig, RxMeta};
 
 use super::CqQueues;
@@ -221,7 +225,13 @@ pub(super) struct Net {
     /// Each QP's slot in the net status region, with the responder state last written
     /// there ([`Net::publish`]).
     slots: HashMap<u32, (usize, u64)>,
+    /// Each QP's counters as last written to its slot's counter block
+    /// ([`Net::publish_counters`]).
+    published: HashMap<u32, Counters>,
 }
+
+// Every counter has a word in a slot's counter block of the net status region.
+const _: () = assert!(Counters::NAMES.len() <= NS_COUNTER_WORDS);
 
 /// How long a poll keeps back the ACK of a WRITE for the program's next post
 /// ([`Round::Poll`]): in a WRITE ping-pong the post comes within a round trip of the
@@ -341,6 +351,7 @@ impl Net {
             reported: Default::default(),
             held_since: None,
             slots: HashMap::default(),
+            published: HashMap::default(),
         })
     }
 
@@ -419,11 +430,45 @@ impl Net {
                 s.qps.retain(|&q| q != h);
             }
         }
+        let counters = self.engine.qp_counters(qpn);
         self.engine.destroy_qp(qpn);
         self.qps.remove(&qpn);
         self.peers.remove(&qpn);
+        self.published.remove(&qpn);
         if let (Some((i, _)), Some(r)) = (self.slots.remove(&qpn), self.act.status.get()) {
             r.atomic_u64s(NS_SLOTS + i * NS_SLOT, 1)[0].store(0, Ordering::Release);
+            // The slot is free first, then its counts join the retired sums: a daemon
+            // reading meanwhile misses them for a moment rather than counting them twice.
+            if let (Some(c), true) = (counters, r.len() >= NS_LEN_COUNTERS) {
+                let words = r.atomic_u64s(NS_RETIRED, NS_COUNTER_WORDS);
+                for ((_, v), w) in c.fields().zip(words) {
+                    w.fetch_add(v, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Writes each QP's counters where the daemon reads them for `softverbs stat`
+    /// (docs/guide/counters.md): only those that changed since the last write.
+    fn publish_counters(&mut self) {
+        let Some(r) = self.act.status.get() else {
+            return;
+        };
+        if r.len() < NS_LEN_COUNTERS {
+            return;
+        }
+        for (&qpn, &(i, _)) in &self.slots {
+            let Some(c) = self.engine.qp_counters(qpn) else {
+                continue;
+            };
+            if self.published.get(&qpn) == Some(&c) {
+                continue;
+            }
+            let words = r.atomic_u64s(NS_COUNTERS + i * NS_COUNTER_WORDS * 8, NS_COUNTER_WORDS);
+            for ((_, v), w) in c.fields().zip(words) {
+                w.store(v, Ordering::Release);
+            }
+            self.published.insert(qpn, c);
         }
     }
 
@@ -439,6 +484,12 @@ impl Net {
         };
         let w = r.atomic_u64s(NS_SLOTS + i * NS_SLOT, 2);
         w[1].store(u64::MAX, Ordering::Relaxed);
+        if r.len() >= NS_LEN_COUNTERS {
+            // A slot used before holds its last QP's counts: zero before it names this QP.
+            for c in r.atomic_u64s(NS_COUNTERS + i * NS_COUNTER_WORDS * 8, NS_COUNTER_WORDS) {
+                c.store(0, Ordering::Relaxed);
+            }
+        }
         w[0].store(u64::from(qpn) | NS_VALID, Ordering::Release);
         self.slots.insert(qpn, (i, u64::MAX));
         self.publish();
@@ -527,6 +578,7 @@ impl Net {
         let queued = self.outputs(cqs);
         self.transmit(table, round, got, queued);
         self.outputs(cqs);
+        self.publish_counters();
         got
     }
 
@@ -791,7 +843,8 @@ impl super::DirectCtx {
         // The descriptors: the SRQ's ring when the QP has one, then the context's socket
         // the first time (`side` says so).
         // ... and, pushed last, the net status region when the daemon makes one.
-        let status = if r.side.get() == 1 && r.status_len.get() as usize == NS_LEN {
+        let status_len = r.status_len.get() as usize;
+        let status = if r.side.get() == 1 && matches!(status_len, NS_LEN | NS_LEN_COUNTERS) {
             fds.pop()
         } else {
             None
@@ -809,7 +862,7 @@ impl super::DirectCtx {
         if inner.net.is_none() {
             let sock = sock.ok_or(errno::EINVAL)?;
             let act = self.activity.clone();
-            if let Some(r) = status.and_then(|fd| Region::map(fd, NS_LEN).ok()) {
+            if let Some(r) = status.and_then(|fd| Region::map(fd, status_len).ok()) {
                 let _ = act.status.set(r);
             }
             let port = u16::try_from(r.net_port.get())

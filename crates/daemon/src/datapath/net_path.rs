@@ -10,9 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use softverbs_abi::direct::{
-    NS_CAPACITY, NS_DAEMON_LOST, NS_LEN, NS_RAN, NS_SLOT, NS_SLOTS, NS_VALID,
-};
+use softverbs_abi::direct::{NS_CAPACITY, NS_DAEMON_LOST, NS_RAN, NS_SLOT, NS_SLOTS, NS_VALID};
 use softverbs_shm::Region;
 use softverbs_wire::bth::dest_qp_of;
 use softverbs_wire::opcode::Opcode;
@@ -30,18 +28,20 @@ use super::DataPath;
 pub(super) struct NetPaths {
     /// Each context's private socket on a device, by (context, device): the daemon's copy
     /// (the port stays the context's until it closes) and its address.
-    sockets: HashMap<(CtxId, usize), (UdpSocket, SocketAddr)>,
+    pub(super) sockets: HashMap<(CtxId, usize), (UdpSocket, SocketAddr)>,
     /// QPs on the path, with their device.
     qps: HashMap<u32, usize>,
     /// What each context's library engine reported it dropped (`NetDrops`: totals).
     reported: HashMap<CtxId, DropStats>,
     /// The last reports of contexts that are gone.
     closed: DropStats,
+    /// The counters the libraries of closed contexts last published, by device.
+    pub(super) closed_counters: HashMap<usize, softverbs_transport::Counters>,
     /// Each QP on the path's context.
-    owners: HashMap<u32, CtxId>,
+    pub(super) owners: HashMap<u32, CtxId>,
     /// Each context's net status region, which its library writes (docs/net-path.md,
     /// "Stalls").
-    status: HashMap<CtxId, Status>,
+    pub(super) status: HashMap<CtxId, Status>,
     /// RNR NAKs sent for libraries that did not run ([`DataPath::net_answer`]).
     answered: u64,
     /// Contexts whose QPs' packets the daemon takes while their library does not run
@@ -70,7 +70,7 @@ impl NetPaths {
 pub(super) struct Status {
     /// Shared with the device forwarders of the context's sockets, which read its stamp
     /// at forward time (`NetDev::stamp_from`).
-    region: Arc<Region>,
+    pub(super) region: Arc<Region>,
     pid: u32,
 }
 
@@ -195,8 +195,9 @@ impl DataPath {
 
     /// A net status region for `ctx`, opened by process `pid` (made with the context's
     /// socket, for a library that asks with `ABLE_NET_STATUS`): the descriptor to hand over.
-    pub fn net_status_open(&mut self, ctx: CtxId, pid: u32) -> Result<OwnedFd, i32> {
-        let (region, fd) = Region::create("softverbs-net-status", NS_LEN).map_err(|_| ENOMEM)?;
+    /// `len`: `NS_LEN`, or `NS_LEN_COUNTERS` for a library that publishes its counters.
+    pub fn net_status_open(&mut self, ctx: CtxId, pid: u32, len: usize) -> Result<OwnedFd, i32> {
+        let (region, fd) = Region::create("softverbs-net-status", len).map_err(|_| ENOMEM)?;
         let region = Arc::new(region);
         // The forwarders of the context's sockets read its stamp for every request they
         // forward: a stale library is answered for at once, not at the watcher's next look.
@@ -416,6 +417,7 @@ impl DataPath {
     /// Context `ctx` is gone: its sockets close and nothing is forwarded to them any more
     /// (its QPs were detached as they were destroyed), and its last report stays counted.
     pub(super) fn net_context_closed(&mut self, ctx: CtxId) {
+        self.net_counters_closed(ctx);
         self.net_path.status.remove(&ctx);
         self.net_path.taken.remove(&ctx);
         if let Some(r) = self.net_path.reported.remove(&ctx) {
@@ -443,7 +445,9 @@ mod tests {
     use super::*;
 
     fn region() -> Region {
-        Region::create("test-net-status", NS_LEN).unwrap().0
+        Region::create("test-net-status", softverbs_abi::direct::NS_LEN)
+            .unwrap()
+            .0
     }
 
     fn publish(r: &Region, slot: usize, qpn: u32, epsn: u32, msn: u32) {
