@@ -70,6 +70,11 @@ enum Command {
         /// status` shows them.
         #[arg(long = "limit", value_name = "SCOPE.RESOURCE=N")]
         limits: Vec<String>,
+        /// Fail an RC request with RETRY_EXC_ERR only after its retry_cnt retries and at
+        /// least this many milliseconds without progress (0: IBA's plain retry count). A
+        /// software NIC's answers wait for a CPU; see docs/net-path.md, "Stalls".
+        #[arg(long, value_name = "MS", default_value_t = softverbs_transport::time::RETRY_FLOOR.as_millis() as u64)]
+        retry_floor_ms: u64,
     },
     /// The daemon's pid, uptime, object counts and limits ("no daemon", exit 3, if none
     /// runs; never starts one).
@@ -349,6 +354,7 @@ fn main() -> ExitCode {
             capture,
             faults,
             limits,
+            retry_floor_ms,
         } => {
             init_tracing();
             let mut config = Config::new(socket);
@@ -363,6 +369,7 @@ fn main() -> ExitCode {
             config.net.port = *port;
             config.net.capture_dir = capture.clone();
             config.net.faults = *faults;
+            config.net.retry_floor = std::time::Duration::from_millis(*retry_floor_ms);
             let run = || -> std::io::Result<()> {
                 let mut server = Server::bind(config)?;
                 server.handle_signals()?;

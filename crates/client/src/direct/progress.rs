@@ -160,6 +160,16 @@ impl Activity {
         Duration::from_nanos(own.max(daemon))
     }
 
+    /// The device's retry floor as the daemon published it in the net status region
+    /// (`NS_RETRY_FLOOR`); `None`: no region yet, or an older daemon (the engine keeps
+    /// `softverbs_transport::time::RETRY_FLOOR`).
+    pub(super) fn retry_floor(&self) -> Option<Duration> {
+        let r = self.status.get()?;
+        let w = r.atomic_u64s(softverbs_abi::direct::NS_RETRY_FLOOR, 1)[0].load(Ordering::Acquire);
+        (w & softverbs_abi::direct::NS_FLOOR_SET != 0)
+            .then(|| Duration::from_nanos(w & !softverbs_abi::direct::NS_FLOOR_SET))
+    }
+
     /// The program polled at `now` (ns since `epoch`).
     pub(super) fn polled(&self, now: u64) {
         self.polled.store(now.max(1), Ordering::Relaxed);
