@@ -405,6 +405,7 @@ impl CmPorts {
             c.connections += x.connections;
             c.time_wait += x.time_wait;
             c.owned += x.owned;
+            c.rate_dropped += x.rate_dropped;
         }
         c
     }

@@ -1464,6 +1464,8 @@ impl Dispatcher {
                     "connections": cm.connections,
                     "time_wait": cm.time_wait,
                     "owned": cm.owned,
+                    // REQs and SIDR_REQs dropped over their source's rate (issue 35 item 4).
+                    "rate_dropped": cm.rate_dropped,
                 }),
             );
             // RoCE packets (MADs included) that came from the network with one of this
