@@ -383,6 +383,26 @@ mod tests {
         a.status.get().unwrap().atomic_u64s(NS_DAEMON_LOST, 1)[0].fetch_add(ns, Ordering::Release);
     }
 
+    /// The daemon's retry floor (`--retry-floor-ms`) reaches the library's engine through
+    /// the net status region; an unset word (an older daemon) leaves the default.
+    #[test]
+    fn the_retry_floor_is_the_daemons() {
+        use softverbs_abi::direct::{NS_FLOOR_SET, NS_RETRY_FLOOR};
+        let a = Activity::default();
+        assert_eq!(a.retry_floor(), None, "no region");
+        a.status
+            .set(Region::create("test-net-status", NS_LEN).unwrap().0)
+            .unwrap();
+        assert_eq!(a.retry_floor(), None, "an older daemon");
+        let word = |v: u64| {
+            a.status.get().unwrap().atomic_u64s(NS_RETRY_FLOOR, 1)[0].store(v, Ordering::Release)
+        };
+        word(NS_FLOOR_SET | (250 * MS));
+        assert_eq!(a.retry_floor(), Some(Duration::from_millis(250)));
+        word(NS_FLOOR_SET);
+        assert_eq!(a.retry_floor(), Some(Duration::ZERO), "IBA's plain count");
+    }
+
     /// The daemon's stalls reach the library's timers through the net status region,
     /// once each, and a stall both saw counts once.
     #[test]
