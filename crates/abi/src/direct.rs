@@ -52,6 +52,14 @@ pub const NS_RAN: usize = 0;
 /// waited in a stalled forwarder is no silence of the peer (docs/net-path.md, "Stalls").
 /// A library scribble reaches only that library's own timers.
 pub const NS_DAEMON_LOST: usize = 8;
+/// Net status region: the device's retry floor (`softverbs_transport::time::RETRY_FLOOR`,
+/// the daemon's `--retry-floor-ms`) as `u64` nanoseconds with [`NS_FLOOR_SET`], written by
+/// the daemon when it makes the region; the library's engine retries by it (issue 35,
+/// item 7). Without the bit (an older daemon) the library keeps its default. A library
+/// that scribbles it changes only its own QPs' patience.
+pub const NS_RETRY_FLOOR: usize = 16;
+/// [`NS_RETRY_FLOOR`]'s bit for "set" (so that a floor of zero can be said).
+pub const NS_FLOOR_SET: u64 = 1 << 63;
 /// Net status region: first slot.
 pub const NS_SLOTS: usize = 64;
 /// Net status region: bytes per slot, one per QP the library's engine runs: `u64` the QP

@@ -220,6 +220,11 @@ struct DaemonArgs {
     /// anyone who can reach it reads every QP's counters.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Fail an RC request with RETRY_EXC_ERR only after its retry_cnt retries and at
+    /// least this many milliseconds without progress (0: IBA's plain retry count; default
+    /// 1000). A software NIC's answers wait for a CPU; see docs/net-path.md, "Stalls".
+    #[arg(long, value_name = "MS")]
+    retry_floor_ms: Option<u64>,
 }
 
 impl DaemonArgs {
@@ -235,6 +240,7 @@ impl DaemonArgs {
             faults: self.faults,
             limits: self.limits.clone(),
             abi_version: self.abi_version,
+            retry_floor_ms: self.retry_floor_ms,
         }
     }
 

@@ -119,13 +119,20 @@ struct Sender {
     sock: UdpSocket,
     src: SocketAddr,
     sent: u64,
+    /// Where the packets go: 4791, or a closed port for the flood's control phase.
+    port: u16,
 }
 
 impl Sender {
     fn bind(ip: Ipv4Addr) -> Sender {
         let sock = UdpSocket::bind(SocketAddr::new(IpAddr::V4(ip), 0)).unwrap();
         let src = sock.local_addr().unwrap();
-        Sender { sock, src, sent: 0 }
+        Sender {
+            sock,
+            src,
+            sent: 0,
+            port: ROCE_V2_UDP_PORT,
+        }
     }
 
     /// Sends `payload` behind `h` to `to`:4791, paced so that a loaded machine's socket
@@ -146,7 +153,7 @@ impl Sender {
         let hl = emit_ip_udp(&ip, &udp, ib.len(), &mut hdr).unwrap();
         icrc::write(&hdr[..hl], &mut ib).unwrap();
         self.sock
-            .send_to(&ib, SocketAddr::new(IpAddr::V4(to), ROCE_V2_UDP_PORT))
+            .send_to(&ib, SocketAddr::new(IpAddr::V4(to), self.port))
             .unwrap();
         self.sent += 1;
         if self.sent % 32 == 0 {
@@ -392,6 +399,22 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// `n` REQs and `n` SIDR_REQs from `s` to `ip`, alternating.
+fn flood_mads(s: &mut Sender, ip: Ipv4Addr, n: u32) {
+    for i in 1..=n {
+        s.mad(ip, req(i, SID_FLOOD));
+        s.mad(
+            ip,
+            CmMessage::SidrReq(Box::new(SidrReq {
+                request_id: i,
+                pkey: 0xFFFF,
+                service_id: SID_SIDR,
+                private_data: [0; 216],
+            })),
+        );
+    }
+}
+
 fn req(local_comm_id: u32, service_id: u64) -> CmMessage {
     CmMessage::Req(Box::new(Req {
         local_comm_id,
@@ -508,20 +531,28 @@ fn a_req_and_sidr_flood_leaves_the_cm_bounded_and_others_still_connect() {
     };
     let rss0 = rss_kib();
     let before = if report { Some(ping_pong(2000)) } else { None };
+    // The control (reported only): the same packets at the same pace to a closed UDP port
+    // of the daemon's address, which no socket takes. It costs the machine what the flood
+    // costs the flooder and the kernel, and the daemon nothing: "within noise" of the REQ
+    // flood means within the control's figure (docs/fuzzing.md).
+    let control = report.then(|| {
+        let t0 = Instant::now();
+        let control = std::thread::spawn(move || {
+            let mut s = Sender::bind(flooder);
+            s.port = 4793;
+            flood_mads(&mut s, ip, n);
+        });
+        let mut during = Vec::new();
+        while !control.is_finished() {
+            during.push(ping_pong(200));
+        }
+        control.join().unwrap();
+        (during, t0.elapsed())
+    });
+    let t0 = Instant::now();
     let flood = std::thread::spawn(move || {
         let mut s = Sender::bind(flooder);
-        for i in 1..=n {
-            s.mad(ip, req(i, SID_FLOOD));
-            s.mad(
-                ip,
-                CmMessage::SidrReq(Box::new(SidrReq {
-                    request_id: i,
-                    pkey: 0xFFFF,
-                    service_id: SID_SIDR,
-                    private_data: [0; 216],
-                })),
-            );
-        }
+        flood_mads(&mut s, ip, n);
         s
     });
     let mut during = Vec::new();
@@ -530,6 +561,7 @@ fn a_req_and_sidr_flood_leaves_the_cm_bounded_and_others_still_connect() {
         during.push(ping_pong(if report { 200 } else { 1 }));
     }
     let mut s = flood.join().unwrap();
+    let flood_took = t0.elapsed();
     // The marker, thrice (a copy is a duplicate of the same request, so a loss of one does
     // not matter and the others add nothing).
     for _ in 0..3 {
@@ -555,14 +587,21 @@ fn a_req_and_sidr_flood_leaves_the_cm_bounded_and_others_still_connect() {
     let held = cm["connections"].as_u64().unwrap();
     assert!(held <= 1024 + 100 + 1, "{cm}");
     eprintln!("after {n} REQs and {n} SIDR_REQs: {cm}");
-    if let Some(before) = before {
-        let mean = during.iter().sum::<Duration>() / during.len().max(1) as u32;
-        let worst = during.iter().max().copied().unwrap_or_default();
+    if let (Some(before), Some((control, control_took))) = (before, control) {
+        let mean = |v: &[Duration]| v.iter().sum::<Duration>() / v.len().max(1) as u32;
+        let worst = |v: &[Duration]| v.iter().max().copied().unwrap_or_default();
         let after = ping_pong(2000);
         eprintln!(
-            "RSS {rss0} KiB before, {} KiB after; ping-pong round trip {before:?} before, \
-             {mean:?} mean ({worst:?} worst batch of 200) during, {after:?} after",
-            rss_kib()
+            "RSS {rss0} KiB before, {} KiB after; ping-pong round trip: baseline {before:?}; \
+             control {:?} mean ({:?} worst batch of 200), {} packets in {control_took:?}; \
+             REQ flood {:?} mean ({:?} worst), {} packets in {flood_took:?}; after {after:?}",
+            rss_kib(),
+            mean(&control),
+            worst(&control),
+            2 * n,
+            mean(&during),
+            worst(&during),
+            2 * n,
         );
     }
 

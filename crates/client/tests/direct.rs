@@ -1029,3 +1029,79 @@ fn a_cq_is_fed_directly_only_when_its_qps_are_direct() {
         assert!(!lonely.fed_directly(), "a CQ no QP uses");
     }
 }
+
+/// The descriptors charged to this uid (`resources`' `limits`, docs/limits.md).
+fn descriptors_used(look: &softverbs::Introspect) -> u64 {
+    look.resources().unwrap()["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["resource"] == "descriptors")
+        .unwrap()["used"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Two contexts with an RC QP each, connected on the direct path if it is offered: whether
+/// both went direct, with the uid's descriptors before and after connecting.
+fn direct_pair_fds(socket: &std::path::Path) -> (bool, u64, u64) {
+    let look = softverbs::Introspect::connect_at(socket).unwrap();
+    let p = open_pair(socket, true);
+    let (sa, sb) = (side(&p.a), side(&p.b));
+    let (qa, qb) = (qp(&sa, QpType::Rc), qp(&sb, QpType::Rc));
+    let (ga, gb) = (p.a.query_gid(1, 0).unwrap(), p.b.query_gid(1, 0).unwrap());
+    let before = descriptors_used(&look);
+    connect(&qa, gb, qb.qpn(), RWR);
+    connect(&qb, ga, qa.qpn(), RWR);
+    let direct = qa.is_direct() && qb.is_direct();
+    let after = descriptors_used(&look);
+    // Data moves either way.
+    let mut buf = vec![0u8; 64];
+    let mr = sb.pd.reg_slice(&mut buf, RWR).unwrap();
+    let mut src = *b"pair-fds";
+    let ms = sa.pd.reg_slice(&mut src, RWR).unwrap();
+    let r = mr.remote();
+    qa.post_send(&SendRequest::new(
+        1,
+        SendOp::Write {
+            remote_addr: r.addr,
+            rkey: r.rkey,
+        },
+        &[ms.sge(0, 8).unwrap()],
+    ))
+    .unwrap();
+    assert_eq!(wait(&sa.cq, 1)[0].1, WcStatus::Success);
+    let mut got = [0u8; 8];
+    mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"pair-fds");
+    drop((qa, qb));
+    assert_eq!(descriptors_used(&look), before, "given back with the QPs");
+    (direct, before, after)
+}
+
+/// The memfd of a direct pair's channel is a descriptor the daemon keeps: it counts in the
+/// uid's `descriptors` share while the pair lasts, and past the share the pair stays on the
+/// daemon path (issue 35's note on item 8; docs/limits.md, "Descriptors").
+#[test]
+fn a_direct_pairs_memfd_is_charged_as_a_descriptor_and_past_the_share_it_stays_on_the_daemon_path()
+{
+    let (d, _dir) = common::daemon("pairfds", None);
+    let (direct, before, after) = direct_pair_fds(&d.socket);
+    assert!(direct, "the pair went direct");
+    assert_eq!(after, before + 1, "one memfd for the pair");
+    // A uid whose share is exactly what the same setup uses before connecting.
+    let dir = std::env::temp_dir().join(format!("svown-{}-pairfds2", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = softverbs_daemon::Config::new(dir.join("sv.sock"));
+    c.limits
+        .apply(&format!("uid.descriptors={before}"))
+        .unwrap();
+    let d2 = softverbs_daemon::spawn_daemon_with(c).unwrap();
+    let (direct, before2, after2) = direct_pair_fds(&d2.socket);
+    assert_eq!(before2, before, "the same setup");
+    assert!(!direct, "no descriptor left for the pair's memfd");
+    assert_eq!(after2, before2);
+    drop(d2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -90,6 +90,9 @@ pub struct Counts {
     pub time_wait: usize,
     /// Of all of them, those an owner still holds.
     pub owned: usize,
+    /// Requests (REQ, SIDR_REQ) dropped unparsed over their source's rate
+    /// ([`Config::req_rate`]), ever.
+    pub rate_dropped: u64,
 }
 
 /// One port's connection manager.
@@ -116,6 +119,8 @@ pub struct Cm {
     next_timer: Option<Instant>,
     tx: VecDeque<Transmit>,
     events: VecDeque<(Owner, CmId, Event)>,
+    /// Each source's rate of unsolicited requests ([`Config::req_rate`]).
+    rate: crate::rate::ReqRate,
 }
 
 impl Cm {
@@ -123,6 +128,7 @@ impl Cm {
     pub fn new(cfg: Config) -> Self {
         let mut rng = ChaCha20Rng::from_seed(cfg.id_seed);
         Self {
+            rate: crate::rate::ReqRate::new(cfg.req_rate, cfg.req_burst),
             next_tid: rng.next_u64(),
             rng,
             waiting: 0,
@@ -191,6 +197,7 @@ impl Cm {
             listeners: self.listeners.len(),
             // A held request is a connection in progress as far as its peer knows.
             connections: self.held.len(),
+            rate_dropped: self.rate.dropped,
             ..Counts::default()
         };
         for conn in self.conns.values() {
@@ -958,13 +965,17 @@ impl Cm {
     // ---- received MADs --------------------------------------------------------------
 
     /// Handles a MAD from `peer`'s GSI. Malformed MADs are refused with the reason and
-    /// change nothing.
+    /// change nothing. A REQ or SIDR_REQ past its source's rate ([`Config::req_rate`]) is
+    /// dropped before it is parsed, and counted.
     pub fn handle_mad(
         &mut self,
         now: Instant,
         peer: Peer,
         bytes: &[u8],
     ) -> Result<(), CmWireError> {
+        if crate::rate::is_request(bytes) && !self.rate.admit(now, peer) {
+            return Ok(());
+        }
         self.receive(now, peer, bytes, true)
     }
 

@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod engine;
+pub mod rate;
 mod timeout;
 mod types;
 

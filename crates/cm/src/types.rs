@@ -64,6 +64,18 @@ pub struct Config {
     /// is still being made (perftest `-R` does exactly that), where a kernel CM's
     /// listen is a system call and seldom loses the race.
     pub listen_grace: Duration,
+    /// Unsolicited requests (REQ, SIDR_REQ) a second one source address may send once its
+    /// burst is spent; the excess is dropped before parsing, unanswered and counted
+    /// ([`Counts::rate_dropped`](crate::Counts)), and its sender retries after its CM
+    /// response timeout as after a loss (IBA 12.9). 0: no limit. Default 1024 a second,
+    /// after the burst: a source may fill the largest listen backlog once a second, more
+    /// than a host's connection setup sends past its burst, and a flood's hundreds of
+    /// thousands cost a table lookup each (docs/security.md, item 4; docs/fuzzing.md).
+    pub req_rate: u32,
+    /// Requests one source may send at once before [`Self::req_rate`] applies (0: no
+    /// limit). Default 1024, the kernel's largest listen backlog: one host's ranks
+    /// connecting all at once to a listener get through.
+    pub req_burst: u32,
 }
 
 impl Default for Config {
@@ -79,6 +91,8 @@ impl Default for Config {
             max_pending_requests: 4096,
             sidr_req_wait: crate::timeout::cm_timeout(20) * 16,
             listen_grace: Duration::ZERO,
+            req_rate: 1024,
+            req_burst: 1024,
         }
     }
 }

@@ -29,6 +29,9 @@ fn cfg(seed: u8, guid: u64) -> Config {
         local_ca_guid: guid,
         id_seed: [seed; 32],
         time_wait: Duration::from_millis(10),
+        // The floods here measure the backlog and the caps, one source at one instant: the
+        // per-source rate is tested on its own (`a_sources_excess_requests_are_dropped...`).
+        req_rate: 0,
         ..Config::default()
     }
 }
@@ -395,4 +398,69 @@ fn an_unanswered_req_ends_when_its_sender_has_given_up() {
         [(ALICE, id, Event::Rejected { .. })] if *id == ia
     ));
     assert_eq!(b.counts().connections, 0);
+}
+
+/// Issue 35, item 4: one source's requests past its rate (`Config::req_rate`, after a burst
+/// of `req_burst`) are dropped unanswered and counted, while another source's REQ at the
+/// same instant is still answered, and the first source is answered again once its bucket
+/// has refilled.
+#[test]
+fn a_sources_excess_requests_are_dropped_and_counted_while_another_source_is_answered() {
+    let mut b = Cm::new(Config {
+        req_rate: 100,
+        req_burst: 8,
+        ..cfg(2, 0xB)
+    });
+    let now = Instant(1_000_000_000);
+    b.listen(BOB, sid(1)).unwrap();
+    // The flooder's 1000 REQs at one instant: the burst and one get through.
+    let (refused, _) = flood(&mut b, now, 1, 1000);
+    assert_eq!(
+        refused, 0,
+        "nothing over the backlog: the rest never got that far"
+    );
+    assert_eq!(events(&mut b).len(), 9);
+    assert_eq!(b.counts().connections, 9);
+    assert_eq!(b.counts().rate_dropped, 1000 - 9);
+    // SIDR_REQs from it count against the same bucket.
+    b.listen(BOB, sid(2)).unwrap();
+    let sidr = {
+        let mut m = Cm::new(cfg(9, 0x99));
+        m.sidr_request(
+            now,
+            Owner(9),
+            &SidrParams {
+                peer: B,
+                service_id: sid(2),
+                pkey: 0xFFFF,
+                response_timeout: 18,
+                max_retries: 3,
+                private_data: vec![],
+            },
+        )
+        .unwrap();
+        m.poll_transmit().unwrap().mad
+    };
+    b.handle_mad(now, M, &sidr).unwrap();
+    assert!(b.poll_transmit().is_none() && events(&mut b).is_empty());
+    assert_eq!(b.counts().rate_dropped, 1000 - 9 + 1);
+    // Another source, same instant: answered.
+    let mut t = req_template(1);
+    if let CmMessage::Req(r) = &mut t.msg {
+        r.local_comm_id = 0x7777_7777;
+    }
+    b.handle_mad(now, A, &t.emit().unwrap()).unwrap();
+    assert!(matches!(
+        events(&mut b)[..],
+        [(BOB, _, Event::ConnectRequest { .. })]
+    ));
+    // 10 ms later (one request's worth at 100 a second), the flooder gets one more through.
+    let later = now.after(Duration::from_millis(10));
+    if let CmMessage::Req(r) = &mut t.msg {
+        r.local_comm_id = 0x7777_7778;
+    }
+    b.handle_mad(later, M, &t.emit().unwrap()).unwrap();
+    assert_eq!(events(&mut b).len(), 1);
+    b.handle_mad(later, M, &sidr).unwrap();
+    assert_eq!(b.counts().rate_dropped, 1000 - 9 + 2);
 }

@@ -433,6 +433,7 @@ impl CmPorts {
             c.connections += x.connections;
             c.time_wait += x.time_wait;
             c.owned += x.owned;
+            c.rate_dropped += x.rate_dropped;
         }
         c
     }

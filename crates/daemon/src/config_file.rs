@@ -37,6 +37,8 @@ pub struct Settings {
     pub limits: Vec<String>,
     /// The ABI level spoken (compatibility tests).
     pub abi_version: Option<u32>,
+    /// The retry floor in milliseconds (`transport::time::RETRY_FLOOR`; 0: IBA's plain count).
+    pub retry_floor_ms: Option<u64>,
 }
 
 impl Settings {
@@ -55,6 +57,7 @@ impl Settings {
             faults: over.faults.or(self.faults),
             limits,
             abi_version: over.abi_version.or(self.abi_version),
+            retry_floor_ms: over.retry_floor_ms.or(self.retry_floor_ms),
         }
     }
 
@@ -80,6 +83,9 @@ impl Settings {
         if let Some(v) = self.abi_version {
             c.abi_version = v;
         }
+        if let Some(ms) = self.retry_floor_ms {
+            c.net.retry_floor = std::time::Duration::from_millis(ms);
+        }
         Ok(c)
     }
 }
@@ -98,6 +104,7 @@ struct File {
     /// `preserve_order`): the first is device 0.
     devices: Option<toml::Table>,
     limits: Option<LimitsFile>,
+    retry_floor_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -155,6 +162,7 @@ pub fn parse(text: &str) -> Result<Settings, String> {
         network: f.network,
         port: f.port,
         capture: f.capture,
+        retry_floor_ms: f.retry_floor_ms,
         ..Settings::default()
     };
     if let Some(m) = f.mtu {
@@ -372,6 +380,7 @@ network = false
 port = 4792
 mtu = 2048
 capture = "/var/log/softverbs"
+retry_floor_ms = 250
 [faults]
 loss = 0.25
 corrupt = 0.5
@@ -387,6 +396,7 @@ qps = "unlimited"
         )
         .unwrap();
         assert_eq!(s.port, Some(4792));
+        assert_eq!(s.retry_floor_ms, Some(250));
         assert_eq!(s.network, Some(false));
         assert_eq!(s.mtu, Some(Mtu::M2048));
         let f = s.faults.unwrap();

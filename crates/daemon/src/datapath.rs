@@ -98,6 +98,9 @@ pub struct NetOptions {
     pub faults: Option<Faults>,
     /// Directory to write one pcap per device into.
     pub capture_dir: Option<std::path::PathBuf>,
+    /// Every device's retry floor (`softverbs_transport::time::RETRY_FLOOR`, the default;
+    /// `--retry-floor-ms`): the daemon's engines and its net-path libraries' retry by it.
+    pub retry_floor: std::time::Duration,
 }
 
 /// Engines, devices, memory and CQs of one daemon.
@@ -293,8 +296,10 @@ impl DataPath {
                 tracing::info!(device = %d.name, addr = %ip, port = net.port, "device on the network");
                 more_net.push(n);
             }
+            let mut engine = Engine::new();
+            engine.set_retry_floor(net.retry_floor);
             devs.push(Dev {
-                engine: Engine::new(),
+                engine,
                 net: netdev,
                 gid,
                 gids,

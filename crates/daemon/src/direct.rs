@@ -43,7 +43,10 @@ struct Opened {
 #[derive(Debug)]
 struct Pair {
     region: Region,
+    /// The channel's memfd, which the daemon keeps for the side that has not asked yet:
+    /// one descriptor charged to `charged` (docs/limits.md, "Descriptors").
     fd: OwnedFd,
+    charged: CtxId,
     ctx: [CtxId; 2],
     asked: [bool; 2],
     resp: DirectAttachResp,
@@ -78,6 +81,9 @@ pub struct Direct {
     declined: std::collections::HashSet<u32>,
     /// The counters of removed pairs' sides, by device: a port keeps them.
     retired: HashMap<usize, softverbs_transport::Counters>,
+    /// Contexts whose pair memfd went with its pair, to be uncharged by the caller
+    /// ([`Direct::take_released`]).
+    released: Vec<CtxId>,
 }
 
 fn entry_size<T>() -> u32 {
@@ -379,7 +385,7 @@ impl Direct {
     /// no longer fits (it connected elsewhere, or changed), leaves its partner a gone peer.
     pub fn attach(
         &mut self,
-        core: &Core,
+        core: &mut Core,
         dp: &DataPath,
         ctx: CtxId,
         r: &DirectAttachReq,
@@ -421,7 +427,22 @@ impl Direct {
                 self.declined.insert(qpn);
                 return Ok((daemon, Vec::new()));
             }
-            let mut pair = self.make_pair(core, [ctx, pctx], [qp, ph], side)?;
+            // The channel's memfd is a descriptor the daemon keeps for the asker's uid: past
+            // its share the pair stays on the daemon path, which needs none.
+            if core
+                .charge(ctx, softverbs_core::limits::Resource::Descriptors, 1)
+                .is_err()
+            {
+                self.declined.insert(qpn);
+                return Ok((daemon, Vec::new()));
+            }
+            let mut pair = match self.make_pair(core, [ctx, pctx], [qp, ph], side) {
+                Ok(p) => p,
+                Err(e) => {
+                    core.uncharge(ctx, softverbs_core::limits::Resource::Descriptors, 1);
+                    return Err(e);
+                }
+            };
             pair.dev[side] = dp.qp_device(qpn).unwrap_or_default();
             pair.dev[1 - side] = dp.qp_device(pqpn).unwrap_or_default();
             pair.region
@@ -501,6 +522,7 @@ impl Direct {
         for k in stale {
             if let Some(p) = self.pairs.remove(&k) {
                 self.retire(&p);
+                self.released.push(p.charged);
                 // For its partner, the QP it went direct with is gone.
                 let side = usize::from(k.1 == qpn);
                 p.region
@@ -580,6 +602,7 @@ impl Direct {
         Ok(Pair {
             region,
             fd,
+            charged: ctx[0],
             ctx: ctx_by_side,
             asked: [false, false],
             resp,
@@ -648,6 +671,7 @@ impl Direct {
         for k in keys {
             if let Some(p) = self.pairs.remove(&k) {
                 self.retire(&p);
+                self.released.push(p.charged);
                 let side = usize::from(k.1 == qpn);
                 p.region
                     .atomic_u32(CH_STATE[side])
@@ -672,6 +696,7 @@ impl Direct {
         for k in keys {
             if let Some(p) = self.pairs.remove(&k) {
                 self.retire(&p);
+                self.released.push(p.charged);
                 for (&c, &word) in p.ctx.iter().zip(CH_STATE.iter()) {
                     if c == ctx {
                         p.region
@@ -681,6 +706,12 @@ impl Direct {
                 }
             }
         }
+    }
+
+    /// The contexts whose pair memfds were closed since the last call, one entry per
+    /// descriptor: the caller gives each back to the context's share.
+    pub fn take_released(&mut self) -> Vec<CtxId> {
+        std::mem::take(&mut self.released)
     }
 
     /// Pairs and contexts held (introspection and tests).

@@ -371,6 +371,7 @@ impl Dispatcher {
                     self.direct
                         .wake_partners(&self.core, &mut self.dp, qpn, true);
                     self.direct.qp_gone(qpn);
+                    self.uncharge_pairs();
                 }
                 self.destroy_qp(c, r)
             }
@@ -440,7 +441,9 @@ impl Dispatcher {
             Cmd::DirectAttach => {
                 let c = ctx()?;
                 let r = read!(DirectAttach);
-                let (resp, fds) = self.direct.attach(&self.core, &self.dp, c, &r)?;
+                let attached = self.direct.attach(&mut self.core, &self.dp, c, &r);
+                self.uncharge_pairs();
+                let (resp, fds) = attached?;
                 let pid = s.opener_pid.unwrap_or(s.cred.pid);
                 let (resp, fds) = self.net_path(c, pid, &r, resp, fds);
                 self.direct.publish_attrs(&self.core, c, handle_of(r.qp));
@@ -567,9 +570,17 @@ impl Dispatcher {
         self.direct
             .wake_partners_of_context(&self.core, &mut self.dp, ctx);
         self.direct.context_closed(ctx, &qpns);
+        self.uncharge_pairs();
         let r = self.core.close_context(ctx);
         self.apply_changes();
         r
+    }
+
+    /// Gives back the descriptor of each direct-path pair memfd closed since the last call.
+    fn uncharge_pairs(&mut self) {
+        for c in self.direct.take_released() {
+            self.core.uncharge(c, Resource::Descriptors, 1);
+        }
     }
 
     /// Runs the engines; returns the contexts that got async events.
@@ -1477,6 +1488,8 @@ impl Dispatcher {
                     "connections": cm.connections,
                     "time_wait": cm.time_wait,
                     "owned": cm.owned,
+                    // REQs and SIDR_REQs dropped over their source's rate (issue 35 item 4).
+                    "rate_dropped": cm.rate_dropped,
                 }),
             );
             // RoCE packets (MADs included) that came from the network with one of this

@@ -422,6 +422,9 @@ impl Server {
         if new.mtu != old.mtu {
             restart.push("mtu");
         }
+        if new.net.retry_floor != old.net.retry_floor {
+            restart.push("retry_floor_ms");
+        }
         let limits = new.limits != old.limits;
         if limits {
             self.dispatcher.core.set_limits(new.limits.clone());

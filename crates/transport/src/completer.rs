@@ -13,7 +13,7 @@ use softverbs_wire::{NakCode, Operation, PacketRef, Syndrome};
 
 use crate::memory::Memory;
 use crate::qp::{fail_qp, go_back, Env, Qp, SendWqe};
-use crate::time::{ack_timeout, rnr_delay};
+use crate::time::{ack_timeout, retries_spent, rnr_delay};
 use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 
 /// The oldest PSN a response may still carry (the oldest unacknowledged PSN): the one after
@@ -96,12 +96,16 @@ pub(crate) fn receive<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &Packet
                     let status = match code {
                         NakCode::PsnSeqErr => {
                             qp.cnt.rcvd_seq_err += 1;
-                            if qp.req.retry_left == 0 {
+                            // The floor applies as on a timeout (`time::retries_spent`):
+                            // a forwarder or progress thread that waited for a CPU may
+                            // have dropped what a sequence NAK reports.
+                            let (left, since) = (qp.req.retry_left, qp.req.quiet_since);
+                            if retries_spent(left, since, qp.retry_floor, env.now) {
                                 qp.cnt.retry_exceeded_err += 1;
                                 complete_front_error(qp, env, WcStatus::RetryExcErr);
                                 return true;
                             }
-                            qp.req.retry_left -= 1;
+                            qp.req.retry_left = left.saturating_sub(1);
                             go_back(qp, psn);
                             return true;
                         }
@@ -253,6 +257,8 @@ fn ack_through<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, psn: u32) {
 fn progress<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>) {
     qp.req.retry_left = qp.attr.retry_cnt;
     qp.req.rnr_left = qp.attr.rnr_retry;
+    qp.req.quiet_since = env.now;
+    qp.req.past_budget = 0;
     while qp.sq.front().is_some_and(|w| w.done) {
         let w = qp.sq.pop_front().expect("front");
         if qp.req.send_idx == 0 {

@@ -53,7 +53,6 @@ pub enum PostError {
 }
 
 /// All QPs and SRQs of one device.
-#[derive(Default)]
 pub struct Engine {
     pub(crate) qps: HashMap<u32, Qp>,
     pub(crate) srqs: HashMap<SrqKey, Srq>,
@@ -70,6 +69,26 @@ pub struct Engine {
     windows: crate::mw::Windows,
     /// The counters of the QPs destroyed so far (`counters`).
     retired: crate::counters::Counters,
+    /// [`crate::time::RETRY_FLOOR`] or what the shell set for its device.
+    retry_floor: std::time::Duration,
+}
+
+impl Default for Engine {
+    fn default() -> Engine {
+        Engine {
+            qps: HashMap::default(),
+            srqs: HashMap::default(),
+            pending: VecDeque::new(),
+            timed: HashSet::default(),
+            out: VecDeque::new(),
+            scratch: Vec::new(),
+            drops: DropStats::default(),
+            mcast: crate::mcast::Groups::default(),
+            windows: crate::mw::Windows::default(),
+            retired: crate::counters::Counters::default(),
+            retry_floor: crate::time::RETRY_FLOOR,
+        }
+    }
 }
 
 /// Where a connected QP sends and where its sequence numbers are, for `softverbs resources`.
@@ -86,9 +105,25 @@ pub struct QpWire {
 }
 
 impl Engine {
-    /// An engine with no QPs.
+    /// An engine with no QPs, retrying by [`crate::time::RETRY_FLOOR`].
     pub fn new() -> Engine {
         Engine::default()
+    }
+
+    /// Sets the device's retry floor ([`crate::time::RETRY_FLOOR`]) for every QP, present
+    /// and future: `RETRY_EXC_ERR` needs `retry_cnt` retries spent and at least `floor`
+    /// without progress. `Duration::ZERO`: IBA 9.7.6.1.3's plain count (what the transport
+    /// tests of exact IBA timing use).
+    pub fn set_retry_floor(&mut self, floor: std::time::Duration) {
+        self.retry_floor = floor;
+        for qp in self.qps.values_mut() {
+            qp.retry_floor = floor;
+        }
+    }
+
+    /// The retry floor in force ([`set_retry_floor`](Self::set_retry_floor)).
+    pub fn retry_floor(&self) -> std::time::Duration {
+        self.retry_floor
     }
 
     /// Adds a QP (in RESET, as the core created it).
@@ -104,6 +139,7 @@ impl Engine {
                 resp: RespState::default(),
                 scheduled: false,
                 cnt: crate::counters::Counters::default(),
+                retry_floor: self.retry_floor,
             },
         );
     }
@@ -681,6 +717,8 @@ impl Engine {
             if let Some(qp) = self.qps.get_mut(qpn) {
                 qp.req.timer = qp.req.timer.map(|t| t.after(lost));
                 qp.req.rnr_until = qp.req.rnr_until.map(|t| t.after(lost));
+                // Nor does it count towards the retry floor.
+                qp.req.quiet_since = qp.req.quiet_since.after(lost);
             }
         }
     }

@@ -184,6 +184,8 @@ pub(crate) struct Qp {
     pub(crate) scheduled: bool,
     /// What happened to this QP (`crate::counters`).
     pub(crate) cnt: crate::counters::Counters,
+    /// The device's [`RETRY_FLOOR`](crate::time::RETRY_FLOOR) (`Engine::set_retry_floor`).
+    pub(crate) retry_floor: std::time::Duration,
 }
 
 impl Qp {
@@ -259,6 +261,13 @@ pub(crate) struct ReqState {
     pub(crate) timer: Option<Instant>,
     /// Until when an RNR NAK holds transmission.
     pub(crate) rnr_until: Option<Instant>,
+    /// Since when the requester has waited without progress: the last acknowledgement that
+    /// advanced, the RNR wait's end, or the send that started a wait (the floor of
+    /// `time::retries_spent` counts from here; local stalls move it like the timers).
+    pub(crate) quiet_since: Instant,
+    /// Retransmissions after the retry budget was spent, the floor not yet reached
+    /// (`time::past_budget_timer`); reset with the budget.
+    pub(crate) past_budget: u8,
     /// The highest PSN the responder has acknowledged (explicitly, or implicitly by a NAK).
     pub(crate) acked_psn: u32,
     /// PSN after the newest PSN sent: the end of the window of PSNs a response may carry

@@ -16,7 +16,7 @@ use softverbs_wire::{
 use crate::completer::{complete_error_at, oldest_unacked};
 use crate::memory::Memory;
 use crate::qp::{fail_qp, go_back, transport_of, Env, Output, Qp, Transmit, WINDOW};
-use crate::time::{ack_timeout, Instant};
+use crate::time::{ack_timeout, past_budget_timer, retries_spent, Instant};
 use crate::wr::{Payload, SendOp, WcStatus, WorkCompletion};
 
 /// PSN stride between ACK requests in a stream of packets nobody waits for.
@@ -362,6 +362,10 @@ pub(crate) fn next_packet<M: Memory>(
     if qp.is_reliable() {
         if qp.req.timer.is_none() {
             qp.req.timer = ack_timeout(qp.attr.timeout).map(|d| env.now.after(d));
+            // A wait for the peer starts (or restarts after an RNR wait's resend).
+            if qp.req.rnr_until.is_none() {
+                qp.req.quiet_since = env.now;
+            }
         }
     } else if last {
         // UC and UD: sent is done (IBA 9.8: no acknowledgements).
@@ -420,6 +424,8 @@ pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
     if qp.req.rnr_until.is_some_and(|t| t <= now) {
         qp.req.rnr_until = None;
         qp.req.timer = ack_timeout(qp.attr.timeout).map(|d| now.after(d));
+        // The RNR NAK was an answer: the wait for the next one starts now.
+        qp.req.quiet_since = now;
     }
     let Some(t) = qp.req.timer else { return };
     if t > now {
@@ -429,8 +435,9 @@ pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
         qp.req.timer = None;
         return;
     }
-    if qp.req.retry_left == 0 {
-        // IBA 9.7.6.1.3 / 10.7.3.1: retries exhausted; the request completes with
+    if retries_spent(qp.req.retry_left, qp.req.quiet_since, qp.retry_floor, now) {
+        // IBA 9.7.6.1.3 / 10.7.3.1: retries exhausted (and, a software NIC's rule, no
+        // progress for the retry floor: `time::RETRY_FLOOR`); the request completes with
         // RETRY_EXC_ERR and the QP goes to ERR (no async event: the CQE reports it).
         qp.cnt.retry_exceeded_err += 1;
         let w = qp.sq.pop_front().expect("front");
@@ -446,7 +453,9 @@ pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
         fail_qp(qp, out, None);
         return;
     }
-    qp.req.retry_left -= 1;
+    // Past the budget and short of the floor, it goes on resending at a doubling interval.
+    let past = qp.req.retry_left == 0;
+    qp.req.retry_left = qp.req.retry_left.saturating_sub(1);
     qp.cnt.completer_retry_err += 1;
     // Go-back-N resumes at the first PSN not acknowledged (IBA 9.7.4.1.4, 9.7.5.1.3), inside
     // the oldest message if the responder acknowledged part of it (a READ: its first missing
@@ -455,5 +464,13 @@ pub(crate) fn on_timer(qp: &mut Qp, now: Instant, out: &mut VecDeque<Output>) {
     // resends what arrived, and a long message on a lossy path can run out of retries.
     let psn = oldest_unacked(qp);
     go_back(qp, psn);
-    qp.req.timer = ack_timeout(qp.attr.timeout).map(|d| now.after(d));
+    qp.req.timer = ack_timeout(qp.attr.timeout).map(|d| {
+        if past {
+            qp.req.past_budget = qp.req.past_budget.saturating_add(1);
+            let floor_end = qp.req.quiet_since.after(qp.retry_floor);
+            past_budget_timer(d, qp.req.past_budget, now, floor_end)
+        } else {
+            now.after(d)
+        }
+    });
 }

@@ -37,6 +37,41 @@ pub fn rnr_delay(code: u8) -> Duration {
     Duration::from_micros(u64::from(us))
 }
 
+/// The software NIC's floor under IBA 9.7.6.1.3's retry rule (docs/net-path.md, "Stalls";
+/// docs/security.md, item 7): a requester declares `RETRY_EXC_ERR` only when its
+/// `retry_cnt` retries are spent (IBA C9-140's count, unchanged) *and* its QP has seen no
+/// progress for at least this long. Between the two it keeps retransmitting, its timer
+/// doubling from the QP's ACK timeout. A hardware responder answers within a fixed time;
+/// a software one (a daemon thread, or a library's progress thread and the forwarder) runs
+/// only when a general-purpose scheduler gives it a CPU, and the peer cannot tell a
+/// starved host from a dead one. 1 s covers what Linux lets a runnable thread wait: a
+/// fair-class thread among tens of runnable ones per CPU waits tens of milliseconds (65 ms
+/// measured at load 6 per CPU), and real-time hogs may take up to `sched_rt_runtime_us`
+/// (950 ms) of every `sched_rt_period_us` (1 s) from it (sched(7), "Limiting the CPU usage
+/// of real-time and deadline processes"). A dead peer still fails, after at most
+/// `max((retry_cnt + 1) · timeout, floor + timeout)` of silence (see `retries_spent`). Shells set
+/// it per device ([`Engine::set_retry_floor`](crate::Engine::set_retry_floor); the
+/// daemon's `--retry-floor-ms`); zero gives IBA's plain rule.
+pub const RETRY_FLOOR: Duration = Duration::from_secs(1);
+
+/// The requester's verdict on a timeout or sequence NAK with `retry_left` retries left:
+/// `true` when the request fails with `RETRY_EXC_ERR` — no retry left and no progress since
+/// `quiet_since` for at least `floor` ([`RETRY_FLOOR`]). The one place of that rule, for the
+/// timer and the NAK alike.
+pub fn retries_spent(retry_left: u8, quiet_since: Instant, floor: Duration, now: Instant) -> bool {
+    retry_left == 0 && now >= quiet_since.after(floor)
+}
+
+/// The next ACK timer once the retries are spent but the floor is not reached: the QP's
+/// ACK timeout `t` doubled for each retransmission past the budget (`past`), so a dead
+/// peer costs a few packets and not one window per timeout, and never later than the
+/// floor's end (`floor_end`), nor sooner than `t`.
+pub fn past_budget_timer(t: Duration, past: u8, now: Instant, floor_end: Instant) -> Instant {
+    let d = t.saturating_mul(1u32 << past.min(16));
+    let at = now.after(d).min(floor_end);
+    at.max(now.after(t))
+}
+
 /// How late a shell may run after it meant to (its planned wake-up, or its last run)
 /// before the time counts as a stall of its own: a scheduler's ordinary latency is below
 /// it. Counting too much only delays a retransmission by as much; the smallest ACK timeout

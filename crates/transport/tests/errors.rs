@@ -418,6 +418,9 @@ fn retry_case(retry_cnt: u8, timeout: u8, peer_gone: bool) {
         let qb = p.qb;
         p.b().engine.destroy_qp(qb);
     }
+    // IBA's plain count, without the software NIC's retry floor (`time::RETRY_FLOOR`,
+    // tested in stall.rs).
+    p.a().engine.set_retry_floor(Duration::ZERO);
     p.send(1, SendOp::Send, SRC, 100);
     p.send(
         2,

@@ -1,12 +1,15 @@
 //! A local stall (the shell's process stopped or starved of a CPU) does not spend the peer's
 //! retries: `Engine::stalled` moves the requester's timers later by the time the shell could
 //! not run, without counting a retry (issue 35, item 7; docs/net-path.md, "Stalls").
+//! Nor does a starved peer fail the requester before the retry floor
+//! (`time::RETRY_FLOOR`), while a dead one still fails within a bounded time.
 //! Deterministic: time is passed in, packets are moved by hand.
 
 use std::time::Duration;
 
 use softverbs_core::types::{Access, Mtu, QpType};
 use softverbs_transport::sim::{ConnParams, Host};
+use softverbs_transport::time::{ack_timeout, RETRY_FLOOR};
 use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use softverbs_transport::{CqId, Instant, RxMeta, MAX_PACKET};
 
@@ -344,4 +347,140 @@ fn a_duplicate_to_a_stopped_responder_is_acknowledged_on_its_behalf() {
             .collect::<Vec<_>>(),
         [(7, WcStatus::Success)]
     );
+}
+
+/// Runs A's timers while nothing reaches B (B's host does not run, or the wire loses all),
+/// until `until` or until A completes something: the packets A sent, and the time of the
+/// last timer that ran.
+fn silence(p: &mut Pair, until: Instant) -> (Vec<Vec<u8>>, Instant) {
+    let mut sent = Vec::new();
+    let mut now = T0;
+    while p.a.completions.is_empty() {
+        let Some(t) = p.a.engine.poll_timeout() else {
+            break;
+        };
+        if t > until {
+            break;
+        }
+        now = t;
+        p.a.engine.handle_timeout(now);
+        sent.extend(transmit(&mut p.a, now));
+        p.a.pump();
+    }
+    (sent, now)
+}
+
+/// Issue 35, item 7: the responder's host gives it no CPU for 900 ms (its request and every
+/// retransmission wait unread) and then answers. With IBA's plain count the requester
+/// (`retry_cnt` 0) fails at its first timeout, 4 ms in; with the retry floor it keeps
+/// resending, at a doubling interval, and the late answer completes the request.
+#[test]
+fn a_responder_starved_for_less_than_the_floor_fails_nothing() {
+    // Control: no floor, the first timeout fails the request.
+    let mut p = pair();
+    p.a.engine.set_retry_floor(Duration::ZERO);
+    start(&mut p);
+    let (_, at) = silence(&mut p, T0.after(Duration::from_millis(900)));
+    assert_eq!(
+        p.a.take_completions(p.cqa)
+            .iter()
+            .map(|w| w.status)
+            .collect::<Vec<_>>(),
+        [WcStatus::RetryExcErr]
+    );
+    assert_eq!(
+        at,
+        T0.after(ack_timeout(10).unwrap()),
+        "at the first timeout"
+    );
+
+    // The floor (the default, 1 s): nothing fails in 900 ms of silence.
+    let mut p = pair();
+    assert_eq!(p.a.engine.retry_floor(), RETRY_FLOOR);
+    let req = start(&mut p);
+    let starved = T0.after(Duration::from_millis(900));
+    let (resent, at) = silence(&mut p, starved);
+    assert!(p.a.completions.is_empty(), "{:?}", p.a.completions);
+    // Resent at 4, 8, 16, ... ms after each: a handful of packets, not one per 4 ms.
+    assert!(
+        (5..=10).contains(&resent.len()),
+        "{} retransmissions",
+        resent.len()
+    );
+    // B runs again: it takes the request that waited first, and its ACK completes it.
+    answer(&mut p, &req, starved, starved);
+    p.a.pump();
+    assert_eq!(
+        p.a.take_completions(p.cqa)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        [(7, WcStatus::Success)],
+        "after the last timer at {at:?}"
+    );
+    assert_eq!(p.a.engine.poll_timeout(), None, "no timer left");
+}
+
+/// A dead peer still fails: at the first timer at or past the floor, which comes at most
+/// one ACK timeout after it — for the default floor and for one a shell configured.
+#[test]
+fn a_dead_peer_fails_within_the_floor_and_one_timeout() {
+    let t = ack_timeout(10).unwrap();
+    for floor in [RETRY_FLOOR, Duration::from_millis(200)] {
+        let mut p = pair();
+        p.a.engine.set_retry_floor(floor);
+        start(&mut p);
+        let (resent, at) = silence(&mut p, T0.after(Duration::from_secs(60)));
+        assert_eq!(
+            p.a.take_completions(p.cqa)
+                .iter()
+                .map(|w| w.status)
+                .collect::<Vec<_>>(),
+            [WcStatus::RetryExcErr],
+            "{floor:?}"
+        );
+        let took = at.since(T0);
+        assert!(
+            took >= floor && took <= floor + t,
+            "{floor:?}: failed after {took:?}"
+        );
+        assert!(resent.len() <= 12, "{floor:?}: {} resent", resent.len());
+        assert_eq!(p.a.engine.poll_timeout(), None, "{floor:?}");
+    }
+}
+
+/// Progress restarts the floor: a responder that answers each request, however late within
+/// the floor, never fails the requester, though each wait spends the whole retry budget.
+#[test]
+fn each_late_answer_restarts_the_floor() {
+    let mut p = pair();
+    let mut now = T0;
+    for i in 0..3u64 {
+        send(&mut p);
+        recv(&mut p);
+        let req = transmit(&mut p.a, now);
+        assert_eq!(req.len(), 1);
+        // 900 ms of silence (more than the floor in all, counted from the first request).
+        let until = now.after(Duration::from_millis(900));
+        loop {
+            let t = p.a.engine.poll_timeout().expect("a timer");
+            if t > until {
+                break;
+            }
+            p.a.engine.handle_timeout(t);
+            transmit(&mut p.a, t);
+            p.a.pump();
+        }
+        now = until;
+        answer(&mut p, &req, now, now);
+        p.a.pump();
+        assert_eq!(
+            p.a.take_completions(p.cqa)
+                .iter()
+                .map(|w| w.status)
+                .collect::<Vec<_>>(),
+            [WcStatus::Success],
+            "request {i}"
+        );
+    }
 }

@@ -568,6 +568,12 @@ impl Net {
         // before they run (docs/net-path.md, "Stalls").
         let lost = self.act.take_lost(now.0);
         self.engine.stalled(lost);
+        // The daemon's retry floor for the device (issue 35, item 7).
+        if let Some(f) = self.act.retry_floor() {
+            if f != self.engine.retry_floor() {
+                self.engine.set_retry_floor(f);
+            }
+        }
         if round == Round::Poll {
             self.act.polled(now.0);
         }

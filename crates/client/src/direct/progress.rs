@@ -160,6 +160,16 @@ impl Activity {
         Duration::from_nanos(own.max(daemon))
     }
 
+    /// The device's retry floor as the daemon published it in the net status region
+    /// (`NS_RETRY_FLOOR`); `None`: no region yet, or an older daemon (the engine keeps
+    /// `softverbs_transport::time::RETRY_FLOOR`).
+    pub(super) fn retry_floor(&self) -> Option<Duration> {
+        let r = self.status.get()?;
+        let w = r.atomic_u64s(softverbs_abi::direct::NS_RETRY_FLOOR, 1)[0].load(Ordering::Acquire);
+        (w & softverbs_abi::direct::NS_FLOOR_SET != 0)
+            .then(|| Duration::from_nanos(w & !softverbs_abi::direct::NS_FLOOR_SET))
+    }
+
     /// The program polled at `now` (ns since `epoch`).
     pub(super) fn polled(&self, now: u64) {
         self.polled.store(now.max(1), Ordering::Relaxed);
@@ -371,6 +381,26 @@ mod tests {
 
     fn daemon_lost(a: &Activity, ns: u64) {
         a.status.get().unwrap().atomic_u64s(NS_DAEMON_LOST, 1)[0].fetch_add(ns, Ordering::Release);
+    }
+
+    /// The daemon's retry floor (`--retry-floor-ms`) reaches the library's engine through
+    /// the net status region; an unset word (an older daemon) leaves the default.
+    #[test]
+    fn the_retry_floor_is_the_daemons() {
+        use softverbs_abi::direct::{NS_FLOOR_SET, NS_RETRY_FLOOR};
+        let a = Activity::default();
+        assert_eq!(a.retry_floor(), None, "no region");
+        a.status
+            .set(Region::create("test-net-status", NS_LEN).unwrap().0)
+            .unwrap();
+        assert_eq!(a.retry_floor(), None, "an older daemon");
+        let word = |v: u64| {
+            a.status.get().unwrap().atomic_u64s(NS_RETRY_FLOOR, 1)[0].store(v, Ordering::Release)
+        };
+        word(NS_FLOOR_SET | (250 * MS));
+        assert_eq!(a.retry_floor(), Some(Duration::from_millis(250)));
+        word(NS_FLOOR_SET);
+        assert_eq!(a.retry_floor(), Some(Duration::ZERO), "IBA's plain count");
     }
 
     /// The daemon's stalls reach the library's timers through the net status region,

@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use softverbs_abi::direct::{NS_CAPACITY, NS_DAEMON_LOST, NS_RAN, NS_SLOT, NS_SLOTS, NS_VALID};
+use softverbs_abi::direct::{
+    NS_CAPACITY, NS_DAEMON_LOST, NS_FLOOR_SET, NS_RAN, NS_RETRY_FLOOR, NS_SLOT, NS_SLOTS, NS_VALID,
+};
 use softverbs_shm::Region;
 use softverbs_wire::bth::dest_qp_of;
 use softverbs_wire::opcode::Opcode;
@@ -198,6 +200,15 @@ impl DataPath {
     /// `len`: `NS_LEN`, or `NS_LEN_COUNTERS` for a library that publishes its counters.
     pub fn net_status_open(&mut self, ctx: CtxId, pid: u32, len: usize) -> Result<OwnedFd, i32> {
         let (region, fd) = Region::create("softverbs-net-status", len).map_err(|_| ENOMEM)?;
+        // The library's engine retries by this daemon's floor (all devices share it).
+        let floor = self
+            .devs
+            .first()
+            .map_or(softverbs_transport::time::RETRY_FLOOR, |d| {
+                d.engine.retry_floor()
+            });
+        let floor_ns = u64::try_from(floor.as_nanos()).unwrap_or(u64::MAX) & !NS_FLOOR_SET;
+        region.atomic_u64s(NS_RETRY_FLOOR, 1)[0].store(floor_ns | NS_FLOOR_SET, Ordering::Release);
         let region = Arc::new(region);
         // The forwarders of the context's sockets read its stamp for every request they
         // forward: a stale library is answered for at once, not at the watcher's next look.
