@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 # ucx-utils, openmpi-bin, libopenmpi-dev, mpich, libfabric-bin and python3-mpi4py are the
 # cluster and MPI tests' (crates/e2e/tests/cluster.rs, ucx.rs); rdmacm-utils and librdmacm-dev
 # (rdma_cma.h) run and check the drop-in librdmacm.so.1; python3-dev, python3-pip,
-# python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh).
-packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
+# python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh);
+# mount (with util-linux's unshare) hides rdma-core for scripts/build-without-rdma-core.sh.
+packages=(procps util-linux mount tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
   libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev python3-dev python3-pip
   python3-setuptools python3-wheel)
@@ -29,6 +30,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "note: missing packages ${missing[*]} (run as root to install them)" >&2
   fi
 fi
+
+# First: the README's demo from a cold target directory with every rdma-core file hidden
+# (the packages above included), so a build that needs rdma-core fails here, early.
+echo "== build and demo without rdma-core"
+scripts/build-without-rdma-core.sh
 
 # mpi4py built against MPICH for the cluster test, once (cached under target/).
 scripts/mpi4py-mpich.sh

@@ -7,7 +7,6 @@
 #![allow(non_camel_case_types, missing_docs)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::mem::{offset_of, size_of};
 
 pub type Slot = *const c_void;
 
@@ -596,6 +595,7 @@ pub struct ibv_data_buf {
 // size with the installed header on whatever machine runs it.
 #[cfg(target_arch = "x86_64")]
 const _: () = {
+    use std::mem::{offset_of, size_of};
     assert!(size_of::<ibv_device>() == 664);
     assert!(offset_of!(ibv_device, transport_type) == 20);
     assert!(offset_of!(ibv_device, name) == 24);
