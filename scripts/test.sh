@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 # python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh);
 # systemd ships systemd-socket-activate, which plays the socket unit in the service test
 # (crates/cli/tests/service.rs; no running systemd is needed).
-packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
+# mount (with util-linux's unshare) hides rdma-core for scripts/build-without-rdma-core.sh.
+packages=(procps util-linux mount tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
   libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev python3-dev python3-pip
   python3-setuptools python3-wheel systemd)
@@ -31,6 +32,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "note: missing packages ${missing[*]} (run as root to install them)" >&2
   fi
 fi
+
+# First: the README's demo from a cold target directory with every rdma-core file hidden
+# (the packages above included), so a build that needs rdma-core fails here, early.
+echo "== build and demo without rdma-core"
+scripts/build-without-rdma-core.sh
 
 # mpi4py built against MPICH for the cluster test, once (cached under target/).
 scripts/mpi4py-mpich.sh

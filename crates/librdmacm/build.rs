@@ -1,11 +1,176 @@
 //! Links the cdylib as `librdmacm.so.1` with rdma-core's symbol versions (the recipe of
-//! crates/libibverbs/build.rs, docs/abi-compat.md §3), against `libibverbs.so.1` (the
-//! system's at link time; `softverbs run` puts the drop-in first at run time).
+//! crates/libibverbs/build.rs, docs/abi-compat.md §3), against a stub `libibverbs.so.1` made
+//! here from the drop-in libibverbs' own version map — never the system's libibverbs, so
+//! building needs no rdma-core package and no architecture's library directory.
+//!
+//! What the link takes from the stub is all it needs: the soname (the drop-in's DT_NEEDED on
+//! `libibverbs.so.1`) and, per `ibv_*` function, its default version (`ibv_create_qp@IBVERBS_1.1`,
+//! as rdma-core's own librdmacm needs it). At run time the dynamic loader binds those to
+//! whichever `libibverbs.so.1` comes first — the drop-in under `softverbs run`, rdma-core's
+//! otherwise — both of which define the same versions.
+//!
+//! The stub is compiled with the C compiler Rust already links with (the `cc` crate picks the
+//! target's): no assembler or ELF writer of our own.
+
+use std::path::{Path, PathBuf};
 
 fn main() {
-    let dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it"));
+    let ibverbs_map = dir.join("../libibverbs/libibverbs.map");
     println!("cargo:rerun-if-changed=librdmacm.map");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={dir}/librdmacm.map");
+    println!("cargo:rerun-if-changed={}", ibverbs_map.display());
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        dir.join("librdmacm.map").display()
+    );
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,librdmacm.so.1");
-    println!("cargo:rustc-link-search=native=/usr/lib/x86_64-linux-gnu");
+
+    let map = std::fs::read_to_string(&ibverbs_map)
+        .unwrap_or_else(|e| panic!("{}: {e}", ibverbs_map.display()));
+    let nodes = parse_version_map(&map);
+    std::fs::write(out.join("stub.map"), stub_version_script(&nodes)).expect("write stub.map");
+    std::fs::write(out.join("stub.c"), stub_source(&nodes)).expect("write stub.c");
+    if build_stub(&out) {
+        // `#[link(name = "ibverbs")]` in src/ then finds the stub before any system library:
+        // `-L` directories are searched before the linker's defaults.
+        println!("cargo:rustc-link-search=native={}", out.display());
+    }
+}
+
+/// One version node of a GNU ld version script: its name, the names it lists, its parent.
+struct Node {
+    name: String,
+    symbols: Vec<String>,
+    parent: Option<String>,
+}
+
+/// Reads the nodes of crates/libibverbs/libibverbs.map (comments, `global:`/`local:` lines and
+/// the `local: *;` wildcard aside). The map's format is ours and simple: one node per
+/// `NAME {` … `} [PARENT];` block, one symbol per line.
+fn parse_version_map(text: &str) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    let mut in_comment = false;
+    let mut current: Option<Node> = None;
+    for raw in text.lines() {
+        let mut line = raw.trim();
+        if in_comment {
+            match line.find("*/") {
+                Some(end) => {
+                    in_comment = false;
+                    line = line[end + 2..].trim();
+                }
+                None => continue,
+            }
+        }
+        if let Some(start) = line.find("/*") {
+            in_comment = !line[start..].contains("*/");
+            line = line[..start].trim();
+        }
+        if line.is_empty() || line == "global:" || line.starts_with("local:") {
+            continue;
+        }
+        if let Some(name) = line.strip_suffix('{') {
+            current = Some(Node {
+                name: name.trim().to_string(),
+                symbols: Vec::new(),
+                parent: None,
+            });
+        } else if let Some(rest) = line.strip_prefix('}') {
+            let mut node = current.take().expect("`}` closes a node");
+            let parent = rest.trim().trim_end_matches(';').trim();
+            node.parent = (!parent.is_empty()).then(|| parent.to_string());
+            nodes.push(node);
+        } else if let Some(sym) = line.strip_suffix(';') {
+            let node = current.as_mut().expect("a symbol inside a node");
+            node.symbols.push(sym.trim().to_string());
+        }
+    }
+    assert!(current.is_none(), "unclosed node in libibverbs.map");
+    nodes
+}
+
+/// Whether `name` is listed again in a later node: the map lists a function in every node it
+/// has a version in, oldest first, and the newest is its default (`@@`) version (src/export.rs
+/// makes the older ones compat aliases). The stub defines only the default.
+fn newer_node_lists(nodes: &[Node], index: usize, name: &str) -> bool {
+    nodes[index + 1..]
+        .iter()
+        .any(|n| n.symbols.iter().any(|s| s == name))
+}
+
+/// The stub's version script: the drop-in's nodes and inheritance, each function in its
+/// default node only, everything else local.
+fn stub_version_script(nodes: &[Node]) -> String {
+    let mut s = String::from("/* Generated by crates/librdmacm/build.rs from libibverbs.map. */\n");
+    for (i, node) in nodes.iter().enumerate() {
+        s += &format!("{} {{\n", node.name);
+        let own: Vec<&String> = node
+            .symbols
+            .iter()
+            .filter(|sym| !newer_node_lists(nodes, i, sym))
+            .collect();
+        if !own.is_empty() {
+            s += "\tglobal:\n";
+            for sym in own {
+                s += &format!("\t\t{sym};\n");
+            }
+        }
+        if i == 0 {
+            s += "\tlocal: *;\n";
+        }
+        match &node.parent {
+            Some(p) => s += &format!("}} {p};\n"),
+            None => s += "};\n",
+        }
+    }
+    s
+}
+
+/// One empty function per symbol: the stub is only ever linked against, never run.
+fn stub_source(nodes: &[Node]) -> String {
+    let mut names: Vec<&String> = nodes.iter().flat_map(|n| &n.symbols).collect();
+    names.sort();
+    names.dedup();
+    let mut s = String::from(
+        "/* Generated by crates/librdmacm/build.rs: link-time stand-in for libibverbs.so.1. */\n",
+    );
+    for name in names {
+        s += &format!("void {name}(void) {{}}\n");
+    }
+    s
+}
+
+/// Compiles `stub.c` into `libibverbs.so` (soname `libibverbs.so.1`) in `out`. Returns false
+/// when the target has no C compiler here: `cargo check` for another architecture runs this
+/// script without linking anything, and a build that does link needs that same compiler as
+/// its linker, so it stops there with the linker's own error.
+fn build_stub(out: &Path) -> bool {
+    // cc picks the target's compiler as cargo describes it (CC_<target>, CC, the target's
+    // conventional cross compiler name) and says which environment it read.
+    let mut cmd = cc::Build::new().get_compiler().to_command();
+    cmd.arg("-shared")
+        .arg("-fPIC")
+        .arg("-nostdlib")
+        .arg(format!(
+            "-Wl,--version-script={}",
+            out.join("stub.map").display()
+        ))
+        .arg("-Wl,-soname,libibverbs.so.1")
+        .arg("-o")
+        .arg(out.join("libibverbs.so"))
+        .arg(out.join("stub.c"));
+    match cmd.status() {
+        Ok(st) if st.success() => true,
+        Ok(st) => panic!("building the libibverbs.so.1 link stub ({cmd:?}): {st}"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            println!(
+                "cargo:warning=no C compiler for this target ({:?}): the libibverbs.so.1 link \
+                 stub is not built, so librdmacm.so.1 cannot be linked (checking works)",
+                cmd.get_program()
+            );
+            false
+        }
+        Err(e) => panic!("running {cmd:?}: {e}"),
+    }
 }

@@ -93,16 +93,22 @@ pub fn commands(socket: &Path, clients: usize, iters: usize, json: bool) -> Resu
                 serde_json::json!({"clients": n, "op": op, "median_us": s.median_us, "p99_us": s.p99_us, "commands_per_sec": s.ops_per_sec})
             })
             .collect();
-        println!("{}", serde_json::Value::Array(v));
+        outln!("{}", serde_json::Value::Array(v));
     } else {
-        println!(
+        outln!(
             "{:>7}  {:<32} {:>10} {:>10} {:>14}",
-            "clients", "operation", "median µs", "p99 µs", "commands/s"
+            "clients",
+            "operation",
+            "median µs",
+            "p99 µs",
+            "commands/s"
         );
         for (n, op, s) in rows {
-            println!(
+            outln!(
                 "{n:>7}  {op:<32} {:>10.2} {:>10.2} {:>14.0}",
-                s.median_us, s.p99_us, s.ops_per_sec
+                s.median_us,
+                s.p99_us,
+                s.ops_per_sec
             );
         }
     }
@@ -623,14 +629,14 @@ pub fn perf(socket: &Path, mode: Mode, a: &PerfArgs) -> Result<(), String> {
             "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
             "notes": notes,
         });
-        println!("{v}");
+        outln!("{v}");
     } else {
         print_table(&rows);
         for n in &notes {
-            println!("note: {n}");
+            outln!("note: {n}");
         }
         if mode == Mode::Lat {
-            println!(
+            outln!(
                 "latency is one-way (half the ping-pong round trip){}",
                 if a.op == Op::Read {
                     "; READ is the whole read round trip, as ib_read_lat"
@@ -647,9 +653,15 @@ pub fn perf(socket: &Path, mode: Mode, a: &PerfArgs) -> Result<(), String> {
 }
 
 fn print_table(rows: &[Row]) {
-    println!(
+    outln!(
         "{:<5} {:<9} {:>9} {:>10} {:>10} {:>10} {:>11}",
-        "op", "transport", "size", "median µs", "p99 µs", "MB/s", "msg/s"
+        "op",
+        "transport",
+        "size",
+        "median µs",
+        "p99 µs",
+        "MB/s",
+        "msg/s"
     );
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     for r in rows {
@@ -658,7 +670,7 @@ fn print_table(rows: &[Row]) {
             name(r.transport),
             if r.daemons == 2 { "/2d" } else { "" }
         );
-        println!(
+        outln!(
             "{:<5} {:<9} {:>9} {:>10} {:>10} {:>10.1} {:>11.0}",
             name(r.op),
             tr,

@@ -223,7 +223,7 @@ struct Story {
 
 impl Story {
     fn say(&self, what: &str) {
-        println!(
+        outln!(
             "[{:>7.1} ms] {what}",
             self.start.elapsed().as_secs_f64() * 1e3
         );
@@ -240,7 +240,7 @@ impl Story {
     fn show(&self) -> Result<Resources, String> {
         let r = self.resources()?;
         for line in table::render(&r).lines() {
-            println!("             | {line}");
+            outln!("             | {line}");
         }
         Ok(r)
     }

@@ -362,7 +362,7 @@ pub fn install(prefix: &Path) -> Result<(), String> {
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
             .map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, &to).map_err(|e| format!("{}: {e}", to.display()))?;
-        println!("installed {}", to.display());
+        outln!("installed {}", to.display());
         Ok::<(), String>(())
     };
     put(Some(&exe), None, prefix.join("bin/softverbs"), 0o755)?;
@@ -386,7 +386,7 @@ pub fn install(prefix: &Path) -> Result<(), String> {
         prefix.join("include/softverbs/xrc_legacy.h"),
         0o644,
     )?;
-    println!(
+    outln!(
         "run programs with `{} run -- PROGRAM`, or LD_LIBRARY_PATH={}",
         prefix.join("bin/softverbs").display(),
         prefix.join("lib/softverbs").display()

@@ -4,6 +4,20 @@
 // (service::take_listener); nothing else may.
 #![deny(unsafe_code)]
 
+/// `println!` that never panics on a closed stdout (sigpipe.rs).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::sigpipe::line(format_args!($($arg)*))
+    };
+}
+
+/// `print!` that never panics on a closed stdout (sigpipe.rs).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::sigpipe::text(format_args!($($arg)*))
+    };
+}
+
 mod actor;
 mod autostart;
 mod bench;
@@ -14,6 +28,7 @@ mod devnode;
 mod dropin;
 mod json_out;
 mod service;
+mod sigpipe;
 mod stat;
 mod stream;
 mod sysfs_net;
@@ -451,13 +466,17 @@ fn amount(v: Option<u64>, bytes: bool) -> String {
 }
 
 fn print_limits(rows: &[softverbs_core::limits::LimitRow]) {
-    println!(
+    outln!(
         "{:<18}{:>14}{:>14}{:>14}{:>14}",
-        "limit", "per context", "per uid", "daemon", "used"
+        "limit",
+        "per context",
+        "per uid",
+        "daemon",
+        "used"
     );
     for r in rows {
         let b = r.resource.is_bytes();
-        println!(
+        outln!(
             "{:<18}{:>14}{:>14}{:>14}{:>14}",
             r.resource.name(),
             amount(r.context, b),
@@ -480,8 +499,31 @@ fn main() -> ExitCode {
         let rest: Vec<std::ffi::OsString> = argv.collect();
         return cluster::run(&cluster::ClusterCmd::Exec { args: rest });
     }
+    // Before parsing: `--help`, `--version` and usage errors print, and end like a C tool's
+    // on a closed pipe (sigpipe.rs).
+    sigpipe::default_action();
     let cli = Cli::parse();
     let socket = socket_path(&cli);
+    match &cli.cmd {
+        // The daemon never dies of a client that went away; the others talk to processes
+        // they start through pipes, where a peer's end is an error they report.
+        Command::Daemon { .. }
+        | Command::Demo { .. }
+        | Command::DemoActor { .. }
+        | Command::Bench { .. }
+        | Command::BenchPeer(_)
+        | Command::Cluster { .. } => sigpipe::ignore(),
+        // Print and exit, or exec a program (which starts with SIGPIPE at its default, as
+        // from a shell).
+        Command::Status { .. }
+        | Command::Devices { .. }
+        | Command::Stat { .. }
+        | Command::Resources { .. }
+        | Command::InjectEvent { .. }
+        | Command::Run { .. }
+        | Command::WithDeviceNodes { .. }
+        | Command::Install { .. } => {}
+    }
     match &cli.cmd {
         Command::Daemon(args) => daemon(args, cli.socket.clone()),
         Command::Status { json } => {
@@ -505,27 +547,27 @@ fn main() -> ExitCode {
                 .map(|r| (r.limits, r.devices));
             match i.status().and_then(|s| limits.map(|l| (s, l))) {
                 Ok((s, (limits, devs))) if *json => {
-                    println!("{}", json_out::status(&s, &limits, &devs, &network));
+                    outln!("{}", json_out::status(&s, &limits, &devs, &network));
                     ExitCode::SUCCESS
                 }
                 Ok((s, (limits, devs))) => {
-                    println!(
+                    outln!(
                         "daemon pid {} on {} (ABI {}), up {:.1} s",
                         s.daemon_pid,
                         socket.display(),
                         s.abi_version,
                         s.uptime_ms as f64 / 1e3
                     );
-                    println!(
+                    outln!(
                     "devices {}  contexts {}  xrc domains {}  xrc receive qps {}  qps {}  srqs {}  cqs {}  mrs {}",
                     s.devices, s.contexts, s.xrcds, s.xrc_recv_qps, s.qps, s.srqs, s.cqs, s.mrs
                 );
                     if let Some(n) = &network {
-                        println!("network: {n}");
+                        outln!("network: {n}");
                     }
-                    print!("{}", device_status::render(&devs));
+                    out!("{}", device_status::render(&devs));
                     print_limits(&limits);
-                    println!(
+                    outln!(
                         "data path: {} rounds, {} QP visits ({:.2} per round, at most {}), {} QPs queued",
                         s.dp_rounds,
                         s.dp_qp_visits,
@@ -533,9 +575,10 @@ fn main() -> ExitCode {
                         s.dp_max_qp_visits,
                         s.dp_queued_qps
                     );
-                    println!(
+                    outln!(
                         "transport drops: {} from a foreign source, {} outside the PSN window",
-                        s.net_foreign_source, s.net_outside_window
+                        s.net_foreign_source,
+                        s.net_outside_window
                     );
                     ExitCode::SUCCESS
                 }
@@ -553,7 +596,7 @@ fn main() -> ExitCode {
             });
             match i.devices().and_then(|l| rows.map(|r| (l, r.devices))) {
                 Ok((list, rows)) => {
-                    println!("{}", json_out::devices(&list, &rows));
+                    outln!("{}", json_out::devices(&list, &rows));
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),
@@ -563,10 +606,10 @@ fn main() -> ExitCode {
             Err(code) => code,
             Ok(r) => match r {
                 Ok(list) => {
-                    println!("    device          \t   node GUID");
-                    println!("    ------          \t----------------");
+                    outln!("    device          \t   node GUID");
+                    outln!("    ------          \t----------------");
                     for d in list {
-                        println!("    {:<16}\t{:016x}", d.name, d.node_guid);
+                        outln!("    {:<16}\t{:016x}", d.name, d.node_guid);
                     }
                     ExitCode::SUCCESS
                 }
@@ -605,12 +648,12 @@ fn main() -> ExitCode {
             };
             match i.resources_json() {
                 Ok(text) if *json => {
-                    println!("{text}");
+                    outln!("{text}");
                     ExitCode::SUCCESS
                 }
                 Ok(text) => match serde_json::from_str::<Resources>(&text) {
                     Ok(r) => {
-                        print!("{}", table::render(&r));
+                        out!("{}", table::render(&r));
                         ExitCode::SUCCESS
                     }
                     Err(e) => fail(e),
@@ -641,7 +684,7 @@ fn main() -> ExitCode {
             };
             match r {
                 Ok(n) => {
-                    println!("{event} on {what}: delivered to {n} context(s)");
+                    outln!("{event} on {what}: delivered to {n} context(s)");
                     ExitCode::SUCCESS
                 }
                 Err(e) => fail(e),

@@ -56,3 +56,32 @@ fn soname_and_needed_libibverbs() {
     assert!(d.contains("Library soname: [librdmacm.so.1]"), "{d}");
     assert!(d.contains("Shared library: [libibverbs.so.1]"), "{d}");
 }
+
+/// Every `ibv_*` the drop-in calls is bound to rdma-core 44's default version of it
+/// (`ibv_create_qp@IBVERBS_1.1`, as rdma-core's own librdmacm binds it), whichever library the
+/// link saw: build.rs links against a stub made from our libibverbs.map, not the system's.
+#[test]
+fn ibv_references_carry_rdma_core_44s_default_versions() {
+    let defaults: BTreeSet<String> = include_str!("../../libibverbs/abi/rdma-core-44.symbols")
+        .lines()
+        .filter_map(|l| l.split_once("@@"))
+        .map(|(name, node)| format!("{name}@{node}"))
+        .collect();
+    let refs: Vec<String> = readelf(&["--dyn-syms", "-W"])
+        .lines()
+        .filter_map(|l| {
+            let c: Vec<&str> = l.split_whitespace().collect();
+            (c.len() >= 8 && c[6] == "UND" && c[7].starts_with("ibv_")).then(|| c[7].to_string())
+        })
+        .collect();
+    assert!(refs.len() >= 10, "the drop-in calls libibverbs: {refs:?}");
+    // readelf prints a reference as NAME@NODE (one `@`, possibly followed by ` (N)`).
+    let wrong: Vec<&String> = refs
+        .iter()
+        .filter(|r| !defaults.contains(r.split(' ').next().unwrap_or(r)))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "not rdma-core 44's default versions: {wrong:?}"
+    );
+}

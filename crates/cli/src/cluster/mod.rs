@@ -158,22 +158,22 @@ fn up(name: &str, hosts: usize, capture: Option<&Path>) -> Outcome {
         let _ = remove(name);
         return Err(err(e));
     }
-    println!(
+    outln!(
         "cluster {name}: {hosts} hosts on {} (bridge {}, {})",
         net::subnet_addr(c.subnet, 0),
         c.bridge(),
         c.bridge_addr()
     );
     for i in 1..=hosts {
-        println!(
+        outln!(
             "  {}  {}  daemon {}",
             c.host(i),
             c.addr(i),
             c.socket(i).display()
         );
     }
-    println!("remote-shell agent: {}", c.agent().display());
-    println!(
+    outln!("remote-shell agent: {}", c.agent().display());
+    outln!(
         "hostfiles: {} (Open MPI), {} (MPICH)",
         c.dir().join("hostfile").display(),
         c.dir().join("machinefile").display()
@@ -296,7 +296,7 @@ fn down(name: &str) -> Outcome {
             format!("no cluster {name} is up (nothing to take down)"),
         ));
     }
-    print!("cluster {name} down:\n{}", remove(name));
+    out!("cluster {name} down:\n{}", remove(name));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -330,18 +330,26 @@ fn status(name: &str, json: bool) -> Outcome {
         let mut v = c.to_json();
         v["hosts"] = rows.into();
         v["agent"] = c.agent().display().to_string().into();
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!(
+        outln!(
             "cluster {} ({} hosts, {}/24, agent {})",
             c.name,
             c.hosts,
             net::subnet_addr(c.subnet, 0),
             c.agent().display()
         );
-        println!(
+        outln!(
             "{:<14}{:<16}{:<16}{:>9}{:>6}{:>6}{:>6}{:>6}{:>7}",
-            "host", "address", "daemon", "contexts", "qps", "srqs", "cqs", "mrs", "xrc-rq"
+            "host",
+            "address",
+            "daemon",
+            "contexts",
+            "qps",
+            "srqs",
+            "cqs",
+            "mrs",
+            "xrc-rq"
         );
         for r in &rows {
             let daemon = if r["daemon"] == true {
@@ -353,7 +361,7 @@ fn status(name: &str, json: bool) -> Outcome {
             };
             let o = &r["objects"];
             let n = |k: &str| o[k].as_u64().map_or("-".to_string(), |v| v.to_string());
-            println!(
+            outln!(
                 "{:<14}{:<16}{:<16}{:>9}{:>6}{:>6}{:>6}{:>6}{:>7}",
                 r["host"].as_str().unwrap_or(""),
                 r["addr"].as_str().unwrap_or(""),
