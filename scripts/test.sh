@@ -13,11 +13,13 @@ cd "$(dirname "$0")/.."
 # ucx-utils, openmpi-bin, libopenmpi-dev, mpich, libfabric-bin and python3-mpi4py are the
 # cluster and MPI tests' (crates/e2e/tests/cluster.rs, ucx.rs); rdmacm-utils and librdmacm-dev
 # (rdma_cma.h) run and check the drop-in librdmacm.so.1; python3-dev, python3-pip,
-# python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh).
+# python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh);
+# mmdebstrap makes the clean root the Debian package is installed in, dpkg-dev's
+# dpkg-shlibdeps gives it its dependencies (scripts/deb-test.sh).
 packages=(procps util-linux tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
   libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev python3-dev python3-pip
-  python3-setuptools python3-wheel)
+  python3-setuptools python3-wheel mmdebstrap dpkg-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -29,6 +31,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "note: missing packages ${missing[*]} (run as root to install them)" >&2
   fi
 fi
+
+# cargo-deb builds the Debian package (scripts/deb.sh), once.
+command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --locked
 
 # mpi4py built against MPICH for the cluster test, once (cached under target/).
 scripts/mpi4py-mpich.sh
@@ -48,3 +53,5 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 # One summary line for CI, summed over every test binary.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+echo "== the Debian package (build, install in a clean bookworm root, run, purge)"
+scripts/deb-test.sh

@@ -11,6 +11,7 @@ mod demo;
 mod device_status;
 mod devnode;
 mod dropin;
+mod generate;
 mod stream;
 mod sysfs_net;
 mod table;
@@ -24,10 +25,20 @@ use softverbs_core::resources::Resources;
 use softverbs_core::types::EventType;
 use softverbs_daemon::{Config, DeviceSpec, Server};
 
+/// `softverbs --version`: the crate's version and the git revision it was built from
+/// (build.rs; "unknown" for a build outside a git checkout). The daemon reports the same
+/// string in `softverbs status`.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("SOFTVERBS_GIT_REVISION"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "softverbs",
-    version,
+    version = VERSION,
     about = "RDMA verbs in userspace, built around shared XRC receive QPs"
 )]
 struct Cli {
@@ -139,6 +150,16 @@ enum Command {
         /// Where to install.
         #[arg(long)]
         prefix: PathBuf,
+    },
+    /// Write the man pages (DIR/softverbs.1, DIR/softverbs-SUBCOMMAND.1, ...), the bash, zsh
+    /// and fish completions, or the Debian package's tree below /usr into DIR (used by
+    /// scripts/deb.sh).
+    #[command(hide = true)]
+    Generate {
+        #[arg(value_enum)]
+        what: generate::What,
+        /// The directory to write into (made if missing).
+        dir: PathBuf,
     },
     /// Make the UCX device nodes, then exec the program (used by `run`).
     #[command(hide = true)]
@@ -363,6 +384,7 @@ fn main() -> ExitCode {
             config.net.port = *port;
             config.net.capture_dir = capture.clone();
             config.net.faults = *faults;
+            config.version = VERSION.into();
             let run = || -> std::io::Result<()> {
                 let mut server = Server::bind(config)?;
                 server.handle_signals()?;
@@ -381,13 +403,13 @@ fn main() -> ExitCode {
                     serde_json::from_str::<Resources>(&t)
                         .map_err(|_| softverbs::Error::new("resources", softverbs::errno::EPROTO))
                 })
-                .map(|r| (r.limits, r.devices));
+                .map(|r| (r.limits, r.devices, r.daemon_version));
             match i.status().and_then(|s| limits.map(|l| (s, l))) {
-                Ok((s, (limits, devs))) if *json => {
+                Ok((s, (limits, devs, version))) if *json => {
                     println!(
                         "{}",
                         serde_json::json!({
-                            "daemon_pid": s.daemon_pid, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
+                            "daemon_pid": s.daemon_pid, "version": version, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
                             "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
                             "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
                             "limits": limits, "device_status": device_status::json(&devs),
@@ -398,11 +420,13 @@ fn main() -> ExitCode {
                     );
                     ExitCode::SUCCESS
                 }
-                Ok((s, (limits, devs))) => {
+                Ok((s, (limits, devs, version))) => {
                     println!(
-                        "daemon pid {} on {} (ABI {}), up {:.1} s",
+                        "daemon pid {} on {} (softverbs {}, ABI {}), up {:.1} s",
                         s.daemon_pid,
                         socket.display(),
+                        // A daemon older than the version field did not say.
+                        version.as_deref().unwrap_or("unknown: an older daemon"),
                         s.abi_version,
                         s.uptime_ms as f64 / 1e3
                     );
@@ -513,6 +537,9 @@ fn main() -> ExitCode {
         Command::Run { cmd } => dropin::run(&socket, cmd),
         Command::WithDeviceNodes { count, net, cmd } => dropin::with_device_nodes(*count, net, cmd),
         Command::Cluster { what } => cluster::run(what),
+        Command::Generate { what, dir } => {
+            generate::write(*what, dir).map_or_else(fail, |()| ExitCode::SUCCESS)
+        }
         Command::Install { prefix } => {
             dropin::install(prefix).map_or_else(fail, |()| ExitCode::SUCCESS)
         }

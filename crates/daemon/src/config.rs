@@ -49,6 +49,9 @@ pub struct Config {
     pub net: crate::datapath::NetOptions,
     /// What one context, one uid and the daemon may use (docs/limits.md).
     pub limits: Limits,
+    /// The version `softverbs status` reports for this daemon (the CLI sets its own, with the
+    /// git revision; the crate's version otherwise).
+    pub version: String,
 }
 
 impl Config {
@@ -67,6 +70,7 @@ impl Config {
                 capture_dir: None,
             },
             limits: Limits::for_budget(&host_budget()),
+            version: env!("CARGO_PKG_VERSION").into(),
         }
     }
 

@@ -150,6 +150,7 @@ impl Server {
         let mut core = Core::new(config.build_devices());
         core.set_limits(config.limits.clone());
         let mut dispatcher = Dispatcher::new(core, config.abi_version, &config.net)?;
+        dispatcher.version = config.version.clone();
         let listener = softverbs_ipc::listen_seqpacket(path)?;
         // Sender credentials on every request (which process sent it: a fork child may share
         // a connection). Set on the listener, accepted sockets inherit it (unix(7)), so even
