@@ -32,12 +32,15 @@ mkdir -p "$dir"
 # any installed Debian system); mount's umount detaches the old root after pivot_root.
 include=ibverbs-utils,rdmacm-utils,pkgconf,init-system-helpers,mount
 tarball=$dir/bookworm-$(echo "$include" | sha256sum | cut -c1-12).tar
+# Roots made for another include list are stale.
+find "$dir" -maxdepth 1 -name 'bookworm-*.tar' ! -name "${tarball##*/}" -delete
 if [ ! -f "$tarball" ]; then
   phase "make the clean root (mmdebstrap, cached in $tarball)"
   # (mmdebstrap picks the format from the name's extension: .tar)
   mmdebstrap --quiet --variant=apt --include="$include" bookworm "$tarball.new.tar"
   mv "$tarball.new.tar" "$tarball"
 fi
+phase "extract the clean root"
 root=$dir/root
 # A root left mounted by an interrupted run is unmounted before it is removed.
 umount -R "$root" 2>/dev/null || true
@@ -59,19 +62,19 @@ listing() {
        -o -path ./proc -o -path ./sys -o -path ./dev -o -path ./run -o -name '*-old' \) -prune -o \
     -type f -print0 | sort -z | xargs -0 sha256sum)
 }
+phase "list the root's files"
 listing > "$dir/before.txt"
 
 # The programs run in namespaces of their own: a network (loopback only: the daemon's UDP
 # 4791 and ibv_rc_pingpong's TCP port are this test's), a PID namespace (the daemon the first
 # `softverbs run` starts dies with it), and mounts (proc, sys, /dev/shm, /run, /tmp in the
-# root) that vanish with it.
+# root) that vanish with it. The root is made the namespace's root with pivot_root(2), not
+# chroot: `softverbs run` gives a program a mount namespace of its own, and the daemon must
+# see the files that program opens under the same root.
 in_root() {
   unshare --mount --net --pid --fork --mount-proc=/proc -- sh -euc '
     root=$1; shift
     ip link set lo up
-    # The root a mount point of its own, made the namespace's root below (pivot_root(2),
-    # not chroot: `softverbs run` gives a program a mount namespace of its own, and the
-    # daemon must see the files that program opens under the same root).
     mount --bind "$root" "$root"
     mount -t proc proc "$root/proc"
     mount -t sysfs sysfs "$root/sys"
@@ -118,6 +121,10 @@ for f in /usr/bin/softverbs "$libdir/libibverbs.so.1" "$libdir/librdmacm.so.1"; 
   [ -f "$root/usr/lib/debug/.build-id/${id:0:2}/${id:2}.debug" ] ||
     { echo "deb-test: no debug info for $f (build id $id)" >&2; exit 1; }
 done
+# The units' maintainer scripts ran: deb-systemd-helper keeps its state of the enabled
+# socket (its links go with the purge, which the file list below checks).
+[ -e "$root/var/lib/systemd/deb-systemd-helper-enabled/softverbs.socket.dsh-also" ] ||
+  { echo "deb-test: the postinst did not enable softverbs.socket" >&2; exit 1; }
 chroot "$root" softverbs --version
 chroot "$root" softverbs --version | grep -Eq '^softverbs [0-9.]+ \(git [0-9a-z-]+\)$'
 chroot "$root" pkg-config --validate softverbs
@@ -144,8 +151,9 @@ in_root sh -euc '
   softverbs run -- ibv_rc_pingpong -g 0 -n 100 -c 127.0.0.1
   wait $srv || { echo "ibv_rc_pingpong server failed:"; cat /tmp/srv.txt; exit 1; }
   cat /tmp/srv.txt
-  softverbs status | head -n 1
-  softverbs status | head -n 1 | grep -q "(softverbs [0-9.]* (git "
+  softverbs status > /tmp/status.txt
+  head -n 1 /tmp/status.txt
+  head -n 1 /tmp/status.txt | grep -q "(softverbs [0-9.]* (git "
   softverbs run -- rping -s -v -a 127.0.0.1 -C 10 > /tmp/rping-srv.txt 2>&1 &
   srv=$!
   until softverbs resources --json | grep -Eq "\"listeners\": *[1-9]"; do
