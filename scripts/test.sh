@@ -16,11 +16,13 @@ cd "$(dirname "$0")/.."
 # python3-setuptools and python3-wheel build mpi4py for MPICH (scripts/mpi4py-mpich.sh);
 # systemd ships systemd-socket-activate, which plays the socket unit in the service test
 # (crates/cli/tests/service.rs; no running systemd is needed).
+# mmdebstrap makes the clean root the Debian package is installed in, dpkg-dev's
+# dpkg-shlibdeps gives it its dependencies (scripts/deb-test.sh).
 # mount (with util-linux's unshare) hides rdma-core for scripts/build-without-rdma-core.sh.
 packages=(procps util-linux mount tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
   libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev python3-dev python3-pip
-  python3-setuptools python3-wheel systemd)
+  python3-setuptools python3-wheel systemd mmdebstrap dpkg-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -37,6 +39,8 @@ fi
 # (the packages above included), so a build that needs rdma-core fails here, early.
 echo "== build and demo without rdma-core"
 scripts/build-without-rdma-core.sh
+# cargo-deb builds the Debian package (scripts/deb.sh), once.
+command -v cargo-deb >/dev/null 2>&1 || cargo install cargo-deb --locked
 
 # mpi4py built against MPICH for the cluster test, once (cached under target/).
 scripts/mpi4py-mpich.sh
@@ -56,3 +60,5 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 # One summary line for CI, summed over every test binary.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+echo "== the Debian package (build, install in a clean bookworm root, run, purge)"
+scripts/deb-test.sh

@@ -23,7 +23,9 @@ use crate::sysfs_net::{self, DeviceNet};
 const XRC_LEGACY_H: &str = include_str!("../../libibverbs/include/softverbs/xrc_legacy.h");
 
 /// Where the drop-in library is, next to this executable: the cargo target directory
-/// (`libibverbs.so`, or `deps/` when only the CLI was built) or an installed prefix
+/// (`libibverbs.so`, or `deps/` when only the CLI was built), the Debian package's
+/// `/usr/lib/<multiarch>/softverbs/libibverbs.so.1` (`../lib/<multiarch>/softverbs/` from
+/// /usr/bin; the triplet is the target's, build.rs) or a `softverbs install` prefix
 /// (`../lib/softverbs/libibverbs.so.1`). `$SOFTVERBS_LIBIBVERBS` names it explicitly.
 pub fn find_library() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("SOFTVERBS_LIBIBVERBS") {
@@ -39,9 +41,10 @@ pub fn find_library() -> Result<PathBuf, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("."));
-    let installed = dir.join("../lib/softverbs/libibverbs.so.1");
-    if installed.is_file() {
-        return Ok(installed.canonicalize().unwrap_or(installed));
+    for installed in installed_dirs(dir).map(|d| d.join("libibverbs.so.1")) {
+        if installed.is_file() {
+            return Ok(installed.canonicalize().unwrap_or(installed));
+        }
     }
     // In a cargo target directory the library is uplifted next to the binary by builds of
     // its own package and left in deps/ by builds of the CLI: take the newer one.
@@ -59,6 +62,17 @@ pub fn find_library() -> Result<PathBuf, String> {
                 exe.display()
             )
         })
+}
+
+/// The directories an installed `softverbs` in `bin` keeps its drop-ins in, the Debian
+/// package's first (docs/guide/install.md).
+fn installed_dirs(bin: &Path) -> impl Iterator<Item = PathBuf> + '_ {
+    [
+        concat!("../lib/", env!("SOFTVERBS_MULTIARCH"), "/softverbs"),
+        "../lib/softverbs",
+    ]
+    .into_iter()
+    .map(move |d| bin.join(d))
 }
 
 /// The drop-in `librdmacm.so.1` (crates/librdmacm, docs/dropin.md "librdmacm") that goes

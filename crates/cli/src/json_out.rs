@@ -17,10 +17,11 @@ pub fn status(
     limits: &[LimitRow],
     devs: &[DeviceRow],
     network: &Option<String>,
+    version: &Option<String>,
 ) -> Value {
     json!({
         "schema": SCHEMA,
-        "daemon_pid": s.daemon_pid, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
+        "daemon_pid": s.daemon_pid, "version": version, "abi_version": s.abi_version, "uptime_ms": s.uptime_ms,
         "devices": s.devices, "contexts": s.contexts, "xrcds": s.xrcds, "xrc_recv_qps": s.xrc_recv_qps,
         "qps": s.qps, "srqs": s.srqs, "cqs": s.cqs, "mrs": s.mrs,
         "limits": limits, "device_status": crate::device_status::json(devs),

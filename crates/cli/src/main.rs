@@ -26,6 +26,7 @@ mod demo;
 mod device_status;
 mod devnode;
 mod dropin;
+mod generate;
 mod json_out;
 mod service;
 mod sigpipe;
@@ -43,10 +44,20 @@ use softverbs_core::resources::Resources;
 use softverbs_core::types::EventType;
 use softverbs_daemon::{Config, DeviceSpec, Server};
 
+/// `softverbs --version`: the crate's version and the git revision it was built from
+/// (build.rs; "unknown" for a build outside a git checkout). The daemon reports the same
+/// string in `softverbs status`.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("SOFTVERBS_GIT_REVISION"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "softverbs",
-    version,
+    version = VERSION,
     about = "RDMA verbs in userspace, built around shared XRC receive QPs"
 )]
 struct Cli {
@@ -158,6 +169,16 @@ enum Command {
         #[arg(long)]
         prefix: PathBuf,
     },
+    /// Write the man pages (DIR/softverbs.1, DIR/softverbs-SUBCOMMAND.1, ...), the bash, zsh
+    /// and fish completions, or the Debian package's tree below /usr into DIR (used by
+    /// scripts/deb.sh).
+    #[command(hide = true)]
+    Generate {
+        #[arg(value_enum)]
+        what: generate::What,
+        /// The directory to write into (made if missing).
+        dir: PathBuf,
+    },
     /// Make the UCX device nodes, then exec the program (used by `run`).
     #[command(hide = true)]
     WithDeviceNodes {
@@ -268,6 +289,7 @@ impl DaemonArgs {
         let mut config = file
             .overridden_by(&self.settings(socket))
             .into_config(softverbs_ipc::own_socket_path())?;
+        config.version = VERSION.into();
         config.own_address = self.autostarted;
         config.idle_exit = idle_exit(self.idle_exit, self.autostarted)?;
         Ok(config)
@@ -522,7 +544,8 @@ fn main() -> ExitCode {
         | Command::InjectEvent { .. }
         | Command::Run { .. }
         | Command::WithDeviceNodes { .. }
-        | Command::Install { .. } => {}
+        | Command::Install { .. }
+        | Command::Generate { .. } => {}
     }
     match &cli.cmd {
         Command::Daemon(args) => daemon(args, cli.socket.clone()),
@@ -544,17 +567,22 @@ fn main() -> ExitCode {
                     serde_json::from_str::<Resources>(&t)
                         .map_err(|_| softverbs::Error::new("resources", softverbs::errno::EPROTO))
                 })
-                .map(|r| (r.limits, r.devices));
+                .map(|r| (r.limits, r.devices, r.daemon_version));
             match i.status().and_then(|s| limits.map(|l| (s, l))) {
-                Ok((s, (limits, devs))) if *json => {
-                    outln!("{}", json_out::status(&s, &limits, &devs, &network));
+                Ok((s, (limits, devs, version))) if *json => {
+                    outln!(
+                        "{}",
+                        json_out::status(&s, &limits, &devs, &network, &version)
+                    );
                     ExitCode::SUCCESS
                 }
-                Ok((s, (limits, devs))) => {
+                Ok((s, (limits, devs, version))) => {
                     outln!(
-                        "daemon pid {} on {} (ABI {}), up {:.1} s",
+                        "daemon pid {} on {} (softverbs {}, ABI {}), up {:.1} s",
                         s.daemon_pid,
                         socket.display(),
+                        // A daemon older than the version field did not say.
+                        version.as_deref().unwrap_or("unknown: an older daemon"),
                         s.abi_version,
                         s.uptime_ms as f64 / 1e3
                     );
@@ -723,6 +751,9 @@ fn main() -> ExitCode {
         }
         Command::WithDeviceNodes { count, net, cmd } => dropin::with_device_nodes(*count, net, cmd),
         Command::Cluster { what } => cluster::run(what),
+        Command::Generate { what, dir } => {
+            generate::write(*what, dir).map_or_else(fail, |()| ExitCode::SUCCESS)
+        }
         Command::Install { prefix } => {
             dropin::install(prefix).map_or_else(fail, |()| ExitCode::SUCCESS)
         }

@@ -143,6 +143,11 @@ pub struct Resources {
     /// Every device's ports and multicast groups; empty from older daemons.
     #[serde(default)]
     pub devices: Vec<DeviceRow>,
+    /// The daemon's version (`softverbs --version` of the binary it runs from); `None` from
+    /// daemons older than the Debian package (issue 36), which did not say. The core does
+    /// not know it: the daemon fills it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_version: Option<String>,
 }
 
 impl Core {
@@ -158,6 +163,7 @@ impl Core {
             xrc_recv_qps: Vec::new(),
             limits: self.limit_rows(),
             devices: self.device_rows(),
+            daemon_version: None,
         };
         for (&ctx, c) in &self.contexts {
             let pid = c.info.pid;

@@ -62,6 +62,9 @@ pub struct Config {
     /// one of [`own_addresses`] instead, and run without a network when all are taken
     /// (an autostarted per-user daemon, which must never collide with another user's).
     pub own_address: bool,
+    /// The version `softverbs status` reports for this daemon (the CLI sets its own, with the
+    /// git revision; the crate's version otherwise).
+    pub version: String,
 }
 
 impl Config {
@@ -84,6 +87,7 @@ impl Config {
             mtu: None,
             idle_exit: None,
             own_address: false,
+            version: env!("CARGO_PKG_VERSION").into(),
         }
     }
 

@@ -104,6 +104,8 @@ pub struct Dispatcher {
     pub dp: DataPath,
     /// ABI level spoken.
     pub abi: u32,
+    /// The version `resources` reports (`Config::version`).
+    pub version: String,
     started: Instant,
     daemon_uid: u32,
     /// The same-host direct path's control side (docs/direct-path.md).
@@ -200,6 +202,7 @@ impl Dispatcher {
             core,
             dp,
             abi,
+            version: env!("CARGO_PKG_VERSION").into(),
             started: Instant::now(),
             daemon_uid: rustix::process::geteuid().as_raw(),
             direct: Default::default(),
@@ -1460,6 +1463,7 @@ impl Dispatcher {
 
     fn resources(&self) -> Reply {
         let mut r = self.core.resources();
+        r.daemon_version = Some(self.version.clone());
         for (i, d) in r.devices.iter_mut().enumerate() {
             for g in &mut d.mcast_groups {
                 g.net_joined = self

@@ -100,7 +100,9 @@ fn bind_devices(config: &mut Config) -> io::Result<Dispatcher> {
     let dispatcher = |config: &Config| {
         let mut core = Core::new(config.build_devices());
         core.set_limits(config.limits.clone());
-        Dispatcher::new(core, config.abi_version, &config.net)
+        let mut d = Dispatcher::new(core, config.abi_version, &config.net)?;
+        d.version = config.version.clone();
+        Ok::<_, io::Error>(d)
     };
     let bound = |config: &Config| -> String {
         let addrs: Vec<String> = config
