@@ -31,9 +31,15 @@ mkdir -p "$dir"
 # pkgconf reads the .pc file; init-system-helpers runs the units' maintainer scripts (as on
 # any installed Debian system); mount's umount detaches the old root after pivot_root.
 include=ibverbs-utils,rdmacm-utils,pkgconf,init-system-helpers,mount
-tarball=$dir/bookworm-$(echo "$include" | sha256sum | cut -c1-12).tar
+# The root's tarball is cached outside the clone (a CI machine keeps it between runs of a
+# fresh clone, and the cold build of scripts/build-without-rdma-core.sh empties target/);
+# SOFTVERBS_DEB_TEST_CACHE moves it.
+cache=${SOFTVERBS_DEB_TEST_CACHE:-/var/cache/softverbs-ci}
+mkdir -p "$cache"
+chmod 0700 "$cache"
+tarball=$cache/bookworm-$(echo "$include" | sha256sum | cut -c1-12).tar
 # Roots made for another include list are stale.
-find "$dir" -maxdepth 1 -name 'bookworm-*.tar' ! -name "${tarball##*/}" -delete
+find "$cache" -maxdepth 1 -name 'bookworm-*.tar' ! -name "${tarball##*/}" -delete
 if [ ! -f "$tarball" ]; then
   phase "make the clean root (mmdebstrap, cached in $tarball)"
   # (mmdebstrap picks the format from the name's extension: .tar)
