@@ -11,7 +11,7 @@
 #
 #   scripts/cm-flood.sh [COUNT] [cargo test options, e.g. --release]
 #
-# Results go to docs/fuzzing.md.
+# Results go to docs/design/fuzzing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 count=${1:-200000}

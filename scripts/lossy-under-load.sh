@@ -3,7 +3,7 @@
 # `net_path::a_net_path_qp_and_a_lossy_peer_deliver_everything_once`
 # (crates/client/tests/net_path.rs) run RUNS times beside HOGS busy loops per core, counting
 # the runs that failed and the runs whose failure names RETRY_EXC_ERR. Results go in
-# docs/net-path.md ("Stalls"). CI runs the test once, without hogs.
+# docs/design/net-path.md ("Stalls"). CI runs the test once, without hogs.
 #
 #   scripts/lossy-under-load.sh            # 20 runs, 2 hogs per core
 #   RUNS=50 HOGS=3 scripts/lossy-under-load.sh

@@ -3,7 +3,7 @@
 # key and operand checks and its views of registered memory (client), and the atomic view
 # of a borrowed buffer (shm). Needs a nightly toolchain with the miri component:
 #   rustup toolchain install nightly --component miri
-# docs/safe-api.md says what is covered and what cannot be (memfd, mmap, the daemon).
+# docs/guide/safe-api.md says what is covered and what cannot be (memfd, mmap, the daemon).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo +nightly miri test -p softverbs --lib -- buffer::tests wr::tests

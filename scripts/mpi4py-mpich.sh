@@ -5,7 +5,7 @@
 # (PYTHONPATH=target/mpi4py-mpich/site). The sdist (with its pre-generated C, no Cython
 # needed) comes from PyPI; MPICC=mpicc.mpich makes it MPICH's. About 80 s of CPU on the
 # project's machine. Needs python3-dev, python3-pip, python3-setuptools, python3-wheel and
-# mpich. docs/mpi.md, "mpi4py under MPICH".
+# mpich. docs/guide/mpi.md, "mpi4py under MPICH".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=3.1.6

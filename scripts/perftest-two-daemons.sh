@@ -1,10 +1,10 @@
 #!/bin/bash
 # Unmodified perftest latency tests between two daemons on 127.0.77.1 and 127.0.77.2 (their
-# RC QPs on the net path, docs/net-path.md), each test's server and client through
+# RC QPs on the net path, docs/design/net-path.md), each test's server and client through
 # `softverbs run`. Prints perftest's result line per test and round:
 # "<test> #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%" (µs).
 # With ONE_HOST=1, both ends go to one daemon (their QPs on the same-host direct path,
-# docs/direct-path.md), and each line has, after the test's name, the one-way median of a
+# docs/design/direct-path.md), and each line has, after the test's name, the one-way median of a
 # bare shared-memory ping-pong run right before it (scripts/tailfloor.c, no padding): which
 # of this machine's two speeds the round ran on (docs/performance.md, "Issue 16: first-lap
 # page faults, and a machine of two speeds").

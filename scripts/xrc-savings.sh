@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# XRC's savings, measured (docs/mpi.md, "XRC's savings, measured"): Open MPI's `mtl ofi` over
+# XRC's savings, measured (docs/guide/mpi.md, "XRC's savings, measured"): Open MPI's `mtl ofi` over
 # libfabric `verbs;ofi_rxm` runs an all-to-all job (crates/e2e/tests/mpi/mpi_check.c) on a
 # `softverbs cluster` of N ∈ {2, 4} hosts × P ∈ {1, 2, 4} ranks per host, over RC and over
 # XRC. While every rank holds its connections (mpi_check's hold argument), the script reads
@@ -10,11 +10,11 @@
 # crates/e2e/tests/cluster_ofi.rs, and writes an SVG bar chart.
 #
 # Opt-in (root, a few minutes): scripts/xrc-savings.sh [SVG-PATH]   (default
-# docs/mpi-xrc-savings.svg). SOFTVERBS names the binary (default target/debug/softverbs,
+# docs/guide/mpi-xrc-savings.svg). SOFTVERBS names the binary (default target/debug/softverbs,
 # built with `cargo build -p softverbs-cli -p softverbs-libibverbs -p softverbs-librdmacm`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec /usr/bin/python3 - "${1:-docs/mpi-xrc-savings.svg}" <<'PY'
+exec /usr/bin/python3 - "${1:-docs/guide/mpi-xrc-savings.svg}" <<'PY'
 import json, os, subprocess, sys, tempfile, threading
 
 S = os.path.abspath(os.environ.get("SOFTVERBS", "target/debug/softverbs"))
@@ -61,7 +61,7 @@ def job(name, n, p, mode, exe):
             f"{d}/softverbs-rsh", "--mca", "pml", "cm", "--mca", "mtl", "ofi",
             "--mca", "mtl_ofi_provider_include", "verbs;ofi_rxm", "--mca", "osc", "pt2pt"]
     if mode == "xrc":
-        # Every rank on the XRC domain (tools/fi-domain-filter; docs/mpi.md, "Over XRC").
+        # Every rank on the XRC domain (tools/fi-domain-filter; docs/guide/mpi.md, "Over XRC").
         args += ["-x", "FI_OFI_RXM_USE_SRX=1", "-x", f"LD_PRELOAD={FILTER}",
                  "-x", "FI_DOMAIN_FILTER=softverbs0-xrc"]
     args += [exe, "10", HOLD]

@@ -1,5 +1,5 @@
 //! Links the cdylib as `librdmacm.so.1` with rdma-core's symbol versions (the recipe of
-//! crates/libibverbs/build.rs, docs/abi-compat.md §3), against a stub `libibverbs.so.1` made
+//! crates/libibverbs/build.rs, docs/design/abi-compat.md §3), against a stub `libibverbs.so.1` made
 //! here from the drop-in libibverbs' own version map — never the system's libibverbs, so
 //! building needs no rdma-core package and no architecture's library directory.
 //!

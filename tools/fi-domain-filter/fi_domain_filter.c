@@ -9,7 +9,7 @@
  * (`opal_mca_common_ofi_select_provider`: a package rank, or the rank when that cannot be
  * computed, modulo the count); Open MPI 4.1 has no parameter that names a domain, and an RC
  * endpoint cannot connect to an XRC one. With this filter every rank sees one domain.
- * docs/mpi.md, "Over XRC".
+ * docs/guide/mpi.md, "Over XRC".
  *
  *     gcc -shared -fPIC -O1 -o fi_domain_filter.so fi_domain_filter.c -ldl
  *     mpirun ... -x LD_PRELOAD=$PWD/fi_domain_filter.so -x FI_DOMAIN_FILTER=softverbs0-xrc ...

@@ -1,4 +1,4 @@
-//! The connection manager's commands (ids 100–129, ABI 12; docs/cm.md §4): a context's CM
+//! The connection manager's commands (ids 100–129, ABI 12; docs/design/cm.md §4): a context's CM
 //! ids live in the daemon, whose CM speaks IB CM MADs on the context's device's QP1.
 //!
 //! Addresses are 16-byte IPv6 or IPv4-mapped (`::ffff:a.b.c.d`) addresses; private data

@@ -409,7 +409,7 @@ pub fn recv_wr_from_wire(r: &PostRecvReq) -> Result<RecvWr, Error> {
 
 /// The `ibv_wc` wire form of a completion (what `PollCq` and the CQ ring carry). softverbs
 /// has no vendor errors, P_Keys or LIDs on RoCE: those fields are 0; `sl` carries a UD
-/// receive's network header type as mlx5 reports it (docs/roce-wire.md).
+/// receive's network header type as mlx5 reports it (docs/design/roce-wire.md).
 impl From<&WorkCompletion> for WcWire {
     #[inline]
     fn from(wc: &WorkCompletion) -> Self {

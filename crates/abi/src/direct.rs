@@ -1,4 +1,4 @@
-//! The same-host direct path's shared layout (docs/direct-path.md): the channel memfd the
+//! The same-host direct path's shared layout (docs/design/direct-path.md): the channel memfd the
 //! daemon makes for a connected pair of RC or UC QPs, and the per-context MR table.
 //!
 //! A channel is a header page of state words, each in its own 128-byte block, then four
@@ -19,7 +19,7 @@ pub const PATH_DIRECT: u32 = 1;
 /// The pair stays on the daemon's engine.
 pub const PATH_DAEMON: u32 = 2;
 /// ABI 17: the QP is connected to another host and its library runs the transport engine
-/// for it (docs/net-path.md). Since ABI 20 the descriptor of the answer (the context's first
+/// for it (docs/design/net-path.md). Since ABI 20 the descriptor of the answer (the context's first
 /// one only) is a private UDP socket bound to the device's address and an ephemeral port:
 /// the library sends from it to its peers' device port (`DirectAttachResp::net_port`), and
 /// the daemon forwards the QP's packets to it from that port. No channel.
@@ -30,7 +30,7 @@ pub const PATH_NET: u32 = 3;
 pub const ABLE_NET: u32 = 2;
 /// ABI 20: [`DirectAttachReq::able`](crate::msg::DirectAttachReq) bit, with [`ABLE_NET`]:
 /// the library runs the net path over a private socket and takes the packets the daemon
-/// forwards (docs/net-path.md, "Receiving"). A daemon gives [`PATH_NET`] only with it: a
+/// forwards (docs/design/net-path.md, "Receiving"). A daemon gives [`PATH_NET`] only with it: a
 /// library of ABI 17–19 expects a socket of the device's reuseport group, which no daemon
 /// hands out any more (issue 35, item 1).
 pub const ABLE_NET_FORWARDED: u32 = 4;
@@ -38,7 +38,7 @@ pub const ABLE_NET_FORWARDED: u32 = 4;
 /// library publishes its net-path engine's state in a net status region
 /// ([`NS_LEN`] bytes) the daemon makes with the context's socket and hands over as one more
 /// descriptor (`DirectAttachResp::status_len`), so that the daemon can answer for a process
-/// that stopped running (docs/net-path.md, "Stalls"). A daemon that does not know the bit
+/// that stopped running (docs/design/net-path.md, "Stalls"). A daemon that does not know the bit
 /// leaves `status_len` 0.
 pub const ABLE_NET_STATUS: u32 = 8;
 
@@ -49,7 +49,7 @@ pub const NS_RAN: usize = 0;
 /// net-path QPs passes — could not run, in total (`u64` nanoseconds, written by the daemon
 /// only, as it finds each of its own stalls): the library's requester timers move by
 /// what it grew since its last round, as by the library's own stalls, since an ACK that
-/// waited in a stalled forwarder is no silence of the peer (docs/net-path.md, "Stalls").
+/// waited in a stalled forwarder is no silence of the peer (docs/design/net-path.md, "Stalls").
 /// A library scribble reaches only that library's own timers.
 pub const NS_DAEMON_LOST: usize = 8;
 /// Net status region: the device's retry floor (`softverbs_transport::time::RETRY_FLOOR`,
@@ -121,7 +121,7 @@ pub const NO_EVENT: u32 = u32::MAX;
 /// Header block per side (ABI 16): the receive that side's library took from its peer's
 /// SRQ and has not completed yet — a `u32` flag (1 while held) and at +8 the receive's
 /// `wr_id` (`u64`) — so the peer, finding that library's process gone, completes it with
-/// `WR_FLUSH_ERR` instead of losing it (docs/direct-path.md, "SRQs").
+/// `WR_FLUSH_ERR` instead of losing it (docs/design/direct-path.md, "SRQs").
 pub const CH_SRQ_HELD: [usize; 2] = [1920, 2048];
 /// Header words per side (issue 36 item 5): that side's QP's request messages completed
 /// (`u64`, `rdma_sends`), bumped by that side's own library (docs/guide/counters.md).
@@ -140,7 +140,7 @@ pub const CH_HEADER: usize = 4096;
 /// peer's SRQ and lets its own SRQ QPs go direct (ABI 16).
 pub const CAP_SRQ: u32 = 1;
 /// [`DirectOpenReq::caps`](crate::msg::DirectOpenReq): the library reads stamped channel
-/// rings (ABI 19, `softverbs_shm::RingLayout::stamped`, docs/direct-path.md "Stamped rings").
+/// rings (ABI 19, `softverbs_shm::RingLayout::stamped`, docs/design/direct-path.md "Stamped rings").
 pub const CAP_STAMPED: u32 = 2;
 /// `DirectAttachResp::rings`: the channel's receive and receive-completion rings are stamped
 /// (both contexts asked for [`CAP_STAMPED`]).

@@ -43,15 +43,15 @@ pub use codec::{
 /// registrations over unmapped or read-only pages fail.
 /// 8: a send ring's pending pair (the count the daemon is about to publish and the CQ index
 /// of the completion that goes with it), so a client whose daemon died between the two flushes
-/// that request (docs/shm-rings.md).
+/// that request (docs/design/shm-rings.md).
 /// 9: memory windows (`AllocMw`, `DeallocMw`, `QueryDeviceResp::max_mw`, bind and local
-/// invalidate work requests; docs/memory-windows.md).
+/// invalidate work requests; docs/design/memory-windows.md).
 /// 10: UD multicast (`AttachMcast`, `DetachMcast`; the multicast limits at the end of
 /// `QueryDeviceResp`).
 /// 11: on-demand paging: `QueryOdpCaps` and `AdviseMr`.
-/// 12: the connection manager's commands (ids 100–129, [`cm`], docs/cm.md §4).
+/// 12: the connection manager's commands (ids 100–129, [`cm`], docs/design/cm.md §4).
 /// 13: the same-host direct path (`DirectOpen`, `DirectAttach`, `DirectPeerError`, [`direct`],
-/// docs/direct-path.md), and `CmAdopt` (`rdma_migrate_id` of an id with CM state).
+/// docs/design/direct-path.md), and `CmAdopt` (`rdma_migrate_id` of an id with CM state).
 /// 14: the direct path's speed: inline-payload slots in the channel
 /// (`DirectAttachResp::inline_offset`), [`direct::MR_SHARED`] in the MR table and
 /// `DirectMrFd` (id 143).
@@ -61,7 +61,7 @@ pub use codec::{
 /// 16: SRQs on the direct path: `DirectOpenReq::caps`, the peer's SRQ in
 /// `DirectAttachResp`, [`direct::srq_limit_offset`], [`direct::CH_SRQ_HELD`] and `DirectSrqLimit`
 /// (id 156).
-/// 17: the engine in the library for QPs connected to another host (docs/net-path.md):
+/// 17: the engine in the library for QPs connected to another host (docs/design/net-path.md):
 /// [`direct::ABLE_NET`] in `DirectAttachReq::able`, [`direct::PATH_NET`] with the context's
 /// steered UDP socket, and `NetQpError` (id 160).
 /// 18: `NetDrops` (id 161): the library's engine reports its transport drops.

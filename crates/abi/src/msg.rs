@@ -224,11 +224,11 @@ commands! {
     QueryOdpCaps = 95 since 11 : () => OdpCapsResp,
     /// ABI 11: `ibv_advise_mr(3)` of up to [`MAX_WIRE_SGE`] ranges.
     AdviseMr = 96 since 11 : AdviseMrReq => (),
-    /// `ibv_alloc_mw` (docs/memory-windows.md).
+    /// `ibv_alloc_mw` (docs/design/memory-windows.md).
     AllocMw = 80 since 9 : AllocMwReq => AllocMwResp,
     /// `ibv_dealloc_mw`.
     DeallocMw = 81 since 9 : HandleReq => (),
-    /// The context's CM event eventfd comes with the (empty) answer (docs/cm.md §4).
+    /// The context's CM event eventfd comes with the (empty) answer (docs/design/cm.md §4).
     CmOpen = 100 since 12 : () => (),
     /// Listen on a service ID.
     CmListen = 101 since 12 : CmListenReq => CmIdResp,
@@ -254,9 +254,9 @@ commands! {
     CmCounts = 111 since 12 : () => CmCountsResp,
     /// ABI 13: `rdma_migrate_id(3)` of an id with CM state: the CM id (a listener or a
     /// connection) held by another context of the caller's own process becomes this
-    /// context's, with its queued events (docs/cm.md §7).
+    /// context's, with its queued events (docs/design/cm.md §7).
     CmAdopt = 112 since 13 : CmIdReq => (),
-    /// ABI 13: this context may take the same-host direct path (docs/direct-path.md); its
+    /// ABI 13: this context may take the same-host direct path (docs/design/direct-path.md); its
     /// `/proc/self/mem` comes with the request. The answer's descriptor is the context's MR
     /// table, which the daemon keeps ([`direct`](crate::direct)).
     DirectOpen = 140 since 13 : DirectOpenReq => (),
@@ -269,12 +269,12 @@ commands! {
     DirectPeerError = 142 since 13 : DirectPeerErrorReq => (),
     /// ABI 14: the memfd behind the peer's MR `key`, when the daemon holds one (the MR table
     /// marks it [`direct::MR_SHARED`](crate::direct::MR_SHARED)), for the library to map and
-    /// reach with `memcpy` instead of the peer's `/proc/<pid>/mem` (docs/direct-path.md).
+    /// reach with `memcpy` instead of the peer's `/proc/<pid>/mem` (docs/design/direct-path.md).
     DirectMrFd = 143 since 14 : DirectMrFdReq => DirectMrFdResp,
     /// ABI 15: an atomic posted on a direct QP, executed in the daemon's thread (so atomic
     /// with respect to the engine's atomics, `IBV_ATOMIC_HCA`) against the peer QP's memory
     /// with the responder's checks; a refusal fails the peer as its engine would
-    /// (docs/direct-path.md, "Atomics and memory windows").
+    /// (docs/design/direct-path.md, "Atomics and memory windows").
     DirectAtomic = 150 since 15 : DirectAtomicReq => DirectOpResp,
     /// ABI 15: a bind (`IBV_WR_BIND_MW`, `ibv_bind_mw`) or `IBV_WR_LOCAL_INV` posted on a
     /// direct QP, executed on the engine's windows in posting order.
@@ -299,11 +299,11 @@ commands! {
     DirectSrqLimit = 156 since 16 : HandleReq => (),
     /// ABI 17: the library's engine moved its QP (on [`direct::PATH_NET`](crate::direct))
     /// to ERR: the daemon moves it there too and raises `event` on it, as it does for its
-    /// own engine's errors (docs/net-path.md).
+    /// own engine's errors (docs/design/net-path.md).
     NetQpError = 160 since 17 : DirectPeerErrorReq => (),
     /// ABI 18: what the library's engine of the context dropped so far (its totals, not
     /// increments), counted into `softverbs status`'s transport drops with the daemon's
-    /// engines' (docs/net-path.md).
+    /// engines' (docs/design/net-path.md).
     NetDrops = 161 since 18 : NetDropsReq => (),
 }
 
@@ -317,7 +317,7 @@ pub const QUEUES_SRQ: u32 = 2;
 /// [`MapQueuesReq::kind`] (ABI 6; `handle` 0): the context's ready ring (ring `a`, 8-byte
 /// entries, a QP handle in the low 32 bits, little-endian). After posting to a QP whose
 /// work flag ([`QueuesResp::flag_offset`]) it found clear, the client sets the flag and
-/// pushes the QP's handle here (docs/shm-rings.md, "Ready ring"). Mapped at most once per
+/// pushes the QP's handle here (docs/design/shm-rings.md, "Ready ring"). Mapped at most once per
 /// context (`EEXIST`); a daemon that predates it answers `EINVAL`.
 pub const QUEUES_READY: u32 = 3;
 
@@ -1137,14 +1137,14 @@ pub const CREATE_QP_CREATE_FLAGS: u64 = 1 << 0;
 pub const CREATE_CQ_CHANNEL: u64 = 1 << 0;
 /// `comp_mask` bit of [`Cmd::Hello`] (ABI 5): one descriptor comes with the request, the
 /// client's own `/proc/self/mem` opened read-write, through which the daemon reaches the
-/// client's memory that is not shared (docs/registered-memory.md). A descriptor that is
+/// client's memory that is not shared (docs/design/registered-memory.md). A descriptor that is
 /// not the sender's `mem` is `EINVAL`, one not open read-write `EBADF`. Without it the
 /// context has no process memory: only shared MRs can be accessed.
 pub const HELLO_MEM_FD: u64 = 1 << 0;
 /// `comp_mask` bit of [`Cmd::Hello`] (ABI 7, only with [`HELLO_MEM_FD`]): a second
 /// descriptor follows the `mem` one, the client's own `/proc/self/maps`, through which the
 /// daemon refuses `reg_mr`/`rereg_mr` over unmapped pages, and write access over pages that
-/// are not writable, with `EFAULT` as `ibv_reg_mr` does (docs/registered-memory.md).
+/// are not writable, with `EFAULT` as `ibv_reg_mr` does (docs/design/registered-memory.md).
 pub const HELLO_MAPS_FD: u64 = 1 << 1;
 
 /// [`ReregMrReq::flags`]: new `addr`, `length` and `iova` (`IBV_REREG_MR_CHANGE_TRANSLATION`).

@@ -132,7 +132,7 @@ fn work(ctx: &Context, file: &Path, qpn: u32, face: Face) {
         Held::Handle(h) => h.query(),
     }
     .unwrap_or_else(|e| fail("query", e));
-    // Its own XRC SRQ in the domain, fed by the shared receive QP (docs/xrc-semantics.md):
+    // Its own XRC SRQ in the domain, fed by the shared receive QP (docs/design/xrc-semantics.md):
     // one library-owned buffer per slot, handed back with the completion that filled it.
     let pd = ctx.alloc_pd().unwrap_or_else(|e| fail("alloc_pd", e));
     let cq = ctx

@@ -206,7 +206,7 @@ pub struct PerfArgs {
     /// shared memory (`alloc_mr`), so the daemon copies without a system call; `in-place`
     /// turns the peer's own pages into shared memory (`reg_mr_shared`, the raw path);
     /// `private` keeps ordinary pages, reached with `process_vm_readv/writev`
-    /// (docs/registered-memory.md).
+    /// (docs/design/registered-memory.md).
     #[arg(long, value_enum, default_value = "shared")]
     pub memory: Memory,
     /// Print JSON.
@@ -473,7 +473,7 @@ pub fn perf(socket: &Path, mode: Mode, a: &PerfArgs) -> Result<(), String> {
     let mut _dir = None;
     let mut own = Vec::new();
     let (server_sock, client_sock) = if a.two_daemons {
-        // A fresh directory of this user's own (docs/security.md, "Paths").
+        // A fresh directory of this user's own (docs/design/security.md, "Paths").
         let dir = softverbs_ipc::private_dir::user_dir()
             .and_then(|d| softverbs_ipc::private_dir::fresh(&d, "bench"))
             .map_err(|e| format!("the daemons' directory: {e}"))?;

@@ -303,7 +303,7 @@ pub fn run(socket: &Path, workers: usize, remote_ip: Option<IpAddr>) -> Result<(
     ));
 
     // A fresh directory of this user's own, never a guessable name in a shared /tmp
-    // (docs/security.md, "Paths").
+    // (docs/design/security.md, "Paths").
     let dir = softverbs_ipc::private_dir::user_dir()
         .and_then(|d| softverbs_ipc::private_dir::fresh(&d, "demo"))
         .map_err(|e| format!("the demo's directory: {e}"))?;

@@ -2,7 +2,7 @@
 //!
 //! UCX 1.13 (`uct_ib_device_is_accessible`, src/uct/ib/base/ib_md.c) skips every verbs device
 //! unless `"/dev/infiniband/" + ibv_device.dev_name` passes `stat()` as a character device and
-//! `access(R_OK | W_OK)`; it never opens the node (docs/mpi.md, "How UCX finds softverbs").
+//! `access(R_OK | W_OK)`; it never opens the node (docs/guide/mpi.md, "How UCX finds softverbs").
 //! The drop-in names its devices `uverbsN` (crates/libibverbs/src/device.rs), so a program
 //! started by `softverbs run` or `softverbs cluster exec` needs a character device at that
 //! path. This module gives it one without touching the machine's `/dev`:
@@ -117,7 +117,7 @@ pub fn enter_private_mount_namespace() -> Result<(), String> {
             format!(
                 "unshare(CLONE_NEWUSER|CLONE_NEWNS): {e} (unprivileged user namespaces are off: \
                  sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces, or create \
-                 the node as root; docs/mpi.md)"
+                 the node as root; docs/guide/mpi.md)"
             )
         })?;
         // user_namespaces(7): setgroups must be denied before an unprivileged gid_map write.

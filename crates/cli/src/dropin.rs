@@ -75,7 +75,7 @@ fn installed_dirs(bin: &Path) -> impl Iterator<Item = PathBuf> + '_ {
     .map(move |d| bin.join(d))
 }
 
-/// The drop-in `librdmacm.so.1` (crates/librdmacm, docs/dropin.md "librdmacm") that goes
+/// The drop-in `librdmacm.so.1` (crates/librdmacm, docs/guide/dropin.md "librdmacm") that goes
 /// with `libibverbs`: beside it when installed, else the newer of the target directory's
 /// builds; `$SOFTVERBS_LIBRDMACM` names it explicitly. `None` if it was not built.
 pub fn find_rdmacm(libibverbs: &Path) -> Option<PathBuf> {
@@ -127,7 +127,7 @@ fn link_into(dir: &OwnedFd, path: &Path, name: &str, target: &Path) -> Result<()
 ///
 /// Its path goes first on the program's `LD_LIBRARY_PATH`, so it and every ancestor must be
 /// beyond other users' reach (private_dir.rs): otherwise one could swap the library between
-/// this check and the program's loader (issue 35, item 2; docs/security.md, "Paths").
+/// this check and the program's loader (issue 35, item 2; docs/design/security.md, "Paths").
 pub fn loader_dir(lib: &Path) -> Result<PathBuf, String> {
     if lib.file_name().is_some_and(|n| n == "libibverbs.so.1") {
         return Ok(lib.parent().unwrap_or(Path::new(".")).to_path_buf());

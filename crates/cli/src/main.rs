@@ -157,7 +157,7 @@ enum Command {
         cmd: Vec<std::ffi::OsString>,
     },
     /// A virtual RDMA cluster on this machine: hosts in network namespaces, one daemon each,
-    /// and the remote shell MPI launchers use to start ranks on them (docs/mpi.md).
+    /// and the remote shell MPI launchers use to start ranks on them (docs/guide/mpi.md).
     Cluster {
         #[command(subcommand)]
         what: cluster::ClusterCmd,
@@ -258,7 +258,7 @@ struct DaemonArgs {
     metrics: Option<std::net::SocketAddr>,
     /// Fail an RC request with RETRY_EXC_ERR only after its retry_cnt retries and at
     /// least this many milliseconds without progress (0: IBA's plain retry count; default
-    /// 1000). A software NIC's answers wait for a CPU; see docs/net-path.md, "Stalls".
+    /// 1000). A software NIC's answers wait for a CPU; see docs/design/net-path.md, "Stalls".
     #[arg(long, value_name = "MS")]
     retry_floor_ms: Option<u64>,
 }

@@ -1,6 +1,6 @@
 //! `softverbs status`, `devices` and `resources` look inside a running daemon and never start
 //! one: with none they say "no daemon" and exit 3 (LSB "program is not running"). `status`
-//! shows the daemon's limits (docs/limits.md).
+//! shows the daemon's limits (docs/guide/limits.md).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

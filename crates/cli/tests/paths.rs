@@ -1,4 +1,4 @@
-//! Issue 35, items 2 and 9 (docs/security.md, "Paths"): no directory another user can change
+//! Issue 35, items 2 and 9 (docs/design/security.md, "Paths"): no directory another user can change
 //! ends up on a program's library path, and a daemon never opens its lock or capture files
 //! through a symlink or in a directory others can write.
 //!

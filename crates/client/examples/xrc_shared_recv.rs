@@ -3,7 +3,7 @@
 //! opened by number in the other processes (`ibv_open_qp(3)`), and each `XrcRecvQp` is a
 //! handle that closes on drop. The QP lives while any process holds a handle, survives the
 //! process that created it, and disappears with the last handle
-//! (`docs/xrc-semantics.md`).
+//! (`docs/design/xrc-semantics.md`).
 //!
 //!     cargo run -p softverbs --example xrc_shared_recv
 //!

@@ -6,7 +6,7 @@
 //! * [`OwnedMr`]: the library allocates the memory itself as a sealed memfd mapped
 //!   `MAP_SHARED` ([`softverbs_shm::Region`]) and passes the memfd to the daemon with the
 //!   registration, so the daemon reaches it with plain copies and CPU atomics, no system
-//!   call per access and no conversion in place (`docs/registered-memory.md`). The memory
+//!   call per access and no conversion in place (`docs/design/registered-memory.md`). The memory
 //!   is carved into [`Buf`]s, owned handles to disjoint ranges that move into a work request
 //!   and come back with its completion (`crate::wr`).
 //! * [`BorrowedMr`]: the caller's own `&'a mut [u8]`, exclusively borrowed for the whole life
@@ -142,7 +142,7 @@ fn inside(offset: usize, len: usize, size: usize) -> Result<usize> {
 impl<'c> Pd<'c> {
     /// `ibv_reg_mr` of `len` new zeroed bytes that the library allocates as a sealed memfd
     /// and hands to the daemon with the registration, so it reaches them without a system
-    /// call (the fast path of `docs/registered-memory.md`, with no conversion in place).
+    /// call (the fast path of `docs/design/registered-memory.md`, with no conversion in place).
     /// Carve the memory into [`Buf`]s with [`OwnedMr::take`].
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<OwnedMr<'_>> {
         const OP: &str = "alloc_mr";

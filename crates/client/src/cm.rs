@@ -1,4 +1,4 @@
-//! The connection manager (docs/cm.md §4): CM ids live in the daemon, whose CM exchanges IB
+//! The connection manager (docs/design/cm.md §4): CM ids live in the daemon, whose CM exchanges IB
 //! CM MADs with the peer's QP1 (REQ/REP/RTU, REJ, DREQ/DREP, SIDR). A [`CmChannel`] is a
 //! context's door to it: commands go out on the context's connection and events come back
 //! on a pollable eventfd ([`CmChannel::fd`]).

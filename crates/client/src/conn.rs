@@ -154,7 +154,7 @@ fn start_daemon(
     args: &[OsString],
 ) -> std::io::Result<std::process::Child> {
     // The directory is checked and the log opened through it without following a symlink,
-    // as the daemon does with its socket (docs/security.md, "Paths"): a program run as root
+    // as the daemon does with its socket (docs/design/security.md, "Paths"): a program run as root
     // never appends to a file another user named.
     let dir = private_dir::ensure(socket_dir(path), 0o755, private_dir::Owner::MeOrRoot)?;
     let log = private_dir::append_in(&dir, "daemon.log", 0o644)?;
@@ -198,7 +198,7 @@ impl std::fmt::Debug for Conn {
 
 /// This process's `/proc/self/mem`, or, when it may not open it (`EACCES`: it is not
 /// dumpable, so the file belongs to root), a pidfd of itself, from which a root daemon opens
-/// it on its behalf (`ProcessMemory::open_for`, docs/registered-memory.md, "A process that
+/// it on its behalf (`ProcessMemory::open_for`, docs/design/registered-memory.md, "A process that
 /// is not dumpable").
 fn own_memory_or_pidfd() -> std::io::Result<OwnedFd> {
     match softverbs_memaccess::open_own_memory() {
@@ -214,7 +214,7 @@ fn own_memory_or_pidfd() -> std::io::Result<OwnedFd> {
 ///
 /// With a device, the request carries this process's own `/proc/self/mem` (ABI 5,
 /// `HELLO_MEM_FD`): the daemon reaches memory that is not shared through it, bound to this
-/// process's address space rather than to its pid (docs/registered-memory.md). A daemon
+/// process's address space rather than to its pid (docs/design/registered-memory.md). A daemon
 /// speaking an ABI older than 5 refuses the bit (`EOPNOTSUPP`); the greeting is then repeated
 /// without it. An older daemon binary then reaches the memory by pid as it always did; a
 /// current daemon started at an older ABI level reaches only shared MRs. Since ABI 7 the

@@ -151,7 +151,7 @@ impl Context {
         Context::open_at_direct(path, index, crate::direct::wanted())
     }
 
-    /// [`Context::open_at`], asking for the same-host direct path (docs/direct-path.md) or
+    /// [`Context::open_at`], asking for the same-host direct path (docs/design/direct-path.md) or
     /// not, whatever `SOFTVERBS_DIRECT` says (for tests comparing the two paths).
     #[doc(hidden)]
     pub fn open_at_direct(path: &Path, index: u32, direct: bool) -> Result<Context> {

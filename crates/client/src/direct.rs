@@ -1,4 +1,4 @@
-//! The same-host direct path (docs/direct-path.md), on unless `SOFTVERBS_DIRECT=0`: an RC
+//! The same-host direct path (docs/design/direct-path.md), on unless `SOFTVERBS_DIRECT=0`: an RC
 //! or UC QP whose peer is a QP of another direct-capable context of the same daemon and uid
 //! exchanges work with it through a channel memfd, the daemon on the control path only.
 //!
@@ -81,7 +81,7 @@ struct Inner {
     /// completions (each receive completes exactly once: success, error or flush). Kept
     /// after a QP leaves the path, for its completions still queued here.
     rq_counts: HashMap<u32, crate::context::RqCount>,
-    /// The engine of this context's QPs connected to another host (docs/net-path.md).
+    /// The engine of this context's QPs connected to another host (docs/design/net-path.md).
     net: Option<Box<net::Net>>,
 }
 
@@ -274,7 +274,7 @@ struct Chan {
     rnr_retry: Option<u8>,
 }
 
-/// The peer's SRQ, as this library takes from it (docs/direct-path.md, "SRQs").
+/// The peer's SRQ, as this library takes from it (docs/design/direct-path.md, "SRQs").
 #[derive(Debug)]
 struct PeerSrq {
     taker: SharedConsumer,
@@ -544,7 +544,7 @@ impl DirectCtx {
         self.is_direct(handle) || self.is_net(handle)
     }
 
-    /// Whether this library's engine runs the QP (docs/net-path.md).
+    /// Whether this library's engine runs the QP (docs/design/net-path.md).
     pub(crate) fn is_net(&self, handle: u32) -> bool {
         self.lock()
             .qps
@@ -865,7 +865,7 @@ impl DirectCtx {
 /// the lines its next small SEND will touch that the peer wrote last — the peer's next
 /// posted receive, and the inline slot it will fill (taken for writing) — so that SEND
 /// does not wait for two cache lines to cross from the peer's CPU while the peer waits for
-/// it (docs/direct-path.md, "Warm lines"). Reads and a compare-and-swap that changes
+/// it (docs/design/direct-path.md, "Warm lines"). Reads and a compare-and-swap that changes
 /// nothing: no state moves.
 fn warm(c: &mut Chan) {
     if c.peer_srq.is_none() {

@@ -31,7 +31,7 @@ pub enum ErrorKind {
     Refused,
     /// The device is gone: the daemon exited (or closed the connection), the context saw
     /// `IBV_EVENT_DEVICE_FATAL`, and every verb on it fails with `EIO` except the ones that
-    /// destroy objects, which succeed so the program can clean up (docs/dropin.md, "When the
+    /// destroy objects, which succeed so the program can clean up (docs/guide/dropin.md, "When the
     /// daemon dies"). Open a new [`Context`](crate::Context) once a daemon runs again.
     DeviceFatal,
 }

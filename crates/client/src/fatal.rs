@@ -11,7 +11,7 @@
 //! way. What happens next is the kernel's behaviour for a device that disappears (uverbs
 //! "disassociate"): the async fd yields one `IBV_EVENT_DEVICE_FATAL` and then `EIO`, event
 //! fds stay readable, commands fail with `EIO`, destroy calls succeed, and outstanding work
-//! completes with `IBV_WC_WR_FLUSH_ERR` (see `crate::flush` and docs/dropin.md, "When the
+//! completes with `IBV_WC_WR_FLUSH_ERR` (see `crate::flush` and docs/guide/dropin.md, "When the
 //! daemon dies").
 
 use std::collections::HashMap;

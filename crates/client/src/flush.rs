@@ -7,7 +7,7 @@
 //! The client knows what is outstanding without the daemon: the ring slots still hold every
 //! request it posted that the ring has not reused, and
 //!
-//! * on a send queue, the daemon's retired count (the ring's note, ABI 4, docs/shm-rings.md)
+//! * on a send queue, the daemon's retired count (the ring's note, ABI 4, docs/design/shm-rings.md)
 //!   says how many of them left its engine: requests `[retired, posted)` are outstanding.
 //!   The daemon moves the count past a request right before it pushes the request's
 //!   completion; its pending pair (ABI 8) says whether a daemon that died in between pushed

@@ -1,9 +1,9 @@
 //! What a busy poller does when it finds nothing: the drop-in's `ibv_poll_cq`
-//! (docs/dropin.md, "Empty polls") and the bench's waits (`crates/cli/src/bench/peer.rs`).
+//! (docs/guide/dropin.md, "Empty polls") and the bench's waits (`crates/cli/src/bench/peer.rs`).
 //!
 //! Busy-polling programs — every pingpong, perftest, UCX, MPI — call `ibv_poll_cq` in a
 //! loop. When the completion they wait for must be produced by a daemon that may share their
-//! CPU, each empty poll yields it (docs/measurements.md §1: pollers must yield). When every
+//! CPU, each empty poll yields it (docs/design/measurements.md §1: pollers must yield). When every
 //! QP of the CQ is on the same-host direct path, the completion is produced by the peer's
 //! library in the peer's own process: a yield then only costs the poller a system call (and
 //! on a VM, often a context switch) per empty poll, which made `ib_send_lat`'s one-way about

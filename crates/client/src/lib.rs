@@ -55,7 +55,7 @@
 //! is: the context's async events yield one [`EventType::DeviceFatal`], outstanding work on
 //! its ring queues completes with [`WcStatus::WrFlushErr`], calls blocked on its events
 //! return, later calls fail with [`ErrorKind::DeviceFatal`] (`EIO`), and destroying objects
-//! still succeeds; a new [`Context`] works once a daemon serves again (docs/dropin.md, "When
+//! still succeeds; a new [`Context`] works once a daemon serves again (docs/guide/dropin.md, "When
 //! the daemon dies").
 //!
 //! ```no_run

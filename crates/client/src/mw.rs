@@ -1,10 +1,10 @@
-//! Memory windows (IBA 10.6.7; `ibv_alloc_mw(3)`, `ibv_bind_mw(3)`; docs/memory-windows.md).
+//! Memory windows (IBA 10.6.7; `ibv_alloc_mw(3)`, `ibv_bind_mw(3)`; docs/design/memory-windows.md).
 //!
 //! A window gives a peer access to part of an MR with rights of its own. Binding one is
 //! work on a QP's send queue ([`Qp::bind_mw`] for type 1, a [`SendOp::BindMw`] request
 //! for type 2) that completes with `IBV_WC_BIND_MW`; the daemon checks every rule and a
 //! broken one completes with `IBV_WC_MW_BIND_ERR`. Soundness is the MR's: every kind of MR
-//! already tolerates the daemon writing it at any moment (docs/safe-api.md), and a window
+//! already tolerates the daemon writing it at any moment (docs/guide/safe-api.md), and a window
 //! only narrows what a peer reaches. An MR with a bound window cannot be deregistered
 //! (`EINVAL`, IBA 10.6.7.2.6): unbind (type 1), invalidate (type 2) or drop the window
 //! first — a [`BorrowedMr`](crate::BorrowedMr) whose deregistration fails aborts the process.

@@ -313,7 +313,7 @@ impl<'c> Pd<'c> {
 
     /// `ibv_reg_mr` of raw memory, first turning its pages into shared memory in place, so
     /// the daemon reaches them with plain copies instead of a system call per access
-    /// (docs/registered-memory.md: ~20 ns instead of ~1.6 µs for a small access). The
+    /// (docs/design/registered-memory.md: ~20 ns instead of ~1.6 µs for a small access). The
     /// memory must have been named with
     /// [`RawMemory::new_shareable`](crate::RawMemory::new_shareable), whose contract covers
     /// the conversion (`EINVAL` otherwise). Memory that cannot be converted (file-backed,
@@ -343,7 +343,7 @@ impl<'c> Pd<'c> {
                 if e.errno != errno::ENOMEM {
                     return Err(e);
                 }
-                // Over the uid's `mappings` budget (docs/limits.md): the MR itself may still
+                // Over the uid's `mappings` budget (docs/guide/limits.md): the MR itself may still
                 // fit, reached without sharing.
                 self.reg_mr_with(addr, mem.len() as u64, addr, access, None)
             }
@@ -963,7 +963,7 @@ impl Qp<'_> {
     }
 
     /// Whether the QP exchanges work with its peer over the same-host direct path
-    /// (docs/direct-path.md) rather than through the daemon's engine.
+    /// (docs/design/direct-path.md) rather than through the daemon's engine.
     pub fn is_direct(&self) -> bool {
         self.ctx
             .direct
@@ -972,7 +972,7 @@ impl Qp<'_> {
     }
 
     /// Whether this process runs the transport engine for the QP itself, connected to a QP
-    /// of another host (docs/net-path.md), rather than the daemon.
+    /// of another host (docs/design/net-path.md), rather than the daemon.
     pub fn is_net(&self) -> bool {
         self.ctx
             .direct

@@ -1,5 +1,5 @@
 //! On-demand paging: the device's ODP capabilities, ODP and implicit ODP registrations, and
-//! `ibv_advise_mr(3)` (docs/registered-memory.md, "On-demand paging").
+//! `ibv_advise_mr(3)` (docs/design/registered-memory.md, "On-demand paging").
 
 use softverbs_abi::msg::{cmd, AdviseMrReq, OdpCapsResp, SgeWire, MAX_WIRE_SGE};
 use softverbs_core::odp::{Advice, OdpCaps};

@@ -53,7 +53,7 @@ pub(crate) fn map_doorbell(ctx: &Context) -> Option<Doorbell> {
 }
 
 /// Asks the daemon for an object's ring. `Err` only when the daemon refused it for the
-/// context's limits (`ENOMEM`, docs/limits.md): the object is then refused too, as a real
+/// context's limits (`ENOMEM`, docs/guide/limits.md): the object is then refused too, as a real
 /// device refuses a CQ whose buffer cannot be pinned. Anything else keeps the command path.
 fn map(ctx: &Context, kind: u32, handle: u32) -> Result<Option<(Arc<Region>, QueuesResp)>> {
     if ctx.doorbell.is_none() {

@@ -287,7 +287,7 @@ fn process_killed_while_connected_is_a_disconnect_for_its_peer() {
 }
 
 /// Two daemons, one device each on its own loopback address, their CMs talking RoCE v2 over
-/// UDP (run inside a network namespace: `unshare -n`, docs/cm.md §6). The capture of the
+/// UDP (run inside a network namespace: `unshare -n`, docs/design/cm.md §6). The capture of the
 /// passive side's device must decode in tshark as InfiniBand CM MADs to QP1, none malformed.
 #[test]
 fn two_daemons_connect_over_the_wire_and_tshark_decodes_the_mads() {

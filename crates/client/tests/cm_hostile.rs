@@ -468,7 +468,7 @@ fn a_req_and_sidr_flood_leaves_the_cm_bounded_and_others_still_connect() {
     cs.listen(SID_FLOOD).unwrap();
     cs.listen_backlog(SID_SIDR, 100).unwrap();
     let mark = cs.listen_backlog(SID_MARK, 1).unwrap();
-    // Opt-in figures (scripts/cm-flood.sh, docs/fuzzing.md): RSS of this process (the
+    // Opt-in figures (scripts/cm-flood.sh, docs/design/fuzzing.md): RSS of this process (the
     // daemon is a thread of it) and another client's daemon-path ping-pong before and
     // during the flood. Reported, not asserted.
     let report = std::env::var_os("SOFTVERBS_CM_FLOOD_REPORT").is_some();
@@ -534,7 +534,7 @@ fn a_req_and_sidr_flood_leaves_the_cm_bounded_and_others_still_connect() {
     // The control (reported only): the same packets at the same pace to a closed UDP port
     // of the daemon's address, which no socket takes. It costs the machine what the flood
     // costs the flooder and the kernel, and the daemon nothing: "within noise" of the REQ
-    // flood means within the control's figure (docs/fuzzing.md).
+    // flood means within the control's figure (docs/design/fuzzing.md).
     let control = report.then(|| {
         let t0 = Instant::now();
         let control = std::thread::spawn(move || {

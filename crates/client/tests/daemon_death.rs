@@ -1,4 +1,4 @@
-//! The daemon's death is a device fatal error (docs/dropin.md, "When the daemon dies"): a
+//! The daemon's death is a device fatal error (docs/guide/dropin.md, "When the daemon dies"): a
 //! daemon in a child process (this test binary run again as the daemon) is killed with
 //! SIGKILL under a context with work outstanding, and the context's blocked calls return,
 //! its async fd yields `DeviceFatal`, its outstanding work completes with `WR_FLUSH_ERR` after

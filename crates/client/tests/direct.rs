@@ -1,4 +1,4 @@
-//! The same-host direct path (docs/direct-path.md): the same work run once through the
+//! The same-host direct path (docs/design/direct-path.md): the same work run once through the
 //! daemon's engine and once directly between the two libraries must give the same
 //! completions, the same data and the same errors; a peer killed mid-transfer fails its
 //! partner's QP and leaves nothing behind in the daemon.
@@ -220,7 +220,7 @@ fn a_mixed_rc_sequence_completes_the_same_on_both_paths() {
     assert_eq!(&direct.2[50000 + 9000..], b"pong");
 }
 
-/// The channel's receive ring carries only the SGEs a receive has (docs/direct-path.md,
+/// The channel's receive ring carries only the SGEs a receive has (docs/design/direct-path.md,
 /// "Speed"): a receive with fewer SGEs in a slot a longer one used before must scatter over
 /// its own SGEs only. Twelve rounds through a ring of four, 3, 1 and 2 SGEs in turn.
 #[test]
@@ -614,7 +614,7 @@ fn a_peer_killed_mid_transfer_fails_its_partner_and_leaves_nothing() {
 }
 
 /// The same with the victim's receive buffer in shared memory, which the partner's library
-/// maps (docs/direct-path.md "Shared-memory MRs"): the mapping outlives the victim, and the
+/// maps (docs/design/direct-path.md "Shared-memory MRs"): the mapping outlives the victim, and the
 /// partner must still fail, not complete into it.
 #[test]
 fn a_peer_killed_while_its_mapped_memory_is_written_fails_its_partner() {
@@ -696,7 +696,7 @@ fn killed_mid_transfer(name: &str, mem: &str, size: usize) {
 }
 
 /// Small SENDs (carried in the completion's inline slot and placed by the receiver's library,
-/// docs/direct-path.md "Small SENDs"), a large SEND, a WRITE and a READ, all into the same
+/// docs/design/direct-path.md "Small SENDs"), a large SEND, a WRITE and a READ, all into the same
 /// bytes of B, with B polling in between only once: the bytes end as posting order says
 /// whoever copied them, completions come in order, and a receive shorter than a small SEND
 /// fails as the engine fails it. Returns (A's completions, B's, B's bytes 0..6000, A's READ).
@@ -791,7 +791,7 @@ fn small_sends_keep_their_place_among_larger_sends_writes_and_reads() {
 }
 
 /// WRITE and READ into a peer's MR registered as shared memory (`Pd::alloc_mr`: the peer
-/// library maps its memfd, docs/direct-path.md "Shared-memory MRs"), a SEND into it, and,
+/// library maps its memfd, docs/design/direct-path.md "Shared-memory MRs"), a SEND into it, and,
 /// once the owner deregistered it, `REM_ACCESS_ERR` with nothing written.
 #[test]
 fn a_peers_shared_memory_mr_is_reached_until_it_is_deregistered() {
@@ -1030,7 +1030,7 @@ fn a_cq_is_fed_directly_only_when_its_qps_are_direct() {
     }
 }
 
-/// The descriptors charged to this uid (`resources`' `limits`, docs/limits.md).
+/// The descriptors charged to this uid (`resources`' `limits`, docs/guide/limits.md).
 fn descriptors_used(look: &softverbs::Introspect) -> u64 {
     look.resources().unwrap()["limits"]
         .as_array()
@@ -1081,7 +1081,7 @@ fn direct_pair_fds(socket: &std::path::Path) -> (bool, u64, u64) {
 
 /// The memfd of a direct pair's channel is a descriptor the daemon keeps: it counts in the
 /// uid's `descriptors` share while the pair lasts, and past the share the pair stays on the
-/// daemon path (issue 35's note on item 8; docs/limits.md, "Descriptors").
+/// daemon path (issue 35's note on item 8; docs/guide/limits.md, "Descriptors").
 #[test]
 fn a_direct_pairs_memfd_is_charged_as_a_descriptor_and_past_the_share_it_stays_on_the_daemon_path()
 {

@@ -1,5 +1,5 @@
 //! The same-host direct path's atomics, memory windows and completion channels
-//! (docs/direct-path.md, ABI 15): each scenario runs once through the daemon's engine and
+//! (docs/design/direct-path.md, ABI 15): each scenario runs once through the daemon's engine and
 //! once between two direct libraries, and both must give the same completions, values,
 //! async events and QP states; atomics stay atomic with respect to the daemon's own.
 
@@ -374,7 +374,7 @@ fn refused_atomics_give_the_statuses_and_events_of_the_daemon_path() {
 /// concurrently, 300 times each: every add must see a value of its own and the word must end
 /// at 600. `shared`: the word is in a shared-memory MR, whose atomics the direct library
 /// executes itself with a CPU atomic on its mapping and the daemon with one on its own
-/// (docs/direct-path.md, "Atomics"); else in borrowed private memory, where the daemon
+/// (docs/design/direct-path.md, "Atomics"); else in borrowed private memory, where the daemon
 /// executes both.
 fn atomic_race(socket: &std::path::Path, shared: bool) {
     let a = Context::open_at_direct(socket, 0, true).unwrap();
@@ -1048,7 +1048,7 @@ fn a_receiver_sleeping_between_direct_sends_misses_no_wakeup() {
 
 /// One thread of A posts signalled SENDs while another sleeps on A's send CQ (arm, poll,
 /// `ibv_get_cq_event`): the library's own completions notify the daemon only while it may
-/// hold an arm (docs/direct-path.md, "Own completions, only while armed"), and a thread that
+/// hold an arm (docs/design/direct-path.md, "Own completions, only while armed"), and a thread that
 /// arms while the other posts must still be woken for every later completion.
 #[test]
 fn a_thread_sleeping_on_its_send_cq_misses_no_wakeup_from_another_threads_sends() {

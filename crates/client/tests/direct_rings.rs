@@ -1,4 +1,4 @@
-//! The direct path's channel rings (docs/direct-path.md, "Stamped rings"): two libraries of
+//! The direct path's channel rings (docs/design/direct-path.md, "Stamped rings"): two libraries of
 //! ABI 19 get stamped rings; a library that does not read stamps (here: one opened with
 //! `SOFTVERBS_PLAIN_RINGS=1`, as a library of ABI 18 asks) gets plain rings, from either
 //! side. In every case the same traffic, through rings that wrap many times in both

@@ -1,4 +1,4 @@
-//! SRQs on the same-host direct path (docs/direct-path.md, "SRQs"): a QP that receives
+//! SRQs on the same-host direct path (docs/design/direct-path.md, "SRQs"): a QP that receives
 //! through an SRQ goes direct with its peer, whose library takes the SRQ's receives from its
 //! ring; the same work gives the same completions and bytes as through the daemon's engine;
 //! one SRQ serves a direct pair and an engine pair at once, each receive used exactly once;
@@ -540,7 +540,7 @@ fn a_sender_killed_while_filling_srq_receives_loses_none_of_them() {
 #[test]
 fn a_fed_srq_costs_its_context_a_descriptor_until_it_is_destroyed() {
     // The daemon keeps a fed SRQ's region open for the direct peers that map it: one of the
-    // descriptors a uid's share counts (docs/limits.md, "Descriptors").
+    // descriptors a uid's share counts (docs/guide/limits.md, "Descriptors").
     let (d, _dir) = common::daemon("fed-fds", None);
     let ctx = Context::open_at_direct(&d.socket, 0, true).unwrap();
     let look = softverbs::Introspect::connect_at(&d.socket).unwrap();

@@ -146,7 +146,7 @@ fn another_clients_idle_qps_are_not_visited_and_wake_up_when_posted_to() {
 
     // The busy client: one connected pair, pinging.
     // The daemon's rounds are what is measured: the pair stays on its engine (on the
-    // same-host direct path it would take no round at all, docs/direct-path.md).
+    // same-host direct path it would take no round at all, docs/design/direct-path.md).
     let ctx = Context::open_at_direct(&d.socket, 0, false).unwrap();
     let gid = ctx.query_gid(1, 0).unwrap();
     let pd = ctx.alloc_pd().unwrap();

@@ -7,7 +7,7 @@
 //!
 //! `SOFTVERBS_STORM_CLIENTS` (default 200) and `SOFTVERBS_STORM_PARALLEL` (default 8) size
 //! the storm; `SOFTVERBS_STORM_SEED` replays one. `scripts/kill-storm.sh` runs the long
-//! version (docs/fuzzing.md).
+//! version (docs/design/fuzzing.md).
 //!
 //! The storm's clients register through the raw API on purpose (`raw`, `raw_shareable`):
 //! what is killed mid-way includes the drop-in's registrations, plain and converted in

@@ -1,4 +1,4 @@
-//! Quotas (docs/limits.md): a client over one of its limits — objects of a kind
+//! Quotas (docs/guide/limits.md): a client over one of its limits — objects of a kind
 //! per context or per uid, ring bytes, registered bytes, mappings — gets ENOMEM, and another
 //! client (another context, or another uid where the limit is per uid) still creates objects
 //! and moves data. The other uid is a child process of this test binary run as `nobody`.
@@ -395,7 +395,7 @@ fn ring_bytes_and_mappings_over_the_limit_get_enomem_and_others_still_work() {
     );
     // Past the context's mappings the daemon refuses the memfd (ENOMEM) and the library
     // registers the same memory without sharing: an unmodified program's ibv_reg_mr must not
-    // fail for a budget of softverbs' own making (docs/registered-memory.md).
+    // fail for a budget of softverbs' own making (docs/design/registered-memory.md).
     let m2 = pd
         .reg_mr_shared(raw_shareable(buf2.as_ptr() as u64, 1 << 20), ALL)
         .expect("past the context's mappings, an MR without sharing");
@@ -494,7 +494,7 @@ fn connect(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn: u32) {
 #[test]
 fn connections_that_never_open_a_device_count_against_their_uid_only() {
     // Each connection is a descriptor of the daemon's, charged to its uid from accept to
-    // close: idle ones too (docs/limits.md, "descriptors").
+    // close: idle ones too (docs/guide/limits.md, "descriptors").
     let (d, _dir) = daemon("conns", &["uid.descriptors=12"]);
     let idle: Vec<_> = (0..12)
         .map(|_| softverbs_ipc::connect_seqpacket(&d.socket).unwrap())

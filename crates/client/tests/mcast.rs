@@ -1,6 +1,6 @@
 //! `Qp::attach_mcast` / `Qp::detach_mcast` through the safe API against an in-process
 //! daemon: the limits the device reports, and the refusals with the kernel's errnos
-//! (docs/dropin.md "Multicast"). Delivery is tested through the drop-in
+//! (docs/guide/dropin.md "Multicast"). Delivery is tested through the drop-in
 //! (crates/libibverbs/tests/mcast.rs) and on the simulator (crates/transport/tests/mcast.rs).
 
 mod common;

@@ -1,4 +1,4 @@
-//! Memory windows through the safe API (docs/memory-windows.md): a window over an owned MR,
+//! Memory windows through the safe API (docs/design/memory-windows.md): a window over an owned MR,
 //! bound with `Qp::bind_mw` (type 1) or a bind request (type 2), reached by a peer through
 //! its R_Key only within its range and rights; invalidation; the MR a window pins; the
 //! device's capabilities.

@@ -1,4 +1,4 @@
-//! The net path (docs/net-path.md): an RC QP connected to a QP of another daemon is run by
+//! The net path (docs/design/net-path.md): an RC QP connected to a QP of another daemon is run by
 //! its own library's engine, over a private socket of its context that it sends from and
 //! the daemon forwards the QP's packets to. Each test runs two daemons on loopback
 //! addresses of their own.
@@ -651,7 +651,7 @@ fn write_and_complete(
 /// `ib_write_lat`'s pattern between two hosts: each side polls its CQ only for its own
 /// WRITE's completion and watches its memory for the peer's. A peer's WRITE that lands
 /// while a side watches is taken by that side's progress thread; the ACKs the libraries
-/// hold back for the next post (docs/net-path.md, "Order") are released by that post, or
+/// hold back for the next post (docs/design/net-path.md, "Order") are released by that post, or
 /// after a while when two sides' WRITEs cross and each waits for its own ACK. Every value
 /// lands, in order, and every WRITE completes.
 #[test]

@@ -1,5 +1,5 @@
 //! On-demand paging (ibv_reg_mr(3) `IBV_ACCESS_ON_DEMAND`, ibv_advise_mr(3);
-//! docs/registered-memory.md, "On-demand paging"): ODP MRs over memory that is not mapped at
+//! docs/design/registered-memory.md, "On-demand paging"): ODP MRs over memory that is not mapped at
 //! registration, the implicit MR over the whole address space, accesses that see the memory as
 //! it is mapped at that moment (mapped, unmapped, remapped after registration), the NIC's
 //! errors for an access that finds nothing mapped, and the errnos of `advise_mr`.
@@ -361,7 +361,7 @@ fn an_odp_access_bypasses_a_shared_mapping_of_the_same_address() {
     let _serial = serial();
     let (d, _dir) = daemon("odpshared", None);
     // The engine's reach into a shared MR (its memfd mapping) is what is checked; the
-    // direct path reaches a peer's memory as it is mapped now (docs/direct-path.md).
+    // direct path reaches a peer's memory as it is mapped now (docs/design/direct-path.md).
     let ctx = Context::open_at_direct(&d.socket, 0, false).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(8).unwrap();
@@ -491,7 +491,7 @@ fn advise_mr_prefetches_and_answers_the_kernels_errnos() {
 
 /// An ODP MR pins nothing, so the `registered-bytes` quota (which counts pinned bytes, as
 /// `RLIMIT_MEMLOCK` does) does not hold it back, while a pinned MR of the same range is
-/// refused (docs/limits.md).
+/// refused (docs/guide/limits.md).
 #[test]
 fn odp_mrs_do_not_count_against_registered_bytes() {
     let _serial = serial();

@@ -1,5 +1,5 @@
 //! A client's pid reused by an unrelated process gives no access to that process's memory
-//! (issue 10, item 1; docs/registered-memory.md, "Which process").
+//! (issue 10, item 1; docs/design/registered-memory.md, "Which process").
 //!
 //! The client (this test binary re-run in the `client_role`) registers a plain (not shared)
 //! MR, connects two RC QPs to the test's own QPs, forks a child that keeps the connection

@@ -1,7 +1,7 @@
 //! Registering pages the program cannot write, or has not mapped: as on a device, where
 //! `ib_umem_get` pins with `FOLL_WRITE` when the access flags let the MR be written,
 //! `ibv_reg_mr` fails with `EFAULT` for write access over read-only pages and for any access
-//! over unmapped ones; read-only access over read-only pages works (docs/registered-memory.md,
+//! over unmapped ones; read-only access over read-only pages works (docs/design/registered-memory.md,
 //! "Writes to read-only pages").
 //!
 //! Stays on the raw API (`RawMemory`, `reg_mr`, raw SGEs): the test registers pages it

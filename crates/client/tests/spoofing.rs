@@ -629,7 +629,7 @@ fn status_counts_packets_dropped_for_their_source_and_their_psn() {
     status_counts_drops(3, false);
 }
 
-/// The same for a QP on the net path (docs/net-path.md), whose packets only its library's
+/// The same for a QP on the net path (docs/design/net-path.md), whose packets only its library's
 /// engine sees: the library reports its counters to the daemon (`NetDrops`).
 #[test]
 fn status_counts_what_a_net_path_qp_dropped() {

@@ -1,4 +1,4 @@
-//! A stopped process does not fail its peers (issue 35, item 7; docs/net-path.md,
+//! A stopped process does not fail its peers (issue 35, item 7; docs/design/net-path.md,
 //! "Stalls"): a receiver SIGSTOPped mid-transfer for 3 s (30 s in the ignored variants, run
 //! with `cargo test -p softverbs --test stopped_peer -- --ignored`), then SIGCONTed: its
 //! sender's requests all complete with success — no `RETRY_EXC_ERR` — and the receiver got

@@ -1,5 +1,5 @@
 //! The connection manager proper: connections keyed by Local Communication ID, the
-//! listeners, the retransmission and time-wait timers (docs/cm.md §3).
+//! listeners, the retransmission and time-wait timers (docs/design/cm.md §3).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
@@ -100,7 +100,7 @@ pub struct Counts {
 pub struct Cm {
     cfg: Config,
     /// Where IDs come from (a CSPRNG: an ID a peer cannot guess is what keeps an off-path
-    /// sender from naming our connections, docs/security.md "CM").
+    /// sender from naming our connections, docs/design/security.md "CM").
     rng: ChaCha20Rng,
     next_tid: u64,
     /// Unanswered requests of all listeners.
@@ -111,7 +111,7 @@ pub struct Cm {
     by_service: BTreeMap<u64, u32>,
     held: Vec<Held>,
     /// What each owner holds: (listeners, connections), kept as they change so that a
-    /// per-owner or per-user share is checked in O(1) (docs/limits.md).
+    /// per-owner or per-user share is checked in O(1) (docs/guide/limits.md).
     holdings: HashMap<Owner, (usize, usize)>,
     /// No timer is due before this (a lower bound, exact after each [`Self::handle_timeout`]
     /// that had work): the daemon asks on every round, and a scan of thousands of
@@ -554,7 +554,7 @@ impl Cm {
             srq: p.srq,
             extended_transport_type: ext,
             primary: PathInfo {
-                // Permissive LIDs: on RoCE the path is the GIDs (docs/cm.md §2).
+                // Permissive LIDs: on RoCE the path is the GIDs (docs/design/cm.md §2).
                 local_lid: 0xFFFF,
                 remote_lid: 0xFFFF,
                 local_gid: p.local_gid,

@@ -1,4 +1,4 @@
-//! softverbs-cm: a sans-IO InfiniBand connection manager (IBA chapter 12, docs/cm.md §3).
+//! softverbs-cm: a sans-IO InfiniBand connection manager (IBA chapter 12, docs/design/cm.md §3).
 //!
 //! One [`Cm`] serves one port's GSI (QP1). It owns every connection in progress or
 //! established through that port: the consumer (the daemon, on behalf of its clients)

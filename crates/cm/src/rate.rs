@@ -1,5 +1,5 @@
 //! The per-source rate of unsolicited requests (REQ, SIDR_REQ) a CM takes (issue 35, item
-//! 4; docs/security.md): a token bucket per sending address, kept as the generic cell rate
+//! 4; docs/design/security.md): a token bucket per sending address, kept as the generic cell rate
 //! algorithm's one "theoretical arrival time" per source, checked on the MAD's AttributeID
 //! before the MAD is parsed, so that a flood costs a table lookup per packet and the excess
 //! leaves no state and draws no answer. A request dropped here is one its sender sends again

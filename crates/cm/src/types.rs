@@ -42,7 +42,7 @@ pub struct Config {
     pub mra_service_timeout: u8,
     /// Seed of the CSPRNG (ChaCha20) the Local Communication IDs, SIDR RequestIDs and
     /// TransactionIDs come from. A peer that could predict an ID could forge the MADs of a
-    /// connection it is not part of (docs/security.md, "CM"), so the daemon seeds it from the
+    /// connection it is not part of (docs/design/security.md, "CM"), so the daemon seeds it from the
     /// operating system's generator; tests pass a fixed seed to be reproducible.
     pub id_seed: [u8; 32],
     /// Most connect requests (REQ Rcvd) and SIDR requests (SIDR_REQ Rcvd) a listener holds
@@ -70,7 +70,7 @@ pub struct Config {
     /// response timeout as after a loss (IBA 12.9). 0: no limit. Default 1024 a second,
     /// after the burst: a source may fill the largest listen backlog once a second, more
     /// than a host's connection setup sends past its burst, and a flood's hundreds of
-    /// thousands cost a table lookup each (docs/security.md, item 4; docs/fuzzing.md).
+    /// thousands cost a table lookup each (docs/design/security.md, item 4; docs/design/fuzzing.md).
     pub req_rate: u32,
     /// Requests one source may send at once before [`Self::req_rate`] applies (0: no
     /// limit). Default 1024, the kernel's largest listen backlog: one host's ranks

@@ -148,7 +148,7 @@ pub enum CoreChange {
         /// The MR handle.
         mr: Handle,
     },
-    /// A memory window was allocated on `device` (unbound; docs/memory-windows.md).
+    /// A memory window was allocated on `device` (unbound; docs/design/memory-windows.md).
     MwAllocated {
         /// Owner.
         ctx: CtxId,

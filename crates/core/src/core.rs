@@ -82,7 +82,7 @@ pub(crate) struct Srq {
     pub(crate) pd: Handle,
     pub(crate) kind: SrqKind,
     pub(crate) attr: SrqAttr,
-    /// QPs attached to this (basic) SRQ. XRC receive QPs never count (docs/xrc-semantics.md §1.2).
+    /// QPs attached to this (basic) SRQ. XRC receive QPs never count (docs/design/xrc-semantics.md §1.2).
     pub(crate) usecnt: u32,
     pub(crate) events_reported: u32,
 }
@@ -133,7 +133,7 @@ pub(crate) struct Context {
     /// made through. One per QP per context, however often the context registers.
     pub(crate) xrc_regs: HashMap<u32, Handle>,
     pub(crate) events: EventQueue,
-    /// What the context is charged with (docs/limits.md).
+    /// What the context is charged with (docs/guide/limits.md).
     pub(crate) usage: Usage,
     /// Rings the daemon made for the context's objects, and their sizes.
     pub(crate) rings: HashMap<Ring, u64>,
@@ -154,7 +154,7 @@ impl Context {
     }
 }
 
-/// A shared XRC domain (docs/xrc-semantics.md §1.1). It exists while `opens + srqs + tgt_qps > 0`
+/// A shared XRC domain (docs/design/xrc-semantics.md §1.1). It exists while `opens + srqs + tgt_qps > 0`
 /// (uverbs `xrcd.usecnt`); the three parts are kept apart for introspection.
 #[derive(Debug)]
 pub(crate) struct Xrcd {

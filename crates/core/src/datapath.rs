@@ -49,7 +49,7 @@ pub struct MemTarget {
     /// The MR was registered with `IBV_ACCESS_ON_DEMAND`: the access must reach the memory
     /// as the owner maps it now (never a mapping kept from registration), and finding none
     /// is the access error a NIC reports for a failed ODP page fault (a remote access error
-    /// NAK on the responder, `IBV_WC_LOC_PROT_ERR` locally; docs/registered-memory.md).
+    /// NAK on the responder, `IBV_WC_LOC_PROT_ERR` locally; docs/design/registered-memory.md).
     pub on_demand: bool,
 }
 
@@ -69,7 +69,7 @@ pub enum QpTarget {
     XrcRecv,
 }
 
-/// Why an XRC request cannot be delivered to the SRQ its XRCETH names (docs/xrc-semantics.md §5).
+/// Why an XRC request cannot be delivered to the SRQ its XRCETH names (docs/design/xrc-semantics.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum XrcDeliveryError {
     /// The QP number is not a live XRC receive QP.
@@ -231,7 +231,7 @@ impl Core {
     }
 
     /// A context's MRs as `(key, pd, access, iova, length, addr)`, for the MR table the
-    /// same-host direct path checks peers' keys against (docs/direct-path.md).
+    /// same-host direct path checks peers' keys against (docs/design/direct-path.md).
     pub fn context_mrs(&self, ctx: CtxId) -> Vec<(u32, Handle, Access, u64, u64, u64)> {
         let Some(c) = self.contexts.get(&ctx) else {
             return Vec::new();
@@ -254,7 +254,7 @@ impl Core {
     }
 
     /// Resolves the SRQ number an XRC request names for receive QP `qpn`: the SRQ must exist,
-    /// be an XRC SRQ and belong to the receive QP's domain (docs/xrc-semantics.md §5; the
+    /// be an XRC SRQ and belong to the receive QP's domain (docs/design/xrc-semantics.md §5; the
     /// domain is the whole point of XRC: it limits which SRQs a message may target).
     pub fn resolve_xrc_srq(&self, qpn: u32, srqn: u32) -> Result<XrcSrqTarget, XrcDeliveryError> {
         let tgt = self.tgt_qps.get(&qpn).ok_or(XrcDeliveryError::NotXrcRecv)?;

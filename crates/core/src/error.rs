@@ -1,5 +1,5 @@
 //! Typed errors of the object model, and the one place that turns them into errno values
-//! (docs/xrc-semantics.md §6, which follows uverbs and libibverbs).
+//! (docs/design/xrc-semantics.md §6, which follows uverbs and libibverbs).
 
 use crate::errno;
 use crate::types::{AttrMask, QpState, QpType};
@@ -93,7 +93,7 @@ pub enum Error {
     #[error("out of resources: {0}")]
     NoResources(&'static str),
     /// The request would take the context, its uid or the daemon past a limit
-    /// (`ENOMEM`, as `ibv_reg_mr` past `RLIMIT_MEMLOCK`; docs/limits.md).
+    /// (`ENOMEM`, as `ibv_reg_mr` past `RLIMIT_MEMLOCK`; docs/guide/limits.md).
     #[error("{} limit of {} {} reached", scope.name(), limit, resource.name())]
     OverLimit {
         resource: crate::limits::Resource,
@@ -104,7 +104,7 @@ pub enum Error {
 
 impl Error {
     /// The errno value a C caller of rdma-core sees for this error
-    /// (docs/xrc-semantics.md §6; uverbs_cmd.c and libibverbs cmd*.c).
+    /// (docs/design/xrc-semantics.md §6; uverbs_cmd.c and libibverbs cmd*.c).
     pub fn errno(&self) -> i32 {
         match self {
             Error::UnknownHandle(_) => errno::ENOENT,

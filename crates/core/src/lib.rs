@@ -7,7 +7,7 @@
 //! [`Error`]s into errno values with [`Error::errno`].
 //!
 //! The XRC receive-QP design it implements — the answer to the questions of the 2010
-//! linux-rdma thread "ib_core: implement XRC RCV qp's" — is in `docs/xrc-design.md`, and in
+//! linux-rdma thread "ib_core: implement XRC RCV qp's" — is in `docs/design/xrc-design.md`, and in
 //! the module docs of [`xrc_recv`] and [`xrcd`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

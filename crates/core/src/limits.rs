@@ -13,7 +13,7 @@
 //! The core counts the objects it owns, and the ring bytes, mappings and registered bytes the
 //! daemon reports to it ([`Core::attach_ring`](crate::Core::attach_ring),
 //! [`Core::set_mr_mapped`](crate::Core::set_mr_mapped), and `reg_mr`'s length). A context's
-//! charges go with the context, whatever way it closes. `docs/limits.md` gives the budget
+//! charges go with the context, whatever way it closes. `docs/guide/limits.md` gives the budget
 //! the defaults come from.
 
 use std::collections::BTreeMap;
@@ -63,7 +63,7 @@ pub enum Resource {
     CmIds,
     /// Descriptors the daemon holds for the client: each connection's socket (charged to the
     /// uid from accept to close) and every descriptor it keeps for a context (eventfds, the
-    /// opener's `mem` and `maps`, memfds; the table in docs/limits.md).
+    /// opener's `mem` and `maps`, memfds; the table in docs/guide/limits.md).
     Descriptors,
     /// Multicast groups a context has a QP in (a slot of the device's group table each).
     McastGroups,
@@ -230,7 +230,7 @@ impl Limits {
         }
     }
 
-    /// The defaults for a daemon with `budget` (docs/limits.md):
+    /// The defaults for a daemon with `budget` (docs/guide/limits.md):
     ///
     /// - mappings: a quarter of `max_map_count` per uid and per context (a context also
     ///   maps every ring on its side, so it reaches its own process's limit about as soon),

@@ -2,7 +2,7 @@
 //! attached to which multicast GID, with the device's three limits.
 //!
 //! The rules are the kernel's, as rdma-core programs meet them through uverbs and rxe
-//! (`docs/dropin.md`, "Multicast"):
+//! (`docs/guide/dropin.md`, "Multicast"):
 //!
 //! - Only UD QPs attach, and only to a multicast GID: for RoCE v2 an IPv4-mapped
 //!   `::ffff:224.0.0.0/4` or an IPv6 `ff00::/8` address (`ib_attach_mcast` in the kernel's
@@ -23,7 +23,7 @@
 //! ([`Resource::McastGroups`]: a context is charged once for each group it has a QP in, and a
 //! group slot costs the daemon a socket; [`Resource::McastAttachments`]: one per QP in a group).
 //! Past a share the attach is `ENOMEM` for that uid only, and the charge goes back at detach,
-//! at destroy or when the context closes (docs/limits.md).
+//! at destroy or when the context closes (docs/guide/limits.md).
 //!
 //! Each change queues [`CoreChange::McastAttached`] / [`CoreChange::McastDetached`] with
 //! whether it was the device's first or last QP in the group: the daemon joins the IP

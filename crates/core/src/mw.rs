@@ -194,7 +194,7 @@ impl Core {
 
     /// Whether PD `pd` has memory windows, or MRs a window may be bound to
     /// (`IBV_ACCESS_MW_BIND`): binds and window keys are checked by the daemon's engine only,
-    /// so its QPs stay there (docs/net-path.md).
+    /// so its QPs stay there (docs/design/net-path.md).
     pub fn pd_uses_windows(&self, pd: PdRef) -> bool {
         let Some(c) = self.contexts.get(&pd.ctx) else {
             return false;

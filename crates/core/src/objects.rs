@@ -430,7 +430,7 @@ impl Core {
     }
 
     /// `ibv_create_srq_ex` with `IBV_SRQT_XRC` (or legacy `ibv_create_xrc_srq`): needs a PD,
-    /// an XRC domain handle and a CQ of this context (docs/xrc-semantics.md §1.2). The SRQ takes a
+    /// an XRC domain handle and a CQ of this context (docs/design/xrc-semantics.md §1.2). The SRQ takes a
     /// count on the domain and gets a 24-bit SRQ number.
     ///
     /// A missing PD, domain or CQ (`comp_mask` bit not set) is `EINVAL`, as libibverbs

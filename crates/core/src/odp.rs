@@ -1,6 +1,6 @@
 //! On-demand paging (`IBV_ACCESS_ON_DEMAND`, ibv_reg_mr(3); `struct ibv_odp_caps`,
 //! ibv_query_device_ex(3)): what the device advertises, and the rules an ODP registration
-//! follows. docs/registered-memory.md, "On-demand paging", has the design.
+//! follows. docs/design/registered-memory.md, "On-demand paging", has the design.
 //!
 //! softverbs reaches memory that is not a shared mapping through the client's own
 //! `/proc/self/mem` at the moment of each access, so every registration behaves like an ODP

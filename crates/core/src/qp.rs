@@ -361,7 +361,7 @@ impl Core {
     }
 
     /// `ibv_modify_qp` on any QP handle, including a handle on a shared XRC receive QP (any
-    /// holder may modify it; docs/xrc-semantics.md §1.4).
+    /// holder may modify it; docs/design/xrc-semantics.md §1.4).
     pub fn modify_qp(&mut self, ctx: CtxId, qp: Handle, req: &QpAttr, mask: M) -> Result<()> {
         // uverbs refuses unknown mask bits before it looks the QP up.
         if !M::KNOWN.contains(mask) {

@@ -3,7 +3,7 @@
 //!
 //! Source of the table: IBA Vol. 1 §10.3 and §11.2.5.2 (Modify QP) as encoded by Linux's
 //! `qp_state_table` / `ib_modify_qp_is_ok` (drivers/infiniband/core/verbs.c), with the XRC
-//! columns of docs/xrc-semantics.md §1.4. Before the check, uverbs silently drops bits that do not
+//! columns of docs/design/xrc-semantics.md §1.4. Before the check, uverbs silently drops bits that do not
 //! apply to XRC QPs ([`strip_for_uverbs`]); kernel callers get no such stripping.
 
 use crate::error::{Error, Result};

@@ -24,7 +24,7 @@ pub struct ContextRow {
     pub device: String,
     pub pds: usize,
     pub mrs: usize,
-    /// Memory windows (docs/memory-windows.md); 0 from older daemons.
+    /// Memory windows (docs/design/memory-windows.md); 0 from older daemons.
     #[serde(default)]
     pub mws: usize,
     pub cqs: usize,
@@ -137,7 +137,7 @@ pub struct Resources {
     pub cqs: Vec<CqRow>,
     pub qps: Vec<QpRow>,
     pub xrc_recv_qps: Vec<XrcRecvRow>,
-    /// Every resource's limits and use (docs/limits.md); empty from older daemons.
+    /// Every resource's limits and use (docs/guide/limits.md); empty from older daemons.
     #[serde(default)]
     pub limits: Vec<crate::limits::LimitRow>,
     /// Every device's ports and multicast groups; empty from older daemons.

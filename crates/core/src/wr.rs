@@ -314,7 +314,7 @@ pub struct WorkCompletion {
     /// `WC_*` flags.
     pub wc_flags: u32,
     /// `ibv_wc.sl`. RoCE has no service level on the wire; for UD receives this carries the
-    /// network header type as mlx5 reports it (2 = IPv4, 1 = IPv6; `docs/roce-wire.md`), and 0
+    /// network header type as mlx5 reports it (2 = IPv4, 1 = IPv6; `docs/design/roce-wire.md`), and 0
     /// otherwise.
     pub sl: u8,
     /// The message was solicited (its last packet had the SE bit): what solicited-only CQ

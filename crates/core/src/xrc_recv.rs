@@ -484,7 +484,7 @@ impl Core {
 
     /// Moves QP `qpn` to the error state and raises `event_type` on it (a transport-detected
     /// fatal condition, e.g. an XRC packet naming an SRQ outside the QP's domain raises
-    /// `QP_ACCESS_ERR`; docs/xrc-semantics.md §5). Returns the contexts that got the event.
+    /// `QP_ACCESS_ERR`; docs/design/xrc-semantics.md §5). Returns the contexts that got the event.
     pub fn fail_qp(&mut self, qpn: u32, event_type: EventType) -> Vec<CtxId> {
         if !self.qp_routes.contains_key(&qpn) {
             return Vec::new();

@@ -1,4 +1,4 @@
-//! XRC domains (docs/xrc-semantics.md §1.1): shared by file identity, counted globally
+//! XRC domains (docs/design/xrc-semantics.md §1.1): shared by file identity, counted globally
 //! (`opens + SRQs + receive QPs`) and per handle (what was made through it).
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! The quotas of `softverbs_core::limits` (docs/limits.md), deterministically: each limit
+//! The quotas of `softverbs_core::limits` (docs/guide/limits.md), deterministically: each limit
 //! refuses with `OverLimit` (ENOMEM) in the scope that is full and charges nothing, other
 //! contexts and uids keep their share, and charges go back on destroy and on context close.
 

@@ -1,4 +1,4 @@
-//! UD multicast attachment rules (`crates/core/src/mcast.rs`, `docs/dropin.md`): which QPs
+//! UD multicast attachment rules (`crates/core/src/mcast.rs`, `docs/guide/dropin.md`): which QPs
 //! and GIDs may attach, attaching twice, detaching what is not attached, the device's three
 //! limits, destroy and context close leaving the groups, and the changes the daemon joins and
 //! leaves IP groups by.

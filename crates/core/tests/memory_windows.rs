@@ -1,4 +1,4 @@
-//! The core's part of memory windows (docs/memory-windows.md): the objects, their limits and
+//! The core's part of memory windows (docs/design/memory-windows.md): the objects, their limits and
 //! keys, the PD they hold, the MR their bindings pin, and teardown.
 
 use softverbs_core::device::Device;

@@ -4,7 +4,7 @@
 //! domains (two shared files and private domains), create and destroy XRC SRQs, create,
 //! join, leave, modify and query XRC receive QPs through all three API faces (upstream,
 //! legacy OFED, minimal), raise and read QP events, and die. A small reference model,
-//! written from docs/xrc-semantics.md §1–§4 and §6 and not from the core, predicts every
+//! written from docs/design/xrc-semantics.md §1–§4 and §6 and not from the core, predicts every
 //! result; after every step the whole observable state of the core is compared with it.
 //!
 //! Invariants checked after every step (see [`Harness::check_all`]):
@@ -338,7 +338,7 @@ fn modify_request(t: Tgt) -> (QpAttr, AttrMask) {
     (a, mask)
 }
 
-/// The XRC_TGT column of the state table (docs/xrc-semantics.md §1.4), restricted to the requests
+/// The XRC_TGT column of the state table (docs/design/xrc-semantics.md §1.4), restricted to the requests
 /// above: the state the QP moves to, or the errno.
 fn predict_modify(state: QpState, t: Tgt) -> Result<QpState, i32> {
     match (t, state) {
@@ -1263,7 +1263,7 @@ impl Harness {
                 self.core.modify_xrc_rcv_qp(id, xh, qpn, &req, mask),
             ),
         };
-        // An unknown mask bit with an unknown QP: docs/xrc-semantics.md does not order the two
+        // An unknown mask bit with an unknown QP: docs/design/xrc-semantics.md does not order the two
         // checks. The core looks the QP up first (EINVAL); uverbs rejects the mask before the
         // lookup (EOPNOTSUPP). Either is accepted.
         if t == Tgt::Unknown && found.is_err() && errno_of(&got) == Err(EOPNOTSUPP) {

@@ -5,7 +5,7 @@
 //! - Linux `drivers/infiniband/core/verbs.c`: `qp_state_table` and `ib_modify_qp_is_ok`
 //!   (RC, UC, UD, XRC_INI and XRC_TGT columns; identical in the v4.5-era and the current
 //!   xarray-era versions for these five types);
-//! - docs/xrc-semantics.md §1.4 (XRC_TGT / XRC_INI table, the uverbs `modify_qp_mask` stripping
+//! - docs/design/xrc-semantics.md §1.4 (XRC_TGT / XRC_INI table, the uverbs `modify_qp_mask` stripping
 //!   and the CUR_STATE rule), which agrees with the kernel table for the XRC columns.
 //!
 //! Every check collects its mismatches and fails once, listing each failing

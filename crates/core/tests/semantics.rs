@@ -1,5 +1,5 @@
-//! The XRC semantics of docs/xrc-semantics.md, one test per rule: the §6 errno rows the core owns,
-//! the three API faces, persistence, event fan-out and teardown. `docs/xrc-design.md` cites
+//! The XRC semantics of docs/design/xrc-semantics.md, one test per rule: the §6 errno rows the core owns,
+//! the three API faces, persistence, event fan-out and teardown. `docs/design/xrc-design.md` cites
 //! these tests by name.
 
 use softverbs_core::attr::{AhAttr, QpAttr, QpInitAttr, SrqAttr};

@@ -4,7 +4,7 @@
 //! A root daemon writing by name into a directory another user can change would truncate or
 //! create whatever file a planted symlink names (issue 35, item 9). So the directory must pass
 //! `private_dir::open_checked` (it and its ancestors owned by root or the daemon's uid, not
-//! writable by group or others; docs/security.md, "Paths") and each file is opened relative
+//! writable by group or others; docs/design/security.md, "Paths") and each file is opened relative
 //! to that descriptor with `O_NOFOLLOW` (open(2)): a symlink in its place is refused
 //! (`ELOOP`), never followed. Either failure stops the daemon with the reason, since a capture
 //! asked for and silently not written is worse than none.

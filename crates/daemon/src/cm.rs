@@ -1,4 +1,4 @@
-//! The daemon's connection manager (docs/cm.md §4): one [`softverbs_cm::Cm`] per device,
+//! The daemon's connection manager (docs/design/cm.md §4): one [`softverbs_cm::Cm`] per device,
 //! speaking IB CM MADs on the device's QP1 (the GSI: UD SENDs, Q_Key `0x80010000`) over
 //! RoCE v2, and each context's CM ids and events.
 //!
@@ -164,7 +164,7 @@ impl CmPorts {
                         seed
                     },
                     // A listener is made by a command from its process: a peer told
-                    // "ready" out of band may connect before it arrives (docs/cm.md §7).
+                    // "ready" out of band may connect before it arrives (docs/design/cm.md §7).
                     listen_grace: std::time::Duration::from_millis(250),
                     ..Config::default()
                 }),

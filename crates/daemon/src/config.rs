@@ -49,7 +49,7 @@ pub struct Config {
     pub abi_version: u32,
     /// The devices' network side (UDP binding, fault injection, capture).
     pub net: crate::datapath::NetOptions,
-    /// What one context, one uid and the daemon may use (docs/limits.md).
+    /// What one context, one uid and the daemon may use (docs/guide/limits.md).
     pub limits: Limits,
     /// The largest IB MTU the devices report; `None`: what their links allow
     /// (`link_mtu::active_mtu`). A link still lowers it: packets larger than the link
@@ -168,7 +168,7 @@ pub fn own_addresses(uid: u32, socket: &Path) -> Vec<IpAddr> {
 
 /// `max_mcast_grp` of each of `devices` devices: rxe's 8192, but no more than an eighth of
 /// the daemon's descriptors over all devices, since a device holds one socket per group it
-/// joined (`netdev.rs`) and groups must not starve the clients' connections (docs/limits.md).
+/// joined (`netdev.rs`) and groups must not starve the clients' connections (docs/guide/limits.md).
 pub fn mcast_groups_per_device(budget: &Budget, devices: usize) -> u32 {
     let share = budget.max_fds / 8 / devices.max(1) as u64;
     share.clamp(1, softverbs_core::device::MAX_MCAST_GRP) as u32

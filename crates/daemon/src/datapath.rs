@@ -116,7 +116,7 @@ pub struct DataPath {
     ctx_cqs: HashMap<CtxId, HashSet<CqId>>,
     qp_dev: HashMap<u32, usize>,
     /// QPs whose library runs their engine, and the contexts' private sockets
-    /// (docs/net-path.md, `net_path`).
+    /// (docs/design/net-path.md, `net_path`).
     net_path: net_path::NetPaths,
     mr_regions: HashMap<(CtxId, Handle), RegionId>,
     /// A descriptor of each shared-memory MR's memfd, with the MR's address and length, for
@@ -158,7 +158,7 @@ pub struct DataPath {
     epoch: Instant,
     /// The loop's own stalls, by the engines' clock: lateness of a round against the
     /// planned wake-up ([`sleeping`](Self::sleeping)), passed to every engine before the
-    /// round (docs/net-path.md, "Stalls").
+    /// round (docs/design/net-path.md, "Stalls").
     stalls: softverbs_transport::time::StallMeter,
     buf: Vec<u8>,
     /// Multicast packets and MADs received, for the round that handles them.
@@ -166,11 +166,11 @@ pub struct DataPath {
     /// Receive only from sockets the event loop reported readable since they were last found
     /// empty ([`gate_receives`](Self::gate_receives)).
     gate_rx: bool,
-    /// The devices' connection managers on QP1 (docs/cm.md §4).
+    /// The devices' connection managers on QP1 (docs/design/cm.md §4).
     pub cm: crate::cm::CmPorts,
     /// Every address of every device of this daemon: a packet from the network claiming one
     /// of them as its source is forged (this daemon's own traffic between its devices never
-    /// crosses a socket), whatever local user sent it (docs/security.md, "CM").
+    /// crosses a socket), whatever local user sent it (docs/design/security.md, "CM").
     own_gids: Vec<Gid>,
     /// RoCE packets dropped for that, since start.
     pub own_source_drops: u64,
@@ -178,7 +178,7 @@ pub struct DataPath {
     direct_wakes: Vec<(Instant, CtxId, Handle)>,
 }
 
-/// Whether the process path batches (docs/registered-memory.md, "One system call per work
+/// Whether the process path batches (docs/design/registered-memory.md, "One system call per work
 /// request"): on unless `SOFTVERBS_MEM_BATCH=0` (for measuring against per-packet access).
 fn mem_batching() -> bool {
     std::env::var_os("SOFTVERBS_MEM_BATCH").is_none_or(|v| v != "0")
@@ -282,7 +282,7 @@ impl DataPath {
                 .collect();
             let mut more_net = Vec::new();
             // A device's further addresses (IPv6 beside IPv4, ...) get sockets of their
-            // own, so that it reaches other hosts over each (docs/cm.md §7).
+            // own, so that it reaches other hosts over each (docs/design/cm.md §7).
             for (k, g) in gids.iter().enumerate().skip(1).filter(|_| net.bind) {
                 let ip = g.to_ip();
                 let mut n = NetDev::bind(ip, net.port)
@@ -500,7 +500,7 @@ impl DataPath {
     }
 
     /// Tells the core which MRs the engines' memory windows are bound to (a deregistration
-    /// of an MR with bound windows is refused: docs/memory-windows.md). Run after every
+    /// of an MR with bound windows is refused: docs/design/memory-windows.md). Run after every
     /// command's changes and in every round, so the next command sees the engines' state.
     pub fn settle_windows(&mut self, core: &mut Core) {
         for d in &mut self.devs {
@@ -521,7 +521,7 @@ impl DataPath {
     /// `reg_mr`/`rereg_mr` of `len` bytes at `addr` with `access`: `EFAULT` if some page is
     /// not mapped readable, or not writable while `access` lets the MR be written (the
     /// flags for which `ib_umem_get` pins with `FOLL_WRITE`), judged through the opener's
-    /// own `maps` descriptor (docs/registered-memory.md, "Writes to read-only pages").
+    /// own `maps` descriptor (docs/design/registered-memory.md, "Writes to read-only pages").
     pub fn check_range(&self, ctx: CtxId, addr: u64, len: u64, access: Access) -> Result<(), i32> {
         let write = access.intersects(
             Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND,
@@ -1085,7 +1085,7 @@ impl DataPath {
             progressed |= self.send_cm(now);
             if self.cm.take_moved() {
                 // Connect requests received or SIDR requests ended change what contexts
-                // hold: their per-uid shares follow (docs/limits.md).
+                // hold: their per-uid shares follow (docs/guide/limits.md).
                 self.cm.sync_charges(core);
             }
             // Completions reach their CQs below: the bytes they announce go first.
@@ -1134,7 +1134,7 @@ impl DataPath {
     }
 
     /// Makes the payload writes the memory held back (process path: one `pwrite` per
-    /// contiguous run instead of one per packet, docs/registered-memory.md) land in the
+    /// contiguous run instead of one per packet, docs/design/registered-memory.md) land in the
     /// clients' memory. Called before anything that lets a program see them leaves the
     /// daemon: a completion, a packet for another host. A write that fails now (the program
     /// unmapped pages of a pinned MR, or exited) cannot fail its request any more.
@@ -1163,7 +1163,7 @@ impl DataPath {
                 sgid_index: 0,
                 udp_sport: 0,
             };
-            // From the device's socket of the peer's family (the CM's source, docs/cm.md §7).
+            // From the device's socket of the peer's family (the CM's source, docs/design/cm.md §7).
             let v4 = p.dst.to_ip().is_ipv4();
             if let Some(n) = self.devs[p.dev]
                 .sockets()

@@ -1,4 +1,4 @@
-//! The daemon's part of the same-host direct path (docs/direct-path.md): the control path
+//! The daemon's part of the same-host direct path (docs/design/direct-path.md): the control path
 //! only. It keeps each direct-capable context's MR table, decides per connected RC/UC pair
 //! whether the two libraries exchange work directly, makes the pair's channel memfd, and
 //! tells a survivor that its peer is gone (the channel's side word).
@@ -44,7 +44,7 @@ struct Opened {
 struct Pair {
     region: Region,
     /// The channel's memfd, which the daemon keeps for the side that has not asked yet:
-    /// one descriptor charged to `charged` (docs/limits.md, "Descriptors").
+    /// one descriptor charged to `charged` (docs/guide/limits.md, "Descriptors").
     fd: OwnedFd,
     charged: CtxId,
     ctx: [CtxId; 2],
@@ -129,7 +129,7 @@ impl Direct {
     }
 
     /// Whether `ctx` opened the direct path and its MR table holds every MR it has (at most
-    /// [`MRT_CAPACITY`]): what a library needs to check keys itself (docs/net-path.md).
+    /// [`MRT_CAPACITY`]): what a library needs to check keys itself (docs/design/net-path.md).
     pub fn table_complete(&self, ctx: CtxId) -> bool {
         self.ctxs.get(&ctx).is_some_and(|o| !o.overflow)
     }
@@ -181,7 +181,7 @@ impl Direct {
         }
     }
 
-    /// The direct pairs for `resources` (docs/direct-path.md): the two QP numbers, whether
+    /// The direct pairs for `resources` (docs/design/direct-path.md): the two QP numbers, whether
     /// each side's library has attached, and the channel's ring layout. Sorted, so that two
     /// snapshots of the same state print the same.
     pub fn pairs_json(&self) -> serde_json::Value {
@@ -313,7 +313,7 @@ impl Direct {
         // Each side gets the other's memory descriptor: only if it could open it itself
         // (ptrace(2), "Ptrace access mode checking"): both processes still of that uid and
         // dumpable now. One that is not (PR_SET_DUMPABLE 0, a uid change since it connected)
-        // keeps the pair on the daemon path (docs/direct-path.md, "Who goes direct").
+        // keeps the pair on the daemon path (docs/design/direct-path.md, "Who goes direct").
         if !softverbs_memaccess::reachable_as(&peer.mem, peer.pid, me.uid)
             || !softverbs_memaccess::reachable_as(&me.mem, me.pid, peer.uid)
         {
@@ -381,7 +381,7 @@ impl Direct {
 
     /// `DirectAttach`: the path of `(ctx, r.qp)`, with the channel and the peer's memory and
     /// MR table unless it is the daemon's. The first QP of a pair to ask decides for both,
-    /// from what both QPs are (docs/direct-path.md, "Deciding"); the second joins, or, if it
+    /// from what both QPs are (docs/design/direct-path.md, "Deciding"); the second joins, or, if it
     /// no longer fits (it connected elsewhere, or changed), leaves its partner a gone peer.
     pub fn attach(
         &mut self,
@@ -681,7 +681,7 @@ impl Direct {
     }
 
     /// `ctx` closed (its process may have died): every pair it held a side of says so to the
-    /// survivor, whose library then fails its QP (docs/direct-path.md, "Peer death").
+    /// survivor, whose library then fails its QP (docs/design/direct-path.md, "Peer death").
     pub fn context_closed(&mut self, ctx: CtxId, qpns: &[u32]) {
         self.ctxs.remove(&ctx);
         for q in qpns {

@@ -108,7 +108,7 @@ pub struct Dispatcher {
     pub version: String,
     started: Instant,
     daemon_uid: u32,
-    /// The same-host direct path's control side (docs/direct-path.md).
+    /// The same-host direct path's control side (docs/design/direct-path.md).
     pub direct: crate::direct::Direct,
     /// What the daemon's network side is, in words, for `softverbs status` (`network` in
     /// the resources snapshot): which addresses it bound, or why it has none.
@@ -136,7 +136,7 @@ fn core_err(e: Error) -> i32 {
 const DOORBELL_FDS: u64 = 2;
 const DIRECT_OPEN_FDS: u64 = 2;
 
-/// Charges `n` descriptors the daemon is about to keep for `ctx` (docs/limits.md): `ENOMEM`
+/// Charges `n` descriptors the daemon is about to keep for `ctx` (docs/guide/limits.md): `ENOMEM`
 /// past the context's, its uid's or the daemon's share.
 fn charge_fds(core: &mut Core, ctx: CtxId, n: u64) -> Result<(), i32> {
     core.charge(ctx, Resource::Descriptors, n).map_err(core_err)
@@ -514,7 +514,7 @@ impl Dispatcher {
             }
             Cmd::DirectSrqLimit => {
                 let (c, r) = (ctx()?, read!(DirectSrqLimit));
-                // The direct peer's SRQ; for a QP on the net path (docs/net-path.md), whose
+                // The direct peer's SRQ; for a QP on the net path (docs/design/net-path.md), whose
                 // library takes from its own SRQ, that one.
                 let own = || {
                     let qp = handle_of(r.handle);
@@ -1184,7 +1184,7 @@ impl Dispatcher {
             .map(|i| (i.pid, i.uid))
             .map_err(core_err)?;
         // A command that makes a listener or an id is charged first (per-uid shares,
-        // docs/limits.md); afterwards the charges follow what the CM holds.
+        // docs/guide/limits.md); afterwards the charges follow what the CM holds.
         let makes = match req.cmd {
             Cmd::CmListen => Some(true),
             Cmd::CmConnect | Cmd::CmSidrRequest => Some(false),
@@ -1483,7 +1483,7 @@ impl Dispatcher {
             map.insert("schema".into(), serde_json::json!(1));
             // Port and QP counters (docs/guide/counters.md), for `softverbs stat`.
             map.insert("counters".into(), counters);
-            // The connection manager's state (docs/cm.md §4): zero after every CM client is
+            // The connection manager's state (docs/design/cm.md §4): zero after every CM client is
             // gone and time-wait has passed.
             map.insert(
                 "cm".into(),
@@ -1497,12 +1497,12 @@ impl Dispatcher {
                 }),
             );
             // RoCE packets (MADs included) that came from the network with one of this
-            // daemon's own addresses as their source, dropped (docs/security.md, "CM").
+            // daemon's own addresses as their source, dropped (docs/design/security.md, "CM").
             map.insert(
                 "own_source_drops".into(),
                 serde_json::json!(self.dp.own_source_drops),
             );
-            // Which QP pairs run on the same-host direct path (docs/direct-path.md).
+            // Which QP pairs run on the same-host direct path (docs/design/direct-path.md).
             map.insert("direct_pairs".into(), self.direct.pairs_json());
             // Where the devices are on the network, or why nowhere (an autostarted daemon
             // that found every address it tried taken: docs/guide/multi-user.md).
@@ -1607,7 +1607,7 @@ impl Dispatcher {
         // Root and the daemon's uid inject anything. Another user (of a system daemon that
         // serves every user) injects only QP events that reach none but its own contexts
         // (its QP, or a receive QP all of whose holders are its own): a forged event must
-        // never reach another user's program (docs/security.md).
+        // never reach another user's program (docs/design/security.md).
         if s.cred.uid != 0 && s.cred.uid != self.daemon_uid {
             let targets = if t.is_qp_affiliated() {
                 self.core.qp_event_contexts(r.qpn.get())

@@ -12,7 +12,7 @@ use softverbs_core::types::Mtu;
 /// Bytes a RoCE v2 packet adds around its IB payload, at most: an IPv6 header (40, larger
 /// than IPv4's 20), UDP (8), BTH (12), the largest extended headers one packet can carry
 /// (XRCETH 4 + AtomicETH 28, which exceeds RETH 16 + ImmDt 4) and the ICRC (4)
-/// (docs/roce-wire.md).
+/// (docs/design/roce-wire.md).
 const ROCE_OVERHEAD: u32 = 40 + 8 + 12 + 4 + 28 + 4;
 
 /// The largest IB MTU whose packets fit a link of `link_mtu` bytes; 256 when even that does

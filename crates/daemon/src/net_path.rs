@@ -1,4 +1,4 @@
-//! Which QPs go on the net path (docs/net-path.md, "Who goes on the net path"), decided at
+//! Which QPs go on the net path (docs/design/net-path.md, "Who goes on the net path"), decided at
 //! `DirectAttach` after the same-host direct path has said no, and the errors a library's
 //! engine reports (`NetQpError`).
 
@@ -79,7 +79,7 @@ impl Dispatcher {
                     out.push(share.fd);
                 }
                 // With the socket, for a library that publishes its state, the net status
-                // region, last (docs/net-path.md, "Stalls"); without it the daemon cannot
+                // region, last (docs/design/net-path.md, "Stalls"); without it the daemon cannot
                 // answer for the library, and the QP works as before.
                 // A library that publishes its counters too gets the longer region.
                 let len = if r.able.get() & ABLE_NET_COUNTERS != 0 {
@@ -113,7 +113,7 @@ impl Dispatcher {
         if info.qp_type != QpType::Rc || !self.direct.table_complete(ctx) {
             return None;
         }
-        // A basic SRQ whose receives live in its shared ring (ABI 16, docs/direct-path.md
+        // A basic SRQ whose receives live in its shared ring (ABI 16, docs/design/direct-path.md
         // "SRQs") is reachable by the library's engine as by the daemon's; one the daemon
         // alone holds is not.
         if info

@@ -3,7 +3,7 @@
 //! headers the kernel puts on the wire, optional fault injection (this machine has no netem)
 //! and an optional pcap capture.
 //!
-//! Multicast (`crate::mcast`, `docs/roce-wire.md` §8): a device sends a datagram for a
+//! Multicast (`crate::mcast`, `docs/design/roce-wire.md` §8): a device sends a datagram for a
 //! multicast GID to the group's address from its unicast socket, out of its own interface
 //! (`IP_MULTICAST_IF` / `IPV6_MULTICAST_IF`) and looped back to this host
 //! (`IP_MULTICAST_LOOP`), so another daemon on the same host sees it as a NIC on the same
@@ -13,7 +13,7 @@
 //! only the groups it joined itself (`IP_MULTICAST_ALL` off): [`NetDev::join`] when the
 //! device's first QP attaches, [`NetDev::leave`] (the socket closes) when its last detaches.
 //!
-//! **The net path (`forward.rs`, docs/net-path.md).** The device socket is a plain socket
+//! **The net path (`forward.rs`, docs/design/net-path.md).** The device socket is a plain socket
 //! (no `SO_REUSEPORT`, no `SO_REUSEADDR`): no other socket of any uid can bind the device's
 //! address and port while the daemon holds it, so nothing but the daemon receives, steers or
 //! filters what peers send there (issue 35, item 1). A context whose QP runs its engine in
@@ -25,7 +25,7 @@
 //! The kernel builds the IP/UDP headers, so the ICRC must be computed over what it will
 //! emit. With an unconnected socket and `IP_PMTUDISC_DO`, Linux sends IPv4 with DF set and
 //! identification 0 (`ip_select_ident_segs`); TOS, TTL and the checksums are masked out of
-//! the ICRC, the identification is not (docs/roce-wire.md). The UDP source port is the bound
+//! the ICRC, the identification is not (docs/design/roce-wire.md). The UDP source port is the bound
 //! port (4791) for every QP: one socket cannot vary it, so there is no per-QP ECMP entropy.
 //!
 //! **Batching (docs/performance.md "UDP batching").** Packets to one peer and one destination
@@ -448,7 +448,7 @@ impl NetDev {
         self.sock.as_fd()
     }
 
-    /// A private socket for a context that runs net-path QPs (docs/net-path.md): bound to
+    /// A private socket for a context that runs net-path QPs (docs/design/net-path.md): bound to
     /// the device's address and an ephemeral port, nonblocking, no member of any group, with
     /// the device socket's options. The daemon keeps the first (so the port stays the
     /// context's until the context closes, even after its process died) and gives the
@@ -477,7 +477,7 @@ impl NetDev {
     /// The library behind socket `to` publishes when it last ran in `region` (its net
     /// status region): a request forwarded there while that stamp is older than `STALE` at
     /// the clock of [`set_clock`](Self::set_clock) comes out of [`NetDev::recv_ref`] as
-    /// well, as if held (docs/net-path.md, "Stalls").
+    /// well, as if held (docs/design/net-path.md, "Stalls").
     pub fn stamp_from(&mut self, to: SocketAddr, region: std::sync::Arc<softverbs_shm::Region>) {
         self.forward.stamp_from(to, region);
     }
@@ -508,7 +508,7 @@ impl NetDev {
     }
 
     /// Whether the device injects faults or captures: both see only what its own socket
-    /// carries, so none of its QPs is handed to a library (docs/net-path.md).
+    /// carries, so none of its QPs is handed to a library (docs/design/net-path.md).
     pub fn taps(&self) -> bool {
         self.faults.is_some() || self.capture.is_some()
     }

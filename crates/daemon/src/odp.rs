@@ -1,4 +1,4 @@
-//! On-demand paging in the daemon (docs/registered-memory.md, "On-demand paging"): what
+//! On-demand paging in the daemon (docs/design/registered-memory.md, "On-demand paging"): what
 //! `reg_mr`/`rereg_mr` check for an ODP MR, the capabilities the device reports, and
 //! `ibv_advise_mr(3)`.
 

@@ -200,7 +200,7 @@ impl Server {
         let path = &socket;
         // The socket's directory is checked and then used through its descriptor, so a root
         // daemon never creates, truncates or removes a file another user's symlink names
-        // (issue 35, item 9; docs/security.md, "Paths"). 0755: every user reaches the socket.
+        // (issue 35, item 9; docs/design/security.md, "Paths"). 0755: every user reaches the socket.
         let (dir, name) = split_socket_path(path)?;
         let dirfd = private_dir::ensure(&dir, 0o755, Owner::MeOrRoot)
             .map_err(|e| io::Error::new(e.kind(), format!("--socket: {e}")))?;
@@ -535,7 +535,7 @@ impl Server {
                 _ => timeout,
             };
             // A round later than this plan finds the daemon itself could not run
-            // (docs/net-path.md, "Stalls").
+            // (docs/design/net-path.md, "Stalls").
             self.dispatcher.dp.sleeping(timeout);
             if idle_spin {
                 let start = std::time::Instant::now();
@@ -637,7 +637,7 @@ impl Server {
                         }
                     };
                     // A connection is a descriptor of the daemon's, charged to its uid until it
-                    // closes, whether or not it opens a device (docs/limits.md).
+                    // closes, whether or not it opens a device (docs/guide/limits.md).
                     let core = &mut self.dispatcher.core;
                     let charged = core.charge_uid(cred.uid, Resource::Descriptors, 1).is_ok();
                     if !charged {

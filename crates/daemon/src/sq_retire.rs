@@ -1,6 +1,6 @@
 //! Which positions of a QP's send ring the daemon may count as retired, and when.
 //!
-//! The count (the send ring's note, docs/shm-rings.md) serves two readers. A live client takes
+//! The count (the send ring's note, docs/design/shm-rings.md) serves two readers. A live client takes
 //! `posted − note` as the send queue's occupancy, so the count must cover a request by the
 //! time the client can see its completion (ibv_post_send(3): `ENOMEM` only past
 //! `max_send_wr` outstanding). A client whose daemon died flushes the requests from the count

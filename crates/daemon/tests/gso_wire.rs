@@ -177,7 +177,7 @@ fn stream(s: &mut [Side; 2]) {
 }
 
 /// The RoCE v2 ICRC of one captured IPv4/UDP datagram, written from the rule in
-/// docs/roce-wire.md §6 (not from crates/wire): CRC-32 over 8 bytes of 0xFF, the IPv4 header
+/// docs/design/roce-wire.md §6 (not from crates/wire): CRC-32 over 8 bytes of 0xFF, the IPv4 header
 /// with TOS, TTL and checksum set to ones, the UDP header with its checksum set to ones, the
 /// BTH with byte 4 set to ones, and everything after it up to the 4-byte ICRC.
 fn independent_icrc(ip_udp_ib: &[u8]) -> (u32, u32) {

@@ -443,7 +443,7 @@ fn open_o_path(p: &std::path::Path) -> std::io::Result<std::fs::File> {
 }
 
 /// An `O_PATH` descriptor needs no permission on the file, so it must not open the file's XRC
-/// domain: `EBADF`, as uverbs answers (`fdget` ignores `O_PATH` files; docs/xrc-semantics.md,
+/// domain: `EBADF`, as uverbs answers (`fdget` ignores `O_PATH` files; docs/design/xrc-semantics.md,
 /// open rules). As root the test also plays the attack: a user who may not read a 0600 domain
 /// file (uid 65534) opens it `O_PATH` and asks to join the domain another process created.
 #[test]
@@ -520,7 +520,7 @@ fn an_o_path_descriptor_does_not_join_a_domain() {
 }
 
 /// A process that is not dumpable cannot open its own `mem`; it sends a pidfd of itself and a
-/// root daemon opens the file for it (docs/registered-memory.md, "A process that is not
+/// root daemon opens the file for it (docs/design/registered-memory.md, "A process that is not
 /// dumpable"). A pidfd of any other process is `EINVAL`: the daemon opens memory only of the
 /// process that sent the message.
 #[test]

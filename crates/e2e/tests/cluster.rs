@@ -1,7 +1,7 @@
-//! `softverbs cluster` and unmodified MPI stacks across its hosts (docs/mpi.md).
+//! `softverbs cluster` and unmodified MPI stacks across its hosts (docs/guide/mpi.md).
 //!
 //! Each test builds its own cluster (names `sv5…`, so tests running at the same time never
-//! share one), runs a 2-host × 2-rank job the way docs/mpi.md tells a user to, asserts what the
+//! share one), runs a 2-host × 2-rank job the way docs/guide/mpi.md tells a user to, asserts what the
 //! job prints and that both hosts' daemons carried its traffic, then takes the cluster down
 //! and checks that no namespace, link, daemon or state directory is left. A cluster is taken
 //! down on drop, so a failing test cleans up too.
@@ -80,7 +80,7 @@ fn assert_check_passed(c: &Cluster, out: &Output) {
     }
 }
 
-/// `mpirun` of Open MPI 4.1 with `pml ucx`, on host 1, as docs/mpi.md gives it.
+/// `mpirun` of Open MPI 4.1 with `pml ucx`, on host 1, as docs/guide/mpi.md gives it.
 fn open_mpi(c: &Cluster, program: &[&str]) -> Output {
     let ucx = [
         "--mca",
@@ -120,7 +120,7 @@ fn open_mpi_with(c: &Cluster, mca: &[&str], program: &[&str]) -> Output {
     c.exec(1, &args)
 }
 
-/// `mpiexec` of MPICH 4.0 (ch4:ucx) on host 1, as docs/mpi.md gives it.
+/// `mpiexec` of MPICH 4.0 (ch4:ucx) on host 1, as docs/guide/mpi.md gives it.
 fn mpich(c: &Cluster, program: &[&str]) -> Output {
     mpich_with(c, &[], program)
 }

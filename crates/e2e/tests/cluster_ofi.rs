@@ -1,9 +1,9 @@
 //! libfabric's connected endpoints over softverbs' connection manager, across the hosts of a
-//! `softverbs cluster` (docs/mpi.md, docs/cm.md): `fi_pingpong` over `verbs` MSG endpoints
+//! `softverbs cluster` (docs/guide/mpi.md, docs/design/cm.md): `fi_pingpong` over `verbs` MSG endpoints
 //! and over `verbs;ofi_rxm` RDM endpoints (RC, and XRC with `FI_VERBS_PREFER_XRC=1`), each
 //! with fabtests' data check (`-c`), and Open MPI's `mtl ofi` over `verbs;ofi_rxm` on RC and
 //! XRC running tests/mpi/mpi_check.c (and, over XRC, mpi4py.bench) on 2 hosts × 2 ranks, the
-//! XRC run reading each host's QPs during the job against the formulas of docs/mpi.md.
+//! XRC run reading each host's QPs during the job against the formulas of docs/guide/mpi.md.
 //!
 //! Each test builds its own cluster (names `sv10…`, `sv3o`), checks what the programs print, that
 //! the hosts' daemons hold no CM state afterwards (every connection torn down), and that
@@ -174,7 +174,7 @@ fn build_check() -> PathBuf {
 }
 
 /// Open MPI 4.1's `mtl ofi` over libfabric `verbs;ofi_rxm` (RC MSG endpoints through the
-/// connection manager), 2 hosts × 2 ranks, as docs/mpi.md gives it: mpi_check's all-to-all,
+/// connection manager), 2 hosts × 2 ranks, as docs/guide/mpi.md gives it: mpi_check's all-to-all,
 /// allreduce, put/get and ring results, every rank on the softverbs0 domain, and every
 /// connection torn down afterwards.
 #[test]
@@ -239,7 +239,7 @@ fn open_mpi_mtl_ofi_verbs_rxm_runs_our_checks_across_two_hosts() {
     c.down();
 }
 
-/// tools/fi-domain-filter (docs/mpi.md, "Over XRC"), built into the test's directory: an
+/// tools/fi-domain-filter (docs/guide/mpi.md, "Over XRC"), built into the test's directory: an
 /// LD_PRELOAD library after which the application's fi_getinfo returns only the domain
 /// `$FI_DOMAIN_FILTER`. Open MPI 4.1 spreads a host's ranks over libfabric's alike
 /// `softverbs0` (RC) and `softverbs0-xrc` fi_infos and has no parameter naming a domain.
@@ -391,7 +391,7 @@ fn qps_during(c: &Cluster, mut job: Command) -> (Vec<HostQps>, String) {
 }
 
 /// The counts of an all-to-all job of N hosts × P ranks through `verbs;ofi_rxm`, per host
-/// (docs/mpi.md, "XRC's savings"): over RC every rank has one RC QP per other rank; over XRC
+/// (docs/guide/mpi.md, "XRC's savings"): over RC every rank has one RC QP per other rank; over XRC
 /// every rank has one XRC send QP per host it has a peer on (its own included when P > 1,
 /// libfabric's shared INI connection per destination address) and every such send QP ends in
 /// one XRC receive QP on its destination host, held by each rank there it carries traffic

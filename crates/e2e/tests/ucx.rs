@@ -4,7 +4,7 @@
 //! between two daemons that talk RoCE v2 over loopback UDP. The only UCX setting is the
 //! choice of the transport under test and of the device; `softverbs run` provides the
 //! `/dev/infiniband/uverbs0` node UCX checks for (crates/cli/src/devnode.rs) and the drop-in
-//! reports `wc.sl` as UCX's UD receive check expects (docs/mpi.md).
+//! reports `wc.sl` as UCX's UD receive check expects (docs/guide/mpi.md).
 //!
 //! Skipped, saying so, only when ucx-utils is missing. The `softverbs` binary and the drop-in
 //! must be built in the same profile (`cargo build -p softverbs-cli`).
@@ -107,7 +107,7 @@ fn ucx_info_lists_rc_and_ud_verbs_under_run_without_privileges() {
     let home = d.dir.join("home");
     std::fs::create_dir_all(&home).unwrap();
     // The user's own private directory, as a login gives one: `softverbs run` keeps its
-    // mount points only in such a directory (docs/security.md, "Paths").
+    // mount points only in such a directory (docs/design/security.md, "Paths").
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
@@ -126,7 +126,7 @@ fn ucx_info_lists_rc_and_ud_verbs_under_run_without_privileges() {
             .expect("setpriv")
     };
     // Whether this machine lets an unprivileged user mount in a user namespace of its own
-    // decides the test: where it does not, the node cannot be made (docs/mpi.md says what to
+    // decides the test: where it does not, the node cannot be made (docs/guide/mpi.md says what to
     // do then), and `run` must say so and still run the program.
     let platform = Command::new("setpriv")
         .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])

@@ -229,7 +229,7 @@ pub fn peer_cred(sock: BorrowedFd<'_>) -> std::io::Result<PeerCred> {
 /// permission on the file (only search permission on its directory), so accepting one would let
 /// a user who may not open a 0600 domain file join the domain. uverbs refuses such descriptors
 /// the same way (`ib_uverbs_open_xrcd` takes the file with `fdget`, which ignores `O_PATH`
-/// files, and answers `EBADF`; docs/xrc-semantics.md). Refused with `EBADF`.
+/// files, and answers `EBADF`; docs/design/xrc-semantics.md). Refused with `EBADF`.
 pub fn file_identity(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
     if rustix::fs::fcntl_getfl(fd)?.contains(rustix::fs::OFlags::PATH) {
         return Err(Errno::BADF.into());

@@ -1,4 +1,4 @@
-//! The one rule for directories softverbs creates or writes into by name (docs/security.md,
+//! The one rule for directories softverbs creates or writes into by name (docs/design/security.md,
 //! "Paths"): a directory is trusted only if no other user can change what its path names.
 //!
 //! A path is walked from `/` one component at a time with `openat(O_PATH | O_NOFOLLOW |
@@ -57,7 +57,7 @@ fn refuse(path: &Path, why: impl std::fmt::Display) -> io::Error {
     io::Error::new(
         io::ErrorKind::PermissionDenied,
         format!(
-            "refusing {}: {why} (docs/security.md, \"Paths\")",
+            "refusing {}: {why} (docs/design/security.md, \"Paths\")",
             path.display()
         ),
     )

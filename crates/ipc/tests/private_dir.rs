@@ -1,4 +1,4 @@
-//! The directory rule (src/private_dir.rs; docs/security.md, "Paths"): what is refused and
+//! The directory rule (src/private_dir.rs; docs/design/security.md, "Paths"): what is refused and
 //! what is made. Cases needing another uid run as root only.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

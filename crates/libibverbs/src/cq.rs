@@ -378,7 +378,7 @@ pub unsafe extern "C" fn op_poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) 
             // Busy-polling programs (every pingpong, perftest) spin on this call; on a machine
             // with fewer cores than spinning parties the daemon that has to produce the
             // completion would wait for the poller's time slice otherwise
-            // (docs/measurements.md §1: pollers must yield). A CQ only the direct path feeds
+            // (docs/design/measurements.md §1: pollers must yield). A CQ only the direct path feeds
             // spins a little first (`softverbs::idle`).
             o.idle.idle(|| inner.fed_directly());
             0

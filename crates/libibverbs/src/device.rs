@@ -406,7 +406,7 @@ fn port_attr(o: &CtxObj, port: u8) -> Result<ibv_port_attr, c_int> {
 }
 
 /// The exported `ibv_query_port`: programs reach it only when the inline wrapper does not
-/// find the slot, with the 48-byte `_compat_ibv_port_attr` (docs/abi-compat.md §5).
+/// find the slot, with the 48-byte `_compat_ibv_port_attr` (docs/design/abi-compat.md §5).
 unsafe extern "C" fn query_port(c: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
     let Some(o) = ctx_obj(c) else {
         return EINVAL;

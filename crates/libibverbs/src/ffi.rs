@@ -2,7 +2,7 @@
 //!
 //! Programs compiled against verbs.h read these structs directly and reach the data path
 //! through inline functions that call slots at fixed offsets, so every offset here is ABI.
-//! The `const` blocks at the end pin the offsets docs/abi-compat.md §2.1 lists, and
+//! The `const` blocks at the end pin the offsets docs/design/abi-compat.md §2.1 lists, and
 //! `tests/layout.rs` compares every size against the installed header with a C compiler.
 #![allow(non_camel_case_types, missing_docs)]
 
@@ -588,7 +588,7 @@ pub struct ibv_data_buf {
     pub length: usize,
 }
 
-// ---- offsets docs/abi-compat.md §2.1 measured against verbs.h 44.0 ----------------------------
+// ---- offsets docs/design/abi-compat.md §2.1 measured against verbs.h 44.0 ----------------------------
 
 // Measured on x86_64: elsewhere `pthread_mutex_t` and `pthread_cond_t` (libc's, per target)
 // have other sizes, so the numbers below do not hold there; tests/layout.rs compares every

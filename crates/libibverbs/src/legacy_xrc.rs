@@ -3,7 +3,7 @@
 //!
 //! All three faces share one mechanism in the daemon: a legacy `ibv_xrc_domain` is the same
 //! object as an upstream `ibv_xrcd`, registrations are this process's holds on a shared
-//! receive QP, and the last holder's unregister destroys it (docs/xrc-design.md). Errors are
+//! receive QP, and the last holder's unregister destroys it (docs/design/xrc-design.md). Errors are
 //! positive errno values, as the legacy header documents.
 
 use std::ffi::c_int;

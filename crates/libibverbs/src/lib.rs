@@ -43,7 +43,7 @@ mod xrcd;
 /// the memory registration shared (`softverbs_memaccess::install_fork_handler`). Child
 /// handlers run in the order they were registered (pthread_atfork(3)), so ours runs before
 /// any the program registers itself, and a program's handler that writes a registered buffer
-/// writes the child's copy (docs/registered-memory.md, "What registration must not change").
+/// writes the child's copy (docs/design/registered-memory.md, "What registration must not change").
 /// Installing it at the first registration, as before, put it after such a handler.
 #[cfg(not(test))]
 #[used]

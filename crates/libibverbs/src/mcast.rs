@@ -1,6 +1,6 @@
 //! `ibv_attach_mcast(3)` / `ibv_detach_mcast(3)`: a UD QP joins or leaves a multicast group
 //! (`softverbs::Qp::attach_mcast`; the rules and errnos are the kernel's, see
-//! `docs/dropin.md`, "Multicast"). Both return 0 or a positive errno, as rdma-core's do
+//! `docs/guide/dropin.md`, "Multicast"). Both return 0 or a positive errno, as rdma-core's do
 //! (the value of `ibv_cmd_attach_mcast`'s write). The LID is ignored on a RoCE port.
 
 use std::ffi::c_int;

@@ -3,7 +3,7 @@
 //! `ibv_context_ops` slots verbs.h's inline functions call, over the client's
 //! [`softverbs::Mw`]. The argument checks are the ones libibverbs and rxe's provider make
 //! before posting (`EINVAL`, `EPERM`); every rule of the bind itself is the daemon's and is
-//! answered in the bind's completion (docs/memory-windows.md).
+//! answered in the bind's completion (docs/design/memory-windows.md).
 
 use std::ffi::{c_int, c_uint};
 use std::mem::{offset_of, size_of};

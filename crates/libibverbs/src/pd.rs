@@ -59,7 +59,7 @@ const ACCESS_OPTIONAL_RANGE: c_uint = 0x3ff0_0000;
 
 /// Registration turns the pages into shared memory in place (`Pd::reg_mr_shared`), so the
 /// daemon and same-host peers copy without a system call — the bench's fast path
-/// (docs/registered-memory.md, "Sharing by default"). Other threads' writes during
+/// (docs/design/registered-memory.md, "Sharing by default"). Other threads' writes during
 /// `ibv_reg_mr` wait for the conversion and are kept (where that cannot be arranged, nothing
 /// is converted); a child forked later gets its own copy, and deregistration makes the pages
 /// private again. `SOFTVERBS_SHARED_MR=0` registers without converting.
@@ -85,7 +85,7 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_uint
         // SAFETY: ibv_reg_mr(3)'s caller keeps `[addr, addr+len)` allocated until
         // ibv_dereg_mr and reaches it from C only (no Rust references); the in-place
         // conversion keeps its contents and holds other threads' writes back while it runs
-        // (docs/registered-memory.md).
+        // (docs/design/registered-memory.md).
         let mem = unsafe { softverbs::RawMemory::new_shareable(addr as usize, len) };
         p.reg_mr_shared(mem, access)
     } else {

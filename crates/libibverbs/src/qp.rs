@@ -288,7 +288,7 @@ export!(default "ibv_create_qp", "IBVERBS_1.1", create_qp);
 
 /// `IBV_QP_EX_WITH_*` the `ibv_wr_*` API implements: RDMA write (+imm), send (+imm),
 /// RDMA read, both atomics, bind MW and local invalidate (`IBV_QP_EX_WITH_BIND_MW` 1 << 7,
-/// `_LOCAL_INV` 1 << 8; docs/memory-windows.md) and send with invalidate.
+/// `_LOCAL_INV` 1 << 8; docs/design/memory-windows.md) and send with invalidate.
 pub const SEND_OPS_SUPPORTED: u64 = 0x3ff;
 
 /// `verbs_context.create_qp_ex` (`ibv_create_qp_ex(3)`).
@@ -693,7 +693,7 @@ pub struct Parts<'a> {
 
 /// Copies a small request's payload into `buf` when every SGE lies inside an MR of the QP's
 /// PD, so it travels inline: the daemon then need not read this process's memory with
-/// `process_vm_readv` (~1.6 µs per call whatever the size, docs/registered-memory.md), which
+/// `process_vm_readv` (~1.6 µs per call whatever the size, docs/design/registered-memory.md), which
 /// is most of what a small non-inline SEND or WRITE costs over a plain one (perftest never
 /// asks for inline on a device it does not know). Reading at post time is one of the times a
 /// NIC may read: the buffer must stay unchanged until the completion (ibv_post_send(3)).

@@ -3,7 +3,7 @@
 //! while the first calls `ibv_reg_mr` over all but 40 bytes at each end; afterwards every
 //! word holds what was stored (nothing lost, nothing torn), an RDMA READ of the MR returns
 //! what the program sees, and an RDMA WRITE into it lands while the bytes beside it keep
-//! theirs (docs/registered-memory.md, "Registration while other threads write").
+//! theirs (docs/design/registered-memory.md, "Registration while other threads write").
 //!
 //! Run with the default registration (the pages become shared memory in place while the
 //! writer runs), with `SOFTVERBS_SHARED_MR=1` (the same, named) and with

@@ -1,4 +1,4 @@
-//! `kill -9` of the daemon is a device fatal error for every program on it (docs/dropin.md,
+//! `kill -9` of the daemon is a device fatal error for every program on it (docs/guide/dropin.md,
 //! "When the daemon dies"): unmodified `ibv_asyncwatch` prints `IBV_EVENT_DEVICE_FATAL` and
 //! ends, both processes of a busy-polling `ibv_rc_pingpong` end, and `tests/c/daemon_death.c` checks the event, the flush
 //! completions with their wr_ids, `EIO` from later verbs, destroy after death, and reopening

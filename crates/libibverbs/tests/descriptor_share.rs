@@ -6,7 +6,7 @@
 //! next `ibv_open_device` of any user failed or hung.
 //!
 //! The daemon runs with `RLIMIT_NOFILE` 256, so a uid's share is 64 descriptors
-//! (docs/limits.md). `tests/c/open_contexts.c` of this test's uid opens devices until
+//! (docs/guide/limits.md). `tests/c/open_contexts.c` of this test's uid opens devices until
 //! `ENOMEM` and holds them; a program run as `nobody` still opens devices; once the holder is
 //! killed (-9) its uid opens devices again.
 //!

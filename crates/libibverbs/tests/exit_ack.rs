@@ -1,7 +1,7 @@
 //! A program that exits (`exit(3)`) right after its last receive, without destroying its QP
 //! or closing its device, still acknowledges that receive (`tests/c/exit_ack.c`): on the net
 //! path between two daemons its library holds a poll's ACKs for the program's next round
-//! (docs/net-path.md, "Order"), and the drop-in's `atexit` handler sends them, as a NIC
+//! (docs/design/net-path.md, "Order"), and the drop-in's `atexit` handler sends them, as a NIC
 //! acknowledges a SEND on arrival whatever the program does next. Without it the sender's
 //! SEND ended in `RETRY_EXC_ERR` after its retries, for a message that was delivered.
 //!

@@ -1,5 +1,5 @@
 //! Registration shares pages in place by default, and a program cannot tell
-//! (docs/registered-memory.md, "Sharing by default"): `tests/c/fork_mr.c` on the drop-in
+//! (docs/design/registered-memory.md, "Sharing by default"): `tests/c/fork_mr.c` on the drop-in
 //! forks while a `malloc`ed buffer is registered (the child gets its own copy as of the
 //! fork, its writes to the buffer and its neighbours stay in it, an RDMA WRITE after the
 //! fork reaches the parent only), deregisters (the pages are private again, with their

@@ -1,6 +1,6 @@
 //! The installed `<infiniband/verbs.h>` still lays structs out the way the drop-in does:
 //! a C program prints sizes and offsets (tests/c/layout.c) and they must equal the numbers
-//! `src/ffi.rs` pins at compile time (docs/abi-compat.md §2.1, measured on Debian bookworm).
+//! `src/ffi.rs` pins at compile time (docs/design/abi-compat.md §2.1, measured on Debian bookworm).
 //! Skipped with a message when gcc or libibverbs-dev is missing (scripts/test.sh installs them).
 
 use std::collections::BTreeMap;

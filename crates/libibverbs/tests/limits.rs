@@ -1,4 +1,4 @@
-//! The daemon's limits from C (docs/limits.md): `tests/c/limits.c` on the drop-in, against a
+//! The daemon's limits from C (docs/guide/limits.md): `tests/c/limits.c` on the drop-in, against a
 //! daemon with small per-context limits, gets NULL with errno ENOMEM from `ibv_alloc_pd`,
 //! `ibv_create_cq` (too many, and a ring past the ring bytes), `ibv_create_qp`,
 //! `ibv_create_comp_channel` and `ibv_reg_mr` past each limit, while a second context of the

@@ -1,4 +1,4 @@
-//! UD multicast through the drop-in (`tests/c/mcast.c`, docs/dropin.md "Multicast"):
+//! UD multicast through the drop-in (`tests/c/mcast.c`, docs/guide/dropin.md "Multicast"):
 //! the errnos of `ibv_attach_mcast(3)` / `ibv_detach_mcast(3)` and the limits as `ibv_devinfo
 //! -v` shows them; one sender and receivers on one daemon; and, as root, one sender and
 //! receivers in three processes over two daemons in two network namespaces joined by a

@@ -1,5 +1,5 @@
 //! Registration never changes what a later legal operation on the program's own memory does
-//! (issue 35, item 6; docs/registered-memory.md, "What registration must not change"):
+//! (issue 35, item 6; docs/design/registered-memory.md, "What registration must not change"):
 //! `tests/c/mem_semantics.c` through the drop-in checks `mlock`, `MADV_DONTFORK`,
 //! `MADV_WIPEONFORK`, the program's own `pthread_atfork` child handler and `realloc` of a
 //! registered chunk, once with sharing on (the default) and once with

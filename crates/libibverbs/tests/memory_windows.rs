@@ -2,7 +2,7 @@
 //! `<infiniband/verbs.h>` and run with `softverbs run`): a target process binds type 1 and
 //! type 2 windows over its memory, an initiator process reaches them through their R_Keys,
 //! and every window rule of IBA 10.6.7 is one named check at the end that observes it, on one
-//! daemon and across two daemons over UDP (docs/memory-windows.md).
+//! daemon and across two daemons over UDP (docs/design/memory-windows.md).
 //!
 //! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing. Run inside
 //! `unshare -n` (the daemons bind UDP 4791 on 127.x addresses).

@@ -1,7 +1,7 @@
 //! A process that is not dumpable (`prctl(PR_SET_DUMPABLE, 0)`, as privilege-dropping
 //! programs make themselves) uses the device, and no same-uid process gets a descriptor of
-//! its memory from the daemon (issue 35, item 5; docs/direct-path.md, "Who goes direct";
-//! docs/registered-memory.md, "A process that is not dumpable"). `tests/c/nondumpable.c`
+//! its memory from the daemon (issue 35, item 5; docs/design/direct-path.md, "Who goes direct";
+//! docs/design/registered-memory.md, "A process that is not dumpable"). `tests/c/nondumpable.c`
 //! forks a second process of the same uid; each opens its own context and they ping-pong
 //! SENDs and RDMA WRITEs over a pair of RC QPs, then report whether they hold the other's
 //! `/proc/<pid>/mem`.

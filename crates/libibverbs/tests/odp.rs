@@ -3,7 +3,7 @@
 //! (addr NULL, length SIZE_MAX), writes into a page mapped after registration, gets
 //! `IBV_WC_REM_ACCESS_ERR` for a READ of a page unmapped after it and the new contents once
 //! it is mapped again, `IBV_WC_LOC_PROT_ERR` for a gather from an unmapped page, and the
-//! kernel's errnos from `ibv_advise_mr` (docs/registered-memory.md, "On-demand paging").
+//! kernel's errnos from `ibv_advise_mr` (docs/design/registered-memory.md, "On-demand paging").
 //! Afterwards the daemon holds nothing of it.
 //!
 //! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing.

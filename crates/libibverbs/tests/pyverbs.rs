@@ -5,7 +5,7 @@
 //!
 //! The run must have no failure and no error, and every skip must carry a reason listed in
 //! [`ALLOWED_SKIPS`]: each is the skip rdma-core itself makes for a device without that feature
-//! (docs/dropin.md, "rdma-core's test suite").
+//! (docs/guide/dropin.md, "rdma-core's test suite").
 //!
 //! Skipped (with a message) only when `/usr/bin/python3` cannot import pyverbs or the suite is
 //! not installed. The `softverbs` binary must be built in the same profile
@@ -214,7 +214,7 @@ const WHOLE_SUITE_SKIPS: &[(&str, &str)] = &[
     ),
     (
         "Extended QP is not supported on this device",
-        "ibv_wr_atomic_write (IBV_QP_EX_WITH_ATOMIC_WRITE) → EOPNOTSUPP: no atomic write; bind_mw runs (docs/memory-windows.md)",
+        "ibv_wr_atomic_write (IBV_QP_EX_WITH_ATOMIC_WRITE) → EOPNOTSUPP: no atomic write; bind_mw runs (docs/design/memory-windows.md)",
     ),
     (
         "Converting timestamp to nanoseconds is not supported",

@@ -2,7 +2,7 @@
 //! drop-in gets NULL with errno EFAULT from `ibv_reg_mr` with write access over a
 //! `PROT_READ` page and with any access over an unmapped one; a read-only registration of
 //! the page works, an RDMA READ of it returns its bytes, and an RDMA WRITE towards it fails
-//! and leaves it unchanged (docs/registered-memory.md, "Writes to read-only pages").
+//! and leaves it unchanged (docs/design/registered-memory.md, "Writes to read-only pages").
 //! Afterwards the daemon holds nothing of it.
 //!
 //! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing.

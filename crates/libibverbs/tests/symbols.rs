@@ -1,4 +1,4 @@
-//! The drop-in's dynamic symbol table is rdma-core 44's (docs/abi-compat.md §0): every versioned
+//! The drop-in's dynamic symbol table is rdma-core 44's (docs/design/abi-compat.md §0): every versioned
 //! symbol of Debian bookworm's libibverbs.so.1 (`abi/rdma-core-44.symbols`, taken with
 //! `readelf --dyn-syms` from libibverbs1 44.0-2), default (`@@`) and compat (`@`) versions
 //! alike, plus softverbs' own `SOFTVERBS_XRC_1.0` node and nothing else. Programs are linked

@@ -2,9 +2,9 @@
 //! `tests/c/ud_completion.c`, compiled against the real `<infiniband/verbs.h>` and run on the
 //! drop-in with `softverbs run`. A datagram between two processes, on one daemon and across
 //! two daemons over UDP, must complete with `wc.sl` = mlx5's L3 header type (UCX's UD check
-//! reads it; `docs/roce-wire.md`), `IBV_WC_GRH` and rxe's GRH-area layout, the sender's QPN in
+//! reads it; `docs/design/roce-wire.md`), `IBV_WC_GRH` and rxe's GRH-area layout, the sender's QPN in
 //! `src_qp` and P_Key index 0; every `ibv_device_attr_ex` field must be truthful or zero
-//! (`docs/dropin.md`).
+//! (`docs/guide/dropin.md`).
 //!
 //! Skipped (with a message) only when gcc or rdma-core's `verbs.h` is missing. Run the
 //! daemon tests inside `unshare -n` (they bind UDP 4791 on 127.x addresses).

@@ -313,7 +313,7 @@ pub(crate) unsafe extern "C" fn bind_addr(id: *mut rdma_cm_id, sa: *mut libc::so
         return fail(libc::EINVAL);
     };
     // As bind(2) and the kernel's rdma_cm: a port below 1024 needs CAP_NET_BIND_SERVICE.
-    // The daemon checks it again where it matters, at rdma_listen (docs/security.md).
+    // The daemon checks it again where it matters, at rdma_listen (docs/design/security.md).
     if port != 0 && port < 1024 && !may_bind_privileged() {
         return fail(libc::EACCES);
     }
@@ -478,7 +478,7 @@ export!("rdma_init_qp_attr", "RDMACM_1.2", init_qp_attr);
 
 /// A connection's starting PSN: random (the operating system's CSPRNG), as the kernel's
 /// rdma_cm takes it (`get_random_u32() & 0xffffff`). A PSN a third party could compute would
-/// let it forge packets the responder accepts as in sequence (IBA 9.7.1; docs/security.md).
+/// let it forge packets the responder accepts as in sequence (IBA 9.7.1; docs/design/security.md).
 fn psn() -> u32 {
     let mut b = [0; 4];
     // getrandom(2) on Linux fails only before the kernel's pool is ready at boot or on

@@ -2,7 +2,7 @@
 //! field is the public rdma_cma.h struct (so the pointer a program gets is both).
 //!
 //! A channel is a connection of its own to the daemon per device it uses (the daemon's CM
-//! ids belong to that connection: the process's death ends them, docs/cm.md §4), plus a
+//! ids belong to that connection: the process's death ends them, docs/design/cm.md §4), plus a
 //! queue of local events (address and route resolution). `channel->fd` is an epoll fd
 //! watching the daemon's CM eventfds and the local queue's eventfd, so it is readable
 //! exactly when `rdma_get_cm_event` has something.
@@ -344,7 +344,7 @@ impl Chan {
             st.ids.insert((dev, e.id.0), child);
             let mut out = Ev::new(ev::CONNECT_REQUEST, child, listener, 0);
             // The application's private data follows rdma_cm's 36-byte address header in
-            // a SIDR_REQ as in a REQ (docs/cm.md §2.3): the kernel's rdma_cm hands the
+            // a SIDR_REQ as in a REQ (docs/design/cm.md §2.3): the kernel's rdma_cm hands the
             // listener only what follows it, for UD ids too (libfabric's XRC connection
             // data rides in SIDR_REQs on RDMA_PS_UDP).
             let user = e.private_data.get(36..).unwrap_or(&[]);

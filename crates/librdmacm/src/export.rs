@@ -1,6 +1,6 @@
 //! Versioned exports, as crates/libibverbs/src/export.rs makes them: a private
 //! `extern "C"` function plus a `.symver` alias into a node of `librdmacm.map`
-//! (docs/abi-compat.md §3). Test builds carry no aliases.
+//! (docs/design/abi-compat.md §3). Test builds carry no aliases.
 
 macro_rules! export {
     ($name:literal, $node:literal, $f:path) => {

@@ -1,6 +1,6 @@
 //! The drop-in `librdmacm.so.1`: rdma-core 44's librdmacm ABI (`RDMACM_1.0` … `1.3`, the
-//! layouts of rdma_cma.h) over the softverbs connection manager (docs/cm.md,
-//! docs/dropin.md "librdmacm"). Ids' `verbs` are the drop-in libibverbs' contexts, so a
+//! layouts of rdma_cma.h) over the softverbs connection manager (docs/design/cm.md,
+//! docs/guide/dropin.md "librdmacm"). Ids' `verbs` are the drop-in libibverbs' contexts, so a
 //! program linked against both uses softverbs' devices; CM ids live in the daemon, whose CM
 //! speaks IB CM MADs on the device's QP1.
 //!

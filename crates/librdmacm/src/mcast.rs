@@ -8,7 +8,7 @@
 //! port space's Q_Key (`RDMA_UDP_QKEY` 0x01234567 for `RDMA_PS_UDP`); the join's `context`
 //! comes back as `param.ud.private_data`. librdmacm then attaches the id's QP to the MGID
 //! (`ibv_attach_mcast`, lid 0 on RoCE) and detaches it on leave. softverbs' verbs multicast
-//! (docs/roce-wire.md §8) does what the kernel's IGMP join does for the host, so the whole
+//! (docs/design/roce-wire.md §8) does what the kernel's IGMP join does for the host, so the whole
 //! join is the attach: no message goes to the daemon's CM.
 //!
 //! A send-only member (`RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`) gets the event but its QP is

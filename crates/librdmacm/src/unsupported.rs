@@ -1,4 +1,4 @@
-//! Entry points that fail with `ENOSYS` (docs/dropin.md, "librdmacm"):
+//! Entry points that fail with `ENOSYS` (docs/guide/dropin.md, "librdmacm"):
 //! SRQs on ids and `rdma_notify`. Each is exported so programs that link
 //! them load; the call says it is not there rather than pretending.
 

@@ -4,7 +4,7 @@
 //! made exactly once — a duplicated or reordered REQ never becomes a second connection,
 //! which ucmatose would refuse with "failing connection request" — and every run ends
 //! (bounded) with both sides' "test complete", after which neither daemon holds CM state
-//! (docs/cm.md §3, "Duplicates, reordering, loss").
+//! (docs/design/cm.md §3, "Duplicates, reordering, loss").
 //!
 //! Skipped (with a message) without rdmacm-utils, or without root for the namespaces (CI has
 //! both). Build `softverbs-cli` first.

@@ -1,6 +1,6 @@
 //! A process SIGKILLed at each step of an rdma_cm handshake (tests/c/cmsteps.c, which stops
 //! where the test asks): the daemon holds no CM state of it afterwards, and its peer sees a
-//! clean end (REJECTED or DISCONNECTED) instead of waiting (docs/cm.md, "A process killed
+//! clean end (REJECTED or DISCONNECTED) instead of waiting (docs/design/cm.md, "A process killed
 //! mid-handshake"). Each case on one daemon, and the REQ-outstanding, REP-sent,
 //! established and disconnecting cases between two daemons in two network namespaces joined
 //! by veth (`sv2ka`/`sv2kb`, made and removed by the test).

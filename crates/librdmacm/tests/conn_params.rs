@@ -3,12 +3,12 @@
 //! one daemon and checks that the active side's ESTABLISHED carries the passive side's QPN
 //! and private data (`param.conn` from the REP, `param.ud` from the SIDR_REP), as rdma_cm's
 //! does. libfabric's XRC path (Open MPI `mtl ofi` over `verbs;ofi_rxm` with
-//! `FI_VERBS_PREFER_XRC=1`, docs/mpi.md) depends on both: without the REP's QPN it never
+//! `FI_VERBS_PREFER_XRC=1`, docs/guide/mpi.md) depends on both: without the REP's QPN it never
 //! learns the target QP its later connections share, and without the SIDR_REP's data it
 //! takes its own SIDR connection for a target's and crashes.
 //!
 //! Skipped (with a message) without gcc or librdmacm-dev (CI has both). Build
-//! `softverbs-cli` first; run inside a network namespace of your own (docs/cm.md §6).
+//! `softverbs-cli` first; run inside a network namespace of your own (docs/design/cm.md §6).
 
 mod support;
 

@@ -8,7 +8,7 @@
 //! acked" before).
 //!
 //! Skipped (with a message) without gcc or librdmacm-dev (CI has both). Build
-//! `softverbs-cli` first; run inside a network namespace of your own (docs/cm.md §6).
+//! `softverbs-cli` first; run inside a network namespace of your own (docs/design/cm.md §6).
 
 mod support;
 

@@ -1,5 +1,5 @@
 //! rsockets through the drop-in librdmacm.so.1 and libibverbs.so.1 under `softverbs run`
-//! (docs/rsockets.md): unmodified `rstream` (rdmacm-utils) with its data check (`-T v`) in
+//! (docs/design/rsockets.md): unmodified `rstream` (rdmacm-utils) with its data check (`-T v`) in
 //! blocking, nonblocking and poll-driven modes on one daemon and between two daemons in
 //! two network namespaces joined by veth (`sv9a`/`sv9b`, made and removed by the test);
 //! and tests/c/rsockets.c, which checks the calls one by one (blocking and nonblocking

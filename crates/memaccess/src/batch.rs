@@ -1,5 +1,5 @@
 //! Fewer, larger system calls on the process path: read-ahead streams and write-behind runs
-//! (docs/registered-memory.md, "One system call per work request").
+//! (docs/design/registered-memory.md, "One system call per work request").
 //!
 //! The engine reads and writes payload one packet (≤ 4 KiB) at a time. On the process path
 //! each access is a `pread`/`pwrite` on the client's `/proc/self/mem`, whose fixed cost

@@ -56,7 +56,7 @@ impl From<rustix::io::Errno> for ShareError {
 /// piece of the file at a fresh address with `MAP_POPULATE`, copy the pages in and `mremap`
 /// the populated mapping over them (one atomic replacement; the page tables move along, so
 /// the client takes no page faults afterwards). This is the technique measured in
-/// `docs/measurements.md` §2, with `mremap` instead of a second `mmap(MAP_FIXED)`.
+/// `docs/design/measurements.md` §2, with `mremap` instead of a second `mmap(MAP_FIXED)`.
 ///
 /// Only private anonymous read-write memory is accepted (heap, `mmap(MAP_ANONYMOUS |
 /// MAP_PRIVATE)`, named anonymous mappings) without `mlock`, `MADV_DONTFORK` or

@@ -1,4 +1,4 @@
-//! Copies of the same-host direct path that need no system call (docs/direct-path.md, "How
+//! Copies of the same-host direct path that need no system call (docs/design/direct-path.md, "How
 //! work moves"): into and out of a peer's MR that is shared memory, mapped here from the
 //! memfd the daemon handed over ([`PeerMapping`]), and between a message and this process's
 //! own registered memory ([`read_own`], [`write_own`]).
@@ -123,7 +123,7 @@ pub fn write_own(addr: u64, data: &[u8]) {
 /// Applies `op` as a CPU atomic to this process's registered 8 bytes at `addr` (see
 /// [`read_own`]) and returns their old value; `None` if `addr` is not 8-byte aligned (IBA
 /// 9.4.5 requires it; the responder's checks refuse it before). What the library's engine
-/// does for an atomic that reaches a QP it runs itself (docs/net-path.md).
+/// does for an atomic that reaches a QP it runs itself (docs/design/net-path.md).
 pub fn atomic_own(addr: u64, op: AtomicOp) -> Option<u64> {
     use std::sync::atomic::{AtomicU64, Ordering};
     if addr % 8 != 0 {

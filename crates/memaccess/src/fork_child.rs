@@ -1,5 +1,5 @@
 //! A child created by `fork()` gets its own copy of the memory [`share_in_place`] converted,
-//! as it would of the `malloc`ed memory the program registered (docs/registered-memory.md,
+//! as it would of the `malloc`ed memory the program registered (docs/design/registered-memory.md,
 //! "fork"). Converted pages are `MAP_SHARED`, which `fork` would leave shared between parent
 //! and child: the child's writes (to the buffer, or to malloc's metadata on its first and
 //! last page) would land in the parent's memory and the parent's, and its peers' RDMA
@@ -19,7 +19,7 @@
 //! that the direct path mapped is kept out of children altogether (`MADV_DONTFORK`).
 //! Children made with `vfork` or `posix_spawn` share the parent's memory until they exec
 //! anyway. Children made with `_Fork()` or a raw `clone` system call run no handler at all:
-//! they keep sharing converted pages with the parent (docs/registered-memory.md, "What
+//! they keep sharing converted pages with the parent (docs/design/registered-memory.md, "What
 //! registration must not change"); a program that makes such children and writes registered
 //! memory in them should run with `SOFTVERBS_SHARED_MR=0`.
 //!

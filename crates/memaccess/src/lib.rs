@@ -1,4 +1,4 @@
-//! How the daemon reaches registered client memory (`docs/registered-memory.md` argues the
+//! How the daemon reaches registered client memory (`docs/design/registered-memory.md` argues the
 //! design from measurements).
 //!
 //! The core has already checked key, protection domain, bounds and access flags when the

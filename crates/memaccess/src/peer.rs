@@ -1,5 +1,5 @@
 //! Single-copy transfers between this process's registered memory and a peer process's, for
-//! the same-host direct path (docs/direct-path.md): the kernel copies straight between the
+//! the same-host direct path (docs/design/direct-path.md): the kernel copies straight between the
 //! two address spaces through the peer's `/proc/<pid>/mem` descriptor (which the peer opened
 //! on itself and the daemon checked and handed over), one `preadv`/`pwritev` per contiguous
 //! remote range, however many local pieces it has.

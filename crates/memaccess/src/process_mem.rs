@@ -1,7 +1,7 @@
 //! The path for memory that is not shared: `pread`/`pwrite` on the client's own
 //! `/proc/self/mem`, opened by the client and passed to the daemon at context open.
 //!
-//! Why a descriptor and not a pid (docs/registered-memory.md, "Which process"): opening
+//! Why a descriptor and not a pid (docs/design/registered-memory.md, "Which process"): opening
 //! `/proc/<pid>/mem` binds the file to that process's address space (`mm`) at `open(2)`
 //! time (proc(5): the permission is a ptrace access-mode check made when the file is
 //! opened, against the opener). Every later `pread`/`pwrite` goes to that same address
@@ -96,7 +96,7 @@ impl ProcessMemory {
     }
 
     /// Opens the memory of the sender `pid` on its behalf, from a pidfd of itself that it
-    /// sent instead of its `mem` (docs/registered-memory.md, "A process that is not
+    /// sent instead of its `mem` (docs/design/registered-memory.md, "A process that is not
     /// dumpable"): a process that made itself non-dumpable (`PR_SET_DUMPABLE` 0, a setuid or
     /// privilege-dropping program) cannot open its own `/proc/self/mem`, because the file then
     /// belongs to root, mode 0600 (proc(5), "/proc/pid"), and the permission check of
@@ -206,7 +206,7 @@ impl ProcessMemory {
 /// the target is dumpable), so handing it the descriptor grants nothing it could not take.
 /// What the check does not evaluate: capability sets (step 3's "permitted capabilities"
 /// subset, which matters between processes of uid 0) and LSMs such as Yama
-/// (docs/direct-path.md, "Who goes direct").
+/// (docs/design/direct-path.md, "Who goes direct").
 ///
 /// `pid` is the number the memory was validated for. The owner is read by path
 /// (`stat("/proc/<pid>/mem")`), because only a path lookup makes procfs recompute it
@@ -295,7 +295,7 @@ impl RangeError {
 /// `proc_mem.force_override=` says otherwise), so it would write read-only pages. The
 /// daemon therefore refuses, at `reg_mr`/`rereg_mr`, write access over pages that are not
 /// writable, as `ib_umem_get` does by pinning with `FOLL_WRITE` ([`ProcessMem::check_range`],
-/// docs/registered-memory.md). A later `mprotect` by the program does not stop the writes,
+/// docs/design/registered-memory.md). A later `mprotect` by the program does not stop the writes,
 /// as it does not stop a NIC's DMA into pinned pages.
 ///
 /// # Atomics
@@ -307,7 +307,7 @@ impl RangeError {
 ///
 /// Reads inside a range the engine announced ([`Memory::will_read`]) are served from one
 /// large `pread` per window, and writes are held back and coalesced into one `pwrite` per
-/// contiguous run until [`Memory::flush`] (crate `batch`, docs/registered-memory.md, "One
+/// contiguous run until [`Memory::flush`] (crate `batch`, docs/design/registered-memory.md, "One
 /// system call per work request"). On-demand-paging accesses (`*_mapped`) and atomics go
 /// straight to memory, in order after the held-back writes they overlap.
 #[derive(Debug, Default)]

@@ -15,7 +15,7 @@ use softverbs_core::memory::{Fault, Memory};
 /// **Not safe against pid reuse**, and the daemon does not use it: once the client exits
 /// and its pid goes to another process, accesses reach that process (with the daemon's
 /// rights). The daemon uses [`ProcessMem`](crate::ProcessMem); this stays as the measured
-/// comparison (docs/registered-memory.md).
+/// comparison (docs/design/registered-memory.md).
 ///
 /// Each context is mapped to the pid of the process that opened it
 /// ([`register_process`](Self::register_process)). The daemon needs ptrace-read/attach

@@ -2,7 +2,7 @@
 //! `ioctl(PROCMAP_QUERY)` per mapping on `/proc/self/maps` (Linux 6.11, `linux/fs.h`), which
 //! costs the same whatever the number of mappings, or else from reading the whole file (tens
 //! of microseconds in a small process, more in one with many libraries and mappings: it was a
-//! quarter of a registration's time, docs/registered-memory.md, "Sharing by default").
+//! quarter of a registration's time, docs/design/registered-memory.md, "Sharing by default").
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,7 +79,7 @@ fn from_file(lo: usize, hi: usize) -> io::Result<Vec<String>> {
 }
 
 /// The `VmFlags` (proc(5), `/proc/pid/smaps`) that registration must not lose by moving
-/// a shared mapping over the pages (docs/registered-memory.md, "What registration must not
+/// a shared mapping over the pages (docs/design/registered-memory.md, "What registration must not
 /// change"): `lo` (`mlock`, `VM_LOCKED`), `dc` (`MADV_DONTFORK`, `VM_DONTCOPY`) and `wf`
 /// (`MADV_WIPEONFORK`, `VM_WIPEONFORK`). A new `MAP_SHARED` mapping has none of them, and
 /// `MADV_WIPEONFORK` cannot even be applied to one (`EINVAL`, madvise(2)).
@@ -88,7 +88,7 @@ pub(crate) const KEPT_FLAGS: [&str; 3] = ["lo", "dc", "wf"];
 /// The first mapping over `[lo, hi)` whose `VmFlags` hold one of [`KEPT_FLAGS`]: its start
 /// and that flag. `PROCMAP_QUERY` does not report these flags; `/proc/self/smaps` is the one
 /// interface that does (it also sums each mapping's pages, which makes it the slower read:
-/// docs/registered-memory.md gives the cost).
+/// docs/design/registered-memory.md gives the cost).
 pub(crate) fn kept_flag_in(lo: usize, hi: usize) -> io::Result<Option<(usize, &'static str)>> {
     use std::io::BufRead;
     let smaps = std::io::BufReader::new(std::fs::File::open("/proc/self/smaps")?);

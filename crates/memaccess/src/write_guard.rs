@@ -1,7 +1,7 @@
 //! Holding every write to a range of this process back while [`share_in_place`] copies it
 //! and maps the copy over it, so that no write of another thread (or of the kernel on its
 //! behalf, such as `read(2)` into the buffer) lands in the old pages after they were copied
-//! (docs/registered-memory.md, "Registration while other threads write").
+//! (docs/design/registered-memory.md, "Registration while other threads write").
 //!
 //! Mechanism: userfaultfd write-protection (userfaultfd(2), ioctl_userfaultfd(2),
 //! `UFFDIO_REGISTER_MODE_WP`, `UFFDIO_WRITEPROTECT`; Linux 5.7, and 6.4 for pages never

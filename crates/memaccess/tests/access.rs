@@ -427,7 +427,7 @@ fn share_in_place_keeps_contents_and_refuses_other_memory() {
 }
 
 /// Memory that is `mlock`ed, `MADV_DONTFORK` or `MADV_WIPEONFORK` is not converted: a shared
-/// mapping moved over it would lose the flag (docs/registered-memory.md, "What registration
+/// mapping moved over it would lose the flag (docs/design/registered-memory.md, "What registration
 /// must not change"); the same buffer without the flag is.
 #[test]
 fn share_in_place_leaves_locked_dontfork_and_wipeonfork_memory_alone() {

@@ -12,7 +12,7 @@
 //!
 //! Neither side trusts the other: every index read from shared memory is validated, a bad
 //! one is a [`Corrupt`] error, and no value the peer writes can make this side access
-//! memory outside the ring or panic. See `docs/shm-rings.md` for the layout, the
+//! memory outside the ring or panic. See `docs/design/shm-rings.md` for the layout, the
 //! memory-ordering argument and measurements.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

@@ -10,7 +10,7 @@
 //! round costs what the owners with work cost, not what all owners cost.
 //!
 //! No lost work: this is the store-buffering pattern of the ring's own wake-up protocol
-//! (docs/shm-rings.md), with the flag in place of `need_wakeup`:
+//! (docs/design/shm-rings.md), with the flag in place of `need_wakeup`:
 //!
 //! ```text
 //! producer (post)                          consumer (settle an idle owner)

@@ -24,7 +24,7 @@
 //! alone, in the line it reads the entry from, and never reads the producer index. Where the
 //! two ends run on two CPUs that is one cache miss per entry instead of two in a row (the
 //! index's line, then the entry's), what a NIC's completion queue does with its owner bit
-//! and UCX's shared-memory FIFO with its element flag (docs/direct-path.md, "Stamped
+//! and UCX's shared-memory FIFO with its element flag (docs/design/direct-path.md, "Stamped
 //! rings"). A garbage stamp can only make an entry look absent, or present with garbage
 //! in it, which a peer could publish through the index anyway.
 
@@ -690,7 +690,7 @@ impl Consumer {
 
     /// Brings the next entry's first line into this CPU's cache without taking it, for a
     /// consumer that has nothing else to do and will pop it later (a direct-path sender's
-    /// next receive, docs/direct-path.md "Warm lines"): its later pop then does not wait for
+    /// next receive, docs/design/direct-path.md "Warm lines"): its later pop then does not wait for
     /// the line the producer wrote. `Ok(true)` when an entry is there; an empty ring is
     /// looked at as [`available`](Consumer::available) does.
     pub fn warm(&mut self) -> Result<bool, Corrupt> {
@@ -732,7 +732,7 @@ impl Consumer {
     /// [`Producer::pending`]: what the consumer is about to do, so a producer that outlives
     /// the consumer can tell whether it was done (a QP's send ring: the note it is about to
     /// publish and where in a CQ ring the completion that goes with it will land,
-    /// docs/shm-rings.md).
+    /// docs/design/shm-rings.md).
     pub fn publish_pending(&self, value: u64) {
         self.shared.pending().store(value, Ordering::Release);
     }

@@ -56,7 +56,7 @@ impl DaemonOptions {
     }
 
     /// Runs the daemon with `RLIMIT_NOFILE` lowered to `n` (`ulimit -n`), the budget its
-    /// descriptor limits follow from (docs/limits.md).
+    /// descriptor limits follow from (docs/guide/limits.md).
     pub fn max_fds(mut self, n: u64) -> Self {
         self.max_fds = Some(n);
         self

@@ -114,7 +114,7 @@ impl CompletionQueue {
     }
 
     /// A completion was stored elsewhere (the same-host direct path keeps its completions in
-    /// the library, docs/direct-path.md): the arm fires as [`complete`](Self::complete)'s
+    /// the library, docs/design/direct-path.md): the arm fires as [`complete`](Self::complete)'s
     /// would for a completion that is `solicited` (or unsuccessful), and names the channel
     /// to notify.
     pub fn completed_elsewhere(&mut self, solicited: bool) -> Option<u32> {

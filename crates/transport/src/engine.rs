@@ -173,7 +173,7 @@ impl Engine {
         self.windows.poll_note()
     }
 
-    /// For the same-host direct path (docs/direct-path.md), whose libraries run a QP's work
+    /// For the same-host direct path (docs/design/direct-path.md), whose libraries run a QP's work
     /// themselves but leave windows to the engine: checks a remote access with R_Key `rkey`
     /// arriving on QP `qpn` of PD `pd` as the responder does (through a window if the key
     /// names one, IBA 10.6.7.3; else through the MR).
@@ -680,7 +680,7 @@ impl Engine {
 
     /// The responder's expected PSN and its MSN (IBA 9.7.5.1.1, 9.7.4.1.1) of QP `qpn`, if
     /// it is at RTR or later: what an RNR NAK sent on this responder's behalf names, so that
-    /// it acknowledges exactly what was received (docs/net-path.md, "Stalls").
+    /// it acknowledges exactly what was received (docs/design/net-path.md, "Stalls").
     pub fn responder_psn(&self, qpn: u32) -> Option<(u32, u32)> {
         let qp = self.qps.get(&qpn)?;
         matches!(qp.attr.qp_state, QpState::Rtr | QpState::Rts | QpState::Sqd)
@@ -689,7 +689,7 @@ impl Engine {
 
     /// Writes into `buf` an RNR NAK for RC QP `qpn`'s peer at expected PSN `epsn` with MSN
     /// `msn` (the state a responder running elsewhere published): the daemon's answer for
-    /// a net-path library that does not run (docs/net-path.md, "Stalls";
+    /// a net-path library that does not run (docs/design/net-path.md, "Stalls";
     /// `responder::rnr_nak_for`). `None` for no such RC QP at RTR or later.
     pub fn rnr_nak_for(&self, qpn: u32, epsn: u32, msn: u32, buf: &mut [u8]) -> Option<Transmit> {
         crate::responder::rnr_nak_for(self.qps.get(&qpn)?, epsn, msn, buf)
@@ -707,7 +707,7 @@ impl Engine {
     /// RNR NAK (IBA 9.7.5.2.8) — moves `lost` later, and no retry is counted. A timer counts
     /// how long the peer has had to answer, and while this side could not run it could not
     /// take the answer either: a local stall must not spend the peer's retries
-    /// (docs/net-path.md, "Stalls"). The shell measures `lost` with the clock it passes as
+    /// (docs/design/net-path.md, "Stalls"). The shell measures `lost` with the clock it passes as
     /// `now`, as the time by which its own rounds came later than it meant them to.
     pub fn stalled(&mut self, lost: std::time::Duration) {
         if lost.is_zero() {

@@ -7,7 +7,7 @@
 //! IBA 9.8.1) — so one QP refusing does not keep the others from receiving, as rxe's
 //! `rxe_rcv_mcast_pkt` goes on to the next QP. The completion reports `IBV_WC_GRH` with the
 //! GRH area holding the network header the datagram arrived with: its destination is the
-//! group's address (`docs/roce-wire.md` §8).
+//! group's address (`docs/design/roce-wire.md` §8).
 //!
 //! A datagram a device sent itself comes back to its own attached QPs without the wire, but
 //! not to the QP that sent it. That is rxe's rule as its maintainers wrote it down (the
@@ -15,7 +15,7 @@
 //! skips the QP whose number is the DETH's source QP for a locally sent multicast packet).
 //! mlx5 loops it back to the sender unless the QP was created with
 //! `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB`, so a program that needs its own copies cannot rely
-//! on them across devices; softverbs follows rxe (`docs/roce-wire.md` §8).
+//! on them across devices; softverbs follows rxe (`docs/design/roce-wire.md` §8).
 
 use std::collections::HashMap;
 

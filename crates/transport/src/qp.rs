@@ -68,7 +68,7 @@ pub struct QpConfig {
 }
 
 /// Where an SRQ's receives come from when the engine holds none: the shell's queue that
-/// others take from too (the same-host direct path's libraries, docs/direct-path.md,
+/// others take from too (the same-host direct path's libraries, docs/design/direct-path.md,
 /// "SRQs"), so the engine takes one only when a message needs it instead of holding a
 /// stock of them. The feed also decides the SRQ's limit event for what it hands out.
 pub trait SrqFeed {

@@ -223,7 +223,7 @@ fn abort_uc<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>) {
 }
 
 /// Finds where SENDs for this packet land: the QP's RQ, its SRQ, or (XRC) the SRQ the
-/// XRCETH names, which must be in the receive QP's domain (docs/xrc-semantics.md §5).
+/// XRCETH names, which must be in the receive QP's domain (docs/design/xrc-semantics.md §5).
 fn target<M: Memory>(qp: &Qp, env: &Env<'_, M>, pkt: &PacketRef<'_>) -> Result<Target, Refusal> {
     if qp.cfg.qp_type == QpType::XrcRecv {
         let srqn = pkt.headers.xrceth.map(|x| x.xrc_srq).ok_or(Refusal::Drop)?;
@@ -443,7 +443,7 @@ fn execute_send<M: Memory>(
         };
         if let Some(ieth) = pkt.headers.ieth {
             // Send with Invalidate: the key must name a bound type 2 window of this QP
-            // (IBA 10.6.7.2.5, o10-37.2.26; docs/memory-windows.md). Anything else — a type
+            // (IBA 10.6.7.2.5, o10-37.2.26; docs/design/memory-windows.md). Anything else — a type
             // 1 or unbound window, another QP's window, an MR's key (softverbs has no
             // fast-register MRs, the only invalidatable MRs) or an unknown key — completes
             // the receive with REM_INV_REQ_ERR, NAKs Invalid Request and puts the QP in
@@ -519,7 +519,7 @@ fn execute_write<M: Memory>(
     } else if let Some(&InMsg::Write { rkey, va, .. }) = qp.resp.cur.as_ref() {
         // Every later packet is checked again, as a NIC checks each against the memory
         // key: the MR may have been deregistered since the first (a library that runs this
-        // engine writes with plain pointers, docs/net-path.md), and then the rest of the
+        // engine writes with plain pointers, docs/design/net-path.md), and then the rest of the
         // message is refused with an access error instead of landing in freed memory.
         if !payload.is_empty() {
             let checked = env.windows.check_remote(
@@ -849,7 +849,7 @@ fn receive_ud<M: Memory>(
 }
 
 /// `wc.sl` of a UD receive carried over IPv4 / IPv6: mlx5's L3 header type for RoCE
-/// responders, which UCX reads to locate the DGID in the GRH area (`docs/roce-wire.md`).
+/// responders, which UCX reads to locate the DGID in the GRH area (`docs/design/roce-wire.md`).
 const SL_L3_IPV4: u8 = 2;
 const SL_L3_IPV6: u8 = 1;
 
@@ -892,7 +892,7 @@ fn grh(meta: RxMeta, ib_len: usize) -> [u8; 40] {
 
 /// An RNR NAK (IBA 9.7.5.2.8) for `qp`'s peer at expected PSN `epsn` with MSN `msn`, built
 /// by someone answering for the responder that owns the QP's state elsewhere: the daemon,
-/// for a net-path library that stopped running (docs/net-path.md, "Stalls"). Like every NAK
+/// for a net-path library that stopped running (docs/design/net-path.md, "Stalls"). Like every NAK
 /// it acknowledges the PSNs before `epsn` (IBA 9.7.5.1.3); the requester retransmits from
 /// `epsn` after the QP's RNR timer, and with `rnr_retry` 7 it never runs out. Only for an RC
 /// QP at RTR or later.

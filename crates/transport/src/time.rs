@@ -37,8 +37,8 @@ pub fn rnr_delay(code: u8) -> Duration {
     Duration::from_micros(u64::from(us))
 }
 
-/// The software NIC's floor under IBA 9.7.6.1.3's retry rule (docs/net-path.md, "Stalls";
-/// docs/security.md, item 7): a requester declares `RETRY_EXC_ERR` only when its
+/// The software NIC's floor under IBA 9.7.6.1.3's retry rule (docs/design/net-path.md, "Stalls";
+/// docs/design/security.md, item 7): a requester declares `RETRY_EXC_ERR` only when its
 /// `retry_cnt` retries are spent (IBA C9-140's count, unchanged) *and* its QP has seen no
 /// progress for at least this long. Between the two it keeps retransmitting, its timer
 /// doubling from the QP's ACK timeout. A hardware responder answers within a fixed time;
@@ -83,7 +83,7 @@ pub const STALL: Duration = Duration::from_millis(1);
 /// two by more than [`STALL`], it was stopped or waited for a CPU meanwhile, and all the
 /// time since that plan is lost (passed to [`Engine::stalled`](crate::Engine::stalled)).
 /// `last` 0 means it never ran: nothing is lost yet. The one rule of every shell (the
-/// library's progress thread, the daemon's loop: docs/net-path.md, "Stalls").
+/// library's progress thread, the daemon's loop: docs/design/net-path.md, "Stalls").
 pub fn stall(last: Instant, due: Instant, now: Instant) -> Duration {
     let plan = last.max(due);
     if last.0 != 0 && now > plan.after(STALL) {

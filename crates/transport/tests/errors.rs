@@ -372,7 +372,7 @@ fn rnr_retry_count_is_honoured() {
     }
 }
 
-/// An XRC SRQ with no receive WR answers with an RNR NAK, as RC does (docs/xrc-semantics.md §5).
+/// An XRC SRQ with no receive WR answers with an RNR NAK, as RC does (docs/design/xrc-semantics.md §5).
 #[test]
 fn xrc_empty_srq_is_rnr() {
     let mut x = Xrc::new(ConnParams {

@@ -212,7 +212,7 @@ impl Bed {
     }
 
     /// A type 2 window of B's PD bound to B's QP over `[RDMA, RDMA + 4096)`: what a Send with
-    /// Invalidate must name (IBA 10.6.7.2.5; docs/memory-windows.md). Returns its R_Key once
+    /// Invalidate must name (IBA 10.6.7.2.5; docs/design/memory-windows.md). Returns its R_Key once
     /// the bind has completed (its completion taken off B's CQ).
     fn bound_window(&mut self) -> u32 {
         let (pb, qb, kb, cqb) = (self.pb, self.qb, self.kb, self.cqb);
@@ -661,7 +661,7 @@ fn check_send(
     }
     if ud {
         assert_eq!(r.src_qp, bed.qa, "{ctx}: src_qp of {r:?}");
-        // mlx5's L3 header type for an IPv4 RoCE v2 datagram (docs/roce-wire.md).
+        // mlx5's L3 header type for an IPv4 RoCE v2 datagram (docs/design/roce-wire.md).
         let v4 = bed.net.hosts[0].gid.to_ip().is_ipv4();
         assert_eq!(r.sl, if v4 { 2 } else { 1 }, "{ctx}: sl of {r:?}");
     } else {

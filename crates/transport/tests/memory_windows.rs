@@ -1,4 +1,4 @@
-//! Memory windows on the deterministic network (IBA 10.6.7; docs/memory-windows.md): binds on
+//! Memory windows on the deterministic network (IBA 10.6.7; docs/design/memory-windows.md): binds on
 //! the responder's send queue, remote access through a window's R_Key with the window's own
 //! range and access, the errors every broken rule ends in at both ends, invalidation (local,
 //! remote, by deallocation, by destroying the QP) and the MR the windows pin.

@@ -1,5 +1,5 @@
 //! What the responder answers when the memory behind a valid key cannot be reached
-//! (docs/registered-memory.md, "On-demand paging"): for an on-demand-paging MR it is the
+//! (docs/design/registered-memory.md, "On-demand paging"): for an on-demand-paging MR it is the
 //! access error a NIC reports for a page fault that finds no mapping (NAK remote access error,
 //! `QP_ACCESS_ERR` on the responder's QP); for a pinned MR whose memory vanished, a WRITE or
 //! atomic is a remote operational error (`QP_FATAL`) and a READ a remote access error.

@@ -1,5 +1,5 @@
 //! What the engine announces to the memory before reading a message
-//! (`Memory::will_read`, docs/registered-memory.md, "One system call per work request"): one
+//! (`Memory::will_read`, docs/design/registered-memory.md, "One system call per work request"): one
 //! hint per gather-list piece when a request starts, one when a READ response starts, none
 //! again for retransmitted packets, none for atomics or READ requests (which read nothing
 //! locally), and never for a piece whose key check fails (the packet's own gather reports

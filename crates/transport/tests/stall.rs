@@ -1,6 +1,6 @@
 //! A local stall (the shell's process stopped or starved of a CPU) does not spend the peer's
 //! retries: `Engine::stalled` moves the requester's timers later by the time the shell could
-//! not run, without counting a retry (issue 35, item 7; docs/net-path.md, "Stalls").
+//! not run, without counting a retry (issue 35, item 7; docs/design/net-path.md, "Stalls").
 //! Nor does a starved peer fail the requester before the retry floor
 //! (`time::RETRY_FLOOR`), while a dead one still fails within a bounded time.
 //! Deterministic: time is passed in, packets are moved by hand.

@@ -150,7 +150,7 @@ impl Syndrome {
 }
 
 /// RNR NAK timer codes in microseconds (IBA 9.7 RNR timer encoding; the values tshark prints,
-/// docs/roce-wire.md §3). Code 0 is the longest, 655.36 ms.
+/// docs/design/roce-wire.md §3). Code 0 is the longest, 655.36 ms.
 const RNR_TIMER_MICROS: [u32; 32] = [
     655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
     5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,

@@ -17,7 +17,7 @@ mod field {
 }
 
 /// Well-known Q_Key of the General Services Interface QP (QP1), IBA chapter 13
-/// (docs/roce-wire.md §2).
+/// (docs/design/roce-wire.md §2).
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
 header_view!(

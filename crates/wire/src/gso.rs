@@ -1,6 +1,6 @@
 //! UDP GSO batches of RoCE packets: what one `sendmsg` with `UDP_SEGMENT` may carry, and the
 //! rule both senders of softverbs follow — the daemon's devices (`crates/daemon/src/netdev.rs`)
-//! and the net path's socket (`crates/client/src/direct/udp.rs`, docs/net-path.md,
+//! and the net path's socket (`crates/client/src/direct/udp.rs`, docs/design/net-path.md,
 //! "Batching"). Which destination a batch is for is the sender's business; this is the shape.
 
 /// Most segments of one GSO send (`UDP_MAX_SEGMENTS`, include/linux/udp.h): also the range

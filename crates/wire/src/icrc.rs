@@ -1,5 +1,5 @@
 //! RoCE v2 Invariant CRC (IBA 7.8.1 as adapted by RoCE v2 Annex A17;
-//! docs/roce-wire.md §6).
+//! docs/design/roce-wire.md §6).
 //!
 //! The ICRC is the plain CRC-32 of Ethernet/zlib (reflected 0xEDB88320, init and final
 //! xor all-ones) over
@@ -149,7 +149,7 @@ pub fn verify_datagram(datagram: &[u8]) -> Result<(), WireError> {
 /// identification the sender's kernel gave it: tries `first` (its index in a coalesced
 /// datagram, what a GSO batch delivered whole has), then every other identification in
 /// `0..ids` (a softverbs sender counts them up from 0 within a GSO batch,
-/// docs/roce-wire.md). IPv6 has no identification: one try. Returns the header that
+/// docs/design/roce-wire.md). IPv6 has no identification: one try. Returns the header that
 /// matched and how many tries it took before, `None` if none did. `hdr` holds the IP and
 /// UDP headers while they are built (at least 48 bytes).
 pub fn verify_received(

@@ -3,7 +3,7 @@
 //! IBA 9.2 (opcode field, table of valid opcodes) gives bits 7:5 the transport service and
 //! bits 4:0 the operation. RC, UC, UD and XRC (Annex A14) share the RC operation
 //! numbering; UC drops READ, atomics and invalidate, UD keeps only SEND_ONLY(_WITH_IMM),
-//! and XRC is RC with an XRCETH after BTH in requests (docs/xrc-semantics.md §7).
+//! and XRC is RC with an XRCETH after BTH in requests (docs/design/xrc-semantics.md §7).
 
 use core::fmt;
 

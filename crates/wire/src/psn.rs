@@ -1,6 +1,6 @@
 //! 24-bit packet sequence number arithmetic (IBA 9.7, PSN rules: PSNs wrap modulo 2^24, and a
 //! responder treats the 2^23 values behind the expected PSN as duplicates and the rest as
-//! ahead of it; docs/roce-wire.md §4).
+//! ahead of it; docs/design/roce-wire.md §4).
 
 use core::cmp::Ordering;
 

@@ -6,7 +6,7 @@
 //! ```
 //!
 //! It follows BTH directly in every XRC request packet (first, middle, last and only) and is
-//! absent from XRC responses (docs/xrc-semantics.md §7).
+//! absent from XRC responses (docs/design/xrc-semantics.md §7).
 
 use crate::be::{self, U24_MASK};
 use crate::view::header_view;

@@ -1,4 +1,4 @@
-//! The RoCE v2 test vectors of docs/roce-wire.md §7 (IPv4 header onward, last
+//! The RoCE v2 test vectors of docs/design/roce-wire.md §7 (IPv4 header onward, last
 //! 4 bytes = ICRC), checked three ways: ICRC verification, parsing, and re-synthesis from
 //! our own emitters byte for byte.
 

@@ -1,4 +1,4 @@
-//! Inline-payload slots of a direct channel (ABI 14, docs/direct-path.md "Small SENDs"): a
+//! Inline-payload slots of a direct channel (ABI 14, docs/design/direct-path.md "Small SENDs"): a
 //! SEND of at most [`INLINE_MAX`] bytes is not copied into the receiver by the sender (that
 //! would be a system call on the receiver's `/proc/<pid>/mem`); the sender leaves the bytes,
 //! and where they go, in the slot that belongs to the receive completion it pushes, and the

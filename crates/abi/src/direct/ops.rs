@@ -1,4 +1,4 @@
-//! The direct path's operations that run in the daemon (ABI 15, docs/direct-path.md,
+//! The direct path's operations that run in the daemon (ABI 15, docs/design/direct-path.md,
 //! "Atomics and memory windows", "Completion channels"): operands of the commands and the
 //! channel header's notification words.
 

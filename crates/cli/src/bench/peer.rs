@@ -68,7 +68,7 @@ pub enum Role {
 }
 
 /// Local write, remote write and remote read: the bench does no atomics, and a QP that allows
-/// none may take the same-host direct path (docs/direct-path.md).
+/// none may take the same-host direct path (docs/design/direct-path.md).
 const ALL: Access = Access(0x07);
 const QKEY: u32 = 0x1111_1111;
 const SEND_WR: u32 = 128;

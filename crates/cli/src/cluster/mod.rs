@@ -1,4 +1,4 @@
-//! `softverbs cluster`: N RDMA hosts on one machine (docs/mpi.md).
+//! `softverbs cluster`: N RDMA hosts on one machine (docs/guide/mpi.md).
 //!
 //! `up` makes a bridge, one network namespace per host with a veth on it (net.rs), and one
 //! daemon per host whose device `softverbs0` has the host's address, so the hosts talk RoCE v2

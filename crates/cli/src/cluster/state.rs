@@ -163,7 +163,7 @@ impl Cluster {
 
 /// Makes `dir` (0755: the cluster's host files and daemon sockets are for every user) or
 /// checks it: it and its ancestors owned by root or this uid and writable by no one else
-/// (private_dir.rs; docs/security.md, "Paths"), never an existing directory of another user
+/// (private_dir.rs; docs/design/security.md, "Paths"), never an existing directory of another user
 /// or a symlink.
 pub fn shared_dir(dir: &Path) -> Result<(), String> {
     softverbs_ipc::private_dir::ensure(dir, 0o755, softverbs_ipc::private_dir::Owner::Me)

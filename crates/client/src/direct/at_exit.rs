@@ -1,5 +1,5 @@
 //! What a process that exits without destroying its QPs still owes its peers: the ACKs its
-//! net path holds for the program's next round (docs/net-path.md, "Order"). A NIC
+//! net path holds for the program's next round (docs/design/net-path.md, "Order"). A NIC
 //! acknowledges a message on arrival whatever the program does next; a held ACK that dies
 //! with the process instead ends the peer's request in `RETRY_EXC_ERR` after its retries,
 //! for a message that was delivered. `Drop` of the engine and QP destroy send them

@@ -1,4 +1,4 @@
-//! Small SENDs with no system call (docs/direct-path.md, "Small SENDs"): the sender leaves
+//! Small SENDs with no system call (docs/design/direct-path.md, "Small SENDs"): the sender leaves
 //! the payload of a SEND of at most [`INLINE_MAX`] bytes, and the receive SGEs it goes to,
 //! in the inline slot of the receive completion it pushes
 //! (`softverbs_abi::direct::inline`); the receiver's library copies the bytes into its own
@@ -207,7 +207,7 @@ impl Slots {
     /// slot before it pops it), for writing ahead of filling it, so the SEND that fills it
     /// does not wait for the line the receiver wrote last. The receiver does not touch a
     /// free slot until it is filled, so the compare-and-swap changes nothing but where the
-    /// line is (docs/direct-path.md, "Warm lines").
+    /// line is (docs/design/direct-path.md, "Warm lines").
     pub(super) fn warm(&self, index: u32) {
         let _ = self.state(index).compare_exchange(
             SLOT_FREE,

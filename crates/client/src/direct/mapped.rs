@@ -1,4 +1,4 @@
-//! The peer's shared-memory MRs mapped into this process (docs/direct-path.md,
+//! The peer's shared-memory MRs mapped into this process (docs/design/direct-path.md,
 //! "Shared-memory MRs"): an MR the peer registered as shared memory (the MR table marks it
 //! `MR_SHARED`) is asked for once (`DirectMrFd`), mapped, and reached with `memcpy` from
 //! then on instead of through the peer's `/proc/<pid>/mem`.

@@ -1,7 +1,7 @@
-//! The engine in the library (docs/net-path.md): an RC QP connected to a QP of another host
+//! The engine in the library (docs/design/net-path.md): an RC QP connected to a QP of another host
 //! is run by this process itself — the transport engine of `crates/transport`, over a private
 //! UDP socket of the context that it sends from and the daemon forwards the QP's packets to
-//! (docs/net-path.md, "Receiving") — so a message costs one `sendmsg` in the sender and one `recvmsg` in the receiver,
+//! (docs/design/net-path.md, "Receiving") — so a message costs one `sendmsg` in the sender and one `recvmsg` in the receiver,
 //! as UCX over TCP does, instead of a turn of both daemons (docs/performance.md, "Issue 16:
 //! what the engine in the client library would reach"). The daemon keeps the control path:
 //! creation, connection, the QP's state as `ibv_query_qp` shows it, async events, cleanup.
@@ -150,7 +150,7 @@ impl Memory for OwnMem {
 }
 
 /// An SRQ of the context as the engine takes from it: its shared ring, which the daemon's
-/// engine and the program's posts share (docs/direct-path.md, "SRQs").
+/// engine and the program's posts share (docs/design/direct-path.md, "SRQs").
 pub(super) struct OwnSrq {
     ring: super::PeerSrq,
     /// The QPs of the net path on it, by handle: `DirectSrqLimit` names the SRQ by one.
@@ -200,7 +200,7 @@ pub(super) struct Net {
     epoch: std::time::Instant,
     mem: OwnMem,
     /// ACKs of one round, their ICRC slots unwritten, sent after its requests
-    /// (docs/net-path.md, "Order").
+    /// (docs/design/net-path.md, "Order").
     acks: Vec<u8>,
     ack_ends: Vec<(usize, SocketAddr)>,
     /// QP numbers this engine runs, with their handles.
@@ -269,7 +269,7 @@ fn post_errno(e: PostError) -> i32 {
 /// An ACK sent ahead of the request the program posts next costs the peer a round: in a
 /// ping-pong the peer's poll returns on the ACK, and the request it waits for then lands
 /// while it is no longer polling — and only the peer's progress thread, napping, can take
-/// it (docs/net-path.md, "Order"). A round that is likely to be followed by such a post
+/// it (docs/design/net-path.md, "Order"). A round that is likely to be followed by such a post
 /// keeps its ACKs back; a round that sends requests sends them behind; the progress thread
 /// sends what is held if the program makes no round within `progress::SHORT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -473,7 +473,7 @@ impl Net {
     }
 
     /// Gives QP `qpn` a free slot of the net status region, if there is a region and a
-    /// free slot (docs/net-path.md, "Stalls").
+    /// free slot (docs/design/net-path.md, "Stalls").
     fn take_slot(&mut self, qpn: u32) {
         let Some(r) = self.act.status.get() else {
             return;
@@ -496,7 +496,7 @@ impl Net {
     }
 
     /// Writes each QP's responder state (expected PSN, MSN) where the daemon reads it when
-    /// it answers for this process (docs/net-path.md, "Stalls"); only what changed.
+    /// it answers for this process (docs/design/net-path.md, "Stalls"); only what changed.
     fn publish(&mut self) {
         let Some(r) = self.act.status.get() else {
             return;
@@ -536,7 +536,7 @@ impl Net {
         // With two earlier requests of the QP still outstanding, this one leaves at the next
         // round (the program's next poll, or the progress thread once their ACK or timer
         // comes): a burst of posts then goes out in GSO batches with one ACK request,
-        // instead of one datagram and one ACK each (docs/net-path.md, "Batching"). A
+        // instead of one datagram and one ACK each (docs/design/net-path.md, "Batching"). A
         // ping-pong has one at most — the last request, whose ACK may still be on its way
         // behind the reply — and its requests leave at once.
         // A program that is not polling makes no next round: its requests leave now.
@@ -565,7 +565,7 @@ impl Net {
         let got = self.receive(table, round == Round::Poll);
         let now = self.now();
         // Time this process could not run is not the peer's silence: the timers move by it
-        // before they run (docs/net-path.md, "Stalls").
+        // before they run (docs/design/net-path.md, "Stalls").
         let lost = self.act.take_lost(now.0);
         self.engine.stalled(lost);
         // The daemon's retry floor for the device (issue 35, item 7).

@@ -1,4 +1,4 @@
-//! The direct path's requests that need the daemon (ABI 15, docs/direct-path.md, "Atomics
+//! The direct path's requests that need the daemon (ABI 15, docs/design/direct-path.md, "Atomics
 //! and memory windows"), and completion events for the completions the libraries keep
 //! ("Completion channels").
 //!
@@ -714,7 +714,7 @@ impl super::DirectCtx {
 
 /// A memory fault behind an on-demand-paging MR of the peer is the access error a NIC
 /// reports for a failed ODP page fault, not an operational error (the engine's rule,
-/// docs/registered-memory.md).
+/// docs/design/registered-memory.md).
 ///
 /// And a request that meets no receive (RNR) waits as the engine's requester would retry:
 /// `rnr_retry` times the peer's RNR timer (`min_rnr_timer`, IBA table 45), then completes

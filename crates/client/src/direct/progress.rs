@@ -1,4 +1,4 @@
-//! The net path's progress thread (docs/net-path.md, "Progress"): a responder must ACK and
+//! The net path's progress thread (docs/design/net-path.md, "Progress"): a responder must ACK and
 //! a requester retransmit while the program computes, watches its memory for a peer's
 //! WRITE, or sleeps in `ibv_get_cq_event`, and a completion must wake a program that waits
 //! on its channel. One thread per context with a QP on the path does it, in one of three
@@ -35,7 +35,7 @@ use crate::conn::Conn;
 /// The nap while the program polls: a program in a poll loop takes its packets itself. A
 /// program that leaves its loop for longer than [`POLLING`] waits at most this for the
 /// thread to notice (once: from then on the ACKs the thread holds keep both sides' WRITEs
-/// arriving while their programs poll, docs/net-path.md, "Order").
+/// arriving while their programs poll, docs/design/net-path.md, "Order").
 pub(super) const NAP: Duration = Duration::from_millis(1);
 /// A program whose last poll is more recent than this is in a poll loop and takes its
 /// packets itself; one whose last poll is older, but not [`QUIET`] old, is between polls
@@ -267,7 +267,7 @@ fn run(s: Shared, sock: OwnedFd) {
             return;
         }
         // Woke (or goes round again): late against the plan means this process could not
-        // run, which the engine's timers must not count (docs/net-path.md, "Stalls").
+        // run, which the engine's timers must not count (docs/design/net-path.md, "Stalls").
         s.act.running(s.act.now());
         if reported.elapsed() >= REPORT {
             reported = Instant::now();

@@ -1,4 +1,4 @@
-//! The net path's socket (docs/net-path.md, "Batching"): the context's private socket, bound
+//! The net path's socket (docs/design/net-path.md, "Batching"): the context's private socket, bound
 //! to the device's address and an ephemeral port. Packets to one destination QP leave in one
 //! `sendmsg` with `UDP_SEGMENT` (GSO) to the peer's device port, and what the daemon
 //! forwards arrives coalesced (`UDP_GRO`), as the daemon's devices do

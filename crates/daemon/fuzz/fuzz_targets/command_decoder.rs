@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
     }
     assert!(d.core.counts().is_empty(), "teardown leaves nothing");
     // The CM ids and listeners of the context (commands 100-111) went with it; what is
-    // left is ownerless (time-wait tombstones, DREQs being retried), docs/cm.md §4.
+    // left is ownerless (time-wait tombstones, DREQs being retried), docs/design/cm.md §4.
     let cm = d.dp.cm.counts();
     assert_eq!((cm.owned, cm.listeners), (0, 0), "the context's CM state went: {cm:?}");
 });

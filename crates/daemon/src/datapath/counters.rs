@@ -33,9 +33,9 @@ pub struct PortCounters {
 pub enum Carrier {
     /// The daemon's engine.
     Daemon,
-    /// The same-host direct path: no packets, the libraries copy (docs/direct-path.md).
+    /// The same-host direct path: no packets, the libraries copy (docs/design/direct-path.md).
     Direct,
-    /// The library's own engine (docs/net-path.md).
+    /// The library's own engine (docs/design/net-path.md).
     Net,
 }
 

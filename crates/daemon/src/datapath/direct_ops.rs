@@ -1,4 +1,4 @@
-//! What the same-host direct path (docs/direct-path.md) asks of the data path: atomics and
+//! What the same-host direct path (docs/design/direct-path.md) asks of the data path: atomics and
 //! memory-window operations run here, in the daemon's one thread, on the engines' windows
 //! and the memory the engines use, so they are ordered with the engines' own atomics and
 //! binds (`IBV_ATOMIC_HCA`: atomic among the device's atomics); and completion events for

@@ -1,4 +1,4 @@
-//! SRQs the engine takes receives from one at a time (docs/direct-path.md, "SRQs"): the
+//! SRQs the engine takes receives from one at a time (docs/design/direct-path.md, "SRQs"): the
 //! SRQs of contexts whose direct path takes SRQ receives (`DirectOpenReq::caps`). Their ring
 //! is the one queue of posted receives, shared with the libraries of every direct peer of
 //! their QPs; nobody keeps a stock of them, so a receive posted is there for whichever

@@ -1,4 +1,4 @@
-//! The daemon's side of the net path (docs/net-path.md): which QPs a client library runs
+//! The daemon's side of the net path (docs/design/net-path.md): which QPs a client library runs
 //! itself over a private socket, and each context's socket. The daemon's engine keeps its
 //! copy of such a QP (its state mirrors the core's) but never sees its packets: the device
 //! forwards them to the library's socket (`crate::netdev`, `NetDev::forward_qp`).
@@ -41,7 +41,7 @@ pub(super) struct NetPaths {
     pub(super) closed_counters: HashMap<usize, softverbs_transport::Counters>,
     /// Each QP on the path's context.
     pub(super) owners: HashMap<u32, CtxId>,
-    /// Each context's net status region, which its library writes (docs/net-path.md,
+    /// Each context's net status region, which its library writes (docs/design/net-path.md,
     /// "Stalls").
     pub(super) status: HashMap<CtxId, Status>,
     /// RNR NAKs sent for libraries that did not run ([`DataPath::net_answer`]).
@@ -228,7 +228,7 @@ impl DataPath {
     /// ([`DataPath::net_answer_for`]), the daemon answers for it with an RNR NAK at the
     /// expected PSN and MSN it published (`Engine::rnr_nak_for`, from the daemon's copy of
     /// the QP): the peer waits and retransmits without spending its retry count
-    /// (docs/net-path.md, "Stalls"). Otherwise, and for a response, the packet is dropped
+    /// (docs/design/net-path.md, "Stalls"). Otherwise, and for a response, the packet is dropped
     /// (its requester retransmits; the library's engine is the only one with the QP's
     /// state). True if it answered.
     pub(super) fn net_answer(&mut self, d: usize, pkt: &[u8]) -> bool {
@@ -352,7 +352,7 @@ impl DataPath {
     /// This daemon could not run for `lost`: every library that publishes learns it
     /// (`NS_DAEMON_LOST`), since the packets of its QPs, their ACKs among them, waited in
     /// the forwarder as long, and rebases its requester timers by it as by its own stalls
-    /// (docs/net-path.md, "Stalls").
+    /// (docs/design/net-path.md, "Stalls").
     pub(super) fn net_status_stalled(&self, lost: Duration) {
         let ns = u64::try_from(lost.as_nanos()).unwrap_or(u64::MAX);
         for st in self.net_path.status.values() {

@@ -1,4 +1,4 @@
-//! `DirectMrFd` (docs/direct-path.md, "Shared-memory MRs"): the memfd of a peer's MR
+//! `DirectMrFd` (docs/design/direct-path.md, "Shared-memory MRs"): the memfd of a peer's MR
 //! registered as shared memory, so the library of a direct QP maps it and copies with
 //! `memcpy` instead of going through the peer's `/proc/<pid>/mem`.
 //!

@@ -1,5 +1,5 @@
 //! The direct path's operations that the daemon runs for a library (ABI 15,
-//! docs/direct-path.md, "Atomics and memory windows" and "Completion channels"): atomics and
+//! docs/design/direct-path.md, "Atomics and memory windows" and "Completion channels"): atomics and
 //! window operations need the one serialization point and the windows the engines hold,
 //! and an armed CQ's event is the daemon's to raise.
 //!
@@ -203,7 +203,7 @@ impl Direct {
 
     /// `DirectRemoteInv`: the peer QP invalidates `rkey` (a bound type 2 window of its PD
     /// bound to it); refused, the requester gets `REM_INV_REQ_ERR` and the responder
-    /// `QP_REQ_ERR` (class J, docs/memory-windows.md).
+    /// `QP_REQ_ERR` (class J, docs/design/memory-windows.md).
     pub fn remote_inv(
         &self,
         core: &Core,

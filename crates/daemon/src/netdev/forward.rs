@@ -1,5 +1,5 @@
 //! Forwarding a net-path QP's packets to the private socket of the context that runs its
-//! engine (docs/net-path.md, "Receiving"; issue 35, item 1).
+//! engine (docs/design/net-path.md, "Receiving"; issue 35, item 1).
 //!
 //! Peers send every RoCE v2 packet to the device's port (4791, IBA A17.4), which only the
 //! daemon's socket holds: no client holds a member of it, so none can receive, steer or
@@ -41,7 +41,7 @@ pub enum Forward {
     /// Its QP is not on the net path: the device's engine takes it.
     NotNet,
     /// Forwarded, and also handed to the daemon: a request for a QP whose library does not
-    /// run (`Forwarder::hold`), which the daemon answers for it (docs/net-path.md,
+    /// run (`Forwarder::hold`), which the daemon answers for it (docs/design/net-path.md,
     /// "Stalls"); the library, if it runs after all, takes the request too.
     Held,
 }
@@ -78,12 +78,12 @@ pub(super) struct Forwarder {
     pub(super) stats: ForwardStats,
     /// QPs whose library does not run (stopped, or stale: `DataPath::net_watch`): their
     /// peers' requests go to the device's engine side, where the daemon answers for the
-    /// library (docs/net-path.md, "Stalls"); responses still go on to the library.
+    /// library (docs/design/net-path.md, "Stalls"); responses still go on to the library.
     held: std::collections::HashSet<u32>,
     /// Each library socket's net status region, whose last-ran stamp is read for every
     /// request forwarded there: a library that has not run for `STALE` has its requests
     /// handed to the daemon at once ([`Forward::Held`]), not only after the watcher's next
-    /// look (docs/net-path.md, "Stalls").
+    /// look (docs/design/net-path.md, "Stalls").
     stamps: HashMap<SocketAddr, Arc<Region>>,
     /// `CLOCK_MONOTONIC` ns of the daemon's current round (`NetDev::set_clock`); 0 before.
     now: u64,

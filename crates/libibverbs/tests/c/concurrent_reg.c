@@ -1,6 +1,6 @@
 /*
  * concurrent_reg: a second thread keeps writing a buffer while the first registers it with
- * ibv_reg_mr, and no write is lost or torn (docs/registered-memory.md, "Registration while
+ * ibv_reg_mr, and no write is lost or torn (docs/design/registered-memory.md, "Registration while
  * other threads write"). The buffer is three private anonymous pages; the registered range
  * starts 40 bytes into the first and ends 40 bytes before the end of the last, so the
  * writer also writes bytes on the same pages just outside the MR, as a neighbouring object

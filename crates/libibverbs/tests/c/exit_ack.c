@@ -1,7 +1,7 @@
 /* A receiver that exits right after its last receive, without destroying anything, and a
  * sender that checks its SEND still completes successfully (tests/exit_ack.rs): on the net
  * path the receiver's library holds a poll's ACK for the program's next round
- * (docs/net-path.md, "Order"), and a NIC would have acknowledged the SEND on arrival.
+ * (docs/design/net-path.md, "Order"), and a NIC would have acknowledged the SEND on arrival.
  *
  *   exit_ack receiver|sender
  *       prints "qp GID QPN", reads "peer GID QPN", connects, prints "ready";

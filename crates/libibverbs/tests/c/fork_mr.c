@@ -1,6 +1,6 @@
 /*
  * fork_mr: registration shares a malloc'ed buffer's pages with the daemon in place
- * (docs/registered-memory.md, "Sharing by default"), and the program must not be able to
+ * (docs/design/registered-memory.md, "Sharing by default"), and the program must not be able to
  * tell: a child forked while the buffer is registered gets its own copy of it as of the
  * fork (as Linux >= 5.8 copies a NIC's pinned pages for the child), the child's writes to
  * the buffer and to its neighbours on the same pages stay in the child, an RDMA WRITE into

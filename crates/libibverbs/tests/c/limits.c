@@ -1,5 +1,5 @@
 /*
- * limits: a context over one of the daemon's limits (docs/limits.md) gets what rdma-core
+ * limits: a context over one of the daemon's limits (docs/guide/limits.md) gets what rdma-core
  * gives when the kernel or the device runs out (NULL with errno ENOMEM, as ib_umem_get past
  * RLIMIT_MEMLOCK and a full device table answer), and another context of the same process
  * still creates objects and moves data.

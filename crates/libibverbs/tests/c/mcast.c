@@ -1,6 +1,6 @@
 /* UD multicast through the drop-in: ibv_attach_mcast(3) / ibv_detach_mcast(3), the
- * device's multicast limits, and datagrams to a group (docs/dropin.md "Multicast",
- * docs/roce-wire.md §8).
+ * device's multicast limits, and datagrams to a group (docs/guide/dropin.md "Multicast",
+ * docs/design/roce-wire.md §8).
  *
  *   mcast errnos         the refusals rdma-core and the kernel (uverbs + rxe) give, the limits
  *   mcast send GROUP     prints "qp QPN"; on "send FIRST COUNT" sends COUNT datagrams to the

@@ -1,6 +1,6 @@
 /*
  * mem_semantics: registering memory must not change what a later legal operation on the
- * program's own memory does (issue 35, item 6; docs/registered-memory.md, "What registration
+ * program's own memory does (issue 35, item 6; docs/design/registered-memory.md, "What registration
  * must not change"). The Rust side runs this with sharing on (the default) and with
  * SOFTVERBS_SHARED_MR=0, where nothing is converted, as with a NIC: every check must hold in
  * both.

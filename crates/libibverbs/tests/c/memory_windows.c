@@ -1,5 +1,5 @@
 /* Memory windows through the drop-in, between two processes (on one daemon or across two):
- * one check per rule, each named after its source (docs/memory-windows.md).
+ * one check per rule, each named after its source (docs/design/memory-windows.md).
  *
  *   memory_windows target     the responder: owns the memory and the windows
  *       prints "qps GID Q0..Q7", reads "peer GID Q0..Q7", connects, makes its local checks

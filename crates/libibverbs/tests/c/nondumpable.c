@@ -1,7 +1,7 @@
 /*
  * nondumpable: two processes of one uid (this program and a child it forks before any verbs
  * call), each with its own context, connect an RC QP each to the other's and ping-pong SENDs
- * and RDMA WRITEs (issue 35, item 5; docs/direct-path.md, "Who goes direct"). The child
+ * and RDMA WRITEs (issue 35, item 5; docs/design/direct-path.md, "Who goes direct"). The child
  * makes itself not dumpable, prctl(PR_SET_DUMPABLE, 0), as privilege-dropping programs do:
  *
  *   nondumpable none   neither does (the control: the pair goes direct)

@@ -1,6 +1,6 @@
 /*
  * odp: on-demand paging through the drop-in (ibv_reg_mr(3) IBV_ACCESS_ON_DEMAND,
- * ibv_advise_mr(3), ibv_query_device_ex(3) odp_caps; docs/registered-memory.md, "On-demand
+ * ibv_advise_mr(3), ibv_query_device_ex(3) odp_caps; docs/design/registered-memory.md, "On-demand
  * paging"). An ODP MR over a page that is not mapped registers; the implicit MR (addr NULL,
  * length SIZE_MAX) takes an RDMA WRITE into a page mapped after it was registered; a READ of
  * a page unmapped after registration completes with IBV_WC_REM_ACCESS_ERR, and a page mapped

@@ -2,7 +2,7 @@
  * open_contexts MAX [hold]: opens up to MAX contexts of the first device with
  * ibv_open_device, each with a PD, and prints "opened N errno E" (E is the errno of the
  * open that failed, or 0). With "hold" it then keeps them until its stdin closes (or it is
- * killed), for the daemon's per-uid descriptor share (docs/limits.md) to be seen full.
+ * killed), for the daemon's per-uid descriptor share (docs/guide/limits.md) to be seen full.
  */
 #define _GNU_SOURCE
 #include <errno.h>

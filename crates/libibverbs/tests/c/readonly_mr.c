@@ -4,7 +4,7 @@
  * IBV_ACCESS_LOCAL_WRITE, REMOTE_WRITE, REMOTE_ATOMIC or MW_BIND: NULL with errno EFAULT
  * for write access over PROT_READ pages and for any access over unmapped ones; without
  * write access a PROT_READ page registers, an RDMA READ of it returns its bytes, and an
- * RDMA WRITE towards it never changes them (docs/registered-memory.md).
+ * RDMA WRITE towards it never changes them (docs/design/registered-memory.md).
  *
  * Prints "ok <check>" or "FAIL <check>: ..." per check, then a summary line.
  */

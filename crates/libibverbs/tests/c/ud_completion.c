@@ -1,5 +1,5 @@
 /* What real stacks read from a UD receive completion and from ibv_query_device_ex
- * (docs/roce-wire.md "UD receive completions", docs/dropin.md "ibv_query_device_ex").
+ * (docs/design/roce-wire.md "UD receive completions", docs/guide/dropin.md "ibv_query_device_ex").
  *
  *   ud_completion recv   prints "qp QPN GID", reads "peer QPN GID", checks one datagram
  *   ud_completion send   prints "qp QPN GID", reads "peer QPN GID", sends one datagram

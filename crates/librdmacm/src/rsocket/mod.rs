@@ -1,7 +1,7 @@
 //! rsockets (rsocket(7)): stream sockets over RDMA-CM RC connections, the `r*` calls of
 //! `rdma/rsocket.h`. Each rsocket is a real file descriptor number (an eventfd the
 //! library owns, so numbers never collide with the program's own fds) naming a [`Sock`];
-//! the protocol between two rsockets is docs/rsockets.md.
+//! the protocol between two rsockets is docs/design/rsockets.md.
 //!
 //! Blocking calls and `rpoll` wait by driving the socket (CQ polls, CM events) between
 //! short sleeps: softverbs' CQs complete in the daemon, not on an interrupt.

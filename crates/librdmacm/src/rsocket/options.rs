@@ -1,5 +1,5 @@
 //! Names and options: `rgetpeername`, `rgetsockname`, `rsetsockopt`, `rgetsockopt`, `rfcntl`
-//! (rsocket(7); what each option does is in docs/rsockets.md).
+//! (rsocket(7); what each option does is in docs/design/rsockets.md).
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! One rsocket: its CM id and, once connected, the stream protocol of docs/rsockets.md —
+//! One rsocket: its CM id and, once connected, the stream protocol of docs/design/rsockets.md —
 //! an RC QP, a ring of `nb` receive buffers of `bs` bytes each side, data as SENDs into
 //! them, credits returned by an RDMA WRITE of the receiver's consumed-message count into a
 //! cell of the sender's, end of stream as a zero-length SEND with immediate.
@@ -554,7 +554,7 @@ impl Conn {
         got
     }
 
-    /// A peer's mapping message (docs/rsockets.md): kind 1 maps, 2 unmaps.
+    /// A peer's mapping message (docs/design/rsockets.md): kind 1 maps, 2 unmaps.
     fn iomap_message(&mut self, slot: usize, len: usize) {
         if len < 32 {
             return;

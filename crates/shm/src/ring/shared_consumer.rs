@@ -1,5 +1,5 @@
 //! One of several consumers of a ring (a shared receive queue taken from by the daemon's
-//! engine and by the direct-path libraries of every peer of its QPs, docs/direct-path.md,
+//! engine and by the direct-path libraries of every peer of its QPs, docs/design/direct-path.md,
 //! "SRQs").
 //!
 //! The ring's layout and its producer are unchanged ([`Producer`](super::Producer)): a

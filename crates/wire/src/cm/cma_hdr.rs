@@ -1,5 +1,5 @@
 //! The address header rdma_cm puts at the start of REQ and SIDR_REQ private data
-//! (docs/cm.md §2.3; the kernel's `struct cma_hdr`, `cma_format_hdr`).
+//! (docs/design/cm.md §2.3; the kernel's `struct cma_hdr`, `cma_format_hdr`).
 //!
 //! ```text
 //! byte 0      CMA version (0)

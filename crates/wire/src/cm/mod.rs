@@ -1,5 +1,5 @@
 //! InfiniBand Communication Management MADs (IBA chapter 12) and the rdma_cm conventions
-//! carried inside them (docs/cm.md §2).
+//! carried inside them (docs/design/cm.md §2).
 //!
 //! * [`mad`]: the 24-byte common MAD header (IBA 13.4.3) and the CM class constants.
 //! * [`msg`]: REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ and SIDR_REP (IBA 12.6 tables
@@ -66,7 +66,7 @@ pub enum CmWireError {
         /// The value found (or given to emit).
         value: u64,
     },
-    /// A private-data address header that is not rdma_cm's (docs/cm.md §2.3).
+    /// A private-data address header that is not rdma_cm's (docs/design/cm.md §2.3).
     #[error("rdma_cm address header: {0}")]
     CmaHdr(&'static str),
 }
@@ -115,7 +115,7 @@ pub fn peek_header(bytes: &[u8]) -> Option<MadHdr> {
 mod tests;
 
 /// Headers of a CM MAD on the wire: a UD SEND_ONLY from QP1 to QP1 with the GSI Q_Key and
-/// the default P_Key (IBA 13.5.1; docs/cm.md §2). `psn` is the sending GSI's next PSN.
+/// the default P_Key (IBA 13.5.1; docs/design/cm.md §2). `psn` is the sending GSI's next PSN.
 pub fn gsi_headers(psn: u32) -> crate::Headers {
     let mut h = crate::Headers::new(crate::BthRepr::new(
         crate::Opcode(0x64), // UD SEND_ONLY (IBA 9.2, table 35)

@@ -1,5 +1,5 @@
 //! The nine CM messages this CM speaks (IBA 12.6.5–12.6.11, 12.11.1–12.11.2; byte and bit
-//! positions as in tables 106–120, docs/cm.md §2.1).
+//! positions as in tables 106–120, docs/design/cm.md §2.1).
 //!
 //! Each message has a `#[repr(C)]` zerocopy layout of exactly [`CM_DATA_LEN`] bytes (the
 //! `*Wire` structs: whole bytes as big-endian integers, sub-byte fields in the byte that

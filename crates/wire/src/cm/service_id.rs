@@ -1,4 +1,4 @@
-//! rdma_cm's service IDs for IP port spaces (docs/cm.md §2.2).
+//! rdma_cm's service IDs for IP port spaces (docs/design/cm.md §2.2).
 //!
 //! rdma_cm maps an IP port in a port space to the IB service ID `port_space << 16 | port`
 //! (the kernel's `cma_get_service_id`; `RDMA_IB_IP_PS_*` in rdma_cma.h). For the TCP, UDP and
