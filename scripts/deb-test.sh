@@ -23,6 +23,12 @@ deb=$(readlink -f "$deb")
 [ -f "$deb" ] || { echo "deb-test: no package at '$deb'" >&2; exit 1; }
 echo "$deb"
 dpkg-deb --info "$deb" | sed -n '/Package:/,$p'
+# The package brings its own libibverbs.so.1 and librdmacm.so.1: depending on rdma-core's would
+# install them along with it, and purging softverbs would leave them behind.
+if dpkg-deb --field "$deb" Depends | grep -qE 'libibverbs|librdmacm|rdma-core'; then
+  echo "deb-test: the package depends on rdma-core's libraries: $(dpkg-deb --field "$deb" Depends)" >&2
+  exit 1
+fi
 
 target=${CARGO_TARGET_DIR:-target}
 dir=$(readlink -f "$target")/deb-test
