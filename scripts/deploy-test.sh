@@ -13,6 +13,9 @@
 # serve them: rdma-core's unmodified ibv_rc_pingpong host1<->host2 and host2<->host3, and
 # rping host1<->host3, each checking its data; and `softverbs status` on each host names the
 # system daemon's socket and the host's address with the active MTU its 9000-byte link gives.
+# Last, an ibv_rc_pingpong pair host1<->host3 started with nothing but the drop-ins'
+# directory on LD_LIBRARY_PATH, as an MPI launcher's `-x LD_LIBRARY_PATH=...` starts ranks:
+# the drop-in finds the system daemon by itself.
 #
 # MPI across these hosts is not run here: Open MPI and UCX (about 35 MB installed, some 20
 # packages) plus a program for them (Python and mpi4py, or a compiler for mpi_check.c) would
@@ -168,19 +171,23 @@ for i in 1 2 3; do
     fail "$h: status does not show softverbs0 on eth0's $net.$i with active MTU 4096"
 done
 
-# ibv_rc_pingpong: the server on $1, the client on $2. The server is up when its TCP port
-# (18515, 0x4853) listens in its host's network namespace; each side checks the data (-c)
-# and exits non-zero on a failure; the client names the server's GID.
+# ibv_rc_pingpong: the server on $1, the client on $2, each started by the command $4...
+# (`softverbs run --` by default). The server is up when its TCP port (18515, 0x4853) listens
+# in its host's network namespace; each side checks the data (-c) and exits non-zero on a
+# failure; the client names the server's GID.
 pingpong() {
   local srv=$1 cli=$2 srv_ip=$3 p
-  as_user "$srv" softverbs run -- ibv_rc_pingpong -g 0 -n 100 -c >"$dir/pp-srv.txt" 2>&1 &
+  shift 3
+  local launch=("$@")
+  [ ${#launch[@]} -gt 0 ] || launch=(softverbs run --)
+  as_user "$srv" "${launch[@]}" ibv_rc_pingpong -g 0 -n 100 -c >"$dir/pp-srv.txt" 2>&1 &
   p=$!
   until nsenter --target "${init[$srv]}" --net \
     grep -q ":4853 00000000:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null; do
     kill -0 "$p" 2>/dev/null || { cat "$dir/pp-srv.txt"; fail "the server on $srv exited"; }
     sleep 0.1
   done
-  as_user "$cli" softverbs run -- ibv_rc_pingpong -g 0 -n 100 -c "$srv_ip" >"$dir/pp-cli.txt" 2>&1 ||
+  as_user "$cli" "${launch[@]}" ibv_rc_pingpong -g 0 -n 100 -c "$srv_ip" >"$dir/pp-cli.txt" 2>&1 ||
     { cat "$dir/pp-cli.txt"; fail "the client on $cli failed"; }
   wait "$p" || { cat "$dir/pp-srv.txt"; fail "the server on $srv failed"; }
   sed "s/^/$cli: /" "$dir/pp-cli.txt"
@@ -207,5 +214,12 @@ wait "$p" || { cat "$dir/rping-srv.txt"; fail "the rping server on h1 failed"; }
 n=$(grep -c "ping data: rdma-ping-" "$dir/rping-cli.txt" || true)
 echo "rping: $n of 10 pings checked"
 [ "$n" = 10 ] || fail "rping checked $n of 10 pings"
+
+# What an MPI launcher's `-x LD_LIBRARY_PATH=...` (`-genv`, `srun --export`) gives a rank:
+# the drop-ins' directory first on the library path and nothing else, no `softverbs run`.
+# The drop-ins' directory as the package recorded it (dpkg -L: /usr/lib/<multiarch>/softverbs).
+libdir=$(chroot "$root" dpkg -L softverbs | grep '/softverbs/libibverbs.so.1$' | xargs dirname)
+phase "ibv_rc_pingpong h1 (server) <-> h3 (client) with only LD_LIBRARY_PATH=$libdir"
+pingpong h1 h3 "$net.1" env "LD_LIBRARY_PATH=$libdir"
 
 phase "passed"
