@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Debian package on a clean Debian bookworm (issue 36 item 2; docs/guide/install.md):
 # builds it (scripts/deb.sh), installs it with `dpkg -i` in a fresh root made by mmdebstrap
-# (cached as a tarball under target/deb-test/, so only the first run downloads), runs an
+# (cached as a tarball, scripts/lib/clean-root.sh, so only the first run downloads), runs an
 # unmodified ibv_rc_pingpong pair and rping (rdma-core's, from ibverbs-utils and rdmacm-utils
 # in the root) through the installed files with `softverbs run`, checks the man pages, the
 # completions, the pkg-config file and the separate debug info, purges the package and checks
@@ -17,10 +17,11 @@ fi
 t0=$(date +%s)
 phase() { echo "== deb-test: $1 ($(($(date +%s) - t0)) s)"; }
 
+# shellcheck source=scripts/lib/clean-root.sh
+. scripts/lib/clean-root.sh
+
 phase "build the package"
-deb=$(scripts/deb.sh "$@")
-deb=$(readlink -f "$deb")
-[ -f "$deb" ] || { echo "deb-test: no package at '$deb'" >&2; exit 1; }
+deb=$(clean_root_deb "$@")
 echo "$deb"
 dpkg-deb --info "$deb" | sed -n '/Package:/,$p'
 # The package brings its own libibverbs.so.1 and librdmacm.so.1: depending on rdma-core's would
@@ -33,32 +34,8 @@ fi
 target=${CARGO_TARGET_DIR:-target}
 dir=$(readlink -f "$target")/deb-test
 mkdir -p "$dir"
-# The clean root: bookworm's apt variant plus the unmodified programs and what the checks use.
-# pkgconf reads the .pc file; init-system-helpers runs the units' maintainer scripts (as on
-# any installed Debian system); mount's umount detaches the old root after pivot_root.
-include=ibverbs-utils,rdmacm-utils,pkgconf,init-system-helpers,mount
-# The root's tarball is cached outside the clone (a CI machine keeps it between runs of a
-# fresh clone, and the cold build of scripts/build-without-rdma-core.sh empties target/);
-# SOFTVERBS_DEB_TEST_CACHE moves it.
-cache=${SOFTVERBS_DEB_TEST_CACHE:-/var/cache/softverbs-ci}
-mkdir -p "$cache"
-chmod 0700 "$cache"
-tarball=$cache/bookworm-$(echo "$include" | sha256sum | cut -c1-12).tar
-# Roots made for another include list are stale.
-find "$cache" -maxdepth 1 -name 'bookworm-*.tar' ! -name "${tarball##*/}" -delete
-if [ ! -f "$tarball" ]; then
-  phase "make the clean root (mmdebstrap, cached in $tarball)"
-  # (mmdebstrap picks the format from the name's extension: .tar)
-  mmdebstrap --quiet --variant=apt --include="$include" bookworm "$tarball.new.tar"
-  mv "$tarball.new.tar" "$tarball"
-fi
-phase "extract the clean root"
 root=$dir/root
-# A root left mounted by an interrupted run is unmounted before it is removed.
-umount -R "$root" 2>/dev/null || true
-rm -rf "$root"
-mkdir "$root"
-tar -C "$root" -xf "$tarball"
+clean_root_extract "$root"
 
 # Everything in the root but logs, caches, apt's lists and dpkg's backups of its own database:
 # path, type, mode, owner; regular files also their checksum.
@@ -79,32 +56,15 @@ listing > "$dir/before.txt"
 
 # The programs run in namespaces of their own: a network (loopback only: the daemon's UDP
 # 4791 and ibv_rc_pingpong's TCP port are this test's), a PID namespace (the daemon the first
-# `softverbs run` starts dies with it), and mounts (proc, sys, /dev/shm, /run, /tmp in the
-# root) that vanish with it. The root is made the namespace's root with pivot_root(2), not
-# chroot: `softverbs run` gives a program a mount namespace of its own, and the daemon must
-# see the files that program opens under the same root.
+# `softverbs run` starts dies with it), and mounts that vanish with it, the root made the
+# namespace's root (CLEAN_ROOT_ENTER, scripts/lib/clean-root.sh).
 in_root() {
-  unshare --mount --net --pid --fork --mount-proc=/proc -- sh -euc '
-    root=$1; shift
-    ip link set lo up
-    mount --bind "$root" "$root"
-    mount -t proc proc "$root/proc"
-    mount -t sysfs sysfs "$root/sys"
-    mount --rbind /dev "$root/dev"
-    mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
-    mount -t tmpfs -o mode=755 tmpfs "$root/run"
-    mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
-    cd "$root"
-    pivot_root . .
-    umount -l .
-    exec chroot . /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "$@"
-  ' in_root "$root" "$@"
+  unshare --mount --net --pid --fork --mount-proc=/proc -- \
+    sh -euc "$CLEAN_ROOT_ENTER" in_root "$root" -- "$@"
 }
 
 phase "install with dpkg -i"
-cp "$deb" "$root/softverbs.deb"
-chroot "$root" dpkg -i /softverbs.deb
-rm "$root/softverbs.deb"
+clean_root_install "$root" "$deb"
 
 phase "check the installed files"
 # The drop-ins' directory as the package recorded it (dpkg -L): /usr/lib/<triplet>/softverbs,

@@ -19,6 +19,7 @@ cd "$(dirname "$0")/.."
 # mmdebstrap makes the clean root the Debian package is installed in, dpkg-dev's
 # dpkg-shlibdeps gives it its dependencies (scripts/deb-test.sh).
 # mount (with util-linux's unshare) hides rdma-core for scripts/build-without-rdma-core.sh.
+# util-linux (unshare, nsenter) and iproute2 also build the three hosts of scripts/deploy-test.sh.
 packages=(procps util-linux mount tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
   libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev python3-dev python3-pip
@@ -64,3 +65,8 @@ echo "== the Debian package (build, install in a clean bookworm root, run, purge
 # Built in the release target directory the cold build above made (the same build, not a
 # second one).
 CARGO_TARGET_DIR=$PWD/target/no-rdma-core scripts/deb-test.sh
+echo "== deploying on three hosts (the installed package's daemon from its config file)"
+# The package deb-test.sh just built (cargo-deb writes one file per version and architecture,
+# so the newest is it), installed once more in the same cached clean root.
+SOFTVERBS_DEB=$(ls -t target/no-rdma-core/debian/softverbs_*.deb 2>/dev/null | head -n 1) \
+  CARGO_TARGET_DIR=$PWD/target/no-rdma-core scripts/deploy-test.sh

@@ -177,6 +177,15 @@ fn open_mpi_pml_ucx_runs_mpi4py_and_our_checks_across_two_hosts() {
 
     let out = open_mpi(&c, &[exe.to_str().unwrap()]);
     assert_check_passed(&c, &out);
+    // docs/guide/deploy.md's launched command: every rank started as `softverbs run --
+    // PROGRAM`, which execs the program in place (the rank keeps its pid, its environment from
+    // orted and its binding).
+    let sv = softverbs_bin();
+    let out = open_mpi(
+        &c,
+        &[sv.to_str().unwrap(), "run", "--", exe.to_str().unwrap()],
+    );
+    assert_check_passed(&c, &out);
 
     let out = open_mpi(
         &c,
@@ -228,6 +237,13 @@ fn mpich_ch4_ucx_runs_our_checks_across_two_hosts() {
     let c = Cluster::up("sv5p", 2);
     let before = qp_visits(&c, 2);
     let out = mpich(&c, &[exe.to_str().unwrap()]);
+    assert_check_passed(&c, &out);
+    // docs/guide/deploy.md's launched command under hydra's proxy: `softverbs run -- PROGRAM`.
+    let sv = softverbs_bin();
+    let out = mpich(
+        &c,
+        &[sv.to_str().unwrap(), "run", "--", exe.to_str().unwrap()],
+    );
     assert_check_passed(&c, &out);
     // mpi4py built against MPICH by scripts/mpi4py-mpich.sh (Debian's is Open MPI's).
     match mpi4py_for_mpich() {
