@@ -21,7 +21,7 @@
 # packages) plus a program for them (Python and mpi4py, or a compiler for mpi_check.c) would
 # about double the clean root that deb-test.sh lists file by file, and a new include list
 # means a new mmdebstrap run; the MPI stacks run across `softverbs cluster` hosts, the same
-# network shape, in crates/e2e/tests/cluster.rs (docs/mpi.md).
+# network shape, in crates/e2e/tests/cluster.rs (docs/guide/mpi.md).
 #
 # Needs root (namespaces, mounts, chroot); skipped otherwise. The bridge and the hosts' links
 # live in a network namespace of the script's own, so nothing appears on the machine's
