@@ -195,6 +195,7 @@ pub(crate) fn complete_error_at<M: Memory>(
         }
     }
     if let Some(w) = qp.sq.pop_front() {
+        qp.cnt.local_error(status);
         let wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), qp.cfg.qpn);
         env.complete(qp.cfg.send_cq, wc);
     }

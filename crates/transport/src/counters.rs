@@ -106,4 +106,24 @@ counters! {
     rx_read_requests,
     /// Atomic requests received and executed (mlx5 `rx_atomic_requests`).
     rx_atomic_requests,
+    /// Work requests completed with `IBV_WC_LOC_PROT_ERR`: a local key or its access did not
+    /// allow what the request (gathering a send, scattering a READ response or a receive)
+    /// needed (IBA 10.8.3; no rxe or mlx5 equivalent).
+    local_prot_err,
+    /// Work requests completed with `IBV_WC_LOC_LEN_ERR`: a message longer than the receive
+    /// posted for it, or a READ response past its request's buffers (mlx5
+    /// `resp_local_length_error` counts the responder's side only).
+    local_length_err,
+}
+
+impl Counters {
+    /// Counts an error completion that the local side caused (`local_prot_err`,
+    /// `local_length_err`); other statuses are counted where their cause is seen.
+    pub(crate) fn local_error(&mut self, status: crate::wr::WcStatus) {
+        match status {
+            crate::wr::WcStatus::LocProtErr => self.local_prot_err += 1,
+            crate::wr::WcStatus::LocLenErr => self.local_length_err += 1,
+            _ => {}
+        }
+    }
 }

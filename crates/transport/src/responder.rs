@@ -424,6 +424,7 @@ fn execute_send<M: Memory>(
         return Err(Refusal::invalid_request());
     }
     if let Err(status) = scatter(env, pd, wqe, *offset, payload) {
+        qp.cnt.local_error(status);
         let wqe = qp.resp.abort_message().expect("in progress");
         env.complete(
             cq,

@@ -19,6 +19,8 @@ struct Pair {
     net: Network,
     qa: u32,
     qb: u32,
+    /// `b`'s memory key (every access).
+    kb: u32,
 }
 
 /// Two hosts with one connected RC QP each (PSNs start at 1000, MTU 1024); `a` posts `ops`
@@ -89,7 +91,7 @@ fn pair(ops: &[SendOp], recvs: usize, params: ConnParams) -> Pair {
     }
     let mut net = Network::new(vec![a, b], Faults::NONE, 7);
     net.capture = Some(Vec::new());
-    Pair { net, qa, qb }
+    Pair { net, qa, qb, kb }
 }
 
 impl Pair {
@@ -297,6 +299,51 @@ fn rnr_naks_and_their_exhaustion_are_counted() {
     assert_eq!(a.rcvd_rnr_err, 3);
     assert_eq!(a.retry_rnr_exceeded_err, 1);
     assert_eq!(b.rdma_recvs, 0);
+}
+
+#[test]
+fn local_protection_and_length_errors_are_counted_where_they_happen() {
+    // A send whose gather names no memory key of its own: LOC_PROT_ERR at the requester,
+    // nothing on the wire for it.
+    let mut p = pair(&[], 0, ConnParams::default());
+    let bad = Sge {
+        addr: 0,
+        length: 64,
+        lkey: 0x00de_ad00,
+    };
+    let mut wr = SendWr::new(9, SendOp::Send, Payload::Sges(vec![bad]));
+    wr.signaled = true;
+    let qa = p.qa;
+    p.net.hosts[0].engine.post_send(qa, wr).unwrap();
+    p.run(1);
+    assert_eq!(p.net.hosts[0].completions[0].1.status, WcStatus::LocProtErr);
+    let a = p.qp(0);
+    assert_eq!((a.local_prot_err, a.local_length_err), (1, 0));
+    assert_eq!(a.sent_pkts, 0);
+
+    // A 4 KiB SEND into a 16-byte receive: LOC_LEN_ERR at the responder, which NAKs it.
+    let mut p = pair(&[SendOp::Send], 0, ConnParams::default());
+    let (qb, kb) = (p.qb, p.kb);
+    let small = Sge {
+        addr: 0x8000,
+        length: 16,
+        lkey: kb,
+    };
+    p.net.hosts[1]
+        .engine
+        .post_recv(
+            qb,
+            RecvWr {
+                wr_id: 1,
+                sges: vec![small],
+            },
+        )
+        .unwrap();
+    p.run(1);
+    assert_eq!(p.net.hosts[1].completions[0].1.status, WcStatus::LocLenErr);
+    let (a, b) = (p.qp(0), p.qp(1));
+    assert_eq!((b.local_prot_err, b.local_length_err), (0, 1));
+    assert_eq!((a.local_prot_err, a.local_length_err), (0, 0));
 }
 
 #[test]
