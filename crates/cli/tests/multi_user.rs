@@ -131,27 +131,38 @@ fn listening(port: u16) -> bool {
     })
 }
 
-/// An `ibv_rc_pingpong` server in `server`'s job and its client in `client`'s, both through
-/// `softverbs run`; both must end successfully.
-fn pingpong(server: &Job, client: &Job, port: u16) {
-    let p = port.to_string();
-    let args = [
+/// `softverbs run -- ibv_rc_pingpong` on TCP port `port` for `iters` round trips (the
+/// server's arguments; the client adds the server's host).
+fn pingpong_args<'a>(port: &'a str, iters: &'a str) -> [&'a str; 9] {
+    [
         "run",
         "--",
         "ibv_rc_pingpong",
         "-g",
         "0",
         "-n",
-        "100",
+        iters,
         "-p",
-        &p,
-    ];
-    let s = server.softverbs(&args).spawn().unwrap();
+        port,
+    ]
+}
+
+/// Waits (bounded) until an `ibv_rc_pingpong` server listens on TCP `port`.
+fn wait_listening(port: u16) {
     let deadline = Instant::now() + WAIT;
     while !listening(port) {
         assert!(Instant::now() < deadline, "the server never listened");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// An `ibv_rc_pingpong` server in `server`'s job and its client in `client`'s, both through
+/// `softverbs run`; both must end successfully.
+fn pingpong(server: &Job, client: &Job, port: u16) {
+    let p = port.to_string();
+    let args = pingpong_args(&p, "100");
+    let s = server.softverbs(&args).spawn().unwrap();
+    wait_listening(port);
     let mut cargs = args.to_vec();
     cargs.push("localhost");
     let c = client.softverbs(&cargs).spawn().unwrap();
@@ -224,23 +235,9 @@ fn wait_idle_exit(job: &Job, before: usize) {
 fn injection_is_refused_on_another_users_qp(owner: &Job, other: &Job, socket: &Path) {
     let port = 18800;
     let p = port.to_string();
-    let args = [
-        "run",
-        "--",
-        "ibv_rc_pingpong",
-        "-g",
-        "0",
-        "-n",
-        "10",
-        "-p",
-        &p,
-    ];
+    let args = pingpong_args(&p, "10");
     let server = owner.softverbs(&args).spawn().unwrap();
-    let deadline = Instant::now() + WAIT;
-    while !listening(port) {
-        assert!(Instant::now() < deadline, "the server never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(port);
     // ibv_rc_pingpong makes its QP before it listens for its peer.
     let text = softverbs::Introspect::connect_running(socket)
         .and_then(|i| i.resources_json())

@@ -256,51 +256,40 @@ fn socket_activation_readiness_and_reload() {
     assert!(d.0.join("softverbs.sock").exists());
 }
 
+/// Starts `softverbs daemon --config FILE` on a socket in `d`; it must refuse to start, and
+/// what it said on stderr is returned.
+fn refused(d: &Dir, config: &std::path::Path) -> String {
+    let o = Command::new(BIN)
+        .arg("--socket")
+        .arg(d.0.join("s.sock"))
+        .arg("daemon")
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "the daemon started: {err}");
+    assert!(!d.0.join("s.sock").exists(), "refused before serving");
+    err
+}
+
 #[test]
 fn an_unknown_key_a_missing_interface_and_a_writable_file_are_refused() {
     let d = dir("unknown");
     let config = d.0.join("softverbs.toml");
     write_config(&config, "network = false\n[limits.uid]\nmapings = 8192\n");
-    let o = Command::new(BIN)
-        .arg("--socket")
-        .arg(d.0.join("s.sock"))
-        .arg("daemon")
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+    let err = refused(&d, &config);
     assert!(err.contains("limits.uid.mapings"), "{err}");
-    assert!(!d.0.join("s.sock").exists(), "refused before serving");
 
     // A file others could have written is refused whatever it says.
     std::fs::write(&config, "network = false\n").unwrap();
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let o = Command::new(BIN)
-        .arg("--socket")
-        .arg(d.0.join("s.sock"))
-        .arg("daemon")
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+    let err = refused(&d, &config);
     assert!(err.contains("writable by group or others"), "{err}");
     std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
 
     write_config(&config, "[devices]\nsoftverbs0 = \"no-such-if0\"\n");
-    let o = Command::new(BIN)
-        .arg("--socket")
-        .arg(d.0.join("s.sock"))
-        .arg("daemon")
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+    let err = refused(&d, &config);
     assert!(
         err.contains("devices.softverbs0") && err.contains("no interface no-such-if0"),
         "{err}"
