@@ -35,6 +35,10 @@ pub fn write(what: What, dir: &Path) -> Result<(), String> {
     }
 }
 
+/// The directory the packager named (scripts/deb.sh: a staging directory in the build tree),
+/// made as `install -d` would: the command picks no path of its own and runs at build time,
+/// never in the daemon or for another user (docs/design/security.md, "Paths", is about
+/// directories the product chooses).
 fn mkdir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
 }
