@@ -36,11 +36,15 @@ pub fn write(what: What, dir: &Path) -> Result<(), String> {
 }
 
 /// The directory the packager named (scripts/deb.sh: a staging directory in the build tree),
-/// made as `install -d` would: the command picks no path of its own and runs at build time,
-/// never in the daemon or for another user (docs/design/security.md, "Paths", is about
-/// directories the product chooses).
+/// made with the project's one directory rule (docs/design/security.md, "Paths"): every
+/// component owned by this user or root and writable by no one else, missing ones made with
+/// `mkdirat`, so a directory someone else planted is refused rather than written into.
 fn mkdir(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", dir.display());
+    let abs = std::path::absolute(dir).map_err(|e| at(&e))?;
+    softverbs_ipc::private_dir::ensure(&abs, 0o755, softverbs_ipc::private_dir::Owner::MeOrRoot)
+        .map(drop)
+        .map_err(|e| at(&e))
 }
 
 /// One page for the command and, recursively, one for each of its visible subcommands
