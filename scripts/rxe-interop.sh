@@ -337,7 +337,7 @@ run_case() {
   start_daemon "$dir/sv" || { echo "daemon did not start" >"$dir/result"; return 1; }
   ip netns exec "$ns" dumpcap -i "$tap" -w "$dir/tap.pcapng" >"$dir/dumpcap.log" 2>&1 &
   dumpcap_pid=$!
-  for _ in $(seq 100); do grep -q 'Capturing on' "$dir/dumpcap.log" && break; sleep 0.1; done
+  for _ in $(seq 100); do grep -qs 'Capturing on' "$dir/dumpcap.log" && break; sleep 0.1; done
   vm 'dmesg -c >/dev/null; rm -f /tmp/srv.*' >/dev/null || true
   local T=$case_timeout
   if [ "$srv" = sv ]; then

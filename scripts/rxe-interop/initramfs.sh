@@ -100,14 +100,19 @@ put etc/libibverbs.d/rxe.driver
 put lib64/ld-linux-x86-64.so.2
 
 # The shared-library closure: NEEDED entries, found in the multiarch directories the loader
-# searches (LD_LIBRARY_PATH in /init names both).
+# searches (LD_LIBRARY_PATH in /init names both), plus what glibc dlopens itself:
+# libgcc_s.so.1 for pthread_exit/pthread_cancel's unwinding (rping's threads exit so; without
+# it rping aborts with "libgcc_s.so.1 must be installed for pthread_exit to work").
 declare -A seen=()
 queue=()
 while read -r f; do queue+=("$f"); done < <(cd "$root" && find . -type f -perm -u+x -o -type f -name '*.so*' | sed 's|^\./||')
+first=1
 while [ ${#queue[@]} -gt 0 ]; do
   f=${queue[0]}
   queue=("${queue[@]:1}")
-  for lib in $(readelf -d "$root/$f" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+  extra=
+  [ -n "$first" ] && extra=libgcc_s.so.1 first=
+  for lib in $extra $(readelf -d "$root/$f" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
     [ -n "${seen[$lib]:-}" ] && continue
     seen[$lib]=1
     found=

@@ -242,14 +242,35 @@ fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
 /// lost, which RC then has to recover by timeout.
 const SOCKET_BUFFER: usize = 8 << 20;
 
+// `UDP_NO_CHECK6_RX` (udp(7); include/uapi/linux/udp.h): accept IPv6 UDP datagrams whose
+// checksum is 0. RoCE v2 peers send them: the kernel's rxe leaves the UDP checksum 0 over
+// IPv6 as over IPv4 (the ICRC covers the packet; RFC 6935/6936 allow zero-checksum UDP for
+// tunnels), and without this option Linux drops every one of them before the socket
+// (docs/guide/rxe-interop.md, "What the captures showed").
+mod no_check6 {
+    // (the macro calls itself unqualified)
+    use nix::libc;
+    use nix::{setsockopt_impl, sockopt_impl};
+    sockopt_impl!(
+        NoCheck6Rx,
+        SetOnly,
+        libc::IPPROTO_UDP,
+        libc::UDP_NO_CHECK6_RX,
+        bool
+    );
+}
+use no_check6::NoCheck6Rx;
+
 /// What the device socket and the net path's sockets share: `IP_PMTUDISC_DO` on IPv4 (DF set and
-/// identification 0, which the ICRC covers) and large buffers.
+/// identification 0, which the ICRC covers), `UDP_NO_CHECK6_RX` on IPv6, and large buffers.
 fn socket_options(sock: &UdpSocket, ip: IpAddr) -> io::Result<()> {
     if ip.is_ipv4() {
         rustix::net::sockopt::set_ip_mtu_discover(
             sock,
             rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
         )?;
+    } else {
+        nix::sys::socket::setsockopt(sock, NoCheck6Rx, &true)?;
     }
     size_socket_buffers(sock);
     Ok(())
