@@ -123,7 +123,8 @@ pub struct ConnectParams {
     pub qp_kind: QpKind,
     /// Local QPN.
     pub qpn: u32,
-    /// Starting PSN.
+    /// Starting PSN: the PSN the local QP's receive queue expects first; the peer sends
+    /// from it (IBA 12.6.5/12.6.8; docs/design/cm.md, "Starting PSN").
     pub starting_psn: u32,
     /// Responder resources offered.
     pub responder_resources: u8,
@@ -154,7 +155,8 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// Local QPN.
     pub qpn: u32,
-    /// Starting PSN.
+    /// Starting PSN: the PSN the local QP's receive queue expects first; the peer sends
+    /// from it (IBA 12.6.5/12.6.8; docs/design/cm.md, "Starting PSN").
     pub starting_psn: u32,
     /// Responder resources.
     pub responder_resources: u8,
