@@ -59,6 +59,8 @@ use crate::capture::Capture;
 
 mod forward;
 pub use forward::{Forward, ForwardStats};
+mod policy;
+pub use policy::{Cidr, IcrcPolicy, IpHeader};
 
 pub use softverbs_wire::gso::MAX_SEGMENTS;
 use softverbs_wire::gso::{self, MAX_BATCH_BYTES};
@@ -139,8 +141,19 @@ pub struct NetDev {
     /// Datagrams whose ICRC did not check out (part of `stats.rejected`): the port's
     /// `rx_icrc_errors` (docs/guide/counters.md).
     pub icrc_errors: u64,
+    /// Datagrams rejected (part of `icrc_errors`) whose ICRC would check out with an IPv4
+    /// identification outside the window a softverbs sender uses: most likely a kernel rxe
+    /// or NIC peer's good packets, which `[icrc] solve_ip_id_peers` would accept.
+    pub icrc_id_unseen: u64,
+    /// Datagrams accepted from a `solve_ip_id_peers` peer with an identification outside
+    /// that window, solved for (docs/design/roce-wire.md §6).
+    pub icrc_solved: u64,
     /// What the batching did.
     pub batch: BatchStats,
+    /// The ICRC settings (`[icrc]`).
+    policy: IcrcPolicy,
+    /// When the `icrc_id_unseen` hint was last logged, per peer (bounded).
+    hinted: HashMap<IpAddr, Instant>,
     hdr: [u8; 48],
     /// One socket per multicast group the device joined, by group address.
     groups: HashMap<IpAddr, UdpSocket>,
@@ -297,7 +310,11 @@ impl NetDev {
             capture: None,
             stats: NetStats::default(),
             icrc_errors: 0,
+            icrc_id_unseen: 0,
+            icrc_solved: 0,
             batch: BatchStats::default(),
+            policy: IcrcPolicy::default(),
+            hinted: HashMap::new(),
             hdr: [0; 48],
             tx: TxBatch {
                 buf: vec![0; MAX_BATCH_BYTES + softverbs_transport::MAX_PACKET],
@@ -322,6 +339,11 @@ impl NetDev {
             readable: true,
             forward: forward::Forwarder::new(gso),
         })
+    }
+
+    /// Sets which peers' packets are checked by solving for their IPv4 identification.
+    pub fn set_icrc_policy(&mut self, policy: IcrcPolicy) {
+        self.policy = policy;
     }
 
     /// Whether a [`recv`](Self::recv) may find a packet: false from the receive that found
@@ -907,7 +929,7 @@ impl NetDev {
                 Some(at) => &rxbuf[at..at + len],
                 None => &buf[..len],
             };
-            let checked = self.check_icrc(ip, &udp, pkt, index);
+            let checked = self.check_icrc(ip, &udp, pkt, index, from.ip());
             if self.capture.is_some() {
                 // A packet the ICRC check drops is recorded as it arrived, its bad ICRC
                 // kept: classic pcap has no field to mark it (docs/guide/capture.md). Its
@@ -1030,16 +1052,63 @@ impl NetDev {
         }
     }
 
-    /// The IP header (its identification as found) under which `pkt`'s ICRC checks out:
-    /// identification `index` first (a GSO batch delivered whole), then every other one a
-    /// softverbs sender uses (`icrc::verify_received`).
-    fn check_icrc(&mut self, ip: IpRepr, udp: &UdpRepr, pkt: &[u8], index: u16) -> Option<IpRepr> {
-        let (ip, tries) =
-            icrc::verify_received(ip, udp, pkt, index, MAX_SEGMENTS as u16, &mut self.hdr)?;
-        if tries > 0 {
-            self.batch.id_searches += 1;
+    /// The IP header (its identification as found) under which `pkt`'s ICRC checks out, or
+    /// `None`: the one place a packet is found to have a bad ICRC. A UDP socket hides the
+    /// identification: a softverbs peer's must be one a softverbs sender uses (0..64,
+    /// `index` expected first, full 32-bit check); a `solve_ip_id_peers` peer's may be any
+    /// (docs/design/roce-wire.md §6).
+    fn check_icrc(
+        &mut self,
+        ip: IpRepr,
+        udp: &UdpRepr,
+        pkt: &[u8],
+        index: u16,
+        peer: IpAddr,
+    ) -> Option<IpRepr> {
+        use icrc::Received;
+        let solve = self.policy.solves(peer);
+        let ids = MAX_SEGMENTS as u16;
+        match icrc::check_received(ip, udp, pkt, index, ids, solve, &mut self.hdr) {
+            Received::Window { ip, searched } => {
+                if searched {
+                    self.batch.id_searches += 1;
+                }
+                Some(ip)
+            }
+            Received::Solved { ip } => {
+                self.icrc_solved += 1;
+                Some(ip)
+            }
+            Received::Unseen { id } => {
+                self.icrc_id_unseen += 1;
+                self.hint_unseen(peer, id);
+                None
+            }
+            Received::Bad => None,
         }
-        Some(ip)
+    }
+
+    /// Says, at most every ten minutes per peer, that `peer`'s packets would check out
+    /// with an identification no softverbs sender uses, and names the setting that accepts
+    /// them. Bounded: past 1024 peers, only the counter says it.
+    fn hint_unseen(&mut self, peer: IpAddr, id: u16) {
+        const EVERY: Duration = Duration::from_secs(600);
+        let now = Instant::now();
+        match self.hinted.get(&peer) {
+            Some(&last) if now.duration_since(last) < EVERY => return,
+            None if self.hinted.len() >= 1024 => return,
+            _ => {}
+        }
+        self.hinted.insert(peer, now);
+        tracing::warn!(
+            device = %self.local,
+            %peer,
+            identification = id,
+            "dropping packets whose ICRC checks out only with an IPv4 identification no \
+             softverbs sender uses: a kernel rxe or RoCE NIC peer? Accept them with \
+             `[icrc] solve_ip_id_peers = [\"{peer}\"]` or `--solve-ip-id {peer}` \
+             (docs/guide/troubleshooting.md)"
+        );
     }
 }
 
