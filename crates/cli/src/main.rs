@@ -575,6 +575,12 @@ fn main() -> ExitCode {
                 .ok()
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
                 .and_then(|v| v["network"].as_str().map(String::from));
+            // Where each device socket receives (raw or udp); a daemon before it says nothing.
+            let receive = text
+                .as_ref()
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+                .and_then(|v| v.get("receive").cloned());
             let limits = text
                 .and_then(|t| {
                     serde_json::from_str::<Resources>(&t)
@@ -585,7 +591,7 @@ fn main() -> ExitCode {
                 Ok((s, (limits, devs, version))) if *json => {
                     outln!(
                         "{}",
-                        json_out::status(&s, &limits, &devs, &network, &version)
+                        json_out::status(&s, &limits, &devs, &network, &receive, &version)
                     );
                     ExitCode::SUCCESS
                 }
@@ -605,6 +611,17 @@ fn main() -> ExitCode {
                 );
                     if let Some(n) = &network {
                         outln!("network: {n}");
+                    }
+                    if let Some(rows) = receive.as_ref().and_then(|r| r.as_array()) {
+                        // docs/design/roce-wire.md §6: raw sees the IPv4 identification.
+                        for r in rows {
+                            outln!(
+                                "receive: {} {} on a {} socket",
+                                r["device"].as_str().unwrap_or("?"),
+                                r["addr"].as_str().unwrap_or("?"),
+                                r["mode"].as_str().unwrap_or("?")
+                            );
+                        }
                     }
                     out!("{}", device_status::render(&devs));
                     print_limits(&limits);

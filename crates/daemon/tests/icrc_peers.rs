@@ -115,7 +115,8 @@ fn window_drops_unseen_identifications_and_counts_them() {
         dev.set_icrc_policy(IcrcPolicy {
             ip_header: IpHeader::Udp,
             ..IcrcPolicy::default()
-        });
+        })
+        .unwrap();
         let sent = [
             datagram(0x7be9, 1000, 1),
             datagram(0, 1000, 2),
@@ -142,7 +143,8 @@ fn solve_peers_are_taken_with_any_identification() {
         dev.set_icrc_policy(IcrcPolicy {
             solve_peers: vec!["127.0.0.0/30".parse().unwrap()],
             ip_header: IpHeader::Udp,
-        });
+        })
+        .unwrap();
         let mut corrupt = datagram(0x1234, 200, 9);
         corrupt[28 + 12 + 17] ^= 0x10;
         let sent = [
@@ -160,5 +162,47 @@ fn solve_peers_are_taken_with_any_identification() {
         assert_eq!(dev.icrc_solved, 2);
         assert_eq!(dev.icrc_errors, 1);
         assert_eq!(dev.icrc_id_unseen, 0);
+    });
+}
+
+/// On a raw socket the identification is seen: any is checked exactly, no setting needed.
+#[test]
+fn raw_receive_checks_every_identification_exactly() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    in_netns(|| {
+        let mut dev = NetDev::bind(IpAddr::V4(DEV), 4791).unwrap();
+        dev.set_icrc_policy(IcrcPolicy {
+            ip_header: IpHeader::Raw,
+            ..IcrcPolicy::default()
+        })
+        .unwrap();
+        assert_eq!(dev.rx_mode(), "raw");
+        let mut corrupt = datagram(0x7be9, 200, 9);
+        corrupt[28 + 12 + 17] ^= 0x10;
+        // Shown with identification 0x7bea: what the solver would take for 0x7be9 (a
+        // corrupted identification is as bad as any other byte here).
+        let mut wrong_id = datagram(0x7be9, 64, 10);
+        wrong_id[5] ^= 3;
+        let sent = [
+            datagram(0x7be9, 1024, 1),
+            datagram(0, 1, 2),
+            datagram(0xFFFF, 4096, 3),
+            corrupt,
+            wrong_id,
+        ];
+        send_raw(&sent);
+        // Another UDP port of the device's address does not reach it.
+        let other = std::net::UdpSocket::bind((PEER, 0)).unwrap();
+        other.send_to(b"not roce", (DEV, 4792)).unwrap();
+        let got = receive(&mut dev, 5);
+        assert_eq!(
+            got,
+            vec![ib_part(&sent[0]), ib_part(&sent[1]), ib_part(&sent[2])]
+        );
+        assert_eq!(dev.icrc_errors, 2);
+        assert_eq!((dev.icrc_solved, dev.icrc_id_unseen), (0, 0));
     });
 }
