@@ -37,10 +37,12 @@
 //! the wire (tshark, a NIC, rxe) checks. Where GSO is refused the batch goes by `sendmmsg`,
 //! every datagram with identification 0. The receive side asks for `UDP_GRO` and splits what arrives by the segment size the kernel
 //! reports, or takes each datagram whole where it reports none. A UDP socket never shows the
-//! identification, so the receiver checks the ICRC first with the segment's index in the
-//! coalesced datagram (what a GSO batch delivered whole has), then with every other
-//! identification a softverbs sender uses (0..64): a corrupted packet still fails all 64,
-//! which leaves 2^-26 of undetected corruption instead of 2^-32.
+//! identification, so the receiver solves the ICRC for it (`icrc::check_received`) and takes
+//! the packet if it is one a softverbs sender uses (0..64; the same 64 ICRC values as trying
+//! each, 2^-26 of undetected corruption instead of 2^-32), or any from a peer in
+//! `[icrc] solve_ip_id_peers` (kernel rxe, NICs: a 16-bit check). **Where the daemon may,
+//! an IPv4 device receives on a raw socket instead** (`raw.rs`): the header is seen and every
+//! ICRC checked exactly (docs/design/roce-wire.md §6).
 
 use std::collections::HashMap;
 use std::io;
