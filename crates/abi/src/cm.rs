@@ -83,7 +83,7 @@ wire! {
         pub qp_kind: U32,
         /// Local QPN.
         pub qpn: U32,
-        /// Starting PSN.
+        /// Starting PSN: the PSN the QP's receive queue expects first (the peer sends from it).
         pub starting_psn: U32,
         /// Responder resources.
         pub responder_resources: u8,
@@ -115,7 +115,7 @@ wire! {
         pub id: U32,
         /// Local QPN.
         pub qpn: U32,
-        /// Starting PSN.
+        /// Starting PSN: the PSN the QP's receive queue expects first (the peer sends from it).
         pub starting_psn: U32,
         /// Responder resources.
         pub responder_resources: u8,
@@ -211,7 +211,7 @@ wire! {
         pub service_id: U64,
         /// The peer's QPN (REQ, REP, SIDR_REP).
         pub remote_qpn: U32,
-        /// The peer's starting PSN (REQ, REP).
+        /// The peer's Starting PSN (REQ, REP): the PSN its receive queue expects first.
         pub starting_psn: U32,
         /// The SIDR_REP's Q_Key.
         pub qkey: U32,

@@ -4,8 +4,9 @@
 //! on a pollable eventfd ([`CmChannel::fd`]).
 //!
 //! The CM does not touch QPs: the active side connects with its QP's number and starting
-//! PSN, the passive side reads them from the [`CmEventKind::ConnectRequest`], brings its QP
-//! to RTS and accepts, and the active side brings its QP up on
+//! PSN (the PSN its receive queue will expect), the passive side reads them from the
+//! [`CmEventKind::ConnectRequest`], brings its QP to RTR expecting its own starting PSN and
+//! to RTS sending from the REQ's, and accepts, and the active side brings its QP up on
 //! [`CmEventKind::ConnectResponse`] and calls [`CmChannel::establish`] — what
 //! `rdma_init_qp_attr` / `rdma_establish` hand to a program (rdma_cm(7)).
 
@@ -61,7 +62,9 @@ pub struct CmEvent {
     pub service_id: u64,
     /// The peer's QPN (REQ, REP, SIDR_REP).
     pub remote_qpn: u32,
-    /// The peer's starting PSN (REQ, REP).
+    /// The Starting PSN of the peer's REQ or REP: the PSN the peer's receive queue expects
+    /// first, so the `sq_psn` this side's QP sends from (IBA 12.6.5/12.6.8 as the kernel's
+    /// ib_cm uses them; docs/design/cm.md, "Starting PSN").
     pub starting_psn: u32,
     /// The SIDR_REP's Q_Key.
     pub qkey: u32,
@@ -79,7 +82,9 @@ pub struct CmEvent {
 pub struct CmQp {
     /// The QP's number.
     pub qpn: u32,
-    /// Its starting PSN.
+    /// Its Starting PSN: the PSN its receive queue expects first (its RTR `rq_psn`), which
+    /// the peer sends from. Not the PSN it sends from: that is the peer's (the event's
+    /// `starting_psn`). Take it from a CSPRNG (docs/design/cm.md, "Starting PSN").
     pub starting_psn: u32,
     /// RDMA READ/atomic requests this side accepts at once.
     pub responder_resources: u8,

@@ -23,12 +23,16 @@ use crate::objects::{Cq, Qp, Srq};
 pub enum Op {
     /// `IBV_WR_SEND`.
     Send,
-    /// `IBV_WR_SEND_WITH_IMM`.
+    /// `IBV_WR_SEND_WITH_IMM`. The immediate is a number whose big-endian bytes are the
+    /// ImmDt on the wire (`0x2d` sends `00 00 00 2d`, what C's `htobe32(0x2d)` sends), and
+    /// the receiver's [`crate::WorkCompletion::imm_data`] is that number
+    /// again (docs/guide/safe-api.md, "Immediate data").
     SendWithImm(u32),
     /// `IBV_WR_RDMA_WRITE` of the buffer to the start of `Remote`.
     Write(Remote),
     /// `IBV_WR_RDMA_WRITE_WITH_IMM`: the write, then a completion at the peer carrying the
-    /// immediate (consuming one of its receive requests).
+    /// immediate (consuming one of its receive requests); the immediate as in
+    /// [`Op::SendWithImm`].
     WriteWithImm(Remote, u32),
     /// `IBV_WR_RDMA_READ` of `Remote` into the buffer.
     Read(Remote),

@@ -617,7 +617,7 @@ impl Cm {
             starting_psn: p.starting_psn,
             responder_resources: p.responder_resources,
             initiator_depth: p.initiator_depth,
-            target_ack_delay: 0,
+            target_ack_delay: self.cfg.ack_delay,
             failover_accepted: 0,
             end_to_end_flow_control: true,
             rnr_retry_count: p.rnr_retry_count,

@@ -40,6 +40,11 @@ pub struct Config {
     /// Service Timeout field of the MRA sent for a duplicate REQ the consumer has not
     /// answered yet (IBA 12.6.6).
     pub mra_service_timeout: u8,
+    /// Target ACK Delay of the REP (5 bits, 4.096 µs × 2^value): the device's
+    /// `local_ca_ack_delay`, as the kernel's `cm_format_rep` puts its `cm_dev->ack_delay`
+    /// there; the active side adds it to its ACK timeout (`cm_rep_handler`,
+    /// `cm_ack_timeout`). softverbs' devices report 15, as rxe does.
+    pub ack_delay: u8,
     /// Seed of the CSPRNG (ChaCha20) the Local Communication IDs, SIDR RequestIDs and
     /// TransactionIDs come from. A peer that could predict an ID could forge the MADs of a
     /// connection it is not part of (docs/design/security.md, "CM"), so the daemon seeds it from the
@@ -86,6 +91,7 @@ impl Default for Config {
             time_wait: Duration::from_secs(1),
             // About 4.3 s, rdma_cm's CMA_CM_MRA_SETTING-like margin for a slow consumer.
             mra_service_timeout: 20,
+            ack_delay: 15,
             id_seed: [0; 32],
             default_backlog: 1024,
             max_pending_requests: 4096,
@@ -123,7 +129,8 @@ pub struct ConnectParams {
     pub qp_kind: QpKind,
     /// Local QPN.
     pub qpn: u32,
-    /// Starting PSN.
+    /// Starting PSN: the PSN the local QP's receive queue expects first; the peer sends
+    /// from it (IBA 12.6.5/12.6.8; docs/design/cm.md, "Starting PSN").
     pub starting_psn: u32,
     /// Responder resources offered.
     pub responder_resources: u8,
@@ -154,7 +161,8 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// Local QPN.
     pub qpn: u32,
-    /// Starting PSN.
+    /// Starting PSN: the PSN the local QP's receive queue expects first; the peer sends
+    /// from it (IBA 12.6.5/12.6.8; docs/design/cm.md, "Starting PSN").
     pub starting_psn: u32,
     /// Responder resources.
     pub responder_resources: u8,

@@ -19,7 +19,7 @@ pub struct Sge {
 pub enum SendOp {
     /// `IBV_WR_SEND`.
     Send,
-    /// `IBV_WR_SEND_WITH_IMM`.
+    /// `IBV_WR_SEND_WITH_IMM`: the number whose big-endian bytes are the ImmDt.
     SendWithImm(u32),
     /// `IBV_WR_SEND_WITH_INV`: the responder invalidates this R_Key.
     SendWithInv(u32),
@@ -36,7 +36,8 @@ pub enum SendOp {
         remote_addr: u64,
         /// Remote key.
         rkey: u32,
-        /// Immediate data (as the application wrote it, network order preserved).
+        /// Immediate data: the number whose big-endian bytes are the ImmDt (the drop-in
+        /// converts verbs' `__be32` at the C boundary, docs/design/roce-wire.md §2.1).
         imm: u32,
     },
     /// `IBV_WR_RDMA_READ`.
@@ -305,7 +306,9 @@ pub struct WorkCompletion {
     pub opcode: WcOpcode,
     /// Bytes received (receive side) or read (RDMA READ).
     pub byte_len: u32,
-    /// Immediate data (with [`WC_WITH_IMM`]) or invalidated R_Key (with [`WC_WITH_INV`]).
+    /// Immediate data (with [`WC_WITH_IMM`]: the number whose big-endian bytes the ImmDt
+    /// carried; verbs' `__be32` is its `to_be()`) or invalidated R_Key (with
+    /// [`WC_WITH_INV`], host order as verbs' `invalidated_rkey`).
     pub imm_data: u32,
     /// Local QP number (for XRC receive completions: the receive QP's number).
     pub qp_num: u32,

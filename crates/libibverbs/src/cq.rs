@@ -311,6 +311,18 @@ unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 }
 export!(default "ibv_resize_cq", "IBVERBS_1.1", resize_cq);
 
+/// `ibv_wc.imm_data` of `wc`: with `IBV_WC_WITH_IMM` a `__be32` whose bytes in memory are
+/// the ImmDt's on the wire (IBA 9.3), the engine's immediate being the number those bytes
+/// spell big-endian; with `IBV_WC_WITH_INV` the same union is `invalidated_rkey`, a
+/// host-order `uint32_t` (ibv_poll_cq(3)); issue 37, defect 3.
+fn c_imm_data(wc: &WorkCompletion) -> u32 {
+    if wc.wc_flags & softverbs_core::wr::WC_WITH_IMM != 0 {
+        wc.imm_data.to_be()
+    } else {
+        wc.imm_data
+    }
+}
+
 /// Copies one completion into a C `ibv_wc`.
 fn write_wc(dst: &mut ibv_wc, wc: &WorkCompletion) {
     dst.wr_id = wc.wr_id;
@@ -318,7 +330,7 @@ fn write_wc(dst: &mut ibv_wc, wc: &WorkCompletion) {
     dst.opcode = wc.opcode as c_int;
     dst.vendor_err = 0;
     dst.byte_len = wc.byte_len;
-    dst.imm_data = wc.imm_data;
+    dst.imm_data = c_imm_data(wc);
     dst.qp_num = wc.qp_num;
     dst.src_qp = wc.src_qp;
     dst.wc_flags = wc.wc_flags;
@@ -522,7 +534,7 @@ unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
     current(cq, |w, _| w.byte_len, 0)
 }
 unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
-    current(cq, |w, _| w.imm_data, 0)
+    current(cq, |w, _| c_imm_data(w), 0)
 }
 unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
     current(cq, |w, _| w.qp_num, 0)

@@ -648,7 +648,11 @@ fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
     let u = &wr.wr_u;
     Ok(match wr.opcode {
         WR_SEND => SendOp::Send,
-        WR_SEND_WITH_IMM => SendOp::SendWithImm(wr.imm_data),
+        // `imm_data` is a `__be32`: its bytes in memory are the ImmDt's on the wire (IBA
+        // 9.3; ibv_post_send(3)). The engine's immediate is the number whose big-endian
+        // bytes go out, so read the memory big-endian (issue 37, defect 3).
+        WR_SEND_WITH_IMM => SendOp::SendWithImm(u32::from_be(wr.imm_data)),
+        // `invalidate_rkey` (the same union) is a host-order `uint32_t`.
         WR_SEND_WITH_INV => SendOp::SendWithInv(wr.imm_data),
         WR_RDMA_WRITE => SendOp::Write {
             remote_addr: u[0],
@@ -657,7 +661,7 @@ fn send_op(wr: &ibv_send_wr) -> Result<SendOp, c_int> {
         WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
             remote_addr: u[0],
             rkey: u[1] as u32,
-            imm: wr.imm_data,
+            imm: u32::from_be(wr.imm_data),
         },
         WR_RDMA_READ => SendOp::Read {
             remote_addr: u[0],

@@ -131,8 +131,9 @@ unsafe extern "C" fn unsupported(q: *mut ibv_qp_ex) {
 unsafe extern "C" fn send(q: *mut ibv_qp_ex) {
     push(q, SendOp::Send);
 }
+/// `ibv_wr_send_imm`: `imm` is a `__be32` (as `ibv_send_wr.imm_data`, see `qp::send_op`).
 unsafe extern "C" fn send_imm(q: *mut ibv_qp_ex, imm: u32) {
-    push(q, SendOp::SendWithImm(imm));
+    push(q, SendOp::SendWithImm(u32::from_be(imm)));
 }
 unsafe extern "C" fn send_inv(q: *mut ibv_qp_ex, rkey: u32) {
     push(q, SendOp::SendWithInv(rkey));
@@ -170,7 +171,7 @@ unsafe extern "C" fn rdma_write_imm(q: *mut ibv_qp_ex, rkey: u32, remote_addr: u
         SendOp::WriteWithImm {
             remote_addr,
             rkey,
-            imm,
+            imm: u32::from_be(imm),
         },
     );
 }

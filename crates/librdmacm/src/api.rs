@@ -457,7 +457,7 @@ unsafe extern "C" fn init_qp_attr(
     let state = unsafe { (*attr).qp_state };
     let path = {
         let mut s = i.lock();
-        if state == QPS_RTS {
+        if state == QPS_RTR || state == QPS_RTS {
             s.path.choose_psn(psn);
         }
         s.path

@@ -202,7 +202,12 @@ pub struct Path {
     /// sends from a later slot).
     pub sgid_index: u8,
     pub remote_qpn: u32,
+    /// The Starting PSN of the peer's REQ or REP: the PSN the peer's receive queue expects
+    /// first, so the one our QP sends from (RTS `sq_psn`). IBA 12.6.5/12.6.8 as the
+    /// kernel's ib_cm reads them (docs/design/cm.md, "Starting PSN").
     pub remote_psn: u32,
+    /// The Starting PSN of our REQ or REP: the PSN our QP's receive queue expects first
+    /// (RTR `rq_psn`).
     pub local_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,
@@ -214,9 +219,9 @@ pub struct Path {
 }
 
 impl Path {
-    /// Our starting PSN, chosen once by whichever comes first of rdma_init_qp_attr(RTS),
-    /// rdma_connect and rdma_accept: a program that brings its own QP to RTS before it
-    /// accepts (rdma_init_qp_attr, then rdma_accept) must send from the PSN its REP carries.
+    /// Our starting PSN, chosen once by whichever comes first of rdma_init_qp_attr(RTR or
+    /// RTS), rdma_connect and rdma_accept: a program that brings its own QP to RTR before it
+    /// accepts (rdma_init_qp_attr, then rdma_accept) must expect the PSN its REP carries.
     pub fn choose_psn(&mut self, fresh: impl FnOnce() -> u32) -> u32 {
         if !self.psn_chosen {
             self.local_psn = fresh();
@@ -249,7 +254,9 @@ pub fn qp_attr(state: u32, qp_type: u32, p: &Path) -> Option<(ibv_qp_attr, i32)>
         QPS_RTR => {
             a.path_mtu = 3; // IBV_MTU_1024
             a.dest_qp_num = p.remote_qpn;
-            a.rq_psn = p.remote_psn;
+            // The PSN we advertised: the peer sends from it (as the kernel's
+            // cm_init_qp_rtr_attr gives the rq_psn of the id's own REQ/REP).
+            a.rq_psn = p.local_psn;
             a.max_dest_rd_atomic = p.responder_resources.max(1);
             a.min_rnr_timer = 12;
             a.ah_attr = ibv_ah_attr {
@@ -276,7 +283,9 @@ pub fn qp_attr(state: u32, qp_type: u32, p: &Path) -> Option<(ibv_qp_attr, i32)>
             MASK_STATE | MASK_SQ_PSN
         }
         QPS_RTS => {
-            a.sq_psn = p.local_psn;
+            // The PSN the peer advertised, which its receive queue expects (the kernel's
+            // cm_init_qp_rts_attr: sq_psn from the peer's REQ/REP).
+            a.sq_psn = p.remote_psn;
             a.timeout = p.ack_timeout.unwrap_or(14);
             a.retry_cnt = 7;
             a.rnr_retry = 7;

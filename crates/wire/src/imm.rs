@@ -12,9 +12,9 @@ header_view!(
 );
 
 impl<T: AsRef<[u8]>> ImmDt<T> {
-    /// The immediate value, read big-endian. Verbs treats it as opaque network-order data
-    /// (`ibv_wc.imm_data` is `__be32`), so callers that hand it to a consumer as-is should
-    /// convert with `to_be_bytes`.
+    /// The immediate value, read big-endian. Verbs' `imm_data` is a `__be32` whose bytes in
+    /// memory are these four bytes on the wire, so a C consumer gets `imm().to_be()`
+    /// (docs/design/roce-wire.md §2.1).
     pub fn imm(&self) -> u32 {
         be::u32_at(self.buffer.as_ref(), 0)
     }

@@ -210,7 +210,9 @@ pub struct Req {
     pub transport_service_type: u8,
     /// End-to-End Flow Control.
     pub end_to_end_flow_control: bool,
-    /// Starting PSN (24 bits) of the sender's send queue.
+    /// Starting PSN (24 bits): the PSN the sender's receive queue expects first, so the one
+    /// the receiver of the REQ sends from (the kernel's ib_cm: `rq_psn` of the sender,
+    /// `sq_psn` of the receiver; docs/design/cm.md, "Starting PSN").
     pub starting_psn: u32,
     /// Local CM Response Timeout (5 bits).
     pub local_cm_response_timeout: u8,
@@ -509,7 +511,8 @@ pub struct Rep {
     pub local_qpn: u32,
     /// Local EE Context Number (24 bits).
     pub local_eecn: u32,
-    /// Starting PSN (24 bits).
+    /// Starting PSN (24 bits): the PSN the sender's receive queue expects first, so the one
+    /// the active side sends from (docs/design/cm.md, "Starting PSN").
     pub starting_psn: u32,
     /// Responder Resources.
     pub responder_resources: u8,
