@@ -1573,6 +1573,12 @@ impl Dispatcher {
                 );
                 if let Some(m) = v.as_object_mut() {
                     m.insert("rx_icrc_errors".into(), serde_json::json!(p.icrc_errors));
+                    // Received packets dropped, by reason (docs/guide/counters.md,
+                    // "Rejected packets"): `rx_drop_bad_icrc` counts what `rx_icrc_errors`
+                    // does, under the taxonomy's name.
+                    for (k, n) in p.rejects.fields() {
+                        m.insert(k.into(), serde_json::json!(n));
+                    }
                 }
                 v
             })
