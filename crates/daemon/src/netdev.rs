@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use softverbs_core::device::Gid;
 use softverbs_transport::faults::{FaultInjector, Faults, NetStats};
-use softverbs_transport::{RxMeta, Transmit};
+use softverbs_transport::{Reject, RxMeta, Transmit};
 use softverbs_wire::bth::dest_qp_of as dest_qp;
 use softverbs_wire::icrc;
 use softverbs_wire::ip::{emit_ip_udp, IpRepr, UdpRepr};
@@ -161,6 +161,10 @@ pub struct NetDev {
     /// Datagrams accepted from a `solve_ip_id_peers` peer with an identification outside
     /// that window, solved for (docs/design/roce-wire.md §6).
     pub icrc_solved: u64,
+    /// What this socket rejected before any engine (a bad ICRC, a datagram that cannot be
+    /// a RoCE v2 packet) and what the daemon rejected for it ([`reject`](Self::reject)):
+    /// part of the port's `rx_drop_*` counters (docs/guide/counters.md).
+    pub rejects: softverbs_transport::Rejects,
     /// What the batching did.
     pub batch: BatchStats,
     /// The ICRC settings (`[icrc]`).
@@ -326,6 +330,7 @@ impl NetDev {
             icrc_errors: 0,
             icrc_id_unseen: 0,
             icrc_solved: 0,
+            rejects: Default::default(),
             batch: BatchStats::default(),
             policy: IcrcPolicy::default(),
             hinted: HashMap::new(),
@@ -492,6 +497,22 @@ impl NetDev {
     /// this daemon, to this device's address.
     pub fn record_local_received(&mut self, src: IpAddr, pkt: &[u8]) {
         self.record_sealed(src, self.local, pkt);
+    }
+
+    /// The engine's verdict on the packet this socket last handed out (`None`: taken), for
+    /// the capture: a rejected packet is written with its reason, or left out, as the
+    /// capture's mode says (docs/guide/capture.md). The engine counted it already.
+    pub fn verdict(&mut self, why: Option<Reject>) {
+        if let Some(c) = &mut self.capture {
+            c.verdict(why);
+        }
+    }
+
+    /// The daemon rejected the packet this socket last handed out, for `why`: counted
+    /// (the engine never saw it) and judged so in the capture.
+    pub fn reject(&mut self, why: Reject) {
+        self.rejects.count(why);
+        self.verdict(Some(why));
     }
 
     /// Whether this socket's traffic is recorded.
@@ -976,6 +997,7 @@ impl NetDev {
                     rx.off += len;
                     if len > buf.len() {
                         self.stats.rejected += 1;
+                        self.rejects.count(Reject::Malformed);
                         continue;
                     }
                     (Some(at), len, from, index)
@@ -997,6 +1019,7 @@ impl NetDev {
             };
             let Some(ip) = ip_repr(from.ip(), dst) else {
                 self.stats.rejected += 1;
+                self.rejects.count(Reject::Malformed);
                 continue;
             };
             let udp = UdpRepr {
@@ -1016,20 +1039,6 @@ impl NetDev {
                 }
                 None => self.check_icrc(ip, &udp, pkt, index, from.ip()),
             };
-            if self.capture.is_some() {
-                // A packet the ICRC check drops is recorded as it arrived, its bad ICRC
-                // kept: classic pcap has no field to mark it (docs/guide/capture.md). Its
-                // IPv4 identification, never seen, is the one its place in the batch gives.
-                let ip = checked.unwrap_or_else(|| {
-                    let mut ip = ip;
-                    if let IpRepr::V4(v4) = &mut ip {
-                        v4.identification = index;
-                    }
-                    ip
-                });
-                let pkt = pkt.to_vec();
-                self.record(&ip, &udp, &pkt);
-            }
             // A net-path QP's packet goes on to its library (or is dropped) here, before
             // the engine; only unicast to the device's own socket is forwarded.
             let fwd = match (checked, group) {
@@ -1038,10 +1047,33 @@ impl NetDev {
                     .forward_to_net_client(&self.sock, from.ip(), pkt),
                 _ => forward::Forward::NotNet,
             };
+            if let Some(c) = &mut self.capture {
+                match (checked, fwd) {
+                    // Recorded as it arrived, its bad ICRC kept, with the reason where the
+                    // capture keeps rejected packets (docs/guide/capture.md). Its IPv4
+                    // identification, never seen, is the one its place in the batch gives.
+                    (None, _) => {
+                        let mut ip = ip;
+                        if let IpRepr::V4(v4) = &mut ip {
+                            v4.identification = index;
+                        }
+                        c.record_rejected(&ip, &udp, pkt, Reject::BadIcrc);
+                    }
+                    (Some(ip), forward::Forward::ForeignSource) => {
+                        c.record_rejected(&ip, &udp, pkt, Reject::ForeignSource);
+                    }
+                    (Some(ip), forward::Forward::Forwarded) => c.record(&ip, &udp, pkt),
+                    // The engine (or the daemon) judges it next: `verdict`.
+                    (Some(ip), _) => c.record_received(&ip, &udp, pkt),
+                }
+            }
             self.rx.buf = rxbuf;
             if checked.is_none() {
+                // The one place the ICRC check fails (a hook for a receive path that
+                // checks it otherwise, too).
                 self.stats.rejected += 1;
                 self.icrc_errors += 1;
+                self.rejects.count(Reject::BadIcrc);
                 continue;
             }
             if !matches!(fwd, forward::Forward::NotNet | forward::Forward::Held) {
@@ -1127,6 +1159,7 @@ impl NetDev {
                 });
                 let Some(from) = from.filter(|_| len > 0) else {
                     self.stats.rejected += 1;
+                    self.rejects.count(Reject::Malformed);
                     continue;
                 };
                 if seg < len {

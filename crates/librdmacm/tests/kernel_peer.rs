@@ -101,8 +101,9 @@ struct Peer {
 
 impl Peer {
     fn bind(ip: Ipv4Addr, daemon: Ipv4Addr) -> Peer {
-        let sock = UdpSocket::bind(SocketAddr::new(IpAddr::V4(ip), ROCE_V2_UDP_PORT))
-            .unwrap_or_else(|e| panic!("bind {ip}:4791 (run in a network namespace): {e}"));
+        let sock =
+            softverbs_testkit::roce_udp_socket(SocketAddr::new(IpAddr::V4(ip), ROCE_V2_UDP_PORT))
+                .unwrap_or_else(|e| panic!("bind {ip}:4791 (run in a network namespace): {e}"));
         sock.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         Peer {
