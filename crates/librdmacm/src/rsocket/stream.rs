@@ -671,20 +671,30 @@ impl Conn {
         Ok(true)
     }
 
-    /// RDMA WRITEs as much of `buf` as send slots allow into the peer's mapping at `offset`.
-    pub fn iowrite(&mut self, buf: &[u8], offset: u64) -> Result<usize, i32> {
-        let len = buf.len() as u64;
-        let Some(&(moff, maddr, mlen, rkey)) = self
-            .remote_maps
+    /// The peer's mapping that holds `offset`: (offset, address, length, rkey).
+    fn remote_map_at(&self, offset: u64) -> Option<(u64, u64, u64, u32)> {
+        self.remote_maps
             .iter()
-            .find(|m| offset >= m.0 && offset + len <= m.0 + m.2)
-        else {
-            return Err(libc::EINVAL);
-        };
-        let _ = mlen;
+            .find(|m| offset >= m.0 && offset - m.0 < m.2)
+            .copied()
+    }
+
+    /// RDMA WRITEs as much of `buf` as send slots allow into the peer's mappings from
+    /// `offset` on. The range may run through adjacent mappings (rdma-core's riowrite moves
+    /// to the mapping that holds the next offset); a range any byte of which no mapping
+    /// holds is `EINVAL` and nothing of it is written.
+    pub fn iowrite(&mut self, buf: &[u8], offset: u64) -> Result<usize, i32> {
+        let end = offset.checked_add(buf.len() as u64).ok_or(libc::EINVAL)?;
+        let mut at = offset;
+        while at < end {
+            let m = self.remote_map_at(at).ok_or(libc::EINVAL)?;
+            at = m.0 + m.2;
+        }
         let mut done = 0;
         while done < buf.len() && self.sq_free() && !self.reset {
-            let n = BS.min(buf.len() - done);
+            let here = offset + done as u64;
+            let (moff, maddr, mlen, rkey) = self.remote_map_at(here).expect("checked above");
+            let n = BS.min(buf.len() - done).min((moff + mlen - here) as usize);
             let slot = (self.posted % self.sq as u64) as usize;
             let sbuf = self.sbuf.as_ref().expect("made in new");
             // SAFETY: a free send slot of BS bytes.
@@ -692,7 +702,7 @@ impl Conn {
                 std::ptr::copy_nonoverlapping(buf[done..].as_ptr(), sbuf.base.add(slot * BS), n)
             };
             let sge = sbuf.sge(slot * BS, n);
-            let at = maddr + (offset - moff) + done as u64;
+            let at = maddr + (here - moff);
             // SAFETY: our QP and registered slot; the peer's mapping from its message.
             if unsafe { ib::post_send(self.qp, slot as u64, ib::WR_RDMA_WRITE, 0, sge, (at, rkey)) }
                 .is_err()
