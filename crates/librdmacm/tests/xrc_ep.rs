@@ -13,6 +13,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use softverbs_testkit::process::finish;
 use softverbs_testkit::Daemon;
@@ -60,8 +61,13 @@ fn rdma_xserver_and_rdma_xclient_over_xrc() {
     wait_cm(&d.socket, "nothing left", cm_idle);
 }
 
+/// tests/c/xrc_ep.c, compiled once for the tests of this file, which run in parallel (each
+/// compiling and deleting its own copy under the one name this process gives raced: a test
+/// ran the file while the other rewrote it).
 fn xrc_ep() -> Option<PathBuf> {
-    build_c("xrc_ep", Path::new(env!("CARGO_TARGET_TMPDIR")))
+    static EXE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    EXE.get_or_init(|| build_c("xrc_ep", Path::new(env!("CARGO_TARGET_TMPDIR"))))
+        .clone()
 }
 
 #[test]
@@ -85,7 +91,6 @@ fn xrc_endpoints_with_the_librarys_and_the_programs_srq_resources() {
         assert!(c.contains("ok xrc client 20 messages"), "{c}");
         wait_cm(&d.socket, "nothing left", cm_idle);
     }
-    let _ = std::fs::remove_file(&exe);
 }
 
 unsafe extern "C" {
@@ -122,6 +127,5 @@ fn xrc_endpoints_between_two_daemons_in_two_namespaces() {
     assert!(c.contains("ok xrc client 20 messages"), "{c}");
     wait_cm(&da.1, "nothing left on the server's daemon", cm_idle);
     wait_cm(&db.1, "nothing left on the client's daemon", cm_idle);
-    let _ = std::fs::remove_file(&exe);
     let _ = std::fs::remove_dir_all(&dir);
 }
