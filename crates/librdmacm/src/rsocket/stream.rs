@@ -208,7 +208,6 @@ pub struct Conn {
     remote_maps: Vec<(u64, u64, u64, u32)>,
     /// Ours: (offset, address, length, MR).
     local_maps: Vec<(u64, u64, u64, *mut ib::Mr)>,
-    next_offset: u64,
 }
 
 impl Conn {
@@ -254,7 +253,6 @@ impl Conn {
             reset: false,
             remote_maps: Vec::new(),
             local_maps: Vec::new(),
-            next_offset: 0,
         });
         match c.setup(id, nb, sq) {
             Ok(()) => Ok(c),
@@ -615,14 +613,9 @@ impl Conn {
         if !self.can_send() {
             return Ok(None);
         }
-        let off = match offset {
-            Some(o) => o,
-            None => {
-                let o = self.next_offset;
-                self.next_offset = (o + len + 4095) & !4095;
-                o
-            }
-        };
+        // Offset -1: the buffer's address, as rdma-core's riomap picks it (rsocket(7) says
+        // only "rsockets selects one"; programs written against rdma-core see the address).
+        let off = offset.unwrap_or(addr);
         if self
             .local_maps
             .iter()

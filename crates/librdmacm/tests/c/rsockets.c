@@ -303,6 +303,7 @@ int main(int argc, char **argv)
 	unsigned char *win = calloc(1, 65536);
 	off_t where = riomap(s, win, 65536, PROT_WRITE, 0, -1);
 	CHECK(where >= 0, "riomap");
+	CHECK(where == (off_t)(uintptr_t)win, "offset -1 is the buffer's address (rdma-core's choice)");
 	long w = where;
 	CHECK(rsend(s, &w, sizeof w, 0) == sizeof w, "send offset");
 	CHECK(rrecv(s, &c, 1, 0) == 1 && c == 'd', "done");
