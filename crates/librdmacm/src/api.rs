@@ -887,6 +887,11 @@ fn create_qp_inner(i: &mut Id, pd: *mut c_void, attr: *mut ibv_qp_init_attr) -> 
     i.id.pd = pd;
     // SAFETY: the program's attributes.
     let a = unsafe { &mut *attr };
+    if a.srq.is_null() {
+        // rdma_create_qp(3) as rdma-core's: a QP made after rdma_create_srq receives
+        // through the id's SRQ.
+        a.srq = i.id.srq;
+    }
     if a.qp_type == verbs::QPT_XRC_SEND || a.qp_type == verbs::QPT_XRC_RECV {
         // rdma_create_qp(3) on an XRC id (rdma_create_ep with an XRC address info, and each
         // request rdma_get_request returns on such a listener): the extended call, which is

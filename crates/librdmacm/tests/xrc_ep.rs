@@ -3,7 +3,8 @@
 //! tests/c/xrc_ep.c — rdma_getaddrinfo with RDMA_PS_IB and the XRC QP types, rdma_create_ep
 //! on both sides, rdma_get_request, rdma_create_srq_ex with an XRC SRQ (the library's domain
 //! and CQ, or the program's own given in comp_mask), rdma_accept with the SRQ number as
-//! private data, then 20 sends naming that SRQ, each checked on the SRQ's CQ. On one daemon,
+//! private data, then 20 sends naming that SRQ, each checked on the SRQ's CQ (and, on RC, a
+//! plain SRQ from rdma_create_srq that the id's QP then receives through). On one daemon,
 //! and between two daemons in network namespaces `sv37xa`/`sv37xb` (10.137.0.1/.2, made and
 //! removed here). After each, the daemon's CM holds no connection or listener.
 //!
@@ -91,6 +92,17 @@ fn xrc_endpoints_with_the_librarys_and_the_programs_srq_resources() {
         assert!(c.contains("ok xrc client 20 messages"), "{c}");
         wait_cm(&d.socket, "nothing left", cm_idle);
     }
+    // The same calls on RC: rdma_create_srq (a plain SRQ; it was ENOSYS) before
+    // rdma_create_qp, whose QP receives through it.
+    let (s, c) = pair(
+        at,
+        at,
+        (&exe, &["server", "127.0.0.1", "7575", "rc", "20"]),
+        (&exe, &["rcclient", "127.0.0.1", "7575", "20"]),
+    );
+    assert!(s.contains("ok rc server srq 20 messages"), "{s}");
+    assert!(c.contains("ok rc client 20 messages"), "{c}");
+    wait_cm(&d.socket, "nothing left", cm_idle);
 }
 
 unsafe extern "C" {

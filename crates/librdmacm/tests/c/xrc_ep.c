@@ -1,8 +1,8 @@
 /* XRC through rdma_cm's synchronous endpoint API, as a program that shares receive queues
  * between connections does it (tests/xrc_ep.rs runs it under `softverbs run`):
  *
- *   xrc_ep server ADDR PORT lib|own COUNT
- *   xrc_ep client ADDR PORT COUNT
+ *   xrc_ep server ADDR PORT lib|own|rc COUNT
+ *   xrc_ep client|rcclient ADDR PORT COUNT
  *
  * Both sides: rdma_getaddrinfo with hints RDMA_PS_IB and IBV_QPT_XRC_RECV (server, passive) or
  * IBV_QPT_XRC_SEND (client), then rdma_create_ep.
@@ -21,8 +21,10 @@
  * Client: an XRC send QP from rdma_create_ep, rdma_connect, the SRQ number from the REP's
  * private data (id->event), COUNT sends naming it (wr.qp_type.xrc.remote_srqn), each
  * completion from rdma_get_send_comp.
- * Prints "ok xrc server <mode>" / "ok xrc client"; any failure exits non-zero with the
- * reason. */
+ * Server "rc" / rcclient: the same over RC (RDMA_PS_TCP, IBV_QPT_RC) with a plain SRQ from
+ * rdma_create_srq made before rdma_create_qp, whose QP must then receive through it.
+ * Prints "ok xrc server <mode>" / "ok xrc client" (rc: "ok rc ..."); any failure exits
+ * non-zero with the reason. */
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -45,20 +47,20 @@
 static size_t len_of(int k) { return 16 + (size_t)k * 37; }
 static unsigned char byte_of(int k, size_t i) { return i == 0 ? (unsigned char)k : (unsigned char)(k * 31 + i * 7); }
 
-static struct rdma_addrinfo *info(const char *addr, const char *port, int passive)
+static struct rdma_addrinfo *info(const char *addr, const char *port, int passive, int rc)
 {
 	struct rdma_addrinfo hints, *res;
 	memset(&hints, 0, sizeof hints);
-	hints.ai_port_space = RDMA_PS_IB;
-	if (passive) {
+	hints.ai_port_space = rc ? RDMA_PS_TCP : RDMA_PS_IB;
+	if (passive)
 		hints.ai_flags = RAI_PASSIVE;
-		hints.ai_qp_type = IBV_QPT_XRC_RECV;
-	} else {
-		hints.ai_qp_type = IBV_QPT_XRC_SEND;
-	}
+	if (rc)
+		hints.ai_qp_type = IBV_QPT_RC;
+	else
+		hints.ai_qp_type = passive ? IBV_QPT_XRC_RECV : IBV_QPT_XRC_SEND;
 	int r = rdma_getaddrinfo(addr, port, &hints, &res);
 	CHECK(r == 0, "rdma_getaddrinfo: %s", gai_strerror(r));
-	CHECK(res->ai_port_space == RDMA_PS_IB, "port space %d", res->ai_port_space);
+	CHECK(res->ai_port_space == hints.ai_port_space, "port space %d", res->ai_port_space);
 	CHECK(res->ai_qp_type == hints.ai_qp_type, "QP type %d", res->ai_qp_type);
 	return res;
 }
@@ -80,22 +82,53 @@ static void check_recv(struct ibv_wc *wc, unsigned char *bufs, int *seen, int n)
 	CHECK(be32toh(wc->imm_data) == 0x1000u + k, "message %d immediate %#x", k, be32toh(wc->imm_data));
 }
 
+static int accept_and_receive(struct rdma_cm_id *id, struct ibv_cq *cq, int own, uint32_t srqn, int n);
+
+/* Server "rc": an RC id with a plain SRQ from rdma_create_srq, then rdma_create_qp, whose QP
+ * must receive through it (rdma_create_qp(3): the id's SRQ), completions on id->recv_cq. */
+static int rc_server(struct rdma_cm_id *listen_id, struct rdma_cm_id *id, int n)
+{
+	struct ibv_srq_init_attr sa;
+	memset(&sa, 0, sizeof sa);
+	sa.attr.max_wr = n;
+	sa.attr.max_sge = 1;
+	CHECK(rdma_create_srq(id, NULL, &sa) == 0, "rdma_create_srq (basic)");
+	CHECK(id->srq, "no id->srq");
+	struct ibv_qp_init_attr qa;
+	memset(&qa, 0, sizeof qa);
+	qa.cap.max_send_wr = 1;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_wr = n;
+	qa.cap.max_recv_sge = 1;
+	qa.qp_type = IBV_QPT_RC;
+	CHECK(rdma_create_qp(id, NULL, &qa) == 0, "rdma_create_qp");
+	CHECK(id->qp->srq == id->srq, "the QP does not receive through the id's SRQ");
+	int r = accept_and_receive(id, id->recv_cq, 0, 0, n);
+	rdma_destroy_ep(id);
+	rdma_destroy_ep(listen_id);
+	printf("ok rc server srq %d messages\n", n);
+	return r;
+}
+
 static int server(const char *addr, const char *port, const char *mode, int n)
 {
-	int own = strcmp(mode, "own") == 0;
-	struct rdma_addrinfo *res = info(addr, port, 1);
+	int own = strcmp(mode, "own") == 0, rc = strcmp(mode, "rc") == 0;
+	struct rdma_addrinfo *res = info(addr, port, 1, rc);
 	struct rdma_cm_id *listen_id, *id;
 	struct ibv_qp_init_attr qa;
 	memset(&qa, 0, sizeof qa);
 	qa.cap.max_recv_wr = n; /* ignored for an XRC receive QP: it has no receive queue */
 	qa.cap.max_recv_sge = 1;
-	CHECK(rdma_create_ep(&listen_id, res, NULL, own ? NULL : &qa) == 0, "rdma_create_ep (passive)");
+	CHECK(rdma_create_ep(&listen_id, res, NULL, own || rc ? NULL : &qa) == 0, "rdma_create_ep (passive)");
 	rdma_freeaddrinfo(res);
-	CHECK(listen_id->qp_type == IBV_QPT_XRC_RECV, "listener QP type %d", listen_id->qp_type);
+	int qpt = rc ? IBV_QPT_RC : IBV_QPT_XRC_RECV;
+	CHECK(listen_id->qp_type == qpt, "listener QP type %d", listen_id->qp_type);
 	CHECK(rdma_listen(listen_id, 1) == 0, "rdma_listen");
 	CHECK(rdma_get_request(listen_id, &id) == 0, "rdma_get_request");
 	CHECK(id->event && id->event->event == RDMA_CM_EVENT_CONNECT_REQUEST, "request event");
-	CHECK(id->qp_type == IBV_QPT_XRC_RECV, "request id QP type %d", id->qp_type);
+	CHECK(id->qp_type == qpt, "request id QP type %d", id->qp_type);
+	if (rc)
+		return rc_server(listen_id, id, n);
 
 	struct ibv_xrcd *xrcd = NULL;
 	struct ibv_cq *cq = NULL;
@@ -141,7 +174,25 @@ static int server(const char *addr, const char *port, const char *mode, int n)
 	}
 	uint32_t srqn;
 	CHECK(ibv_get_srq_num(id->srq, &srqn) == 0, "ibv_get_srq_num");
+	accept_and_receive(id, cq, own, srqn, n);
+	if (own) {
+		rdma_destroy_qp(id);
+		rdma_destroy_srq(id);
+		CHECK(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq");
+		CHECK(ibv_close_xrcd(xrcd) == 0, "ibv_close_xrcd");
+		rdma_destroy_id(id);
+	} else {
+		rdma_destroy_ep(id);
+	}
+	rdma_destroy_ep(listen_id);
+	printf("ok xrc server %s %d messages\n", mode, n);
+	return 0;
+}
 
+/* Posts n receives to id->srq, accepts with the SRQ number as private data, and checks the n
+ * messages on cq (polled directly, or for the library's CQ with rdma_get_recv_comp). */
+static int accept_and_receive(struct rdma_cm_id *id, struct ibv_cq *cq, int own, uint32_t srqn, int n)
+{
 	unsigned char *bufs = calloc(n, SLOT);
 	CHECK(bufs, "calloc");
 	struct ibv_mr *mr = rdma_reg_msgs(id, bufs, (size_t)n * SLOT);
@@ -176,24 +227,13 @@ static int server(const char *addr, const char *port, const char *mode, int n)
 	/* The client disconnects once its sends completed; either side may get there first. */
 	rdma_disconnect(id);
 	rdma_dereg_mr(mr);
-	if (own) {
-		rdma_destroy_qp(id);
-		rdma_destroy_srq(id);
-		CHECK(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq");
-		CHECK(ibv_close_xrcd(xrcd) == 0, "ibv_close_xrcd");
-		rdma_destroy_id(id);
-	} else {
-		rdma_destroy_ep(id);
-	}
-	rdma_destroy_ep(listen_id);
 	free(bufs);
-	printf("ok xrc server %s %d messages\n", mode, n);
 	return 0;
 }
 
-static int client(const char *addr, const char *port, int n)
+static int client(const char *addr, const char *port, int n, int rc)
 {
-	struct rdma_addrinfo *res = info(addr, port, 0);
+	struct rdma_addrinfo *res = info(addr, port, 0, rc);
 	struct rdma_cm_id *id;
 	struct ibv_qp_init_attr qa;
 	memset(&qa, 0, sizeof qa);
@@ -202,7 +242,7 @@ static int client(const char *addr, const char *port, int n)
 	qa.sq_sig_all = 1;
 	CHECK(rdma_create_ep(&id, res, NULL, &qa) == 0, "rdma_create_ep (active)");
 	rdma_freeaddrinfo(res);
-	CHECK(id->qp && id->qp->qp_type == IBV_QPT_XRC_SEND, "no XRC send QP");
+	CHECK(id->qp && id->qp->qp_type == (rc ? IBV_QPT_RC : IBV_QPT_XRC_SEND), "no XRC send QP");
 	CHECK(id->send_cq, "no send CQ on the id");
 
 	unsigned char *bufs = calloc(n, SLOT);
@@ -231,7 +271,8 @@ static int client(const char *addr, const char *port, int n)
 		wr.num_sge = 1;
 		wr.opcode = IBV_WR_SEND_WITH_IMM;
 		wr.imm_data = htobe32(0x1000u + k);
-		wr.qp_type.xrc.remote_srqn = srqn;
+		if (!rc)
+			wr.qp_type.xrc.remote_srqn = srqn;
 		CHECK(ibv_post_send(id->qp, &wr, &bad) == 0, "ibv_post_send %d", k);
 	}
 	for (int k = 0; k < n; k++) {
@@ -246,7 +287,7 @@ static int client(const char *addr, const char *port, int n)
 	rdma_dereg_mr(mr);
 	rdma_destroy_ep(id);
 	free(bufs);
-	printf("ok xrc client %d messages\n", n);
+	printf("ok %s client %d messages\n", rc ? "rc" : "xrc", n);
 	return 0;
 }
 
@@ -258,11 +299,12 @@ int main(int argc, char **argv)
 		CHECK(n > 0 && n <= MAXN, "COUNT 1..%d", MAXN);
 		return server(argv[2], argv[3], argv[4], n);
 	}
-	if (argc == 5 && strcmp(argv[1], "client") == 0) {
+	if (argc == 5 && (strcmp(argv[1], "client") == 0 || strcmp(argv[1], "rcclient") == 0)) {
 		int n = atoi(argv[4]);
 		CHECK(n > 0 && n <= MAXN, "COUNT 1..%d", MAXN);
-		return client(argv[2], argv[3], n);
+		return client(argv[2], argv[3], n, argv[1][0] == 'r');
 	}
-	fprintf(stderr, "usage: %s server ADDR PORT lib|own COUNT | client ADDR PORT COUNT\n", argv[0]);
+	fprintf(stderr, "usage: %s server ADDR PORT lib|own|rc COUNT | client|rcclient ADDR PORT COUNT\n",
+		argv[0]);
 	return 2;
 }
