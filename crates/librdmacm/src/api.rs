@@ -666,6 +666,7 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_pa
         // An XRC receive QP always receives through an SRQ (IBA A14.4.2; the kernel's ib_cm
         // sets the REP's SRQ bit for it, whatever the id holds).
         srq: !i.id.srq.is_null() || i.id.qp_type == verbs::QPT_XRC_RECV as c_int,
+        // Informational here: the daemon's CM formats an XRC REP from the REQ it answers.
         xrc: i.id.qp_type == verbs::QPT_XRC_RECV as c_int,
     };
     if let Err(e) = i
