@@ -361,7 +361,14 @@ impl CmPorts {
             }
             Event::ConnectReply { rep } => {
                 r.event = U32::new(cm_event::CONNECT_RESPONSE);
-                r.remote_qpn = U32::new(rep.local_qpn);
+                // An XRC target names its QP in Local EE Context Number and leaves Local QPN
+                // zero (IBA A14.4.2; the kernel's cm_format_rep). QP 0 is never a connected
+                // QP, so a zero Local QPN means the number is in the other field.
+                r.remote_qpn = U32::new(if rep.local_qpn == 0 {
+                    rep.local_eecn
+                } else {
+                    rep.local_qpn
+                });
                 r.starting_psn = U32::new(rep.starting_psn);
                 r.responder_resources = rep.responder_resources;
                 r.initiator_depth = rep.initiator_depth;
