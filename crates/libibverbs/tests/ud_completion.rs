@@ -121,9 +121,50 @@ fn ud_receive_completion_fields_across_two_daemons() {
     one_datagram(&a, &b, &prog, RECV_CHECKS_V4);
 }
 
-/// The same over IPv6: two daemons on ULA addresses this test adds to the namespace's
-/// loopback (`nodad`: usable at once; RFC 4193). The GRH area is then the IPv6 header and
-/// `wc.sl` 1, and UCX's check reads the 16-byte DGID at bytes 24–39.
+/// IPv6 addresses this test put on the loopback, taken off again when it ends (also when it
+/// fails), so a run outside a network namespace of its own leaves nothing behind.
+struct LoopbackV6(Vec<String>);
+
+impl LoopbackV6 {
+    fn add(ips: &[String]) -> LoopbackV6 {
+        let mut added = LoopbackV6(Vec::new());
+        for ip in ips {
+            let out = std::process::Command::new("ip")
+                .args([
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{ip}/128"),
+                    "dev",
+                    "lo",
+                    "nodad",
+                ])
+                .output()
+                .expect("run ip");
+            assert!(
+                out.status.success(),
+                "ip -6 addr add {ip} (run inside unshare --net as root): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            added.0.push(ip.clone());
+        }
+        added
+    }
+}
+
+impl Drop for LoopbackV6 {
+    fn drop(&mut self) {
+        for ip in &self.0 {
+            let _ = std::process::Command::new("ip")
+                .args(["-6", "addr", "del", &format!("{ip}/128"), "dev", "lo"])
+                .output();
+        }
+    }
+}
+
+/// The same over IPv6: two daemons on ULA addresses (RFC 4193) this test puts on the
+/// loopback (`nodad`: usable at once). The GRH area is then the IPv6 header and `wc.sl` 1,
+/// and UCX's check reads the 16-byte DGID at bytes 24–39.
 #[test]
 fn ud_receive_completion_fields_across_two_daemons_over_ipv6() {
     let p = std::process::id() & 0xffff;
@@ -131,25 +172,7 @@ fn ud_receive_completion_fields_across_two_daemons_over_ipv6() {
         format!("fd00:5f1:7d:{p:x}::2"),
         format!("fd00:5f1:7d:{p:x}::3"),
     ];
-    for ip in &ips {
-        let out = std::process::Command::new("ip")
-            .args([
-                "-6",
-                "addr",
-                "add",
-                &format!("{ip}/128"),
-                "dev",
-                "lo",
-                "nodad",
-            ])
-            .output()
-            .expect("run ip");
-        assert!(
-            out.status.success() || String::from_utf8_lossy(&out.stderr).contains("exists"),
-            "ip -6 addr add {ip} (run inside unshare --net as root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let _addrs = LoopbackV6::add(&ips);
     let a = Daemon::start_with_ip("ud6-a", &ips[0]);
     let b = Daemon::start_with_ip("ud6-b", &ips[1]);
     let Some(prog) = program(&a) else { return };
