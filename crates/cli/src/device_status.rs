@@ -61,10 +61,14 @@ pub fn json(devices: &[DeviceRow]) -> serde_json::Value {
         .collect()
 }
 
+/// One port's rejected packets: its device, its number, and `(counter name, count)` per
+/// reason.
+type PortDrops = (String, u64, Vec<(&'static str, u64)>);
+
 /// Each port's received packets dropped, by reason, from the `counters.ports` rows of the
 /// daemon's snapshot (`rx_drop_*`, docs/guide/counters.md "Rejected packets"): `(device,
 /// port, [(counter name, count)])`. A daemon older than these counters gives none.
-fn port_drops(resources: &serde_json::Value) -> Vec<(String, u64, Vec<(&'static str, u64)>)> {
+fn port_drops(resources: &serde_json::Value) -> Vec<PortDrops> {
     resources["counters"]["ports"]
         .as_array()
         .into_iter()

@@ -193,7 +193,7 @@ fn read_pcapng(path: &Path) -> Vec<Seen> {
     out
 }
 
-/// The four kinds of rejected packet the test sends: `(counter, reason in the capture,
+/// The five kinds of rejected packet the test sends: `(counter, reason in the capture,
 /// how many)`.
 const SENT: &[(&str, &str, u64)] = &[
     ("rx_drop_bad_icrc", "softverbs: rejected: bad ICRC", 3),
@@ -208,12 +208,14 @@ const SENT: &[(&str, &str, u64)] = &[
         "softverbs: rejected: wrong destination address",
         1,
     ),
+    ("rx_drop_bad_qkey", "softverbs: rejected: bad Q_Key", 1),
 ];
 
 /// A daemon whose one device has addresses `net.10` (GID 0) and `net.11` (GID 1), an RC QP
 /// of it connected to `net.20` from GID 0, and the rejected packets of [`SENT`]: a bad ICRC
 /// (from the peer, to the QP), an unknown QP, a foreign source (`net.21`), and a packet from
-/// the peer to the QP at the device's other address. Returns the daemon's port row once it
+/// the peer to the QP at the device's other address, and a MAD for the CM (QP1) with a Q_Key
+/// that is not the GSI's. Returns the daemon's port row once it
 /// counted them all, the QP's number, and the three addresses.
 fn reject_some(d: &Daemon, net: u8) -> (serde_json::Value, u32) {
     let a = Ipv4Addr::new(127, 37, net, 10);
@@ -245,6 +247,16 @@ fn reject_some(d: &Daemon, net: u8) -> (serde_json::Value, u32) {
         from_stranger.send(a, rc_send(q, 0), true);
     }
     from_peer.send(b, rc_send(q, 0), true);
+    // IBA Table 38: UD SEND_ONLY to QP1 with a DETH (Q_Key, source QP 1); the GSI's Q_Key is
+    // 0x80010000 (IBA 13.5.1).
+    let mut mad = Headers::new(BthRepr::new(Opcode(0x64), 1, 0));
+    mad.deth = Some(softverbs_wire::DethRepr {
+        qkey: 0x1234,
+        src_qp: 1,
+    });
+    let mut p = vec![0u8; softverbs_wire::packet_len(&mad, 256)];
+    emit_packet(&mad, &[0u8; 256], &mut p).unwrap();
+    from_peer.send(a, p, true);
     let total: u64 = SENT.iter().map(|s| s.2).sum();
     let p = wait_for_drops(d, total);
     drop(qp);
@@ -278,7 +290,7 @@ fn rejected_packets_are_counted_by_reason_and_kept_in_the_capture_with_it() {
     let human = d.cli(&["status"]);
     assert!(
         human.contains(
-            "device rejmarked port 1: rejected packets: 8: 3 bad ICRC (rx_drop_bad_icrc)"
+            "device rejmarked port 1: rejected packets: 9: 3 bad ICRC (rx_drop_bad_icrc)"
         ),
         "{human}"
     );
@@ -313,6 +325,7 @@ fn rejected_packets_are_counted_by_reason_and_kept_in_the_capture_with_it() {
     assert_eq!(count(&seen_a, SENT[0].1), 3, "{seen_a:?}");
     assert_eq!(count(&seen_a, SENT[1].1), 2, "{seen_a:?}");
     assert_eq!(count(&seen_a, SENT[2].1), 2, "{seen_a:?}");
+    assert_eq!(count(&seen_a, SENT[4].1), 1, "{seen_a:?}");
     assert_eq!(count(&seen_b, SENT[3].1), 1, "{seen_b:?}");
     let wrong = seen_b.iter().find(|s| s.comment.is_some()).unwrap();
     assert_eq!(
@@ -334,7 +347,7 @@ fn rejected_packets_are_counted_by_reason_and_kept_in_the_capture_with_it() {
             &["-Y", "frame.comment", "-T", "fields", "-e", "frame.comment"],
         );
         let lines: Vec<&str> = out.lines().filter(|l| !l.is_empty()).collect();
-        assert_eq!(lines.len(), 7, "{out}");
+        assert_eq!(lines.len(), 8, "{out}");
         assert_eq!(
             lines.iter().filter(|l| **l == SENT[0].1).count(),
             3,

@@ -1,5 +1,7 @@
 //! `--capture DIR`: where a daemon writes one pcap file per device address, and the writer
-//! of each file ([`Capture`]).
+//! of each file ([`Capture`]). With `--capture-rejected` ([`Rejected::Marked`]) the files are
+//! pcapng and keep the packets the daemon rejected, each with its reason as a packet comment;
+//! otherwise those are left out (docs/guide/capture.md, "Rejected packets").
 //!
 //! A root daemon writing by name into a directory another user can change would truncate or
 //! create whatever file a planted symlink names (issue 35, item 9). So the directory must pass

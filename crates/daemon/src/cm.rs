@@ -241,22 +241,37 @@ impl CmPorts {
 
     /// Handles a packet `is_gsi` accepted, from `sgid`, on device `dev`. Anything that is
     /// not a well-formed CM MAD with the GSI Q_Key is dropped.
-    pub fn receive(&mut self, now: Instant, dev: usize, sgid: Gid, pkt: &[u8]) {
-        let Some(port) = self.ports.get_mut(dev) else {
-            return;
-        };
+    ///
+    /// Returns why the packet was rejected before it reached the CM, if it was: it does not
+    /// parse, its Q_Key is not the GSI's, or it is not from a GSI (QP1) (docs/guide/counters.md,
+    /// "Rejected packets"). What
+    /// the CM itself drops (a MAD over its source's rate, a message for no connection) is
+    /// the CM's protocol, counted by it (`rate_dropped`), not a rejected packet.
+    pub fn receive(
+        &mut self,
+        now: Instant,
+        dev: usize,
+        sgid: Gid,
+        pkt: &[u8],
+    ) -> Option<softverbs_transport::Reject> {
+        use softverbs_transport::Reject;
+        let port = self.ports.get_mut(dev)?;
         let Ok(p) = Packet::parse(pkt) else {
-            return;
+            return Some(Reject::Malformed);
         };
         // A CM MAD comes from the sender's GSI, QP1, with the GSI's Q_Key (IBA 13.5.1, 12.2);
         // every CM sends from there. A datagram from any other QP is a local user's UD QP
         // on some host (which may set its Q_Key to the GSI's) speaking for that host's CM.
-        if p.headers.deth.map(|d| (d.qkey, d.src_qp)) != Some((GSI_QKEY, GSI_QPN)) {
-            return;
+        match p.headers.deth.map(|d| (d.qkey, d.src_qp)) {
+            None => return Some(Reject::Malformed),
+            Some((GSI_QKEY, GSI_QPN)) => {}
+            Some((GSI_QKEY, _)) => return Some(Reject::ForeignSource),
+            Some(_) => return Some(Reject::BadQkey),
         }
         if let Err(e) = port.cm.handle_mad(now, sgid.to_ip(), p.payload) {
             tracing::debug!(dev, "CM MAD dropped: {e}");
         }
+        None
     }
 
     /// Runs the CMs' timers.

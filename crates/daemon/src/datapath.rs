@@ -1095,7 +1095,13 @@ impl DataPath {
                         continue;
                     }
                     if crate::cm::is_gsi(&scratch[..len]) {
-                        self.cm.receive(now, d, meta.sgid, &scratch[..len]);
+                        let rejected = self.cm.receive(now, d, meta.sgid, &scratch[..len]);
+                        if let Some(n) = self.devs[d].socket_at(k) {
+                            match rejected {
+                                Some(r) => n.reject(r),
+                                None => n.verdict(None),
+                            }
+                        }
                     } else if self.net_path.runs(&scratch[..len]) {
                         self.net_answer(d, &scratch[..len]);
                     } else {

@@ -473,8 +473,9 @@ impl NetDev {
         self.faults = Some(FaultInjector::new(faults, seed));
     }
 
-    /// Records every datagram this socket sends and receives (those that fail the ICRC
-    /// check too) in `capture`, and what [`record_local`](Self::record_local) is given.
+    /// Records every datagram this socket sends and receives in `capture` (a received one
+    /// the daemon rejects only in the capture's mode that keeps them, marked:
+    /// [`verdict`](Self::verdict)), and what [`record_local`](Self::record_local) is given.
     pub fn capture_to(&mut self, capture: Capture) {
         self.capture = Some(capture);
     }

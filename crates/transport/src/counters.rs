@@ -4,9 +4,9 @@
 //!
 //! They are counted here, in the engine, and nowhere else: the daemon, the simulator and the
 //! net path's library all run this engine, so every path that moves RoCE packets counts the
-//! same events the same way. The only port counter the engine cannot see is the ICRC check
-//! (the shell verifies the ICRC before it hands a packet over), which the daemon counts next
-//! to that check.
+//! same events the same way. What the engine cannot see is what the shell drops before it
+//! hands a packet over (a bad ICRC, a datagram that is no RoCE v2 packet, a forged own
+//! source), which the daemon counts next to that check, by the same [`Reject`] reasons.
 
 /// Defines [`Counters`] and its one table of names, so the struct, the JSON keys, the
 /// Prometheus series and the documentation (docs/guide/counters.md) cannot drift apart.
