@@ -12,9 +12,11 @@
 //!   `htobe32(0x2d)`; the ImmDt on the wire must be `00 00 00 2d`, and an ImmDt of
 //!   `00 00 00 2d` from the peer must reach the program as `wc.imm_data == htobe32(0x2d)`.
 //!
-//! Both directions: the program as rdma_cm server (`tests/c/kpeer.c server`) and as client.
-//! Addresses 127.37.N.1 (the daemon's device) and 127.37.N.2 (the peer), N = 0 and 1: run
-//! inside a network namespace of its own:
+//! Both directions: the program as rdma_cm server (`tests/c/kpeer.c server`) and as client;
+//! the server case also over IPv6 with the peer's UDP checksums 0, as rxe sends them
+//! (docs/design/roce-wire.md §9). Addresses 127.37.N.1 (the daemon's device) and 127.37.N.2
+//! (the peer), N = 0 and 1, and fd00:37::1/::2 added to `lo`: run inside a network namespace
+//! of its own:
 //!
 //!     unshare -n sh -c 'ip link set lo up && cargo test -p softverbs-librdmacm --test kernel_peer'
 
@@ -326,7 +328,7 @@ fn path(local: IpAddr, remote: IpAddr) -> PathInfo {
         hop_limit: 64,
         sl: 0,
         subnet_local: false,
-        local_ack_timeout: 18,
+        local_ack_timeout: 19,
     }
 }
 
