@@ -17,6 +17,7 @@ pub fn status(
     limits: &[LimitRow],
     devs: &[DeviceRow],
     network: &Option<String>,
+    receive: &Option<Value>,
     version: &Option<String>,
 ) -> Value {
     json!({
@@ -29,6 +30,8 @@ pub fn status(
         "dp_max_qp_visits": s.dp_max_qp_visits, "dp_queued_qps": s.dp_queued_qps,
         "net_foreign_source": s.net_foreign_source, "net_outside_window": s.net_outside_window,
         "network": network,
+        // [{"device", "addr", "mode": "raw" | "udp"}]: where each device socket receives.
+        "receive": receive,
     })
 }
 

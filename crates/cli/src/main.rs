@@ -261,6 +261,17 @@ struct DaemonArgs {
     /// 1000). A software NIC's answers wait for a CPU; see docs/design/net-path.md, "Stalls".
     #[arg(long, value_name = "MS")]
     retry_floor_ms: Option<u64>,
+    /// Accept packets from peers in PEER_CIDR (kernel rxe, RoCE NICs: `10.0.0.0/24`,
+    /// `192.0.2.7`) whose ICRC checks out with any IPv4 identification, solved for when the
+    /// device cannot see it (the UDP receive path); repeat for several. Replaces the
+    /// file's `[icrc] solve_ip_id_peers`. Leaves a 16-bit check on their packets
+    /// (docs/design/roce-wire.md §6).
+    #[arg(long = "solve-ip-id", value_name = "PEER_CIDR")]
+    solve_ip_id: Vec<softverbs_daemon::netdev::Cidr>,
+    /// Where the devices read received IP headers: auto (a raw socket for an IPv4 device
+    /// when the daemon may open one, else the UDP socket), raw or udp.
+    #[arg(long, value_name = "MODE")]
+    ip_header: Option<softverbs_daemon::netdev::IpHeader>,
 }
 
 impl DaemonArgs {
@@ -277,6 +288,8 @@ impl DaemonArgs {
             limits: self.limits.clone(),
             abi_version: self.abi_version,
             retry_floor_ms: self.retry_floor_ms,
+            solve_ip_id_peers: (!self.solve_ip_id.is_empty()).then(|| self.solve_ip_id.clone()),
+            ip_header: self.ip_header,
         }
     }
 
@@ -562,6 +575,12 @@ fn main() -> ExitCode {
                 .ok()
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
                 .and_then(|v| v["network"].as_str().map(String::from));
+            // Where each device socket receives (raw or udp); a daemon before it says nothing.
+            let receive = text
+                .as_ref()
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+                .and_then(|v| v.get("receive").cloned());
             let limits = text
                 .and_then(|t| {
                     serde_json::from_str::<Resources>(&t)
@@ -572,7 +591,7 @@ fn main() -> ExitCode {
                 Ok((s, (limits, devs, version))) if *json => {
                     outln!(
                         "{}",
-                        json_out::status(&s, &limits, &devs, &network, &version)
+                        json_out::status(&s, &limits, &devs, &network, &receive, &version)
                     );
                     ExitCode::SUCCESS
                 }
@@ -592,6 +611,17 @@ fn main() -> ExitCode {
                 );
                     if let Some(n) = &network {
                         outln!("network: {n}");
+                    }
+                    if let Some(rows) = receive.as_ref().and_then(|r| r.as_array()) {
+                        // docs/design/roce-wire.md §6: raw sees the IPv4 identification.
+                        for r in rows {
+                            outln!(
+                                "receive: {} {} on a {} socket",
+                                r["device"].as_str().unwrap_or("?"),
+                                r["addr"].as_str().unwrap_or("?"),
+                                r["mode"].as_str().unwrap_or("?")
+                            );
+                        }
                     }
                     out!("{}", device_status::render(&devs));
                     print_limits(&limits);

@@ -82,6 +82,7 @@ impl Config {
                 faults: None,
                 capture_dir: None,
                 retry_floor: softverbs_transport::time::RETRY_FLOOR,
+                icrc: Default::default(),
             },
             limits: Limits::for_budget(&host_budget()),
             mtu: None,

@@ -14,6 +14,7 @@ use softverbs_core::types::Mtu;
 use softverbs_transport::Faults;
 
 use crate::config::{Config, DeviceSpec};
+use crate::netdev::{Cidr, IcrcPolicy, IpHeader};
 
 /// What the file or the command line sets; `None` (or empty) leaves the setting to the
 /// next source: command line, then file, then the built-in default.
@@ -39,6 +40,11 @@ pub struct Settings {
     pub abi_version: Option<u32>,
     /// The retry floor in milliseconds (`transport::time::RETRY_FLOOR`; 0: IBA's plain count).
     pub retry_floor_ms: Option<u64>,
+    /// Peers whose IPv4 identification the ICRC check solves for (`[icrc]
+    /// solve_ip_id_peers`, `--solve-ip-id`); the command line's list replaces the file's.
+    pub solve_ip_id_peers: Option<Vec<Cidr>>,
+    /// Where the devices read received IP headers (`[icrc] ip_header`, `--ip-header`).
+    pub ip_header: Option<IpHeader>,
 }
 
 impl Settings {
@@ -58,6 +64,11 @@ impl Settings {
             limits,
             abi_version: over.abi_version.or(self.abi_version),
             retry_floor_ms: over.retry_floor_ms.or(self.retry_floor_ms),
+            solve_ip_id_peers: over
+                .solve_ip_id_peers
+                .clone()
+                .or_else(|| self.solve_ip_id_peers.clone()),
+            ip_header: over.ip_header.or(self.ip_header),
         }
     }
 
@@ -86,6 +97,10 @@ impl Settings {
         if let Some(ms) = self.retry_floor_ms {
             c.net.retry_floor = std::time::Duration::from_millis(ms);
         }
+        c.net.icrc = IcrcPolicy {
+            solve_peers: self.solve_ip_id_peers.unwrap_or_default(),
+            ip_header: self.ip_header.unwrap_or_default(),
+        };
         Ok(c)
     }
 }
@@ -105,6 +120,14 @@ struct File {
     devices: Option<toml::Table>,
     limits: Option<LimitsFile>,
     retry_floor_ms: Option<u64>,
+    icrc: Option<IcrcFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IcrcFile {
+    solve_ip_id_peers: Option<Vec<String>>,
+    ip_header: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -167,6 +190,20 @@ pub fn parse(text: &str) -> Result<Settings, String> {
     };
     if let Some(m) = f.mtu {
         s.mtu = Some(mtu_from_bytes(m).map_err(|e| format!("mtu: {e}"))?);
+    }
+    if let Some(i) = f.icrc {
+        if let Some(peers) = i.solve_ip_id_peers {
+            s.solve_ip_id_peers = Some(
+                peers
+                    .iter()
+                    .map(|p| p.parse())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("icrc.solve_ip_id_peers: {e}"))?,
+            );
+        }
+        if let Some(h) = i.ip_header {
+            s.ip_header = Some(h.parse().map_err(|e| format!("icrc.ip_header: {e}"))?);
+        }
     }
     // An empty [faults] table (the example's) injects nothing: no fault path at all.
     if let Some(ff) = f
@@ -381,6 +418,9 @@ port = 4792
 mtu = 2048
 capture = "/var/log/softverbs"
 retry_floor_ms = 250
+[icrc]
+solve_ip_id_peers = ["10.0.0.0/24", "192.0.2.7", "fd00::/64"]
+ip_header = "udp"
 [faults]
 loss = 0.25
 corrupt = 0.5
@@ -397,6 +437,10 @@ qps = "unlimited"
         .unwrap();
         assert_eq!(s.port, Some(4792));
         assert_eq!(s.retry_floor_ms, Some(250));
+        let peers = s.solve_ip_id_peers.clone().unwrap();
+        assert_eq!(peers.len(), 3);
+        assert!(peers[1].contains("192.0.2.7".parse().unwrap()));
+        assert_eq!(s.ip_header, Some(IpHeader::Udp));
         assert_eq!(s.network, Some(false));
         assert_eq!(s.mtu, Some(Mtu::M2048));
         let f = s.faults.unwrap();
@@ -429,6 +473,10 @@ qps = "unlimited"
             "{e}"
         );
         assert!(parse("[limits.uid]\nqps = -1\n").is_err());
+        let e = parse("[icrc]\nsolve_ip_id_peers = [\"10.0.0.0/40\"]\n").unwrap_err();
+        assert!(e.contains("icrc.solve_ip_id_peers"), "{e}");
+        let e = parse("[icrc]\nip_header = \"ip\"\n").unwrap_err();
+        assert!(e.contains("icrc.ip_header"), "{e}");
     }
 
     #[test]

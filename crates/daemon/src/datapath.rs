@@ -101,6 +101,8 @@ pub struct NetOptions {
     /// Every device's retry floor (`softverbs_transport::time::RETRY_FLOOR`, the default;
     /// `--retry-floor-ms`): the daemon's engines and its net-path libraries' retry by it.
     pub retry_floor: std::time::Duration,
+    /// How the devices check received ICRCs (`[icrc]`; docs/design/roce-wire.md §6).
+    pub icrc: crate::netdev::IcrcPolicy,
 }
 
 /// Engines, devices, memory and CQs of one daemon.
@@ -265,6 +267,8 @@ impl DataPath {
             if net.bind {
                 let mut n = NetDev::bind(gid.to_ip(), net.port)
                     .map_err(|e| bind_error(&d.name, gid.to_ip(), net.port, &e))?;
+                n.set_icrc_policy(net.icrc.clone())
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", d.name)))?;
                 if let Some(f) = net.faults {
                     n.inject(f, 0x5eed ^ i as u64);
                 }
@@ -287,6 +291,8 @@ impl DataPath {
                 let ip = g.to_ip();
                 let mut n = NetDev::bind(ip, net.port)
                     .map_err(|e| bind_error(&d.name, ip, net.port, &e))?;
+                n.set_icrc_policy(net.icrc.clone())
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", d.name)))?;
                 if let Some(f) = net.faults {
                     n.inject(f, 0x5eed ^ i as u64 ^ (k as u64) << 32);
                 }
@@ -353,6 +359,21 @@ impl DataPath {
             gate_rx: false,
             moved_packets: false,
         })
+    }
+
+    /// Each device socket's address and where it receives (`"raw"` or `"udp"`,
+    /// `NetDev::rx_mode`), by device index, for `softverbs status`.
+    pub fn rx_modes(&self) -> Vec<(usize, std::net::IpAddr, &'static str)> {
+        self.devs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, d)| {
+                d.net
+                    .iter()
+                    .chain(&d.more_net)
+                    .map(move |n| (i, n.local(), n.rx_mode()))
+            })
+            .collect()
     }
 
     /// The UDP sockets, to watch for readability (device index, fd).

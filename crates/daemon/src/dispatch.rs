@@ -1507,6 +1507,21 @@ impl Dispatcher {
             // Where the devices are on the network, or why nowhere (an autostarted daemon
             // that found every address it tried taken: docs/guide/multi-user.md).
             map.insert("network".into(), self.network.clone().into());
+            // Where each device socket reads what it receives: "raw" sees the IPv4 header
+            // and checks every ICRC exactly, "udp" cannot (docs/design/roce-wire.md §6).
+            let receive: Vec<serde_json::Value> = self
+                .dp
+                .rx_modes()
+                .into_iter()
+                .map(|(d, addr, mode)| {
+                    serde_json::json!({
+                        "device": self.core.devices().get(d).map(|d| d.name.as_str()),
+                        "addr": addr.to_string(),
+                        "mode": mode,
+                    })
+                })
+                .collect();
+            map.insert("receive".into(), receive.into());
         }
         let json = serde_json::to_vec(&value).map_err(|_| ENOMEM)?;
         let fd = softverbs_ipc::memfd_with("softverbs-resources", &json).map_err(|_| ENOMEM)?;
@@ -1573,6 +1588,11 @@ impl Dispatcher {
                 );
                 if let Some(m) = v.as_object_mut() {
                     m.insert("rx_icrc_errors".into(), serde_json::json!(p.icrc_errors));
+                    m.insert(
+                        "rx_icrc_id_unseen".into(),
+                        serde_json::json!(p.icrc_id_unseen),
+                    );
+                    m.insert("rx_icrc_solved".into(), serde_json::json!(p.icrc_solved));
                 }
                 v
             })

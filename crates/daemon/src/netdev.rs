@@ -37,10 +37,12 @@
 //! the wire (tshark, a NIC, rxe) checks. Where GSO is refused the batch goes by `sendmmsg`,
 //! every datagram with identification 0. The receive side asks for `UDP_GRO` and splits what arrives by the segment size the kernel
 //! reports, or takes each datagram whole where it reports none. A UDP socket never shows the
-//! identification, so the receiver checks the ICRC first with the segment's index in the
-//! coalesced datagram (what a GSO batch delivered whole has), then with every other
-//! identification a softverbs sender uses (0..64): a corrupted packet still fails all 64,
-//! which leaves 2^-26 of undetected corruption instead of 2^-32.
+//! identification, so the receiver solves the ICRC for it (`icrc::check_received`) and takes
+//! the packet if it is one a softverbs sender uses (0..64; the same 64 ICRC values as trying
+//! each, 2^-26 of undetected corruption instead of 2^-32), or any from a peer in
+//! `[icrc] solve_ip_id_peers` (kernel rxe, NICs: a 16-bit check). **Where the daemon may,
+//! an IPv4 device receives on a raw socket instead** (`raw.rs`): the header is seen and every
+//! ICRC checked exactly (docs/design/roce-wire.md §6).
 
 use std::collections::HashMap;
 use std::io;
@@ -59,6 +61,9 @@ use crate::capture::Capture;
 
 mod forward;
 pub use forward::{Forward, ForwardStats};
+mod policy;
+pub use policy::{Cidr, IcrcPolicy, IpHeader};
+mod raw;
 
 pub use softverbs_wire::gso::MAX_SEGMENTS;
 use softverbs_wire::gso::{self, MAX_BATCH_BYTES};
@@ -78,9 +83,10 @@ pub struct BatchStats {
     pub gso_segments: u64,
     /// `sendmmsg` calls (GSO refused, or unavailable).
     pub mmsg_sends: u64,
-    /// Datagrams received coalesced by GRO, more than one per `recvmsg`.
+    /// Datagrams received coalesced by GRO, more than one per `recvmsg` (on the raw path:
+    /// segments of GSO sends that arrived whole, raw.rs).
     pub gro_segments: u64,
-    /// `recvmsg` calls that returned more than one segment.
+    /// `recvmsg` calls that returned more than one segment (on the raw path: datagrams).
     pub gro_recvs: u64,
     /// Received packets whose ICRC matched only with another identification than their
     /// index in what arrived (segmented before the receiver, or coalesced differently).
@@ -106,8 +112,9 @@ struct RxBatch {
     /// [`RX_DATAGRAMS`] slots of [`RX_DATAGRAM`] bytes, one per datagram of a `recvmmsg`.
     buf: Vec<u8>,
     /// The datagrams of the last `recvmmsg` not yet handed out: (offset, length, segment
-    /// size, sender).
-    queued: std::collections::VecDeque<(usize, usize, usize, SocketAddr)>,
+    /// size, sender, IP + UDP header length). The raw path (raw.rs) leaves the header in
+    /// front of the offset and the segment size 0, found at the first segment.
+    queued: std::collections::VecDeque<(usize, usize, usize, SocketAddr, usize)>,
     /// The last `recvmmsg` returned fewer datagrams than it had room for: the socket was
     /// empty then, so once `queued` is used up the next receive reports none without a call.
     drained: bool,
@@ -117,6 +124,12 @@ struct RxBatch {
     off: usize,
     index: u16,
     from: SocketAddr,
+    /// The raw path's IP + UDP header length (at `start - hdr`), 0 on the UDP path.
+    hdr: usize,
+    /// Where the datagram's payload starts (the raw path's header is right before it).
+    start: usize,
+    /// The raw path found the first segment's ICRC good while finding the segment size.
+    first_ok: bool,
 }
 
 /// Where [`NetDev::recv_any`] left a packet: in the receive batch (offset, length) or in the
@@ -129,6 +142,8 @@ enum Rx {
 /// The UDP side of one device.
 pub struct NetDev {
     sock: UdpSocket,
+    /// The raw receive socket (raw.rs), when the device reads IP headers.
+    raw: Option<UdpSocket>,
     local: IpAddr,
     port: u16,
     faults: Option<FaultInjector>,
@@ -139,8 +154,19 @@ pub struct NetDev {
     /// Datagrams whose ICRC did not check out (part of `stats.rejected`): the port's
     /// `rx_icrc_errors` (docs/guide/counters.md).
     pub icrc_errors: u64,
+    /// Datagrams rejected (part of `icrc_errors`) whose ICRC would check out with an IPv4
+    /// identification outside the window a softverbs sender uses: most likely a kernel rxe
+    /// or NIC peer's good packets, which `[icrc] solve_ip_id_peers` would accept.
+    pub icrc_id_unseen: u64,
+    /// Datagrams accepted from a `solve_ip_id_peers` peer with an identification outside
+    /// that window, solved for (docs/design/roce-wire.md §6).
+    pub icrc_solved: u64,
     /// What the batching did.
     pub batch: BatchStats,
+    /// The ICRC settings (`[icrc]`).
+    policy: IcrcPolicy,
+    /// When the `icrc_id_unseen` hint was last logged, per peer (bounded).
+    hinted: HashMap<IpAddr, Instant>,
     hdr: [u8; 48],
     /// One socket per multicast group the device joined, by group address.
     groups: HashMap<IpAddr, UdpSocket>,
@@ -294,6 +320,7 @@ impl NetDev {
         let gso = std::env::var_os("SOFTVERBS_GSO").is_none_or(|v| v != "0");
         Ok(NetDev {
             sock,
+            raw: None,
             local: ip,
             port,
             faults: None,
@@ -301,7 +328,11 @@ impl NetDev {
             capture: None,
             stats: NetStats::default(),
             icrc_errors: 0,
+            icrc_id_unseen: 0,
+            icrc_solved: 0,
             batch: BatchStats::default(),
+            policy: IcrcPolicy::default(),
+            hinted: HashMap::new(),
             hdr: [0; 48],
             tx: TxBatch {
                 buf: vec![0; MAX_BATCH_BYTES + softverbs_transport::MAX_PACKET],
@@ -320,12 +351,70 @@ impl NetDev {
                 off: 0,
                 index: 0,
                 from: SocketAddr::new(ip, 0),
+                hdr: 0,
+                start: 0,
+                first_ok: false,
             },
             groups: HashMap::new(),
             new_fds: Vec::new(),
             readable: true,
             forward: forward::Forwarder::new(gso),
         })
+    }
+
+    /// Sets how received ICRCs are checked: which peers' packets may carry any IPv4
+    /// identification, and whether an IPv4 device reads the real IP header on a raw socket
+    /// (raw.rs; `Auto` does when it may, `Raw` fails when it may not). An IPv6 device has
+    /// no identification to read and stays on its UDP socket. Call before receiving.
+    pub fn set_icrc_policy(&mut self, policy: IcrcPolicy) -> io::Result<()> {
+        let want = match (policy.ip_header, self.local) {
+            (IpHeader::Udp, _) | (_, IpAddr::V6(_)) => false,
+            (IpHeader::Raw | IpHeader::Auto, IpAddr::V4(_)) => true,
+        };
+        self.policy = policy;
+        if !want || self.raw.is_some() {
+            return Ok(());
+        }
+        let IpAddr::V4(v4) = self.local else {
+            return Ok(());
+        };
+        match raw::open(v4, self.port).and_then(|r| {
+            raw::drop_all(&self.sock)?;
+            Ok(r)
+        }) {
+            Ok(r) => {
+                // GRO would coalesce datagrams under one IP header before the raw socket
+                // sees them: off, on a socket that no longer reads anyway.
+                let _ = nix::sys::socket::setsockopt(
+                    &self.sock,
+                    nix::sys::socket::sockopt::UdpGroSegment,
+                    &false,
+                );
+                self.raw = Some(r);
+                Ok(())
+            }
+            Err(e) if self.policy.ip_header == IpHeader::Auto => {
+                tracing::info!(
+                    addr = %self.local,
+                    "no raw socket ({e}): receiving on the UDP socket, IPv4 identifications unseen"
+                );
+                Ok(())
+            }
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("ip_header = \"raw\": raw socket for {}: {e}", self.local),
+            )),
+        }
+    }
+
+    /// Where the device reads what it receives: `"raw"` (IP headers seen, every ICRC
+    /// checked exactly) or `"udp"` (`softverbs status`).
+    pub fn rx_mode(&self) -> &'static str {
+        if self.raw.is_some() {
+            "raw"
+        } else {
+            "udp"
+        }
     }
 
     /// Whether a [`recv`](Self::recv) may find a packet: false from the receive that found
@@ -447,9 +536,10 @@ impl NetDev {
         self.port
     }
 
-    /// The socket, to register with an event loop.
+    /// The socket it receives on, to register with an event loop (the raw one, when the
+    /// device has it: the UDP socket then takes nothing).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.sock.as_fd()
+        self.raw.as_ref().unwrap_or(&self.sock).as_fd()
     }
 
     /// A private socket for a context that runs net-path QPs (docs/design/net-path.md): bound to
@@ -870,6 +960,18 @@ impl NetDev {
                     if self.rx.off >= self.rx.len && !self.fill()? {
                         return Ok(None);
                     }
+                    if self.rx.seg == 0 {
+                        // A raw datagram: one packet, or a GSO batch that arrived whole.
+                        let rx = &self.rx;
+                        let hdr = &rx.buf[rx.start - rx.hdr..rx.start];
+                        (self.rx.seg, self.rx.first_ok) =
+                            raw::segment_size(hdr, &rx.buf[rx.start..rx.len]);
+                        let len = self.rx.len - self.rx.start;
+                        if self.rx.seg < len {
+                            self.batch.gro_recvs += 1;
+                            self.batch.gro_segments += len.div_ceil(self.rx.seg) as u64;
+                        }
+                    }
                     let rx = &mut self.rx;
                     let len = rx.seg.min(rx.len - rx.off);
                     let (from, index) = (rx.from, rx.index);
@@ -911,7 +1013,13 @@ impl NetDev {
                 Some(at) => &rxbuf[at..at + len],
                 None => &buf[..len],
             };
-            let checked = self.check_icrc(ip, &udp, pkt, index);
+            let checked = match at.filter(|_| self.rx.hdr > 0) {
+                Some(_) => {
+                    let hdr = &rxbuf[self.rx.start - self.rx.hdr..self.rx.start];
+                    check_raw(hdr, pkt, self.rx.first_ok, index)
+                }
+                None => self.check_icrc(ip, &udp, pkt, index, from.ip()),
+            };
             if self.capture.is_some() {
                 // A packet the ICRC check drops is recorded as it arrived, its bad ICRC
                 // kept: classic pcap has no field to mark it (docs/guide/capture.md). Its
@@ -965,12 +1073,14 @@ impl NetDev {
             recvmmsg, ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage,
         };
         loop {
-            if let Some((start, len, seg, from)) = self.rx.queued.pop_front() {
+            if let Some((start, len, seg, from, hdr)) = self.rx.queued.pop_front() {
                 self.rx.off = start;
                 self.rx.len = start + len;
                 self.rx.seg = seg;
                 self.rx.index = 0;
                 self.rx.from = from;
+                self.rx.hdr = hdr;
+                self.rx.start = start;
                 return Ok(true);
             }
             if std::mem::take(&mut self.rx.drained) {
@@ -986,8 +1096,9 @@ impl NetDev {
                 .chunks_mut(RX_DATAGRAM)
                 .map(|c| [io::IoSliceMut::new(c)])
                 .collect();
+            let fd = self.raw.as_ref().unwrap_or(&self.sock).as_raw_fd();
             let got = match recvmmsg(
-                self.sock.as_raw_fd(),
+                fd,
                 &mut headers,
                 slots.iter_mut(),
                 MsgFlags::MSG_DONTWAIT,
@@ -1026,7 +1137,12 @@ impl NetDev {
                     self.batch.gro_recvs += 1;
                     self.batch.gro_segments += len.div_ceil(seg) as u64;
                 }
-                self.rx.queued.push_back((i * RX_DATAGRAM, len, seg, from));
+                self.rx
+                    .queued
+                    .push_back((i * RX_DATAGRAM, len, seg, from, 0));
+            }
+            if self.raw.is_some() {
+                self.raw_headers();
             }
             // Fewer than asked for: the kernel met an empty queue (recvmmsg(2) returns what
             // it has when the next datagram would block).
@@ -1034,17 +1150,109 @@ impl NetDev {
         }
     }
 
-    /// The IP header (its identification as found) under which `pkt`'s ICRC checks out:
-    /// identification `index` first (a GSO batch delivered whole), then every other one a
-    /// softverbs sender uses (`icrc::verify_received`).
-    fn check_icrc(&mut self, ip: IpRepr, udp: &UdpRepr, pkt: &[u8], index: u16) -> Option<IpRepr> {
-        let (ip, tries) =
-            icrc::verify_received(ip, udp, pkt, index, MAX_SEGMENTS as u16, &mut self.hdr)?;
-        if tries > 0 {
-            self.batch.id_searches += 1;
-        }
-        Some(ip)
+    /// Turns what a raw `recvmmsg` queued (whole IPv4 datagrams) into payloads behind their
+    /// headers (raw.rs), the sender's port taken from the UDP header (a raw socket reports
+    /// port 0); drops another port's datagram, which came before the filter was attached.
+    fn raw_headers(&mut self) {
+        let port = self.port;
+        let buf = &self.rx.buf;
+        self.rx.queued.retain_mut(|(start, len, seg, from, hdr)| {
+            if *hdr > 0 {
+                return true;
+            }
+            let Some(hl) = raw::header_len(&buf[*start..*start + *len], port) else {
+                return false;
+            };
+            let sport = u16::from_be_bytes([buf[*start + hl - 8], buf[*start + hl - 7]]);
+            *from = SocketAddr::new(from.ip(), sport);
+            *start += hl;
+            *len -= hl;
+            *seg = 0;
+            *hdr = hl;
+            true
+        });
     }
+
+    /// The IP header (its identification as found) under which `pkt`'s ICRC checks out, or
+    /// `None`: the one place a packet is found to have a bad ICRC. A UDP socket hides the
+    /// identification: a softverbs peer's must be one a softverbs sender uses (0..64,
+    /// `index` expected first, full 32-bit check); a `solve_ip_id_peers` peer's may be any
+    /// (docs/design/roce-wire.md §6).
+    fn check_icrc(
+        &mut self,
+        ip: IpRepr,
+        udp: &UdpRepr,
+        pkt: &[u8],
+        index: u16,
+        peer: IpAddr,
+    ) -> Option<IpRepr> {
+        use icrc::Received;
+        let solve = self.policy.solves(peer);
+        let ids = MAX_SEGMENTS as u16;
+        match icrc::check_received(ip, udp, pkt, index, ids, solve, &mut self.hdr) {
+            Received::Window { ip, searched } => {
+                if searched {
+                    self.batch.id_searches += 1;
+                }
+                Some(ip)
+            }
+            Received::Solved { ip } => {
+                self.icrc_solved += 1;
+                Some(ip)
+            }
+            Received::Unseen { id } => {
+                self.icrc_id_unseen += 1;
+                self.hint_unseen(peer, id);
+                None
+            }
+            Received::Bad => None,
+        }
+    }
+
+    /// Says, at most every ten minutes per peer, that `peer`'s packets would check out
+    /// with an identification no softverbs sender uses, and names the setting that accepts
+    /// them. Bounded: past 1024 peers, only the counter says it.
+    fn hint_unseen(&mut self, peer: IpAddr, id: u16) {
+        const EVERY: Duration = Duration::from_secs(600);
+        let now = Instant::now();
+        match self.hinted.get(&peer) {
+            Some(&last) if now.duration_since(last) < EVERY => return,
+            None if self.hinted.len() >= 1024 => return,
+            _ => {}
+        }
+        self.hinted.insert(peer, now);
+        tracing::warn!(
+            device = %self.local,
+            %peer,
+            identification = id,
+            "dropping packets whose ICRC checks out only with an IPv4 identification no \
+             softverbs sender uses: a kernel rxe or RoCE NIC peer? Accept them with \
+             `[icrc] solve_ip_id_peers = [\"{peer}\"]` or `--solve-ip-id {peer}` \
+             (docs/guide/troubleshooting.md)"
+        );
+    }
+}
+
+/// The raw path's ICRC check: exact, over the header segment `index` of the datagram had
+/// on the wire (the datagram's own for a single packet; for a GSO batch that arrived whole,
+/// the one the kernel would have cut, raw.rs). The first segment was checked already when
+/// its size was found (`checked_first`). Returns the header as found, `None` for a bad ICRC.
+fn check_raw(hdr: &[u8], pkt: &[u8], checked_first: bool, index: u16) -> Option<IpRepr> {
+    let mut h = [0u8; 68];
+    let hl = raw::segment_header(hdr, pkt.len(), index, &mut h);
+    let h = &h[..hl];
+    if !(checked_first && index == 0) {
+        icrc::verify(h, pkt).ok()?;
+    }
+    let addr = |at: usize| std::net::Ipv4Addr::new(h[at], h[at + 1], h[at + 2], h[at + 3]);
+    Some(IpRepr::V4(softverbs_wire::ip::Ipv4Repr {
+        src: addr(12),
+        dst: addr(16),
+        tos: h[1],
+        identification: u16::from_be_bytes([h[4], h[5]]),
+        dont_fragment: h[6] & 0x40 != 0,
+        ttl: h[8],
+    }))
 }
 
 /// Converts a wall-clock instant to the engine's time (nanoseconds since `epoch`).

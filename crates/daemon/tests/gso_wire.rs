@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use softverbs_core::types::{Access, Mtu, QpType};
-use softverbs_daemon::netdev::{engine_time, NetDev};
+use softverbs_daemon::netdev::{engine_time, IcrcPolicy, IpHeader, NetDev};
 use softverbs_transport::sim::{ConnParams, Host};
 use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use softverbs_transport::MAX_PACKET;
@@ -71,6 +71,22 @@ fn sides() -> [Side; 2] {
         }
     };
     [mk("127.0.0.1"), mk("127.0.0.2")]
+}
+
+/// [`sides`] receiving on raw sockets (crates/daemon/src/netdev/raw.rs), every ICRC checked
+/// over the IP header it arrived with.
+fn raw_sides() -> [Side; 2] {
+    let mut s = sides();
+    for side in s.iter_mut() {
+        side.dev
+            .set_icrc_policy(IcrcPolicy {
+                ip_header: IpHeader::Raw,
+                ..IcrcPolicy::default()
+            })
+            .unwrap();
+        assert_eq!(side.dev.rx_mode(), "raw");
+    }
+    s
 }
 
 /// Streams `COUNT` 64 KiB SENDs from side 0 to side 1 and checks every byte.
@@ -358,5 +374,60 @@ fn without_gso_batches_go_by_sendmmsg() {
             "every datagram has identification 0"
         );
         assert_eq!(s[1].dev.stats.rejected, 0);
+    });
+}
+
+#[test]
+fn raw_receive_splits_a_gso_send_that_arrived_whole() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a network namespace and raw sockets");
+        return;
+    }
+    in_netns(|| {
+        let mut s = raw_sides();
+        stream(&mut s);
+        assert!(s[0].dev.batch.gso_sends > 0, "{:?}", s[0].dev.batch);
+        assert!(
+            s[1].dev.batch.gro_recvs > 0,
+            "GSO sends reached the raw socket whole: {:?}",
+            s[1].dev.batch
+        );
+        assert_eq!(s[1].dev.stats.rejected, 0);
+        assert_eq!(s[1].dev.icrc_errors, 0);
+    });
+}
+
+#[test]
+fn raw_receive_of_segmented_gso_traffic() {
+    if !is_root() || !have("ethtool") {
+        eprintln!("skipped: needs root and ethtool");
+        return;
+    }
+    in_netns(|| {
+        sh("ethtool", &["-K", "lo", "tx-udp-segmentation", "off"]);
+        let mut s = raw_sides();
+        stream(&mut s);
+        assert!(s[0].dev.batch.gso_sends > 0, "{:?}", s[0].dev.batch);
+        assert_eq!(s[1].dev.batch.gro_recvs, 0, "{:?}", s[1].dev.batch);
+        assert_eq!(s[1].dev.stats.rejected, 0);
+        assert_eq!(s[1].dev.icrc_errors, 0);
+    });
+}
+
+#[test]
+fn raw_receive_of_sendmmsg_batches() {
+    if !is_root() {
+        eprintln!("skipped: needs root for a network namespace and raw sockets");
+        return;
+    }
+    in_netns(|| {
+        let mut s = raw_sides();
+        for side in s.iter_mut() {
+            side.dev.disable_gso();
+        }
+        stream(&mut s);
+        assert!(s[0].dev.batch.mmsg_sends > 0, "{:?}", s[0].dev.batch);
+        assert_eq!(s[1].dev.stats.rejected, 0);
+        assert_eq!(s[1].dev.icrc_errors, 0);
     });
 }

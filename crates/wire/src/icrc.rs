@@ -18,6 +18,8 @@ use crate::ip::{IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use crate::packet::ICRC_LEN;
 use crate::{HeaderKind, WireError};
 
+mod ipid;
+
 /// Stand-in for the absent LRH.
 const LRH_MASK: [u8; 8] = [0xFF; 8];
 /// IPv4 header with the longest options, plus UDP.
@@ -145,34 +147,119 @@ pub fn verify_datagram(datagram: &[u8]) -> Result<(), WireError> {
     verify(ip_udp, packet)
 }
 
-/// Checks the ICRC of a packet received on a UDP socket, which never shows the IPv4
-/// identification the sender's kernel gave it: tries `first` (its index in a coalesced
-/// datagram, what a GSO batch delivered whole has), then every other identification in
-/// `0..ids` (a softverbs sender counts them up from 0 within a GSO batch,
-/// docs/design/roce-wire.md). IPv6 has no identification: one try. Returns the header that
-/// matched and how many tries it took before, `None` if none did. `hdr` holds the IP and
-/// UDP headers while they are built (at least 48 bytes).
-pub fn verify_received(
+/// Offset of the IPv4 identification in the ICRC's input: after the LRH stand-in, at byte
+/// 4 of the IPv4 header (options come later and do not move it).
+const ID_AT: usize = LRH_MASK.len() + 4;
+
+/// The IPv4 identification under which the ICRC at the end of `packet` (BTH through ICRC)
+/// checks out, whatever identification `ip_udp` (an IPv4 header, with any options, and a
+/// UDP header) carries: `Some(id)` when one exists (it is then unique), `None` when none
+/// does or the header is IPv6, which has no identification. One CRC pass over the packet
+/// (with identification 0) and a few hundred word operations (`ipid.rs`).
+///
+/// Only 16 of the ICRC's 32 bits are left as a check: a corrupted packet is taken for
+/// one with another identification with probability 2^-16 (docs/design/roce-wire.md §6).
+pub fn solve_identification(ip_udp: &[u8], packet: &[u8]) -> Result<Option<u16>, WireError> {
+    let (body, found) = split_trailer(packet)?;
+    if ip_udp.first().map(|b| b >> 4) == Some(6) {
+        return Ok(None);
+    }
+    let mut zeroed = [0u8; MAX_IP_UDP];
+    let hdr = zeroed
+        .get_mut(..ip_udp.len())
+        .ok_or(WireError::MalformedIpUdp {
+            reason: "expected exactly one IP header and one UDP header",
+        })?;
+    hdr.copy_from_slice(ip_udp);
+    if let Some(id) = hdr.get_mut(4..6) {
+        id.fill(0);
+    }
+    let computed = compute(hdr, body)?;
+    let after = LRH_MASK.len() + ip_udp.len() + body.len() - ID_AT - 2;
+    Ok(ipid::solve(computed ^ found, after))
+}
+
+/// How a packet received on a UDP socket, which never shows the IPv4 identification,
+/// passed or failed its ICRC check ([`check_received`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Received {
+    /// The ICRC checks out with an identification a softverbs sender uses (below `ids`; or
+    /// IPv6, which has none): the header, with it, and whether it differs from the index
+    /// the caller expected first.
+    Window {
+        /// The header, with the identification found.
+        ip: crate::ip::IpRepr,
+        /// Whether it is not the one expected first.
+        searched: bool,
+    },
+    /// The ICRC checks out with another identification, and the caller asked to accept
+    /// any (a kernel rxe or NIC peer): the header, with it.
+    Solved {
+        /// The header, with the identification found.
+        ip: crate::ip::IpRepr,
+    },
+    /// The ICRC would check out with identification `id`, outside the window, and the
+    /// caller did not ask to accept that: rejected, but most likely a kernel rxe or NIC
+    /// peer's good packet rather than a corrupt one.
+    Unseen {
+        /// The identification that would make the ICRC check out.
+        id: u16,
+    },
+    /// No identification makes the ICRC check out (or the headers are malformed).
+    Bad,
+}
+
+/// Checks the ICRC of a packet received on a UDP socket. `ip` and `udp` are the headers
+/// the datagram had, except for the IPv4 identification; `first` is the one expected (its
+/// index in a GRO-coalesced datagram, what a GSO batch delivered whole has).
+///
+/// A softverbs sender uses identifications `0..ids` (docs/design/roce-wire.md §6): such a
+/// packet is [`Received::Window`] with the full 32-bit check, exactly as if each of those
+/// identifications were tried in turn (the solved identification is unique, so "the
+/// solution is below `ids`" accepts the same `ids` ICRC values), for one CRC pass. With
+/// `solve`, any other identification is accepted too ([`Received::Solved`]). IPv6 has no
+/// identification: one exact check. `hdr` holds the IP and UDP headers while they are
+/// built (at least 48 bytes).
+pub fn check_received(
     mut ip: crate::ip::IpRepr,
     udp: &crate::ip::UdpRepr,
     packet: &[u8],
     first: u16,
     ids: u16,
+    solve: bool,
     hdr: &mut [u8],
-) -> Option<(crate::ip::IpRepr, u16)> {
+) -> Received {
     use crate::ip::IpRepr;
-    let first = if first < ids { first } else { 0 };
-    let order = std::iter::once(first).chain((0..ids).filter(move |&i| i != first));
-    for (n, id) in order.enumerate() {
-        match &mut ip {
-            IpRepr::V4(v4) => v4.identification = id,
-            IpRepr::V6(_) if n > 0 => return None,
-            IpRepr::V6(_) => {}
-        }
-        let hl = crate::ip::emit_ip_udp(&ip, udp, packet.len(), hdr).ok()?;
-        if verify(&hdr[..hl], packet).is_ok() {
-            return Some((ip, n as u16));
-        }
+    if let IpRepr::V4(v4) = &mut ip {
+        v4.identification = 0;
     }
-    None
+    let Ok(hl) = crate::ip::emit_ip_udp(&ip, udp, packet.len(), hdr) else {
+        return Received::Bad;
+    };
+    let v4 = match &mut ip {
+        IpRepr::V6(_) => {
+            return match verify(&hdr[..hl], packet) {
+                Ok(()) => Received::Window {
+                    ip,
+                    searched: false,
+                },
+                Err(_) => Received::Bad,
+            };
+        }
+        IpRepr::V4(v4) => v4,
+    };
+    let Ok(Some(id)) = solve_identification(&hdr[..hl], packet) else {
+        return Received::Bad;
+    };
+    v4.identification = id;
+    if id < ids {
+        Received::Window {
+            ip,
+            searched: id != first,
+        }
+    } else if solve {
+        Received::Solved { ip }
+    } else {
+        Received::Unseen { id }
+    }
 }

@@ -26,6 +26,11 @@ pub struct PortCounters {
     /// Datagrams to the device's sockets whose ICRC did not check out, dropped there
     /// (IBA 9.6.1.1.2; the packet never reaches a QP, so the port counts it).
     pub icrc_errors: u64,
+    /// Of those, the ones whose ICRC would check out with an IPv4 identification outside
+    /// the window a softverbs sender uses (docs/design/roce-wire.md §6).
+    pub icrc_id_unseen: u64,
+    /// Datagrams taken from a `solve_ip_id_peers` peer with a solved identification.
+    pub icrc_solved: u64,
 }
 
 /// Where a QP's packets are run.
@@ -63,6 +68,13 @@ impl DataPath {
                     device,
                     counters,
                     icrc_errors: d.net.iter().chain(&d.more_net).map(|n| n.icrc_errors).sum(),
+                    icrc_id_unseen: d
+                        .net
+                        .iter()
+                        .chain(&d.more_net)
+                        .map(|n| n.icrc_id_unseen)
+                        .sum(),
+                    icrc_solved: d.net.iter().chain(&d.more_net).map(|n| n.icrc_solved).sum(),
                 }
             })
             .collect()
