@@ -108,6 +108,15 @@ impl Peer {
         if ip.is_ipv6() {
             // As rxe (`prepare_udp_hdr`): UDP checksum 0, over IPv6 too.
             no_udp6_checksums(&sock);
+        } else {
+            // DF set on an unconnected socket: Linux gives every datagram identification 0,
+            // which the ICRC below is computed with (docs/design/roce-wire.md §6).
+            set_int(
+                &sock,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            );
         }
         sock.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
@@ -294,24 +303,23 @@ fn gid(ip: IpAddr) -> [u8; 16] {
 
 /// `UDP_NO_CHECK6_TX`: the socket sends IPv6 datagrams with UDP checksum 0.
 fn no_udp6_checksums(sock: &UdpSocket) {
+    set_int(sock, libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1);
+}
+
+fn set_int(sock: &UdpSocket, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
     use std::os::fd::AsRawFd;
-    let on: libc::c_int = 1;
     // SAFETY: an open socket, a live c_int and its size.
     let r = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_NO_CHECK6_TX,
-            (&on as *const libc::c_int).cast(),
+            level,
+            name,
+            (&v as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    assert_eq!(
-        r,
-        0,
-        "UDP_NO_CHECK6_TX: {}",
-        std::io::Error::last_os_error()
-    );
+    let e = std::io::Error::last_os_error();
+    assert_eq!(r, 0, "setsockopt {level}/{name}: {e}");
 }
 
 /// The path a kernel CM puts in a RoCE v2 REQ (cm_format_req with a RoCE path record):
