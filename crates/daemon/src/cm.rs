@@ -542,9 +542,11 @@ impl CmPorts {
             path_mtu: r.path_mtu,
             hop_limit: 64,
             // What the kernel's rdma_cm puts in a RoCE REQ: cm_ack_timeout(ack delay 15,
-            // CMA_IBOE_PACKET_LIFETIME 16) = 17. A kernel passive side derives its QP's ACK
-            // timeout from it (cm_format_paths_from_req: packet life time = this - 1).
-            local_ack_timeout: 17,
+            // CMA_IBOE_PACKET_LIFETIME) = 19 with 6.1's lifetime 18 (captured from rxe,
+            // crates/wire/tests/rxe_cm.rs; later kernels' 16 give 17). A kernel passive side
+            // derives its QP's ACK timeout from it (cm_format_paths_from_req: packet life
+            // time = this - 1), about 2 s.
+            local_ack_timeout: 19,
             response_timeout: r.response_timeout,
             max_cm_retries: r.max_cm_retries,
             private_data: private(&r.private_data, r.private_data_len).to_vec(),

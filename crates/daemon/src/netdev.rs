@@ -273,13 +273,17 @@ fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
 const SOCKET_BUFFER: usize = 8 << 20;
 
 /// What the device socket and the net path's sockets share: `IP_PMTUDISC_DO` on IPv4 (DF set and
-/// identification 0, which the ICRC covers) and large buffers.
+/// identification 0, which the ICRC covers), on IPv6 accepting datagrams with UDP checksum 0
+/// (what rxe sends; docs/design/roce-wire.md §9), and large buffers.
 fn socket_options(sock: &UdpSocket, ip: IpAddr) -> io::Result<()> {
+    use std::os::fd::AsFd;
     if ip.is_ipv4() {
         rustix::net::sockopt::set_ip_mtu_discover(
             sock,
             rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
         )?;
+    } else {
+        softverbs_memaccess::accept_zero_udp6_checksums(sock.as_fd())?;
     }
     size_socket_buffers(sock);
     Ok(())
