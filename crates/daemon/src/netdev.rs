@@ -1223,8 +1223,9 @@ impl NetDev {
             identification = id,
             "dropping packets whose ICRC checks out only with an IPv4 identification no \
              softverbs sender uses: a kernel rxe or RoCE NIC peer? Accept them with \
-             `[icrc] solve_ip_id_peers = [\"{peer}\"]` or `--solve-ip-id {peer}` \
-             (docs/guide/troubleshooting.md)"
+             `[icrc] solve_ip_id_peers = [\"{peer}\"]` or `--solve-ip-id {peer}`, or give \
+             the daemon CAP_NET_RAW to read the real header (`[icrc] ip_header`; \
+             docs/guide/troubleshooting.md)"
         );
     }
 }
