@@ -960,8 +960,11 @@ impl NetDev {
                         // A raw datagram: one packet, or a GSO batch that arrived whole.
                         let rx = &self.rx;
                         let hdr = &rx.buf[rx.start - rx.hdr..rx.start];
-                        (self.rx.seg, self.rx.first_ok) =
-                            raw::segment_size(hdr, &rx.buf[rx.start..rx.len]);
+                        (self.rx.seg, self.rx.first_ok) = raw::segment_size(
+                            hdr,
+                            &rx.buf[rx.start..rx.len],
+                            softverbs_transport::MAX_PACKET,
+                        );
                         let len = self.rx.len - self.rx.start;
                         if self.rx.seg < len {
                             self.batch.gro_recvs += 1;
