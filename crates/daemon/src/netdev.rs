@@ -986,8 +986,11 @@ impl NetDev {
                         // A raw datagram: one packet, or a GSO batch that arrived whole.
                         let rx = &self.rx;
                         let hdr = &rx.buf[rx.start - rx.hdr..rx.start];
-                        (self.rx.seg, self.rx.first_ok) =
-                            raw::segment_size(hdr, &rx.buf[rx.start..rx.len]);
+                        (self.rx.seg, self.rx.first_ok) = raw::segment_size(
+                            hdr,
+                            &rx.buf[rx.start..rx.len],
+                            softverbs_transport::MAX_PACKET,
+                        );
                         let len = self.rx.len - self.rx.start;
                         if self.rx.seg < len {
                             self.batch.gro_recvs += 1;
@@ -1261,8 +1264,9 @@ impl NetDev {
             identification = id,
             "dropping packets whose ICRC checks out only with an IPv4 identification no \
              softverbs sender uses: a kernel rxe or RoCE NIC peer? Accept them with \
-             `[icrc] solve_ip_id_peers = [\"{peer}\"]` or `--solve-ip-id {peer}` \
-             (docs/guide/troubleshooting.md)"
+             `[icrc] solve_ip_id_peers = [\"{peer}\"]` or `--solve-ip-id {peer}`, or give \
+             the daemon CAP_NET_RAW to read the real header (`[icrc] ip_header`; \
+             docs/guide/troubleshooting.md)"
         );
     }
 }
