@@ -230,6 +230,11 @@ struct DaemonArgs {
     /// root's or this user's, writable by no one else; a symlink at a file is refused.
     #[arg(long, value_name = "DIR")]
     capture: Option<PathBuf>,
+    /// With --capture: keep the packets the daemon rejected too, each marked with its
+    /// reason ("softverbs: rejected: bad ICRC") as a packet comment; the files are then
+    /// pcapng, DIR/<device>.pcapng.
+    #[arg(long, requires = "capture")]
+    capture_rejected: bool,
     /// Inject faults into what the devices send: loss=P,dup=P,reorder=P,corrupt=P.
     #[arg(long, value_parser = softverbs_daemon::config_file::faults_flag)]
     faults: Option<softverbs_transport::Faults>,
@@ -284,6 +289,7 @@ impl DaemonArgs {
             port: self.port,
             mtu: self.mtu,
             capture: self.capture.clone(),
+            capture_rejected: self.capture_rejected.then_some(true),
             faults: self.faults,
             limits: self.limits.clone(),
             abi_version: self.abi_version,
@@ -568,19 +574,16 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             let text = i.resources_json();
+            let snapshot = text
+                .as_ref()
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+                .unwrap_or_default();
             // Where the devices are on the network, or why nowhere (a daemon before this
             // field says nothing).
-            let network = text
-                .as_ref()
-                .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-                .and_then(|v| v["network"].as_str().map(String::from));
+            let network = snapshot["network"].as_str().map(String::from);
             // Where each device socket receives (raw or udp); a daemon before it says nothing.
-            let receive = text
-                .as_ref()
-                .ok()
-                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
-                .and_then(|v| v.get("receive").cloned());
+            let receive = snapshot.get("receive").cloned();
             let limits = text
                 .and_then(|t| {
                     serde_json::from_str::<Resources>(&t)
@@ -589,10 +592,9 @@ fn main() -> ExitCode {
                 .map(|r| (r.limits, r.devices, r.daemon_version));
             match i.status().and_then(|s| limits.map(|l| (s, l))) {
                 Ok((s, (limits, devs, version))) if *json => {
-                    outln!(
-                        "{}",
-                        json_out::status(&s, &limits, &devs, &network, &receive, &version)
-                    );
+                    let mut v = json_out::status(&s, &limits, &devs, &network, &receive, &version);
+                    device_status::add_drops(&mut v["device_status"], &snapshot);
+                    outln!("{v}");
                     ExitCode::SUCCESS
                 }
                 Ok((s, (limits, devs, version))) => {
@@ -624,6 +626,7 @@ fn main() -> ExitCode {
                         }
                     }
                     out!("{}", device_status::render(&devs));
+                    out!("{}", device_status::render_drops(&snapshot));
                     print_limits(&limits);
                     outln!(
                         "data path: {} rounds, {} QP visits ({:.2} per round, at most {}), {} QPs queued",

@@ -117,26 +117,44 @@ fn read_capture(path: &Path) -> Vec<Seen> {
     };
     let mut out = Vec::new();
     while let Ok(Some(rec)) = r.next_record() {
-        let Some(dgram) = ethernet_payload(&rec.data) else {
-            continue;
-        };
-        let Ok((ip_udp, ib)) = softverbs_wire::ip::split_ip_udp(dgram) else {
-            continue;
-        };
-        if ip_udp.len() < 20 || ip_udp[0] >> 4 != 4 || ib.len() < 12 {
-            continue;
-        }
-        let addr =
-            |at: usize| Ipv4Addr::new(ip_udp[at], ip_udp[at + 1], ip_udp[at + 2], ip_udp[at + 3]);
-        out.push(Seen {
-            src: addr(12),
-            dst: addr(16),
-            opcode: ib[0],
-            dest_qp: softverbs_wire::bth::dest_qp_of(ib),
-            icrc_ok: softverbs_wire::parse_roce_v2(dgram).is_ok(),
-        });
+        out.extend(seen(&rec.data));
     }
     out
+}
+
+/// [`read_capture`] of a pcapng capture (`--capture-rejected`), each packet with its comment.
+fn read_pcapng(path: &Path) -> Vec<(Seen, Option<String>)> {
+    let Ok(bytes) = std::fs::read(path) else {
+        return Vec::new();
+    };
+    let Ok(mut r) = softverbs_wire::pcapng::PcapngReader::new(&bytes[..]) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    while let Ok(Some(rec)) = r.next_record() {
+        if let Some(s) = seen(&rec.data) {
+            out.push((s, rec.comment));
+        }
+    }
+    out
+}
+
+/// What a frame of a capture holds, if it is an IPv4 RoCE v2 packet.
+fn seen(frame: &[u8]) -> Option<Seen> {
+    let dgram = ethernet_payload(frame)?;
+    let (ip_udp, ib) = softverbs_wire::ip::split_ip_udp(dgram).ok()?;
+    if ip_udp.len() < 20 || ip_udp[0] >> 4 != 4 || ib.len() < 12 {
+        return None;
+    }
+    let addr =
+        |at: usize| Ipv4Addr::new(ip_udp[at], ip_udp[at + 1], ip_udp[at + 2], ip_udp[at + 3]);
+    Some(Seen {
+        src: addr(12),
+        dst: addr(16),
+        opcode: ib[0],
+        dest_qp: softverbs_wire::bth::dest_qp_of(ib),
+        icrc_ok: softverbs_wire::parse_roce_v2(dgram).is_ok(),
+    })
 }
 
 /// IBA Table 38 opcodes: RC SEND_ONLY, RC ACKNOWLEDGE, UD SEND_ONLY (the CM's MADs, to QP1).
@@ -335,9 +353,11 @@ fn a_packet_dropped_for_its_icrc_is_in_the_capture() {
     let ip = "127.36.6.20";
     let d = Daemon::options("capdrop")
         .device("capdrop", ip)
-        .args(&["--capture", cap.to_str().unwrap()])
+        .args(&["--capture", cap.to_str().unwrap(), "--capture-rejected"])
         .start();
-    let file = cap.join("capdrop.pcap");
+    // Rejected packets are kept only on request, in pcapng, marked
+    // (crates/cli/tests/rejects.rs checks every reason and the default's leaving them out).
+    let file = cap.join("capdrop.pcapng");
     // An RC SEND_ONLY to QP 0x12345 (BTH, IBA 9.2: opcode, flags, P_Key, DestQP, PSN), then
     // four bytes that are not its ICRC.
     let mut pkt = vec![RC_SEND_ONLY, 0, 0xff, 0xff, 0, 0x01, 0x23, 0x45, 0, 0, 0, 7];
@@ -348,15 +368,15 @@ fn a_packet_dropped_for_its_icrc_is_in_the_capture() {
     sock.send_to(&pkt, (ip.parse::<Ipv4Addr>().unwrap(), 4791))
         .unwrap();
     let start = Instant::now();
-    let bad = loop {
-        let seen = read_capture(&file);
-        if let Some(s) = seen.into_iter().find(|s| s.dest_qp == 0x12345) {
+    let (bad, comment) = loop {
+        let seen = read_pcapng(&file);
+        if let Some(s) = seen.into_iter().find(|s| s.0.dest_qp == 0x12345) {
             break s;
         }
         assert!(
             start.elapsed() < DEADLINE,
             "after {DEADLINE:?} the dropped packet is not in the capture: {:?}",
-            read_capture(&file)
+            read_pcapng(&file)
         );
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -366,6 +386,7 @@ fn a_packet_dropped_for_its_icrc_is_in_the_capture() {
         (from, dev, RC_SEND_ONLY, false),
         "{bad:?}"
     );
+    assert_eq!(comment.as_deref(), Some("softverbs: rejected: bad ICRC"));
     drop(d);
 }
 

@@ -255,6 +255,10 @@ fn the_daemon_path_counts_each_packet_once_and_metrics_serve_the_same_figures() 
             assert_eq!(port[k], ra[k], "port {k}");
         }
         assert_eq!(n(port, "rx_icrc_errors"), 0);
+        // A clean exchange between two daemons rejects nothing, and every reason is shown.
+        for r in softverbs_transport::Reject::ALL {
+            assert_eq!(port[r.name()], 0, "port {}: {port}", r.name());
+        }
         // `resources`: the peer, both PSNs (five messages of six packets past the start)
         // and the path.
         let (xa, xb) = (resource_row(&a, qa), resource_row(&b, qb));

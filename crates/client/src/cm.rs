@@ -100,6 +100,9 @@ pub struct CmQp {
     pub retry_count: u8,
     /// The QP receives through an SRQ.
     pub srq: bool,
+    /// An XRC send (initiator) QP: the REQ says XRC (IBA annex A14). An accept needs no
+    /// flag: the daemon's CM formats an XRC target's REP from the REQ it answers.
+    pub xrc: bool,
 }
 
 impl CmQp {
@@ -113,6 +116,7 @@ impl CmQp {
             rnr_retry_count: 7,
             retry_count: 7,
             srq: false,
+            xrc: false,
         }
     }
 }
@@ -222,7 +226,7 @@ impl CmChannel<'_> {
         let req = CmConnectReq {
             dst: addr(dst),
             service_id: U64::new(service_id),
-            qp_kind: U32::new(CM_QP_RC),
+            qp_kind: U32::new(if qp.xrc { CM_QP_XRC } else { CM_QP_RC }),
             qpn: U32::new(qp.qpn),
             starting_psn: U32::new(qp.starting_psn),
             responder_resources: qp.responder_resources,

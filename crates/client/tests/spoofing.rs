@@ -268,6 +268,22 @@ struct Forger {
 impl Forger {
     fn bind(ip: Ipv4Addr) -> Forger {
         let sock = UdpSocket::bind(SocketAddr::new(IpAddr::V4(ip), 0)).unwrap();
+        // DF on an unconnected socket: Linux sends identification 0, the one a good ICRC is
+        // computed with; a daemon reading the real header (its raw receive path) drops
+        // anything else before counting it (docs/design/roce-wire.md §6).
+        let df: libc::c_int = libc::IP_PMTUDISC_DO;
+        // SAFETY: an open socket, a live c_int and its size.
+        let r = unsafe {
+            use std::os::fd::AsRawFd;
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                (&df as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0, "IP_MTU_DISCOVER: {}", std::io::Error::last_os_error());
         let src = sock.local_addr().unwrap();
         Forger { sock, src, sent: 0 }
     }

@@ -51,6 +51,9 @@ struct Conn {
     /// The peer's CA GUID from its REQ (0 if unknown): a REJ Timeout that names no
     /// Remote Communication ID must carry it (IBA 12.6.7.2).
     remote_ca_guid: u64,
+    /// An XRC connection (REQ Transport Service Type 3, Extended Transport Type 1, IBA
+    /// A14.4): the target's REP carries its QP number in the Local EE Context Number field.
+    xrc: bool,
 }
 
 /// A REQ or SIDR_REQ for a service without a listener, held for
@@ -397,6 +400,7 @@ impl Cm {
                 key: None,
                 waiting: None,
                 remote_ca_guid: 0,
+                xrc: false,
             },
         );
     }
@@ -529,6 +533,7 @@ impl Cm {
             QpKind::Uc => (1, 0),
             QpKind::Xrc => (3, 1),
         };
+        let xrc = p.qp_kind == QpKind::Xrc;
         let id = self.alloc_id();
         let req = Req {
             local_comm_id: id,
@@ -536,7 +541,9 @@ impl Cm {
             local_ca_guid: self.cfg.local_ca_guid,
             local_qkey: 0,
             local_qpn: p.qpn,
-            responder_resources: p.responder_resources,
+            // An XRC initiator has no receive side nor responder: the kernel's ib_cm leaves
+            // Responder Resources, the retry counts and SRQ zero in its REQ (cm_format_req).
+            responder_resources: if xrc { 0 } else { p.responder_resources },
             local_eecn: 0,
             initiator_depth: p.initiator_depth,
             remote_eecn: 0,
@@ -545,13 +552,13 @@ impl Cm {
             end_to_end_flow_control: true,
             starting_psn: p.starting_psn,
             local_cm_response_timeout: p.response_timeout,
-            retry_count: p.retry_count,
+            retry_count: if xrc { 0 } else { p.retry_count },
             pkey: 0xFFFF,
             path_mtu: p.path_mtu,
             rdc_exists: false,
-            rnr_retry_count: p.rnr_retry_count,
+            rnr_retry_count: if xrc { 0 } else { p.rnr_retry_count },
             max_cm_retries: p.max_cm_retries,
-            srq: p.srq,
+            srq: p.srq && !xrc,
             extended_transport_type: ext,
             primary: PathInfo {
                 // Permissive LIDs: on RoCE the path is the GIDs (docs/design/cm.md §2).
@@ -586,6 +593,7 @@ impl Cm {
                 key: None,
                 waiting: None,
                 remote_ca_guid: 0,
+                xrc,
             },
         );
         self.start_pending(now, id, mad, timeout, p.max_cm_retries);
@@ -604,7 +612,7 @@ impl Cm {
         if c.state != State::ReqRcvd {
             return Err(CmError::State(c.state));
         }
-        let (remote, timeout, retries) = (c.remote_id, c.timeout, c.retries);
+        let (remote, timeout, retries, xrc) = (c.remote_id, c.timeout, c.retries, c.xrc);
         // Answered: no longer waits for the consumer (nor counts against the backlog).
         c.deadline = None;
         self.unwait(id.0);
@@ -612,16 +620,19 @@ impl Cm {
             local_comm_id: id.0,
             remote_comm_id: remote,
             local_qkey: 0,
-            local_qpn: p.qpn,
-            local_eecn: 0,
+            // An XRC target's REP (IBA A14.4.2, the kernel's cm_format_rep): its QP number
+            // in Local EE Context Number, Local QPN, Initiator Depth and flow control zero,
+            // SRQ set (a target QP receives only through SRQs).
+            local_qpn: if xrc { 0 } else { p.qpn },
+            local_eecn: if xrc { p.qpn } else { 0 },
             starting_psn: p.starting_psn,
             responder_resources: p.responder_resources,
-            initiator_depth: p.initiator_depth,
+            initiator_depth: if xrc { 0 } else { p.initiator_depth },
             target_ack_delay: self.cfg.ack_delay,
             failover_accepted: 0,
-            end_to_end_flow_control: true,
+            end_to_end_flow_control: !xrc,
             rnr_retry_count: p.rnr_retry_count,
-            srq: p.srq,
+            srq: p.srq || xrc,
             local_ca_guid: self.cfg.local_ca_guid,
             private_data: msg::private_data(&p.private_data)?,
         };
@@ -1161,6 +1172,7 @@ impl Cm {
         c.service_id = req.service_id;
         c.key = Some(key);
         c.remote_ca_guid = req.local_ca_guid;
+        c.xrc = (req.transport_service_type, req.extended_transport_type) == (3, 1);
         c.deadline = Some(now.after(wait));
         self.timer_at(now.after(wait));
         self.by_remote.insert(key, id);
@@ -1253,7 +1265,7 @@ impl Cm {
             State::ReqSent => {
                 let c = self.conns.get_mut(&id).expect("addressed");
                 c.remote_id = rep.local_comm_id;
-                c.remote_qpn = rep.local_qpn;
+                c.remote_qpn = if c.xrc { rep.local_eecn } else { rep.local_qpn };
                 c.pending = None;
                 c.state = State::RepRcvd;
                 self.notify(id, Event::ConnectReply { rep });

@@ -207,8 +207,29 @@ pub(crate) fn modify_attr(
     Ok(next)
 }
 
+/// Inline bytes an XRC send QP's request entries give up against an RC QP's: mlx5's XRC send
+/// WQE carries a 16-byte XRC segment (the destination SRQ number) that RC's lacks, so its
+/// `max_inline_data` is 16 bytes smaller (rdma-core `providers/mlx5/verbs.c`, `_sq_overhead`:
+/// `sizeof(struct mlx5_wqe_xrc_seg)` for `IBV_QPT_XRC_SEND`). softverbs reports the same
+/// difference. Besides matching the hardware programs are tuned on, it is what tells
+/// libfabric's XRC fi_infos from its RC ones: the verbs provider takes each domain's
+/// `inject_size` from the largest inline its QP type accepts (`vrb_find_max_inline`), and
+/// Open MPI 4.1 spreads ranks over every fi_info whose attributes are alike
+/// (`opal_mca_common_ofi_select_provider`) — with equal inject sizes its ranks landed on RC
+/// and XRC domains at random and could not connect (docs/guide/mpi.md, "Over XRC").
+pub const XRC_SEND_INLINE_OVERHEAD: u32 = 16;
+
+/// The largest `max_inline_data` a QP of type `t` may have on a device whose request entries
+/// hold `dev_limit` inline bytes.
+pub fn max_inline_data(dev_limit: u32, t: QpType) -> u32 {
+    match t {
+        QpType::XrcSend => dev_limit.saturating_sub(XRC_SEND_INLINE_OVERHEAD),
+        _ => dev_limit,
+    }
+}
+
 impl Core {
-    fn check_caps(dev: &Device, cap: &QpCap) -> Result<()> {
+    fn check_caps(dev: &Device, t: QpType, cap: &QpCap) -> Result<()> {
         let a = &dev.attr;
         if cap.max_send_wr > a.max_qp_wr || cap.max_recv_wr > a.max_qp_wr {
             return Err(Error::InvalidArgument(
@@ -220,9 +241,9 @@ impl Core {
                 "max_send_sge/max_recv_sge above max_sge",
             ));
         }
-        if cap.max_inline_data > a.max_inline_data {
+        if cap.max_inline_data > max_inline_data(a.max_inline_data, t) {
             return Err(Error::InvalidArgument(
-                "max_inline_data above the device limit",
+                "max_inline_data above the device limit for the QP type",
             ));
         }
         Ok(())
@@ -312,7 +333,7 @@ impl Core {
             }
             (Some(recv_cq), init.srq)
         };
-        Self::check_caps(dev, &cap)?;
+        Self::check_caps(dev, init.qp_type, &cap)?;
         if self.usage[dev_idx].qps >= dev.attr.max_qp {
             return Err(Error::NoResources("max_qp"));
         }

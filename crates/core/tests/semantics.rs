@@ -450,6 +450,40 @@ fn xrc_send_needs_pd_and_send_cq_and_refuses_srq_and_domain() {
     );
 }
 
+/// An XRC send QP's request entries hold 16 bytes less inline than an RC QP's, as mlx5's
+/// (its XRC segment); libfabric tells its XRC domain from its RC one by that difference
+/// (docs/guide/mpi.md, "Over XRC").
+#[test]
+fn an_xrc_send_qp_holds_16_bytes_less_inline_than_an_rc_qp() {
+    let mut core = core();
+    let c = ctx(&mut core, 1);
+    let pd = core.alloc_pd(c).unwrap();
+    let (cq, _) = core.create_cq(c, 16, 0).unwrap();
+    let limit = core.devices()[0].attr.max_inline_data;
+    let qp = |t: QpType, inline: u32| {
+        let mut init = QpInitAttr {
+            pd: Some(pd),
+            send_cq: Some(cq),
+            recv_cq: (t != QpType::XrcSend).then_some(cq),
+            ..QpInitAttr::new(t)
+        };
+        init.cap.max_send_wr = 4;
+        init.cap.max_send_sge = 1;
+        init.cap.max_inline_data = inline;
+        init
+    };
+    for (t, most) in [(QpType::Rc, limit), (QpType::XrcSend, limit - 16)] {
+        let made = core.create_qp(c, &qp(t, most)).unwrap();
+        assert_eq!(made.cap.max_inline_data, most, "{t:?}");
+        assert_eq!(
+            errno(core.create_qp(c, &qp(t, most + 1))),
+            EINVAL,
+            "{t:?} with {} inline bytes",
+            most + 1
+        );
+    }
+}
+
 #[test]
 fn an_xrc_srq_cannot_back_an_rc_qp() {
     let mut core = core();

@@ -241,22 +241,37 @@ impl CmPorts {
 
     /// Handles a packet `is_gsi` accepted, from `sgid`, on device `dev`. Anything that is
     /// not a well-formed CM MAD with the GSI Q_Key is dropped.
-    pub fn receive(&mut self, now: Instant, dev: usize, sgid: Gid, pkt: &[u8]) {
-        let Some(port) = self.ports.get_mut(dev) else {
-            return;
-        };
+    ///
+    /// Returns why the packet was rejected before it reached the CM, if it was: it does not
+    /// parse, its Q_Key is not the GSI's, or it is not from a GSI (QP1) (docs/guide/counters.md,
+    /// "Rejected packets"). What
+    /// the CM itself drops (a MAD over its source's rate, a message for no connection) is
+    /// the CM's protocol, counted by it (`rate_dropped`), not a rejected packet.
+    pub fn receive(
+        &mut self,
+        now: Instant,
+        dev: usize,
+        sgid: Gid,
+        pkt: &[u8],
+    ) -> Option<softverbs_transport::Reject> {
+        use softverbs_transport::Reject;
+        let port = self.ports.get_mut(dev)?;
         let Ok(p) = Packet::parse(pkt) else {
-            return;
+            return Some(Reject::Malformed);
         };
         // A CM MAD comes from the sender's GSI, QP1, with the GSI's Q_Key (IBA 13.5.1, 12.2);
         // every CM sends from there. A datagram from any other QP is a local user's UD QP
         // on some host (which may set its Q_Key to the GSI's) speaking for that host's CM.
-        if p.headers.deth.map(|d| (d.qkey, d.src_qp)) != Some((GSI_QKEY, GSI_QPN)) {
-            return;
+        match p.headers.deth.map(|d| (d.qkey, d.src_qp)) {
+            None => return Some(Reject::Malformed),
+            Some((GSI_QKEY, GSI_QPN)) => {}
+            Some((GSI_QKEY, _)) => return Some(Reject::ForeignSource),
+            Some(_) => return Some(Reject::BadQkey),
         }
         if let Err(e) = port.cm.handle_mad(now, sgid.to_ip(), p.payload) {
             tracing::debug!(dev, "CM MAD dropped: {e}");
         }
+        None
     }
 
     /// Runs the CMs' timers.
@@ -361,7 +376,14 @@ impl CmPorts {
             }
             Event::ConnectReply { rep } => {
                 r.event = U32::new(cm_event::CONNECT_RESPONSE);
-                r.remote_qpn = U32::new(rep.local_qpn);
+                // An XRC target names its QP in Local EE Context Number and leaves Local QPN
+                // zero (IBA A14.4.2; the kernel's cm_format_rep). QP 0 is never a connected
+                // QP, so a zero Local QPN means the number is in the other field.
+                r.remote_qpn = U32::new(if rep.local_qpn == 0 {
+                    rep.local_eecn
+                } else {
+                    rep.local_qpn
+                });
                 r.starting_psn = U32::new(rep.starting_psn);
                 r.responder_resources = rep.responder_resources;
                 r.initiator_depth = rep.initiator_depth;
@@ -520,9 +542,11 @@ impl CmPorts {
             path_mtu: r.path_mtu,
             hop_limit: 64,
             // What the kernel's rdma_cm puts in a RoCE REQ: cm_ack_timeout(ack delay 15,
-            // CMA_IBOE_PACKET_LIFETIME 16) = 17. A kernel passive side derives its QP's ACK
-            // timeout from it (cm_format_paths_from_req: packet life time = this - 1).
-            local_ack_timeout: 17,
+            // CMA_IBOE_PACKET_LIFETIME) = 19 with 6.1's lifetime 18 (captured from rxe,
+            // crates/wire/tests/rxe_cm.rs; later kernels' 16 give 17). A kernel passive side
+            // derives its QP's ACK timeout from it (cm_format_paths_from_req: packet life
+            // time = this - 1), about 2 s.
+            local_ack_timeout: 19,
             response_timeout: r.response_timeout,
             max_cm_retries: r.max_cm_retries,
             private_data: private(&r.private_data, r.private_data_len).to_vec(),

@@ -81,6 +81,7 @@ impl Config {
                 port: softverbs_wire::ip::ROCE_V2_UDP_PORT,
                 faults: None,
                 capture_dir: None,
+                capture_rejected: Default::default(),
                 retry_floor: softverbs_transport::time::RETRY_FLOOR,
                 icrc: Default::default(),
             },

@@ -32,6 +32,8 @@ pub struct Settings {
     pub mtu: Option<Mtu>,
     /// The directory of the pcap files.
     pub capture: Option<PathBuf>,
+    /// Whether the captures keep rejected packets, marked (pcapng).
+    pub capture_rejected: Option<bool>,
     /// Faults injected into what the devices send.
     pub faults: Option<Faults>,
     /// `SCOPE.RESOURCE=N` settings, applied in order after the defaults.
@@ -60,6 +62,7 @@ impl Settings {
             port: over.port.or(self.port),
             mtu: over.mtu.or(self.mtu),
             capture: over.capture.clone().or_else(|| self.capture.clone()),
+            capture_rejected: over.capture_rejected.or(self.capture_rejected),
             faults: over.faults.or(self.faults),
             limits,
             abi_version: over.abi_version.or(self.abi_version),
@@ -90,6 +93,9 @@ impl Settings {
         }
         c.mtu = self.mtu;
         c.net.capture_dir = self.capture;
+        if self.capture_rejected == Some(true) {
+            c.net.capture_rejected = crate::capture::Rejected::Marked;
+        }
         c.net.faults = self.faults;
         if let Some(v) = self.abi_version {
             c.abi_version = v;
@@ -114,6 +120,7 @@ struct File {
     port: Option<u16>,
     mtu: Option<u32>,
     capture: Option<PathBuf>,
+    capture_rejected: Option<bool>,
     faults: Option<FaultsFile>,
     /// Name = interface, address, or a list of them, in the file's order (toml's
     /// `preserve_order`): the first is device 0.
@@ -185,6 +192,7 @@ pub fn parse(text: &str) -> Result<Settings, String> {
         network: f.network,
         port: f.port,
         capture: f.capture,
+        capture_rejected: f.capture_rejected,
         retry_floor_ms: f.retry_floor_ms,
         ..Settings::default()
     };
@@ -417,6 +425,7 @@ network = false
 port = 4792
 mtu = 2048
 capture = "/var/log/softverbs"
+capture_rejected = true
 retry_floor_ms = 250
 [icrc]
 solve_ip_id_peers = ["10.0.0.0/24", "192.0.2.7", "fd00::/64"]
@@ -441,6 +450,7 @@ qps = "unlimited"
         assert_eq!(peers.len(), 3);
         assert!(peers[1].contains("192.0.2.7".parse().unwrap()));
         assert_eq!(s.ip_header, Some(IpHeader::Udp));
+        assert_eq!(s.capture_rejected, Some(true));
         assert_eq!(s.network, Some(false));
         assert_eq!(s.mtu, Some(Mtu::M2048));
         let f = s.faults.unwrap();

@@ -74,6 +74,14 @@ impl Dev {
         self.net.iter_mut().chain(self.more_net.iter_mut())
     }
 
+    /// Socket `k`: the first address's (0) or further address `k`'s.
+    fn socket_at(&mut self, k: usize) -> Option<&mut NetDev> {
+        match k {
+            0 => self.net.as_mut(),
+            k => self.more_net.get_mut(k - 1),
+        }
+    }
+
     /// The socket that sends from address `src`.
     fn socket_from(&mut self, src: Gid) -> Option<&mut NetDev> {
         let ip = src.to_ip();
@@ -98,6 +106,9 @@ pub struct NetOptions {
     pub faults: Option<Faults>,
     /// Directory to write one pcap per device into.
     pub capture_dir: Option<std::path::PathBuf>,
+    /// Whether the captures keep the packets the daemon rejected, each marked with its
+    /// reason (`--capture-rejected`: pcapng files; docs/guide/capture.md).
+    pub capture_rejected: crate::capture::Rejected,
     /// Every device's retry floor (`softverbs_transport::time::RETRY_FLOOR`, the default;
     /// `--retry-floor-ms`): the daemon's engines and its net-path libraries' retry by it.
     pub retry_floor: std::time::Duration,
@@ -273,7 +284,8 @@ impl DataPath {
                     n.inject(f, 0x5eed ^ i as u64);
                 }
                 if let Some(dir) = &capture_dir {
-                    n.capture_to(dir.create(&format!("{}.pcap", d.name))?);
+                    let name = net.capture_rejected.file_name(&d.name);
+                    n.capture_to(dir.create(&name, net.capture_rejected)?);
                 }
                 tracing::info!(device = %d.name, addr = %gid.to_ip(), port = net.port, "device on the network");
                 netdev = Some(n);
@@ -297,13 +309,15 @@ impl DataPath {
                     n.inject(f, 0x5eed ^ i as u64 ^ (k as u64) << 32);
                 }
                 if let Some(dir) = &capture_dir {
-                    n.capture_to(dir.create(&format!("{}-{k}.pcap", d.name))?);
+                    let name = net.capture_rejected.file_name(&format!("{}-{k}", d.name));
+                    n.capture_to(dir.create(&name, net.capture_rejected)?);
                 }
                 tracing::info!(device = %d.name, addr = %ip, port = net.port, "device on the network");
                 more_net.push(n);
             }
             let mut engine = Engine::new();
             engine.set_retry_floor(net.retry_floor);
+            engine.set_gids(gids.clone());
             devs.push(Dev {
                 engine,
                 net: netdev,
@@ -1046,7 +1060,7 @@ impl DataPath {
                                 faults: &mut self.srq_faults,
                                 limits: &mut self.srq_limit_hits,
                             };
-                            dev.engine.handle_packet_fed(
+                            let verdict = dev.engine.handle_packet_fed(
                                 now,
                                 core,
                                 &mut self.mem,
@@ -1054,6 +1068,7 @@ impl DataPath {
                                 meta,
                                 pkt,
                             );
+                            n.verdict(verdict);
                             continue;
                         }
                         Ok(Some((meta, pkt))) => {
@@ -1074,10 +1089,19 @@ impl DataPath {
                     if self.own_gids.contains(&meta.sgid) {
                         // Forged: from this daemon's own address, yet from the network.
                         self.own_source_drops += 1;
+                        if let Some(n) = self.devs[d].socket_at(k) {
+                            n.reject(softverbs_transport::Reject::OwnSource);
+                        }
                         continue;
                     }
                     if crate::cm::is_gsi(&scratch[..len]) {
-                        self.cm.receive(now, d, meta.sgid, &scratch[..len]);
+                        let rejected = self.cm.receive(now, d, meta.sgid, &scratch[..len]);
+                        if let Some(n) = self.devs[d].socket_at(k) {
+                            match rejected {
+                                Some(r) => n.reject(r),
+                                None => n.verdict(None),
+                            }
+                        }
                     } else if self.net_path.runs(&scratch[..len]) {
                         self.net_answer(d, &scratch[..len]);
                     } else {
@@ -1086,7 +1110,7 @@ impl DataPath {
                             faults: &mut self.srq_faults,
                             limits: &mut self.srq_limit_hits,
                         };
-                        self.devs[d].engine.handle_packet_fed(
+                        let verdict = self.devs[d].engine.handle_packet_fed(
                             now,
                             core,
                             &mut self.mem,
@@ -1094,6 +1118,9 @@ impl DataPath {
                             meta,
                             &scratch[..len],
                         );
+                        if let Some(n) = self.devs[d].socket_at(k) {
+                            n.verdict(verdict);
+                        }
                     }
                 }
                 if k == self.devs[d].more_net.len() {

@@ -1593,6 +1593,12 @@ impl Dispatcher {
                         serde_json::json!(p.icrc_id_unseen),
                     );
                     m.insert("rx_icrc_solved".into(), serde_json::json!(p.icrc_solved));
+                    // Received packets dropped, by reason (docs/guide/counters.md,
+                    // "Rejected packets"): `rx_drop_bad_icrc` counts what `rx_icrc_errors`
+                    // does, under the taxonomy's name.
+                    for (k, n) in p.rejects.fields() {
+                        m.insert(k.into(), serde_json::json!(n));
+                    }
                 }
                 v
             })

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use softverbs_core::device::Gid;
 use softverbs_transport::faults::{FaultInjector, Faults, NetStats};
-use softverbs_transport::{RxMeta, Transmit};
+use softverbs_transport::{Reject, RxMeta, Transmit};
 use softverbs_wire::bth::dest_qp_of as dest_qp;
 use softverbs_wire::icrc;
 use softverbs_wire::ip::{emit_ip_udp, IpRepr, UdpRepr};
@@ -161,6 +161,10 @@ pub struct NetDev {
     /// Datagrams accepted from a `solve_ip_id_peers` peer with an identification outside
     /// that window, solved for (docs/design/roce-wire.md §6).
     pub icrc_solved: u64,
+    /// What this socket rejected before any engine (a bad ICRC, a datagram that cannot be
+    /// a RoCE v2 packet) and what the daemon rejected for it ([`reject`](Self::reject)):
+    /// part of the port's `rx_drop_*` counters (docs/guide/counters.md).
+    pub rejects: softverbs_transport::Rejects,
     /// What the batching did.
     pub batch: BatchStats,
     /// The ICRC settings (`[icrc]`).
@@ -268,35 +272,18 @@ fn ip_repr(src: IpAddr, dst: IpAddr) -> Option<IpRepr> {
 /// lost, which RC then has to recover by timeout.
 const SOCKET_BUFFER: usize = 8 << 20;
 
-// `UDP_NO_CHECK6_RX` (udp(7); include/uapi/linux/udp.h): accept IPv6 UDP datagrams whose
-// checksum is 0. RoCE v2 peers send them: the kernel's rxe leaves the UDP checksum 0 over
-// IPv6 as over IPv4 (the ICRC covers the packet; RFC 6935/6936 allow zero-checksum UDP for
-// tunnels), and without this option Linux drops every one of them before the socket
-// (docs/guide/rxe-interop.md, "What the captures showed").
-mod no_check6 {
-    // (the macro calls itself unqualified)
-    use nix::libc;
-    use nix::{setsockopt_impl, sockopt_impl};
-    sockopt_impl!(
-        NoCheck6Rx,
-        SetOnly,
-        libc::IPPROTO_UDP,
-        libc::UDP_NO_CHECK6_RX,
-        bool
-    );
-}
-use no_check6::NoCheck6Rx;
-
 /// What the device socket and the net path's sockets share: `IP_PMTUDISC_DO` on IPv4 (DF set and
-/// identification 0, which the ICRC covers), `UDP_NO_CHECK6_RX` on IPv6, and large buffers.
+/// identification 0, which the ICRC covers), on IPv6 accepting datagrams with UDP checksum 0
+/// (what rxe sends; docs/design/roce-wire.md §9), and large buffers.
 fn socket_options(sock: &UdpSocket, ip: IpAddr) -> io::Result<()> {
+    use std::os::fd::AsFd;
     if ip.is_ipv4() {
         rustix::net::sockopt::set_ip_mtu_discover(
             sock,
             rustix::net::sockopt::Ipv4PathMtuDiscovery::DO,
         )?;
     } else {
-        nix::sys::socket::setsockopt(sock, NoCheck6Rx, &true)?;
+        softverbs_memaccess::accept_zero_udp6_checksums(sock.as_fd())?;
     }
     size_socket_buffers(sock);
     Ok(())
@@ -347,6 +334,7 @@ impl NetDev {
             icrc_errors: 0,
             icrc_id_unseen: 0,
             icrc_solved: 0,
+            rejects: Default::default(),
             batch: BatchStats::default(),
             policy: IcrcPolicy::default(),
             hinted: HashMap::new(),
@@ -489,8 +477,9 @@ impl NetDev {
         self.faults = Some(FaultInjector::new(faults, seed));
     }
 
-    /// Records every datagram this socket sends and receives (those that fail the ICRC
-    /// check too) in `capture`, and what [`record_local`](Self::record_local) is given.
+    /// Records every datagram this socket sends and receives in `capture` (a received one
+    /// the daemon rejects only in the capture's mode that keeps them, marked:
+    /// [`verdict`](Self::verdict)), and what [`record_local`](Self::record_local) is given.
     pub fn capture_to(&mut self, capture: Capture) {
         self.capture = Some(capture);
     }
@@ -513,6 +502,22 @@ impl NetDev {
     /// this daemon, to this device's address.
     pub fn record_local_received(&mut self, src: IpAddr, pkt: &[u8]) {
         self.record_sealed(src, self.local, pkt);
+    }
+
+    /// The engine's verdict on the packet this socket last handed out (`None`: taken), for
+    /// the capture: a rejected packet is written with its reason, or left out, as the
+    /// capture's mode says (docs/guide/capture.md). The engine counted it already.
+    pub fn verdict(&mut self, why: Option<Reject>) {
+        if let Some(c) = &mut self.capture {
+            c.verdict(why);
+        }
+    }
+
+    /// The daemon rejected the packet this socket last handed out, for `why`: counted
+    /// (the engine never saw it) and judged so in the capture.
+    pub fn reject(&mut self, why: Reject) {
+        self.rejects.count(why);
+        self.verdict(Some(why));
     }
 
     /// Whether this socket's traffic is recorded.
@@ -981,8 +986,11 @@ impl NetDev {
                         // A raw datagram: one packet, or a GSO batch that arrived whole.
                         let rx = &self.rx;
                         let hdr = &rx.buf[rx.start - rx.hdr..rx.start];
-                        (self.rx.seg, self.rx.first_ok) =
-                            raw::segment_size(hdr, &rx.buf[rx.start..rx.len]);
+                        (self.rx.seg, self.rx.first_ok) = raw::segment_size(
+                            hdr,
+                            &rx.buf[rx.start..rx.len],
+                            softverbs_transport::MAX_PACKET,
+                        );
                         let len = self.rx.len - self.rx.start;
                         if self.rx.seg < len {
                             self.batch.gro_recvs += 1;
@@ -997,6 +1005,7 @@ impl NetDev {
                     rx.off += len;
                     if len > buf.len() {
                         self.stats.rejected += 1;
+                        self.rejects.count(Reject::Malformed);
                         continue;
                     }
                     (Some(at), len, from, index)
@@ -1018,6 +1027,7 @@ impl NetDev {
             };
             let Some(ip) = ip_repr(from.ip(), dst) else {
                 self.stats.rejected += 1;
+                self.rejects.count(Reject::Malformed);
                 continue;
             };
             let udp = UdpRepr {
@@ -1037,20 +1047,6 @@ impl NetDev {
                 }
                 None => self.check_icrc(ip, &udp, pkt, index, from.ip()),
             };
-            if self.capture.is_some() {
-                // A packet the ICRC check drops is recorded as it arrived, its bad ICRC
-                // kept: classic pcap has no field to mark it (docs/guide/capture.md). Its
-                // IPv4 identification, never seen, is the one its place in the batch gives.
-                let ip = checked.unwrap_or_else(|| {
-                    let mut ip = ip;
-                    if let IpRepr::V4(v4) = &mut ip {
-                        v4.identification = index;
-                    }
-                    ip
-                });
-                let pkt = pkt.to_vec();
-                self.record(&ip, &udp, &pkt);
-            }
             // A net-path QP's packet goes on to its library (or is dropped) here, before
             // the engine; only unicast to the device's own socket is forwarded.
             let fwd = match (checked, group) {
@@ -1059,10 +1055,33 @@ impl NetDev {
                     .forward_to_net_client(&self.sock, from.ip(), pkt),
                 _ => forward::Forward::NotNet,
             };
+            if let Some(c) = &mut self.capture {
+                match (checked, fwd) {
+                    // Recorded as it arrived, its bad ICRC kept, with the reason where the
+                    // capture keeps rejected packets (docs/guide/capture.md). Its IPv4
+                    // identification, never seen, is the one its place in the batch gives.
+                    (None, _) => {
+                        let mut ip = ip;
+                        if let IpRepr::V4(v4) = &mut ip {
+                            v4.identification = index;
+                        }
+                        c.record_rejected(&ip, &udp, pkt, Reject::BadIcrc);
+                    }
+                    (Some(ip), forward::Forward::ForeignSource) => {
+                        c.record_rejected(&ip, &udp, pkt, Reject::ForeignSource);
+                    }
+                    (Some(ip), forward::Forward::Forwarded) => c.record(&ip, &udp, pkt),
+                    // The engine (or the daemon) judges it next: `verdict`.
+                    (Some(ip), _) => c.record_received(&ip, &udp, pkt),
+                }
+            }
             self.rx.buf = rxbuf;
             if checked.is_none() {
+                // The one place the ICRC check fails (a hook for a receive path that
+                // checks it otherwise, too).
                 self.stats.rejected += 1;
                 self.icrc_errors += 1;
+                self.rejects.count(Reject::BadIcrc);
                 continue;
             }
             if !matches!(fwd, forward::Forward::NotNet | forward::Forward::Held) {
@@ -1148,6 +1167,7 @@ impl NetDev {
                 });
                 let Some(from) = from.filter(|_| len > 0) else {
                     self.stats.rejected += 1;
+                    self.rejects.count(Reject::Malformed);
                     continue;
                 };
                 if seg < len {
@@ -1244,8 +1264,9 @@ impl NetDev {
             identification = id,
             "dropping packets whose ICRC checks out only with an IPv4 identification no \
              softverbs sender uses: a kernel rxe or RoCE NIC peer? Accept them with \
-             `[icrc] solve_ip_id_peers = [\"{peer}\"]` or `--solve-ip-id {peer}` \
-             (docs/guide/troubleshooting.md)"
+             `[icrc] solve_ip_id_peers = [\"{peer}\"]` or `--solve-ip-id {peer}`, or give \
+             the daemon CAP_NET_RAW to read the real header (`[icrc] ip_header`; \
+             docs/guide/troubleshooting.md)"
         );
     }
 }

@@ -415,7 +415,9 @@ impl Server {
         if new.net.port != old.net.port {
             restart.push("port");
         }
-        if new.net.capture_dir != old.net.capture_dir {
+        if new.net.capture_dir != old.net.capture_dir
+            || new.net.capture_rejected != old.net.capture_rejected
+        {
             restart.push("capture");
         }
         if new.net.faults != old.net.faults {

@@ -1,8 +1,9 @@
 //! Debian's UCX 1.13 (ucx-utils), unmodified, finds softverbs by itself under `softverbs run`:
 //! `ucx_info -d` lists `rc_verbs` and `ud_verbs` on `softverbs0:1`, as root and as a user
 //! without privileges, and `ucx_perftest -t tag_lat` runs over `ud_verbs` and over `rc_verbs`
-//! between two daemons that talk RoCE v2 over loopback UDP. The only UCX setting is the
-//! choice of the transport under test and of the device; `softverbs run` provides the
+//! between two daemons that talk RoCE v2 over loopback UDP. The only UCX settings are the
+//! choice of the transport under test and of the device, and UCX's UD destination-GID
+//! check pinned to its default (on); `softverbs run` provides the
 //! `/dev/infiniband/uverbs0` node UCX checks for (crates/cli/src/devnode.rs) and the drop-in
 //! reports `wc.sl` as UCX's UD receive check expects (docs/guide/mpi.md).
 //!
@@ -198,6 +199,12 @@ fn perftest(socket: &Path, tls: &str, args: &[&str]) -> Command {
         .args(args)
         .env("UCX_TLS", tls)
         .env("UCX_NET_DEVICES", "softverbs0:1")
+        // UCX's UD receive check of each datagram's destination GID, on (its default) even
+        // if the caller's environment turned it off: a datagram it drops is resent only
+        // after UCX's timer, which is the slow path this must not take (docs/guide/mpi.md,
+        // "UCX's UD destination check"). The GRH area it reads is checked byte by byte in
+        // crates/libibverbs/tests/ud_completion.rs.
+        .env("UCX_UD_VERBS_ETH_DGID_CHECK", "y")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

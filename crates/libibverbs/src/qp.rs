@@ -218,8 +218,12 @@ pub fn create(o: &'static CtxObj, c: *mut ibv_context, a: &CreateArgs) -> *mut Q
     // Ask for the whole inline room a request entry has, whatever the program asked: small
     // sends then travel inline without it knowing (`auto_inline`), and a device may always
     // grant more than asked (ibv_create_qp(3)). A daemon with a smaller limit gets the ask.
+    // An XRC send QP's entries hold 16 bytes less (`softverbs_core::qp::max_inline_data`).
     let mut roomy = init;
-    roomy.cap.max_inline_data = roomy.cap.max_inline_data.max(MAX_INLINE as u32);
+    roomy.cap.max_inline_data = roomy
+        .cap
+        .max_inline_data
+        .max(softverbs_core::qp::max_inline_data(MAX_INLINE as u32, t));
     let made = match o.inner.create_qp(&roomy) {
         Err(e) if e.errno() as c_int == EINVAL && roomy.cap != init.cap => o.inner.create_qp(&init),
         r => r,

@@ -225,11 +225,18 @@ pub(crate) unsafe extern "C" fn ack_cm_event(e: *mut rdma_cm_event) -> c_int {
 }
 export!("rdma_ack_cm_event", "RDMACM_1.0", ack_cm_event);
 
-/// For synchronous ids: waits for the event an operation produces and consumes it.
-pub(crate) fn wait_sync(id: &Id, want: i32) -> Result<(), i32> {
+/// For synchronous ids: waits for the event an operation produces and keeps it in
+/// `id->event` until the next one (rdma-core's `ucma_complete`): rdma_xclient reads the
+/// REP's private data (the server's SRQ number) from `id->event` after `rdma_connect`.
+pub(crate) fn wait_sync(id: &mut Id, want: i32) -> Result<(), i32> {
     let e = id.chan.next(true, false)?;
     let (kind, status) = (e.ev.event, e.ev.status);
-    drop(e);
+    let old = std::mem::replace(&mut id.id.event, Box::into_raw(e).cast());
+    if !old.is_null() {
+        // SAFETY: the event this id kept before (from here or rdma_get_request), which
+        // rdma-core acks at this point too.
+        drop(unsafe { Box::from_raw(old.cast::<Ev>()) });
+    }
     if kind == want {
         Ok(())
     } else if status < 0 {
@@ -563,6 +570,9 @@ pub(crate) unsafe extern "C" fn connect(id: *mut rdma_cm_id, p: *mut rdma_conn_p
         rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
         retry_count: p.map_or(7, |p| p.retry_count.min(7)),
         srq: p.is_some_and(|p| p.srq != 0) || !i.id.srq.is_null(),
+        // An XRC send QP's REQ says XRC (IBA A14.4.1: Transport Service Type 3, Extended
+        // Transport Type 1), which the kernel's rdma_cm checks against its listener's type.
+        xrc: i.id.qp_type == verbs::QPT_XRC_SEND as c_int,
     };
     {
         let mut s = i.lock();
@@ -653,7 +663,11 @@ pub(crate) unsafe extern "C" fn accept(id: *mut rdma_cm_id, p: *mut rdma_conn_pa
         initiator_depth: path.initiator_depth,
         rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
         retry_count: 7,
-        srq: !i.id.srq.is_null(),
+        // An XRC receive QP always receives through an SRQ (IBA A14.4.2; the kernel's ib_cm
+        // sets the REP's SRQ bit for it, whatever the id holds).
+        srq: !i.id.srq.is_null() || i.id.qp_type == verbs::QPT_XRC_RECV as c_int,
+        // Informational here: the daemon's CM formats an XRC REP from the REQ it answers.
+        xrc: i.id.qp_type == verbs::QPT_XRC_RECV as c_int,
     };
     if let Err(e) = i
         .chan
@@ -847,6 +861,8 @@ fn free_cqs(i: &mut Id) {
         }
         i.id.send_cq = std::ptr::null_mut();
         i.id.recv_cq = std::ptr::null_mut();
+        i.id.send_cq_channel = std::ptr::null_mut();
+        i.id.recv_cq_channel = std::ptr::null_mut();
         i.lock().own_cqs = false;
     }
     let _ = own_pd;
@@ -872,6 +888,32 @@ fn create_qp_inner(i: &mut Id, pd: *mut c_void, attr: *mut ibv_qp_init_attr) -> 
     i.id.pd = pd;
     // SAFETY: the program's attributes.
     let a = unsafe { &mut *attr };
+    if a.srq.is_null() {
+        // rdma_create_qp(3) as rdma-core's: a QP made after rdma_create_srq receives
+        // through the id's SRQ.
+        a.srq = i.id.srq;
+    }
+    if a.qp_type == verbs::QPT_XRC_SEND || a.qp_type == verbs::QPT_XRC_RECV {
+        // rdma_create_qp(3) on an XRC id (rdma_create_ep with an XRC address info, and each
+        // request rdma_get_request returns on such a listener): the extended call, which is
+        // how rdma-core's librdmacm makes every QP.
+        let mut ex = ibv_qp_init_attr_ex {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            comp_mask: QP_INIT_ATTR_PD,
+            pd,
+            xrcd: std::ptr::null_mut(),
+        };
+        let r = create_xrc_qp(i, &mut ex);
+        a.send_cq = ex.send_cq;
+        a.cap = ex.cap;
+        return r;
+    }
     if a.send_cq.is_null() || a.recv_cq.is_null() {
         // rdma_create_qp(3): without CQs, the id gets its own, with completion channels.
         // SAFETY: the id's context; CQ sizes from the caps.
@@ -1021,6 +1063,14 @@ fn create_xrc_qp(i: &mut Id, attr: *mut ibv_qp_init_attr_ex) -> Result<(), i32> 
             a.send_cq = i.id.send_cq;
         }
     }
+    if a.qp_type == verbs::QPT_XRC_RECV
+        && (a.comp_mask & QP_INIT_ATTR_XRCD == 0 || a.xrcd.is_null())
+    {
+        // rdma_create_qp_ex(3) as rdma-core's: a receive QP without a domain goes into the
+        // library's own domain for the device, where rdma_create_srq puts the SRQs too.
+        a.xrcd = verbs::xrcd_of(i.id.verbs)?;
+        a.comp_mask |= QP_INIT_ATTR_XRCD;
+    }
     let qp = verbs::create_qp_ex(i.id.verbs, attr)?;
     let path = i.lock().path;
     if let Err(e) = verbs::modify(qp, QPS_INIT, &path) {
@@ -1050,6 +1100,134 @@ pub(crate) unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
 }
 export!("rdma_destroy_qp", "RDMACM_1.0", destroy_qp);
 
+// ---- SRQs ------------------------------------------------------------------------------
+
+/// `rdma_create_srq_ex(3)`: an SRQ on the id (`id->srq`, which the id's QPs then use). As
+/// rdma-core's: the PD defaults to the id's; an XRC SRQ (`IBV_SRQT_XRC`) without a domain goes
+/// into the library's domain for the device (where the id's XRC receive QPs are), and one
+/// without a CQ completes on a CQ of the id's own (`id->recv_cq`, with a completion channel,
+/// so `rdma_get_recv_comp` reads its completions).
+unsafe extern "C" fn create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if attr.is_null() || i.id.verbs.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the program's attribute block.
+    done(unsafe { create_srq_inner(i, &mut *attr) })
+}
+export!("rdma_create_srq_ex", "RDMACM_1.0", create_srq_ex);
+
+fn create_srq_inner(i: &mut Id, a: &mut ibv_srq_init_attr_ex) -> Result<(), i32> {
+    if a.comp_mask & SRQ_INIT_ATTR_TYPE == 0 {
+        return Err(libc::EINVAL);
+    }
+    if a.comp_mask & SRQ_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        a.pd = i.id.pd;
+        a.comp_mask |= SRQ_INIT_ATTR_PD;
+    }
+    let mut made_cq = false;
+    if a.srq_type == SRQT_XRC {
+        if a.comp_mask & SRQ_INIT_ATTR_XRCD == 0 || a.xrcd.is_null() {
+            a.xrcd = verbs::xrcd_of(i.id.verbs)?;
+        }
+        if a.comp_mask & SRQ_INIT_ATTR_CQ == 0 || a.cq.is_null() {
+            if i.id.recv_cq.is_null() {
+                // SAFETY: the id's context; sized from the SRQ's depth.
+                unsafe {
+                    let ch = ibv_create_comp_channel(i.id.verbs);
+                    let cq = ibv_create_cq(
+                        i.id.verbs,
+                        a.attr.max_wr.max(1) as c_int,
+                        (i as *mut Id).cast(),
+                        ch,
+                        0,
+                    );
+                    if ch.is_null() || cq.is_null() {
+                        if !ch.is_null() {
+                            ibv_destroy_comp_channel(ch);
+                        }
+                        return Err(libc::ENOMEM);
+                    }
+                    i.id.recv_cq_channel = ch;
+                    i.id.recv_cq = cq;
+                }
+                i.lock().own_cqs = true;
+                made_cq = true;
+            }
+            a.cq = i.id.recv_cq;
+        }
+        a.comp_mask |= SRQ_INIT_ATTR_XRCD | SRQ_INIT_ATTR_CQ;
+    }
+    match verbs::create_srq_ex(i.id.verbs, a) {
+        Ok(srq) => {
+            if i.id.pd.is_null() {
+                i.id.pd = a.pd;
+            }
+            i.id.srq = srq;
+            Ok(())
+        }
+        Err(e) => {
+            if made_cq {
+                free_cqs(i);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// `rdma_create_srq(3)`: `rdma_create_srq_ex` of the id's kind, XRC on an XRC receive id
+/// (rdma_xserver's way to get the SRQ whose number it hands to the client).
+unsafe extern "C" fn create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut c_void,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    // SAFETY: an id of ours.
+    let Ok(i) = (unsafe { id_ref(id) }) else {
+        return fail(libc::EINVAL);
+    };
+    if attr.is_null() || i.id.verbs.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the program's attribute block.
+    let a = unsafe { &mut *attr };
+    let mut ex = ibv_srq_init_attr_ex {
+        srq_context: a.srq_context,
+        attr: a.attr,
+        comp_mask: SRQ_INIT_ATTR_TYPE | SRQ_INIT_ATTR_PD,
+        srq_type: if i.id.qp_type == verbs::QPT_XRC_RECV as c_int {
+            SRQT_XRC
+        } else {
+            SRQT_BASIC
+        },
+        pd,
+        xrcd: std::ptr::null_mut(),
+        cq: std::ptr::null_mut(),
+        tm_cap: [0; 2],
+    };
+    let r = create_srq_inner(i, &mut ex);
+    a.attr = ex.attr;
+    done(r)
+}
+export!("rdma_create_srq", "RDMACM_1.0", create_srq);
+
+/// `rdma_destroy_srq(3)`: the id's SRQ, then the CQs the library made for the id.
+unsafe extern "C" fn destroy_srq(id: *mut rdma_cm_id) {
+    // SAFETY: an id of ours.
+    if let Ok(i) = unsafe { id_ref(id) } {
+        if !i.id.srq.is_null() {
+            // SAFETY: the SRQ rdma_create_srq made for this id; its QPs are gone.
+            unsafe { ibv_destroy_srq(i.id.srq) };
+            i.id.srq = std::ptr::null_mut();
+        }
+        free_cqs(i);
+    }
+}
+export!("rdma_destroy_srq", "RDMACM_1.0", destroy_srq);
+
 // ---- endpoints (synchronous ids from rdma_getaddrinfo) ---------------------------------
 
 unsafe extern "C" fn create_ep(
@@ -1074,6 +1252,12 @@ unsafe extern "C" fn create_ep(
         ) != 0
         {
             return -1;
+        }
+        // rdma_create_ep(3): the id is of the address info's QP type (rdma-core's
+        // rdma_create_id2 with ai_qp_type): an XRC listener's requests are for XRC receive
+        // QPs, an XRC active id's REQ is for XRC.
+        if r.ai_qp_type != 0 {
+            (*id).qp_type = r.ai_qp_type;
         }
         let ok = if r.ai_flags & 1 != 0 {
             bind_addr(id, r.ai_src_addr)
@@ -1115,6 +1299,11 @@ unsafe extern "C" fn destroy_ep(id: *mut rdma_cm_id) {
     // SAFETY: an id of ours.
     unsafe {
         destroy_qp(id);
+        // rdma_destroy_ep(3): the SRQ rdma_create_srq gave the id goes with it (after the
+        // QP, which may use it; before the CQs, which it uses).
+        if !id.is_null() && !(*id).srq.is_null() {
+            destroy_srq(id);
+        }
         destroy_id(id);
     }
 }

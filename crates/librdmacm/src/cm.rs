@@ -570,6 +570,9 @@ impl Id {
         let child = Id::new(l.chan.clone(), l.id.context, l.id.ps, l.lock().sync);
         // SAFETY: just made.
         let c = unsafe { &mut *child };
+        // rdma-core's ucma_process_conn_req: the new id is of the listener's QP type (an XRC
+        // receive listener's requests are for XRC receive QPs).
+        c.id.qp_type = l.id.qp_type;
         verbs::attach(&mut c.id, dev);
         let local = verbs::devices()[dev].ips.first().copied();
         let port = l.lock().port;

@@ -247,6 +247,59 @@ pub struct ibv_qp_init_attr_ex {
 
 /// `IBV_QP_INIT_ATTR_PD`.
 pub const QP_INIT_ATTR_PD: u32 = 1;
+/// `IBV_QP_INIT_ATTR_XRCD`.
+pub const QP_INIT_ATTR_XRCD: u32 = 2;
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr` (`rdma_create_srq(3)`).
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
+/// `struct ibv_srq_init_attr_ex` (verbs.h), whole: the drop-in reads it all.
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: u32,
+    pub pd: *mut c_void,
+    pub xrcd: *mut c_void,
+    pub cq: *mut c_void,
+    /// `struct ibv_tm_cap`: max_num_tags, max_ops.
+    pub tm_cap: [u32; 2],
+}
+
+/// `IBV_SRQ_INIT_ATTR_TYPE`, `_PD`, `_XRCD`, `_CQ` (`enum ibv_srq_init_attr_mask`).
+pub const SRQ_INIT_ATTR_TYPE: u32 = 1;
+pub const SRQ_INIT_ATTR_PD: u32 = 2;
+pub const SRQ_INIT_ATTR_XRCD: u32 = 4;
+pub const SRQ_INIT_ATTR_CQ: u32 = 8;
+/// `IBV_SRQT_BASIC`, `IBV_SRQT_XRC`.
+pub const SRQT_BASIC: u32 = 0;
+pub const SRQT_XRC: u32 = 1;
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `IBV_XRCD_INIT_ATTR_FD`, `IBV_XRCD_INIT_ATTR_OFLAGS`.
+pub const XRCD_INIT_ATTR_FD: u32 = 1;
+pub const XRCD_INIT_ATTR_OFLAGS: u32 = 2;
 
 const _: () = {
     use core::mem::{offset_of, size_of};
@@ -280,6 +333,13 @@ const _: () = {
     assert!(offset_of!(ibv_qp_init_attr_ex, comp_mask) == 60);
     assert!(offset_of!(ibv_qp_init_attr_ex, pd) == 64);
     assert!(offset_of!(ibv_qp, qp_num) == 52);
+    assert!(size_of::<ibv_srq_init_attr>() == 24);
+    assert!(offset_of!(ibv_srq_init_attr_ex, comp_mask) == 20);
+    assert!(offset_of!(ibv_srq_init_attr_ex, srq_type) == 24);
+    assert!(offset_of!(ibv_srq_init_attr_ex, pd) == 32);
+    assert!(offset_of!(ibv_srq_init_attr_ex, cq) == 48);
+    assert!(size_of::<ibv_srq_init_attr_ex>() == 64);
+    assert!(size_of::<ibv_xrcd_init_attr>() == 12);
 };
 
 #[link(name = "ibverbs")]
@@ -303,4 +363,5 @@ unsafe extern "C" {
     pub fn ibv_create_qp(pd: *mut c_void, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
     pub fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int;
     pub fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
+    pub fn ibv_destroy_srq(srq: *mut c_void) -> c_int;
 }

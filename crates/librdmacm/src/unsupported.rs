@@ -1,5 +1,5 @@
 //! Entry points that fail with `ENOSYS` (docs/guide/dropin.md, "librdmacm"):
-//! SRQs on ids and `rdma_notify`. Each is exported so programs that link
+//! `rdma_notify`. Each is exported so programs that link
 //! them load; the call says it is not there rather than pretending.
 
 use core::ffi::c_int;
@@ -20,8 +20,5 @@ macro_rules! enosys {
 }
 
 enosys! {
-    "rdma_create_srq" => create_srq(a, b, c);
-    "rdma_create_srq_ex" => create_srq_ex(a, b);
-    "rdma_destroy_srq" => destroy_srq(a);
     "rdma_notify" => notify(a, b);
 }

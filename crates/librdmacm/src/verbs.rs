@@ -2,6 +2,7 @@
 //! program linked against both uses), their IP addresses (from the GID tables: RoCE v2
 //! GIDs are the addresses), and the QP transitions rdma_cm makes for a program.
 
+use core::ffi::c_void;
 use std::net::IpAddr;
 use std::sync::OnceLock;
 
@@ -191,6 +192,65 @@ pub fn create_qp_ex(
             .unwrap_or(libc::ENOMEM));
     }
     Ok(qp)
+}
+
+/// `ibv_create_srq_ex(3)`, inlined by verbs.h: the `create_srq_ex` slot of the context's
+/// `struct verbs_context`, 40 bytes before the public `ibv_context` (layout as for
+/// [`create_qp_ex`]).
+pub fn create_srq_ex(
+    verbs: *mut ibv_context,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> Result<*mut c_void, i32> {
+    type CreateSrqEx =
+        unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut c_void;
+    // SAFETY: as in `create_qp_ex`: a drop-in context is a `verbs_context`; the slot is a
+    // function of that signature or NULL.
+    let f: Option<CreateSrqEx> = unsafe {
+        let slot = verbs.cast::<u8>().sub(40).cast::<Option<CreateSrqEx>>();
+        slot.read()
+    };
+    let f = f.ok_or(libc::EOPNOTSUPP)?;
+    // SAFETY: the context and a complete attribute block.
+    let srq = unsafe { f(verbs, attr) };
+    if srq.is_null() {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOMEM));
+    }
+    Ok(srq)
+}
+
+/// The XRC domain this library opens once per device context for ids whose program gives
+/// none, as rdma-core's librdmacm does (`ibv_open_xrcd` with fd -1 and `O_CREAT`: a domain of
+/// this process alone), kept until the process ends. `ibv_open_xrcd(3)` is inlined by
+/// verbs.h: the `open_xrcd` slot, 32 bytes before the public `ibv_context`.
+pub fn xrcd_of(verbs: *mut ibv_context) -> Result<*mut c_void, i32> {
+    static XRCDS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+    let mut g = XRCDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, x)) = g.iter().find(|(c, _)| *c == verbs as usize) {
+        return Ok(x as *mut c_void);
+    }
+    type OpenXrcd = unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut c_void;
+    // SAFETY: as in `create_qp_ex`.
+    let f: Option<OpenXrcd> = unsafe {
+        let slot = verbs.cast::<u8>().sub(32).cast::<Option<OpenXrcd>>();
+        slot.read()
+    };
+    let f = f.ok_or(libc::EOPNOTSUPP)?;
+    let mut a = ibv_xrcd_init_attr {
+        comp_mask: XRCD_INIT_ATTR_FD | XRCD_INIT_ATTR_OFLAGS,
+        fd: -1,
+        oflags: libc::O_CREAT,
+    };
+    // SAFETY: the context and a complete attribute block.
+    let x = unsafe { f(verbs, &mut a) };
+    if x.is_null() {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::ENOMEM));
+    }
+    g.push((verbs as usize, x as usize));
+    Ok(x)
 }
 
 /// What the peer told us (REQ or REP) and what we told it, for the QP's RTR and RTS.

@@ -12,16 +12,18 @@
 //!   `htobe32(0x2d)`; the ImmDt on the wire must be `00 00 00 2d`, and an ImmDt of
 //!   `00 00 00 2d` from the peer must reach the program as `wc.imm_data == htobe32(0x2d)`.
 //!
-//! Both directions: the program as rdma_cm server (`tests/c/kpeer.c server`) and as client.
-//! Addresses 127.37.N.1 (the daemon's device) and 127.37.N.2 (the peer), N = 0 and 1: run
-//! inside a network namespace of its own:
+//! Both directions: the program as rdma_cm server (`tests/c/kpeer.c server`) and as client;
+//! the server case also over IPv6 with the peer's UDP checksums 0, as rxe sends them
+//! (docs/design/roce-wire.md §9). Addresses 127.37.N.1 (the daemon's device) and 127.37.N.2
+//! (the peer), N = 0 and 1, and fd00:37::1/::2 added to `lo`: run inside a network namespace
+//! of its own:
 //!
 //!     unshare -n sh -c 'ip link set lo up && cargo test -p softverbs-librdmacm --test kernel_peer'
 
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -30,7 +32,7 @@ use std::time::{Duration, Instant};
 use softverbs_testkit::bins::softverbs_bin;
 use softverbs_wire::cm::msg::{PathInfo, Rep, Req, Rtu};
 use softverbs_wire::cm::{gsi_headers, CmMad, CmMessage, CmaHdr};
-use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, UdpRepr, ROCE_V2_UDP_PORT};
+use softverbs_wire::ip::{emit_ip_udp, IpRepr, UdpRepr, ROCE_V2_UDP_PORT};
 use softverbs_wire::{
     emit_packet, icrc, AethRepr, BthRepr, Headers, ImmDtRepr, Opcode, Packet, Syndrome,
 };
@@ -54,7 +56,7 @@ impl Drop for Dir {
 /// `softverbs daemon` with one device on `ip`, killed on drop.
 struct Daemon(Child, PathBuf);
 impl Daemon {
-    fn start(dir: &Path, ip: Ipv4Addr) -> Daemon {
+    fn start(dir: &Path, ip: IpAddr) -> Daemon {
         let sock = dir.join("sv.sock");
         let child = Command::new(softverbs_bin())
             .arg("daemon")
@@ -94,15 +96,28 @@ impl Rx {
 /// with a correct ICRC.
 struct Peer {
     sock: UdpSocket,
-    ip: Ipv4Addr,
-    daemon: Ipv4Addr,
+    ip: IpAddr,
+    daemon: IpAddr,
     gsi_psn: u32,
 }
 
 impl Peer {
-    fn bind(ip: Ipv4Addr, daemon: Ipv4Addr) -> Peer {
-        let sock = UdpSocket::bind(SocketAddr::new(IpAddr::V4(ip), ROCE_V2_UDP_PORT))
+    fn bind(ip: IpAddr, daemon: IpAddr) -> Peer {
+        let sock = UdpSocket::bind(SocketAddr::new(ip, ROCE_V2_UDP_PORT))
             .unwrap_or_else(|e| panic!("bind {ip}:4791 (run in a network namespace): {e}"));
+        if ip.is_ipv6() {
+            // As rxe (`prepare_udp_hdr`): UDP checksum 0, over IPv6 too.
+            no_udp6_checksums(&sock);
+        } else {
+            // DF set on an unconnected socket: Linux gives every datagram identification 0,
+            // which the ICRC below is computed with (docs/design/roce-wire.md §6).
+            set_int(
+                &sock,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            );
+        }
         sock.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         Peer {
@@ -117,7 +132,7 @@ impl Peer {
         let mut ib = vec![0u8; 64 + payload.len()];
         let n = emit_packet(h, payload, &mut ib).unwrap();
         ib.truncate(n);
-        let ip = IpRepr::V4(Ipv4Repr::new(self.ip, self.daemon));
+        let ip = IpRepr::between(self.ip, self.daemon).unwrap();
         let udp = UdpRepr {
             src_port: ROCE_V2_UDP_PORT,
             dst_port: ROCE_V2_UDP_PORT,
@@ -126,10 +141,7 @@ impl Peer {
         let hl = emit_ip_udp(&ip, &udp, ib.len(), &mut hdr).unwrap();
         icrc::write(&hdr[..hl], &mut ib).unwrap();
         self.sock
-            .send_to(
-                &ib,
-                SocketAddr::new(IpAddr::V4(self.daemon), ROCE_V2_UDP_PORT),
-            )
+            .send_to(&ib, SocketAddr::new(self.daemon, ROCE_V2_UDP_PORT))
             .unwrap();
     }
 
@@ -282,13 +294,37 @@ impl WaitRef for Child {
     }
 }
 
-fn gid(ip: Ipv4Addr) -> [u8; 16] {
-    ip.to_ipv6_mapped().octets()
+fn gid(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// `UDP_NO_CHECK6_TX`: the socket sends IPv6 datagrams with UDP checksum 0.
+fn no_udp6_checksums(sock: &UdpSocket) {
+    set_int(sock, libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1);
+}
+
+fn set_int(sock: &UdpSocket, level: libc::c_int, name: libc::c_int, v: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an open socket, a live c_int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    let e = std::io::Error::last_os_error();
+    assert_eq!(r, 0, "setsockopt {level}/{name}: {e}");
 }
 
 /// The path a kernel CM puts in a RoCE v2 REQ (cm_format_req with a RoCE path record):
 /// permissive LIDs, the IPv4-mapped GIDs, hop limit 64, not subnet-local.
-fn path(local: Ipv4Addr, remote: Ipv4Addr) -> PathInfo {
+fn path(local: IpAddr, remote: IpAddr) -> PathInfo {
     PathInfo {
         local_lid: 0xFFFF,
         remote_lid: 0xFFFF,
@@ -300,7 +336,7 @@ fn path(local: Ipv4Addr, remote: Ipv4Addr) -> PathInfo {
         hop_limit: 64,
         sl: 0,
         subnet_local: false,
-        local_ack_timeout: 18,
+        local_ack_timeout: 19,
     }
 }
 
@@ -311,14 +347,15 @@ fn imm_bytes(rx: &Rx) -> [u8; 4] {
 
 /// The daemon on 127.37.`net`.1, the peer on 127.37.`net`.2 (each test its own).
 fn setup(name: &str, net: u8) -> Option<(Dir, Daemon, PathBuf, Peer)> {
+    let v4 = |h| IpAddr::V4(Ipv4Addr::new(127, 37, net, h));
+    setup_at(name, v4(1), v4(2))
+}
+
+fn setup_at(name: &str, ip: IpAddr, peer_ip: IpAddr) -> Option<(Dir, Daemon, PathBuf, Peer)> {
     let dir = std::env::temp_dir().join(format!("svkp-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let exe = build_c("kpeer", &dir)?;
-    let (ip, peer_ip) = (
-        Ipv4Addr::new(127, 37, net, 1),
-        Ipv4Addr::new(127, 37, net, 2),
-    );
     let peer = Peer::bind(peer_ip, ip);
     let d = Daemon::start(&dir, ip);
     Some((Dir(dir), d, exe, peer))
@@ -327,19 +364,75 @@ fn setup(name: &str, net: u8) -> Option<(Dir, Daemon, PathBuf, Peer)> {
 /// softverbs as the passive side (the rping-server case that lost rxe's SEND silently).
 #[test]
 fn a_kernel_active_side_connects_and_each_side_sends_from_the_psn_the_other_advertised() {
-    let Some((_dir, d, exe, mut peer)) = setup("server", 0) else {
+    let Some((_dir, d, exe, peer)) = setup("server", 0) else {
         return;
     };
-    let port = 7437u16;
-    let mut prog = Prog::start(&d.1, &exe, &["server", &port.to_string()]);
+    passive_side(&d, &exe, peer, 7437);
+}
+
+/// The same over IPv6, with the peer's datagrams carrying UDP checksum 0 as rxe's do: a plain
+/// IPv6 UDP socket drops those (the device sockets set `UDP_NO_CHECK6_RX`).
+#[test]
+fn a_kernel_active_side_connects_over_ipv6_with_zero_udp_checksums() {
+    let ips = [0x1u16, 0x2].map(|h| Ipv6Addr::new(0xfd00, 0x37, 0, 0, 0, 0, 0, h));
+    let Some(_addrs) = LoAddrs::add(&ips) else {
+        return;
+    };
+    let Some((_dir, d, exe, peer)) = setup_at("server6", ips[0].into(), ips[1].into()) else {
+        return;
+    };
+    passive_side(&d, &exe, peer, 7439);
+}
+
+/// IPv6 addresses on `lo` for one test, removed on drop; `None` (with a SKIP line) when
+/// `ip` cannot add them (not root).
+struct LoAddrs(Vec<Ipv6Addr>);
+impl LoAddrs {
+    fn add(ips: &[Ipv6Addr]) -> Option<LoAddrs> {
+        let mut added = LoAddrs(Vec::new());
+        for ip in ips {
+            let ok = Command::new("ip")
+                .args([
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{ip}/128"),
+                    "dev",
+                    "lo",
+                    "nodad",
+                ])
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                assert!(std::env::var_os("CI").is_none(), "ip addr add {ip} failed");
+                eprintln!("SKIP: cannot add {ip} to lo (needs root in a network namespace)");
+                return None;
+            }
+            added.0.push(*ip);
+        }
+        Some(added)
+    }
+}
+impl Drop for LoAddrs {
+    fn drop(&mut self) {
+        for ip in &self.0 {
+            let _ = Command::new("ip")
+                .args(["-6", "addr", "del", &format!("{ip}/128"), "dev", "lo"])
+                .status();
+        }
+    }
+}
+
+fn passive_side(d: &Daemon, exe: &Path, mut peer: Peer, port: u16) {
+    let mut prog = Prog::start(&d.1, exe, &["server", &port.to_string()]);
     prog.line("listening");
     wait_cm(&d.1, "the listener", |cm| cm["listeners"] == 1);
 
     let mut private_data = [0u8; 92];
     CmaHdr {
         src_port: 40_000,
-        src: IpAddr::V4(peer.ip),
-        dst: IpAddr::V4(peer.daemon),
+        src: peer.ip,
+        dst: peer.daemon,
     }
     .emit(&mut private_data)
     .unwrap();

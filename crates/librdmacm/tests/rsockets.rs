@@ -1,5 +1,6 @@
 //! rsockets through the drop-in librdmacm.so.1 and libibverbs.so.1 under `softverbs run`
-//! (docs/design/rsockets.md): unmodified `rstream` (rdmacm-utils) with its data check (`-T v`) in
+//! (docs/design/rsockets.md): unmodified `rstream` and `riostream` (rdmacm-utils, riostream
+//! moving its data with riomap/riowrite) with their data check (`-T v`) in
 //! blocking, nonblocking and poll-driven modes on one daemon and between two daemons in
 //! two network namespaces joined by veth (`sv9a`/`sv9b`, made and removed by the test);
 //! and tests/c/rsockets.c, which checks the calls one by one (blocking and nonblocking
@@ -41,15 +42,27 @@ fn rstream_pair(
     port: &str,
     opts: &[&str],
 ) {
+    stream_pair(&rstream(), srv, cli, server_ip, port, opts)
+}
+
+/// As [`rstream_pair`] for `prog` (rstream or riostream, which share options and output).
+fn stream_pair(
+    prog: &Path,
+    srv: (Option<&str>, &Path),
+    cli: (Option<&str>, &Path),
+    server_ip: &str,
+    port: &str,
+    opts: &[&str],
+) {
     let mut sargs = vec!["-p", port];
     sargs.extend_from_slice(opts);
     let mut cargs = vec!["-s", server_ip, "-p", port];
     cargs.extend_from_slice(opts);
-    let server = run(srv.0, srv.1, rstream(), &sargs);
-    wait_cm(srv.1, "rstream listening", |cm| cm["listeners"] != 0);
-    let client = finish(run(cli.0, cli.1, rstream(), &cargs), "rstream client");
-    let server = finish(server, "rstream server");
-    let (s, c) = (ok(server, "rstream server"), ok(client, "rstream client"));
+    let server = run(srv.0, srv.1, prog, &sargs);
+    wait_cm(srv.1, "server listening", |cm| cm["listeners"] != 0);
+    let client = finish(run(cli.0, cli.1, prog, &cargs), "client");
+    let server = finish(server, "server");
+    let (s, c) = (ok(server, "server"), ok(client, "client"));
     let size = opts[opts.iter().position(|o| *o == "-S").unwrap() + 1];
     let count = opts[opts.iter().position(|o| *o == "-C").unwrap() + 1];
     for (who, out) in [("server", &s), ("client", &c)] {
@@ -80,6 +93,32 @@ const VARIANTS: &[&[&str]] = &[
     &["-S", "100000", "-C", "20", "-T", "n", "-T", "v"],
     &["-S", "64", "-C", "200", "-T", "a", "-T", "v"],
 ];
+
+/// riostream (rdmacm-utils): each side riomaps its buffer (offset 0, RDMA_IOMAPSIZE 1),
+/// exchanges a 16-byte sync message, then the two riowrite each transfer into the other's
+/// mapping; the reader spins on the mapping's last byte (no rsocket call, so the write must
+/// land by itself) and, with `-T v`, checks every byte; riounmap at the end. `-I` keeps the
+/// iteration counts small (its default latency test runs 100000 round trips).
+const RIO_VARIANTS: &[&[&str]] = &[
+    &["-S", "4096", "-C", "10", "-I", "20", "-T", "v"],
+    &["-S", "1048576", "-C", "2", "-I", "3", "-T", "b", "-T", "v"],
+    &["-S", "100000", "-C", "3", "-I", "10", "-T", "n", "-T", "v"],
+    &["-S", "64", "-C", "2", "-I", "50", "-T", "a", "-T", "v"],
+];
+
+#[test]
+fn riostream_checks_its_data_on_one_daemon() {
+    if !have("riostream") {
+        return;
+    }
+    let d = Daemon::start("riostream");
+    let at = (None, d.socket.as_path());
+    for (i, v) in RIO_VARIANTS.iter().enumerate() {
+        let port = (7600 + i).to_string();
+        stream_pair(Path::new("riostream"), at, at, "127.0.0.1", &port, v);
+        wait_cm(&d.socket, "nothing left", cm_idle);
+    }
+}
 
 #[test]
 fn rstream_checks_its_data_on_one_daemon() {
@@ -161,6 +200,21 @@ fn rstream_between_two_daemons_in_two_namespaces() {
         );
         wait_cm(&a.1, "nothing left on the server's daemon", cm_idle);
         wait_cm(&b.1, "nothing left on the client's daemon", cm_idle);
+    }
+    if have("riostream") {
+        for (i, v) in [RIO_VARIANTS[0], RIO_VARIANTS[2]].iter().enumerate() {
+            let port = (7695 + i).to_string();
+            stream_pair(
+                Path::new("riostream"),
+                (Some("sv9a"), &a.1),
+                (Some("sv9b"), &b.1),
+                "10.49.0.1",
+                &port,
+                v,
+            );
+            wait_cm(&a.1, "nothing left on the server's daemon", cm_idle);
+            wait_cm(&b.1, "nothing left on the client's daemon", cm_idle);
+        }
     }
     drop((a, b));
     let _ = std::fs::remove_dir_all(&dir);

@@ -21,6 +21,9 @@
 //!
 //! The daemon stacks them: `SharedMappings::with_fallback(ProcessMem::new())`.
 //!
+//! Also one socket option the daemon's sockets need and no safe wrapper offers
+//! ([`accept_zero_udp6_checksums`]): this is the daemon's crate for `unsafe` system calls.
+//!
 //! `unsafe` is confined to the OS boundary (`mmap`, `munmap`, `mremap`, raw copies and the
 //! atomic view of a shared word), all of it in the one module allowed to use it (`map`), each
 //! block argued with a `SAFETY:` comment; the public API is safe.
@@ -42,6 +45,8 @@ mod process_vm;
 mod raw;
 mod shared;
 #[allow(unsafe_code)]
+mod sockopt;
+#[allow(unsafe_code)]
 mod vmas;
 #[allow(unsafe_code)]
 mod write_guard;
@@ -60,6 +65,7 @@ pub use process_mem::{
 pub use process_vm::ProcessVm;
 pub use raw::RawMemory;
 pub use shared::{NoFallback, RegionError, RegionId, SharedMappings};
+pub use sockopt::accept_zero_udp6_checksums;
 
 /// The system page size (what registrations are rounded to).
 pub fn page_size() -> usize {

@@ -11,10 +11,12 @@ pub mod bins;
 pub mod daemon;
 pub mod process;
 pub mod resources;
+mod roce_socket;
 mod tshark;
 
 pub use actor::Actor;
 pub use daemon::{Daemon, DaemonOptions};
+pub use roce_socket::roce_udp_socket;
 pub use tshark::{frame_numbers, plugin_path, tshark, tshark_available};
 
 /// How long any one step of a process test may take (debug builds on a loaded machine) before

@@ -19,6 +19,7 @@ use softverbs_core::mcast::MULTICAST_QPN;
 use softverbs_core::types::{QpState, QpType};
 use softverbs_wire::{Direction, Packet, PacketRef, Transport};
 
+use crate::counters::Reject;
 use crate::memory::Memory;
 pub use crate::qp::{cq_id, CqId, Output, QpConfig, RxMeta, SrqConfig, SrqKey, Transmit, WINDOW};
 use crate::qp::{flush, Env, Qp, ReqState, RespState, SendWqe, Srq};
@@ -33,6 +34,17 @@ pub struct DropStats {
     pub foreign_source: u64,
     /// Responses outside the window of outstanding PSNs: duplicates and ghosts.
     pub outside_window: u64,
+}
+
+/// The local GID a QP with path `sgid_index` uses towards `peer`: that slot of `gids`
+/// unless it is of the other IP family (or empty), then the first GID of `peer`'s family;
+/// the daemon picks the source of what the QP sends the same way.
+fn local_gid(gids: &[Gid], sgid_index: u8, peer: Gid) -> Option<Gid> {
+    let v4 = |g: &Gid| g.to_ip().is_ipv4();
+    gids.get(usize::from(sgid_index))
+        .filter(|g| v4(g) == v4(&peer))
+        .or_else(|| gids.iter().find(|g| v4(g) == v4(&peer)))
+        .copied()
 }
 
 /// Why a work request was refused at post time (`ibv_post_send`/`ibv_post_recv` errno).
@@ -64,6 +76,11 @@ pub struct Engine {
     out: VecDeque<Output>,
     scratch: Vec<u8>,
     drops: DropStats,
+    /// Received packets dropped, by reason (`crate::counters::Reject`): the port's.
+    rejects: crate::counters::Rejects,
+    /// The port's GIDs (its addresses), for the destination check of connected QPs; empty
+    /// where the caller does not say (then that check is skipped).
+    gids: Vec<Gid>,
     /// Multicast groups of this device's QPs (`crate::mcast`).
     mcast: crate::mcast::Groups,
     windows: crate::mw::Windows,
@@ -83,6 +100,8 @@ impl Default for Engine {
             out: VecDeque::new(),
             scratch: Vec::new(),
             drops: DropStats::default(),
+            rejects: Default::default(),
+            gids: Vec::new(),
             mcast: crate::mcast::Groups::default(),
             windows: crate::mw::Windows::default(),
             retired: crate::counters::Counters::default(),
@@ -248,7 +267,7 @@ impl Engine {
         meta: RxMeta,
         bytes: &[u8],
     ) {
-        self.handle_own_multicast_fed(now, core, mem, &mut crate::NoFeed, meta, bytes)
+        self.handle_own_multicast_fed(now, core, mem, &mut crate::NoFeed, meta, bytes);
     }
 
     /// [`handle_own_multicast`](Self::handle_own_multicast) with SRQs fed by `feed` when
@@ -269,10 +288,14 @@ impl Engine {
             return;
         }
         let sender = pkt.headers.deth.map(|d| d.src_qp);
-        self.fan_out(now, core, mem, feed, meta, &pkt, sender);
+        // The device's own datagram: whatever its copies meet is not a packet received.
+        let _ = self.fan_out(now, core, mem, feed, meta, &pkt, sender);
     }
 
-    /// Delivers a copy of multicast datagram `pkt` to every attached QP but `skip`.
+    /// Delivers a copy of multicast datagram `pkt` to every attached QP but `skip`. The
+    /// datagram is rejected as a whole only when no QP can take it (not UD, or no QP of the
+    /// device in the group); what one member's copy meets (its Q_Key, no receive) is that
+    /// member's and is not counted, as one datagram is one packet received.
     #[allow(clippy::too_many_arguments)]
     fn fan_out<M: Memory>(
         &mut self,
@@ -283,11 +306,14 @@ impl Engine {
         meta: RxMeta,
         pkt: &PacketRef<'_>,
         skip: Option<u32>,
-    ) {
+    ) -> Option<Reject> {
         // RoCE v2 multicast only exists for UD: anything else addressed to 0xFFFFFF is
         // dropped (rxe `hdr_check`).
         if pkt.info.transport != Transport::Ud {
-            return;
+            return Some(Reject::BadOpcode);
+        }
+        if self.mcast.members(meta.dgid).is_empty() {
+            return Some(Reject::WrongDest);
         }
         for &qpn in self.mcast.members(meta.dgid) {
             if Some(qpn) == skip {
@@ -305,8 +331,9 @@ impl Engine {
                 windows: &mut self.windows,
                 feed: &mut *feed,
             };
-            crate::responder::receive(qp, &mut env, meta, pkt, &mut self.scratch);
+            let _ = crate::responder::receive(qp, &mut env, meta, pkt, &mut self.scratch);
         }
+        None
     }
 
     /// Mirrors the core's attributes after a successful modify (the core validated them).
@@ -534,7 +561,9 @@ impl Engine {
     /// packets are dropped silently, as a NIC drops them (IBA 9.6: invalid packets are
     /// discarded), and so are packets for a connected QP from anyone but its peer
     /// (`meta.sgid` must be the QP's path's destination) and responses outside the window of
-    /// outstanding PSNs (IBA 9.7.5.1); [`drop_stats`](Self::drop_stats) counts the last two.
+    /// outstanding PSNs (IBA 9.7.5.1). Each drop is counted once, by the reason returned
+    /// ([`rejects`](Self::rejects)); [`drop_stats`](Self::drop_stats) counts the last two
+    /// again, as `softverbs status` always showed them.
     pub fn handle_packet<M: Memory>(
         &mut self,
         now: Instant,
@@ -542,7 +571,7 @@ impl Engine {
         mem: &mut M,
         meta: RxMeta,
         bytes: &[u8],
-    ) {
+    ) -> Option<Reject> {
         self.handle_packet_fed(now, core, mem, &mut crate::NoFeed, meta, bytes)
     }
 
@@ -556,23 +585,71 @@ impl Engine {
         feed: &mut dyn crate::SrqFeed,
         meta: RxMeta,
         bytes: &[u8],
-    ) {
+    ) -> Option<Reject> {
+        let r = self.receive(now, core, mem, feed, meta, bytes);
+        if let Some(r) = r {
+            self.rejects.count(r);
+        }
+        r
+    }
+
+    /// [`handle_packet_fed`](Self::handle_packet_fed) but for the counting of its verdict:
+    /// the checks in IBA 9.6's order (the BTH, the destination QP, its state and type, the
+    /// addresses, the P_Key; the Q_Key and what the QP's type takes in the responder), the
+    /// first that fails naming the reason.
+    fn receive<M: Memory>(
+        &mut self,
+        now: Instant,
+        core: &dyn MemKeys,
+        mem: &mut M,
+        feed: &mut dyn crate::SrqFeed,
+        meta: RxMeta,
+        bytes: &[u8],
+    ) -> Option<Reject> {
         let Ok(pkt) = Packet::parse(bytes) else {
-            return;
+            return Some(Reject::Malformed);
         };
         let qpn = pkt.headers.bth.dest_qp;
         if qpn == MULTICAST_QPN {
             return self.fan_out(now, core, mem, feed, meta, &pkt, None);
         }
         let Some(qp) = self.qps.get_mut(&qpn) else {
-            return;
+            return Some(Reject::UnknownQp);
         };
+        // Before RTR there is no path yet, and the QP takes no packets from anyone (IBA
+        // 10.3.1); a response needs a requester (RTS or SQD).
+        let receives = match pkt.info.direction {
+            Direction::Request => !matches!(qp.attr.qp_state, QpState::Reset | QpState::Init),
+            Direction::Response => matches!(qp.attr.qp_state, QpState::Rts | QpState::Sqd),
+        };
+        if !receives {
+            return Some(Reject::QpState);
+        }
+        let takes = match pkt.info.direction {
+            Direction::Request => qp.cfg.qp_type != QpType::XrcSend,
+            // Responses (ACKs, READ and atomic responses) answer a reliable requester.
+            Direction::Response => matches!(qp.cfg.qp_type, QpType::Rc | QpType::XrcSend),
+        };
+        if pkt.info.transport != crate::qp::transport_of(qp.cfg.qp_type) || !takes {
+            return Some(Reject::BadOpcode);
+        }
         if !qp.accepts_from(meta.sgid) {
-            // Before RTR there is no path yet, and the QP takes no packets from anyone.
-            if !matches!(qp.attr.qp_state, QpState::Reset | QpState::Init) {
-                self.drops.foreign_source += 1;
+            self.drops.foreign_source += 1;
+            return Some(Reject::ForeignSource);
+        }
+        if qp.cfg.qp_type != QpType::Ud && !self.gids.is_empty() {
+            // A connected QP is reached at its own address only (the GID its path's
+            // sgid_index names, as the sender's side picks it: `local_gid`).
+            let own = local_gid(&self.gids, qp.attr.ah_attr.sgid_index, meta.sgid);
+            if own.is_some_and(|g| g != meta.dgid) {
+                return Some(Reject::WrongDest);
             }
-            return;
+        }
+        // IBA 10.9: the port's P_Key table holds the default key alone (full member,
+        // 0xFFFF); a packet matches when the low 15 bits are equal, whichever membership
+        // it claims, as one side is a full member.
+        if pkt.headers.bth.pkey & 0x7FFF != softverbs_wire::bth::DEFAULT_PKEY & 0x7FFF {
+            return Some(Reject::BadPkey);
         }
         qp.cnt.rcvd_pkts += 1;
         qp.cnt.rcvd_bytes += bytes.len() as u64;
@@ -585,17 +662,32 @@ impl Engine {
             windows: &mut self.windows,
             feed,
         };
-        match pkt.info.direction {
+        let r = match pkt.info.direction {
             Direction::Request => {
                 crate::responder::receive(qp, &mut env, meta, &pkt, &mut self.scratch)
             }
             Direction::Response => {
-                if !crate::completer::receive(qp, &mut env, &pkt) {
+                if crate::completer::receive(qp, &mut env, &pkt) {
+                    None
+                } else {
                     self.drops.outside_window += 1;
+                    Some(Reject::PsnWindow)
                 }
             }
-        }
+        };
         self.schedule(qpn);
+        r
+    }
+
+    /// Tells the engine the port's GIDs (its GID table's used slots, in order), so that a
+    /// connected QP's packets to another of them are rejected (`Reject::WrongDest`).
+    pub fn set_gids(&mut self, gids: Vec<Gid>) {
+        self.gids = gids;
+    }
+
+    /// The received packets dropped so far, by reason (the port's, destroyed QPs' included).
+    pub fn rejects(&self) -> crate::counters::Rejects {
+        self.rejects
     }
 
     /// Writes the next packet to send into `buf` (which must hold a full MTU-sized packet:

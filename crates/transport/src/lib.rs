@@ -25,7 +25,7 @@ mod sge;
 pub mod sim;
 pub mod time;
 
-pub use counters::Counters;
+pub use counters::{Counters, Reject, Rejects};
 pub use engine::{
     cq_id, CqId, DropStats, Engine, Output, PostError, QpConfig, RxMeta, SrqConfig, SrqKey,
     Transmit, MAX_PACKET,

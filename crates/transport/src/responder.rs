@@ -19,6 +19,7 @@ use softverbs_wire::{
     PacketRef, Position, RethRepr, Syndrome, Transport,
 };
 
+use crate::counters::Reject;
 use crate::memory::{AtomicOp, Memory};
 use crate::qp::{
     fail_qp, transport_of, CqId, Env, InMsg, Output, Qp, RecvSource, RespOut, RespState, RxMeta,
@@ -122,19 +123,27 @@ pub(crate) fn receive<M: Memory>(
     meta: RxMeta,
     pkt: &PacketRef<'_>,
     scratch: &mut Vec<u8>,
-) {
+) -> Option<Reject> {
     if !matches!(
         qp.attr.qp_state,
         QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
     ) {
-        return;
+        return Some(Reject::QpState);
     }
     if pkt.info.transport != transport_of(qp.cfg.qp_type) || qp.cfg.qp_type == QpType::XrcSend {
-        return;
+        return Some(Reject::BadOpcode);
     }
     if qp.cfg.qp_type == QpType::Ud {
         return receive_ud(qp, env, meta, pkt, scratch);
     }
+    receive_connected(qp, env, pkt);
+    None
+}
+
+/// A request for an RC, UC or XRC receive QP: its PSN, then its execution. What the PSN
+/// check turns away is counted as sequence handling (`duplicate_request`,
+/// `out_of_seq_request`), not as a rejected packet: IBA 9.7.5 answers it.
+fn receive_connected<M: Memory>(qp: &mut Qp, env: &mut Env<'_, M>, pkt: &PacketRef<'_>) {
     let psn = pkt.headers.bth.psn;
     let d = psn_diff(psn, qp.resp.epsn);
     let reliable = qp.is_reliable();
@@ -810,21 +819,27 @@ fn receive_ud<M: Memory>(
     meta: RxMeta,
     pkt: &PacketRef<'_>,
     scratch: &mut Vec<u8>,
-) {
-    let Some(deth) = pkt.headers.deth else { return };
-    // IBA 10.2.5: a Q_Key mismatch silently drops the datagram.
-    if deth.qkey != qp.attr.qkey
-        || !matches!(
-            pkt.info.operation,
-            Operation::SendOnly | Operation::SendOnlyWithImmediate
-        )
-    {
-        return;
+) -> Option<Reject> {
+    let Some(deth) = pkt.headers.deth else {
+        return Some(Reject::Malformed);
+    };
+    if !matches!(
+        pkt.info.operation,
+        Operation::SendOnly | Operation::SendOnlyWithImmediate
+    ) {
+        return Some(Reject::BadOpcode);
     }
-    let Ok(t) = target(qp, env, pkt) else { return };
+    // IBA 10.2.5: a Q_Key mismatch silently drops the datagram.
+    if deth.qkey != qp.attr.qkey {
+        return Some(Reject::BadQkey);
+    }
+    // A QP without a protection domain has nowhere to put it.
+    let Ok(t) = target(qp, env, pkt) else {
+        return Some(Reject::NoRecv);
+    };
     // No receive work request: UD drops the datagram (IBA 9.8.1).
     let Some(wqe) = take_recv(qp, env, t.source) else {
-        return;
+        return Some(Reject::NoRecv);
     };
     scratch.clear();
     scratch.extend_from_slice(&grh(meta, pkt.as_bytes().len()));
@@ -847,6 +862,7 @@ fn receive_ud<M: Memory>(
     }
     wc.solicited = pkt.headers.bth.solicited;
     env.complete(t.cq, wc);
+    None
 }
 
 /// `wc.sl` of a UD receive carried over IPv4 / IPv6: mlx5's L3 header type for RoCE

@@ -44,6 +44,16 @@ fn bench_icrc(c: &mut Criterion) {
         group.bench_function(format!("verify/{name}"), |b| {
             b.iter(|| icrc::verify(black_box(ip_udp), black_box(ib)).unwrap())
         });
+        // The same packet as a kernel rxe peer's, received on a UDP socket: the header
+        // shows identification 0, the ICRC was computed with 0x7be9 (one failed CRC pass,
+        // then the solver; docs/design/roce-wire.md §6).
+        let mut rxe = buf.clone();
+        rxe[4..6].copy_from_slice(&0x7be9u16.to_be_bytes());
+        let (rxe_hdr, rxe_ib) = rxe.split_at_mut(ib_at);
+        icrc::write(rxe_hdr, rxe_ib).unwrap();
+        group.bench_function(format!("solve_identification/{name}"), |b| {
+            b.iter(|| icrc::solve_identification(black_box(ip_udp), black_box(&*rxe_ib)).unwrap())
+        });
         // Floor: one bare CRC-32 over the same number of bytes, no masking or copying.
         let whole = &buf[..];
         group.bench_function(format!("bare_crc32fast/{name}"), |b| {

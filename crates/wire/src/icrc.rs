@@ -155,7 +155,8 @@ const ID_AT: usize = LRH_MASK.len() + 4;
 /// checks out, whatever identification `ip_udp` (an IPv4 header, with any options, and a
 /// UDP header) carries: `Some(id)` when one exists (it is then unique), `None` when none
 /// does or the header is IPv6, which has no identification. One CRC pass over the packet
-/// (with identification 0) and a few hundred word operations (`ipid.rs`).
+/// with the identification `ip_udp` shows, which is the answer when it checks out; else a
+/// few hundred word operations (`ipid.rs`).
 ///
 /// Only 16 of the ICRC's 32 bits are left as a check: a corrupted packet is taken for
 /// one with another identification with probability 2^-16 (docs/design/roce-wire.md §6).
@@ -164,19 +165,14 @@ pub fn solve_identification(ip_udp: &[u8], packet: &[u8]) -> Result<Option<u16>,
     if ip_udp.first().map(|b| b >> 4) == Some(6) {
         return Ok(None);
     }
-    let mut zeroed = [0u8; MAX_IP_UDP];
-    let hdr = zeroed
-        .get_mut(..ip_udp.len())
-        .ok_or(WireError::MalformedIpUdp {
-            reason: "expected exactly one IP header and one UDP header",
-        })?;
-    hdr.copy_from_slice(ip_udp);
-    if let Some(id) = hdr.get_mut(4..6) {
-        id.fill(0);
+    let computed = compute(ip_udp, body)?;
+    // compute() accepted it as an IPv4 + UDP header: at least 28 bytes.
+    let shown = u16::from_be_bytes([ip_udp[4], ip_udp[5]]);
+    if computed == found {
+        return Ok(Some(shown));
     }
-    let computed = compute(hdr, body)?;
     let after = LRH_MASK.len() + ip_udp.len() + body.len() - ID_AT - 2;
-    Ok(ipid::solve(computed ^ found, after))
+    Ok(ipid::solve(computed ^ found, after).map(|x| shown ^ x))
 }
 
 /// How a packet received on a UDP socket, which never shows the IPv4 identification,
@@ -230,8 +226,9 @@ pub fn check_received(
     hdr: &mut [u8],
 ) -> Received {
     use crate::ip::IpRepr;
+    // The expected identification first: when it is the one, a single CRC pass decides.
     if let IpRepr::V4(v4) = &mut ip {
-        v4.identification = 0;
+        v4.identification = first;
     }
     let Ok(hl) = crate::ip::emit_ip_udp(&ip, udp, packet.len(), hdr) else {
         return Received::Bad;

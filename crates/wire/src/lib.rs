@@ -9,7 +9,8 @@
 //! * [`icrc`]: the RoCE v2 invariant CRC; [`ip`]: minimal IPv4/IPv6/UDP headers;
 //!   [`emit_roce_v2`] / [`parse_roce_v2`] for whole datagrams.
 //! * [`pcap`]: classic pcap writer/reader and Ethernet framing of RoCE v2 packets for
-//!   Wireshark (see `tools/wireshark/softverbs.lua`).
+//!   Wireshark (see `tools/wireshark/softverbs.lua`); [`pcapng`]: the same with a comment per
+//!   packet (a rejected packet's reason).
 //!
 //! Parsing never panics; everything malformed is a [`WireError`].
 #![forbid(unsafe_code)]
@@ -32,6 +33,7 @@ pub mod ip;
 pub mod opcode;
 pub mod packet;
 pub mod pcap;
+pub mod pcapng;
 pub mod psn;
 pub mod reth;
 pub mod xrceth;

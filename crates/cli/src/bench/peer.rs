@@ -292,7 +292,13 @@ fn peer(socket: &Path, a: &PeerArgs) -> R<()> {
         },
         max_send_sge: 1,
         max_recv_sge: 1,
-        max_inline_data: 256,
+        // The most a request entry holds: 16 bytes less for XRC send QPs, as on mlx5
+        // (`softverbs_core::qp::max_inline_data`).
+        max_inline_data: if a.transport == Transport::Xrc {
+            256 - softverbs_core::qp::XRC_SEND_INLINE_OVERHEAD
+        } else {
+            256
+        },
     };
     let xrcd = match a.transport {
         Transport::Xrc => Some(ctx.open_xrcd(None, O_CREAT).map_err(e("open_xrcd"))?),

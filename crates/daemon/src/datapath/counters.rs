@@ -12,7 +12,7 @@ use softverbs_abi::direct::{
 use softverbs_core::ids::CtxId;
 use softverbs_shm::Region;
 use softverbs_transport::engine::QpWire;
-use softverbs_transport::Counters;
+use softverbs_transport::{Counters, Reject, Rejects};
 
 use super::DataPath;
 
@@ -31,6 +31,12 @@ pub struct PortCounters {
     pub icrc_id_unseen: u64,
     /// Datagrams taken from a `solve_ip_id_peers` peer with a solved identification.
     pub icrc_solved: u64,
+    /// Received packets dropped, by reason (`softverbs_transport::Reject`): the device's
+    /// engine's, its sockets' (ICRC, malformed, forged own source) and its forwarder's
+    /// (a net-path QP's packet from a foreign source). A net-path library's own engine
+    /// reports only its foreign-source and PSN-window drops, daemon-wide
+    /// (`DataPath::drop_stats`), so they are not in a port's figures.
+    pub rejects: Rejects,
 }
 
 /// Where a QP's packets are run.
@@ -64,6 +70,11 @@ impl DataPath {
             .map(|(device, d)| {
                 let mut counters = d.engine.counters();
                 counters.add(&self.net_port_counters(device));
+                let mut rejects = d.engine.rejects();
+                for n in d.net.iter().chain(&d.more_net) {
+                    rejects.add(&n.rejects);
+                    rejects.count_n(Reject::ForeignSource, n.forward_stats().foreign_source);
+                }
                 PortCounters {
                     device,
                     counters,
@@ -75,6 +86,7 @@ impl DataPath {
                         .map(|n| n.icrc_id_unseen)
                         .sum(),
                     icrc_solved: d.net.iter().chain(&d.more_net).map(|n| n.icrc_solved).sum(),
+                    rejects,
                 }
             })
             .collect()

@@ -89,8 +89,11 @@ pub(super) fn segment_header(hdr: &[u8], len: usize, index: u16, out: &mut [u8])
 /// destination QP starts again and the first segment's ICRC checks out (a GSO batch
 /// delivered whole); the whole length, unchecked, when none does (the check then fails,
 /// as it should).
-pub(super) fn segment_size(hdr: &[u8], pkt: &[u8]) -> (usize, bool) {
-    if icrc::verify(hdr, pkt).is_ok() {
+///
+/// A datagram longer than any one IB packet (`max_packet`) can only be a batch: its whole
+/// check, a CRC pass over up to 64 KiB that must fail, is skipped.
+pub(super) fn segment_size(hdr: &[u8], pkt: &[u8], max_packet: usize) -> (usize, bool) {
+    if pkt.len() <= max_packet && icrc::verify(hdr, pkt).is_ok() {
         return (pkt.len(), true);
     }
     if pkt.len() < 32 {
@@ -152,18 +155,18 @@ mod tests {
             (4124, 2, 4124, 7),
         ] {
             let (hdr, body) = batch(seg, n, last, base);
-            assert_eq!(segment_size(&hdr, &body), (seg, true), "{seg} x {n}");
+            assert_eq!(segment_size(&hdr, &body, 4200), (seg, true), "{seg} x {n}");
             let mut h = [0u8; 68];
             let hl = segment_header(&hdr, last, (n - 1) as u16, &mut h);
             icrc::verify(&h[..hl], &body[seg * (n - 1)..]).unwrap();
         }
         // One packet: its own length.
         let (hdr, body) = batch(1052, 1, 1052, 9);
-        assert_eq!(segment_size(&hdr, &body), (1052, true));
+        assert_eq!(segment_size(&hdr, &body, 4200), (1052, true));
         // A corrupted one: its own length, not found good.
         let mut bad = body.clone();
         bad[500] ^= 1;
-        assert_eq!(segment_size(&hdr, &bad), (1052, false));
+        assert_eq!(segment_size(&hdr, &bad, 4200), (1052, false));
     }
 
     #[test]

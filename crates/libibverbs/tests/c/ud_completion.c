@@ -119,6 +119,49 @@ static int is_v4_mapped(const union ibv_gid *g)
 	return memcmp(g->raw, prefix, 12) == 0;
 }
 
+/* The Internet checksum of n bytes (RFC 1071): 0 over a header whose checksum is right. */
+static uint16_t ip_checksum(const uint8_t *p, int n)
+{
+	uint32_t sum = 0;
+	int i;
+
+	for (i = 0; i + 1 < n; i += 2)
+		sum += (uint32_t)(p[i] << 8 | p[i + 1]);
+	while (sum >> 16)
+		sum = (sum & 0xffff) + (sum >> 16);
+	return (uint16_t)~sum;
+}
+
+/* Whether UCX 1.13's UD receive check (uct_ud_iface_check_grh, on by default:
+ * UCX_UD_VERBS_ETH_DGID_CHECK=y) keeps this datagram: it takes the packet type from wc.sl
+ * (mlx5's L3 header type, 2 = IPv4), reads the destination address at the end of the GRH
+ * area (bytes 36-39 as an IPv4-mapped GID for IPv4, bytes 24-39 otherwise) and keeps the
+ * datagram only if that GID is one of the port's non-zero GIDs. */
+static int ucx_keeps(const uint8_t *g, uint8_t sl)
+{
+	static const union ibv_gid zero_gid;
+	struct ibv_port_attr pa;
+	union ibv_gid dgid, t;
+	int i;
+
+	memset(&dgid, 0, sizeof(dgid));
+	if ((sl & 7) == 2) {
+		dgid.raw[10] = dgid.raw[11] = 0xff;
+		memcpy(dgid.raw + 12, g + 36, 4);
+	} else {
+		memcpy(dgid.raw, g + 24, 16);
+	}
+	if (ibv_query_port(ctx, 1, &pa))
+		return 0;
+	for (i = 0; i < pa.gid_tbl_len; i++) {
+		if (ibv_query_gid(ctx, 1, i, &t) || !memcmp(&t, &zero_gid, sizeof(t)))
+			continue;
+		if (!memcmp(&t, &dgid, sizeof(t)))
+			return 1;
+	}
+	return 0;
+}
+
 static int role_recv(void)
 {
 	struct ibv_sge sge = { (uintptr_t)buf, sizeof(buf), mr->lkey };
@@ -128,7 +171,7 @@ static int role_recv(void)
 	struct ibv_wc wc;
 	const uint8_t *g = (const uint8_t *)buf;
 	static const uint8_t zero[20];
-	int v4, i, payload_ok = 1;
+	int v4, i, udp_len, payload_ok = 1;
 
 	if (ibv_post_recv(qp, &wr, &bad))
 		fatal("ibv_post_recv");
@@ -153,19 +196,32 @@ static int role_recv(void)
 	check("ud_recv_pkey_index", wc.pkey_index == 0, "pkey_index is not 0 (the only P_Key)");
 	check("ud_recv_slid_path_bits", wc.slid == 0 && wc.dlid_path_bits == 0,
 	      "RoCE has no LIDs: slid and dlid_path_bits must be 0");
+	/* The datagram's UDP length: UDP header, BTH, DETH, payload, ICRC. */
+	udp_len = 8 + 12 + 8 + PAYLOAD + 4;
 	if (v4) {
-		/* rxe: 20 zero bytes, then the IPv4 header (version 4, IHL 5, protocol UDP). */
+		/* The kernel's layout (rxe_resp.c, build_rdma_network_hdr; the RoCE v2 annex
+		 * A17.4.5.2): 20 zero bytes, then the IPv4 header the datagram arrived with —
+		 * version 4, IHL 5, the total length, DF and no fragment, a TTL, protocol UDP, a
+		 * checksum that verifies, the peers' addresses. */
 		check("ud_recv_grh_ipv4_layout",
-		      memcmp(g, zero, 20) == 0 && g[20] == 0x45 && g[29] == 17 &&
+		      memcmp(g, zero, 20) == 0 && g[20] == 0x45 &&
+			      (g[22] << 8 | g[23]) == 20 + udp_len &&
+			      (g[26] << 8 | g[27]) == 0x4000 && g[28] != 0 && g[29] == 17 &&
+			      ip_checksum(g + 20, 20) == 0 &&
 			      memcmp(g + 32, peer.raw + 12, 4) == 0 &&
 			      memcmp(g + 36, gid.raw + 12, 4) == 0,
-		      "GRH area is not 20 zero bytes + IPv4 header with the peers' addresses");
+		      "GRH area is not 20 zero bytes + the IPv4 header the datagram arrived with");
 	} else {
+		/* The IPv6 header: version 6, the payload length, next header UDP, a hop limit,
+		 * the peers' GIDs. */
 		check("ud_recv_grh_ipv6_layout",
-		      (g[0] >> 4) == 6 && g[6] == 17 && memcmp(g + 8, peer.raw, 16) == 0 &&
+		      (g[0] >> 4) == 6 && (g[4] << 8 | g[5]) == udp_len && g[6] == 17 &&
+			      g[7] != 0 && memcmp(g + 8, peer.raw, 16) == 0 &&
 			      memcmp(g + 24, gid.raw, 16) == 0,
-		      "GRH area is not an IPv6 header with the peers' GIDs");
+		      "GRH area is not the IPv6 header the datagram arrived with");
 	}
+	check("ud_recv_ucx_keeps", ucx_keeps(g, wc.sl),
+	      "UCX's UD receive check would drop this datagram (its DGID is not a port GID)");
 	for (i = 0; i < PAYLOAD; i++)
 		payload_ok &= buf[40 + i] == (char)(i + 1);
 	check("ud_recv_payload", payload_ok, "payload after the GRH differs");

@@ -208,7 +208,6 @@ pub struct Conn {
     remote_maps: Vec<(u64, u64, u64, u32)>,
     /// Ours: (offset, address, length, MR).
     local_maps: Vec<(u64, u64, u64, *mut ib::Mr)>,
-    next_offset: u64,
 }
 
 impl Conn {
@@ -254,7 +253,6 @@ impl Conn {
             reset: false,
             remote_maps: Vec::new(),
             local_maps: Vec::new(),
-            next_offset: 0,
         });
         match c.setup(id, nb, sq) {
             Ok(()) => Ok(c),
@@ -615,14 +613,9 @@ impl Conn {
         if !self.can_send() {
             return Ok(None);
         }
-        let off = match offset {
-            Some(o) => o,
-            None => {
-                let o = self.next_offset;
-                self.next_offset = (o + len + 4095) & !4095;
-                o
-            }
-        };
+        // Offset -1: the buffer's address, as rdma-core's riomap picks it (rsocket(7) says
+        // only "rsockets selects one"; programs written against rdma-core see the address).
+        let off = offset.unwrap_or(addr);
         if self
             .local_maps
             .iter()
@@ -671,20 +664,30 @@ impl Conn {
         Ok(true)
     }
 
-    /// RDMA WRITEs as much of `buf` as send slots allow into the peer's mapping at `offset`.
-    pub fn iowrite(&mut self, buf: &[u8], offset: u64) -> Result<usize, i32> {
-        let len = buf.len() as u64;
-        let Some(&(moff, maddr, mlen, rkey)) = self
-            .remote_maps
+    /// The peer's mapping that holds `offset`: (offset, address, length, rkey).
+    fn remote_map_at(&self, offset: u64) -> Option<(u64, u64, u64, u32)> {
+        self.remote_maps
             .iter()
-            .find(|m| offset >= m.0 && offset + len <= m.0 + m.2)
-        else {
-            return Err(libc::EINVAL);
-        };
-        let _ = mlen;
+            .find(|m| offset >= m.0 && offset - m.0 < m.2)
+            .copied()
+    }
+
+    /// RDMA WRITEs as much of `buf` as send slots allow into the peer's mappings from
+    /// `offset` on. The range may run through adjacent mappings (rdma-core's riowrite moves
+    /// to the mapping that holds the next offset); a range any byte of which no mapping
+    /// holds is `EINVAL` and nothing of it is written.
+    pub fn iowrite(&mut self, buf: &[u8], offset: u64) -> Result<usize, i32> {
+        let end = offset.checked_add(buf.len() as u64).ok_or(libc::EINVAL)?;
+        let mut at = offset;
+        while at < end {
+            let m = self.remote_map_at(at).ok_or(libc::EINVAL)?;
+            at = m.0 + m.2;
+        }
         let mut done = 0;
         while done < buf.len() && self.sq_free() && !self.reset {
-            let n = BS.min(buf.len() - done);
+            let here = offset + done as u64;
+            let (moff, maddr, mlen, rkey) = self.remote_map_at(here).expect("checked above");
+            let n = BS.min(buf.len() - done).min((moff + mlen - here) as usize);
             let slot = (self.posted % self.sq as u64) as usize;
             let sbuf = self.sbuf.as_ref().expect("made in new");
             // SAFETY: a free send slot of BS bytes.
@@ -692,7 +695,7 @@ impl Conn {
                 std::ptr::copy_nonoverlapping(buf[done..].as_ptr(), sbuf.base.add(slot * BS), n)
             };
             let sge = sbuf.sge(slot * BS, n);
-            let at = maddr + (offset - moff) + done as u64;
+            let at = maddr + (here - moff);
             // SAFETY: our QP and registered slot; the peer's mapping from its message.
             if unsafe { ib::post_send(self.qp, slot as u64, ib::WR_RDMA_WRITE, 0, sge, (at, rkey)) }
                 .is_err()

@@ -12,7 +12,9 @@
  *  4. rconnect to a port nobody listens on: ECONNREFUSED, blocking, and nonblocking
  *     through rpoll (POLLERR) and SO_ERROR;
  *  5. riomap on the server, riowrite from the client into it (and EINVAL outside it),
- *     visible once a later rsend arrives; riounmap;
+ *     visible once a later rsend arrives; riounmap; two adjacent mappings at offsets the
+ *     server gives, one riowrite through both, EINVAL for one running past them; after
+ *     the server unmaps the first (and says so), EINVAL into it and success into the other;
  *  6. a client SIGKILLed while connected: the server's rrecv fails with ECONNRESET.
  * Options and names are checked on the way. Every step prints "ok <step>"; any failure
  * exits non-zero with the reason. */
@@ -175,6 +177,17 @@ static void client(int to_srv, int from_srv)
 	CHECK(riowrite(s, big + 5, 65536, where, 0) == 65536, "riowrite");
 	CHECK(riowrite(s, big, 16, where + 65536, 0) == (size_t)-1 && errno == EINVAL, "riowrite outside the mapping");
 	CHECK(rsend(s, "d", 1, 0) == 1, "done");
+	long two = -1;
+	read_all(s, (unsigned char *)&two, sizeof two);
+	CHECK(two == (1L << 30), "second offset %ld", two);
+	CHECK(riowrite(s, big + 9, 16384, two, 0) == 16384, "riowrite through two adjacent mappings");
+	CHECK(riowrite(s, big, 8192, two + 12288, 0) == (size_t)-1 && errno == EINVAL,
+	      "riowrite running past the last mapping");
+	CHECK(rsend(s, "e", 1, 0) == 1, "done 2");
+	CHECK(rrecv(s, &c, 1, 0) == 1 && c == 'u', "unmapped");
+	CHECK(riowrite(s, big, 16, two, 0) == (size_t)-1 && errno == EINVAL, "riowrite into an unmapped window");
+	CHECK(riowrite(s, big + 1, 16, two + 8192, 0) == 16, "riowrite into the mapping left");
+	CHECK(rsend(s, "f", 1, 0) == 1, "done 3");
 	CHECK(rrecv(s, &c, 1, 0) == 0, "EOF 5");
 	rclose(s);
 
@@ -290,13 +303,33 @@ int main(int argc, char **argv)
 	unsigned char *win = calloc(1, 65536);
 	off_t where = riomap(s, win, 65536, PROT_WRITE, 0, -1);
 	CHECK(where >= 0, "riomap");
+	CHECK(where == (off_t)(uintptr_t)win, "offset -1 is the buffer's address (rdma-core's choice)");
 	long w = where;
 	CHECK(rsend(s, &w, sizeof w, 0) == sizeof w, "send offset");
 	CHECK(rrecv(s, &c, 1, 0) == 1 && c == 'd', "done");
 	for (int i = 0; i < 65536; i++)
 		CHECK(win[i] == pat(i + 5), "iomapped byte %d", i);
 	CHECK(riounmap(s, win, 65536) == 0, "riounmap");
+	/* Two adjacent mappings at offsets of the program's choosing, one riowrite through both;
+	 * then the first unmapped: the client's writes into it fail, into the second land. */
+	unsigned char *two = calloc(1, 16384);
+	CHECK(riomap(s, two, 8192, PROT_WRITE, 0, 1L << 30) == (1L << 30), "riomap at an offset");
+	CHECK(riomap(s, two + 8192, 8192, PROT_WRITE, 0, (1L << 30) + 8192) == (1L << 30) + 8192,
+	      "riomap adjacent");
+	w = 1L << 30;
+	CHECK(rsend(s, &w, sizeof w, 0) == sizeof w, "send offset 2");
+	CHECK(rrecv(s, &c, 1, 0) == 1 && c == 'e', "done 2");
+	for (int i = 0; i < 16384; i++)
+		CHECK(two[i] == pat(i + 9), "byte %d of two mappings", i);
+	CHECK(riounmap(s, two, 8192) == 0, "riounmap first");
+	memset(two, 0, 16384);
+	CHECK(rsend(s, "u", 1, 0) == 1, "unmapped");
+	CHECK(rrecv(s, &c, 1, 0) == 1 && c == 'f', "done 3");
+	for (int i = 0; i < 16; i++)
+		CHECK(two[i] == 0 && two[8192 + i] == pat(i + 1), "byte %d after the unmap", i);
+	CHECK(riounmap(s, two + 8192, 8192) == 0, "riounmap second");
 	rclose(s);
+	free(two);
 	printf("ok riomap and riowrite\n");
 
 	/* 6 */
