@@ -278,7 +278,7 @@ start_daemon() { # start_daemon CAPTURE_DIR
   chmod 0700 "$1"
   rm -f "$work/sv.sock"
   ip netns exec "$ns" env SOFTVERBS_LOG="${SOFTVERBS_LOG:-info}" "$sv" daemon --socket "$work/sv.sock" \
-    --device "softverbs0=$sv4,$sv6" --capture "$1" >"$1/daemon.log" 2>&1 &
+    --device "softverbs0=$sv4,$sv6" --capture "$1" --capture-rejected >"$1/daemon.log" 2>&1 &
   daemon_pid=$!
   local i
   for i in $(seq 100); do
@@ -367,6 +367,10 @@ run_case() {
     vm "while [ ! -f /tmp/srv.rc ]; do sleep 0.5; done; cat /tmp/srv.out; exit \$(cat /tmp/srv.rc)" \
       >"$dir/server.out" 2>&1 && src=0 || src=$?
   fi
+  # a failing case: the daemon's counters (rejected packets by reason) before it stops
+  if [ "$src" != 0 ] || [ "$crc" != 0 ]; then
+    SOFTVERBS_SOCKET=$work/sv.sock "$sv" status >"$dir/softverbs-status.txt" 2>&1 || true
+  fi
   stop_daemon
   # dumpcap writes what it has read when it stops; the last packets may still be in the
   # kernel's buffer for a moment (without this a failing case's tap capture lacked its end).
@@ -385,10 +389,10 @@ run_case() {
   if is_cm "$p"; then
     tshark -r "$dir/tap.pcapng" -d udp.port==4791,infiniband -Y infiniband.mad -V \
       >"$dir/cm-mads-tap.txt" 2>&1 || true
-    for f in "$dir"/sv/*.pcap; do
+    for f in "$dir"/sv/*.pcap*; do
       [ -e "$f" ] || continue
       tshark -r "$f" -d udp.port==4791,infiniband -Y infiniband.mad -V \
-        >"$dir/cm-mads-softverbs-$(basename "$f" .pcap).txt" 2>&1 || true
+        >"$dir/cm-mads-softverbs-$(basename "${f%.pcap*}").txt" 2>&1 || true
     done
   fi
   return 1
