@@ -214,6 +214,21 @@ fn independent_icrc(ip_udp_ib: &[u8]) -> (u32, u32) {
 }
 
 /// (IPv4 identification, ICRC good) of every RoCE v2 datagram of a classic pcap of `lo`.
+/// How many whole records a classic pcap file being written holds so far.
+fn complete_records(path: &Path) -> usize {
+    let Ok(b) = std::fs::read(path) else { return 0 };
+    let (mut off, mut n) = (24, 0);
+    while off + 16 <= b.len() {
+        let incl = u32::from_le_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
+        if off + 16 + incl > b.len() {
+            break;
+        }
+        off += 16 + incl;
+        n += 1;
+    }
+    n
+}
+
 fn check_pcap(path: &Path) -> Vec<(u16, bool)> {
     let b = std::fs::read(path).unwrap();
     assert_eq!(
@@ -290,7 +305,12 @@ fn segmented_gso_traffic_has_the_right_icrc_for_each_identification() {
             "segments with identifications other than their index arrived: {:?}",
             s[1].dev.batch
         );
-        std::thread::sleep(Duration::from_millis(300));
+        // Stopped once the file holds every packet (or after WAIT): dumpcap writes them
+        // behind the stream, later still on a loaded machine.
+        let deadline = std::time::Instant::now() + softverbs_testkit::WAIT;
+        while complete_records(&pcap) < COUNT * 16 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         rustix::process::kill_process(
             rustix::process::Pid::from_raw(cap.id() as i32).unwrap(),
             rustix::process::Signal::INT,

@@ -11,6 +11,8 @@ use softverbs_daemon::netdev::{engine_time, NetDev};
 use softverbs_transport::sim::{ConnParams, Faults, Host};
 use softverbs_transport::wr::{Payload, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use softverbs_transport::MAX_PACKET;
+use softverbs_wire::icrc;
+use softverbs_wire::ip::{IpRepr, UdpRepr};
 
 struct Side {
     host: Host,
@@ -623,6 +625,30 @@ fn forwarded(
     got
 }
 
+/// [`forwarded`] with the ICRC kept.
+fn forwarded_whole(
+    sock: &std::net::UdpSocket,
+    device: std::net::SocketAddr,
+    want: usize,
+) -> Vec<Vec<u8>> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while got.len() < want && Instant::now() < deadline {
+        match sock.recv_from(&mut buf) {
+            Ok((len, from)) => {
+                assert_eq!(from, device, "forwarded from the device's port");
+                got.push(buf[..len].to_vec())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    got
+}
+
 /// Nothing is queued on `sock` now (a nonblocking look: called once whatever could have
 /// reached it was forwarded or dropped by a receive that already returned).
 fn nothing_on(sock: &std::net::UdpSocket) -> bool {
@@ -742,7 +768,25 @@ fn net_path_qps_reach_their_own_socket_and_nothing_else_does() {
     }
     a.flush().unwrap();
     receive_until(&mut b, |b| b.forward_stats().forwarded == 14);
-    let got = forwarded(&s2, device, 12);
+    let got = forwarded_whole(&s2, device, 12);
+    // Each forwarded datagram's ICRC is right for the header it left with (from the device
+    // socket to the context's, a softverbs identification), not the peer's original.
+    let mut hdr = [0u8; 48];
+    for (i, g) in got.iter().enumerate() {
+        let ip = IpRepr::between(b_ip, addr2.ip()).unwrap();
+        let udp = UdpRepr {
+            src_port: b.port(),
+            dst_port: addr2.port(),
+        };
+        assert!(
+            matches!(
+                icrc::check_received(ip, &udp, g, 0, 64, false, &mut hdr),
+                icrc::Received::Window { .. }
+            ),
+            "forwarded packet {i}"
+        );
+    }
+    let got: Vec<Vec<u8>> = got.iter().map(|g| g[..g.len() - 4].to_vec()).collect();
     assert_eq!(got.len(), 12);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(g[..] == w[..len - 4], "packet {i} as sent");

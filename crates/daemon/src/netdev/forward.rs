@@ -9,7 +9,9 @@
 //! path peer (the source address the engine would require, IBA 9.6.1.1; a packet from
 //! anyone else is dropped and counted) and sent on to the context's socket, from the
 //! device's port. The library accepts packets only from there (only this daemon can send
-//! from it) and leaves the ICRC check to the device, which saw the real headers.
+//! from it) and leaves the ICRC check to the device, which saw the real headers; the
+//! forwarder still rewrites each ICRC for the datagram it sends (`Forwarder::seal`), so what
+//! a capture of `lo` shows checks out too (docs/design/roce-wire.md §6).
 //!
 //! Forwarding never blocks: the device socket is nonblocking, so a client whose socket is
 //! full loses the batch (counted in [`ForwardStats::client_full`]) and the requester
@@ -87,6 +89,8 @@ pub(super) struct Forwarder {
     stamps: HashMap<SocketAddr, Arc<Region>>,
     /// `CLOCK_MONOTONIC` ns of the daemon's current round (`NetDev::set_clock`); 0 before.
     now: u64,
+    /// The device socket's address, which forwarded datagrams leave from (asked once).
+    local: Option<SocketAddr>,
 }
 
 impl Forwarder {
@@ -102,6 +106,7 @@ impl Forwarder {
             held: std::collections::HashSet::new(),
             stamps: HashMap::new(),
             now: 0,
+            local: None,
         }
     }
 
@@ -203,6 +208,7 @@ impl Forwarder {
         };
         let n = self.lens.len() as u64;
         let sent = if self.lens.len() > 1 && self.gso {
+            self.seal(sock, to, true);
             match self.gso_send(sock, to) {
                 Ok(()) => true,
                 Err(nix::errno::Errno::EAGAIN)
@@ -213,10 +219,12 @@ impl Forwarder {
                     // fail even where it is supported; stop trying.
                     tracing::info!("UDP GSO refused forwarding ({e}); sending datagrams");
                     self.gso = false;
+                    self.seal(sock, to, false);
                     self.send_each(sock, to)
                 }
             }
         } else {
+            self.seal(sock, to, false);
             self.send_each(sock, to)
         };
         if sent {
@@ -226,6 +234,38 @@ impl Forwarder {
         }
         self.buf.clear();
         self.lens.clear();
+    }
+
+    /// Rewrites each queued packet's ICRC for the datagram it leaves as: from the device
+    /// socket to `to`, IPv4 identification = its index in a GSO send, 0 alone (the rule of
+    /// docs/design/roce-wire.md §6). The library does not check it (the device did, over
+    /// the peer's headers), but every datagram softverbs puts on a wire, `lo` included,
+    /// carries an ICRC right for its header, as a capture or tshark checks.
+    fn seal(&mut self, sock: &UdpSocket, to: SocketAddr, gso: bool) {
+        use softverbs_wire::icrc;
+        use softverbs_wire::ip::{emit_ip_udp, IpRepr, UdpRepr};
+        let Some(local) = self.local.or_else(|| sock.local_addr().ok()) else {
+            return;
+        };
+        self.local = Some(local);
+        let Some(mut ip) = IpRepr::between(local.ip(), to.ip()) else {
+            return;
+        };
+        let udp = UdpRepr {
+            src_port: local.port(),
+            dst_port: to.port(),
+        };
+        let mut hdr = [0u8; 48];
+        let mut off = 0;
+        for (i, &l) in self.lens.iter().enumerate() {
+            if let IpRepr::V4(v4) = &mut ip {
+                v4.identification = if gso { i as u16 } else { 0 };
+            }
+            if let Ok(hl) = emit_ip_udp(&ip, &udp, l, &mut hdr) {
+                let _ = icrc::write(&hdr[..hl], &mut self.buf[off..off + l]);
+            }
+            off += l;
+        }
     }
 
     fn gso_send(&self, sock: &UdpSocket, to: SocketAddr) -> Result<(), nix::errno::Errno> {
