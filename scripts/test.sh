@@ -20,10 +20,12 @@ cd "$(dirname "$0")/.."
 # dpkg-shlibdeps gives it its dependencies (scripts/deb-test.sh).
 # mount (with util-linux's unshare) hides rdma-core for scripts/build-without-rdma-core.sh.
 # util-linux (unshare, nsenter) and iproute2 also build the three hosts of scripts/deploy-test.sh.
+# qemu-system-x86 boots the kernel-rxe VM of scripts/rxe-interop.sh; kmod's depmod, cpio and
+# binutils' readelf build its initramfs; tshark's dumpcap captures its tap.
 packages=(procps util-linux mount tshark ibverbs-utils perftest python3-pyverbs rdma-core
   libibverbs-dev gcc binutils iproute2 ucx-utils openmpi-bin libopenmpi-dev mpich
   libfabric-bin python3-mpi4py ethtool rdmacm-utils librdmacm-dev python3-dev python3-pip
-  python3-setuptools python3-wheel systemd mmdebstrap dpkg-dev)
+  python3-setuptools python3-wheel systemd mmdebstrap dpkg-dev qemu-system-x86 kmod cpio)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -70,3 +72,11 @@ echo "== deploying on three hosts (the installed package's daemon from its confi
 # so the newest is it), installed once more in the same cached clean root.
 SOFTVERBS_DEB=$(ls -t target/no-rdma-core/debian/softverbs_*.deb 2>/dev/null | head -n 1) \
   CARGO_TARGET_DIR=$PWD/target/no-rdma-core scripts/deploy-test.sh
+echo "== against the Linux kernel's rxe (QEMU; the reduced matrix, docs/guide/rxe-interop.md)"
+# The full matrix (128 cases) is the opt-in `scripts/rxe-interop.sh`; its results go to
+# target/rxe-interop/, failing cases with both sides' captures.
+if [ "$(id -u)" = 0 ]; then
+  scripts/rxe-interop.sh --quick
+else
+  echo "skipped: needs root (a network namespace and a tap)"
+fi

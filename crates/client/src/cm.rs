@@ -72,6 +72,10 @@ pub struct CmEvent {
     pub responder_resources: u8,
     /// The peer's initiator depth.
     pub initiator_depth: u8,
+    /// A connect request's Path Packet Payload MTU (IBA 12.6.5: 1 = 256 … 5 = 4096), which
+    /// the passive side's QP takes as its path MTU, as the kernel's ib_cm does
+    /// (cm_format_paths_from_req); 0 in other events.
+    pub path_mtu: u8,
     /// The message's private data (its whole field: rdma_cm's REQ begins with its address
     /// header).
     pub private_data: Vec<u8>,
@@ -404,6 +408,7 @@ impl CmChannel<'_> {
             qkey: r.qkey.get(),
             responder_resources: r.responder_resources,
             initiator_depth: r.initiator_depth,
+            path_mtu: r.path_mtu,
             private_data: private(&r.private_data, r.private_data_len).to_vec(),
         }))
     }

@@ -604,6 +604,7 @@ impl Id {
             initiator_depth: e.initiator_depth,
             ack_timeout: None,
             psn_chosen: false,
+            path_mtu: e.path_mtu,
         };
         if let (Some(a), Some(b)) = (local_ip, peer_ip) {
             c.id.route.addr.ibaddr.sgid = crate::addr::gid(a);

@@ -276,6 +276,9 @@ pub struct Path {
     pub ack_timeout: Option<u8>,
     /// Whether `local_psn` has been chosen (see [`Path::choose_psn`]).
     pub psn_chosen: bool,
+    /// The path MTU of the peer's REQ (IBA enum, 1 = 256 … 5 = 4096) on the passive side;
+    /// 0 on the active side, whose REQ advertises 1024 (`softverbs::cm` `connect`).
+    pub path_mtu: u8,
 }
 
 impl Path {
@@ -312,7 +315,14 @@ pub fn qp_attr(state: u32, qp_type: u32, p: &Path) -> Option<(ibv_qp_attr, i32)>
         }
         QPS_RTR if qp_type == QPT_UD => MASK_STATE,
         QPS_RTR => {
-            a.path_mtu = 3; // IBV_MTU_1024
+            // The REQ's path MTU on the passive side, as the kernel's ib_cm gives the QP
+            // (cm_format_paths_from_req): a kernel or NIC active side sends packets of that
+            // size, and a QP left at 1024 NAKs a 4096-byte one as an invalid request
+            // (docs/guide/rxe-interop.md). The active side's REQ advertises 1024.
+            a.path_mtu = match p.path_mtu {
+                1..=5 => u32::from(p.path_mtu),
+                _ => 3, // IBV_MTU_1024
+            };
             a.dest_qp_num = p.remote_qpn;
             // The PSN we advertised: the peer sends from it (as the kernel's
             // cm_init_qp_rtr_attr gives the rq_psn of the id's own REQ/REP).
@@ -370,5 +380,27 @@ pub fn modify(qp: *mut ibv_qp, state: u32, p: &Path) -> Result<(), i32> {
     match unsafe { ibv_modify_qp(qp, &mut a, mask) } {
         0 => Ok(()),
         e => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel active side (rxe on a 9000-byte link) asks for 4096 in its REQ and sends
+    /// 4096-byte packets: the passive QP must take that MTU, not 1024 (issue 37; found by
+    /// scripts/rxe-interop.sh, `ib_send_bw-R:sv:4096:v4`).
+    #[test]
+    fn rtr_path_mtu_is_the_reqs() {
+        let p = Path {
+            path_mtu: 5,
+            ..Path::default()
+        };
+        let (a, mask) = qp_attr(QPS_RTR, 2 /* IBV_QPT_RC */, &p).unwrap();
+        assert_eq!(a.path_mtu, 5);
+        assert_ne!(mask & MASK_PATH_MTU, 0);
+        // the active side (no REQ received) keeps the 1024 its REQ advertised
+        let (a, _) = qp_attr(QPS_RTR, 2 /* IBV_QPT_RC */, &Path::default()).unwrap();
+        assert_eq!(a.path_mtu, 3);
     }
 }
