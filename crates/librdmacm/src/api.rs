@@ -1167,6 +1167,7 @@ fn create_srq_inner(i: &mut Id, a: &mut ibv_srq_init_attr_ex) -> Result<(), i32>
                 i.id.pd = a.pd;
             }
             i.id.srq = srq;
+            i.lock().own_srq = true;
             Ok(())
         }
         Err(e) => {
@@ -1218,9 +1219,12 @@ export!("rdma_create_srq", "RDMACM_1.0", create_srq);
 unsafe extern "C" fn destroy_srq(id: *mut rdma_cm_id) {
     // SAFETY: an id of ours.
     if let Ok(i) = unsafe { id_ref(id) } {
-        if !i.id.srq.is_null() {
+        let own = std::mem::take(&mut i.lock().own_srq);
+        if own && !i.id.srq.is_null() {
             // SAFETY: the SRQ rdma_create_srq made for this id; its QPs are gone.
             unsafe { ibv_destroy_srq(i.id.srq) };
+        }
+        if own {
             i.id.srq = std::ptr::null_mut();
         }
         free_cqs(i);

@@ -481,6 +481,10 @@ pub struct IdState {
     pub sidr: bool,
     pub own_pd: bool,
     pub own_cqs: bool,
+    /// `id.srq` is one rdma_create_srq(_ex) made, which rdma_destroy_srq and rdma_destroy_ep
+    /// destroy; an SRQ the program handed rdma_create_qp stays the program's (libfabric's
+    /// verbs provider destroys its own SRX SRQ after the endpoint).
+    pub own_srq: bool,
     /// A passive endpoint's QP attributes (rdma_create_ep): each request rdma_get_request
     /// returns gets a QP made with them.
     pub ep_qp: Option<(ibv_qp_init_attr, usize)>,

@@ -170,7 +170,8 @@ impl Host {
         };
         init.cap.max_send_sge = 4;
         init.cap.max_recv_sge = 4;
-        init.cap.max_inline_data = 256;
+        // The most the type allows (an XRC send QP 16 bytes less, crates/core/src/qp.rs).
+        init.cap.max_inline_data = softverbs_core::qp::max_inline_data(256, t);
         let made = self.core.create_qp(pd.ctx, &init).expect("create_qp");
         self.engine.create_qp(QpConfig {
             qpn: made.qpn,

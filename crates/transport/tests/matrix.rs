@@ -45,6 +45,14 @@ const SEND_WR_ID: u64 = 0xA0A0_0001;
 const RECV_WR_ID: u64 = 0xB0B0_0002;
 const MAX_INLINE: u32 = 256;
 
+/// The inline bytes a QP of `t` holds: an XRC send QP 16 fewer (crates/core/src/qp.rs).
+fn max_inline(t: Tr) -> u32 {
+    match t {
+        Tr::Xrc => softverbs_core::qp::max_inline_data(MAX_INLINE, QpType::XrcSend),
+        _ => MAX_INLINE,
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Tr {
     Rc,
@@ -346,8 +354,8 @@ fn sizes(t: Tr, op: Op, mtu: u32) -> Vec<u32> {
     }
     let mut v = vec![0, 1, mtu - 1, mtu, mtu + 1, 3 * mtu + 17];
     if op == Op::InlineSend {
-        v.push(MAX_INLINE);
-        v.retain(|&s| s <= MAX_INLINE);
+        v.push(max_inline(t));
+        v.retain(|&s| s <= max_inline(t));
     }
     if t == Tr::Ud {
         v.retain(|&s| s <= mtu);
@@ -1167,7 +1175,7 @@ fn invalid_operations_are_refused_at_post() {
         let wr = bed.wr(
             4,
             SendOp::Send,
-            Payload::Inline(vec![0; MAX_INLINE as usize + 1]),
+            Payload::Inline(vec![0; max_inline(t) as usize + 1]),
         );
         assert_eq!(
             bed.a().engine.post_send(qa, wr),
