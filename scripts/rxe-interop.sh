@@ -108,7 +108,8 @@ if [ -n "${SOFTVERBS_BIN:-}" ]; then
 else
   log "building the release binaries"
   cargo build --release --quiet -p softverbs-cli -p softverbs-libibverbs -p softverbs-librdmacm
-  sv=$top/target/release/softverbs
+  # (in $CARGO_TARGET_DIR when set: scripts/test.sh reuses its cold release build)
+  sv=${CARGO_TARGET_DIR:-$top/target}/release/softverbs
 fi
 mapfile -t vmfiles < <(scripts/rxe-interop/initramfs.sh "$cache")
 kernel=${vmfiles[0]} initrd=${vmfiles[1]}

@@ -76,7 +76,8 @@ echo "== against the Linux kernel's rxe (QEMU; the reduced matrix, docs/guide/rx
 # The full matrix (128 cases) is the opt-in `scripts/rxe-interop.sh`; its results go to
 # target/rxe-interop/, failing cases with both sides' captures.
 if [ "$(id -u)" = 0 ]; then
-  scripts/rxe-interop.sh --quick
+  # The release build of the first step (the same binaries, not a second build).
+  CARGO_TARGET_DIR=$PWD/target/no-rdma-core scripts/rxe-interop.sh --quick
 else
   echo "skipped: needs root (a network namespace and a tap)"
 fi
