@@ -73,7 +73,7 @@ echo "== deploying on three hosts (the installed package's daemon from its confi
 SOFTVERBS_DEB=$(ls -t target/no-rdma-core/debian/softverbs_*.deb 2>/dev/null | head -n 1) \
   CARGO_TARGET_DIR=$PWD/target/no-rdma-core scripts/deploy-test.sh
 echo "== against the Linux kernel's rxe (QEMU; the reduced matrix, docs/guide/rxe-interop.md)"
-# The full matrix (128 cases) is the opt-in `scripts/rxe-interop.sh`; its results go to
+# The full matrix (124 cases) is the opt-in `scripts/rxe-interop.sh`; its results go to
 # target/rxe-interop/, failing cases with both sides' captures.
 if [ "$(id -u)" = 0 ]; then
   # The release build of the first step (the same binaries, not a second build).
