@@ -839,6 +839,41 @@ export!("rdma_get_request", "RDMACM_1.0", get_request);
 
 // ---- QPs -----------------------------------------------------------------------------
 
+/// A CQ of at least `depth` entries on the id's context with a completion channel of its own
+/// (rdma_create_qp(3) and rdma_create_srq(3) make such CQs for an id given none): both, or
+/// neither and ENOMEM.
+fn new_cq(i: &mut Id, depth: u32) -> Result<(*mut c_void, *mut c_void), c_int> {
+    // SAFETY: the id's (drop-in) context, alive while the id is; the CQ's context pointer is
+    // the id, which outlives the CQ (free_cqs destroys it first).
+    unsafe {
+        let ch = ibv_create_comp_channel(i.id.verbs);
+        if ch.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        let cq = ibv_create_cq(
+            i.id.verbs,
+            depth.max(1) as c_int,
+            (i as *mut Id).cast(),
+            ch,
+            0,
+        );
+        if cq.is_null() {
+            ibv_destroy_comp_channel(ch);
+            return Err(libc::ENOMEM);
+        }
+        Ok((ch, cq))
+    }
+}
+
+/// Undoes [`new_cq`] for a CQ nothing uses yet.
+fn drop_cq(ch: *mut c_void, cq: *mut c_void) {
+    // SAFETY: both just made by new_cq and handed to no one.
+    unsafe {
+        ibv_destroy_cq(cq);
+        ibv_destroy_comp_channel(ch);
+    }
+}
+
 fn free_cqs(i: &mut Id) {
     let (own_cqs, own_pd) = {
         let s = i.lock();
@@ -916,32 +951,18 @@ fn create_qp_inner(i: &mut Id, pd: *mut c_void, attr: *mut ibv_qp_init_attr) -> 
     }
     if a.send_cq.is_null() || a.recv_cq.is_null() {
         // rdma_create_qp(3): without CQs, the id gets its own, with completion channels.
-        // SAFETY: the id's context; CQ sizes from the caps.
-        unsafe {
-            let sch = ibv_create_comp_channel(i.id.verbs);
-            let rch = ibv_create_comp_channel(i.id.verbs);
-            let scq = ibv_create_cq(
-                i.id.verbs,
-                a.cap.max_send_wr.max(1) as c_int,
-                (i as *mut Id).cast(),
-                sch,
-                0,
-            );
-            let rcq = ibv_create_cq(
-                i.id.verbs,
-                a.cap.max_recv_wr.max(1) as c_int,
-                (i as *mut Id).cast(),
-                rch,
-                0,
-            );
-            if sch.is_null() || rch.is_null() || scq.is_null() || rcq.is_null() {
-                return Err(libc::ENOMEM);
+        let (sch, scq) = new_cq(i, a.cap.max_send_wr)?;
+        let (rch, rcq) = match new_cq(i, a.cap.max_recv_wr) {
+            Ok(r) => r,
+            Err(e) => {
+                drop_cq(sch, scq);
+                return Err(e);
             }
-            i.id.send_cq_channel = sch;
-            i.id.recv_cq_channel = rch;
-            i.id.send_cq = scq;
-            i.id.recv_cq = rcq;
-        }
+        };
+        i.id.send_cq_channel = sch;
+        i.id.recv_cq_channel = rch;
+        i.id.send_cq = scq;
+        i.id.recv_cq = rcq;
         i.lock().own_cqs = true;
         a.send_cq = i.id.send_cq;
         a.recv_cq = i.id.recv_cq;
@@ -1043,22 +1064,9 @@ fn create_xrc_qp(i: &mut Id, attr: *mut ibv_qp_init_attr_ex) -> Result<(), i32> 
             a.comp_mask |= QP_INIT_ATTR_PD;
         }
         if a.send_cq.is_null() {
-            // SAFETY: the id's context; the CQ is sized from the caps and kept on the id.
-            unsafe {
-                let ch = ibv_create_comp_channel(i.id.verbs);
-                let cq = ibv_create_cq(
-                    i.id.verbs,
-                    a.cap.max_send_wr.max(1) as c_int,
-                    (i as *mut Id).cast(),
-                    ch,
-                    0,
-                );
-                if ch.is_null() || cq.is_null() {
-                    return Err(libc::ENOMEM);
-                }
-                i.id.send_cq_channel = ch;
-                i.id.send_cq = cq;
-            }
+            let (ch, cq) = new_cq(i, a.cap.max_send_wr)?;
+            i.id.send_cq_channel = ch;
+            i.id.send_cq = cq;
             i.lock().own_cqs = true;
             a.send_cq = i.id.send_cq;
         }
@@ -1135,25 +1143,10 @@ fn create_srq_inner(i: &mut Id, a: &mut ibv_srq_init_attr_ex) -> Result<(), i32>
         }
         if a.comp_mask & SRQ_INIT_ATTR_CQ == 0 || a.cq.is_null() {
             if i.id.recv_cq.is_null() {
-                // SAFETY: the id's context; sized from the SRQ's depth.
-                unsafe {
-                    let ch = ibv_create_comp_channel(i.id.verbs);
-                    let cq = ibv_create_cq(
-                        i.id.verbs,
-                        a.attr.max_wr.max(1) as c_int,
-                        (i as *mut Id).cast(),
-                        ch,
-                        0,
-                    );
-                    if ch.is_null() || cq.is_null() {
-                        if !ch.is_null() {
-                            ibv_destroy_comp_channel(ch);
-                        }
-                        return Err(libc::ENOMEM);
-                    }
-                    i.id.recv_cq_channel = ch;
-                    i.id.recv_cq = cq;
-                }
+                // Sized from the SRQ's depth.
+                let (ch, cq) = new_cq(i, a.attr.max_wr)?;
+                i.id.recv_cq_channel = ch;
+                i.id.recv_cq = cq;
                 i.lock().own_cqs = true;
                 made_cq = true;
             }
