@@ -6,12 +6,14 @@
 //! The packets are crafted with the wire crate and sent from plain UDP sockets on loopback
 //! addresses of the test's own (run it inside `unshare --net`, docs/guide/capture.md).
 
+mod common;
+use common::connect;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use softverbs::{AhAttr, AttrMask as M, Context, Mtu, QpAttr, QpInit, QpState, QpType};
+use softverbs::{Context, QpInit, QpType};
 use softverbs_testkit::Daemon;
 use softverbs_wire::ip::{emit_ip_udp, IpRepr, Ipv4Repr, UdpRepr, ROCE_V2_UDP_PORT};
 use softverbs_wire::pcap::ethernet_payload;
@@ -24,23 +26,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// IBA Table 38: RC SEND_ONLY.
 const RC_SEND_ONLY: u8 = 0x04;
 
-struct Dir(PathBuf);
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A directory of the test's own with a capture directory `cap` (0700) in it.
-fn dir(name: &str) -> (Dir, PathBuf) {
-    let d = std::env::temp_dir().join(format!("svrejects-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let cap = d.join("cap");
-    std::fs::create_dir(&cap).unwrap();
-    std::fs::set_permissions(&cap, std::fs::Permissions::from_mode(0o700)).unwrap();
-    (Dir(d), cap)
+fn dir(name: &str) -> (common::Dir, PathBuf) {
+    common::dir("svrejects", name)
 }
 
 /// Sends RoCE v2 packets from its own UDP socket, with the ICRC the receiver computes over
@@ -84,44 +71,6 @@ fn rc_send(qpn: u32, psn: u32) -> Vec<u8> {
     let mut p = vec![0u8; softverbs_wire::packet_len(&h, 8)];
     emit_packet(&h, b"rejected", &mut p).unwrap();
     p
-}
-
-/// RESET -> INIT -> RTR -> RTS of RC QP `qp` towards `remote_qpn` at `gid`, from GID index 0,
-/// expecting PSN 0.
-fn connect(qp: &softverbs::Qp<'_>, gid: softverbs::Gid, remote_qpn: u32) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        ..QpAttr::default()
-    };
-    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-        .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr {
-            dgid: gid,
-            is_global: true,
-            port_num: 1,
-            hop_limit: 64,
-            ..AhAttr::default()
-        },
-        path_mtu: Mtu::M1024,
-        dest_qp_num: remote_qpn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 1,
-        ..init
-    };
-    qp.modify(
-        &rtr,
-        M::STATE
-            | M::AV
-            | M::PATH_MTU
-            | M::DEST_QPN
-            | M::RQ_PSN
-            | M::MAX_DEST_RD_ATOMIC
-            | M::MIN_RNR_TIMER,
-    )
-    .unwrap();
 }
 
 /// The `rx_drop_*` counters of the daemon's one port, from `softverbs stat --json`.
