@@ -159,7 +159,7 @@ for i in 1 2 3; do
   h=h$i
   st=$(as_user "$h" softverbs status)
   first=${st%%$'\n'*}
-  dev=$(grep '^device softverbs0 port 1:' <<<"$st" || true)
+  dev=$(grep '^device softverbs0 port 1: active MTU' <<<"$st" || true)
   echo "$h: $first"
   echo "$h: $dev"
   case "$first" in *" on /run/softverbs/softverbs.sock (softverbs "*) ;;
