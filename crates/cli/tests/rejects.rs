@@ -112,6 +112,19 @@ struct Seen {
     comment: Option<String>,
 }
 
+/// `(source, destination, BTH destination QP)` of a captured Ethernet frame holding an IPv4
+/// RoCE v2 packet.
+fn roce_v4(frame: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr, u32)> {
+    let dgram = ethernet_payload(frame)?;
+    let (ip_udp, ib) = softverbs_wire::ip::split_ip_udp(dgram).ok()?;
+    if ip_udp.len() < 20 || ip_udp[0] >> 4 != 4 || ib.len() < 12 {
+        return None;
+    }
+    let addr =
+        |at: usize| Ipv4Addr::new(ip_udp[at], ip_udp[at + 1], ip_udp[at + 2], ip_udp[at + 3]);
+    Some((addr(12), addr(16), softverbs_wire::bth::dest_qp_of(ib)))
+}
+
 fn read_pcapng(path: &Path) -> Vec<Seen> {
     let Ok(bytes) = std::fs::read(path) else {
         return Vec::new();
@@ -121,21 +134,13 @@ fn read_pcapng(path: &Path) -> Vec<Seen> {
     };
     let mut out = Vec::new();
     while let Ok(Some(rec)) = r.next_record() {
-        let Some(dgram) = ethernet_payload(&rec.data) else {
+        let Some((src, dst, dest_qp)) = roce_v4(&rec.data) else {
             continue;
         };
-        let Ok((ip_udp, ib)) = softverbs_wire::ip::split_ip_udp(dgram) else {
-            continue;
-        };
-        if ip_udp.len() < 20 || ip_udp[0] >> 4 != 4 || ib.len() < 12 {
-            continue;
-        }
-        let addr =
-            |at: usize| Ipv4Addr::new(ip_udp[at], ip_udp[at + 1], ip_udp[at + 2], ip_udp[at + 3]);
         out.push(Seen {
-            src: addr(12),
-            dst: addr(16),
-            dest_qp: softverbs_wire::bth::dest_qp_of(ib),
+            src,
+            dst,
+            dest_qp,
             comment: rec.comment,
         });
     }
@@ -358,18 +363,9 @@ fn read_pcap(path: &Path) -> Vec<(Ipv4Addr, Ipv4Addr, u32)> {
     };
     let mut out = Vec::new();
     while let Ok(Some(rec)) = r.next_record() {
-        let Some(dgram) = ethernet_payload(&rec.data) else {
-            continue;
-        };
-        let Ok((ip_udp, ib)) = softverbs_wire::ip::split_ip_udp(dgram) else {
-            continue;
-        };
-        if ip_udp.len() < 20 || ip_udp[0] >> 4 != 4 || ib.len() < 12 {
-            continue;
+        if let Some(seen) = roce_v4(&rec.data) {
+            out.push(seen);
         }
-        let addr =
-            |at: usize| Ipv4Addr::new(ip_udp[at], ip_udp[at + 1], ip_udp[at + 2], ip_udp[at + 3]);
-        out.push((addr(12), addr(16), softverbs_wire::bth::dest_qp_of(ib)));
     }
     out
 }
